@@ -1,0 +1,67 @@
+# pagegraph: make test | run | lint | bench | profile | soak | fuzz | sanitize
+#
+# With an interpreter that already has torch, triton and pytest (a GPU machine), everything
+# runs with it and nothing is installed. Otherwise a virtual environment is made in .venv,
+# with the CPU build of torch 2.13.0 (found on local disk) unless a torch is already there.
+
+SHELL := /bin/bash
+SYSTEM_PY := $(shell python3 -c "import torch, triton, pytest" >/dev/null 2>&1 && echo python3)
+ifeq ($(SYSTEM_PY),)
+PY := .venv/bin/python
+SETUP := .venv/.installed
+else
+PY := $(SYSTEM_PY)
+SETUP :=
+endif
+export PYTHONPATH := $(CURDIR)/src$(if $(PYTHONPATH),:$(PYTHONPATH))
+export PYTHONUNBUFFERED := 1
+
+SCENARIO ?= graphs/default.toml
+PYTEST := $(PY) -m pytest -p no:cacheprovider
+
+.PHONY: test run lint format bench profile soak fuzz sanitize clean setup
+
+setup: $(SETUP)
+
+.venv/.installed: pyproject.toml
+	python3 -m venv .venv
+	.venv/bin/python -m pip install -q --upgrade pip
+	.venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/python -m pip install -q torch==2.13.0
+	.venv/bin/python -c "import triton" 2>/dev/null || .venv/bin/python -m pip install -q triton==3.6.0
+	.venv/bin/python -m pip install -q numpy nvtx pytest pytest-benchmark hypothesis matplotlib ruff
+	touch $@
+
+test: $(SETUP)
+	$(PYTEST) tests
+
+run: $(SETUP)
+	$(PY) -m pagegraph kernel-table
+	$(PY) -m pagegraph check $(SCENARIO)
+
+lint: $(SETUP)
+	$(PY) -m ruff check src tests benchmarks
+	$(PY) -m ruff format --check src tests benchmarks
+
+format: $(SETUP)
+	$(PY) -m ruff format src tests benchmarks
+	$(PY) -m ruff check --fix src tests benchmarks
+
+bench: $(SETUP)
+	$(PY) -m pagegraph bench --out profiles/bench
+	$(PYTEST) benchmarks --benchmark-only --benchmark-json=profiles/bench/pytest-benchmark.json
+
+profile: $(SETUP)
+	$(PY) -m pagegraph profile $(SCENARIO) --out profiles
+
+soak: $(SETUP)
+	$(PY) -m pagegraph check graphs/sglang-h200.toml --replays 10000 --detectors auto
+	$(PY) -m pagegraph check graphs/swa-hybrid.toml --replays 10000 --detectors cupti
+
+fuzz: $(SETUP)
+	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-gpu} $(PYTEST) tests -k "property or fuzz"
+
+sanitize:
+	tools/sanitize.sh
+
+clean:
+	rm -rf .venv build dist src/*.egg-info .pytest_cache .ruff_cache .hypothesis .benchmarks

@@ -1,0 +1,50 @@
+"""pagegraph: sync-free, CUDA-graph-safe attention page tables, and the proof that they are.
+
+On a machine without CUDA, importing pagegraph sets ``TRITON_INTERPRET=1`` (unless it is
+already set) before any kernel is defined, so the Triton kernels run on CPU tensors under the
+interpreter.
+"""
+
+import os
+
+if "TRITON_INTERPRET" not in os.environ:
+    import torch
+
+    if not torch.cuda.is_available():
+        os.environ["TRITON_INTERPRET"] = "1"
+
+from .buckets import Buckets, PaddingPolicy  # noqa: E402
+from .checker import CheckConfig, Report, check_replay_safety  # noqa: E402
+from .contract import ERROR_KINDS  # noqa: E402
+from .kernel import build_page_table  # noqa: E402
+from .pool import KVPool  # noqa: E402
+from .reference import (  # noqa: E402
+    host_max_gather,
+    reference_page_table,
+    static_width_gather,
+)
+from .runner import GraphRunner, NotCaptured, StaticBufferMoved  # noqa: E402
+from .sync import DetectorUnavailable, DeviceSyncError, no_device_sync  # noqa: E402
+from .workload import DecodeWorkload  # noqa: E402
+
+__all__ = [
+    "ERROR_KINDS",
+    "Buckets",
+    "CheckConfig",
+    "DecodeWorkload",
+    "DetectorUnavailable",
+    "DeviceSyncError",
+    "GraphRunner",
+    "KVPool",
+    "NotCaptured",
+    "PaddingPolicy",
+    "Report",
+    "StaticBufferMoved",
+    "build_page_table",
+    "check_replay_safety",
+    "host_max_gather",
+    "no_device_sync",
+    "reference_page_table",
+    "static_width_gather",
+]
+__version__ = "0.1.0"

@@ -1,0 +1,26 @@
+"""What a report or benchmark row records about the machine it ran on."""
+
+from __future__ import annotations
+
+import datetime
+import platform
+
+import torch
+
+
+def environment() -> dict:
+    try:
+        import triton
+
+        triton_version = triton.__version__
+    except ImportError:
+        triton_version = None
+    cuda = torch.cuda.is_available()
+    return {
+        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "device": torch.cuda.get_device_name() if cuda else "CPU (Triton interpreter)",
+        "cuda": torch.version.cuda if cuda else None,
+        "torch": torch.__version__,
+        "triton": triton_version,
+        "python": platform.python_version(),
+    }

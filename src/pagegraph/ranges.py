@@ -1,0 +1,210 @@
+"""NVTX ranges for every pagegraph phase, and a thread-local stack of the open ones.
+
+Why ranges at all: a sync report ("one ``cuStreamSynchronize`` per call") is only actionable
+when it says *where*. Every phase of the test bed (warm-up, capture, staging the inputs,
+replay, verification, eager builder calls, benchmarks) runs inside a named range, e.g.
+``replay/bs=8``. The same name goes to two places:
+
+- NVTX, in the ``"pagegraph"`` domain with one colour per phase, so an Nsight Systems
+  timeline shows the phases and the CUDA API calls inside them;
+- a thread-local stack kept here, which the in-process sync detectors
+  (:mod:`pagegraph.sync`) read at the moment of each offending call and report the
+  innermost range. In-process reports and Nsight therefore name the same range.
+
+NVTX ranges opened while a CUDA graph is being captured are recorded once, at capture: a
+replay re-launches the graph's kernels but not the host-side NVTX calls. To see replays on
+the timeline the caller wraps every ``graph.replay()`` in its own ``phase("replay", bs=...)``.
+
+Cost: attributes (registered message + colour) are built once per distinct range name, so a
+push + pop is a dict lookup, a list append/pop and two NVTX calls; with no profiler attached
+the NVTX domain is a no-op and a range costs well under a microsecond
+(:func:`measure_range_cost` reports the figure). Without the ``nvtx`` package the stack is
+still kept, so sync reports keep their range names; only the NVTX emission is skipped.
+
+``set_record_function(True)`` also opens a ``torch.profiler.record_function`` of the same
+name for every range, for traces taken with torch.profiler (which shows ``record_function``
+ranges but not NVTX ones).
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+
+__all__ = [
+    "DEFAULT_COLOR",
+    "PHASES",
+    "PHASE_COLORS",
+    "current_range",
+    "measure_range_cost",
+    "phase",
+    "pop",
+    "push",
+    "range_name",
+    "range_stack",
+    "record_function_enabled",
+    "set_record_function",
+]
+
+DOMAIN = "pagegraph"
+
+#: The phases of the test bed, in the order a run goes through them.
+PHASES = ("warmup", "capture", "stage", "replay", "verify", "build", "bench")
+
+#: One ARGB colour per phase, distinct enough to tell apart on an Nsight timeline.
+PHASE_COLORS = {
+    "warmup": 0xFFFFA000,  # amber
+    "capture": 0xFFD32F2F,  # red
+    "stage": 0xFF00ACC1,  # cyan
+    "replay": 0xFF43A047,  # green
+    "verify": 0xFF8E24AA,  # purple
+    "build": 0xFF1E88E5,  # blue
+    "bench": 0xFFFDD835,  # yellow
+}
+DEFAULT_COLOR = 0xFF9E9E9E  # grey, for any other range name
+
+_local = threading.local()
+_record_function = False
+
+# The NVTX domain is looked up on first use, not at import: importing pagegraph must not
+# fail (or pay for NVTX initialisation) where the nvtx package is missing or broken.
+_UNRESOLVED = object()
+_domain = _UNRESOLVED
+_attributes: dict[str, object] = {}
+
+
+def _get_domain():
+    global _domain
+    if _domain is _UNRESOLVED:
+        try:
+            import nvtx
+
+            # A disabled domain (no tool attached) comes back as nvtx's dummy domain, whose
+            # push/pop are no-ops: that is the cheap path when nobody is profiling.
+            _domain = nvtx.get_domain(DOMAIN)
+        except Exception:  # ImportError, or a broken native library
+            _domain = None
+    return _domain
+
+
+def _get_attributes(full_name: str):
+    attrs = _attributes.get(full_name, _UNRESOLVED)
+    if attrs is _UNRESOLVED:
+        domain = _get_domain()
+        color = PHASE_COLORS.get(full_name.split("/", 1)[0], DEFAULT_COLOR)
+        attrs = None if domain is None else domain.get_event_attributes(full_name, color)
+        _attributes[full_name] = attrs
+    return attrs
+
+
+def _stack() -> list:
+    try:
+        return _local.stack
+    except AttributeError:
+        _local.stack = []
+        return _local.stack
+
+
+def range_name(name: str, bs: int | None = None) -> str:
+    """The full name of a range: ``"replay/bs=8"`` for ``("replay", 8)``, else ``name``."""
+    return name if bs is None else f"{name}/bs={bs}"
+
+
+def push(name: str, bs: int | None = None) -> str:
+    """Open a range (hot-path form of :func:`phase`); returns its full name.
+
+    Every ``push`` must be matched by a :func:`pop` on the same thread.
+    """
+    full_name = name if bs is None else f"{name}/bs={bs}"
+    attrs = _get_attributes(full_name)
+    if attrs is not None:
+        _domain.push_range(attrs)
+    rf = None
+    if _record_function:
+        import torch.profiler
+
+        rf = torch.profiler.record_function(full_name)
+        rf.__enter__()
+    _stack().append((full_name, rf))
+    return full_name
+
+
+def pop() -> str:
+    """Close the innermost range opened on this thread; returns its full name."""
+    stack = _stack()
+    if not stack:
+        raise RuntimeError("pagegraph.ranges.pop() without a matching push() on this thread")
+    full_name, rf = stack.pop()
+    if rf is not None:
+        rf.__exit__(None, None, None)
+    if _attributes.get(full_name) is not None:
+        _domain.pop_range()
+    return full_name
+
+
+class phase:
+    """Context manager for one range: ``with phase("replay", bs=8): graph.replay()``.
+
+    The range is closed even when the body raises. An exception that escapes a range is
+    tagged with ``pagegraph_range`` (the innermost range it escaped from), so code that
+    handles it after the stack has unwound can still say where it happened.
+    """
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str, bs: int | None = None):
+        self.name = name if bs is None else f"{name}/bs={bs}"
+
+    def __enter__(self) -> str:
+        # push() would rebuild the full name; this path reuses the one built in __init__.
+        return push(self.name)
+
+    def __exit__(self, exc_type, exc, tb) -> None:
+        pop()
+        if exc is not None and not hasattr(exc, "pagegraph_range"):
+            try:
+                exc.pagegraph_range = self.name
+            except (AttributeError, TypeError):  # exception types without a __dict__
+                pass
+
+
+def current_range() -> str | None:
+    """Full name of the innermost range open on this thread, or ``None``."""
+    stack = _stack()
+    return stack[-1][0] if stack else None
+
+
+def range_stack() -> tuple[str, ...]:
+    """Full names of the ranges open on this thread, outermost first."""
+    return tuple(entry[0] for entry in _stack())
+
+
+def set_record_function(enabled: bool) -> None:
+    """Also open a ``torch.profiler.record_function`` for each range (default off).
+
+    Applies to ranges opened after the call; open ones close the way they were opened.
+    """
+    global _record_function
+    _record_function = bool(enabled)
+
+
+def record_function_enabled() -> bool:
+    return _record_function
+
+
+def measure_range_cost(n: int = 100_000) -> float:
+    """Seconds per ``push`` + ``pop`` pair, averaged over ``n`` pairs on this thread.
+
+    Measures the configuration in force (NVTX attached or not, record_function on or off).
+    With a profiler attached this emits ``n`` ranges named ``range_cost``.
+    """
+    if n < 1:
+        raise ValueError(f"n must be >= 1, got {n}")
+    push("range_cost")  # builds and caches the attributes outside the timed loop
+    pop()
+    start = time.perf_counter_ns()
+    for _ in range(n):
+        push("range_cost")
+        pop()
+    elapsed = time.perf_counter_ns() - start
+    return max(elapsed, 1) / n / 1e9

@@ -1,0 +1,328 @@
+"""``GraphRunner``: static buffers, one CUDA graph per padded batch bucket, sync-free replay.
+
+The runner owns every input and output of the builder as a static buffer allocated once at
+the largest size (``req_pool_indices[max_bs]``, ``seq_lens[max_bs]``,
+``page_table[max_bs, max_num_pages]``, ``swa_page_table`` with SWA). A graph replays the same
+kernels on the same addresses, so between replays only the buffers' contents may change:
+
+* ``capture()`` warms every bucket up on a side stream (a Triton kernel's first launch loads
+  its module, which is illegal inside capture), then captures the largest bucket first, all
+  graphs in one shared memory pool, with short lengths in the buffers: replays will then see
+  longer ones, which is exactly what a width frozen at capture would get wrong.
+* ``replay()`` picks the bucket, stages the batch into the static buffers without a host sync
+  (device tensors by ``copy_``; host lists and tensors through a pinned staging ring and a
+  non-blocking copy), pads rows ``n..bucket`` by the padding policy, replays, and returns views
+  of the live rows. It first checks that no static buffer moved since capture: a buffer
+  reallocated behind the graph's back would make replays read freed memory silently.
+
+All replays are issued on the caller's current stream, one after another, so graphs that share
+the pool never run concurrently, whatever the bucket order. Without CUDA the same code path
+runs the builder eagerly (no graph), so buckets, padding and staging are exercised on a CPU.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Sequence
+from contextlib import nullcontext
+
+import numpy as np
+import torch
+
+from .buckets import Buckets, PaddingPolicy, resolve_padding
+from .builders import resolve_builder
+from .contract import ERROR_KINDS, INDEX_DTYPES, cdiv
+from .kernel import build_page_table
+from .ranges import phase
+
+
+class StaticBufferMoved(RuntimeError):
+    """A static buffer (or ``req_to_token``/``full_to_swa``) is not where it was at capture."""
+
+
+class NotCaptured(RuntimeError):
+    """``replay()`` was called before ``capture()``."""
+
+
+#: Pinned staging buffers in the ring. A buffer is rewritten only after the copy that last
+#: read it has completed; with this many in flight the wait practically never happens.
+STAGING_RING = 4
+
+
+class GraphRunner:
+    """Capture a page-table builder into CUDA graphs over batch buckets and replay it.
+
+    Args:
+        req_to_token: ``[max_reqs, >= max_context_len]`` int32/int64, on the runner's device.
+        max_bs: largest batch; the static buffers have this many rows.
+        max_context_len: tokens a request can hold; ``max_num_pages = cdiv(max_context_len,
+            page_size)`` is the width of the page tables.
+        page_size: tokens per page.
+        buckets: preset name or explicit list (see ``pagegraph.buckets.Buckets``).
+        padding: ``"sglang"``, ``"vllm"``, ``"dummy-row"`` or a ``PaddingPolicy``.
+        builder: a callable with the builder signature, a built-in name, or ``"module:fn"``.
+        full_to_swa: ``[num_slots + 1]`` int32/int64 enables the SWA table.
+        errors: allocate an ``errors`` counter buffer and pass it to the builder.
+        use_graphs: capture CUDA graphs (default: when ``req_to_token`` is on CUDA).
+        index_dtype: dtype of the static ``req_pool_indices`` and ``seq_lens``.
+    """
+
+    def __init__(
+        self,
+        req_to_token: torch.Tensor,
+        *,
+        max_bs: int,
+        max_context_len: int,
+        page_size: int,
+        buckets: str | Sequence[int] | Buckets = "sglang",
+        padding: str | PaddingPolicy = "sglang",
+        builder: Callable | str = build_page_table,
+        full_to_swa: torch.Tensor | None = None,
+        errors: bool = False,
+        use_graphs: bool | None = None,
+        index_dtype: torch.dtype = torch.int32,
+    ):
+        if not isinstance(req_to_token, torch.Tensor) or req_to_token.dim() != 2:
+            raise ValueError("req_to_token must be a 2-D tensor [max_reqs, max_context_len]")
+        if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
+            raise ValueError(f"page_size must be a positive integer, got {page_size!r}")
+        if max_context_len < 1:
+            raise ValueError(f"max_context_len must be >= 1, got {max_context_len}")
+        if req_to_token.shape[1] < max_context_len:
+            raise ValueError(
+                f"req_to_token has {req_to_token.shape[1]} columns, fewer than "
+                f"max_context_len={max_context_len}"
+            )
+        if index_dtype not in INDEX_DTYPES:
+            raise ValueError(f"index_dtype must be int32 or int64, got {index_dtype}")
+        if full_to_swa is not None and full_to_swa.device != req_to_token.device:
+            raise ValueError(
+                f"full_to_swa is on {full_to_swa.device}, req_to_token on {req_to_token.device}"
+            )
+        self.device = req_to_token.device
+        self.req_to_token = req_to_token
+        self.full_to_swa = full_to_swa
+        self.page_size = page_size
+        self.max_context_len = max_context_len
+        self.buckets = buckets if isinstance(buckets, Buckets) else Buckets(buckets, max_bs)
+        if self.buckets.max_bs != max_bs:
+            raise ValueError(f"buckets end at {self.buckets.max_bs}, max_bs is {max_bs}")
+        self.max_bs = max_bs
+        self.padding = resolve_padding(padding)
+        self.builder = resolve_builder(builder)
+        self.max_num_pages = cdiv(max_context_len, page_size)
+        self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
+        if self.use_graphs and self.device.type != "cuda":
+            raise ValueError("use_graphs=True needs req_to_token on a CUDA device")
+
+        dev = self.device
+        try:
+            self.req_pool_indices = torch.zeros(max_bs, dtype=index_dtype, device=dev)
+            self.seq_lens = torch.zeros(max_bs, dtype=index_dtype, device=dev)
+            self.page_table = torch.zeros(
+                (max_bs, self.max_num_pages), dtype=torch.int32, device=dev
+            )
+            self.swa_page_table = (
+                torch.zeros_like(self.page_table) if full_to_swa is not None else None
+            )
+            self.errors = (
+                torch.zeros(len(ERROR_KINDS), dtype=torch.int32, device=dev) if errors else None
+            )
+        except torch.OutOfMemoryError as exc:
+            tables = 2 if full_to_swa is not None else 1
+            need = tables * max_bs * self.max_num_pages * 4
+            raise torch.OutOfMemoryError(
+                f"GraphRunner static buffers: {tables} page table(s) of [{max_bs}, "
+                f"{self.max_num_pages}] int32 = {need / 2**20:.1f} MiB on {dev}: {exc}"
+            ) from exc
+
+        pin = dev.type == "cuda"
+        self._staging = [
+            torch.zeros((2, max_bs), dtype=index_dtype, pin_memory=pin)
+            for _ in range(STAGING_RING)
+        ]
+        self._staging_np = [buf.numpy() for buf in self._staging]
+        self._staging_done: list[torch.cuda.Event | None] = [None] * STAGING_RING
+        self._staging_next = 0
+
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.pool = None
+        self._addresses: dict[str, tuple] | None = None
+        self.last_bucket: int | None = None
+
+    # -- building -------------------------------------------------------------------------
+
+    def _build(self, bs: int) -> None:
+        kwargs = {}
+        if self.full_to_swa is not None:
+            kwargs["swa_page_table"] = self.swa_page_table[:bs]
+            kwargs["full_to_swa"] = self.full_to_swa
+        if self.errors is not None:
+            kwargs["errors"] = self.errors
+        self.builder(
+            self.req_to_token,
+            self.req_pool_indices[:bs],
+            self.seq_lens[:bs],
+            self.page_table[:bs],
+            self.page_size,
+            **kwargs,
+        )
+
+    def _buffers(self) -> dict[str, torch.Tensor | None]:
+        return {
+            "req_to_token": self.req_to_token,
+            "full_to_swa": self.full_to_swa,
+            "req_pool_indices": self.req_pool_indices,
+            "seq_lens": self.seq_lens,
+            "page_table": self.page_table,
+            "swa_page_table": self.swa_page_table,
+            "errors": self.errors,
+        }
+
+    @staticmethod
+    def _address(t: torch.Tensor | None) -> tuple | None:
+        return None if t is None else (t.data_ptr(), tuple(t.shape), tuple(t.stride()))
+
+    def addresses(self) -> dict[str, tuple | None]:
+        """``name -> (data_ptr, shape, strides)`` of every buffer a graph reads or writes."""
+        return {name: self._address(t) for name, t in self._buffers().items()}
+
+    def check_addresses(self) -> None:
+        """Raise ``StaticBufferMoved`` if any buffer differs from what was captured."""
+        if self._addresses is None:
+            raise NotCaptured("replay() before capture(): call runner.capture() first")
+        now = self.addresses()
+        moved = [name for name, addr in now.items() if addr != self._addresses[name]]
+        if moved:
+            detail = "; ".join(f"{n}: {self._addresses[n]} -> {now[n]}" for n in moved)
+            raise StaticBufferMoved(
+                f"static buffer(s) changed since capture ({detail}); the graphs still point at "
+                "the old memory: copy_ new contents into the captured buffers instead"
+            )
+
+    # -- capture --------------------------------------------------------------------------
+
+    def capture(self) -> None:
+        """Warm every bucket up, then capture one graph per bucket, largest first, in one
+        shared pool (eager mode: only records the buffer addresses)."""
+        # Short lengths in the buffers at capture: replays must not depend on them.
+        self.seq_lens.fill_(1)
+        self.req_pool_indices.fill_(0)
+        sizes = sorted(self.buckets.sizes, reverse=True)
+        if self.use_graphs:
+            with torch.cuda.device(self.device):
+                current = torch.cuda.current_stream()
+                side = torch.cuda.Stream()
+                side.wait_stream(current)
+                with torch.cuda.stream(side):
+                    for bs in sizes:
+                        with phase("warmup", bs):
+                            self._build(bs)
+                current.wait_stream(side)
+                torch.cuda.synchronize()
+                self.pool = torch.cuda.graph_pool_handle()
+                for bs in sizes:
+                    graph = torch.cuda.CUDAGraph()
+                    with phase("capture", bs), torch.cuda.graph(graph, pool=self.pool):
+                        self._build(bs)
+                    self.graphs[bs] = graph
+                torch.cuda.synchronize()
+        else:
+            for bs in sizes:
+                with phase("warmup", bs):
+                    self._build(bs)
+        self._addresses = self.addresses()
+
+    @property
+    def captured(self) -> bool:
+        return self._addresses is not None
+
+    # -- replay ---------------------------------------------------------------------------
+
+    def _stage(self, req_pool_indices, seq_lens, n: int) -> None:
+        """Copy the batch into rows ``:n`` of the static inputs, with no host sync."""
+        on_device = [
+            isinstance(t, torch.Tensor) and t.device == self.device
+            for t in (req_pool_indices, seq_lens)
+        ]
+        if all(on_device):
+            self.req_pool_indices[:n].copy_(req_pool_indices)
+            self.seq_lens[:n].copy_(seq_lens)
+            return
+        slot = self._staging_next
+        self._staging_next = (slot + 1) % STAGING_RING
+        done = self._staging_done[slot]
+        if done is not None and not done.query():
+            # Back-pressure: STAGING_RING copies are still in flight. This waits, and the sync
+            # detectors will say so; it cannot happen when the caller consumes each replay.
+            done.synchronize()
+        host = self._staging_np[slot]
+        for i, values in enumerate((req_pool_indices, seq_lens)):
+            if isinstance(values, torch.Tensor):
+                if values.device.type != "cpu":
+                    raise ValueError(
+                        f"batch tensors must be on {self.device} or the CPU, got {values.device}"
+                    )
+                values = values.numpy()
+            host[i, :n] = np.asarray(values)
+        staged = self._staging[slot]
+        nb = self.device.type == "cuda"
+        self.req_pool_indices[:n].copy_(staged[0, :n], non_blocking=nb)
+        self.seq_lens[:n].copy_(staged[1, :n], non_blocking=nb)
+        if nb:
+            event = torch.cuda.Event()
+            event.record()
+            self._staging_done[slot] = event
+
+    def replay(self, req_pool_indices, seq_lens) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """Build the page tables of one batch of ``n`` requests through the captured graphs.
+
+        Args:
+            req_pool_indices: ``[n]`` request rows, a device tensor, a CPU tensor or a list.
+            seq_lens: ``[n]`` lengths, same kinds.
+
+        Returns:
+            ``(page_table[:n], swa_page_table[:n] or None)``: views of the static buffers,
+            valid until the next replay.
+        """
+        n = len(seq_lens)
+        if len(req_pool_indices) != n:
+            raise ValueError(
+                f"req_pool_indices has {len(req_pool_indices)} entries, seq_lens has {n}"
+            )
+        bucket = self.buckets.bucket_for(n)  # raises before any buffer is touched
+        self.check_addresses()
+        with torch.cuda.device(self.device) if self.use_graphs else nullcontext():
+            with phase("stage", bucket):
+                self._stage(req_pool_indices, seq_lens, n)
+                self.padding.apply(self.req_pool_indices, self.seq_lens, n, bucket)
+            with phase("replay", bucket):
+                if self.use_graphs:
+                    self.graphs[bucket].replay()
+                else:
+                    self._build(bucket)
+        self.last_bucket = bucket
+        swa = self.swa_page_table[:n] if self.swa_page_table is not None else None
+        return self.page_table[:n], swa
+
+    # -- errors and teardown --------------------------------------------------------------
+
+    def read_errors(self) -> dict[str, int]:
+        """Counters of the ``errors`` buffer by kind (a device-to-host read: call it outside
+        the replay path)."""
+        if self.errors is None:
+            raise RuntimeError("this runner was made without errors=True")
+        with phase("verify"):
+            return dict(zip(ERROR_KINDS, self.errors.tolist()))
+
+    def reset_errors(self) -> None:
+        if self.errors is not None:
+            self.errors.zero_()
+
+    def close(self) -> None:
+        """Release the graphs and their pool (pending replays finish first)."""
+        if self.graphs:
+            torch.cuda.synchronize(self.device)
+        self.graphs.clear()
+        self.pool = None
+        self._addresses = None
+

@@ -1,0 +1,77 @@
+"""Shared test helpers: seeded inputs, canary-framed output buffers, exact comparison."""
+
+from __future__ import annotations
+
+import torch
+
+CANARY = -31337
+#: Rows and columns of canary around every output view.
+MARGIN = 2
+
+
+def framed(bs: int, width: int, device) -> tuple[torch.Tensor, torch.Tensor]:
+    """A canary-filled ``[bs + 2*MARGIN, width + 2*MARGIN + 3]`` int32 buffer and the
+    ``[bs, width]`` view inside it (row stride larger than the width)."""
+    big = torch.full((bs + 2 * MARGIN, width + 2 * MARGIN + 3), CANARY, dtype=torch.int32)
+    big = big.to(device)
+    return big, big[MARGIN : MARGIN + bs, MARGIN : MARGIN + width]
+
+
+def assert_equal_tables(got: torch.Tensor, want: torch.Tensor, what: str = "table") -> None:
+    """Exact equality; on failure name the first differing rows and columns."""
+    assert got.shape == want.shape, f"{what}: shape {tuple(got.shape)} != {tuple(want.shape)}"
+    if torch.equal(got, want):
+        return
+    diff = (got != want).nonzero().tolist()
+    rows = sorted({r for r, _ in diff})
+    first = diff[:5]
+    details = ", ".join(f"[{r},{c}] got {int(got[r, c])} want {int(want[r, c])}" for r, c in first)
+    raise AssertionError(
+        f"{what}: {len(diff)} entries differ in rows {rows[:10]}{'...' if len(rows) > 10 else ''}; "
+        f"first: {details}"
+    )
+
+
+def random_inputs(
+    gen: torch.Generator,
+    *,
+    bs: int,
+    rows: int,
+    ctx: int,
+    page_size: int,
+    lengths: list[int],
+    swa: bool,
+    r2t_dtype=torch.int32,
+    idx_dtype=torch.int32,
+    f2s_dtype=torch.int64,
+    num_slots: int = 1 << 20,
+    device="cpu",
+):
+    """Random ``req_to_token`` (any slots), request rows and the given lengths (cycled)."""
+    r2t = torch.randint(0, num_slots, (rows, ctx), generator=gen, dtype=torch.int64)
+    rpi = torch.randint(0, rows, (bs,), generator=gen, dtype=torch.int64)
+    sl = torch.tensor([lengths[i % len(lengths)] for i in range(bs)], dtype=torch.int64)
+    sl = sl[torch.randperm(bs, generator=gen)]
+    f2s = None
+    if swa:
+        f2s = torch.randint(0, num_slots, (num_slots + 1,), generator=gen, dtype=torch.int64)
+        f2s = f2s.to(device, f2s_dtype)
+    return (
+        r2t.to(device, r2t_dtype),
+        rpi.to(device, idx_dtype),
+        sl.to(device, idx_dtype),
+        f2s,
+    )
+
+
+def edge_lengths(page_size: int, capacity_tokens: int) -> list[int]:
+    """0, 1, page_size, page_size + 1, exact capacity and capacity plus several pages."""
+    return [
+        0,
+        1,
+        page_size,
+        page_size + 1,
+        capacity_tokens,
+        capacity_tokens + 3 * page_size,
+        max(1, capacity_tokens // 2 + 1),
+    ]

@@ -1,0 +1,215 @@
+"""Invariant: GraphRunner.replay() stages any batch into the captured static buffers without a
+sync, pads by its policy, and refuses to run on buffers that moved since capture.
+
+CPU cases run the eager path (no graph) under the Triton interpreter; GPU cases capture real
+graphs over SGLang buckets and replay them out of order.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from helpers import assert_equal_tables
+
+from pagegraph import GraphRunner, KVPool, NotCaptured, StaticBufferMoved
+from pagegraph.checker import POISON, expected_tables
+from pagegraph.workload import DecodeWorkload
+
+CUDA = torch.cuda.is_available()
+DEVICE = "cuda" if CUDA else "cpu"
+
+
+def make(max_bs=12, ctx=200, ps=16, swa=False, seed=0, **kw):
+    pool = KVPool(max_reqs=max_bs + 1, max_context_len=ctx, page_size=ps, swa=swa,
+                  device=DEVICE, seed=seed)
+    runner = GraphRunner(pool.req_to_token, max_bs=max_bs, max_context_len=ctx, page_size=ps,
+                         full_to_swa=pool.full_to_swa, **kw)
+    return pool, runner
+
+
+def check_replay(runner, pool, n):
+    bucket = runner.last_bucket
+    want, want_swa = expected_tables(pool.req_to_token, runner.req_pool_indices[:bucket],
+                                     runner.seq_lens[:bucket], runner.max_num_pages,
+                                     runner.page_size, pool.full_to_swa)
+    assert_equal_tables(runner.page_table[:bucket], want, "page_table")
+    assert_equal_tables(runner.page_table[bucket:],
+                        torch.full_like(runner.page_table[bucket:], POISON), "rows past bucket")
+    if want_swa is not None:
+        assert_equal_tables(runner.swa_page_table[:bucket], want_swa, "swa_page_table")
+
+
+@pytest.mark.parametrize("kind", ["list", "cpu-tensor", "device-tensor", "int64-device"])
+@pytest.mark.parametrize("padding", ["sglang", "vllm", "dummy-row"])
+def test_staging_and_padding(kind, padding):
+    pool, runner = make(padding=padding, buckets=[4, 8, 12], swa=True)
+    runner.capture()
+    rows = [pool.alloc(n) for n in (5, 190, 17, 33, 64)]
+    pool.flush()
+    rpi, sl = pool.batch(rows)
+    stale = runner.req_pool_indices.clone()
+    if kind == "cpu-tensor":
+        rpi, sl = torch.tensor(rpi), torch.tensor(sl)
+    elif kind.endswith("device") or kind == "device-tensor":
+        dt = torch.int64 if kind == "int64-device" else torch.int32
+        rpi, sl = torch.tensor(rpi, dtype=dt, device=DEVICE), torch.tensor(sl, dtype=dt,
+                                                                           device=DEVICE)
+    runner.page_table.fill_(POISON)
+    runner.swa_page_table.fill_(POISON)
+    pt, swa = runner.replay(rpi, sl)
+    assert pt.shape == (5, runner.max_num_pages) and swa.shape == pt.shape
+    assert pt.data_ptr() == runner.page_table.data_ptr(), "a view of the static buffer"
+    assert runner.last_bucket == 8
+    assert runner.seq_lens[:5].tolist() == pool.batch(rows)[1]
+    policy = runner.padding
+    assert (runner.seq_lens[5:8] == policy.seq_len).all()
+    if policy.req_pool_index is None:
+        assert torch.equal(runner.req_pool_indices[5:8], stale[5:8]), "stale indices stay"
+    else:
+        assert (runner.req_pool_indices[5:8] == policy.req_pool_index).all()
+    check_replay(runner, pool, 5)
+
+
+def test_swa_view_is_none_without_full_to_swa():
+    pool, runner = make()
+    runner.capture()
+    row = pool.alloc(20)
+    pool.flush()
+    pt, swa = runner.replay([row], [20])
+    assert swa is None and pt.shape[0] == 1
+
+
+def test_replay_before_capture_raises():
+    _, runner = make()
+    with pytest.raises(NotCaptured, match="capture"):
+        runner.replay([1], [3])
+
+
+def test_batch_over_max_bs_raises_before_touching_buffers():
+    _, runner = make(max_bs=4, buckets=[2, 4])
+    runner.capture()
+    before = (runner.seq_lens.clone(), runner.req_pool_indices.clone(), runner.page_table.clone())
+    with pytest.raises(ValueError, match=r"5 requests exceeds max_bs=4"):
+        runner.replay([1] * 5, [3] * 5)
+    with pytest.raises(ValueError, match="entries"):
+        runner.replay([1, 2], [3])
+    after = (runner.seq_lens, runner.req_pool_indices, runner.page_table)
+    assert all(torch.equal(a, b) for a, b in zip(before, after))
+
+
+@pytest.mark.parametrize("what", ["page_table", "seq_lens", "req_pool_indices", "swa_page_table"])
+def test_replaced_static_buffer_is_detected(what):
+    pool, runner = make(swa=True)
+    runner.capture()
+    setattr(runner, what, getattr(runner, what).clone())
+    with pytest.raises(StaticBufferMoved, match=what):
+        runner.replay([1], [3])
+
+
+def test_req_to_token_reallocated_in_place_is_detected():
+    pool, runner = make()
+    runner.capture()
+    pool.req_to_token.set_(torch.zeros_like(pool.req_to_token))  # same object, new storage
+    with pytest.raises(StaticBufferMoved, match="req_to_token"):
+        runner.replay([1], [3])
+
+
+def test_invalid_runner_arguments():
+    pool = KVPool(max_reqs=4, max_context_len=64, page_size=8, device=DEVICE)
+    with pytest.raises(ValueError, match="fewer than max_context_len"):
+        GraphRunner(pool.req_to_token, max_bs=2, max_context_len=65, page_size=8)
+    with pytest.raises(ValueError, match="page_size"):
+        GraphRunner(pool.req_to_token, max_bs=2, max_context_len=64, page_size=0)
+    with pytest.raises(ValueError, match="above max_bs"):
+        GraphRunner(pool.req_to_token, max_bs=2, max_context_len=64, page_size=8, buckets=[4])
+    with pytest.raises(ValueError, match="unknown padding"):
+        GraphRunner(pool.req_to_token, max_bs=2, max_context_len=64, page_size=8, padding="x")
+    with pytest.raises(ValueError, match="unknown builder"):
+        GraphRunner(pool.req_to_token, max_bs=2, max_context_len=64, page_size=8, builder="x")
+
+
+def test_eager_workload_replays_are_exact():
+    pool, runner = make(max_bs=9, ctx=160, ps=8, swa=True, buckets="pow2")
+    runner.capture()
+    work = DecodeWorkload(pool, max_bs=9, steps=25, seed=3, draft_tokens=2, swa_window=32,
+                          swa_churn=0.5, finish_rate=0.1)
+    for step in work:
+        runner.page_table.fill_(POISON)
+        runner.swa_page_table.fill_(POISON)
+        runner.replay(step.req_pool_indices, step.seq_lens)
+        check_replay(runner, pool, step.bs)
+
+
+def test_error_counters_through_the_runner():
+    pool, runner = make(max_bs=4, buckets=[4], errors=True)
+    runner.capture()
+    runner.reset_errors()
+    runner.replay([1, 99, 2], [500, 3, -1])  # overlong, bad row, negative
+    errs = runner.read_errors()
+    assert errs["seq_len_over_capacity"] == 1
+    assert errs["req_pool_index_out_of_range"] == 1
+    assert errs["negative_seq_len"] == 1
+
+
+# -- GPU: real graphs --------------------------------------------------------------------------
+
+gpu = pytest.mark.gpu
+
+
+@gpu
+@pytest.mark.parametrize("builder", ["build_page_table", "static_width_gather"])
+def test_gpu_shared_pool_random_bucket_order(builder):
+    """Graphs share one memory pool; replays in random bucket order must stay exact (the
+    static-width gather allocates intermediates inside that pool)."""
+    pool, runner = make(max_bs=64, ctx=8192, ps=16, swa=True, buckets="sglang", builder=builder)
+    runner.capture()
+    assert len(runner.graphs) == len(runner.buckets)
+    rows = [pool.alloc(int(n)) for n in torch.randint(1, 8000, (64,),
+                                                        generator=torch.Generator().manual_seed(1))]
+    pool.flush()
+    gen = torch.Generator().manual_seed(2)
+    for _ in range(60):
+        n = int(torch.randint(1, 65, (1,), generator=gen))
+        pick = torch.randperm(64, generator=gen)[:n].tolist()
+        runner.page_table.fill_(POISON)
+        runner.swa_page_table.fill_(POISON)
+        rpi, sl = pool.batch([rows[i] for i in pick])
+        runner.replay(rpi, sl)
+        bucket = runner.last_bucket
+        want, want_swa = expected_tables(pool.req_to_token, runner.req_pool_indices[:bucket],
+                                         runner.seq_lens[:bucket], runner.max_num_pages, 16,
+                                         pool.full_to_swa)
+        live = want != POISON
+        assert torch.equal(runner.page_table[:bucket][live], want[live])
+        assert torch.equal(runner.swa_page_table[:bucket][live], want_swa[live])
+    runner.close()
+
+
+@gpu
+def test_gpu_replay_is_sync_free_and_allocation_free():
+    pool, runner = make(max_bs=32, ctx=4096, ps=16, buckets="sglang")
+    runner.capture()
+    rows = [pool.alloc(n) for n in range(100, 3300, 100)]
+    pool.flush()
+    rpi, sl = pool.batch(rows)
+    dev_rpi = torch.tensor(rpi, device="cuda")
+    dev_sl = torch.tensor(sl, device="cuda")
+    runner.replay(rpi, sl)
+    torch.cuda.synchronize()
+    allocs = torch.cuda.memory_stats()["allocation.all.allocated"]
+    previous = torch.cuda.get_sync_debug_mode()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        for i in range(50):
+            if i % 2:
+                runner.replay(dev_rpi[: 1 + i % 32], dev_sl[: 1 + i % 32])
+            else:
+                runner.replay(rpi[: 1 + i % 32], sl[: 1 + i % 32])
+    finally:
+        torch.cuda.set_sync_debug_mode(previous)
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_stats()["allocation.all.allocated"] == allocs
+    runner.page_table.fill_(POISON)
+    runner.replay(rpi, sl)
+    check_replay(runner, pool, len(rpi))
+    runner.close()

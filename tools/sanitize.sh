@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# make sanitize: the kernel and graph workloads under compute-sanitizer, one tool per run.
+# Prints one summary line per tool and run; exits non-zero if any run reported an error.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+PY=${PY:-python3}
+CS=$(command -v compute-sanitizer || find /usr/local/cuda*/bin /opt/nvidia -name compute-sanitizer -type f 2>/dev/null | head -n 1)
+if [ -z "$CS" ]; then echo "compute-sanitizer not found"; exit 2; fi
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
+status=0
+for tool in memcheck racecheck initcheck synccheck; do
+  for mode in kernel graphs; do
+    log=$(mktemp)
+    if [ "$mode" = kernel ]; then cache=1; else cache=0; fi
+    start=$(date +%s)
+    PYTORCH_NO_CUDA_MEMORY_CACHING=$cache timeout 600 "$CS" --tool "$tool" --error-exitcode 99 \
+      --print-limit 20 "$PY" tools/sanitize_workload.py "$mode" >"$log" 2>&1
+    rc=$?
+    summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -n 1)
+    echo "sanitize $tool/$mode: rc=$rc ${summary:-no summary} ($(( $(date +%s) - start ))s)"
+    if [ $rc -ne 0 ]; then status=1; tail -n 40 "$log"; fi
+    rm -f "$log"
+  done
+done
+exit $status

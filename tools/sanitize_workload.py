@@ -1,0 +1,62 @@
+"""What `make sanitize` runs under compute-sanitizer (GPU only).
+
+    python tools/sanitize_workload.py kernel   # eager builds over shapes, exact buffers
+    python tools/sanitize_workload.py graphs   # captured buckets, replays of a workload
+
+Run ``kernel`` with PYTORCH_NO_CUDA_MEMORY_CACHING=1: every tensor is then its own device
+allocation, exactly sized, so memcheck sees a write one element past a buffer (the caching
+allocator would hide it inside a larger block). Every output is also compared exactly with the
+reference, so a run that the sanitizer passes is also a correct one.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from pagegraph import ERROR_KINDS, build_page_table
+from pagegraph.checker import CheckConfig, check_replay_safety, expected_tables
+
+
+def kernel_cases() -> int:
+    gen = torch.Generator().manual_seed(0)
+    bad = 0
+    cases = [(1, 64, 1, False), (7, 300, 3, True), (17, 4096, 16, True), (64, 32768, 64, False),
+             (256, 4096, 1, False), (33, 131072, 256, True)]
+    for bs, ctx, ps, swa in cases:
+        width = -(-ctx // ps)
+        slots = (bs + 1) * width * ps + 1
+        r2t = torch.randint(0, slots, (bs + 1, ctx), generator=gen, dtype=torch.int32).cuda()
+        rpi = torch.randint(0, bs + 1, (bs,), generator=gen).cuda()
+        # Edge lengths included: 0, exact capacity, overlong (clamped), negative.
+        sl = torch.randint(0, ctx + 1, (bs,), generator=gen)
+        sl[: min(bs, 4)] = torch.tensor([0, ctx, ctx + 5 * ps, -3])[: min(bs, 4)]
+        sl = sl.cuda()
+        f2s = torch.randint(0, slots, (slots + 1,), generator=gen).cuda() if swa else None
+        pt = torch.empty((bs, width), dtype=torch.int32, device="cuda").fill_(-1)
+        kw = {"swa_page_table": torch.full_like(pt, -1), "full_to_swa": f2s} if swa else {}
+        errors = torch.zeros(len(ERROR_KINDS), dtype=torch.int32, device="cuda")
+        build_page_table(r2t, rpi, sl, pt, ps, errors=errors, **kw)
+        want, want_swa = expected_tables(r2t, rpi, sl, width, ps, f2s, fill=-1)
+        ok = torch.equal(pt, want) and (not swa or torch.equal(kw["swa_page_table"], want_swa))
+        bad += not ok
+        print(f"kernel bs={bs} ctx={ctx} ps={ps} swa={swa}: {'exact' if ok else 'MISMATCH'}")
+    return bad
+
+
+def graph_cases() -> int:
+    bad = 0
+    for swa in (False, True):
+        cfg = CheckConfig(max_bs=64, max_context_len=16384, page_size=16, steps=40, swa=swa,
+                          swa_window=2048 if swa else None, swa_churn=0.3 if swa else 0.0,
+                          detectors=())
+        report = check_replay_safety("build_page_table", cfg)
+        print(f"graphs swa={swa}: {report.replays} replays, safe={report.safe}")
+        bad += not report.safe
+    return bad
+
+
+if __name__ == "__main__":
+    mode = sys.argv[1] if len(sys.argv) > 1 else "kernel"
+    sys.exit(1 if (kernel_cases() if mode == "kernel" else graph_cases()) else 0)
