@@ -31,8 +31,11 @@ setup: $(SETUP)
 	.venv/bin/python -m pip install -q numpy nvtx pytest pytest-benchmark hypothesis matplotlib ruff
 	touch $@
 
+# Several local GPUs: one pytest-xdist worker per GPU (tests/conftest.py pins each worker).
 test: $(SETUP)
-	$(PYTEST) tests
+	@n=$$($(PY) -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0); \
+	x=""; if [ "$${n:-0}" -gt 1 ] && $(PY) -c "import xdist" 2>/dev/null; then x="-n $$n"; fi; \
+	echo "$(PYTEST) tests $$x"; $(PYTEST) tests $$x
 
 run: $(SETUP)
 	$(PY) -m pagegraph kernel-table

@@ -18,3 +18,14 @@ def pytest_configure(config):
         import pagegraph.pytest_plugin as plugin
 
         config.pluginmanager.register(plugin, "pagegraph")
+
+
+def pytest_sessionstart(session):
+    # Under pytest-xdist with several GPUs, pin each worker to its own device, so "cuda" in a
+    # test means that worker's GPU (make test starts one worker per visible GPU).
+    worker = os.environ.get("PYTEST_XDIST_WORKER", "")
+    if worker.startswith("gw"):
+        import torch
+
+        if torch.cuda.is_available() and torch.cuda.device_count() > 1:
+            torch.cuda.set_device(int(worker[2:]) % torch.cuda.device_count())

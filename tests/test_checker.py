@@ -6,7 +6,6 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import assert_equal_tables
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
@@ -14,16 +13,28 @@ from pagegraph import build_page_table, check_replay_safety, reference_page_tabl
 from pagegraph.checker import POISON, CheckConfig, expected_tables
 from pagegraph.pytest_plugin import assert_replay_safe
 
+from helpers import assert_equal_tables
+
 CUDA = torch.cuda.is_available()
-SMALL = CheckConfig(max_bs=10, max_context_len=256, page_size=16, steps=12, swa=True,
-                    swa_window=64, swa_churn=0.5, buckets="pow2", draft_tokens=3)
+SMALL = CheckConfig(
+    max_bs=10,
+    max_context_len=256,
+    page_size=16,
+    steps=12,
+    swa=True,
+    swa_window=64,
+    swa_churn=0.5,
+    buckets="pow2",
+    draft_tokens=3,
+)
 
 
 def off_by_one_builder(req_to_token, req_pool_indices, seq_lens, page_table, page_size, **kw):
     """Writes one page too many per row: past the live region (and past the row at capacity
     would be caught too)."""
-    build_page_table(req_to_token, req_pool_indices, seq_lens + page_size, page_table,
-                     page_size, **kw)
+    build_page_table(
+        req_to_token, req_pool_indices, seq_lens + page_size, page_table, page_size, **kw
+    )
 
 
 def wrong_value_builder(req_to_token, req_pool_indices, seq_lens, page_table, page_size, **kw):
@@ -36,8 +47,13 @@ def raising_builder(*args, **kwargs):
 
 
 @settings(max_examples=30, deadline=None)
-@given(bs=st.integers(1, 12), ps=st.sampled_from([1, 3, 16]), width=st.integers(1, 9),
-       seed=st.integers(0, 2**31 - 1), swa=st.booleans())
+@given(
+    bs=st.integers(1, 12),
+    ps=st.sampled_from([1, 3, 16]),
+    width=st.integers(1, 9),
+    seed=st.integers(0, 2**31 - 1),
+    swa=st.booleans(),
+)
 def test_expected_tables_equals_the_oracle(bs, ps, width, seed, swa):
     gen = torch.Generator().manual_seed(seed)
     ctx = width * ps + int(torch.randint(-ps + 1, ps, (1,), generator=gen)) if ps > 1 else width
@@ -59,13 +75,21 @@ def test_kernel_passes_everything_checkable_here():
     report = check_replay_safety("build_page_table", SMALL)
     assert report.safe, report.format()
     assert report.replays == SMALL.steps
-    for name in ("correct", "bounded writes", "graph-safe (captured short, replayed long)",
-                 "static buffers unmoved", "capture"):
+    for name in (
+        "correct",
+        "bounded writes",
+        "graph-safe (captured short, replayed long)",
+        "static buffers unmoved",
+        "capture",
+    ):
         assert report.property(name).passed is True, report.format()
     if not CUDA:
         # GPU-only checks are listed as skipped, never as passed.
-        assert set(report.skipped) >= {"no allocation in replay", "sync-free replay path",
-                                        "no compilation after warm-up"}
+        assert set(report.skipped) >= {
+            "no allocation in replay",
+            "sync-free replay path",
+            "no compilation after warm-up",
+        }
         assert "skipped, need a GPU" in report.format()
 
 
@@ -118,15 +142,36 @@ def test_report_serialises():
 gpu = pytest.mark.gpu
 BIG = [
     # 4 x 520 = 2080 checked replays of build_page_table in the GPU suite
-    CheckConfig(max_bs=256, max_context_len=131072, page_size=64, steps=520, seed=1,
-                initial_len=(1, 32768)),
-    CheckConfig(max_bs=256, max_context_len=131072, page_size=16, steps=520, seed=2,
-                initial_len=(1, 32768)),
-    CheckConfig(max_bs=256, max_context_len=131072, page_size=64, steps=520, seed=3, swa=True,
-                swa_window=8192, swa_churn=0.3, initial_len=(1, 32768)),
-    CheckConfig(max_bs=256, max_context_len=131072, page_size=16, steps=520, seed=4, swa=True,
-                swa_window=4096, swa_churn=0.3, draft_tokens=4, initial_len=(1, 32768),
-                padding="vllm"),
+    CheckConfig(
+        max_bs=256, max_context_len=131072, page_size=64, steps=520, seed=1, initial_len=(1, 32768)
+    ),
+    CheckConfig(
+        max_bs=256, max_context_len=131072, page_size=16, steps=520, seed=2, initial_len=(1, 32768)
+    ),
+    CheckConfig(
+        max_bs=256,
+        max_context_len=131072,
+        page_size=64,
+        steps=520,
+        seed=3,
+        swa=True,
+        swa_window=8192,
+        swa_churn=0.3,
+        initial_len=(1, 32768),
+    ),
+    CheckConfig(
+        max_bs=256,
+        max_context_len=131072,
+        page_size=16,
+        steps=520,
+        seed=4,
+        swa=True,
+        swa_window=4096,
+        swa_churn=0.3,
+        draft_tokens=4,
+        initial_len=(1, 32768),
+        padding="vllm",
+    ),
 ]
 
 
@@ -143,8 +188,13 @@ def test_gpu_kernel_passes_every_property(config):
 @gpu
 def test_gpu_static_width_gather_is_correct_and_sync_free():
     report = check_replay_safety("static_width_gather", BIG[0], steps=100)
-    for name in ("correct", "sync-free builder call", "sync-free replay path",
-                 "no allocation in replay", "graph-safe (captured short, replayed long)"):
+    for name in (
+        "correct",
+        "sync-free builder call",
+        "sync-free replay path",
+        "no allocation in replay",
+        "graph-safe (captured short, replayed long)",
+    ):
         assert report.property(name).passed is True, report.format()
 
 
@@ -160,12 +210,18 @@ def test_gpu_host_max_gather_is_reported_unsafe():
 @gpu
 def test_gpu_assert_replay_safe_on_a_user_builder():
     """The plugin's helper on a user-written builder given as module:function."""
-    report = assert_replay_safe("pagegraph.kernel:build_page_table", max_bs=48,
-                                max_context_len=16384, page_size=32, steps=50)
+    report = assert_replay_safe(
+        "pagegraph.kernel:build_page_table",
+        max_bs=48,
+        max_context_len=16384,
+        page_size=32,
+        steps=50,
+    )
     assert report.replays == 50
     with pytest.raises(pytest.fail.Exception, match="not replay-safe"):
-        assert_replay_safe(off_by_one_builder, max_bs=8, max_context_len=1024, page_size=16,
-                           steps=5)
+        assert_replay_safe(
+            off_by_one_builder, max_bs=8, max_context_len=1024, page_size=16, steps=5
+        )
 
 
 @gpu
@@ -175,8 +231,13 @@ def test_gpu_graph_runner_fixture(graph_runner):
     row = pool.alloc(1500)
     pool.flush()
     pt, swa = runner.replay([row], [1500])
-    want, want_swa = expected_tables(pool.req_to_token, runner.req_pool_indices[:1],
-                                     runner.seq_lens[:1], runner.max_num_pages, 16,
-                                     pool.full_to_swa)
+    want, want_swa = expected_tables(
+        pool.req_to_token,
+        runner.req_pool_indices[:1],
+        runner.seq_lens[:1],
+        runner.max_num_pages,
+        16,
+        pool.full_to_swa,
+    )
     n = -(-1500 // 16)
     assert torch.equal(pt[:, :n], want[:, :n]) and torch.equal(swa[:, :n], want_swa[:, :n])

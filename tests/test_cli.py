@@ -21,8 +21,9 @@ CUDA = torch.cuda.is_available()
 def test_check_default_scenario(tmp_path, capsys):
     out_json = tmp_path / "r.json"
     out_md = tmp_path / "r.md"
-    code = main(["check", DEFAULT, "--replays", "12", "--json", str(out_json),
-                 "--markdown", str(out_md)])
+    code = main(
+        ["check", DEFAULT, "--replays", "12", "--json", str(out_json), "--markdown", str(out_md)]
+    )
     text = capsys.readouterr().out
     assert code == 0, text
     assert "| bucket | replays | mismatches | syncs | oob writes |" in text
@@ -64,8 +65,9 @@ def test_explicit_detector_without_gpu_exits_2(capsys):
 
 
 def test_python_dash_m_entry_point():
-    proc = subprocess.run([sys.executable, "-m", "pagegraph", "--help"], capture_output=True,
-                          text=True, timeout=120)
+    proc = subprocess.run(
+        [sys.executable, "-m", "pagegraph", "--help"], capture_output=True, text=True, timeout=120
+    )
     assert proc.returncode == 0
     for sub in ("check", "bench", "trace", "profile", "kernel-table", "sync-table"):
         assert sub in proc.stdout

@@ -67,9 +67,7 @@ def compile_variant(r2t, idx, has_swa, has_errors, page_size_one) -> dict:
     if page_size_one:
         constexprs[(names.index("page_size"),)] = 1
     src = ASTSource(fn=_page_table_kernel, signature=sig, constexprs=constexprs)
-    out = triton.compile(
-        src, target=GPUTarget("cuda", 90, 32), options={"num_warps": NUM_WARPS}
-    )
+    out = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": NUM_WARPS})
     ptx = out.asm["ptx"]
     return {
         "cubin_bytes": len(out.asm["cubin"]),

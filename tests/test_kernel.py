@@ -11,12 +11,13 @@ import zlib
 
 import pytest
 import torch
-from helpers import assert_equal_tables, edge_lengths, framed, random_inputs
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pagegraph import ERROR_KINDS, build_page_table, reference_page_table
 from pagegraph.contract import cdiv
+
+from helpers import assert_equal_tables, edge_lengths, framed, random_inputs
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
@@ -108,8 +109,15 @@ def test_error_counters(swa):
     gen = torch.Generator().manual_seed(13)
     ps, width, rows = 4, 6, 5
     r2t, _, _, f2s = random_inputs(
-        gen, bs=1, rows=rows, ctx=width * ps, page_size=ps, lengths=[1], swa=swa,
-        num_slots=100, device=DEVICE,
+        gen,
+        bs=1,
+        rows=rows,
+        ctx=width * ps,
+        page_size=ps,
+        lengths=[1],
+        swa=swa,
+        num_slots=100,
+        device=DEVICE,
     )
     if swa:
         f2s = f2s[:50].contiguous()  # slots 50..99 of req_to_token fall outside it
@@ -132,8 +140,9 @@ def test_error_counters(swa):
     else:
         assert counts["full_to_swa_index_out_of_range"] == 0
     # Counters accumulate: a second call doubles them.
-    build_page_table(r2t, rpi, sl, torch.zeros((5, width), dtype=torch.int32, device=DEVICE),
-                     ps, errors=errors)
+    build_page_table(
+        r2t, rpi, sl, torch.zeros((5, width), dtype=torch.int32, device=DEVICE), ps, errors=errors
+    )
     assert errors[0].item() == 2
 
 
@@ -153,8 +162,15 @@ def test_property_random_shapes(bs, page_size, width, extra_cols, swa, seed, dat
     lengths = data.draw(st.lists(st.integers(-2, cap + 3 * page_size), min_size=bs, max_size=bs))
     gen = torch.Generator().manual_seed(seed)
     r2t, rpi, _, f2s = random_inputs(
-        gen, bs=bs, rows=bs + 2, ctx=ctx, page_size=page_size, lengths=[1], swa=swa,
-        num_slots=4096, device=DEVICE,
+        gen,
+        bs=bs,
+        rows=bs + 2,
+        ctx=ctx,
+        page_size=page_size,
+        lengths=[1],
+        swa=swa,
+        num_slots=4096,
+        device=DEVICE,
     )
     sl = torch.tensor(lengths, dtype=torch.int32, device=DEVICE)
     run_against_reference(r2t, rpi, sl, width, page_size, f2s)
@@ -190,7 +206,13 @@ def test_gpu_real_sizes(page_size, ctx, swa):
     lengths = [int(x) for x in torch.randint(1, ctx + 1, (16,), generator=gen)]
     lengths += edge_lengths(page_size, width * page_size)
     r2t, rpi, sl, f2s = random_inputs(
-        gen, bs=bs, rows=bs + 1, ctx=ctx, page_size=page_size, lengths=lengths, swa=swa,
+        gen,
+        bs=bs,
+        rows=bs + 1,
+        ctx=ctx,
+        page_size=page_size,
+        lengths=lengths,
+        swa=swa,
         device="cuda",
     )
     run_against_reference(r2t, rpi, sl, width, page_size, f2s)
@@ -210,15 +232,26 @@ def test_gpu_pool_offsets_past_2_31():
     run_against_reference(r2t, rpi, sl, width, ps)
     del r2t
     big_slots = torch.randint(2**31, 2**33, (4, 64 * ps), device="cuda", dtype=torch.int64)
-    run_against_reference(big_slots, torch.tensor([3, 0], device="cuda"),
-                          torch.tensor([64 * ps, 5], device="cuda"), 64, ps)
+    run_against_reference(
+        big_slots,
+        torch.tensor([3, 0], device="cuda"),
+        torch.tensor([64 * ps, 5], device="cuda"),
+        64,
+        ps,
+    )
 
 
 @gpu
 def test_gpu_no_sync_under_sync_debug_error():
     gen = torch.Generator().manual_seed(7)
     r2t, rpi, sl, f2s = random_inputs(
-        gen, bs=32, rows=33, ctx=4096, page_size=16, lengths=[1, 4000, 77], swa=True,
+        gen,
+        bs=32,
+        rows=33,
+        ctx=4096,
+        page_size=16,
+        lengths=[1, 4000, 77],
+        swa=True,
         device="cuda",
     )
     pt = torch.empty((32, 256), dtype=torch.int32, device="cuda")
@@ -230,8 +263,9 @@ def test_gpu_no_sync_under_sync_debug_error():
     try:
         for _ in range(3):
             build_page_table(r2t, rpi, sl, pt, 16, swa_page_table=swa, full_to_swa=f2s)
-            build_page_table(r2t, rpi, sl, pt, 16, swa_page_table=swa, full_to_swa=f2s,
-                             errors=errors)
+            build_page_table(
+                r2t, rpi, sl, pt, 16, swa_page_table=swa, full_to_swa=f2s, errors=errors
+            )
     finally:
         torch.cuda.set_sync_debug_mode(previous)
 
@@ -244,7 +278,13 @@ def test_gpu_one_compile_across_batch_sizes():
 
     gen = torch.Generator().manual_seed(8)
     r2t, rpi, sl, _ = random_inputs(
-        gen, bs=256, rows=257, ctx=8192, page_size=64, lengths=[1, 8192, 333], swa=False,
+        gen,
+        bs=256,
+        rows=257,
+        ctx=8192,
+        page_size=64,
+        lengths=[1, 8192, 333],
+        swa=False,
         device="cuda",
     )
     pt = torch.empty((256, 128), dtype=torch.int32, device="cuda")

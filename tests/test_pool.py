@@ -95,8 +95,14 @@ def test_swa_eviction_and_remap():
 def test_workload_keeps_pool_consistent_and_moves_across_buckets(draft, swa):
     pool = KVPool(max_reqs=17, max_context_len=96, page_size=8, swa=swa, seed=draft)
     work = DecodeWorkload(
-        pool, max_bs=16, steps=60, seed=5 + draft, draft_tokens=draft,
-        swa_window=24 if swa else None, swa_churn=0.3, finish_rate=0.1,
+        pool,
+        max_bs=16,
+        steps=60,
+        seed=5 + draft,
+        draft_tokens=draft,
+        swa_window=24 if swa else None,
+        swa_churn=0.3,
+        finish_rate=0.1,
     )
     sizes, reached_cap, shrunk = [], False, False
     last_len: dict[int, int] = {}

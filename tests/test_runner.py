@@ -9,32 +9,48 @@ from __future__ import annotations
 
 import pytest
 import torch
-from helpers import assert_equal_tables
 
 from pagegraph import GraphRunner, KVPool, NotCaptured, StaticBufferMoved
 from pagegraph.checker import POISON, expected_tables
 from pagegraph.workload import DecodeWorkload
+
+from helpers import assert_equal_tables
 
 CUDA = torch.cuda.is_available()
 DEVICE = "cuda" if CUDA else "cpu"
 
 
 def make(max_bs=12, ctx=200, ps=16, swa=False, seed=0, **kw):
-    pool = KVPool(max_reqs=max_bs + 1, max_context_len=ctx, page_size=ps, swa=swa,
-                  device=DEVICE, seed=seed)
-    runner = GraphRunner(pool.req_to_token, max_bs=max_bs, max_context_len=ctx, page_size=ps,
-                         full_to_swa=pool.full_to_swa, **kw)
+    pool = KVPool(
+        max_reqs=max_bs + 1, max_context_len=ctx, page_size=ps, swa=swa, device=DEVICE, seed=seed
+    )
+    runner = GraphRunner(
+        pool.req_to_token,
+        max_bs=max_bs,
+        max_context_len=ctx,
+        page_size=ps,
+        full_to_swa=pool.full_to_swa,
+        **kw,
+    )
     return pool, runner
 
 
 def check_replay(runner, pool, n):
     bucket = runner.last_bucket
-    want, want_swa = expected_tables(pool.req_to_token, runner.req_pool_indices[:bucket],
-                                     runner.seq_lens[:bucket], runner.max_num_pages,
-                                     runner.page_size, pool.full_to_swa)
+    want, want_swa = expected_tables(
+        pool.req_to_token,
+        runner.req_pool_indices[:bucket],
+        runner.seq_lens[:bucket],
+        runner.max_num_pages,
+        runner.page_size,
+        pool.full_to_swa,
+    )
     assert_equal_tables(runner.page_table[:bucket], want, "page_table")
-    assert_equal_tables(runner.page_table[bucket:],
-                        torch.full_like(runner.page_table[bucket:], POISON), "rows past bucket")
+    assert_equal_tables(
+        runner.page_table[bucket:],
+        torch.full_like(runner.page_table[bucket:], POISON),
+        "rows past bucket",
+    )
     if want_swa is not None:
         assert_equal_tables(runner.swa_page_table[:bucket], want_swa, "swa_page_table")
 
@@ -52,8 +68,10 @@ def test_staging_and_padding(kind, padding):
         rpi, sl = torch.tensor(rpi), torch.tensor(sl)
     elif kind.endswith("device") or kind == "device-tensor":
         dt = torch.int64 if kind == "int64-device" else torch.int32
-        rpi, sl = torch.tensor(rpi, dtype=dt, device=DEVICE), torch.tensor(sl, dtype=dt,
-                                                                           device=DEVICE)
+        rpi, sl = (
+            torch.tensor(rpi, dtype=dt, device=DEVICE),
+            torch.tensor(sl, dtype=dt, device=DEVICE),
+        )
     runner.page_table.fill_(POISON)
     runner.swa_page_table.fill_(POISON)
     pt, swa = runner.replay(rpi, sl)
@@ -131,8 +149,16 @@ def test_invalid_runner_arguments():
 def test_eager_workload_replays_are_exact():
     pool, runner = make(max_bs=9, ctx=160, ps=8, swa=True, buckets="pow2")
     runner.capture()
-    work = DecodeWorkload(pool, max_bs=9, steps=25, seed=3, draft_tokens=2, swa_window=32,
-                          swa_churn=0.5, finish_rate=0.1)
+    work = DecodeWorkload(
+        pool,
+        max_bs=9,
+        steps=25,
+        seed=3,
+        draft_tokens=2,
+        swa_window=32,
+        swa_churn=0.5,
+        finish_rate=0.1,
+    )
     for step in work:
         runner.page_table.fill_(POISON)
         runner.swa_page_table.fill_(POISON)
@@ -164,8 +190,10 @@ def test_gpu_shared_pool_random_bucket_order(builder):
     pool, runner = make(max_bs=64, ctx=8192, ps=16, swa=True, buckets="sglang", builder=builder)
     runner.capture()
     assert len(runner.graphs) == len(runner.buckets)
-    rows = [pool.alloc(int(n)) for n in torch.randint(1, 8000, (64,),
-                                                        generator=torch.Generator().manual_seed(1))]
+    rows = [
+        pool.alloc(int(n))
+        for n in torch.randint(1, 8000, (64,), generator=torch.Generator().manual_seed(1))
+    ]
     pool.flush()
     gen = torch.Generator().manual_seed(2)
     for _ in range(60):
@@ -176,9 +204,14 @@ def test_gpu_shared_pool_random_bucket_order(builder):
         rpi, sl = pool.batch([rows[i] for i in pick])
         runner.replay(rpi, sl)
         bucket = runner.last_bucket
-        want, want_swa = expected_tables(pool.req_to_token, runner.req_pool_indices[:bucket],
-                                         runner.seq_lens[:bucket], runner.max_num_pages, 16,
-                                         pool.full_to_swa)
+        want, want_swa = expected_tables(
+            pool.req_to_token,
+            runner.req_pool_indices[:bucket],
+            runner.seq_lens[:bucket],
+            runner.max_num_pages,
+            16,
+            pool.full_to_swa,
+        )
         live = want != POISON
         assert torch.equal(runner.page_table[:bucket][live], want[live])
         assert torch.equal(runner.swa_page_table[:bucket][live], want_swa[live])

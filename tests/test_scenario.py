@@ -11,8 +11,15 @@ from pagegraph.cli import main
 from pagegraph.scenario import ScenarioError, load_scenario
 
 GRAPHS = sorted(Path(__file__).resolve().parent.parent.joinpath("graphs").glob("*.toml"))
-REQUIRED = {"default", "sglang-h200", "sglang-spec", "vllm-512", "swa-hybrid",
-            "long-context-1m", "big-pool"}
+REQUIRED = {
+    "default",
+    "sglang-h200",
+    "sglang-spec",
+    "vllm-512",
+    "swa-hybrid",
+    "long-context-1m",
+    "big-pool",
+}
 
 GOOD = """
 [graph]
@@ -48,28 +55,47 @@ def test_minimal_file_defaults(tmp_path):
 BROKEN = [
     ("unknown top-level key", "colour = 1\n" + GOOD, "colour", "unknown top-level key"),
     ("unknown table", GOOD + "[graphs]\nx = 1\n", "[graphs]", "unknown table"),
-    ("unknown key", GOOD.replace("page_size = 16", "page_size = 16\npagesize = 3"),
-     "graph.pagesize", "unknown key"),
+    (
+        "unknown key",
+        GOOD.replace("page_size = 16", "page_size = 16\npagesize = 3"),
+        "graph.pagesize",
+        "unknown key",
+    ),
     ("wrong type", GOOD.replace("max_bs = 8", 'max_bs = "8"'), "graph.max_bs", "integer"),
     ("bool for int", GOOD.replace("max_bs = 8", "max_bs = true"), "graph.max_bs", "integer"),
-    ("page size 0", GOOD.replace("page_size = 16", "page_size = 0"), "graph.page_size",
-     "1..1024"),
+    ("page size 0", GOOD.replace("page_size = 16", "page_size = 0"), "graph.page_size", "1..1024"),
     ("bucket above max_bs", GOOD + "buckets = [1, 2, 16]\n", "graph.buckets", "above max_bs"),
     ("bad preset", GOOD + 'buckets = "tgi"\n', "graph.buckets", "unknown preset"),
     ("bad padding", GOOD + 'padding = "zero"\n', "graph.padding", "unknown policy"),
-    ("missing required", "[graph]\nmax_bs = 4\npage_size = 4\n", "graph.max_context_len",
-     "missing"),
+    (
+        "missing required",
+        "[graph]\nmax_bs = 4\npage_size = 4\n",
+        "graph.max_context_len",
+        "missing",
+    ),
     ("no graph table", 'name = "x"\n', "[graph]", "missing table"),
     ("rate above 1", GOOD + "[workload]\nfinish_rate = 1.5\n", "workload.finish_rate", "[0, 1]"),
     ("zero steps", GOOD + "[workload]\nsteps = 0\n", "workload.steps", ">= 1"),
-    ("window without swa", GOOD + "[workload]\nswa_window = 64\n", "workload.swa_window",
-     "graph.swa"),
-    ("bad initial_len", GOOD + "[workload]\ninitial_len = [9, 3]\n", "workload.initial_len",
-     "lo <= hi"),
+    (
+        "window without swa",
+        GOOD + "[workload]\nswa_window = 64\n",
+        "workload.swa_window",
+        "graph.swa",
+    ),
+    (
+        "bad initial_len",
+        GOOD + "[workload]\ninitial_len = [9, 3]\n",
+        "workload.initial_len",
+        "lo <= hi",
+    ),
     ("draft tokens", GOOD + "[workload]\ndraft_tokens = 99\n", "workload.draft_tokens", "0..64"),
     ("max_reqs below max_bs", GOOD + "[pool]\nmax_reqs = 2\n", "pool.max_reqs", ">= graph.max_bs"),
-    ("bad detector", GOOD + '[check]\ndetectors = ["nsys"]\n', "check.detectors",
-     "unknown detector"),
+    (
+        "bad detector",
+        GOOD + '[check]\ndetectors = ["nsys"]\n',
+        "check.detectors",
+        "unknown detector",
+    ),
     ("not toml", "[graph\nmax_bs=", None, "not valid TOML"),
 ]
 

@@ -23,8 +23,9 @@ from pagegraph.workload import DecodeWorkload
 
 def replays(planted: bool, steps: int = 20) -> None:
     pool = KVPool(max_reqs=33, max_context_len=4096, page_size=16, device="cuda", seed=0)
-    runner = GraphRunner(pool.req_to_token, max_bs=32, max_context_len=4096, page_size=16,
-                         buckets="pow2")
+    runner = GraphRunner(
+        pool.req_to_token, max_bs=32, max_context_len=4096, page_size=16, buckets="pow2"
+    )
     runner.capture()
     for step in DecodeWorkload(pool, max_bs=32, steps=steps, seed=1):
         runner.replay(step.req_pool_indices, step.seq_lens)

@@ -22,8 +22,14 @@ from pagegraph.checker import CheckConfig, check_replay_safety, expected_tables
 def kernel_cases() -> int:
     gen = torch.Generator().manual_seed(0)
     bad = 0
-    cases = [(1, 64, 1, False), (7, 300, 3, True), (17, 4096, 16, True), (64, 32768, 64, False),
-             (256, 4096, 1, False), (33, 131072, 256, True)]
+    cases = [
+        (1, 64, 1, False),
+        (7, 300, 3, True),
+        (17, 4096, 16, True),
+        (64, 32768, 64, False),
+        (256, 4096, 1, False),
+        (33, 131072, 256, True),
+    ]
     for bs, ctx, ps, swa in cases:
         width = -(-ctx // ps)
         slots = (bs + 1) * width * ps + 1
@@ -48,9 +54,16 @@ def kernel_cases() -> int:
 def graph_cases() -> int:
     bad = 0
     for swa in (False, True):
-        cfg = CheckConfig(max_bs=64, max_context_len=16384, page_size=16, steps=40, swa=swa,
-                          swa_window=2048 if swa else None, swa_churn=0.3 if swa else 0.0,
-                          detectors=())
+        cfg = CheckConfig(
+            max_bs=64,
+            max_context_len=16384,
+            page_size=16,
+            steps=40,
+            swa=swa,
+            swa_window=2048 if swa else None,
+            swa_churn=0.3 if swa else 0.0,
+            detectors=(),
+        )
         report = check_replay_safety("build_page_table", cfg)
         print(f"graphs swa={swa}: {report.replays} replays, safe={report.safe}")
         bad += not report.safe

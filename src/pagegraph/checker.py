@@ -326,8 +326,18 @@ def check_replay_safety(
     first = next(steps)
 
     # The builder's own eager call, on a real batch, must not sync.
-    available = {k: v for k, v in sync.available_detectors().items() if v is None}
-    wanted = tuple(available) if cfg.detectors == "auto" else tuple(cfg.detectors)
+    status = sync.available_detectors()
+    if cfg.detectors == "auto":
+        wanted = tuple(name for name, reason in status.items() if reason is None)
+    else:
+        wanted = tuple(cfg.detectors)
+        missing = {name: status.get(name, "unknown detector") for name in wanted}
+        missing = {name: reason for name, reason in missing.items() if reason is not None}
+        if missing:
+            raise sync.DetectorUnavailable(
+                "requested detector(s) cannot run: "
+                + "; ".join(f"{name}: {reason}" for name, reason in missing.items())
+            )
     report.detectors = wanted
     eager_result = PropertyResult("sync-free builder call", None, "needs a GPU and a detector")
     if wanted:
@@ -337,8 +347,10 @@ def check_replay_safety(
         kwargs = {}
         if pool.full_to_swa is not None:
             kwargs = {"swa_page_table": torch.empty_like(scratch), "full_to_swa": pool.full_to_swa}
-        torch.cuda.synchronize(dev)
         try:
+            # One call first: compiling and loading a kernel may sync, and happens once.
+            fn(pool.req_to_token, rpi, sl, scratch, cfg.page_size, **kwargs)
+            torch.cuda.synchronize(dev)
             with sync.record_device_syncs(wanted) as rec, phase("build", first.bs):
                 fn(pool.req_to_token, rpi, sl, scratch, cfg.page_size, **kwargs)
             names = sorted({e.name for e in rec.events})
@@ -347,6 +359,8 @@ def check_replay_safety(
                 not names,
                 f"{len(rec.events)} sync(s): {', '.join(names)}" if names else "0 syncs",
             )
+        except sync.DetectorUnavailable:
+            raise
         except Exception as exc:  # noqa: BLE001 - a builder that raises is reported, not fatal
             eager_result = PropertyResult("sync-free builder call", False, f"raised {exc!r}")
     props.append(eager_result)
@@ -466,6 +480,7 @@ def check_replay_safety(
                 if bounded.first_failure is None:
                     bounded.first_failure = _first_failure(i, bucket, name, outside, got, expect)
 
+    memory_before = torch.cuda.memory_allocated(dev) if graphs else None
     try:
         if recorder_cm is not None:
             with recorder_cm as rec:
@@ -474,6 +489,7 @@ def check_replay_safety(
             run_replays(None)
     finally:
         stop_counting()
+    memory_after = torch.cuda.memory_allocated(dev) if graphs else None
 
     total_mismatch = sum(b.mismatches for b in report.buckets.values())
     total_oob = sum(b.oob_writes for b in report.buckets.values())
@@ -502,9 +518,16 @@ def check_replay_safety(
                     f"{compiles_after_warmup} compile(s) during warm-up, {extra} after",
                 )
             )
+        props.append(
+            PropertyResult(
+                "no memory growth",
+                memory_after == memory_before,
+                f"{memory_before} bytes allocated before the replays, {memory_after} after",
+            )
+        )
     else:
-        props.append(PropertyResult("no allocation in replay", None, "needs a GPU"))
-        props.append(PropertyResult("no compilation after warm-up", None, "needs a GPU"))
+        for name in ("no allocation in replay", "no compilation after warm-up", "no memory growth"):
+            props.append(PropertyResult(name, None, "needs a GPU"))
     props.append(moved)
 
     if wanted:

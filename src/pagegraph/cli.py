@@ -112,9 +112,7 @@ def run_check(
     if json_path:
         doc = {
             "environment": environment(),
-            "scenarios": [
-                {"name": s.name, "path": s.path, **r.to_dict()} for s, r in results
-            ],
+            "scenarios": [{"name": s.name, "path": s.path, **r.to_dict()} for s, r in results],
         }
         Path(json_path).parent.mkdir(parents=True, exist_ok=True)
         Path(json_path).write_text(json.dumps(doc, indent=2, default=str))
@@ -186,9 +184,15 @@ def run_kernel_table() -> int:
     cuda = torch.cuda.is_available()
     dev = "cuda" if cuda else "cpu"
     shapes = (
-        [(8, 4096, 64, False), (64, 32768, 64, False), (256, 131072, 64, False),
-         (256, 32768, 1, False), (128, 65536, 16, True), (256, 131072, 256, False),
-         (17, 3000, 3, True)]
+        [
+            (8, 4096, 64, False),
+            (64, 32768, 64, False),
+            (256, 131072, 64, False),
+            (256, 32768, 1, False),
+            (128, 65536, 16, True),
+            (256, 131072, 256, False),
+            (17, 3000, 3, True),
+        ]
         if cuda
         else [(4, 256, 16, False), (7, 300, 3, True), (17, 128, 1, False), (3, 1024, 64, True)]
     )
@@ -219,8 +223,10 @@ def run_kernel_table() -> int:
         want, want_swa = expected_tables(r2t, rpi, sl, width, ps, f2s)
         exact = torch.equal(pt, want) and (not swa or torch.equal(kw["swa_page_table"], want_swa))
         failures += not exact
-        print(f"| {bs} | {ctx} | {ps} | {'yes' if swa else 'no'} | "
-              f"{'yes' if exact else 'NO'} | {us:.1f} |")
+        print(
+            f"| {bs} | {ctx} | {ps} | {'yes' if swa else 'no'} | "
+            f"{'yes' if exact else 'NO'} | {us:.1f} |"
+        )
     if not cuda:
         print("(CPU: Triton interpreter; times are the interpreter's, not a GPU's)")
     return 1 if failures else 0
@@ -239,8 +245,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--builder", help="built-in builder name or module:function")
     p.add_argument("--detectors", help="auto (default), none, torch, cupti or torch,cupti")
     p.add_argument("--json", dest="json_path", metavar="PATH", help="machine-readable report")
-    p.add_argument("--markdown", dest="markdown_path", metavar="PATH",
-                   help="markdown report (+ PNG plot of replay latency per bucket)")
+    p.add_argument(
+        "--markdown",
+        dest="markdown_path",
+        metavar="PATH",
+        help="markdown report (+ PNG plot of replay latency per bucket)",
+    )
     p.add_argument("--quiet", action="store_true", help="only the summary line")
 
     sub.add_parser("kernel-table", help="kernel vs reference over default shapes")

@@ -8,9 +8,9 @@ same arguments::
     seq_lens          [bs]                          int32 | int64   tokens of each batch row
     page_table        [bs, width]                   int32           written in place
     page_size         int >= 1
-    swa_page_table    [bs, width]                   int32           optional, with full_to_swa
-    full_to_swa       [num_slots + 1]               int32 | int64   optional, with swa_page_table
-    errors            [len(ERROR_KINDS)]            int32           optional device-side error counters
+    swa_page_table    [bs, width]                   int32           optional (with full_to_swa)
+    full_to_swa       [num_slots + 1]               int32 | int64   optional (with swa table)
+    errors            [len(ERROR_KINDS)]            int32           optional error counters
 
 The checks below read shapes, strides, dtypes and devices, never values: reading a value would
 be a device-to-host sync, which is exactly what the builders exist to avoid.
@@ -69,7 +69,7 @@ def check_builder_args(
     builder: str = "builder",
     cpu_ok: bool = True,
 ) -> None:
-    """Validate a builder call from metadata; raise ``TypeError``/``ValueError`` naming the argument.
+    """Validate a builder call from metadata; ``TypeError``/``ValueError`` name the argument.
 
     ``cpu_ok=False`` is for the Triton kernel: CPU tensors are accepted only under the
     interpreter.
@@ -99,8 +99,7 @@ def check_builder_args(
         _check_tensor("errors", errors, 1, (torch.int32,))
         if errors.numel() < len(ERROR_KINDS):
             raise ValueError(
-                f"errors must hold at least {len(ERROR_KINDS)} int32 counters, "
-                f"got {errors.numel()}"
+                f"errors must hold at least {len(ERROR_KINDS)} int32 counters, got {errors.numel()}"
             )
     if isinstance(page_size, bool) or not isinstance(page_size, int):
         raise TypeError(f"page_size must be an int, got {type(page_size).__name__}")

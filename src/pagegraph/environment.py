@@ -17,7 +17,7 @@ def environment() -> dict:
         triton_version = None
     cuda = torch.cuda.is_available()
     return {
-        "date": datetime.datetime.now(datetime.timezone.utc).isoformat(timespec="seconds"),
+        "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "device": torch.cuda.get_device_name() if cuda else "CPU (Triton interpreter)",
         "cuda": torch.version.cuda if cuda else None,
         "torch": torch.__version__,

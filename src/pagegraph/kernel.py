@@ -3,8 +3,9 @@
 ``build_page_table`` fills, for every batch row ``i`` and page ``p < n_i`` with
 ``n_i = min(cdiv(seq_lens[i], page_size), width)``::
 
-    page_table[i, p]     = req_to_token[req_pool_indices[i], p * page_size] // page_size
-    swa_page_table[i, p] = full_to_swa[req_to_token[req_pool_indices[i], p * page_size]] // page_size
+    slot                 = req_to_token[req_pool_indices[i], p * page_size]
+    page_table[i, p]     = slot // page_size
+    swa_page_table[i, p] = full_to_swa[slot] // page_size
 
 and writes nothing else. ``seq_lens`` is read on the device, so the call needs no host sync,
 allocates nothing, and is legal inside CUDA-graph capture.
@@ -56,6 +57,8 @@ call of each key goes through the normal JIT path, which compiles and returns th
 """
 
 from __future__ import annotations
+
+from contextlib import nullcontext
 
 import torch
 import triton
@@ -181,7 +184,10 @@ def _launch(grid: tuple[int, int], args: tuple, has_swa: bool, has_errors: bool)
         return
     key = (device.index, *_launch_key(args, has_swa, has_errors))
     kernel = _compiled.get(key)
-    with torch.cuda.device(device):
+    # Launch on the tensors' device; entering a device context costs a few microseconds, so
+    # only when it is not the current one already.
+    switch = device.index != torch.cuda.current_device()
+    with torch.cuda.device(device) if switch else nullcontext():
         if kernel is None or triton.knobs.runtime.launch_enter_hook is not None:
             _compiled[key] = _page_table_kernel[grid](
                 *args,
@@ -191,7 +197,7 @@ def _launch(grid: tuple[int, int], args: tuple, has_swa: bool, has_errors: bool)
                 num_warps=NUM_WARPS,
             )
             return
-        stream = torch.cuda.current_stream(device).cuda_stream
+        stream = _current_raw_stream(device.index)
         # The low-level launcher takes every argument, constexprs included, in signature order.
         kernel.run(
             grid[0],
@@ -208,6 +214,13 @@ def _launch(grid: tuple[int, int], args: tuple, has_swa: bool, has_errors: bool)
             has_errors,
             BLOCK_PAGES,
         )
+
+
+def _current_raw_stream(index: int) -> int:
+    getter = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+    if getter is not None:
+        return getter(index)
+    return torch.cuda.current_stream(index).cuda_stream
 
 
 def compiled_variants() -> int:
@@ -256,7 +269,9 @@ def _page_table_kernel(
 
     if HAS_ERRORS:
         if part == 0:
-            tl.atomic_add(errors_ptr + ERR_OVER_CAPACITY, (seq_len > max_pages * page_size).to(tl.int32))
+            tl.atomic_add(
+                errors_ptr + ERR_OVER_CAPACITY, (seq_len > max_pages * page_size).to(tl.int32)
+            )
             tl.atomic_add(errors_ptr + ERR_NEGATIVE, (seq_len < 0).to(tl.int32))
             tl.atomic_add(errors_ptr + ERR_BAD_REQ_INDEX, (req != req_clamped).to(tl.int32))
 

@@ -144,8 +144,7 @@ class KVPool:
         new_len = req.length + k
         if new_len > self.max_context_len:
             raise ValueError(
-                f"request row {row}: {new_len} tokens exceed max_context_len="
-                f"{self.max_context_len}"
+                f"request row {row}: {new_len} tokens exceed max_context_len={self.max_context_len}"
             )
         ps = self.page_size
         need = cdiv(new_len, ps) - len(req.pages)
@@ -184,9 +183,7 @@ class KVPool:
             raise PoolExhausted("no free SWA page")
         swa_page = self._free_swa_pages.pop()
         req.swa_pages[idx] = swa_page
-        self._swa_writes.append(
-            (self._page_slots(req.pages[idx]), self._page_slots(swa_page))
-        )
+        self._swa_writes.append((self._page_slots(req.pages[idx]), self._page_slots(swa_page)))
 
     def _unmap_swa(self, req: Request, idx: int) -> None:
         swa_page = req.swa_pages.pop(idx)

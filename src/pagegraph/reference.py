@@ -162,4 +162,3 @@ def static_width_gather(
     page_table[:, :n] = (slots // page_size).to(torch.int32)
     if full_to_swa is not None:
         swa_page_table[:, :n] = _swa_pages(full_to_swa, slots, page_size)
-

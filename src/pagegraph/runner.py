@@ -43,6 +43,10 @@ class NotCaptured(RuntimeError):
     """``replay()`` was called before ``capture()``."""
 
 
+class BufferAllocationError(MemoryError):
+    """The static buffers do not fit on the device; the message names the sizes asked for."""
+
+
 #: Pinned staging buffers in the ring. A buffer is rewritten only after the copy that last
 #: read it has completed; with this many in flight the wait practically never happens.
 STAGING_RING = 4
@@ -64,6 +68,9 @@ class GraphRunner:
         errors: allocate an ``errors`` counter buffer and pass it to the builder.
         use_graphs: capture CUDA graphs (default: when ``req_to_token`` is on CUDA).
         index_dtype: dtype of the static ``req_pool_indices`` and ``seq_lens``.
+        page_table, swa_page_table: an engine's own static output buffers
+            (``[>= max_bs, >= max_num_pages]`` int32, inner stride 1), used instead of new
+            ones; the runner writes rows ``:max_bs`` and columns ``:max_num_pages``.
     """
 
     def __init__(
@@ -80,6 +87,8 @@ class GraphRunner:
         errors: bool = False,
         use_graphs: bool | None = None,
         index_dtype: torch.dtype = torch.int32,
+        page_table: torch.Tensor | None = None,
+        swa_page_table: torch.Tensor | None = None,
     ):
         if not isinstance(req_to_token, torch.Tensor) or req_to_token.dim() != 2:
             raise ValueError("req_to_token must be a 2-D tensor [max_reqs, max_context_len]")
@@ -115,30 +124,43 @@ class GraphRunner:
             raise ValueError("use_graphs=True needs req_to_token on a CUDA device")
 
         dev = self.device
+        if swa_page_table is not None and full_to_swa is None:
+            raise ValueError("swa_page_table was given without full_to_swa")
+        for name, buf in (("page_table", page_table), ("swa_page_table", swa_page_table)):
+            if buf is not None:
+                self._check_output_buffer(name, buf, max_bs)
+        tables = 2 if full_to_swa is not None else 1
         try:
             self.req_pool_indices = torch.zeros(max_bs, dtype=index_dtype, device=dev)
             self.seq_lens = torch.zeros(max_bs, dtype=index_dtype, device=dev)
-            self.page_table = torch.zeros(
-                (max_bs, self.max_num_pages), dtype=torch.int32, device=dev
+            self.page_table = (
+                page_table[:max_bs, : self.max_num_pages]
+                if page_table is not None
+                else torch.zeros((max_bs, self.max_num_pages), dtype=torch.int32, device=dev)
             )
-            self.swa_page_table = (
-                torch.zeros_like(self.page_table) if full_to_swa is not None else None
-            )
+            self.swa_page_table = None
+            if full_to_swa is not None:
+                self.swa_page_table = (
+                    swa_page_table[:max_bs, : self.max_num_pages]
+                    if swa_page_table is not None
+                    else torch.zeros_like(self.page_table)
+                )
             self.errors = (
                 torch.zeros(len(ERROR_KINDS), dtype=torch.int32, device=dev) if errors else None
             )
-        except torch.OutOfMemoryError as exc:
-            tables = 2 if full_to_swa is not None else 1
+        except (torch.OutOfMemoryError, RuntimeError) as exc:
+            if not isinstance(exc, torch.OutOfMemoryError) and "memory" not in str(exc):
+                raise
             need = tables * max_bs * self.max_num_pages * 4
-            raise torch.OutOfMemoryError(
-                f"GraphRunner static buffers: {tables} page table(s) of [{max_bs}, "
-                f"{self.max_num_pages}] int32 = {need / 2**20:.1f} MiB on {dev}: {exc}"
+            raise BufferAllocationError(
+                f"GraphRunner static buffers do not fit on {dev}: {tables} page table(s) of "
+                f"[max_bs={max_bs}, max_num_pages={self.max_num_pages}] int32 = "
+                f"{need / 2**30:.2f} GiB ({exc})"
             ) from exc
 
         pin = dev.type == "cuda"
         self._staging = [
-            torch.zeros((2, max_bs), dtype=index_dtype, pin_memory=pin)
-            for _ in range(STAGING_RING)
+            torch.zeros((2, max_bs), dtype=index_dtype, pin_memory=pin) for _ in range(STAGING_RING)
         ]
         self._staging_np = [buf.numpy() for buf in self._staging]
         self._staging_done: list[torch.cuda.Event | None] = [None] * STAGING_RING
@@ -148,6 +170,21 @@ class GraphRunner:
         self.pool = None
         self._addresses: dict[str, tuple] | None = None
         self.last_bucket: int | None = None
+
+    def _check_output_buffer(self, name: str, buf: torch.Tensor, max_bs: int) -> None:
+        if not isinstance(buf, torch.Tensor) or buf.dim() != 2 or buf.dtype != torch.int32:
+            raise ValueError(f"{name} must be a 2-D int32 tensor")
+        if buf.device != self.device:
+            raise ValueError(f"{name} is on {buf.device}, req_to_token on {self.device}")
+        if buf.shape[0] < max_bs or buf.shape[1] < self.max_num_pages:
+            raise ValueError(
+                f"{name} of shape {tuple(buf.shape)} is smaller than [max_bs={max_bs}, "
+                f"max_num_pages={self.max_num_pages}] (max_context_len="
+                f"{self.max_context_len} at page_size={self.page_size} needs "
+                f"{self.max_num_pages} pages)"
+            )
+        if buf.stride(1) != 1:
+            raise ValueError(f"{name} must have inner stride 1, got {tuple(buf.stride())}")
 
     # -- building -------------------------------------------------------------------------
 
@@ -325,4 +362,3 @@ class GraphRunner:
         self.graphs.clear()
         self.pool = None
         self._addresses = None
-

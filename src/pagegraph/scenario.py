@@ -151,9 +151,7 @@ def load_scenario(path: str | Path) -> Scenario:
     )
 
 
-_SCHEMA_FIELD = {
-    key: fld or key for table in _SCHEMA.values() for key, (_, fld) in table.items()
-}
+_SCHEMA_FIELD = {key: fld or key for table in _SCHEMA.values() for key, (_, fld) in table.items()}
 
 
 def _take(path, table: str, key: str, value, out: dict) -> None:
@@ -212,8 +210,10 @@ def _validate(path, c: CheckConfig) -> None:
             bad("workload.initial_len", f"must satisfy 1 <= lo <= hi <= max_context_len, got {il}")
         c.initial_len = (il[0], il[1])
     if not c.swa and (c.swa_window is not None or c.swa_churn):
-        bad("workload.swa_window" if c.swa_window is not None else "workload.swa_churn",
-            "needs graph.swa = true")
+        bad(
+            "workload.swa_window" if c.swa_window is not None else "workload.swa_churn",
+            "needs graph.swa = true",
+        )
     if c.swa_window is not None and c.swa_window < 1:
         bad("workload.swa_window", f"must be >= 1, got {c.swa_window}")
     if isinstance(c.detectors, list):

@@ -130,7 +130,9 @@ class DecodeWorkload:
         # 2. batch-size random walk and arrivals
         step_size = max(1, self.max_bs // 8)
         self._target = int(
-            np.clip(self._target + rng.integers(-step_size, step_size + 1), self.min_bs, self.max_bs)
+            np.clip(
+                self._target + rng.integers(-step_size, step_size + 1), self.min_bs, self.max_bs
+            )
         )
         while len(self.running) > self._target:
             pool.free(self.running.pop(int(rng.integers(len(self.running)))))

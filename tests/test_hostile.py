@@ -1,0 +1,191 @@
+"""Invariant: a metadata mistake is a TypeError/ValueError naming the argument, raised before
+anything is written; hostile values are clamped on the device, never trusted."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from pagegraph import GraphRunner, KVPool, build_page_table
+from pagegraph.runner import BufferAllocationError, NotCaptured
+
+CUDA = torch.cuda.is_available()
+DEV = "cuda" if CUDA else "cpu"
+
+
+def good_args(swa=True):
+    gen = torch.Generator().manual_seed(21)
+    r2t = torch.randint(0, 500, (5, 64), generator=gen, dtype=torch.int32).to(DEV)
+    rpi = torch.tensor([1, 2, 3], device=DEV)
+    sl = torch.tensor([10, 64, 3], device=DEV)
+    pt = torch.full((3, 8), -9, dtype=torch.int32, device=DEV)
+    kw = {}
+    if swa:
+        kw = {
+            "swa_page_table": torch.full_like(pt, -9),
+            "full_to_swa": torch.arange(501, device=DEV),
+        }
+    return [r2t, rpi, sl, pt, 8], kw
+
+
+def _set(args, kw, name, value):
+    names = ["req_to_token", "req_pool_indices", "seq_lens", "page_table", "page_size"]
+    if name in names:
+        args[names.index(name)] = value
+    elif value is None:
+        kw.pop(name, None)
+    else:
+        kw[name] = value
+
+
+MISTAKES = [
+    # (argument, bad value factory, exception, text)
+    ("req_to_token", lambda a, k: a[0].float(), TypeError, "req_to_token must be int32"),
+    ("req_to_token", lambda a, k: a[0][0], ValueError, "req_to_token must have 2"),
+    ("req_to_token", lambda a, k: a[0].t(), ValueError, "req_to_token must have inner stride"),
+    ("req_to_token", lambda a, k: [[1]], TypeError, "req_to_token must be a torch.Tensor"),
+    ("req_pool_indices", lambda a, k: a[1].to(torch.int16), TypeError, "req_pool_indices"),
+    ("req_pool_indices", lambda a, k: a[1][:2], ValueError, "req_pool_indices must have shape"),
+    ("seq_lens", lambda a, k: a[2].float(), TypeError, "seq_lens must be int32 or int64"),
+    ("seq_lens", lambda a, k: a[2][None], ValueError, "seq_lens must have 1"),
+    (
+        "seq_lens",
+        lambda a, k: torch.arange(8, device=DEV)[::2][:3],
+        ValueError,
+        "seq_lens must have inner stride",
+    ),
+    ("page_table", lambda a, k: a[3].long(), TypeError, "page_table must be int32"),
+    ("page_table", lambda a, k: a[3].t(), ValueError, "page_table must have inner stride"),
+    ("page_size", lambda a, k: 0, ValueError, "page_size must be >= 1"),
+    ("page_size", lambda a, k: 8.0, TypeError, "page_size must be an int"),
+    ("page_size", lambda a, k: True, TypeError, "page_size must be an int"),
+    ("swa_page_table", lambda a, k: None, ValueError, "full_to_swa was given without"),
+    ("full_to_swa", lambda a, k: None, ValueError, "swa_page_table was given without"),
+    ("swa_page_table", lambda a, k: k["swa_page_table"][:, :4], ValueError, "swa_page_table shape"),
+    ("full_to_swa", lambda a, k: k["full_to_swa"].float(), TypeError, "full_to_swa must be"),
+    ("full_to_swa", lambda a, k: k["full_to_swa"][:0], ValueError, "full_to_swa is empty"),
+    (
+        "errors",
+        lambda a, k: torch.zeros(2, dtype=torch.int32, device=DEV),
+        ValueError,
+        "errors must hold at least 4",
+    ),
+    ("errors", lambda a, k: torch.zeros(4, device=DEV), TypeError, "errors must be int32"),
+    (
+        "seq_lens",
+        lambda a, k: a[2].cpu() if CUDA else a[2].to("meta"),
+        ValueError,
+        "all tensors must be on one device",
+    ),
+]
+
+
+@pytest.mark.parametrize(
+    "arg,make_bad,exc,text", MISTAKES, ids=[f"{m[0]}-{i}" for i, m in enumerate(MISTAKES)]
+)
+def test_metadata_mistakes_raise_before_writing(arg, make_bad, exc, text):
+    args, kw = good_args()
+    outputs = [args[3].clone(), kw["swa_page_table"].clone()]
+    _set(args, kw, arg, make_bad(args, kw))
+    with pytest.raises(exc, match=text):
+        build_page_table(*args, **kw)
+    assert torch.equal(args[3], outputs[0]) or arg == "page_table"
+    assert (
+        "swa_page_table" not in kw
+        or torch.equal(kw["swa_page_table"], outputs[1])
+        or (arg == "swa_page_table")
+    )
+
+
+def test_cpu_tensors_need_the_interpreter(monkeypatch):
+    monkeypatch.setenv("TRITON_INTERPRET", "0")
+    args, kw = good_args(swa=False)
+    args = [a.cpu() if isinstance(a, torch.Tensor) else a for a in args]
+    with pytest.raises(ValueError, match="TRITON_INTERPRET=1"):
+        build_page_table(*args)
+
+
+@pytest.mark.gpu
+def test_gpu_tensors_on_cpu_and_gpu_mixed():
+    args, kw = good_args()
+    args[0] = args[0].cpu()
+    with pytest.raises(ValueError, match="req_to_token is on cpu"):
+        build_page_table(*args, **kw)
+
+
+def test_runner_rejects_narrow_or_foreign_output_buffers():
+    pool = KVPool(max_reqs=5, max_context_len=100, page_size=16, device=DEV)
+    narrow = torch.zeros((4, 6), dtype=torch.int32, device=DEV)  # needs cdiv(100, 16) = 7
+    with pytest.raises(ValueError, match="max_num_pages=7"):
+        GraphRunner(
+            pool.req_to_token, max_bs=4, max_context_len=100, page_size=16, page_table=narrow
+        )
+    wide = torch.full((6, 9), -1, dtype=torch.int32, device=DEV)
+    runner = GraphRunner(
+        pool.req_to_token, max_bs=4, max_context_len=100, page_size=16, page_table=wide, buckets=[4]
+    )
+    runner.capture()
+    row = pool.alloc(100)
+    pool.flush()
+    runner.replay([row], [100])
+    assert (wide[4:] == -1).all() and (wide[:, 7:] == -1).all(), "wrote outside max_bs x width"
+    assert (wide[0, :7] >= 0).all()
+
+
+def test_replay_before_capture_and_over_max_bs():
+    pool = KVPool(max_reqs=5, max_context_len=64, page_size=16, device=DEV)
+    runner = GraphRunner(pool.req_to_token, max_bs=4, max_context_len=64, page_size=16)
+    with pytest.raises(NotCaptured):
+        runner.replay([1], [1])
+    runner.capture()
+    with pytest.raises(ValueError, match="exceeds max_bs=4"):
+        runner.replay([1] * 5, [1] * 5)
+
+
+def test_static_buffers_that_do_not_fit_name_their_sizes():
+    # A zero-stride view stands in for a huge req_to_token without allocating it.
+    r2t = torch.zeros((2, 1), dtype=torch.int32, device=DEV).expand(2, 1 << 40)
+    with pytest.raises(BufferAllocationError, match=r"max_bs=4096, max_num_pages=68719476736"):
+        GraphRunner(r2t, max_bs=4096, max_context_len=1 << 40, page_size=16)
+
+
+@pytest.mark.gpu
+def test_gpu_two_runners_on_two_streams_alternate():
+    """Two runners, each replaying on its own stream, alternately: both stay exact."""
+    from pagegraph.checker import POISON, expected_tables
+
+    runners = []
+    for seed in (1, 2):
+        pool = KVPool(
+            max_reqs=33, max_context_len=8192, page_size=16, device="cuda", seed=seed, swa=seed == 2
+        )
+        runner = GraphRunner(
+            pool.req_to_token,
+            max_bs=32,
+            max_context_len=8192,
+            page_size=16,
+            full_to_swa=pool.full_to_swa,
+        )
+        runner.capture()
+        rows = [pool.alloc(int(n)) for n in torch.randint(1, 8000, (32,))]
+        pool.flush()
+        runners.append((pool, runner, rows, torch.cuda.Stream()))
+    gen = torch.Generator().manual_seed(3)
+    for i in range(40):
+        pool, runner, rows, stream = runners[i % 2]
+        n = int(torch.randint(1, 33, (1,), generator=gen))
+        rpi, sl = pool.batch(rows[:n])
+        with torch.cuda.stream(stream):
+            runner.page_table.fill_(POISON)
+            runner.replay(rpi, sl)
+            bucket = runner.last_bucket
+            want, _ = expected_tables(
+                pool.req_to_token,
+                runner.req_pool_indices[:bucket],
+                runner.seq_lens[:bucket],
+                runner.max_num_pages,
+                16,
+            )
+            assert torch.equal(runner.page_table[:bucket], want)
+    for _, runner, _, _ in runners:
+        runner.close()

@@ -1,0 +1,55 @@
+#!/usr/bin/env bash
+# Run the GPU-side validation steps and keep every log under one folder.
+#   tools/gpu_validate.sh OUT_DIR STEP...
+# Steps: env test run sync traces scenarios profile bench tune sanitize soak fuzz
+# Each step has its own time limit, logs to OUT_DIR/STEP.log and prints a summary line, so a
+# slow or failing step never hides the others.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+out=$1; shift
+mkdir -p "$out"
+PY=${PY:-python3}
+export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
+
+step() {  # name limit command...
+  local name=$1 limit=$2; shift 2
+  local t0=$SECONDS
+  timeout "$limit" "$@" >"$out/$name.log" 2>&1
+  local rc=$?
+  echo "== $name: rc=$rc in $((SECONDS - t0))s"
+  tail -n "${TAILN:-6}" "$out/$name.log"
+}
+
+nsys_trace() {  # name mode
+  nsys profile -t cuda,nvtx --sample=none --cpuctxsw=none --cuda-graph-trace=node \
+    --force-overwrite=true -o "$out/$1" "$PY" tools/record_test_traces.py "$2" &&
+  nsys export --type sqlite --force-overwrite=true -o "$out/$1.sqlite" "$out/$1.nsys-rep"
+}
+
+export -f nsys_trace
+export out PY
+
+for s in "$@"; do
+  case $s in
+    env) step env 60 bash -c "nvidia-smi; $PY -c 'import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())'; which nsys compute-sanitizer; $PY -m pip list 2>/dev/null | grep -i -E 'nvtx|cupti|xdist|cuda-python|cuda-bindings'" ;;
+    test) TAILN=25 step test 300 make test ;;
+    run) TAILN=30 step run 180 make run ;;
+    sync) TAILN=25 step sync 120 "$PY" -m pagegraph sync-table --json "$out/sync.json" ;;
+    traces)
+      step trace_clean 120 bash -c "nsys_trace nsys_clean clean"
+      step trace_planted 120 bash -c "nsys_trace nsys_planted planted"
+      step trace_torch 120 "$PY" tools/record_test_traces.py torch "$out"
+      for f in nsys_clean.sqlite nsys_planted.sqlite torch_clean.json torch_planted.json; do
+        step "analyze_$f" 60 "$PY" -m pagegraph trace "$out/$f" --forbid-sync 'replay/*'
+      done ;;
+    scenarios) TAILN=12 step scenarios 420 "$PY" -m pagegraph check graphs/*.toml --json "$out/scenarios.json" --markdown "$out/scenarios.md"
+      step host_max 120 "$PY" -m pagegraph check graphs/sglang-h200.toml --replays 50 --builder host_max_gather ;;
+    profile) TAILN=20 step profile 240 "$PY" -m pagegraph profile graphs/default.toml --out "$out/profile" ;;
+    bench) TAILN=60 step bench 420 "$PY" -m pagegraph bench --out "$out/bench" ;;
+    tune) TAILN=60 step tune 300 "$PY" -m pagegraph bench --tune --out "$out/tune" ;;
+    sanitize) TAILN=12 step sanitize 540 tools/sanitize.sh ;;
+    soak) TAILN=40 step soak 540 make soak ;;
+    fuzz) TAILN=10 step fuzz 300 make fuzz ;;
+    *) echo "unknown step $s"; exit 2 ;;
+  esac
+done
