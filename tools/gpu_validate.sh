@@ -31,16 +31,16 @@ export out PY
 
 for s in "$@"; do
   case $s in
-    env) step env 60 bash -c "nvidia-smi; $PY -c 'import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())'; which nsys compute-sanitizer; $PY -m pip list 2>/dev/null | grep -i -E 'nvtx|cupti|xdist|cuda-python|cuda-bindings'" ;;
-    test) TAILN=25 step test 300 make test ;;
+    env) step env 30 bash -c "nvidia-smi; $PY -c 'import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())'; which nsys compute-sanitizer; $PY -m pip list 2>/dev/null | grep -i -E 'nvtx|cupti|xdist|cuda-python|cuda-bindings'" ;;
+    test) TAILN=25 step test 270 make test ;;
     run) TAILN=30 step run 180 make run ;;
-    sync) TAILN=25 step sync 120 "$PY" -m pagegraph sync-table --json "$out/sync.json" ;;
+    sync) TAILN=25 step sync 60 "$PY" -m pagegraph sync-table --json "$out/sync.json" ;;
     traces)
-      step trace_clean 120 bash -c "nsys_trace nsys_clean clean"
-      step trace_planted 120 bash -c "nsys_trace nsys_planted planted"
-      step trace_torch 120 "$PY" tools/record_test_traces.py torch "$out"
+      step trace_clean 75 bash -c "nsys_trace nsys_clean clean"
+      step trace_planted 75 bash -c "nsys_trace nsys_planted planted"
+      step trace_torch 60 "$PY" tools/record_test_traces.py torch "$out"
       for f in nsys_clean.sqlite nsys_planted.sqlite torch_clean.json torch_planted.json; do
-        step "analyze_$f" 60 "$PY" -m pagegraph trace "$out/$f" --forbid-sync 'replay/*'
+        step "analyze_$f" 30 "$PY" -m pagegraph trace "$out/$f" --forbid-sync 'replay/*'
       done ;;
     scenarios) TAILN=12 step scenarios 420 "$PY" -m pagegraph check graphs/*.toml --json "$out/scenarios.json" --markdown "$out/scenarios.md"
       step host_max 120 "$PY" -m pagegraph check graphs/sglang-h200.toml --replays 50 --builder host_max_gather ;;
