@@ -17,7 +17,7 @@ export PYTHONPATH := $(CURDIR)/src$(if $(PYTHONPATH),:$(PYTHONPATH))
 export PYTHONUNBUFFERED := 1
 
 SCENARIO ?= graphs/default.toml
-PYTEST := $(PY) -m pytest -p no:cacheprovider
+PYTEST := $(PY) -m pytest -p no:cacheprovider --durations=15
 
 .PHONY: test run lint format bench profile soak fuzz sanitize clean setup
 

@@ -20,6 +20,13 @@ def pytest_configure(config):
         config.pluginmanager.register(plugin, "pagegraph")
 
 
+def pytest_collection_modifyitems(session, config, items):
+    # torch.profiler (Kineto) holds CUPTI's one subscription for the rest of the process once
+    # started, which would turn every CUPTI-detector test after it into a skip: run those
+    # tests last.
+    items.sort(key=lambda item: item.get_closest_marker("torch_profiler") is not None)
+
+
 def pytest_sessionstart(session):
     # Under pytest-xdist with several GPUs, pin each worker to its own device, so "cuda" in a
     # test means that worker's GPU (make test starts one worker per visible GPU).

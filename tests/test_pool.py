@@ -23,10 +23,13 @@ def check_pool(pool: KVPool) -> None:
         seen_pages |= set(req.pages)
         assert 0 not in req.pages, "page 0 is reserved for padding"
         if pool.swa:
+            assert len(req.swa_pages) == len(req.pages)
+            assert all(p == 0 for p in req.swa_pages[: req.swa_first]), "evicted pages stay 0"
             for i, page in enumerate(req.pages):
                 m = pool.full_to_swa[page * ps : (page + 1) * ps].cpu()
-                if i in req.swa_pages:
-                    sp = req.swa_pages[i]
+                sp = req.swa_pages[i]
+                if sp:
+                    assert i >= req.swa_first
                     assert sp not in seen_swa
                     seen_swa.add(sp)
                     assert torch.equal(m, torch.arange(ps) + sp * ps)

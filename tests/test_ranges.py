@@ -150,6 +150,7 @@ def test_without_nvtx_the_stack_is_still_kept(monkeypatch):
     assert ranges.range_stack() == ()
 
 
+@pytest.mark.torch_profiler
 def test_record_function_mode_on_cpu():
     ranges.set_record_function(True)
     assert ranges.record_function_enabled()
@@ -165,6 +166,7 @@ def test_record_function_mode_on_cpu():
     assert "stage" in names
 
 
+@pytest.mark.torch_profiler
 def test_record_function_off_by_default():
     assert not ranges.record_function_enabled()
     with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:

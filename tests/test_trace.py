@@ -743,3 +743,26 @@ def test_pass_without_any_cuda_calls_says_so(fmt, tmp_path, capsys):
     path = write(fmt, tmp_path, "cpu", [rng("replay/bs=1", 0, 100)])
     assert tr.main([str(path), "--forbid-sync", "replay/*"]) == 0
     assert "no CUDA API calls" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("path", [p for p in RECORDED if "clean" in p.name], ids=lambda p: p.name)
+def test_recorded_clean_trace_details(path):
+    """The clean H200 run: graph launches in every replay range, nothing blocking in the
+    staging ranges either (their cudaEventQuery polls are not waits), and the verify phase's
+    synchronizations are seen where they are."""
+    summary = tr.analyze(path)
+    replays = [r for name, r in summary.ranges.items() if name.split(" ")[0].startswith("replay/")]
+    assert replays and all(r.graph_launches == r.occurrences for r in replays)
+    assert tr.find_violations(summary, ["stage/*", "replay/*"]) == []
+    verify = next(r for name, r in summary.ranges.items() if name.startswith("verify"))
+    assert sum(verify.sync_api_calls.values()) == verify.occurrences
+
+
+@pytest.mark.parametrize("path", [p for p in RECORDED if "planted" in p.name], ids=lambda p: p.name)
+def test_recorded_planted_trace_names_the_item(path):
+    """The planted run: exactly the one .item() (a DtoH copy and a stream sync) inside a
+    replay range."""
+    violations = tr.find_violations(tr.analyze(path), ["replay/*"])
+    kinds = sorted({v.kind for v in violations})
+    assert kinds == ["d2h_copy", "sync_api"], violations
+    assert all(v.count == 1 for v in violations)

@@ -348,6 +348,23 @@ def rotated_copies(inp: BenchInputs, copies: int, seed: int = 1) -> list[torch.T
     return out
 
 
+class Rotation:
+    """``fn(table, *rest, **kwargs)`` cycling over ``tables``; ``reset()`` restarts the cycle,
+    so a graph of a multiple of ``len(tables)`` builds ends on the last table."""
+
+    def __init__(self, fn: Callable, tables: list[torch.Tensor], rest: tuple, kwargs: dict):
+        self.fn, self.tables, self.rest, self.kwargs = fn, tables, rest, kwargs
+        self.turn = 0
+
+    def __call__(self) -> None:
+        table = self.tables[self.turn % len(self.tables)]
+        self.turn += 1
+        self.fn(table, *self.rest, **self.kwargs)
+
+    def reset(self) -> None:
+        self.turn = 0
+
+
 def rotation_count(nbytes: int, table_bytes: int, l2_bytes: int, builds: int) -> int:
     """Input sets a graph of ``builds`` builds cycles over: enough that the page starts of
     all of them together are four times the L2, a divisor of ``builds`` (so the last build
@@ -414,8 +431,11 @@ def _keep_gpu_busy(seconds: float) -> None:
         pass
 
 
-def _capture(fn: Callable[[], None], builds: int) -> torch.cuda.CUDAGraph:
-    """Warm ``fn`` up on a side stream, then capture ``builds`` calls of it in one graph."""
+def _capture(
+    fn: Callable[[], None], builds: int, reset: Callable[[], None] | None = None
+) -> torch.cuda.CUDAGraph:
+    """Warm ``fn`` up on a side stream, then capture ``builds`` calls of it in one graph
+    (``reset`` runs just before the capture)."""
     torch.cuda.synchronize()
     side = torch.cuda.Stream()
     side.wait_stream(torch.cuda.current_stream())
@@ -424,6 +444,8 @@ def _capture(fn: Callable[[], None], builds: int) -> torch.cuda.CUDAGraph:
             fn()
     torch.cuda.current_stream().wait_stream(side)
     torch.cuda.synchronize()
+    if reset is not None:
+        reset()
     graph = torch.cuda.CUDAGraph()
     with torch.cuda.graph(graph):
         for _ in range(builds):
@@ -451,11 +473,14 @@ def _time_graph(graph: torch.cuda.CUDAGraph, replays: int) -> float:
 
 
 def device_time_us(
-    fn: Callable[[], None], builds: int = GRAPH_BUILDS, replays: int = GRAPH_REPLAYS
+    fn: Callable[[], None],
+    builds: int = GRAPH_BUILDS,
+    replays: int = GRAPH_REPLAYS,
+    reset: Callable[[], None] | None = None,
 ) -> tuple[float, torch.cuda.CUDAGraph]:
     """Device microseconds per call of ``fn``: a graph of ``builds`` calls, median of
     ``replays`` replays, divided by ``builds``. Returns the graph too (caller deletes it)."""
-    graph = _capture(fn, builds)
+    graph = _capture(fn, builds, reset)
     ms = _time_graph(graph, replays)
     return ms * 1e3 / builds, graph
 
@@ -690,15 +715,9 @@ def _bench_builder(name: str, inp: BenchInputs, check: _Check, s: _Settings, row
         # Cycle over the rotated tables, so each build in the graph reads page starts the
         # previous one did not leave in L2; the last build uses the original table.
         tables = [*inp.rotated, r2t]
-        turn = [0]
-
-        def rotating_call() -> None:
-            table = tables[turn[0] % len(tables)]
-            turn[0] += 1
-            fn(table, rpi, lens, page_table, ps, **kwargs)
-
+        rotation = Rotation(fn, tables, (rpi, lens, page_table, ps), kwargs)
         try:
-            us, graph = device_time_us(rotating_call, s.builds, s.replays)
+            us, graph = device_time_us(rotation, s.builds, s.replays, rotation.reset)
             row["input_sets"] = len(tables)
             row["device_us"] = us
             if row["floor_us"] is not None and us > 0:
@@ -811,18 +830,31 @@ def _sweep(
                 exact[b].append(None)
             _recover(True)
             continue
+        nbytes = floor_bytes(
+            live_pages(inp.lengths, cfg.page_size, cfg.width),
+            cfg.page_size,
+            inp.req_to_token.element_size(),
+            cfg.swa,
+        )
+        table_bytes = inp.req_to_token.numel() * inp.req_to_token.element_size()
+        try:  # the same L2 rotation as the config rows
+            inp.rotated = rotated_copies(
+                inp, rotation_count(nbytes, table_bytes, s.l2_bytes, s.builds) - 1
+            )
+        except torch.OutOfMemoryError:
+            _recover(True)
+        tables = [*inp.rotated, inp.req_to_token]
         for b in SWEEP_BUILDERS:
             fn = BUILDERS[b]
             page_table, swa_page_table, kwargs = _outputs(inp)
-            args = (inp.req_to_token, inp.req_pool_indices, inp.seq_lens, page_table, cfg.page_size)
+            rest = (inp.req_pool_indices, inp.seq_lens, page_table, cfg.page_size)
+            rotation = Rotation(fn, tables, rest, kwargs)
             graph = None
             try:
-                fn(*args, **kwargs)
+                fn(inp.req_to_token, *rest, **kwargs)
                 torch.cuda.synchronize()
                 exact[b].append(check.compare(page_table, swa_page_table) is None)
-                us, graph = device_time_us(
-                    lambda fn=fn, args=args, kw=kwargs: fn(*args, **kw), s.builds, s.replays
-                )
+                us, graph = device_time_us(rotation, s.builds, s.replays, rotation.reset)
                 series[b].append(us)
             except Exception as exc:  # noqa: BLE001
                 errors.append(f"{x_name}={x} {b}: {_error(exc)}")
@@ -1315,6 +1347,18 @@ def sweep_kernel_params(
     for cfg in cfgs:
         try:
             inp = make_inputs(cfg, device)
+            if cuda:
+                nbytes = floor_bytes(
+                    live_pages(inp.lengths, cfg.page_size, cfg.width),
+                    cfg.page_size,
+                    inp.req_to_token.element_size(),
+                    cfg.swa,
+                )
+                table_bytes = inp.req_to_token.numel() * inp.req_to_token.element_size()
+                l2 = env.get("l2_bytes") or DEFAULT_L2_BYTES
+                inp.rotated = rotated_copies(
+                    inp, rotation_count(nbytes, table_bytes, l2, builds) - 1
+                )
             prepared[cfg.name] = (inp, _Check(inp))
         except Exception as exc:  # noqa: BLE001
             input_errors[cfg.name] = _error(exc)
@@ -1405,7 +1449,8 @@ def _tune_one(cfg, prepared, input_errors, block, target, warps, cuda, builds, r
         if mismatch:
             row["error"] = mismatch
         if cuda:
-            us, graph = device_time_us(lambda: build_page_table(*args, **kwargs), builds, replays)
+            rotation = Rotation(build_page_table, [*inp.rotated, args[0]], args[1:], kwargs)
+            us, graph = device_time_us(rotation, builds, replays, rotation.reset)
             row["device_us"] = us
     except Exception as exc:  # noqa: BLE001
         row["error"] = _error(exc)

@@ -80,9 +80,10 @@ ERR_BAD_REQ_INDEX = tl.constexpr(ERROR_KINDS.index("req_pool_index_out_of_range"
 ERR_BAD_SWA_INDEX = tl.constexpr(ERROR_KINDS.index("full_to_swa_index_out_of_range"))
 
 
-def programs_per_row(bs: int, max_pages: int, block: int = BLOCK_PAGES) -> int:
+def programs_per_row(bs: int, max_pages: int, block: int | None = None) -> int:
     """Programs that share one row: enough to split the widest possible row into blocks,
     capped so the whole grid stays near ``TARGET_PROGRAMS``. Host metadata only."""
+    block = block or BLOCK_PAGES
     return max(1, min(cdiv(max_pages, block), TARGET_PROGRAMS // max(bs, 1)))
 
 

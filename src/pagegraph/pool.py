@@ -33,8 +33,10 @@ class Request:
     row: int
     length: int = 0
     pages: list[int] = field(default_factory=list)
-    #: SWA page of each full page index; evicted pages are absent.
-    swa_pages: dict[int, int] = field(default_factory=dict)
+    #: SWA page of each full page (same index), 0 where unmapped. Eviction runs from the
+    #: front, as a window slides: pages ``[:swa_first]`` are evicted.
+    swa_pages: list[int] = field(default_factory=list)
+    swa_first: int = 0
 
 
 class KVPool:
@@ -105,6 +107,8 @@ class KVPool:
                 self.num_pages * page_size + 1, dtype=torch.int64, device=self.device
             )
         self._r2t_writes: list[tuple[np.ndarray, np.ndarray]] = []
+        self._r2t_rows: set[int] = set()  # rows written since the last flush
+        self._r2t_may_repeat = False
         self._swa_writes: list[tuple[np.ndarray, np.ndarray]] = []
 
     def _shuffled(self, n: int) -> list[int]:
@@ -135,6 +139,7 @@ class KVPool:
         else:
             self._free_rows.remove(row)
         self.requests[row] = Request(row)
+        self._r2t_may_repeat |= row in self._r2t_rows
         self.extend(row, length)
         return row
 
@@ -150,45 +155,62 @@ class KVPool:
         need = cdiv(new_len, ps) - len(req.pages)
         if need > len(self._free_pages):
             raise PoolExhausted(f"need {need} pages, {len(self._free_pages)} free")
-        for _ in range(need):
-            page = self._free_pages.pop()
-            req.pages.append(page)
+        if need > 0:
+            first = len(req.pages)
+            req.pages.extend(self._take(self._free_pages, need))
             if self.swa:
-                self._map_swa(req, len(req.pages) - 1)
+                req.swa_pages.extend([0] * need)
+                self._map_swa(req, first, first + need)
         if k > 0:
             tokens = np.arange(req.length, new_len, dtype=np.int64)
-            pages = np.asarray(req.pages, dtype=np.int64)[tokens // ps]
+            first_page = req.length // ps
+            span = np.asarray(req.pages[first_page:], dtype=np.int64)
+            pages = span[tokens // ps - first_page]
             slots = pages * ps + tokens % ps
             flat = row * self.req_to_token.stride(0) + tokens
             self._r2t_writes.append((flat, slots))
+            self._r2t_rows.add(row)
         req.length = new_len
+
+    @staticmethod
+    def _take(free: list[int], n: int) -> list[int]:
+        taken = free[len(free) - n :]
+        del free[len(free) - n :]
+        return taken[::-1]
 
     def free(self, row: int) -> None:
         """Finish request ``row``: its pages return to the pool, its SWA slots map to 0, its
         ``req_to_token`` row keeps the old entries."""
         req = self.requests.pop(row)
         self.requests_history[row] = req.length
-        for idx in list(req.swa_pages):
-            self._unmap_swa(req, idx)
+        if self.swa:
+            self._unmap_swa(req, req.swa_first, len(req.pages))
         self._free_pages.extend(req.pages)
         self._free_rows.append(row)
 
     # -- SWA ------------------------------------------------------------------------------
 
-    def _page_slots(self, page: int) -> np.ndarray:
-        return page * self.page_size + np.arange(self.page_size, dtype=np.int64)
+    def _slots_of(self, pages) -> np.ndarray:
+        """``[len(pages) * page_size]`` slots of the given pages, in order."""
+        pages = np.asarray(pages, dtype=np.int64)
+        return (pages[:, None] * self.page_size + np.arange(self.page_size)).reshape(-1)
 
-    def _map_swa(self, req: Request, idx: int) -> None:
-        if not self._free_swa_pages:
-            raise PoolExhausted("no free SWA page")
-        swa_page = self._free_swa_pages.pop()
-        req.swa_pages[idx] = swa_page
-        self._swa_writes.append((self._page_slots(req.pages[idx]), self._page_slots(swa_page)))
+    def _map_swa(self, req: Request, lo: int, hi: int) -> None:
+        """Give full pages ``lo:hi`` of ``req`` fresh SWA pages."""
+        n = hi - lo
+        if n > len(self._free_swa_pages):
+            raise PoolExhausted(f"need {n} SWA pages, {len(self._free_swa_pages)} free")
+        swa = self._take(self._free_swa_pages, n)
+        req.swa_pages[lo:hi] = swa
+        self._swa_writes.append((self._slots_of(req.pages[lo:hi]), self._slots_of(swa)))
 
-    def _unmap_swa(self, req: Request, idx: int) -> None:
-        swa_page = req.swa_pages.pop(idx)
-        self._free_swa_pages.append(swa_page)
-        slots = self._page_slots(req.pages[idx])
+    def _unmap_swa(self, req: Request, lo: int, hi: int) -> None:
+        """Return the SWA pages of full pages ``lo:hi``; their slots map to 0."""
+        if hi <= lo:
+            return
+        self._free_swa_pages.extend(p for p in req.swa_pages[lo:hi] if p)
+        req.swa_pages[lo:hi] = [0] * (hi - lo)
+        slots = self._slots_of(req.pages[lo:hi])
         self._swa_writes.append((slots, np.zeros_like(slots)))
 
     def evict_outside_window(self, row: int, window: int) -> int:
@@ -196,38 +218,57 @@ class KVPool:
         sliding-window engine does; their slots map to 0. Returns pages evicted."""
         req = self.requests[row]
         first_kept = max(req.length - window, 0) // self.page_size
-        evicted = [i for i in req.swa_pages if i < first_kept]
-        for idx in evicted:
-            self._unmap_swa(req, idx)
-        return len(evicted)
+        evicted = max(first_kept - req.swa_first, 0)
+        if evicted:
+            self._unmap_swa(req, req.swa_first, first_kept)
+            req.swa_first = first_kept
+        return evicted
 
     def remap_swa(self, row: int) -> None:
-        """Move every SWA page of ``row`` to a new SWA page (mapping churn between replays)."""
+        """Move every mapped SWA page of ``row`` to a new SWA page (mapping churn between
+        replays): the new pages are taken before the old ones return."""
         req = self.requests[row]
-        for idx in list(req.swa_pages):
-            old = req.swa_pages.pop(idx)
-            self._map_swa(req, idx)
-            self._free_swa_pages.append(old)
+        lo, hi = req.swa_first, len(req.pages)
+        old = [p for p in req.swa_pages[lo:hi] if p]
+        self._map_swa(req, lo, hi)
+        self._free_swa_pages.extend(old)
 
     # -- device tables --------------------------------------------------------------------
 
     def flush(self) -> None:
         """Apply queued writes to ``req_to_token`` and ``full_to_swa`` (host-to-device copies;
         call it between replays, never inside one)."""
-        tables = ((self.req_to_token, self._r2t_writes), (self.full_to_swa, self._swa_writes))
-        for table, writes in tables:
+        # req_to_token entries repeat only when a row is freed and reused before a flush;
+        # full_to_swa entries repeat whenever a page is mapped and evicted or remapped.
+        tables = (
+            (self.req_to_token, self._r2t_writes, self._r2t_may_repeat),
+            (self.full_to_swa, self._swa_writes, True),
+        )
+        for table, writes, may_repeat in tables:
             if not writes:
                 continue
-            flat = np.concatenate([w[0] for w in writes])
-            vals = np.concatenate([w[1] for w in writes])
-            # A scatter with repeated indices has no defined winner on the GPU: keep the last
-            # write of each entry (a page mapped then evicted in one step ends evicted).
-            last = len(flat) - 1 - np.unique(flat[::-1], return_index=True)[1]
-            flat_t = torch.from_numpy(flat[last]).to(table.device)
-            vals_t = torch.from_numpy(vals[last]).to(table.device, table.dtype)
-            table.view(-1).index_copy_(0, flat_t, vals_t)
+            flat = torch.from_numpy(np.concatenate([w[0] for w in writes])).to(table.device)
+            vals = torch.from_numpy(np.concatenate([w[1] for w in writes]))
+            vals = vals.to(table.device, table.dtype)
+            if may_repeat:
+                flat, vals = _last_write_wins(flat, vals)
+            table.view(-1).index_copy_(0, flat, vals)
             writes.clear()
+        self._r2t_rows.clear()
+        self._r2t_may_repeat = False
 
     def batch(self, rows: list[int]) -> tuple[list[int], list[int]]:
         """``(req_pool_indices, seq_lens)`` of the given request rows, as host lists."""
         return list(rows), [self.requests[r].length for r in rows]
+
+
+def _last_write_wins(flat: torch.Tensor, vals: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """Keep the last of repeated writes: a scatter with repeated indices has no defined winner
+    on the GPU. A stable sort by index puts each index's writes in queue order; the last of
+    each run wins. Done where the table lives (a GPU sorts millions of entries in a blink)."""
+    order = torch.argsort(flat, stable=True)
+    sorted_flat = flat[order]
+    last = torch.ones_like(sorted_flat, dtype=torch.bool)
+    last[:-1] = sorted_flat[1:] != sorted_flat[:-1]
+    keep = order[last]
+    return flat[keep], vals[keep]

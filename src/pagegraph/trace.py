@@ -215,6 +215,10 @@ def is_host_blocking_sync(activity: GpuActivity) -> bool:
     return activity.kind == "sync" and activity.subkind != "stream_wait_event"
 
 
+def _is_query_api(name: str | None) -> bool:
+    return bool(name) and re.fullmatch(r"cu(?:da)?(?:Event|Stream)Query", name) is not None
+
+
 _MEM_LETTER = {"device": "D", "host": "H", "pinned": "H", "pageable": "H", "array": "A"}
 
 
@@ -654,7 +658,9 @@ class RangeStats:
         elif a.kind == "sync":
             self.sync_events += 1
             self.sync_types[a.subkind] = self.sync_types.get(a.subkind, 0) + 1
-            if is_host_blocking_sync(a):
+            # CUPTI also files an "event sync" record under cudaEventQuery, which returns at
+            # once whether or not the event is done: a poll, not a wait.
+            if is_host_blocking_sync(a) and not _is_query_api(issuer):
                 self._hazard(SYNC_EVENT, a.subkind, t)
 
     def _add_call(self, call: ApiCall, linked: list[GpuActivity]) -> None:
