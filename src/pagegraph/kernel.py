@@ -19,8 +19,8 @@ data-dependent bound). Consequences:
 * Work is bounded by the real lengths. A row of 100 tokens in a 2048-page table costs one
   masked block in one program, and the other ``C - 1`` programs of that row exit after two
   scalar loads. The number of programs, ``bs * C``, depends on the batch size and the static
-  width (host metadata), never on the lengths, and ``C`` is capped so the grid stays near one
-  wave of resident programs (``TARGET_PROGRAMS``) instead of growing as ``bs * width``.
+  width (host metadata), never on the lengths, and ``C`` is capped so the grid stays within
+  a few waves of resident programs (``TARGET_PROGRAMS``) instead of growing as ``bs * width``.
   (A fixed grid of page blocks covering the whole width launches ``bs * width / block``
   programs, nearly all of them empty when lengths are short.)
 * A row never writes outside itself: ``n_i`` is clamped to the width of the table, and to the
@@ -66,11 +66,13 @@ import triton.language as tl
 
 from .contract import ERROR_KINDS, cdiv, check_builder_args, interpreter_active
 
-#: Pages handled by one program per loop iteration.
-BLOCK_PAGES = 1024
-#: Upper bound on ``bs * C`` when choosing programs per row: about two waves of resident
-#: 4-warp programs on an H200 (132 SMs x 16).
-TARGET_PROGRAMS = 4096
+#: Pages handled by one program per loop iteration, and the cap on ``bs * C`` when choosing
+#: programs per row. Chosen by ``pagegraph bench --tune`` on an H200 (profiles/bench/NOTES.md):
+#: small blocks and many programs keep more independent page-start loads in flight, which is
+#: what a gather of scattered 32-byte sectors needs; 256 / 8192 / 4 warps was fastest or
+#: within noise of the fastest on every tuned config.
+BLOCK_PAGES = 256
+TARGET_PROGRAMS = 8192
 NUM_WARPS = 4
 
 # Positions of the error counters, as constexpr globals the kernel can read.
@@ -187,7 +189,7 @@ def _launch(grid: tuple[int, int], args: tuple, has_swa: bool, has_errors: bool)
     kernel = _compiled.get(key)
     # Launch on the tensors' device; entering a device context costs a few microseconds, so
     # only when it is not the current one already.
-    switch = device.index != torch.cuda.current_device()
+    switch = device.index != torch._C._cuda_getDevice()
     with torch.cuda.device(device) if switch else nullcontext():
         if kernel is None or triton.knobs.runtime.launch_enter_hook is not None:
             _compiled[key] = _page_table_kernel[grid](
