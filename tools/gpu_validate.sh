@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # Run the GPU-side validation steps and keep every log under one folder.
 #   tools/gpu_validate.sh OUT_DIR STEP...
-# Steps: env test run sync traces scenarios profile bench tune sanitize soak fuzz
+# Steps: env test launch run sync traces scenarios profile bench tune sanitize soak fuzz
 # Each step has its own time limit, logs to OUT_DIR/STEP.log and prints a summary line, so a
 # slow or failing step never hides the others.
 set -uo pipefail
@@ -33,6 +33,7 @@ for s in "$@"; do
   case $s in
     env) step env 30 bash -c "nvidia-smi; $PY -c 'import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())'; which nsys compute-sanitizer; $PY -m pip list 2>/dev/null | grep -i -E 'nvtx|cupti|xdist|cuda-python|cuda-bindings'" ;;
     test) TAILN=25 step test 270 make test ;;
+    launch) TAILN=45 step launch 90 "$PY" tools/launch_overhead.py ;;
     run) TAILN=30 step run 180 make run ;;
     sync) TAILN=25 step sync 60 "$PY" -m pagegraph sync-table --json "$out/sync.json" ;;
     traces)
