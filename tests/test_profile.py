@@ -18,6 +18,9 @@ from torch.profiler import record_function
 
 from pagegraph import profile as pr
 
+# The fallback path starts torch.profiler in-process: these run last (tests/conftest.py).
+pytestmark = pytest.mark.torch_profiler
+
 
 def test_check_command():
     assert pr.check_command("graphs/a.toml", python="py") == [
@@ -83,7 +86,6 @@ def fake_check(rc=0, range_name="replay/bs=1"):
     return run_check, calls
 
 
-@pytest.mark.torch_profiler
 def test_without_nsys_records_torch_trace(no_nsys, monkeypatch, tmp_path, capsys):
     run_check, calls = fake_check()
     monkeypatch.setattr(pr, "_run_check_hook", lambda: run_check)

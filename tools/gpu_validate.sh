@@ -50,6 +50,10 @@ for s in "$@"; do
     tune) TAILN=60 step tune 300 "$PY" -m pagegraph bench --tune --out "$out/tune" ;;
     sanitize) TAILN=12 step sanitize 540 tools/sanitize.sh ;;
     soak) TAILN=40 step soak 540 make soak ;;
+    soak-short)  # SOAK_REPLAYS per scenario, the same checks as make soak
+      r=${SOAK_REPLAYS:-2000}
+      TAILN=16 step soak_sglang 240 "$PY" -m pagegraph check graphs/sglang-h200.toml --replays "$r" --detectors torch,cupti --json "$out/soak_sglang.json"
+      TAILN=16 step soak_swa 240 "$PY" -m pagegraph check graphs/swa-hybrid.toml --replays "$r" --detectors cupti --json "$out/soak_swa.json" ;;
     fuzz) TAILN=10 step fuzz 300 make fuzz ;;
     *) echo "unknown step $s"; exit 2 ;;
   esac

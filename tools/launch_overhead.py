@@ -1,6 +1,6 @@
 """Where the host time of one eager build_page_table call goes (GPU machine).
 
-Prints the median host time of each piece of the launch path and a cProfile of the whole call,
+Prints the median host time of the whole call and of its pieces, and a cProfile of the call,
 so a regression of the eager-launch figure can be traced to its piece.
 """
 
@@ -12,7 +12,6 @@ import statistics
 import time
 
 import torch
-import triton
 
 from pagegraph import build_page_table
 from pagegraph import kernel as k
@@ -40,29 +39,29 @@ def main():
     rpi = torch.arange(1, bs + 1, dtype=torch.int32, device="cuda")
     sl = torch.randint(1, ctx, (bs,), dtype=torch.int32, device="cuda")
     pt = torch.empty((bs, ctx // ps), dtype=torch.int32, device="cuda")
-    print("launch hooks:", triton.knobs.runtime.launch_enter_hook, triton.knobs.runtime.launch_exit_hook)
+    f2s = torch.arange(1 << 21, device="cuda")
+    swa = torch.empty_like(pt)
+    print("launch hooks active:", k._hooks_active())
     build_page_table(r2t, rpi, sl, pt, ps)
-    args = (r2t, rpi, sl, pt, pt, pt, pt, r2t.stride(0), r2t.shape[0], pt.stride(0), pt.stride(0),
-            pt.shape[1], ps, pt.shape[0])
-    key = (0, *k._launch_key(args, False, False))
-    compiled = k._compiled.get(key)
-    print("fast-path entries:", len(k._compiled), "hit:", compiled is not None)
+    print("fast-path entries:", len(k._compiled))
     grid = (bs, k.programs_per_row(bs, pt.shape[1]))
+    tensors = (r2t, rpi, sl, pt, pt, pt, pt)
+    ints = (r2t.stride(0), r2t.shape[0], pt.stride(0), pt.stride(0), pt.shape[1], ps, 1)
     rows = {
         "build_page_table": lambda: build_page_table(r2t, rpi, sl, pt, ps),
+        "build_page_table, SWA": lambda: build_page_table(
+            r2t, rpi, sl, pt, ps, swa_page_table=swa, full_to_swa=f2s
+        ),
         "check_builder_args": lambda: check_builder_args(r2t, rpi, sl, pt, ps, cpu_ok=False),
-        "_launch_key": lambda: k._launch_key(args, False, False),
-        "current_device": torch.cuda.current_device,
-        "raw stream": lambda: k._current_raw_stream(0),
-        "knobs.launch_enter_hook": lambda: triton.knobs.runtime.launch_enter_hook,
         "kernel[grid](...) (Triton's path)": lambda: k._page_table_kernel[grid](
-            *args, HAS_SWA=False, HAS_ERRORS=False, BLOCK=k.BLOCK_PAGES, num_warps=k.NUM_WARPS),
+            *tensors,
+            *ints,
+            HAS_SWA=False,
+            HAS_ERRORS=False,
+            BLOCK=k.BLOCK_PAGES,
+            num_warps=k.NUM_WARPS,
+        ),
     }
-    if compiled is not None:
-        stream = k._current_raw_stream(0)
-        rows["compiled.run (launcher only)"] = lambda: compiled.run(
-            grid[0], grid[1], 1, stream, compiled.function, compiled.packed_metadata, None, None,
-            None, *args, False, False, k.BLOCK_PAGES)
     for name, fn in rows.items():
         print(f"{name:40s} {median_us(fn):8.2f} us")
     prof = cProfile.Profile()
@@ -71,7 +70,7 @@ def main():
         build_page_table(r2t, rpi, sl, pt, ps)
     prof.disable()
     torch.cuda.synchronize()
-    pstats.Stats(prof).sort_stats("tottime").print_stats(14)
+    pstats.Stats(prof).sort_stats("tottime").print_stats(12)
 
 
 if __name__ == "__main__":

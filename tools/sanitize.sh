@@ -8,8 +8,8 @@ CS=$(command -v compute-sanitizer || find /usr/local/cuda*/bin /opt/nvidia -name
 if [ -z "$CS" ]; then echo "compute-sanitizer not found"; exit 2; fi
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 status=0
-for tool in memcheck racecheck initcheck synccheck; do
-  for mode in kernel graphs; do
+for tool in ${TOOLS:-memcheck racecheck initcheck synccheck}; do
+  for mode in ${MODES:-kernel graphs}; do
     log=$(mktemp)
     if [ "$mode" = kernel ]; then cache=1; else cache=0; fi
     start=$(date +%s)

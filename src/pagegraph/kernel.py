@@ -139,80 +139,89 @@ def build_page_table(
     swa_pt = swa_page_table if has_swa else page_table
     f2s = full_to_swa if has_swa else page_table
     err = errors if has_errors else page_table
-    args = (
-        req_to_token,
-        req_pool_indices,
-        seq_lens,
-        page_table,
-        swa_pt,
-        f2s,
-        err,
+    tensors = (req_to_token, req_pool_indices, seq_lens, page_table, swa_pt, f2s, err)
+    ints = (
         req_to_token.stride(0),
         req_to_token.shape[0],
         page_table.stride(0),
         swa_pt.stride(0),
         max_pages,
         page_size,
-        f2s.shape[0],
+        # Without SWA a constant, not the aliased table's row count: an int argument that
+        # followed the batch size would be specialised (1, multiple of 16) per bucket.
+        full_to_swa.shape[0] if has_swa else 1,
     )
     grid = (bs, programs_per_row(bs, max_pages))
-    _launch(grid, args, has_swa, has_errors)
+    _launch(grid, tensors, ints, has_swa, has_errors)
 
 
 # -- launcher ---------------------------------------------------------------------------------
 
+#: Compiled kernels by launch key (see ``_launch``).
 _compiled: dict[tuple, object] = {}
 
 
-def _int_class(v: int) -> tuple[bool, bool, bool]:
-    return (v == 1, v % 16 == 0, not (-(2**31) <= v < 2**31))
+def _hooks_active() -> bool:
+    """Whether Triton launch hooks are installed (a profiler, say): then the normal launch
+    path runs, so they see every launch. Triton 3.6 keeps them in (possibly empty) chains."""
+    runtime = triton.knobs.runtime
+    for hook in (runtime.launch_enter_hook, runtime.launch_exit_hook):
+        if hook is not None and getattr(hook, "calls", True):
+            return True
+    return False
 
 
-def _launch_key(args: tuple, has_swa: bool, has_errors: bool) -> tuple:
-    key: list = [has_swa, has_errors]
-    for a in args:
-        if isinstance(a, torch.Tensor):
-            key.append((a.dtype, a.data_ptr() % 16 == 0))
-        else:
-            key.append(_int_class(a))
-    return tuple(key)
-
-
-def _launch(grid: tuple[int, int], args: tuple, has_swa: bool, has_errors: bool) -> None:
-    device = args[3].device
+def _launch(grid, tensors: tuple, ints: tuple, has_swa: bool, has_errors: bool) -> None:
+    device = tensors[3].device
+    constexprs = {"HAS_SWA": has_swa, "HAS_ERRORS": has_errors, "BLOCK": BLOCK_PAGES}
     if device.type != "cuda":  # Triton interpreter: no compiled kernel to cache.
-        _page_table_kernel[grid](
-            *args, HAS_SWA=has_swa, HAS_ERRORS=has_errors, BLOCK=BLOCK_PAGES, num_warps=NUM_WARPS
-        )
+        _page_table_kernel[grid](*tensors, *ints, **constexprs, num_warps=NUM_WARPS)
         return
-    key = (device.index, *_launch_key(args, has_swa, has_errors))
+    ptrs = [t.data_ptr() for t in tensors]
+    # At least as fine as Triton's own specialisation: dtypes, 16-byte alignment of every
+    # pointer, and for every int whether it is 1, a multiple of 16, or past 32 bits. Same
+    # key, same compiled kernel, so the cached one is exactly what Triton would pick.
+    aligned = 0
+    for i, p in enumerate(ptrs):
+        aligned |= (p % 16 == 0) << i
+    key = (
+        device.index,
+        has_swa,
+        has_errors,
+        BLOCK_PAGES,
+        NUM_WARPS,
+        tensors[0].dtype,
+        tensors[1].dtype,
+        tensors[2].dtype,
+        tensors[5].dtype,
+        aligned,
+        tuple((v == 1) | (v % 16 == 0) << 1 | (not -(2**31) <= v < 2**31) << 2 for v in ints),
+    )
     kernel = _compiled.get(key)
-    # Launch on the tensors' device; entering a device context costs a few microseconds, so
-    # only when it is not the current one already.
+    # Launch on the tensors' device; entering a device context costs microseconds, so only
+    # when it is not the current one already.
     switch = device.index != torch._C._cuda_getDevice()
     with torch.cuda.device(device) if switch else nullcontext():
-        if kernel is None or triton.knobs.runtime.launch_enter_hook is not None:
-            _compiled[key] = _page_table_kernel[grid](
-                *args,
-                HAS_SWA=has_swa,
-                HAS_ERRORS=has_errors,
-                BLOCK=BLOCK_PAGES,
-                num_warps=NUM_WARPS,
-            )
+        if kernel is None or _hooks_active():
+            # Triton's own path: compiles on first use, and returns the compiled kernel.
+            compiled = _page_table_kernel[grid](*tensors, *ints, **constexprs, num_warps=NUM_WARPS)
+            _compiled.setdefault(key, compiled)
             return
-        stream = _current_raw_stream(device.index)
-        # The low-level launcher takes every argument, constexprs included, in signature order.
+        # The low-level launcher: every argument in signature order, constexprs included.
+        # Raw pointers instead of tensors spare it a data_ptr() call and a driver pointer
+        # query per tensor (the pointers were read for the key anyway).
         kernel.run(
             grid[0],
             grid[1],
             1,
-            stream,
+            _current_raw_stream(device.index),
             kernel.function,
             kernel.packed_metadata,
             None,
             None,
             None,
-            *args,
+            *ptrs,
+            *ints,
             has_swa,
             has_errors,
             BLOCK_PAGES,
