@@ -13,7 +13,7 @@ for tool in ${TOOLS:-memcheck racecheck initcheck synccheck}; do
     log=$(mktemp)
     if [ "$mode" = kernel ]; then cache=1; else cache=0; fi
     start=$(date +%s)
-    PYTORCH_NO_CUDA_MEMORY_CACHING=$cache timeout 600 "$CS" --tool "$tool" --error-exitcode 99 \
+    PYTORCH_NO_CUDA_MEMORY_CACHING=$cache timeout "${SAN_TIMEOUT:-600}" "$CS" --tool "$tool" --error-exitcode 99 \
       --print-limit 20 "$PY" tools/sanitize_workload.py "$mode" >"$log" 2>&1
     rc=$?
     summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -n 1)
