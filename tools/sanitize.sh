@@ -11,9 +11,11 @@ status=0
 for tool in ${TOOLS:-memcheck racecheck initcheck synccheck}; do
   for mode in ${MODES:-kernel graphs}; do
     log=$(mktemp)
-    if [ "$mode" = kernel ]; then cache=1; else cache=0; fi
+    # kernel: exact-size allocations; graphs: the caching allocator (graph pools need it).
+    # torch reads the variable's presence, so it is set or unset, never "0".
+    if [ "$mode" = kernel ]; then cache=(env PYTORCH_NO_CUDA_MEMORY_CACHING=1); else cache=(env -u PYTORCH_NO_CUDA_MEMORY_CACHING); fi
     start=$(date +%s)
-    PYTORCH_NO_CUDA_MEMORY_CACHING=$cache timeout "${SAN_TIMEOUT:-600}" "$CS" --tool "$tool" --error-exitcode 99 \
+    "${cache[@]}" timeout "${SAN_TIMEOUT:-600}" "$CS" --tool "$tool" --error-exitcode 99 \
       --print-limit 20 "$PY" tools/sanitize_workload.py "$mode" >"$log" 2>&1
     rc=$?
     summary=$(grep -E "ERROR SUMMARY|RACECHECK SUMMARY" "$log" | tail -n 1)

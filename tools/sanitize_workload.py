@@ -66,6 +66,9 @@ def graph_cases() -> int:
         )
         report = check_replay_safety("build_page_table", cfg)
         print(f"graphs swa={swa}: {report.replays} replays, safe={report.safe}")
+        for prop in report.properties:
+            if prop.passed is False:
+                print(f"  FAIL {prop.name}: {prop.detail}")
         bad += not report.safe
     return bad
 
