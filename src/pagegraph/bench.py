@@ -375,6 +375,21 @@ def rotation_count(nbytes: int, table_bytes: int, l2_bytes: int, builds: int) ->
     return next((d for d in divisors if d >= want), divisors[-1])
 
 
+def rotate_out_of_l2(inp: BenchInputs, l2_bytes: int, builds: int) -> None:
+    """Give ``inp`` the rotated tables a graph of ``builds`` builds cycles over (none when
+    the device has no memory left for them: the row is then measured L2-warm, and its
+    ``input_sets`` says 1)."""
+    cfg = inp.config
+    pages = live_pages(inp.lengths, cfg.page_size, cfg.width)
+    nbytes = floor_bytes(pages, cfg.page_size, inp.req_to_token.element_size(), cfg.swa)
+    table_bytes = inp.req_to_token.numel() * inp.req_to_token.element_size()
+    try:
+        inp.rotated = rotated_copies(inp, rotation_count(nbytes, table_bytes, l2_bytes, builds) - 1)
+    except torch.OutOfMemoryError:
+        inp.rotated = []
+        _recover(True)
+
+
 # -- the floors -------------------------------------------------------------------------------
 
 
@@ -789,13 +804,7 @@ def bench_config(
     pages = live_pages(inp.lengths, cfg.page_size, cfg.width)
     nbytes = floor_bytes(pages, cfg.page_size, inp.req_to_token.element_size(), cfg.swa)
     if s.cuda:
-        table_bytes = inp.req_to_token.numel() * inp.req_to_token.element_size()
-        sets = rotation_count(nbytes, table_bytes, s.l2_bytes, s.builds)
-        try:
-            inp.rotated = rotated_copies(inp, sets - 1)
-        except torch.OutOfMemoryError:
-            inp.rotated = []
-            _recover(s.cuda)
+        rotate_out_of_l2(inp, s.l2_bytes, s.builds)
     for row in rows:
         row["live_pages"] = pages
         row["bytes"] = nbytes
@@ -834,19 +843,7 @@ def _sweep(
                 exact[b].append(None)
             _recover(True)
             continue
-        nbytes = floor_bytes(
-            live_pages(inp.lengths, cfg.page_size, cfg.width),
-            cfg.page_size,
-            inp.req_to_token.element_size(),
-            cfg.swa,
-        )
-        table_bytes = inp.req_to_token.numel() * inp.req_to_token.element_size()
-        try:  # the same L2 rotation as the config rows
-            inp.rotated = rotated_copies(
-                inp, rotation_count(nbytes, table_bytes, s.l2_bytes, s.builds) - 1
-            )
-        except torch.OutOfMemoryError:
-            _recover(True)
+        rotate_out_of_l2(inp, s.l2_bytes, s.builds)  # as for the config rows
         tables = [*inp.rotated, inp.req_to_token]
         for b in SWEEP_BUILDERS:
             fn = BUILDERS[b]
@@ -1363,17 +1360,7 @@ def sweep_kernel_params(
         try:
             inp = make_inputs(cfg, device)
             if cuda:
-                nbytes = floor_bytes(
-                    live_pages(inp.lengths, cfg.page_size, cfg.width),
-                    cfg.page_size,
-                    inp.req_to_token.element_size(),
-                    cfg.swa,
-                )
-                table_bytes = inp.req_to_token.numel() * inp.req_to_token.element_size()
-                l2 = env.get("l2_bytes") or DEFAULT_L2_BYTES
-                inp.rotated = rotated_copies(
-                    inp, rotation_count(nbytes, table_bytes, l2, builds) - 1
-                )
+                rotate_out_of_l2(inp, env.get("l2_bytes") or DEFAULT_L2_BYTES, builds)
             prepared[cfg.name] = (inp, _Check(inp))
         except Exception as exc:  # noqa: BLE001
             input_errors[cfg.name] = _error(exc)
