@@ -715,7 +715,7 @@ def test_sync_kind(text, kind):
 
 
 # --------------------------------------------------------------------------------------------
-# Traces recorded on the GPU machine (tests/data/, added later).
+# Traces recorded on an H200 (tests/data/).
 
 DATA = Path(__file__).parent / "data"
 RECORDED = sorted(
