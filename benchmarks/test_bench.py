@@ -14,7 +14,6 @@ import pytest
 import torch
 
 from pagegraph import bench
-from pagegraph.runner import GraphRunner
 
 CONFIGS = ("decode-small", "decode-large", "long-1m")
 EAGER_BUILDERS = ("build_page_table", "static_width_gather")
@@ -66,14 +65,7 @@ def test_eager(benchmark, inputs, config, builder):
 def test_replay_decode_large(benchmark, inputs):
     inp, check = inputs("decode-large")
     cfg = inp.config
-    runner = GraphRunner(
-        inp.req_to_token,
-        max_bs=cfg.bs,
-        max_context_len=cfg.max_context_len,
-        page_size=cfg.page_size,
-        buckets=[cfg.bs],
-        full_to_swa=inp.full_to_swa,
-    )
+    runner = bench.single_bucket_runner(inp)
     try:
         runner.capture()
         benchmark.extra_info.update(config=cfg.name, gpu=torch.cuda.get_device_name())

@@ -672,9 +672,10 @@ class _Settings:
     l2_bytes: int
 
 
-def _runner_replays(inp: BenchInputs, check: _Check, s: _Settings, row: dict, errors: list):
+def single_bucket_runner(inp: BenchInputs) -> GraphRunner:
+    """A ``GraphRunner`` over ``inp``'s tables with one bucket, the config's batch size."""
     cfg = inp.config
-    runner = GraphRunner(
+    return GraphRunner(
         inp.req_to_token,
         max_bs=cfg.bs,
         max_context_len=cfg.max_context_len,
@@ -682,6 +683,10 @@ def _runner_replays(inp: BenchInputs, check: _Check, s: _Settings, row: dict, er
         buckets=[cfg.bs],
         full_to_swa=inp.full_to_swa,
     )
+
+
+def _runner_replays(inp: BenchInputs, check: _Check, s: _Settings, row: dict, errors: list):
+    runner = single_bucket_runner(inp)
     try:
         runner.capture()
         rpi_list, len_list = list(inp.rows), list(inp.lengths)

@@ -173,9 +173,8 @@ def _hooks_active() -> bool:
 
 def _launch(grid, tensors: tuple, ints: tuple, has_swa: bool, has_errors: bool) -> None:
     device = tensors[3].device
-    constexprs = {"HAS_SWA": has_swa, "HAS_ERRORS": has_errors, "BLOCK": BLOCK_PAGES}
     if device.type != "cuda":  # Triton interpreter: no compiled kernel to cache.
-        _page_table_kernel[grid](*tensors, *ints, **constexprs, num_warps=NUM_WARPS)
+        _jit_launch(grid, tensors, ints, has_swa, has_errors)
         return
     ptrs = [t.data_ptr() for t in tensors]
     # At least as fine as Triton's own specialisation: dtypes, 16-byte alignment of every
@@ -204,8 +203,7 @@ def _launch(grid, tensors: tuple, ints: tuple, has_swa: bool, has_errors: bool) 
     with torch.cuda.device(device) if switch else nullcontext():
         if kernel is None or _hooks_active():
             # Triton's own path: compiles on first use, and returns the compiled kernel.
-            compiled = _page_table_kernel[grid](*tensors, *ints, **constexprs, num_warps=NUM_WARPS)
-            _compiled.setdefault(key, compiled)
+            _compiled.setdefault(key, _jit_launch(grid, tensors, ints, has_swa, has_errors))
             return
         # The low-level launcher: every argument in signature order, constexprs included.
         # Raw pointers instead of tensors spare it a data_ptr() call and a driver pointer
@@ -226,6 +224,20 @@ def _launch(grid, tensors: tuple, ints: tuple, has_swa: bool, has_errors: bool) 
             has_errors,
             BLOCK_PAGES,
         )
+
+
+def _jit_launch(grid, tensors: tuple, ints: tuple, has_swa: bool, has_errors: bool):
+    """Triton's own launch path (binds, specialises, compiles on first use); returns the
+    compiled kernel. Only the first call of a launch key, the interpreter and calls under
+    launch hooks come here, so its keyword arguments stay off the fast path."""
+    return _page_table_kernel[grid](
+        *tensors,
+        *ints,
+        HAS_SWA=has_swa,
+        HAS_ERRORS=has_errors,
+        BLOCK=BLOCK_PAGES,
+        num_warps=NUM_WARPS,
+    )
 
 
 def _current_raw_stream(index: int) -> int:
