@@ -11,33 +11,39 @@ from __future__ import annotations
 import itertools
 import json
 import os
+import re
 import subprocess
 import sys
 
 import pytest
 
 INT = {"int32": "i32", "int64": "i64"}
+# (req_to_token dtype, index dtype, SWA, errors, page size, 32-bit in-row offsets)
 VARIANTS = [
-    (r, i, s, e, p)
-    for r, i, s, e, p in itertools.product(INT, INT, [False, True], [False, True], [False, True])
-    if not (p and e)
+    (r, i, s, e, p, True)
+    for r, i, s, e, p in itertools.product(INT, INT, [False, True], [False, True], [64, 1])
+    if not (p == 1 and e)
+] + [
+    ("int64", "int64", True, True, 3, False),
+    ("int32", "int32", False, False, 16, False),
 ]
 
 
 def variant_id(v) -> str:
-    r, i, s, e, p = v
-    return f"r2t_{r}-idx_{i}-{'swa' if s else 'full'}-{'err' if e else 'noerr'}" + (
-        "-ps1" if p else ""
+    r, i, s, e, p, narrow = v
+    return (
+        f"r2t_{r}-idx_{i}-{'swa' if s else 'full'}-{'err' if e else 'noerr'}-ps{p}"
+        + ("" if narrow else "-row64")
     )
 
 
-def compile_variant(r2t, idx, has_swa, has_errors, page_size_one) -> dict:
+def compile_variant(r2t, idx, has_swa, has_errors, page_size, row_i32) -> dict:
     """Compile one specialisation for sm_90; return facts about the output."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from pagegraph.kernel import BLOCK_PAGES, NUM_WARPS, _page_table_kernel
+    from pagegraph.kernel import BLOCK_PAGES, NUM_WARPS, UNROLL, _page_table_kernel
 
     sig = {
         "req_to_token_ptr": "*" + INT[r2t],
@@ -51,28 +57,32 @@ def compile_variant(r2t, idx, has_swa, has_errors, page_size_one) -> dict:
         "r2t_rows": "i32",
         "pt_stride": "i32",
         "swa_stride": "i32",
-        "max_pages": "i32",
-        "page_size": "constexpr" if page_size_one else "i32",
+        "capacity": "i32" if row_i32 else "i64",
         "f2s_len": "i64",
+        "PAGE_SIZE": "constexpr",
         "HAS_SWA": "constexpr",
         "HAS_ERRORS": "constexpr",
+        "ROW_I32": "constexpr",
         "BLOCK": "constexpr",
+        "UNROLL": "constexpr",
     }
     names = list(sig)
     constexprs = {
+        (names.index("PAGE_SIZE"),): page_size,
         (names.index("HAS_SWA"),): has_swa,
         (names.index("HAS_ERRORS"),): has_errors,
+        (names.index("ROW_I32"),): row_i32,
         (names.index("BLOCK"),): BLOCK_PAGES,
+        (names.index("UNROLL"),): UNROLL,
     }
-    if page_size_one:
-        constexprs[(names.index("page_size"),)] = 1
     src = ASTSource(fn=_page_table_kernel, signature=sig, constexprs=constexprs)
     out = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": NUM_WARPS})
     ptx = out.asm["ptx"]
     return {
         "cubin_bytes": len(out.asm["cubin"]),
         "sm90": ".target sm_90" in ptx,
-        "atomics": "atom." in ptx or "red." in ptx,
+        "atomics": re.search(r"^\s*(@%p\d+\s+)?(atom|red)\.", ptx, re.M) is not None,
+        "shared_memory": re.search(r"^\s*(@%p\d+\s+)?(ld|st)\.shared", ptx, re.M) is not None,
     }
 
 
@@ -108,6 +118,10 @@ def test_compiles_for_sm90(compiled, variant):
     has_errors = variant[3]
     # The error counters are compiled out unless requested: zero cost when not asked for.
     assert result["atomics"] == has_errors
+    # One register layout from gather to store: no shared-memory shuffle between them (the
+    # SWA error count is a block reduction, which may use shared memory).
+    if not (variant[2] and has_errors):
+        assert not result["shared_memory"]
 
 
 if __name__ == "__main__":

@@ -97,6 +97,19 @@ def test_metadata_mistakes_raise_before_writing(arg, make_bad, exc, text):
     )
 
 
+def test_batch_past_the_grid_limit_raises_before_writing():
+    from pagegraph.kernel import MAX_BATCH
+
+    bs = MAX_BATCH + 1
+    r2t = torch.arange(1, 65, dtype=torch.int32, device=DEV)[None, :]
+    rpi = torch.zeros(bs, dtype=torch.int32, device=DEV)
+    sl = torch.full((bs,), 10, dtype=torch.int32, device=DEV)
+    pt = torch.full((bs, 4), -9, dtype=torch.int32, device=DEV)
+    with pytest.raises(ValueError, match=f"batch size {bs} exceeds {MAX_BATCH}"):
+        build_page_table(r2t, rpi, sl, pt, 16)
+    assert bool((pt == -9).all())
+
+
 def test_cpu_tensors_need_the_interpreter(monkeypatch):
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     args, kw = good_args(swa=False)

@@ -44,23 +44,20 @@ def main():
     print("launch hooks active:", k._hooks_active())
     build_page_table(r2t, rpi, sl, pt, ps)
     print("fast-path entries:", len(k._compiled))
-    grid = (bs, k.programs_per_row(bs, pt.shape[1]))
+    parts = k.programs_per_row(bs, pt.shape[1])
     tensors = (r2t, rpi, sl, pt, pt, pt, pt)
-    ints = (r2t.stride(0), r2t.shape[0], pt.stride(0), pt.stride(0), pt.shape[1], ps, 1)
+    ints = (r2t.stride(0), r2t.shape[0], pt.stride(0), pt.stride(0), pt.shape[1] * ps, 1)
+    constexprs = (ps, False, False, True, k.BLOCK_PAGES, k.UNROLL)
     rows = {
         "build_page_table": lambda: build_page_table(r2t, rpi, sl, pt, ps),
         "build_page_table, SWA": lambda: build_page_table(
             r2t, rpi, sl, pt, ps, swa_page_table=swa, full_to_swa=f2s
         ),
         "check_builder_args": lambda: check_builder_args(r2t, rpi, sl, pt, ps, cpu_ok=False),
-        "kernel[grid](...) (Triton's path)": lambda: k._page_table_kernel[grid](
-            *tensors,
-            *ints,
-            HAS_SWA=False,
-            HAS_ERRORS=False,
-            BLOCK=k.BLOCK_PAGES,
-            num_warps=k.NUM_WARPS,
+        "kernel[grid](...) (Triton's path)": lambda: k._jit_launch(
+            parts, bs, tensors, ints, constexprs
         ),
+        "empty Python function call": lambda: None,
     }
     for name, fn in rows.items():
         print(f"{name:40s} {median_us(fn):8.2f} us")

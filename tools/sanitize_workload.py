@@ -11,6 +11,7 @@ reference, so a run that the sanitizer passes is also a correct one.
 
 from __future__ import annotations
 
+import collections
 import sys
 
 import torch
@@ -64,13 +65,59 @@ def graph_cases() -> int:
             swa_churn=0.3 if swa else 0.0,
             detectors=(),
         )
+        _record_allocations(True)
         report = check_replay_safety("build_page_table", cfg)
         print(f"graphs swa={swa}: {report.replays} replays, safe={report.safe}")
         for prop in report.properties:
             if prop.passed is False:
                 print(f"  FAIL {prop.name}: {prop.detail}")
+                if prop.name == "no memory growth":
+                    explain_live_memory()
+        _record_allocations(False)
         bad += not report.safe
     return bad
+
+
+def _record_allocations(on: bool) -> None:
+    """Allocation history with Python stacks, so a growth can name its allocation sites."""
+    try:
+        if on:
+            torch.cuda.memory._record_memory_history(max_entries=200_000)
+        else:
+            torch.cuda.memory._record_memory_history(enabled=None)
+    except Exception as exc:  # noqa: BLE001 - a diagnostic only
+        print(f"  (no allocation history: {exc})")
+
+
+def explain_live_memory(top: int = 6) -> None:
+    """Print the allocation sites of the device memory still allocated, largest first, and
+    what a garbage collection and a device sync change about it."""
+    import gc
+
+    before = torch.cuda.memory_allocated()
+    gc.collect()
+    after_gc = torch.cuda.memory_allocated()
+    torch.cuda.synchronize()
+    after_sync = torch.cuda.memory_allocated()
+    print(f"  allocated: {before} bytes; after gc.collect() {after_gc}; after a sync {after_sync}")
+    sites: collections.Counter = collections.Counter()
+    try:
+        snapshot = torch.cuda.memory._snapshot()
+    except Exception as exc:  # noqa: BLE001
+        print(f"  (no snapshot: {exc})")
+        return
+    for segment in snapshot.get("segments", []):
+        for block in segment.get("blocks", []):
+            if block.get("state") != "active_allocated":
+                continue
+            frames = [
+                f"{f['filename'].rsplit('/', 1)[-1]}:{f['line']} {f['name']}"
+                for f in block.get("frames", [])
+                if "pagegraph" in f.get("filename", "") or "tools/" in f.get("filename", "")
+            ]
+            sites[" <- ".join(frames[:3]) or "(no Python frame)"] += block.get("size", 0)
+    for site, nbytes in sites.most_common(top):
+        print(f"  {nbytes:>12} bytes live from {site}")
 
 
 if __name__ == "__main__":

@@ -1333,7 +1333,7 @@ def run_bench(
 
 def sweep_kernel_params(
     config_names: Sequence[str] | None = None,
-    blocks: Sequence[int] = (256, 512, 1024, 2048),
+    blocks: Sequence[int] = (64, 128, 256, 512),
     targets: Sequence[int] = (1024, 2048, 4096, 8192),
     num_warps: Sequence[int] = (4, 8),
     *,
@@ -1344,10 +1344,10 @@ def sweep_kernel_params(
     """Device time of ``build_page_table`` per config for every (``BLOCK_PAGES``,
     ``TARGET_PROGRAMS``, ``NUM_WARPS``) combination; writes ``tune.json`` and ``tune.md``.
 
-    The kernel module's globals are patched and restored afterwards, and its fast-launch cache
-    (``pagegraph.kernel._compiled``, keyed without these parameters) is cleared at every change.
-    ``programs_per_row``'s ``block`` default was bound at import, so it is patched too: the
-    programs per row follow the block being tried. Each combination is checked exactly.
+    The kernel module's globals are patched and restored afterwards (``programs_per_row``
+    reads them, so the programs per row follow the block being tried), and its fast-launch
+    cache (``pagegraph.kernel._compiled``) is cleared at every change. ``UNROLL`` stays at the
+    kernel's value. Each combination is checked exactly.
     """
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -1371,12 +1371,7 @@ def sweep_kernel_params(
             input_errors[cfg.name] = _error(exc)
             _recover(cuda)
 
-    saved = (
-        _kernel.BLOCK_PAGES,
-        _kernel.TARGET_PROGRAMS,
-        _kernel.NUM_WARPS,
-        _kernel.programs_per_row.__defaults__,
-    )
+    saved = (_kernel.BLOCK_PAGES, _kernel.TARGET_PROGRAMS, _kernel.NUM_WARPS)
     t_start = time.perf_counter()
     try:
         for block in blocks:
@@ -1385,7 +1380,6 @@ def sweep_kernel_params(
                     _kernel.BLOCK_PAGES = block
                     _kernel.TARGET_PROGRAMS = target
                     _kernel.NUM_WARPS = warps
-                    _kernel.programs_per_row.__defaults__ = (block,)
                     _kernel._compiled.clear()
                     for cfg in cfgs:
                         results.append(
@@ -1402,12 +1396,7 @@ def sweep_kernel_params(
                             )
                         )
     finally:
-        (
-            _kernel.BLOCK_PAGES,
-            _kernel.TARGET_PROGRAMS,
-            _kernel.NUM_WARPS,
-            _kernel.programs_per_row.__defaults__,
-        ) = saved
+        _kernel.BLOCK_PAGES, _kernel.TARGET_PROGRAMS, _kernel.NUM_WARPS = saved
         _kernel._compiled.clear()
     elapsed = time.perf_counter() - t_start
     prepared.clear()
@@ -1417,6 +1406,7 @@ def sweep_kernel_params(
         "env": env,
         "configs": [asdict(c) for c in cfgs],
         "defaults": {"block": saved[0], "target": saved[1], "num_warps": saved[2]},
+        "unroll": _kernel.UNROLL,
         "graph_builds": builds,
         "graph_replays": replays,
         "elapsed_s": elapsed,
@@ -1479,7 +1469,8 @@ def format_tune_markdown(result: dict) -> str:
         f"{result['env'].get('triton')}, {result['env'].get('date')}; device us per build "
         f"(graph of {result['graph_builds']}, median of {result['graph_replays']} replays); "
         f"C = programs per row; current defaults BLOCK {d['block']}, TARGET {d['target']}, "
-        f"warps {d['num_warps']} (marked *); fastest per config in bold; took "
+        f"warps {d['num_warps']} (marked *), UNROLL {result.get('unroll', 1)} throughout; "
+        f"fastest per config in bold; took "
         f"{result['elapsed_s']:.0f} s.",
         "",
     ]

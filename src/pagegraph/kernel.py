@@ -12,27 +12,37 @@ allocates nothing, and is legal inside CUDA-graph capture.
 
 Design: a row-owned grid whose cost follows the live pages
 -----------------------------------------------------------
-The grid is ``(bs, C)``: ``C`` programs own each batch row, and program ``j`` of row ``i`` walks
-that row's page blocks ``j, j + C, j + 2C, ...`` up to the row's own ``n_i`` (a loop with a
-data-dependent bound). Consequences:
+The grid is ``(C, bs)``: ``C`` programs own each batch row, and program ``j`` of row ``i`` walks
+that row's pages in tiles of ``UNROLL`` blocks of ``BLOCK_PAGES`` (blocks ``j, j + C, ...,
+j + (UNROLL - 1) C`` in one tile, then the next tile ``UNROLL * C`` blocks on) up to the row's
+own ``n_i``: a loop with a data-dependent bound. Consequences:
 
 * Work is bounded by the real lengths. A row of 100 tokens in a 2048-page table costs one
-  masked block in one program, and the other ``C - 1`` programs of that row exit after two
+  masked tile in one program, and the other ``C - 1`` programs of that row exit after two
   scalar loads. The number of programs, ``bs * C``, depends on the batch size and the static
-  width (host metadata), never on the lengths, and ``C`` is capped so the grid stays within
-  a few waves of resident programs (``TARGET_PROGRAMS``) instead of growing as ``bs * width``.
-  (A fixed grid of page blocks covering the whole width launches ``bs * width / block``
-  programs, nearly all of them empty when lengths are short.)
+  width (host metadata), never on the lengths, and ``C`` is capped so the grid stays near
+  ``TARGET_PROGRAMS`` instead of growing as ``bs * width``. (A fixed grid of page blocks
+  covering the whole width launches ``bs * width / block`` programs, nearly all of them empty
+  when lengths are short; every program costs launch throughput even when it exits at once.)
 * A row never writes outside itself: ``n_i`` is clamped to the width of the table, and to the
   pages ``req_to_token`` can supply, before any store, so an overlong ``seq_len`` (speculative
   draft tokens, dummy runs) cannot spill into the next request's row.
-* Long rows are split across ``C`` programs, so one 1M-token request does not serialise on a
-  single program while the rest of the batch is short.
+* Long rows are split across ``C`` programs, and the row is the slow grid axis, so the ``C``
+  programs of one 1M-token request land on many SMs: the gather of its page starts, one
+  32-byte sector per page, is bound by how many such loads each SM can have in flight.
+* The tile's loads are all issued before its stores: two independent loads per thread.
 * SWA costs one extra dependent gather per live page, in the same program: ``full_to_swa`` is
   indexed by the slot already loaded for the full table.
 
+Where it stands (profiles/bench/NOTES.md): a launch planned on the host from the lengths (one
+program per live block, which needs the sync this kernel exists to avoid) is at most ~10%
+faster on the large configs, and a single program doing only the kernel's dependent chain
+(load a length, then a page start, then store) costs ~0.45 us above an empty kernel, which
+bounds every short-batch build from below.
+
 Index arithmetic is 64-bit wherever ``index * stride`` can pass 2^31 (request row offsets,
-page starts inside a row, ``full_to_swa`` indices).
+``full_to_swa`` indices); in-row page offsets are 32-bit when the host has checked that the
+whole row times the page size fits (``row_fits_int32``), 64-bit otherwise.
 
 Out-of-contract values are clamped on the device, never trusted: a ``req_pool_index`` outside
 ``req_to_token`` is clamped into it, a slot outside ``full_to_swa`` is clamped to its ends, and
@@ -41,39 +51,44 @@ counts them (see ``pagegraph.contract.ERROR_KINDS``); without it that code is co
 
 What is specialised (and so compiled separately)
 ------------------------------------------------
-``HAS_SWA``, ``HAS_ERRORS`` and ``BLOCK`` are constexprs; the dtypes of the index tensors are
-part of the signature; Triton's default integer and pointer specialisation applies (an int
-argument equal to 1, such as ``page_size=1``, or divisible by 16; a pointer 16-byte aligned).
-Nothing depends on the batch size or on any value: the batch size is the grid, so every CUDA
-graph bucket of one static buffer reuses one compiled kernel.
+``PAGE_SIZE`` (an engine uses one, and a constant divisor turns every ``// page_size`` into a
+shift), ``HAS_SWA``, ``HAS_ERRORS``, ``ROW_I32``, ``BLOCK`` and ``UNROLL`` are constexprs; the
+dtypes of the index tensors are part of the signature; Triton's default integer and pointer
+specialisation applies (an int argument equal to 1 or divisible by 16; a pointer 16-byte
+aligned). Nothing depends on the batch size or on any length: the batch size is the grid, so
+every CUDA graph bucket of one static buffer reuses one compiled kernel.
 
 Launch cost
 -----------
 ``kernel[grid](...)`` spends tens of microseconds in Python binding and hashing arguments. The
-launcher keeps each compiled kernel under a key that is at least as fine as Triton's own
-specialisation (dtypes, flags, the 1 / 16-divisible / 64-bit classes of every int, 16-byte
-alignment of every pointer) and calls its low-level ``run`` directly on later calls; the first
-call of each key goes through the normal JIT path, which compiles and returns the kernel.
+launcher keeps each compiled kernel under a key at least as fine as Triton's own
+specialisation (dtypes, constexprs, every int by value, 16-byte alignment of the pointers) and
+on later calls goes straight to the compiled C launcher with raw pointers; the first call of
+each key goes through the normal JIT path, which compiles and returns the kernel.
 """
 
 from __future__ import annotations
-
-from contextlib import nullcontext
 
 import torch
 import triton
 import triton.language as tl
 
-from .contract import ERROR_KINDS, cdiv, check_builder_args, interpreter_active
+from .contract import ERROR_KINDS, check_builder_args, interpreter_active
 
-#: Pages handled by one program per loop iteration, and the cap on ``bs * C`` when choosing
-#: programs per row. Chosen by ``pagegraph bench --tune`` on an H200 (profiles/bench/NOTES.md):
-#: small blocks and many programs keep more independent page-start loads in flight, which is
-#: what a gather of scattered 32-byte sectors needs; 256 / 8192 / 4 warps was fastest or
-#: within noise of the fastest on every tuned config.
-BLOCK_PAGES = 256
+#: Pages per block, blocks per loop iteration (one ``[UNROLL, BLOCK_PAGES]`` tile), the cap
+#: on ``bs * C`` when choosing programs per row, and warps per program. Chosen on an H200 by
+#: ``tools/kernel_variants.py`` (profiles/bench/NOTES.md): a gather of scattered 32-byte
+#: sectors wants many independent loads in flight spread over many SMs, and every program
+#: costs launch throughput even when it exits at once, so 128-page blocks two to a tile
+#: (256 pages a program, two loads a thread issued together) beat both fewer, fatter programs
+#: and more, thinner ones.
+BLOCK_PAGES = 128
+UNROLL = 2
 TARGET_PROGRAMS = 8192
 NUM_WARPS = 4
+
+#: CUDA's limit on grid axis 1, which carries the batch rows.
+MAX_BATCH = 65535
 
 # Positions of the error counters, as constexpr globals the kernel can read.
 ERR_OVER_CAPACITY = tl.constexpr(ERROR_KINDS.index("seq_len_over_capacity"))
@@ -82,11 +97,17 @@ ERR_BAD_REQ_INDEX = tl.constexpr(ERROR_KINDS.index("req_pool_index_out_of_range"
 ERR_BAD_SWA_INDEX = tl.constexpr(ERROR_KINDS.index("full_to_swa_index_out_of_range"))
 
 
-def programs_per_row(bs: int, max_pages: int, block: int | None = None) -> int:
-    """Programs that share one row: enough to split the widest possible row into blocks,
-    capped so the whole grid stays near ``TARGET_PROGRAMS``. Host metadata only."""
-    block = block or BLOCK_PAGES
-    return max(1, min(cdiv(max_pages, block), TARGET_PROGRAMS // max(bs, 1)))
+def programs_per_row(bs: int, max_pages: int) -> int:
+    """Programs that share one row (``C``): enough that one pass of tiles covers the widest
+    possible row, capped so the whole grid stays near ``TARGET_PROGRAMS``. Host metadata
+    only: the batch size and the static width, never the lengths."""
+    return max(1, min(-(-max_pages // (BLOCK_PAGES * UNROLL)), TARGET_PROGRAMS // max(bs, 1)))
+
+
+def row_fits_int32(max_pages: int, page_size: int) -> bool:
+    """Whether every in-row page offset the kernel computes (masked tile lanes included, up
+    to about twice the row) times ``page_size`` stays below 2^31."""
+    return (2 * max_pages + (UNROLL + 1) * BLOCK_PAGES) * page_size < 2**31
 
 
 def build_page_table(
@@ -107,7 +128,8 @@ def build_page_table(
         req_pool_indices: ``[bs]`` int32/int64, request row of each batch row.
         seq_lens: ``[bs]`` int32/int64, tokens of each batch row (read on the device).
         page_table: ``[bs, width]`` int32, inner stride 1; only live entries are written.
-        page_size: tokens per page, ``>= 1``.
+            ``bs <= 65535`` (``MAX_BATCH``).
+        page_size: tokens per page, ``>= 1`` (a compile-time constant of the kernel).
         swa_page_table: ``[bs, width]`` int32, given together with ``full_to_swa``.
         full_to_swa: ``[num_slots + 1]`` int32/int64, SWA slot of each full slot.
         errors: optional ``[len(ERROR_KINDS)]`` int32 counters, incremented (never reset) on
@@ -129,36 +151,55 @@ def build_page_table(
     )
     bs, width = page_table.shape
     # Pages a row of req_to_token can supply: a wider table must not read past that row.
-    max_pages = min(width, cdiv(req_to_token.shape[1], page_size))
+    max_pages = min(width, -(-req_to_token.shape[1] // page_size))
     if bs == 0 or max_pages == 0:
         return
+    if bs > MAX_BATCH:
+        raise ValueError(f"build_page_table: batch size {bs} exceeds {MAX_BATCH} rows")
     has_swa = full_to_swa is not None
     has_errors = errors is not None
     # Unused pointer arguments alias page_table: never dereferenced (the constexpr flags
     # compile those paths out), and aliasing keeps the signature free of None.
     swa_pt = swa_page_table if has_swa else page_table
-    f2s = full_to_swa if has_swa else page_table
-    err = errors if has_errors else page_table
-    tensors = (req_to_token, req_pool_indices, seq_lens, page_table, swa_pt, f2s, err)
+    tensors = (
+        req_to_token,
+        req_pool_indices,
+        seq_lens,
+        page_table,
+        swa_pt,
+        full_to_swa if has_swa else page_table,
+        errors if has_errors else page_table,
+    )
     ints = (
         req_to_token.stride(0),
         req_to_token.shape[0],
         page_table.stride(0),
         swa_pt.stride(0),
-        max_pages,
-        page_size,
+        max_pages * page_size,
         # Without SWA a constant, not the aliased table's row count: an int argument that
         # followed the batch size would be specialised (1, multiple of 16) per bucket.
         full_to_swa.shape[0] if has_swa else 1,
     )
-    grid = (bs, programs_per_row(bs, max_pages))
-    _launch(grid, tensors, ints, has_swa, has_errors)
+    constexprs = (
+        page_size,
+        has_swa,
+        has_errors,
+        row_fits_int32(max_pages, page_size),
+        BLOCK_PAGES,
+        UNROLL,
+    )
+    _launch(programs_per_row(bs, max_pages), bs, tensors, ints, constexprs)
 
 
 # -- launcher ---------------------------------------------------------------------------------
 
-#: Compiled kernels by launch key (see ``_launch``).
-_compiled: dict[tuple, object] = {}
+#: Launch entries by launch key (see ``_launch``): ``(function, leading arguments)``.
+_compiled: dict[tuple, tuple] = {}
+#: Beyond this many keys the cache starts over (keys hold exact int values, so a caller that
+#: kept changing strides could otherwise grow it without bound).
+_MAX_KEYS = 4096
+
+_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
 
 
 def _hooks_active() -> bool:
@@ -171,79 +212,117 @@ def _hooks_active() -> bool:
     return False
 
 
-def _launch(grid, tensors: tuple, ints: tuple, has_swa: bool, has_errors: bool) -> None:
-    device = tensors[3].device
-    if device.type != "cuda":  # Triton interpreter: no compiled kernel to cache.
-        _jit_launch(grid, tensors, ints, has_swa, has_errors)
+def _launch(parts: int, bs: int, tensors: tuple, ints: tuple, constexprs: tuple) -> None:
+    index = tensors[3].get_device()
+    if index < 0:  # Triton interpreter: no compiled kernel to cache.
+        _jit_launch(parts, bs, tensors, ints, constexprs)
         return
     ptrs = [t.data_ptr() for t in tensors]
-    # At least as fine as Triton's own specialisation: dtypes, 16-byte alignment of every
-    # pointer, and for every int whether it is 1, a multiple of 16, or past 32 bits. Same
-    # key, same compiled kernel, so the cached one is exactly what Triton would pick.
-    aligned = 0
-    for i, p in enumerate(ptrs):
-        aligned |= (p % 16 == 0) << i
+    p = ptrs
+    # 16-byte alignment is part of Triton's specialisation: one flag when every pointer is
+    # aligned (the usual case), the full pattern otherwise.
+    if (p[0] | p[1] | p[2] | p[3] | p[4] | p[5] | p[6]) & 15 == 0:
+        aligned = True
+    else:
+        aligned = tuple(q & 15 == 0 for q in p)
+    # Finer than Triton's own specialisation (the ints by value, not by class), so one key
+    # never maps to two compiled kernels.
     key = (
-        device.index,
-        has_swa,
-        has_errors,
-        BLOCK_PAGES,
-        NUM_WARPS,
+        index,
         tensors[0].dtype,
         tensors[1].dtype,
         tensors[2].dtype,
         tensors[5].dtype,
         aligned,
-        tuple((v == 1) | (v % 16 == 0) << 1 | (not -(2**31) <= v < 2**31) << 2 for v in ints),
+        ints,
+        constexprs,
+        NUM_WARPS,
     )
-    kernel = _compiled.get(key)
-    # Launch on the tensors' device; entering a device context costs microseconds, so only
-    # when it is not the current one already.
-    switch = device.index != torch._C._cuda_getDevice()
-    with torch.cuda.device(device) if switch else nullcontext():
-        if kernel is None or _hooks_active():
-            # Triton's own path: compiles on first use, and returns the compiled kernel.
-            _compiled.setdefault(key, _jit_launch(grid, tensors, ints, has_swa, has_errors))
-            return
-        # The low-level launcher: every argument in signature order, constexprs included.
-        # Raw pointers instead of tensors spare it a data_ptr() call and a driver pointer
-        # query per tensor (the pointers were read for the key anyway).
-        kernel.run(
-            grid[0],
-            grid[1],
-            1,
-            _current_raw_stream(device.index),
+    entry = _compiled.get(key)
+    if entry is None or _hooks_active():
+        # Triton's own path: compiles on first use, and returns the compiled kernel.
+        switch = index != torch.cuda.current_device()
+        with torch.cuda.device(index) if switch else _NO_CONTEXT:
+            kernel = _jit_launch(parts, bs, tensors, ints, constexprs)
+        if entry is None:
+            if len(_compiled) >= _MAX_KEYS:
+                _compiled.clear()
+            _compiled[key] = _launch_entry(kernel)
+        return
+    function, leading = entry
+    if index != torch._C._cuda_getDevice():
+        # Launch on the tensors' device; a device context costs microseconds, so only here.
+        with torch.cuda.device(index):
+            stream = _current_stream(index)
+            function(parts, bs, 1, stream, *leading, *ptrs, *ints, *constexprs)
+        return
+    stream = _raw_stream(index) if _raw_stream is not None else _current_stream(index)
+    # Every argument in signature order, constexprs included; raw pointers instead of
+    # tensors spare the launcher a data_ptr() call and a driver pointer query per tensor.
+    function(parts, bs, 1, stream, *leading, *ptrs, *ints, *constexprs)
+
+
+class _NoContext:
+    def __enter__(self):
+        return None
+
+    def __exit__(self, *exc):
+        return False
+
+
+_NO_CONTEXT = _NoContext()
+
+
+def _launch_entry(kernel) -> tuple:
+    """How later launches of ``kernel`` go: straight into the compiled C launcher when the
+    kernel needs no scratch memory (true of this one), else through ``kernel.run``."""
+    run = kernel.run
+    launch = getattr(run, "launch", None)
+    direct = (
+        launch is not None
+        and getattr(run, "global_scratch_size", 1) == 0
+        and getattr(run, "profile_scratch_size", 1) == 0
+        and getattr(run, "num_ctas", 0) == 1
+        and hasattr(run, "launch_cooperative_grid")
+        and hasattr(run, "launch_pdl")
+    )
+    if direct:
+        # The C launcher's own order: function, cooperative, pdl, the two scratch buffers,
+        # then what CompiledKernel.run passes on (metadata, launch metadata, two hooks).
+        leading = (
             kernel.function,
+            run.launch_cooperative_grid,
+            run.launch_pdl,
+            None,
+            None,
             kernel.packed_metadata,
             None,
             None,
             None,
-            *ptrs,
-            *ints,
-            has_swa,
-            has_errors,
-            BLOCK_PAGES,
         )
+        return launch, leading
+    return run, (kernel.function, kernel.packed_metadata, None, None, None)
 
 
-def _jit_launch(grid, tensors: tuple, ints: tuple, has_swa: bool, has_errors: bool):
+def _jit_launch(parts: int, bs: int, tensors: tuple, ints: tuple, constexprs: tuple):
     """Triton's own launch path (binds, specialises, compiles on first use); returns the
     compiled kernel. Only the first call of a launch key, the interpreter and calls under
     launch hooks come here, so its keyword arguments stay off the fast path."""
-    return _page_table_kernel[grid](
+    page_size, has_swa, has_errors, row_i32, block, unroll = constexprs
+    return _page_table_kernel[(parts, bs)](
         *tensors,
         *ints,
+        PAGE_SIZE=page_size,
         HAS_SWA=has_swa,
         HAS_ERRORS=has_errors,
-        BLOCK=BLOCK_PAGES,
+        ROW_I32=row_i32,
+        BLOCK=block,
+        UNROLL=unroll,
         num_warps=NUM_WARPS,
     )
 
 
-def _current_raw_stream(index: int) -> int:
-    getter = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-    if getter is not None:
-        return getter(index)
+def _current_stream(index: int) -> int:
     return torch.cuda.current_stream(index).cuda_stream
 
 
@@ -274,50 +353,66 @@ def _page_table_kernel(
     r2t_rows,
     pt_stride,
     swa_stride,
-    max_pages,  # min(width, cdiv(req_to_token.shape[1], page_size))
-    page_size,
+    capacity,  # tokens a row can hold: PAGE_SIZE * min(width, cdiv(r2t row, PAGE_SIZE))
     f2s_len,
+    PAGE_SIZE: tl.constexpr,
     HAS_SWA: tl.constexpr,
     HAS_ERRORS: tl.constexpr,
+    ROW_I32: tl.constexpr,  # in-row page arithmetic fits 32 bits (host-checked)
     BLOCK: tl.constexpr,
+    UNROLL: tl.constexpr,
 ):
-    row = tl.program_id(0)
-    part = tl.program_id(1)
-    parts = tl.num_programs(1)
+    # Grid (C, bs): the C programs of one row are C apart in launch order, so the live
+    # programs of a long row spread over many SMs instead of filling a few.
+    part = tl.program_id(0)
+    parts = tl.num_programs(0)
+    row = tl.program_id(1)
 
-    seq_len = tl.load(seq_lens_ptr + row).to(tl.int64)
+    seq_len = tl.load(seq_lens_ptr + row)
     req = tl.load(req_pool_indices_ptr + row).to(tl.int64)
     # Clamp, never trust: an index outside req_to_token would read another allocation.
     req_clamped = tl.minimum(tl.maximum(req, 0), r2t_rows - 1)
-    n_pages = tl.minimum((tl.maximum(seq_len, 0) + page_size - 1) // page_size, max_pages)
 
     if HAS_ERRORS:
         if part == 0:
-            tl.atomic_add(
-                errors_ptr + ERR_OVER_CAPACITY, (seq_len > max_pages * page_size).to(tl.int32)
-            )
+            tl.atomic_add(errors_ptr + ERR_OVER_CAPACITY, (seq_len > capacity).to(tl.int32))
             tl.atomic_add(errors_ptr + ERR_NEGATIVE, (seq_len < 0).to(tl.int32))
             tl.atomic_add(errors_ptr + ERR_BAD_REQ_INDEX, (req != req_clamped).to(tl.int32))
+
+    # Clamped in the loaded dtype before any narrowing: a negative length writes nothing and
+    # an overlong one stops at the row's capacity.
+    tokens = tl.minimum(tl.maximum(seq_len, 0), capacity)
+    # One tile of in-row page offsets: blocks blk, blk + C, ..., blk + (UNROLL - 1) C, whose
+    # loads are all issued before the first store. Kept one-dimensional so that the gather
+    # and the store share a register layout (a 2-D tile gets two, and a shared-memory
+    # shuffle with barriers between them).
+    flat = tl.arange(0, UNROLL * BLOCK)
+    tile = (flat // BLOCK) * (parts * BLOCK) + flat % BLOCK
+    if ROW_I32:
+        n_pages = (tokens.to(tl.int32) + PAGE_SIZE - 1) // PAGE_SIZE
+        blk = part
+    else:
+        n_pages = (tokens.to(tl.int64) + PAGE_SIZE - 1) // PAGE_SIZE
+        tile = tile.to(tl.int64)
+        blk = part.to(tl.int64)
 
     r2t_row = req_to_token_ptr + req_clamped * r2t_stride
     pt_row = page_table_ptr + row.to(tl.int64) * pt_stride
     swa_row = swa_page_table_ptr + row.to(tl.int64) * swa_stride
     n_blocks = (n_pages + BLOCK - 1) // BLOCK
-    lane = tl.arange(0, BLOCK)
     # A while loop rather than range(): the bound is a loaded value, and the interpreter
     # accepts only the while form for that.
-    blk = part.to(tl.int64)
     while blk < n_blocks:
-        pages = blk * BLOCK + lane
+        pages = blk * BLOCK + tile
         live = pages < n_pages
-        slot = tl.load(r2t_row + pages * page_size, mask=live, other=0)
-        tl.store(pt_row + pages, (slot // page_size).to(tl.int32), mask=live)
+        slot = tl.load(r2t_row + pages * PAGE_SIZE, mask=live, other=0)
+        tl.store(pt_row + pages, (slot // PAGE_SIZE).to(tl.int32), mask=live)
         if HAS_SWA:
             idx = slot.to(tl.int64)
             idx_clamped = tl.minimum(tl.maximum(idx, 0), f2s_len - 1)
             swa_slot = tl.load(full_to_swa_ptr + idx_clamped, mask=live, other=0)
-            tl.store(swa_row + pages, (swa_slot // page_size).to(tl.int32), mask=live)
+            tl.store(swa_row + pages, (swa_slot // PAGE_SIZE).to(tl.int32), mask=live)
             if HAS_ERRORS:
                 bad = tl.sum((live & (idx != idx_clamped)).to(tl.int32), axis=0)
                 tl.atomic_add(errors_ptr + ERR_BAD_SWA_INDEX, bad)
-        blk += parts
+        blk += parts * UNROLL
