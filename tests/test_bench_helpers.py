@@ -19,7 +19,8 @@ def test_rotation_count_divides_builds_and_covers_l2():
 
 def test_rotated_tables_are_page_permutations():
     cfg = bench.smoke_config(bench.get_config("decode-large"))
-    inp = bench.make_inputs(cfg, "cpu")
+    # The kernel takes CPU tensors only under the interpreter: on a GPU machine, the GPU.
+    inp = bench.make_inputs(cfg, "cuda" if torch.cuda.is_available() else "cpu")
     bench.rotate_out_of_l2(inp, 60 << 20, 20)
     assert len(inp.rotated) == 19
     ps = cfg.page_size

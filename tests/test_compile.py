@@ -31,9 +31,8 @@ VARIANTS = [
 
 def variant_id(v) -> str:
     r, i, s, e, p, narrow = v
-    return (
-        f"r2t_{r}-idx_{i}-{'swa' if s else 'full'}-{'err' if e else 'noerr'}-ps{p}"
-        + ("" if narrow else "-row64")
+    return f"r2t_{r}-idx_{i}-{'swa' if s else 'full'}-{'err' if e else 'noerr'}-ps{p}" + (
+        "" if narrow else "-row64"
     )
 
 

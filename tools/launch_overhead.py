@@ -57,6 +57,7 @@ def main():
         "kernel[grid](...) (Triton's path)": lambda: k._jit_launch(
             parts, bs, tensors, ints, constexprs
         ),
+        "PreparedBuild call": k.prepare_build(r2t, rpi, sl, pt, ps),
         "empty Python function call": lambda: None,
     }
     for name, fn in rows.items():

@@ -16,7 +16,7 @@ if "TRITON_INTERPRET" not in os.environ:
 from .buckets import Buckets, PaddingPolicy  # noqa: E402
 from .checker import CheckConfig, Report, check_replay_safety  # noqa: E402
 from .contract import ERROR_KINDS  # noqa: E402
-from .kernel import build_page_table  # noqa: E402
+from .kernel import BuffersChanged, PreparedBuild, build_page_table, prepare_build  # noqa: E402
 from .pool import KVPool  # noqa: E402
 from .reference import (  # noqa: E402
     host_max_gather,
@@ -30,6 +30,7 @@ from .workload import DecodeWorkload  # noqa: E402
 __all__ = [
     "ERROR_KINDS",
     "Buckets",
+    "BuffersChanged",
     "CheckConfig",
     "DecodeWorkload",
     "DetectorUnavailable",
@@ -38,12 +39,14 @@ __all__ = [
     "KVPool",
     "NotCaptured",
     "PaddingPolicy",
+    "PreparedBuild",
     "Report",
     "StaticBufferMoved",
     "build_page_table",
     "check_replay_safety",
     "host_max_gather",
     "no_device_sync",
+    "prepare_build",
     "reference_page_table",
     "static_width_gather",
 ]

@@ -135,8 +135,141 @@ def build_page_table(
         errors: optional ``[len(ERROR_KINDS)]`` int32 counters, incremented (never reset) on
             the device for out-of-contract values; see ``pagegraph.contract.ERROR_KINDS``.
 
-    No host sync, no allocation: safe inside CUDA-graph capture.
+    No host sync, no allocation: safe inside CUDA-graph capture. For repeated eager calls on
+    the same buffers, ``prepare_build`` does the checks once.
     """
+    tensors, ints, constexprs, max_pages, bs = _plan(
+        req_to_token,
+        req_pool_indices,
+        seq_lens,
+        page_table,
+        page_size,
+        swa_page_table,
+        full_to_swa,
+        errors,
+        "build_page_table",
+    )
+    if bs == 0 or max_pages == 0:
+        return
+    _launch(programs_per_row(bs, max_pages), bs, tensors, ints, constexprs)
+
+
+class BuffersChanged(ValueError):
+    """A tensor given to ``prepare_build`` no longer has the storage it was prepared with."""
+
+
+_TENSOR_NAMES = (
+    "req_to_token",
+    "req_pool_indices",
+    "seq_lens",
+    "page_table",
+    "swa_page_table",
+    "full_to_swa",
+    "errors",
+)
+
+
+class PreparedBuild:
+    """``build_page_table`` on fixed buffers with the checks done once (``prepare_build``).
+
+    ``build(bs=None)`` fills ``page_table[:bs]`` (default: every row it was prepared with)
+    from ``seq_lens[:bs]`` and ``req_pool_indices[:bs]``, exactly as ``build_page_table``
+    would on those prefixes. Each call still confirms that every tensor has the address it
+    was prepared with (``BuffersChanged`` otherwise), but it reads no other metadata: like a
+    CUDA graph's static buffers, the tensors must not be resized, re-strided or retyped in
+    place after ``prepare_build``. Under Triton launch hooks, or on a device other than the
+    current one, a call takes the normal launch path.
+    """
+
+    __slots__ = (
+        "_tensors",
+        "_ptrs",
+        "_ints",
+        "_constexprs",
+        "_max_pages",
+        "_rows",
+        "_index",
+        "_key",
+        "_entry",
+        "_parts",
+    )
+
+    def __init__(self, tensors: tuple, ints: tuple, constexprs: tuple, max_pages: int, rows: int):
+        self._tensors = tensors
+        self._ptrs = [t.data_ptr() for t in tensors]
+        self._ints = ints
+        self._constexprs = constexprs
+        self._max_pages = max_pages
+        self._rows = rows
+        self._index = tensors[3].get_device()
+        self._key = _launch_key(self._index, tensors, self._ptrs, ints, constexprs)
+        self._entry = None  # the compiled launch, once a first call has compiled it
+        self._parts: dict[int, int] = {}
+
+    @property
+    def rows(self) -> int:
+        """Batch rows prepared: the largest ``bs`` a call accepts."""
+        return self._rows
+
+    def __call__(self, bs: int | None = None) -> None:
+        rows = self._rows if bs is None else bs
+        if not 0 <= rows <= self._rows:
+            raise ValueError(f"bs must be in 0..{self._rows} (rows prepared), got {bs}")
+        t, ptrs = self._tensors, self._ptrs
+        for k in range(7):
+            if t[k].data_ptr() != ptrs[k]:
+                raise BuffersChanged(
+                    f"{_TENSOR_NAMES[k]} moved since prepare_build "
+                    f"({ptrs[k]:#x} -> {t[k].data_ptr():#x}): prepare again"
+                )
+        if rows == 0 or self._max_pages == 0:
+            return
+        parts = self._parts.get(rows)
+        if parts is None:
+            parts = self._parts[rows] = programs_per_row(rows, self._max_pages)
+        entry, index = self._entry, self._index
+        if entry is None or _hooks_active() or index != torch._C._cuda_getDevice():
+            _launch(parts, rows, t, self._ints, self._constexprs)
+            self._entry = _compiled.get(self._key) if index >= 0 else None
+            return
+        function, leading = entry
+        stream = _raw_stream(index) if _raw_stream is not None else _current_stream(index)
+        function(parts, rows, 1, stream, *leading, *ptrs, *self._ints, *self._constexprs)
+
+
+def prepare_build(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    page_table: torch.Tensor,
+    page_size: int,
+    *,
+    swa_page_table: torch.Tensor | None = None,
+    full_to_swa: torch.Tensor | None = None,
+    errors: torch.Tensor | None = None,
+) -> PreparedBuild:
+    """Check a ``build_page_table`` call once and return it as a ``PreparedBuild``, for an
+    engine that builds eagerly, every step, into the same buffers. Arguments and errors as
+    ``build_page_table``; nothing is launched here."""
+    plan = _plan(
+        req_to_token,
+        req_pool_indices,
+        seq_lens,
+        page_table,
+        page_size,
+        swa_page_table,
+        full_to_swa,
+        errors,
+        "prepare_build",
+    )
+    return PreparedBuild(*plan)
+
+
+def _plan(
+    req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table,
+    full_to_swa, errors, builder: str,
+) -> tuple:  # fmt: skip
+    """Checked arguments of one build: ``(tensors, ints, constexprs, max_pages, bs)``."""
     check_builder_args(
         req_to_token,
         req_pool_indices,
@@ -146,16 +279,14 @@ def build_page_table(
         swa_page_table,
         full_to_swa,
         errors,
-        builder="build_page_table",
+        builder=builder,
         cpu_ok=False,
     )
     bs, width = page_table.shape
     # Pages a row of req_to_token can supply: a wider table must not read past that row.
     max_pages = min(width, -(-req_to_token.shape[1] // page_size))
-    if bs == 0 or max_pages == 0:
-        return
     if bs > MAX_BATCH:
-        raise ValueError(f"build_page_table: batch size {bs} exceeds {MAX_BATCH} rows")
+        raise ValueError(f"{builder}: batch size {bs} exceeds {MAX_BATCH} rows")
     has_swa = full_to_swa is not None
     has_errors = errors is not None
     # Unused pointer arguments alias page_table: never dereferenced (the constexpr flags
@@ -188,7 +319,7 @@ def build_page_table(
         BLOCK_PAGES,
         UNROLL,
     )
-    _launch(programs_per_row(bs, max_pages), bs, tensors, ints, constexprs)
+    return tensors, ints, constexprs, max_pages, bs
 
 
 # -- launcher ---------------------------------------------------------------------------------
@@ -218,26 +349,7 @@ def _launch(parts: int, bs: int, tensors: tuple, ints: tuple, constexprs: tuple)
         _jit_launch(parts, bs, tensors, ints, constexprs)
         return
     ptrs = [t.data_ptr() for t in tensors]
-    p = ptrs
-    # 16-byte alignment is part of Triton's specialisation: one flag when every pointer is
-    # aligned (the usual case), the full pattern otherwise.
-    if (p[0] | p[1] | p[2] | p[3] | p[4] | p[5] | p[6]) & 15 == 0:
-        aligned = True
-    else:
-        aligned = tuple(q & 15 == 0 for q in p)
-    # Finer than Triton's own specialisation (the ints by value, not by class), so one key
-    # never maps to two compiled kernels.
-    key = (
-        index,
-        tensors[0].dtype,
-        tensors[1].dtype,
-        tensors[2].dtype,
-        tensors[5].dtype,
-        aligned,
-        ints,
-        constexprs,
-        NUM_WARPS,
-    )
+    key = _launch_key(index, tensors, ptrs, ints, constexprs)
     entry = _compiled.get(key)
     if entry is None or _hooks_active():
         # Triton's own path: compiles on first use, and returns the compiled kernel.
@@ -260,6 +372,29 @@ def _launch(parts: int, bs: int, tensors: tuple, ints: tuple, constexprs: tuple)
     # Every argument in signature order, constexprs included; raw pointers instead of
     # tensors spare the launcher a data_ptr() call and a driver pointer query per tensor.
     function(parts, bs, 1, stream, *leading, *ptrs, *ints, *constexprs)
+
+
+def _launch_key(index: int, tensors: tuple, ptrs: list, ints: tuple, constexprs: tuple) -> tuple:
+    """Finer than Triton's own specialisation (the ints by value, not by class), so one key
+    never maps to two compiled kernels."""
+    p = ptrs
+    # 16-byte alignment is part of Triton's specialisation: one flag when every pointer is
+    # aligned (the usual case), the full pattern otherwise.
+    if (p[0] | p[1] | p[2] | p[3] | p[4] | p[5] | p[6]) & 15 == 0:
+        aligned = True
+    else:
+        aligned = tuple(q & 15 == 0 for q in p)
+    return (
+        index,
+        tensors[0].dtype,
+        tensors[1].dtype,
+        tensors[2].dtype,
+        tensors[5].dtype,
+        aligned,
+        ints,
+        constexprs,
+        NUM_WARPS,
+    )
 
 
 class _NoContext:
