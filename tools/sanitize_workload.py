@@ -12,6 +12,7 @@ reference, so a run that the sanitizer passes is also a correct one.
 from __future__ import annotations
 
 import collections
+import os
 import sys
 
 import torch
@@ -79,7 +80,10 @@ def graph_cases() -> int:
 
 
 def _record_allocations(on: bool) -> None:
-    """Allocation history with Python stacks, so a growth can name its allocation sites."""
+    """Allocation history with Python stacks, so a growth can name its allocation sites
+    (off with ``PAGEGRAPH_ALLOC_HISTORY=0``)."""
+    if os.environ.get("PAGEGRAPH_ALLOC_HISTORY", "1") == "0":
+        return
     try:
         if on:
             torch.cuda.memory._record_memory_history(max_entries=200_000)
@@ -100,6 +104,35 @@ def explain_live_memory(top: int = 6) -> None:
     torch.cuda.synchronize()
     after_sync = torch.cuda.memory_allocated()
     print(f"  allocated: {before} bytes; after gc.collect() {after_gc}; after a sync {after_sync}")
+    # Python-visible tensors on the device: if the live blocks are not theirs, the frees are
+    # the allocator's (deferred), not a reference kept somewhere.
+    tensors = [o for o in gc.get_objects() if isinstance(o, torch.Tensor) and o.is_cuda]
+    held = sum(t.untyped_storage().nbytes() for t in tensors)
+    print(f"  {len(tensors)} CUDA tensors reachable from Python, {held} bytes of storage")
+    # What holds the largest of them: two levels of referrers, by type (and frame code).
+    for t in sorted(tensors, key=lambda x: -x.untyped_storage().nbytes())[:2]:
+        chain = []
+        for ref in gc.get_referrers(t):
+            if ref is tensors:
+                continue
+            desc = type(ref).__name__
+            if hasattr(ref, "f_code"):
+                desc += f"({ref.f_code.co_filename.rsplit('/', 1)[-1]}:{ref.f_code.co_name})"
+            up = [
+                type(r).__name__ + (f"({r.f_code.co_name})" if hasattr(r, "f_code") else "")
+                for r in gc.get_referrers(ref)
+                if r is not tensors
+            ][:4]
+            chain.append(f"{desc} <- {up}")
+        print(f"  tensor {tuple(t.shape)} held by: {chain[:4]}")
+    torch.empty(1, device="cuda")  # an allocation processes the allocator's pending frees
+    after_alloc = torch.cuda.memory_allocated()
+    torch.cuda.empty_cache()
+    after_empty = torch.cuda.memory_allocated()
+    print(
+        f"  after one allocation {after_alloc}; after empty_cache() {after_empty}; "
+        f"backend {torch.cuda.get_allocator_backend()}"
+    )
     sites: collections.Counter = collections.Counter()
     try:
         snapshot = torch.cuda.memory._snapshot()
