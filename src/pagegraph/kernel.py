@@ -69,6 +69,8 @@ each key goes through the normal JIT path, which compiles and returns the kernel
 
 from __future__ import annotations
 
+from contextlib import nullcontext
+
 import torch
 import triton
 import triton.language as tl
@@ -354,7 +356,7 @@ def _launch(parts: int, bs: int, tensors: tuple, ints: tuple, constexprs: tuple)
     if entry is None or _hooks_active():
         # Triton's own path: compiles on first use, and returns the compiled kernel.
         switch = index != torch.cuda.current_device()
-        with torch.cuda.device(index) if switch else _NO_CONTEXT:
+        with torch.cuda.device(index) if switch else nullcontext():
             kernel = _jit_launch(parts, bs, tensors, ints, constexprs)
         if entry is None:
             if len(_compiled) >= _MAX_KEYS:
@@ -395,17 +397,6 @@ def _launch_key(index: int, tensors: tuple, ptrs: list, ints: tuple, constexprs:
         constexprs,
         NUM_WARPS,
     )
-
-
-class _NoContext:
-    def __enter__(self):
-        return None
-
-    def __exit__(self, *exc):
-        return False
-
-
-_NO_CONTEXT = _NoContext()
 
 
 def _launch_entry(kernel) -> tuple:
