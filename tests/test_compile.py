@@ -42,7 +42,13 @@ def compile_variant(r2t, idx, has_swa, has_errors, page_size, row_i32) -> dict:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from pagegraph.kernel import BLOCK_PAGES, NUM_WARPS, UNROLL, _page_table_kernel
+    from pagegraph.kernel import (
+        BLOCK_PAGES,
+        NUM_WARPS,
+        ROWS_PER_PROGRAM,
+        UNROLL,
+        _page_table_kernel,
+    )
 
     sig = {
         "req_to_token_ptr": "*" + INT[r2t],
@@ -58,12 +64,14 @@ def compile_variant(r2t, idx, has_swa, has_errors, page_size, row_i32) -> dict:
         "swa_stride": "i32",
         "capacity": "i32" if row_i32 else "i64",
         "f2s_len": "i64",
+        "bs": "i32",
         "PAGE_SIZE": "constexpr",
         "HAS_SWA": "constexpr",
         "HAS_ERRORS": "constexpr",
         "ROW_I32": "constexpr",
         "BLOCK": "constexpr",
         "UNROLL": "constexpr",
+        "ROWS": "constexpr",
     }
     names = list(sig)
     constexprs = {
@@ -73,6 +81,7 @@ def compile_variant(r2t, idx, has_swa, has_errors, page_size, row_i32) -> dict:
         (names.index("ROW_I32"),): row_i32,
         (names.index("BLOCK"),): BLOCK_PAGES,
         (names.index("UNROLL"),): UNROLL,
+        (names.index("ROWS"),): ROWS_PER_PROGRAM,
     }
     src = ASTSource(fn=_page_table_kernel, signature=sig, constexprs=constexprs)
     out = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": NUM_WARPS})

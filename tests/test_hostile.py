@@ -97,6 +97,74 @@ def test_metadata_mistakes_raise_before_writing(arg, make_bad, exc, text):
     )
 
 
+#: More mistakes the fast metadata path must hand to the full checks (they raise there too).
+MORE_MISTAKES = [
+    ("req_pool_indices", lambda a, k: a[1][:1].expand(3), ValueError, "inner stride"),
+    ("req_to_token", lambda a, k: a[0][:0], ValueError, "req_to_token has no rows"),
+    ("errors", lambda a, k: torch.zeros(2, 4, dtype=torch.int32, device=DEV), ValueError, "errors"),
+    ("full_to_swa", lambda a, k: k["full_to_swa"][None], ValueError, "full_to_swa must have 1"),
+    ("swa_page_table", lambda a, k: k["swa_page_table"].long(), TypeError, "swa_page_table"),
+    ("page_size", lambda a, k: -3, ValueError, "page_size must be >= 1"),
+]
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize(
+    "arg,make_bad,exc,text",
+    MISTAKES + MORE_MISTAKES,
+    ids=[f"{m[0]}-{i}" for i, m in enumerate(MISTAKES + MORE_MISTAKES)],
+)
+def test_gpu_fast_metadata_path_never_accepts_a_mistake(arg, make_bad, exc, text):
+    """The one-pass check that eager calls take must hand every mistake to the full checks,
+    which must then raise it."""
+    from pagegraph.contract import check_builder_args, cuda_call_metadata
+
+    args, kw = good_args()
+    kw["errors"] = torch.zeros(4, dtype=torch.int32, device=DEV)
+    _set(args, kw, arg, make_bad(args, kw))
+    positional = [*args, kw.get("swa_page_table"), kw.get("full_to_swa"), kw.get("errors")]
+    assert cuda_call_metadata(*positional) is None
+    with pytest.raises(exc, match=text):
+        check_builder_args(*positional, cpu_ok=False)
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("swa", [False, True])
+@pytest.mark.parametrize("layout", ["plain", "row_slice", "size_one_dims"])
+def test_gpu_fast_metadata_path_reads_what_the_tensors_say(swa, layout):
+    from pagegraph.contract import cuda_call_metadata
+
+    args, kw = good_args(swa=swa)
+    r2t, rpi, sl, pt, ps = args
+    if layout == "row_slice":  # views into wider static buffers, as a graph bucket has
+        r2t = torch.zeros(9, 100, dtype=torch.int64, device=DEV)[2:7, :64]
+        pt = torch.zeros(6, 20, dtype=torch.int32, device=DEV)[:3, :8]
+        if swa:
+            kw["swa_page_table"] = torch.zeros(3, 30, dtype=torch.int32, device=DEV)[:, :8]
+    elif layout == "size_one_dims":  # a size-1 extent may report any stride
+        r2t = torch.zeros(5, 8, dtype=torch.int32, device=DEV)[:, ::8]
+        rpi = torch.ones(4, dtype=torch.int64, device=DEV)[::4]
+        sl = torch.full((4,), 5, dtype=torch.int32, device=DEV)[::4]
+        pt = torch.zeros(2, 12, dtype=torch.int32, device=DEV)[:1, ::12]
+        if swa:
+            kw["swa_page_table"] = torch.zeros(1, 7, dtype=torch.int32, device=DEV)[:, ::7]
+    errors = torch.zeros(6, dtype=torch.int32, device=DEV)
+    swa_pt, f2s = kw.get("swa_page_table"), kw.get("full_to_swa")
+    meta = cuda_call_metadata(r2t, rpi, sl, pt, ps, swa_pt, f2s, errors)
+    expected = (
+        pt.get_device(),
+        pt.shape[0],
+        pt.shape[1],
+        r2t.shape[0],
+        r2t.shape[1],
+        r2t.stride(0),
+        pt.stride(0),
+        swa_pt.stride(0) if swa else None,
+        f2s.shape[0] if swa else None,
+    )
+    assert meta == expected
+
+
 def test_batch_past_the_grid_limit_raises_before_writing():
     from pagegraph.kernel import MAX_BATCH
 

@@ -13,6 +13,14 @@ event-timed replays; ``rot`` cycles over tables rotated out of L2, ``warm`` read
   before the stores; Triton gives a 2-D tile two register layouts and a shared-memory shuffle
   between gather and store), ``flat`` (the same tile as one 1-D range: one layout),
   ``bN`` / ``tN`` / ``wN`` (block, target programs, warps).
+* ``p:...``: a grid planned on the device: every program of a group of ``rN`` rows takes a
+  prefix sum of the rows' block counts, then walks blocks of any row of the group (``bN``
+  block, ``pN`` programs per group, ``uN`` blocks a pass, ``wN`` warps, ``ld`` reloads a
+  block's row scalars instead of selecting them from registers).
+* ``m:...``: several rows a program: ``rN`` rows share each program of the grid
+  ``(C, cdiv(bs, N))``, one 1-D tile holding ``uN`` blocks of ``bN`` pages of every row,
+  the loop bound the longest row of the group (``tN`` cap on the grid, ``wN`` warps).
+  ``m:r1`` is the one-row-a-program design committed before ``ROWS_PER_PROGRAM``.
 * ``oracle``: a grid planned on the host from the lengths (one program per live block, its
   row, first page, page count and row offset precomputed): what a length-aware launch could
   reach if it were allowed the host sync. Not graph-safe; a floor for the access pattern.
@@ -171,6 +179,222 @@ def variant(spec: str):
     return build
 
 
+# -- device-planned variants -----------------------------------------------------------------
+
+
+@triton.jit
+def _planned_kernel(
+    r2t_ptr, rpi_ptr, sl_ptr, pt_ptr, swa_pt_ptr, f2s_ptr,
+    r2t_stride, r2t_rows, pt_stride, capacity, f2s_len, bs,
+    PAGE_SIZE: tl.constexpr, HAS_SWA: tl.constexpr, BLOCK: tl.constexpr, ROWS: tl.constexpr,
+    LD: tl.constexpr, U: tl.constexpr,
+):  # fmt: skip
+    # Grid (P, groups): the P programs of a group of ROWS rows share its live blocks. Every
+    # program loads the group's lengths, prefix-sums their block counts and takes global
+    # blocks part, part + P, ... of the group, each located by a search of the prefix sum.
+    part = tl.program_id(0)
+    parts = tl.num_programs(0)
+    first_row = tl.program_id(1) * ROWS
+    r = tl.arange(0, ROWS)
+    in_b = first_row + r < bs
+    seq = tl.load(sl_ptr + first_row + r, mask=in_b, other=0)
+    tokens = tl.minimum(tl.maximum(seq, 0), capacity).to(tl.int32)
+    npg = (tokens + PAGE_SIZE - 1) // PAGE_SIZE
+    nb = (npg + BLOCK - 1) // BLOCK
+    cum = tl.cumsum(nb, 0)
+    total = tl.sum(nb, 0)
+    if not LD:
+        reqs = tl.load(rpi_ptr + first_row + r, mask=in_b, other=0)
+    lane = tl.arange(0, U * BLOCK)
+    sub = lane // BLOCK
+    off = lane % BLOCK
+    b = part
+    while b < total:
+        if U == 1:
+            before = cum <= b
+            row = tl.sum(before.to(tl.int32), 0)
+            start = tl.sum(tl.where(before, nb, 0), 0)
+            if LD:
+                n_tok = tl.minimum(tl.maximum(tl.load(sl_ptr + first_row + row), 0), capacity)
+                n_row = (n_tok.to(tl.int32) + PAGE_SIZE - 1) // PAGE_SIZE
+                req = tl.load(rpi_ptr + first_row + row).to(tl.int64)
+            else:
+                hit = r == row
+                n_row = tl.sum(tl.where(hit, npg, 0), 0)
+                req = tl.sum(tl.where(hit, reqs, 0), 0).to(tl.int64)
+            pages = (b - start) * BLOCK + lane
+            live = pages < n_row
+            row_l = first_row + row
+        else:
+            b1 = b + parts
+            before0 = cum <= b
+            before1 = cum <= b1
+            row0 = tl.sum(before0.to(tl.int32), 0)
+            row1 = tl.sum(before1.to(tl.int32), 0)
+            start0 = tl.sum(tl.where(before0, nb, 0), 0)
+            start1 = tl.sum(tl.where(before1, nb, 0), 0)
+            hit0 = r == row0
+            hit1 = r == row1
+            n0 = tl.sum(tl.where(hit0, npg, 0), 0)
+            n1 = tl.sum(tl.where(hit1, npg, 0), 0)
+            q0 = tl.sum(tl.where(hit0, reqs, 0), 0).to(tl.int64)
+            q1 = tl.sum(tl.where(hit1, reqs, 0), 0).to(tl.int64)
+            second = sub == 1
+            pages = tl.where(second, (b1 - start1) * BLOCK, (b - start0) * BLOCK) + off
+            n_row = tl.where(second, n1, n0)
+            live = (pages < n_row) & (tl.where(second, b1, b) < total)
+            req = tl.where(second, q1, q0)
+            row_l = first_row + tl.where(second, row1, row0)
+        req = tl.minimum(tl.maximum(req, 0), r2t_rows - 1)
+        slot = tl.load(r2t_ptr + req * r2t_stride + pages * PAGE_SIZE, mask=live, other=0)
+        pt_off = row_l.to(tl.int64) * pt_stride + pages
+        tl.store(pt_ptr + pt_off, (slot // PAGE_SIZE).to(tl.int32), mask=live)
+        if HAS_SWA:
+            idx = tl.minimum(tl.maximum(slot.to(tl.int64), 0), f2s_len - 1)
+            w = tl.load(f2s_ptr + idx, mask=live, other=0)
+            tl.store(swa_pt_ptr + pt_off, (w // PAGE_SIZE).to(tl.int32), mask=live)
+        b += parts * U
+
+
+def planned(spec: str):
+    """A builder for ``p:flag+flag+...``: ``bN`` block pages, ``pN`` cap on programs per row
+    group, ``rN`` rows per group, ``wN`` warps, ``ld`` (a block's row length and request
+    reloaded from memory instead of picked from registers), ``u2`` (two blocks a pass)."""
+    block, cap, rows, warps, ld, unroll = 256, 1056, 256, 4, False, 1
+    for f in spec.split("+") if spec else ():
+        if f == "ld":
+            ld = True
+        elif f[0] in "bprwu" and f[1:].isdigit():
+            v = int(f[1:])
+            if f[0] == "b":
+                block = v
+            elif f[0] == "p":
+                cap = v
+            elif f[0] == "r":
+                rows = v
+            elif f[0] == "w":
+                warps = v
+            else:
+                unroll = v
+        else:
+            raise ValueError(f"unknown planned flag {f!r}")
+
+    def build(r2t, rpi, sl, pt, ps, *, swa_page_table=None, full_to_swa=None):
+        bs, width = pt.shape
+        max_pages = min(width, cdiv(r2t.shape[1], ps))
+        groups = cdiv(bs, rows)
+        p = max(1, min(cdiv(min(bs, rows) * cdiv(max_pages, block), unroll), cap))
+        has_swa = full_to_swa is not None
+        _planned_kernel[(p, groups)](
+            r2t,
+            rpi,
+            sl,
+            pt,
+            swa_page_table if has_swa else pt,
+            full_to_swa if has_swa else pt,
+            r2t.stride(0),
+            r2t.shape[0],
+            pt.stride(0),
+            max_pages * ps,
+            full_to_swa.shape[0] if has_swa else 1,
+            bs,
+            PAGE_SIZE=ps,
+            HAS_SWA=has_swa,
+            BLOCK=block,
+            ROWS=rows,
+            LD=ld,
+            U=unroll,
+            num_warps=warps,
+        )
+
+    return build
+
+
+# -- several rows a program -------------------------------------------------------------------
+
+
+@triton.jit
+def _multirow_kernel(
+    r2t_ptr, rpi_ptr, sl_ptr, pt_ptr, swa_pt_ptr, f2s_ptr,
+    r2t_stride, r2t_rows, pt_stride, capacity, f2s_len, bs,
+    PAGE_SIZE: tl.constexpr, HAS_SWA: tl.constexpr, BLOCK: tl.constexpr, U: tl.constexpr,
+    R: tl.constexpr,
+):  # fmt: skip
+    # Grid (C, cdiv(bs, R)): program j of row group g owns blocks j, j + C, ... of each of
+    # the group's R rows; one 1-D tile holds U blocks of every row, so R rows cost one
+    # program instead of R (a grid of programs that exit at once costs ~0.6 ns a program).
+    part = tl.program_id(0)
+    parts = tl.num_programs(0)
+    first = tl.program_id(1) * R
+    rr = first + tl.arange(0, R)
+    lens = tl.load(sl_ptr + rr, mask=rr < bs, other=0)
+    toks = tl.minimum(tl.maximum(lens, 0), capacity).to(tl.int32)
+    nb_max = tl.max((toks + PAGE_SIZE * BLOCK - 1) // (PAGE_SIZE * BLOCK), 0)
+    flat = tl.arange(0, R * U * BLOCK)
+    row = first + flat // (U * BLOCK)
+    pos = flat % (U * BLOCK)
+    tile = (pos // BLOCK) * (parts * BLOCK) + pos % BLOCK
+    in_b = row < bs
+    seq = tl.load(sl_ptr + row, mask=in_b, other=0)
+    req = tl.load(rpi_ptr + row, mask=in_b, other=0).to(tl.int64)
+    req = tl.minimum(tl.maximum(req, 0), r2t_rows - 1)
+    n_pages = (tl.minimum(tl.maximum(seq, 0), capacity).to(tl.int32) + PAGE_SIZE - 1) // PAGE_SIZE
+    r2t_row = r2t_ptr + req * r2t_stride
+    pt_row = pt_ptr + row.to(tl.int64) * pt_stride
+    swa_row = swa_pt_ptr + row.to(tl.int64) * pt_stride
+    blk = part
+    while blk < nb_max:
+        pages = blk * BLOCK + tile
+        live = pages < n_pages
+        slot = tl.load(r2t_row + pages * PAGE_SIZE, mask=live, other=0)
+        tl.store(pt_row + pages, (slot // PAGE_SIZE).to(tl.int32), mask=live)
+        if HAS_SWA:
+            idx = tl.minimum(tl.maximum(slot.to(tl.int64), 0), f2s_len - 1)
+            w = tl.load(f2s_ptr + idx, mask=live, other=0)
+            tl.store(swa_row + pages, (w // PAGE_SIZE).to(tl.int32), mask=live)
+        blk += parts * U
+
+
+def multirow(spec: str):
+    """A builder for ``m:flag+...``: ``rN`` rows a program, ``bN`` block pages, ``uN`` blocks
+    a pass, ``tN`` cap on the grid, ``wN`` warps."""
+    vals = {"r": 2, "b": 128, "u": 2, "t": 8192, "w": 4}
+    for f in spec.split("+") if spec else ():
+        if f[0] not in vals or not f[1:].isdigit():
+            raise ValueError(f"unknown multirow flag {f!r}")
+        vals[f[0]] = int(f[1:])
+    rows, block, unroll, target, warps = (vals[k] for k in "rbutw")
+
+    def build(r2t, rpi, sl, pt, ps, *, swa_page_table=None, full_to_swa=None):
+        bs, width = pt.shape
+        max_pages = min(width, cdiv(r2t.shape[1], ps))
+        groups = cdiv(bs, rows)
+        c = max(1, min(cdiv(max_pages, block * unroll), target // groups))
+        has_swa = full_to_swa is not None
+        _multirow_kernel[(c, groups)](
+            r2t,
+            rpi,
+            sl,
+            pt,
+            swa_page_table if has_swa else pt,
+            full_to_swa if has_swa else pt,
+            r2t.stride(0),
+            r2t.shape[0],
+            pt.stride(0),
+            max_pages * ps,
+            full_to_swa.shape[0] if has_swa else 1,
+            bs,
+            PAGE_SIZE=ps,
+            HAS_SWA=has_swa,
+            BLOCK=block,
+            U=unroll,
+            R=rows,
+            num_warps=warps,
+        )
+
+    return build
+
+
 # -- the host-planned oracle ------------------------------------------------------------------
 
 ORACLE_BLOCK = 256
@@ -291,7 +515,33 @@ SWEEP3 = (
     "v:swap+ps+i32+b128+u2+t8192+flat+w2",
     "v:ps+i32+b128+u2+t8192+flat",
 )
-SWEEPS = {"1": SWEEP1, "2": _sweep2(), "3": SWEEP3}
+#: The fourth: device-planned grids (a prefix sum of the block counts in every program).
+SWEEP4 = (
+    "current",
+    "oracle",
+    "p:",
+    "p:ld",
+    "p:p528",
+    "p:p2112",
+    "p:b128+p1056",
+    "p:b128+p2112",
+    "p:u2+b128+p1056",
+    "p:u2+b128+p528",
+    "p:r1024",
+    "p:w8+b512+p528",
+)
+#: The fifth: rows a program, and its tile and grid cap.
+SWEEP5 = (
+    "current",
+    "oracle",
+    "m:r1",
+    "m:r2",
+    "m:r4",
+    "m:r2+b256+u1",
+    "m:r2+t2048",
+    "m:r4+b64+u2",
+)
+SWEEPS = {"1": SWEEP1, "2": _sweep2(), "3": SWEEP3, "4": SWEEP4, "5": SWEEP5}
 
 
 def measure(configs, variants, builds, replays) -> dict:
@@ -309,6 +559,10 @@ def measure(configs, variants, builds, replays) -> dict:
                 fn = B.block_grid
             elif spec == "oracle":
                 fn = oracle(inp)
+            elif spec.startswith("p:"):
+                fn = planned(spec[2:])
+            elif spec.startswith("m:"):
+                fn = multirow(spec[2:])
             else:
                 fn = variant(spec[2:])
             pt, swa, kwargs = B._outputs(inp)

@@ -33,6 +33,31 @@ def median_us(fn, n=2000):
     return statistics.median(times) / 1e3
 
 
+def idle_vs_busy_us(fn, n=400, batch=50) -> tuple[float, float]:
+    """Median host time of ``fn`` when each call finds the GPU idle (the queue drained before
+    it, outside the timed region) and when it finds the GPU busy (a ~1 ms sleep kernel queued
+    ahead of each batch of calls, so every launch lands behind queued work)."""
+    for _ in range(20):
+        fn()
+    torch.cuda.synchronize()
+    idle = []
+    for _ in range(n):
+        torch.cuda.synchronize()
+        t = time.perf_counter_ns()
+        fn()
+        idle.append(time.perf_counter_ns() - t)
+    busy = []
+    for i in range(n):
+        if i % batch == 0:
+            torch.cuda.synchronize()
+            torch.cuda._sleep(2_000_000)
+        t = time.perf_counter_ns()
+        fn()
+        busy.append(time.perf_counter_ns() - t)
+    torch.cuda.synchronize()
+    return statistics.median(idle) / 1e3, statistics.median(busy) / 1e3
+
+
 def main():
     bs, ctx, ps = 256, 131072, 64
     r2t = torch.randint(0, 1 << 20, (bs + 1, ctx), dtype=torch.int32, device="cuda")
@@ -44,10 +69,10 @@ def main():
     print("launch hooks active:", k._hooks_active())
     build_page_table(r2t, rpi, sl, pt, ps)
     print("fast-path entries:", len(k._compiled))
-    parts = k.programs_per_row(bs, pt.shape[1])
-    tensors = (r2t, rpi, sl, pt, pt, pt, pt)
-    ints = (r2t.stride(0), r2t.shape[0], pt.stride(0), pt.stride(0), pt.shape[1] * ps, 1)
-    constexprs = (ps, False, False, True, k.BLOCK_PAGES, k.UNROLL)
+    tensors, ints, constexprs, max_pages, _ = k._plan(
+        r2t, rpi, sl, pt, ps, None, None, None, "build_page_table"
+    )
+    parts = k.programs_per_row(bs, max_pages)
     rows = {
         "build_page_table": lambda: build_page_table(r2t, rpi, sl, pt, ps),
         "build_page_table, SWA": lambda: build_page_table(
@@ -62,6 +87,18 @@ def main():
     }
     for name, fn in rows.items():
         print(f"{name:40s} {median_us(fn):8.2f} us")
+    # Short builds (a skewed batch: the device time is ~2 us, less than the host time), so
+    # whether a launch finds the GPU idle or busy is up to the caller.
+    short = torch.full((bs,), 100, dtype=torch.int32, device="cuda")
+    short[0] = ctx
+    prepared = k.prepare_build(r2t, rpi, short, pt, ps)
+    print("GPU idle vs busy at each call (short builds), median host us:")
+    for name, fn in {
+        "build_page_table": lambda: build_page_table(r2t, rpi, short, pt, ps),
+        "PreparedBuild call": prepared,
+    }.items():
+        idle, busy = idle_vs_busy_us(fn)
+        print(f"  {name:38s} idle {idle:7.2f}  busy {busy:7.2f}")
     prof = cProfile.Profile()
     prof.enable()
     for _ in range(3000):

@@ -12,33 +12,41 @@ allocates nothing, and is legal inside CUDA-graph capture.
 
 Design: a row-owned grid whose cost follows the live pages
 -----------------------------------------------------------
-The grid is ``(C, bs)``: ``C`` programs own each batch row, and program ``j`` of row ``i`` walks
-that row's pages in tiles of ``UNROLL`` blocks of ``BLOCK_PAGES`` (blocks ``j, j + C, ...,
-j + (UNROLL - 1) C`` in one tile, then the next tile ``UNROLL * C`` blocks on) up to the row's
-own ``n_i``: a loop with a data-dependent bound. Consequences:
+The grid is ``(C, cdiv(bs, R))`` with ``R = ROWS_PER_PROGRAM`` rows to a group: ``C``
+programs own each group, and program ``j`` walks each of the group's rows in tiles of
+``UNROLL`` blocks of ``BLOCK_PAGES`` (blocks ``j, j + C, ..., j + (UNROLL - 1) C`` of every
+row in one tile, then the next tile ``UNROLL * C`` blocks on) up to the longest of the
+group's own lengths: a loop with a data-dependent bound, each lane masked by its own row's
+length. Consequences:
 
 * Work is bounded by the real lengths. A row of 100 tokens in a 2048-page table costs one
-  masked tile in one program, and the other ``C - 1`` programs of that row exit after two
-  scalar loads. The number of programs, ``bs * C``, depends on the batch size and the static
-  width (host metadata), never on the lengths, and ``C`` is capped so the grid stays near
+  masked tile in one program, and the other ``C - 1`` programs of its group exit after a
+  few scalar loads. The number of programs depends on the batch size and the static width
+  (host metadata), never on the lengths, and ``C`` is capped so the grid stays near
   ``TARGET_PROGRAMS`` instead of growing as ``bs * width``. (A fixed grid of page blocks
   covering the whole width launches ``bs * width / block`` programs, nearly all of them empty
-  when lengths are short; every program costs launch throughput even when it exits at once.)
-* A row never writes outside itself: ``n_i`` is clamped to the width of the table, and to the
-  pages ``req_to_token`` can supply, before any store, so an overlong ``seq_len`` (speculative
-  draft tokens, dummy runs) cannot spill into the next request's row.
-* Long rows are split across ``C`` programs, and the row is the slow grid axis, so the ``C``
-  programs of one 1M-token request land on many SMs: the gather of its page starts, one
+  when lengths are short.)
+* Every program costs launch throughput even when it exits at once (~0.6 ns each past ~1000
+  programs on an H200): two rows to a program halve that cost for a batch of short rows
+  with one long one, and a long row still gets ``C`` programs.
+* A row never writes outside itself: each lane's page count is clamped to the width of the
+  table, and to the pages ``req_to_token`` can supply, before any store, so an overlong
+  ``seq_len`` (speculative draft tokens, dummy runs) cannot spill into the next request's
+  row; the rows past ``bs`` of the last group are masked out.
+* Long rows are split across ``C`` programs, and the row group is the slow grid axis, so the
+  ``C`` programs of one 1M-token request land on many SMs: the gather of its page starts, one
   32-byte sector per page, is bound by how many such loads each SM can have in flight.
-* The tile's loads are all issued before its stores: two independent loads per thread.
+* The tile's loads are all issued before its stores: ``R * UNROLL`` independent loads a
+  thread.
 * SWA costs one extra dependent gather per live page, in the same program: ``full_to_swa`` is
   indexed by the slot already loaded for the full table.
 
 Where it stands (profiles/bench/NOTES.md): a launch planned on the host from the lengths (one
-program per live block, which needs the sync this kernel exists to avoid) is at most ~10%
-faster on the large configs, and a single program doing only the kernel's dependent chain
-(load a length, then a page start, then store) costs ~0.45 us above an empty kernel, which
-bounds every short-batch build from below.
+program per live block, which needs the sync this kernel exists to avoid) is at most ~12%
+faster on the large configs; a plan made on the device (a prefix sum of block counts) costs
+more in its prologue than it saves; and a single program doing only the kernel's dependent
+chain (load a length, then a page start, then store) costs ~0.45 us above an empty kernel,
+which bounds every short-batch build from below.
 
 Index arithmetic is 64-bit wherever ``index * stride`` can pass 2^31 (request row offsets,
 ``full_to_swa`` indices); in-row page offsets are 32-bit when the host has checked that the
@@ -52,11 +60,13 @@ counts them (see ``pagegraph.contract.ERROR_KINDS``); without it that code is co
 What is specialised (and so compiled separately)
 ------------------------------------------------
 ``PAGE_SIZE`` (an engine uses one, and a constant divisor turns every ``// page_size`` into a
-shift), ``HAS_SWA``, ``HAS_ERRORS``, ``ROW_I32``, ``BLOCK`` and ``UNROLL`` are constexprs; the
+shift), ``HAS_SWA``, ``HAS_ERRORS``, ``ROW_I32``, ``BLOCK``, ``UNROLL`` and ``ROWS`` are
+constexprs; the
 dtypes of the index tensors are part of the signature; Triton's default integer and pointer
 specialisation applies (an int argument equal to 1 or divisible by 16; a pointer 16-byte
-aligned). Nothing depends on the batch size or on any length: the batch size is the grid, so
-every CUDA graph bucket of one static buffer reuses one compiled kernel.
+aligned). Nothing depends on the batch size or on any length: the batch size is the grid and
+an argument Triton is told not to specialise, so every CUDA graph bucket of one static
+buffer reuses one compiled kernel.
 
 Launch cost
 -----------
@@ -75,21 +85,28 @@ import torch
 import triton
 import triton.language as tl
 
-from .contract import ERROR_KINDS, check_builder_args, interpreter_active
+from .contract import ERROR_KINDS, check_builder_args, cuda_call_metadata, interpreter_active
 
-#: Pages per block, blocks per loop iteration (one ``[UNROLL, BLOCK_PAGES]`` tile), the cap
-#: on ``bs * C`` when choosing programs per row, and warps per program. Chosen on an H200 by
-#: ``tools/kernel_variants.py`` (profiles/bench/NOTES.md): a gather of scattered 32-byte
-#: sectors wants many independent loads in flight spread over many SMs, and every program
-#: costs launch throughput even when it exits at once, so 128-page blocks two to a tile
-#: (256 pages a program, two loads a thread issued together) beat both fewer, fatter programs
-#: and more, thinner ones.
+#: Pages per block, blocks of each row per loop iteration, the cap on the grid
+#: (``C * row_groups(bs)``) when choosing programs per row group, and warps per program.
+#: Chosen on an H200 by ``tools/kernel_variants.py`` (profiles/bench/NOTES.md): a gather of
+#: scattered 32-byte sectors wants many independent loads in flight spread over many SMs,
+#: and every program costs launch throughput even when it exits at once, so 128-page blocks
+#: two to a pass (256 pages of a row a program per pass, loads issued together) beat both
+#: fewer, fatter programs and more, thinner ones.
 BLOCK_PAGES = 128
 UNROLL = 2
 TARGET_PROGRAMS = 8192
 NUM_WARPS = 4
+#: Batch rows per program. A program that finds no live page of its rows still costs ~0.6 ns
+#: of launch throughput past ~1000 programs (profiles/bench/NOTES.md), and with one row a
+#: program most programs of a batch of short rows are such programs; two rows a program
+#: halve them at no cost to long rows. Four lose on page size 1 and SWA, where the wider
+#: tile holds more registers per thread.
+ROWS_PER_PROGRAM = 2
 
-#: CUDA's limit on grid axis 1, which carries the batch rows.
+#: CUDA's limit on grid axis 1, which carries the batch rows (kept on rows, though they go
+#: there ROWS_PER_PROGRAM to a program).
 MAX_BATCH = 65535
 
 # Positions of the error counters, as constexpr globals the kernel can read.
@@ -99,11 +116,18 @@ ERR_BAD_REQ_INDEX = tl.constexpr(ERROR_KINDS.index("req_pool_index_out_of_range"
 ERR_BAD_SWA_INDEX = tl.constexpr(ERROR_KINDS.index("full_to_swa_index_out_of_range"))
 
 
+def row_groups(bs: int) -> int:
+    """Programs along the batch axis: ``cdiv(bs, ROWS_PER_PROGRAM)``."""
+    return -(-bs // ROWS_PER_PROGRAM)
+
+
 def programs_per_row(bs: int, max_pages: int) -> int:
-    """Programs that share one row (``C``): enough that one pass of tiles covers the widest
-    possible row, capped so the whole grid stays near ``TARGET_PROGRAMS``. Host metadata
-    only: the batch size and the static width, never the lengths."""
-    return max(1, min(-(-max_pages // (BLOCK_PAGES * UNROLL)), TARGET_PROGRAMS // max(bs, 1)))
+    """Programs that share one row group (``C``): enough that one pass of tiles covers the
+    widest possible row, capped so the whole grid, ``C * row_groups(bs)``, stays near
+    ``TARGET_PROGRAMS``. Host metadata only: the batch size and the static width, never the
+    lengths."""
+    cap = TARGET_PROGRAMS // max(row_groups(bs), 1)
+    return max(1, min(-(-max_pages // (BLOCK_PAGES * UNROLL)), cap))
 
 
 def row_fits_int32(max_pages: int, page_size: int) -> bool:
@@ -179,8 +203,9 @@ class PreparedBuild:
     would on those prefixes. Each call still confirms that every tensor has the address it
     was prepared with (``BuffersChanged`` otherwise), but it reads no other metadata: like a
     CUDA graph's static buffers, the tensors must not be resized, re-strided or retyped in
-    place after ``prepare_build``. Under Triton launch hooks, or on a device other than the
-    current one, a call takes the normal launch path.
+    place after ``prepare_build``. Under Triton launch hooks a call takes the normal launch
+    path, so the hooks see it; on a device other than the current one it launches on the
+    tensors' device.
     """
 
     __slots__ = (
@@ -229,14 +254,12 @@ class PreparedBuild:
         parts = self._parts.get(rows)
         if parts is None:
             parts = self._parts[rows] = programs_per_row(rows, self._max_pages)
-        entry, index = self._entry, self._index
-        if entry is None or _hooks_active() or index != torch._C._cuda_getDevice():
+        entry = self._entry
+        if entry is None or _hooks_active():
             _launch(parts, rows, t, self._ints, self._constexprs)
-            self._entry = _compiled.get(self._key) if index >= 0 else None
+            self._entry = _compiled.get(self._key) if self._index >= 0 else None
             return
-        function, leading = entry
-        stream = _raw_stream(index) if _raw_stream is not None else _current_stream(index)
-        function(parts, rows, 1, stream, *leading, *ptrs, *self._ints, *self._constexprs)
+        _launch_compiled(entry, self._index, parts, rows, ptrs, self._ints, self._constexprs)
 
 
 def prepare_build(
@@ -272,54 +295,66 @@ def _plan(
     full_to_swa, errors, builder: str,
 ) -> tuple:  # fmt: skip
     """Checked arguments of one build: ``(tensors, ints, constexprs, max_pages, bs)``."""
-    check_builder_args(
-        req_to_token,
-        req_pool_indices,
-        seq_lens,
-        page_table,
-        page_size,
-        swa_page_table,
-        full_to_swa,
-        errors,
-        builder=builder,
-        cpu_ok=False,
-    )
-    bs, width = page_table.shape
+    meta = cuda_call_metadata(
+        req_to_token, req_pool_indices, seq_lens, page_table, page_size,
+        swa_page_table, full_to_swa, errors,
+    )  # fmt: skip
+    has_swa = full_to_swa is not None
+    if meta is None:
+        # Not the common case: the full checks name what is wrong (or accept CPU tensors
+        # under the interpreter), and the metadata is read the slow way.
+        check_builder_args(
+            req_to_token,
+            req_pool_indices,
+            seq_lens,
+            page_table,
+            page_size,
+            swa_page_table,
+            full_to_swa,
+            errors,
+            builder=builder,
+            cpu_ok=False,
+        )
+        bs, width = page_table.shape
+        r2t_rows, r2t_cols = req_to_token.shape
+        r2t_stride, pt_stride = req_to_token.stride(0), page_table.stride(0)
+        swa_stride = swa_page_table.stride(0) if has_swa else None
+        f2s_len = full_to_swa.shape[0] if has_swa else None
+    else:
+        _, bs, width, r2t_rows, r2t_cols, r2t_stride, pt_stride, swa_stride, f2s_len = meta
     # Pages a row of req_to_token can supply: a wider table must not read past that row.
-    max_pages = min(width, -(-req_to_token.shape[1] // page_size))
+    max_pages = min(width, -(-r2t_cols // page_size))
     if bs > MAX_BATCH:
         raise ValueError(f"{builder}: batch size {bs} exceeds {MAX_BATCH} rows")
-    has_swa = full_to_swa is not None
-    has_errors = errors is not None
     # Unused pointer arguments alias page_table: never dereferenced (the constexpr flags
     # compile those paths out), and aliasing keeps the signature free of None.
-    swa_pt = swa_page_table if has_swa else page_table
     tensors = (
         req_to_token,
         req_pool_indices,
         seq_lens,
         page_table,
-        swa_pt,
+        swa_page_table if has_swa else page_table,
         full_to_swa if has_swa else page_table,
-        errors if has_errors else page_table,
+        page_table if errors is None else errors,
     )
     ints = (
-        req_to_token.stride(0),
-        req_to_token.shape[0],
-        page_table.stride(0),
-        swa_pt.stride(0),
+        r2t_stride,
+        r2t_rows,
+        pt_stride,
+        swa_stride if has_swa else pt_stride,
         max_pages * page_size,
         # Without SWA a constant, not the aliased table's row count: an int argument that
         # followed the batch size would be specialised (1, multiple of 16) per bucket.
-        full_to_swa.shape[0] if has_swa else 1,
+        f2s_len if has_swa else 1,
     )
     constexprs = (
         page_size,
         has_swa,
-        has_errors,
+        errors is not None,
         row_fits_int32(max_pages, page_size),
         BLOCK_PAGES,
         UNROLL,
+        ROWS_PER_PROGRAM,
     )
     return tensors, ints, constexprs, max_pages, bs
 
@@ -363,22 +398,32 @@ def _launch(parts: int, bs: int, tensors: tuple, ints: tuple, constexprs: tuple)
                 _compiled.clear()
             _compiled[key] = _launch_entry(kernel)
         return
+    _launch_compiled(entry, index, parts, bs, ptrs, ints, constexprs)
+
+
+def _launch_compiled(
+    entry: tuple, index: int, parts: int, bs: int, ptrs: list, ints: tuple, constexprs: tuple
+) -> None:
+    """Launch a compiled kernel's entry (``_launch_entry``) for ``bs`` rows on the grid
+    ``(parts, row_groups(bs))`` of device ``index``, on that device's current stream."""
     function, leading = entry
+    groups = -(-bs // constexprs[-1])
     if index != torch._C._cuda_getDevice():
         # Launch on the tensors' device; a device context costs microseconds, so only here.
         with torch.cuda.device(index):
             stream = _current_stream(index)
-            function(parts, bs, 1, stream, *leading, *ptrs, *ints, *constexprs)
+            function(parts, groups, 1, stream, *leading, *ptrs, *ints, bs, *constexprs)
         return
     stream = _raw_stream(index) if _raw_stream is not None else _current_stream(index)
     # Every argument in signature order, constexprs included; raw pointers instead of
     # tensors spare the launcher a data_ptr() call and a driver pointer query per tensor.
-    function(parts, bs, 1, stream, *leading, *ptrs, *ints, *constexprs)
+    function(parts, groups, 1, stream, *leading, *ptrs, *ints, bs, *constexprs)
 
 
 def _launch_key(index: int, tensors: tuple, ptrs: list, ints: tuple, constexprs: tuple) -> tuple:
     """Finer than Triton's own specialisation (the ints by value, not by class), so one key
-    never maps to two compiled kernels."""
+    never maps to two compiled kernels. The batch size is not in it: that argument is not
+    specialised, so one key serves every bucket."""
     p = ptrs
     # 16-byte alignment is part of Triton's specialisation: one flag when every pointer is
     # aligned (the usual case), the full pattern otherwise.
@@ -434,16 +479,18 @@ def _jit_launch(parts: int, bs: int, tensors: tuple, ints: tuple, constexprs: tu
     """Triton's own launch path (binds, specialises, compiles on first use); returns the
     compiled kernel. Only the first call of a launch key, the interpreter and calls under
     launch hooks come here, so its keyword arguments stay off the fast path."""
-    page_size, has_swa, has_errors, row_i32, block, unroll = constexprs
-    return _page_table_kernel[(parts, bs)](
+    page_size, has_swa, has_errors, row_i32, block, unroll, rows = constexprs
+    return _page_table_kernel[(parts, -(-bs // rows))](
         *tensors,
         *ints,
+        bs,
         PAGE_SIZE=page_size,
         HAS_SWA=has_swa,
         HAS_ERRORS=has_errors,
         ROW_I32=row_i32,
         BLOCK=block,
         UNROLL=unroll,
+        ROWS=rows,
         num_warps=NUM_WARPS,
     )
 
@@ -466,7 +513,7 @@ def compiled_variants() -> int:
 # -- kernel -----------------------------------------------------------------------------------
 
 
-@triton.jit
+@triton.jit(do_not_specialize=["bs"])
 def _page_table_kernel(
     req_to_token_ptr,  # [max_reqs, r2t_stride] int32|int64
     req_pool_indices_ptr,  # [bs] int32|int64
@@ -481,39 +528,60 @@ def _page_table_kernel(
     swa_stride,
     capacity,  # tokens a row can hold: PAGE_SIZE * min(width, cdiv(r2t row, PAGE_SIZE))
     f2s_len,
+    bs,  # batch rows; not specialised, so every bucket shares one compiled kernel
     PAGE_SIZE: tl.constexpr,
     HAS_SWA: tl.constexpr,
     HAS_ERRORS: tl.constexpr,
     ROW_I32: tl.constexpr,  # in-row page arithmetic fits 32 bits (host-checked)
     BLOCK: tl.constexpr,
     UNROLL: tl.constexpr,
+    ROWS: tl.constexpr,  # batch rows per program
 ):
-    # Grid (C, bs): the C programs of one row are C apart in launch order, so the live
-    # programs of a long row spread over many SMs instead of filling a few.
+    # Grid (C, cdiv(bs, ROWS)): the C programs of one row group are C apart in launch order,
+    # so the live programs of a long row spread over many SMs instead of filling a few.
     part = tl.program_id(0)
     parts = tl.num_programs(0)
-    row = tl.program_id(1)
+    first = tl.program_id(1) * ROWS
 
-    seq_len = tl.load(seq_lens_ptr + row)
-    req = tl.load(req_pool_indices_ptr + row).to(tl.int64)
-    # Clamp, never trust: an index outside req_to_token would read another allocation.
-    req_clamped = tl.minimum(tl.maximum(req, 0), r2t_rows - 1)
+    # The group's rows as [ROWS] vectors: the loop bound is the longest of them, and the
+    # error counters count each row once (in part 0). Rows past bs read as empty.
+    group = first + tl.arange(0, ROWS)
+    in_batch = group < bs
+    group_lens = tl.load(seq_lens_ptr + group, mask=in_batch, other=0)
+    # Clamped in the loaded dtype before any narrowing: a negative length writes nothing and
+    # an overlong one stops at the row's capacity.
+    group_tokens = tl.minimum(tl.maximum(group_lens, 0), capacity)
+    if ROW_I32:
+        group_tokens = group_tokens.to(tl.int32)
+    else:
+        group_tokens = group_tokens.to(tl.int64)
+    n_blocks = tl.max((group_tokens + (PAGE_SIZE * BLOCK - 1)) // (PAGE_SIZE * BLOCK), axis=0)
 
     if HAS_ERRORS:
         if part == 0:
-            tl.atomic_add(errors_ptr + ERR_OVER_CAPACITY, (seq_len > capacity).to(tl.int32))
-            tl.atomic_add(errors_ptr + ERR_NEGATIVE, (seq_len < 0).to(tl.int32))
-            tl.atomic_add(errors_ptr + ERR_BAD_REQ_INDEX, (req != req_clamped).to(tl.int32))
+            group_reqs = tl.load(req_pool_indices_ptr + group, mask=in_batch, other=0)
+            over = (group_lens > capacity).to(tl.int32)
+            negative = (group_lens < 0).to(tl.int32)
+            bad_req = ((group_reqs < 0) | (group_reqs >= r2t_rows)).to(tl.int32)
+            tl.atomic_add(errors_ptr + ERR_OVER_CAPACITY, tl.sum(over, axis=0))
+            tl.atomic_add(errors_ptr + ERR_NEGATIVE, tl.sum(negative, axis=0))
+            tl.atomic_add(errors_ptr + ERR_BAD_REQ_INDEX, tl.sum(bad_req, axis=0))
 
-    # Clamped in the loaded dtype before any narrowing: a negative length writes nothing and
-    # an overlong one stops at the row's capacity.
+    # One tile per pass: for each of the ROWS rows, blocks blk, blk + C, ...,
+    # blk + (UNROLL - 1) C, whose loads are all issued before the first store. Kept
+    # one-dimensional so that the gather and the store share a register layout (a 2-D tile
+    # gets two, and a shared-memory shuffle with barriers between them). Each lane loads its
+    # own row's length and request: lanes of one row read one address, one transaction.
+    flat = tl.arange(0, ROWS * UNROLL * BLOCK)
+    row = first + flat // (UNROLL * BLOCK)
+    pos = flat % (UNROLL * BLOCK)
+    tile = (pos // BLOCK) * (parts * BLOCK) + pos % BLOCK
+    lane_in_batch = row < bs
+    seq_len = tl.load(seq_lens_ptr + row, mask=lane_in_batch, other=0)
+    req = tl.load(req_pool_indices_ptr + row, mask=lane_in_batch, other=0).to(tl.int64)
+    # Clamp, never trust: an index outside req_to_token would read another allocation.
+    req = tl.minimum(tl.maximum(req, 0), r2t_rows - 1)
     tokens = tl.minimum(tl.maximum(seq_len, 0), capacity)
-    # One tile of in-row page offsets: blocks blk, blk + C, ..., blk + (UNROLL - 1) C, whose
-    # loads are all issued before the first store. Kept one-dimensional so that the gather
-    # and the store share a register layout (a 2-D tile gets two, and a shared-memory
-    # shuffle with barriers between them).
-    flat = tl.arange(0, UNROLL * BLOCK)
-    tile = (flat // BLOCK) * (parts * BLOCK) + flat % BLOCK
     if ROW_I32:
         n_pages = (tokens.to(tl.int32) + PAGE_SIZE - 1) // PAGE_SIZE
         blk = part
@@ -522,10 +590,9 @@ def _page_table_kernel(
         tile = tile.to(tl.int64)
         blk = part.to(tl.int64)
 
-    r2t_row = req_to_token_ptr + req_clamped * r2t_stride
+    r2t_row = req_to_token_ptr + req * r2t_stride
     pt_row = page_table_ptr + row.to(tl.int64) * pt_stride
     swa_row = swa_page_table_ptr + row.to(tl.int64) * swa_stride
-    n_blocks = (n_pages + BLOCK - 1) // BLOCK
     # A while loop rather than range(): the bound is a loaded value, and the interpreter
     # accepts only the while form for that.
     while blk < n_blocks:
