@@ -256,6 +256,26 @@ def _planned_kernel(
         b += parts * U
 
 
+def _row_group_args(r2t, rpi, sl, pt, ps, max_pages, swa_page_table, full_to_swa) -> tuple:
+    """The positional arguments shared by ``_planned_kernel`` and ``_multirow_kernel``: the six
+    tensors (unused ones alias ``pt``), the strides and bounds, and the batch size."""
+    has_swa = full_to_swa is not None
+    return (
+        r2t,
+        rpi,
+        sl,
+        pt,
+        swa_page_table if has_swa else pt,
+        full_to_swa if has_swa else pt,
+        r2t.stride(0),
+        r2t.shape[0],
+        pt.stride(0),
+        max_pages * ps,
+        full_to_swa.shape[0] if has_swa else 1,
+        pt.shape[0],
+    )
+
+
 def planned(spec: str):
     """A builder for ``p:flag+flag+...``: ``bN`` block pages, ``pN`` cap on programs per row
     group, ``rN`` rows per group, ``wN`` warps, ``ld`` (a block's row length and request
@@ -284,22 +304,10 @@ def planned(spec: str):
         max_pages = min(width, cdiv(r2t.shape[1], ps))
         groups = cdiv(bs, rows)
         p = max(1, min(cdiv(min(bs, rows) * cdiv(max_pages, block), unroll), cap))
-        has_swa = full_to_swa is not None
         _planned_kernel[(p, groups)](
-            r2t,
-            rpi,
-            sl,
-            pt,
-            swa_page_table if has_swa else pt,
-            full_to_swa if has_swa else pt,
-            r2t.stride(0),
-            r2t.shape[0],
-            pt.stride(0),
-            max_pages * ps,
-            full_to_swa.shape[0] if has_swa else 1,
-            bs,
+            *_row_group_args(r2t, rpi, sl, pt, ps, max_pages, swa_page_table, full_to_swa),
             PAGE_SIZE=ps,
-            HAS_SWA=has_swa,
+            HAS_SWA=full_to_swa is not None,
             BLOCK=block,
             ROWS=rows,
             LD=ld,
@@ -370,22 +378,10 @@ def multirow(spec: str):
         max_pages = min(width, cdiv(r2t.shape[1], ps))
         groups = cdiv(bs, rows)
         c = max(1, min(cdiv(max_pages, block * unroll), target // groups))
-        has_swa = full_to_swa is not None
         _multirow_kernel[(c, groups)](
-            r2t,
-            rpi,
-            sl,
-            pt,
-            swa_page_table if has_swa else pt,
-            full_to_swa if has_swa else pt,
-            r2t.stride(0),
-            r2t.shape[0],
-            pt.stride(0),
-            max_pages * ps,
-            full_to_swa.shape[0] if has_swa else 1,
-            bs,
+            *_row_group_args(r2t, rpi, sl, pt, ps, max_pages, swa_page_table, full_to_swa),
             PAGE_SIZE=ps,
-            HAS_SWA=has_swa,
+            HAS_SWA=full_to_swa is not None,
             BLOCK=block,
             U=unroll,
             R=rows,
