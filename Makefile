@@ -1,4 +1,4 @@
-# pagegraph: make test | run | lint | bench | profile | soak | fuzz | sanitize
+# pagegraph: make test | run | lint | bench | profile | soak | fuzz | mutate | sanitize
 #
 # With an interpreter that already has torch, triton and pytest (a GPU machine), everything
 # runs with it and nothing is installed. Otherwise a virtual environment is made in .venv,
@@ -19,7 +19,7 @@ export PYTHONUNBUFFERED := 1
 SCENARIO ?= graphs/default.toml
 PYTEST := $(PY) -m pytest -p no:cacheprovider --durations=15
 
-.PHONY: test run lint format bench profile soak fuzz sanitize clean setup
+.PHONY: test run lint format bench profile soak fuzz mutate sanitize clean setup
 
 setup: $(SETUP)
 
@@ -31,10 +31,12 @@ setup: $(SETUP)
 	.venv/bin/python -m pip install -q numpy nvtx pytest pytest-benchmark hypothesis matplotlib ruff
 	touch $@
 
-# Several local GPUs: one pytest-xdist worker per GPU (tests/conftest.py pins each worker).
+# With CUDA and pytest-xdist: several workers (at least one per GPU, tests/conftest.py pins
+# each worker to one; four on a single GPU, which the suite's small kernels share).
 test: $(SETUP)
 	@n=$$($(PY) -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0); \
-	x=""; if [ "$${n:-0}" -gt 1 ] && $(PY) -c "import xdist" 2>/dev/null; then x="-n $$n"; fi; \
+	x=""; if [ "$${n:-0}" -ge 1 ] && $(PY) -c "import xdist" 2>/dev/null; then \
+	  x="-n $$(( n > 4 ? n : 4 ))"; fi; \
 	echo "$(PYTEST) tests $$x"; $(PYTEST) tests $$x
 
 run: $(SETUP)
@@ -42,7 +44,7 @@ run: $(SETUP)
 	$(PY) -m pagegraph check $(SCENARIO)
 
 lint: $(SETUP)
-	$(PY) -m ruff check src tests benchmarks
+	$(PY) -m ruff check src tests benchmarks tools
 	$(PY) -m ruff format --check src tests benchmarks
 
 format: $(SETUP)
@@ -56,9 +58,16 @@ bench: $(SETUP)
 profile: $(SETUP)
 	$(PY) -m pagegraph profile $(SCENARIO) --out profiles
 
+SOAK_REPLAYS ?= 100000
 soak: $(SETUP)
-	$(PY) -m pagegraph check graphs/sglang-h200.toml --replays 10000 --detectors auto
-	$(PY) -m pagegraph check graphs/swa-hybrid.toml --replays 10000 --detectors cupti
+	$(PY) -m pagegraph check graphs/sglang-h200.toml --replays $(SOAK_REPLAYS) --detectors cupti --json profiles/soak-sglang-h200.json
+	$(PY) -m pagegraph check graphs/swa-hybrid.toml --replays $(SOAK_REPLAYS) --detectors cupti --json profiles/soak-swa-hybrid.json
+
+# The checker against the mutant zoo: every mutant must die, the controls stay SAFE.
+MUTATE_SCENARIOS ?= $(wildcard graphs/*.toml)
+MUTATE_JOBS ?= 4
+mutate: $(SETUP)
+	$(PY) -m pagegraph mutate $(MUTATE_SCENARIOS) --jobs $(MUTATE_JOBS) --json profiles/mutate.json --markdown profiles/mutate.md
 
 fuzz: $(SETUP)
 	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-gpu} $(PYTEST) tests -k "property or fuzz"

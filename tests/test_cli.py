@@ -1,11 +1,15 @@
 """Invariant: `pagegraph check` exits 0 only when every check it could run passed, says which
-GPU-only checks were skipped, and exits 2 on bad usage."""
+checks were skipped and why, exits 2 on bad usage (or a scenario that cannot fit) before
+running anything, and when interrupted still writes what it checked, marked incomplete."""
 
 from __future__ import annotations
 
 import json
+import os
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 import pytest
@@ -26,12 +30,14 @@ def test_check_default_scenario(tmp_path, capsys):
     )
     text = capsys.readouterr().out
     assert code == 0, text
-    assert "| bucket | replays | mismatches | syncs | oob writes |" in text
+    assert "| bucket | replays | out of contract | mismatches | oob writes |" in text
+    assert "| property | covers | status | detail |" in text
     assert "verdict: SAFE" in text
     if not CUDA:
-        assert "skipped, need a GPU" in text
-        assert "| sync-free replay path | skip |" in text
+        assert "| sync-free replay path | runner (with graphs); runner + builder (eager) | skip "
+        assert "needs a GPU" in text
     doc = json.loads(out_json.read_text())
+    assert doc["complete"] is True and doc["interrupted"] is None
     sc = doc["scenarios"][0]
     assert sc["name"] == "default" and sc["safe"] and sc["replays"] == 12
     assert doc["environment"]["torch"] == torch.__version__
@@ -51,11 +57,14 @@ def test_check_unsafe_builder_exits_1(capsys):
         ["check", DEFAULT, "--builder", "no.such.module:fn"],
         ["check", DEFAULT, "--replays", "0"],
         ["check", DEFAULT, "--detectors", "strace"],
+        ["check", DEFAULT, "--detectors", "torch,strace"],
+        ["mutate", DEFAULT, "--mutant", "no_such_mutant"],
     ],
 )
-def test_check_bad_usage_exits_2(argv, capsys):
+def test_bad_usage_exits_2(argv, capsys):
     assert main(argv) == 2
-    assert "pagegraph check:" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "pagegraph check:" in err or "pagegraph mutate:" in err
 
 
 @pytest.mark.skipif(CUDA, reason="on a GPU machine the detectors exist")
@@ -64,12 +73,23 @@ def test_explicit_detector_without_gpu_exits_2(capsys):
     assert "torch" in capsys.readouterr().err
 
 
+def test_a_scenario_that_does_not_fit_exits_2_before_allocating(tmp_path, capsys):
+    huge = tmp_path / "huge.toml"
+    huge.write_text(
+        "[graph]\nmax_bs = 64\nmax_context_len = 1099511627776\npage_size = 64\n"
+        "[pool]\nmax_reqs = 64\nnum_pages = 1000\n"
+    )
+    assert main(["check", str(huge)]) == 2
+    err = capsys.readouterr().err
+    assert "does not fit" in err and "GiB" in err and "available" in err
+
+
 def test_python_dash_m_entry_point():
     proc = subprocess.run(
         [sys.executable, "-m", "pagegraph", "--help"], capture_output=True, text=True, timeout=120
     )
     assert proc.returncode == 0
-    for sub in ("check", "bench", "trace", "profile", "kernel-table", "sync-table"):
+    for sub in ("check", "mutate", "bench", "trace", "profile", "kernel-table", "sync-table"):
         assert sub in proc.stdout
 
 
@@ -78,3 +98,41 @@ def test_kernel_table(capsys):
     out = capsys.readouterr().out
     assert "| bs | max context | page size | SWA | exact | eager us |" in out
     assert "| NO |" not in out
+
+
+def _env() -> dict:
+    env = dict(os.environ)
+    env["PYTHONPATH"] = os.pathsep.join([str(ROOT / "src"), env.get("PYTHONPATH", "")])
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+@pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
+def test_an_interrupted_check_writes_its_reports_marked_incomplete(tmp_path, sig, code):
+    out_json, out_md = tmp_path / "r.json", tmp_path / "r.md"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "pagegraph", "check", DEFAULT, "--replays", "100000",
+         "--json", str(out_json), "--markdown", str(out_md)],
+        env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+    )  # fmt: skip
+    # Wait until replays are running (the progress bar shows on stderr), then interrupt.
+    deadline = time.monotonic() + 120
+    seen = ""
+    while time.monotonic() < deadline and "/100000" not in seen:
+        seen += proc.stderr.read(1)
+    assert "/100000" in seen, "the check never started replaying"
+    time.sleep(1.0)
+    proc.send_signal(sig)
+    out, _ = proc.communicate(timeout=120)
+    assert proc.returncode == code, out[-2000:]
+    doc = json.loads(out_json.read_text())  # valid JSON, written atomically
+    assert doc["complete"] is False and doc["interrupted"] == int(sig)
+    sc = doc["scenarios"][0]
+    assert 0 < sc["replays"] < 100000 and sc["complete"] is False
+    assert "interrupted by" in sc["stopped"]
+    statuses = {p["name"]: p["status"] for p in sc["properties"]}
+    assert statuses["correct"] == "incomplete" and statuses["replays completed"] == "incomplete"
+    assert sc["verdict"] == "INCOMPLETE"
+    assert "Incomplete" in out_md.read_text()
+    assert "interrupted by" in out
+    assert not list(tmp_path.glob(".*.tmp")), "no temporary file left behind"

@@ -1,4 +1,7 @@
-"""Invariant: every kernel variant compiles for sm_90, on a machine without a GPU.
+"""Invariant: every kernel variant the contract allows compiles for sm_90, on a machine without
+a GPU: every dtype of req_to_token, req_pool_indices, seq_lens and full_to_swa (or none),
+with and without the error counters, 32- and 64-bit in-row offsets, page sizes from 1 to 256,
+the work counter, and every bug of the mutant kernel.
 
 The Triton interpreter accepts programs the compiler rejects (globals that are not constexpr,
 some loop forms, dtype mixes), so CI also compiles each specialisation for Hopper. Triton's
@@ -18,25 +21,27 @@ import sys
 import pytest
 
 INT = {"int32": "i32", "int64": "i64"}
-# (req_to_token dtype, index dtype, SWA, errors, page size, 32-bit in-row offsets)
+PAGE_SIZES = [1, 3, 16, 64, 256]
+# (req_to_token, req_pool_indices, seq_lens, full_to_swa or None, errors, 32-bit offsets,
+#  work counter, page size): the full product of the dtypes and flags, page sizes cycled.
 VARIANTS = [
-    (r, i, s, e, p, True)
-    for r, i, s, e, p in itertools.product(INT, INT, [False, True], [False, True], [64, 1])
-    if not (p == 1 and e)
-] + [
-    ("int64", "int64", True, True, 3, False),
-    ("int32", "int32", False, False, 16, False),
-]
+    (r, i, s_, f, e, narrow, False, PAGE_SIZES[k % len(PAGE_SIZES)])
+    for k, (r, i, s_, f, e, narrow) in enumerate(
+        itertools.product(INT, INT, INT, [None, "int32", "int64"], [False, True], [True, False])
+    )
+] + [("int32", "int32", "int32", None, False, True, True, 16),
+     ("int64", "int64", "int32", "int64", True, False, True, 64)]  # fmt: skip
 
 
 def variant_id(v) -> str:
-    r, i, s, e, p, narrow = v
-    return f"r2t_{r}-idx_{i}-{'swa' if s else 'full'}-{'err' if e else 'noerr'}-ps{p}" + (
-        "" if narrow else "-row64"
+    r, i, s_, f, e, narrow, work, p = v
+    return (
+        f"r2t_{r}-rpi_{i}-sl_{s_}-{'f2s_' + f if f else 'full'}-{'err' if e else 'noerr'}"
+        f"-ps{p}{'' if narrow else '-row64'}{'-work' if work else ''}"
     )
 
 
-def compile_variant(r2t, idx, has_swa, has_errors, page_size, row_i32) -> dict:
+def compile_variant(r2t, rpi, sl, f2s, has_errors, row_i32, has_work, page_size) -> dict:
     """Compile one specialisation for sm_90; return facts about the output."""
     import triton
     from triton.backends.compiler import GPUTarget
@@ -50,14 +55,16 @@ def compile_variant(r2t, idx, has_swa, has_errors, page_size, row_i32) -> dict:
         _page_table_kernel,
     )
 
+    has_swa = f2s is not None
     sig = {
         "req_to_token_ptr": "*" + INT[r2t],
-        "req_pool_indices_ptr": "*" + INT[idx],
-        "seq_lens_ptr": "*" + INT[idx],
+        "req_pool_indices_ptr": "*" + INT[rpi],
+        "seq_lens_ptr": "*" + INT[sl],
         "page_table_ptr": "*i32",
         "swa_page_table_ptr": "*i32",
-        "full_to_swa_ptr": "*i64" if has_swa else "*i32",
+        "full_to_swa_ptr": "*" + INT[f2s] if has_swa else "*i32",
         "errors_ptr": "*i32",
+        "work_ptr": "*i32",
         "r2t_stride": "i64",
         "r2t_rows": "i32",
         "pt_stride": "i32",
@@ -72,6 +79,7 @@ def compile_variant(r2t, idx, has_swa, has_errors, page_size, row_i32) -> dict:
         "BLOCK": "constexpr",
         "UNROLL": "constexpr",
         "ROWS": "constexpr",
+        "HAS_WORK": "constexpr",
     }
     names = list(sig)
     constexprs = {
@@ -82,6 +90,7 @@ def compile_variant(r2t, idx, has_swa, has_errors, page_size, row_i32) -> dict:
         (names.index("BLOCK"),): BLOCK_PAGES,
         (names.index("UNROLL"),): UNROLL,
         (names.index("ROWS"),): ROWS_PER_PROGRAM,
+        (names.index("HAS_WORK"),): has_work,
     }
     src = ASTSource(fn=_page_table_kernel, signature=sig, constexprs=constexprs)
     out = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": NUM_WARPS})
@@ -94,6 +103,36 @@ def compile_variant(r2t, idx, has_swa, has_errors, page_size, row_i32) -> dict:
     }
 
 
+def compile_mutant(bug: int, swa: bool) -> dict:
+    """The mutant zoo's kernel with one bug switched in (they run only through the JIT on a
+    GPU: compiling them here keeps a broken mutant from passing as "killed")."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from pagegraph.mutants import BLOCK, HARD_CODED, _mutant_kernel
+
+    sig = {
+        "req_to_token_ptr": "*i64", "req_pool_indices_ptr": "*i64", "seq_lens_ptr": "*i64",
+        "page_table_ptr": "*i32", "swa_page_table_ptr": "*i32",
+        "full_to_swa_ptr": "*i32", "errors_ptr": "*i32", "r2t_stride": "i64",
+        "r2t_rows": "i32", "pt_stride": "i32", "swa_stride": "i32", "width": "i32",
+        "r2t_pages": "i32", "f2s_len": "i64", "bs": "i32", "PAGE_SIZE": "constexpr",
+        "HAS_SWA": "constexpr", "HAS_ERRORS": "constexpr", "BUG": "constexpr",
+        "HARD_PS": "constexpr", "BLOCK": "constexpr",
+    }  # fmt: skip
+    names = list(sig)
+    values = {"PAGE_SIZE": 16, "HAS_SWA": swa, "HAS_ERRORS": True, "BUG": bug,
+              "HARD_PS": HARD_CODED, "BLOCK": BLOCK}  # fmt: skip
+    constexprs = {(names.index(k),): v for k, v in values.items()}
+    src = ASTSource(fn=_mutant_kernel, signature=sig, constexprs=constexprs)
+    out = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    return {"cubin_bytes": len(out.asm["cubin"]), "sm90": ".target sm_90" in out.asm["ptx"]}
+
+
+MUTANT_BUGS = list(range(0, 19))
+
+
 def compile_all() -> dict:
     results = {}
     for v in VARIANTS:
@@ -101,6 +140,13 @@ def compile_all() -> dict:
             results[variant_id(v)] = compile_variant(*v)
         except Exception as exc:  # reported per variant by the test
             results[variant_id(v)] = {"error": f"{type(exc).__name__}: {exc}"}
+    for bug in MUTANT_BUGS:
+        for swa in (False, True):
+            key = f"mutant-{bug}-{'swa' if swa else 'full'}"
+            try:
+                results[key] = compile_mutant(bug, swa)
+            except Exception as exc:
+                results[key] = {"error": f"{type(exc).__name__}: {exc}"}
     return results
 
 
@@ -123,14 +169,34 @@ def test_compiles_for_sm90(compiled, variant):
     result = compiled[variant_id(variant)]
     assert "error" not in result, result.get("error")
     assert result["sm90"] and result["cubin_bytes"] > 0
-    has_errors = variant[3]
-    # The error counters are compiled out unless requested: zero cost when not asked for.
-    assert result["atomics"] == has_errors
+    has_swa, has_errors, has_work = variant[3] is not None, variant[4], variant[6]
+    # The error counters and the work counter are compiled out unless requested: zero cost
+    # when not asked for.
+    assert result["atomics"] == (has_errors or has_work)
     # One register layout from gather to store: no shared-memory shuffle between them (the
     # SWA error count is a block reduction, which may use shared memory).
-    if not (variant[2] and has_errors):
+    if not (has_swa and has_errors):
         assert not result["shared_memory"]
+
+
+@pytest.mark.parametrize("bug", MUTANT_BUGS)
+@pytest.mark.parametrize("swa", [False, True], ids=["full", "swa"])
+def test_mutant_kernel_compiles_for_sm90(compiled, bug, swa):
+    result = compiled[f"mutant-{bug}-{'swa' if swa else 'full'}"]
+    assert "error" not in result, result.get("error")
+    assert result["sm90"] and result["cubin_bytes"] > 0
 
 
 if __name__ == "__main__":
     print(json.dumps(compile_all()))
+
+
+def test_every_dtype_and_flag_combination_is_compiled():
+    """The variants above cover the contract's whole product of dtypes and flags (a variant
+    left out, like an int32 full_to_swa, would reach users uncompiled by CI)."""
+    have = {v[:6] for v in VARIANTS}
+    want = set(
+        itertools.product(INT, INT, INT, [None, "int32", "int64"], [False, True], [True, False])
+    )
+    assert want <= have, sorted(want - have)[:5]
+    assert {v[7] for v in VARIANTS} == set(PAGE_SIZES) and any(v[6] for v in VARIANTS)

@@ -24,7 +24,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 GPU_PROFILE = os.environ.get("HYPOTHESIS_PROFILE") == "gpu"
 # Under the interpreter (CI) 2,000 kernel examples; the compiled kernel on a GPU gets 300 in
 # `make test` (each example costs a launch and a host read there) and 20,000 in `make fuzz`.
-KERNEL_EXAMPLES = 20_000 if GPU_PROFILE else (300 if DEVICE == "cuda" else 2_000)
+KERNEL_EXAMPLES = 20_000 if GPU_PROFILE else (300 if DEVICE == "cuda" else 1_000)
 WORKLOAD_EXAMPLES = 300 if GPU_PROFILE else 40
 INDEX = st.sampled_from([torch.int32, torch.int64])
 

@@ -108,15 +108,15 @@ MORE_MISTAKES = [
 ]
 
 
-@pytest.mark.gpu
 @pytest.mark.parametrize(
     "arg,make_bad,exc,text",
     MISTAKES + MORE_MISTAKES,
     ids=[f"{m[0]}-{i}" for i, m in enumerate(MISTAKES + MORE_MISTAKES)],
 )
-def test_gpu_fast_metadata_path_never_accepts_a_mistake(arg, make_bad, exc, text):
+def test_fast_metadata_path_never_accepts_a_mistake(arg, make_bad, exc, text):
     """The one-pass check that eager calls take must hand every mistake to the full checks,
-    which must then raise it."""
+    which must then raise it (on a CPU the fast path declines every call, and the full
+    checks must still raise)."""
     from pagegraph.contract import check_builder_args, cuda_call_metadata
 
     args, kw = good_args()
@@ -231,8 +231,11 @@ def test_static_buffers_that_do_not_fit_name_their_sizes():
 
 
 @pytest.mark.gpu
-def test_gpu_two_runners_on_two_streams_alternate():
-    """Two runners, each replaying on its own stream, alternately: both stay exact."""
+def test_gpu_two_runners_replay_concurrently_on_two_streams():
+    """Two runners, each on its own stream, replaying back to back with no host read in
+    between, so their replays really overlap on the device; each replay's tables (both, for
+    the SWA runner) are snapshotted on its own stream and compared with the asked batches
+    only at the end."""
     from pagegraph.checker import POISON, expected_tables
 
     runners = []
@@ -248,25 +251,65 @@ def test_gpu_two_runners_on_two_streams_alternate():
             full_to_swa=pool.full_to_swa,
         )
         runner.capture()
-        rows = [pool.alloc(int(n)) for n in torch.randint(1, 8000, (32,))]
+        gen = torch.Generator().manual_seed(seed)
+        rows = [pool.alloc(int(n)) for n in torch.randint(1, 8000, (32,), generator=gen)]
         pool.flush()
         runners.append((pool, runner, rows, torch.cuda.Stream()))
+    torch.cuda.synchronize()
+    replays = 40
+    snaps = [
+        torch.empty((replays, 2, 32, runner.max_num_pages), dtype=torch.int32, device="cuda")
+        for _, runner, _, _ in runners
+    ]
+    asked = [[], []]
     gen = torch.Generator().manual_seed(3)
-    for i in range(40):
-        pool, runner, rows, stream = runners[i % 2]
-        n = int(torch.randint(1, 33, (1,), generator=gen))
-        rpi, sl = pool.batch(rows[:n])
-        with torch.cuda.stream(stream):
-            runner.page_table.fill_(POISON)
-            runner.replay(rpi, sl)
-            bucket = runner.last_bucket
-            want, _ = expected_tables(
+    for i in range(replays):
+        for k, (pool, runner, rows, stream) in enumerate(runners):
+            n = int(torch.randint(1, 33, (1,), generator=gen))
+            rpi, sl = pool.batch(rows[:n])
+            asked[k].append((rpi, sl))
+            with torch.cuda.stream(stream):
+                runner.page_table.fill_(POISON)
+                if runner.swa_page_table is not None:
+                    runner.swa_page_table.fill_(POISON)
+                runner.replay(rpi, sl)
+                snaps[k][i, 0].copy_(runner.page_table)
+                if runner.swa_page_table is not None:
+                    snaps[k][i, 1].copy_(runner.swa_page_table)
+    torch.cuda.synchronize()
+    for k, (pool, runner, _, _) in enumerate(runners):
+        for i, (rpi, sl) in enumerate(asked[k]):
+            n = len(sl)
+            want, want_swa = expected_tables(
                 pool.req_to_token,
-                runner.req_pool_indices[:bucket],
-                runner.seq_lens[:bucket],
+                torch.tensor(rpi, device="cuda"),
+                torch.tensor(sl, device="cuda"),
                 runner.max_num_pages,
                 16,
+                pool.full_to_swa,
             )
-            assert torch.equal(runner.page_table[:bucket], want)
-    for _, runner, _, _ in runners:
+            assert torch.equal(snaps[k][i, 0, :n], want), (k, i)
+            if want_swa is not None:
+                assert torch.equal(snaps[k][i, 1, :n], want_swa), (k, i)
         runner.close()
+
+
+def test_out_of_memory_during_capture_names_the_bucket_and_sizes():
+    from pagegraph import check_replay_safety
+    from pagegraph.runner import CaptureOutOfMemory
+
+    def oom_builder(req_to_token, req_pool_indices, seq_lens, page_table, page_size, **kw):
+        if page_table.shape[0] == 4:
+            raise torch.OutOfMemoryError("CUDA out of memory (simulated)")
+        build_page_table(req_to_token, req_pool_indices, seq_lens, page_table, page_size, **kw)
+
+    pool = KVPool(max_reqs=9, max_context_len=64, page_size=16, device=DEV)
+    runner = GraphRunner(pool.req_to_token, max_bs=8, max_context_len=64, page_size=16,
+                         buckets=[2, 4, 8], builder=oom_builder)  # fmt: skip
+    with pytest.raises(CaptureOutOfMemory, match=r"bucket 4: 1 page table\(s\) of \[4, 4\]"):
+        runner.capture()
+    report = check_replay_safety(oom_builder, max_bs=8, max_context_len=64, page_size=16,
+                                 buckets=[2, 4, 8], steps=3)  # fmt: skip
+    assert report.property("capture").passed is False
+    assert "out of memory during" in report.property("capture").detail
+    assert "bucket 4" in report.property("capture").detail

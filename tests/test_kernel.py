@@ -297,3 +297,37 @@ def test_gpu_one_compile_across_batch_sizes():
         run_against_reference(r2t, rpi[:bs], sl[:bs], 128, 64)
         build_page_table(r2t, rpi[:bs], sl[:bs], pt[:bs], 64)
     assert compiled_variants() == before
+
+
+@pytest.mark.gpu
+@pytest.mark.parametrize("swa", [False, True], ids=["full", "swa"])
+def test_gpu_eager_call_allocates_nothing_and_syncs_for_no_detector(swa):
+    """The eager builder (and a prepared one): no allocator event and no sync seen by any
+    detector that runs here (torch's sync-debug mode is blind to Triton's launcher and to
+    driver calls; CUPTI sees those), after the first, compiling call."""
+    from pagegraph import prepare_build
+    from pagegraph.sync import available_detectors, no_device_sync
+
+    detectors = tuple(name for name, why in available_detectors().items() if why is None)
+    assert "torch" in detectors
+    gen = torch.Generator().manual_seed(31)
+    r2t, rpi, sl, f2s = random_inputs(
+        gen, bs=64, rows=70, ctx=8192, page_size=16, lengths=[1, 4000, 8192, 9000],
+        swa=swa, device="cuda",
+    )  # fmt: skip
+    pt = torch.zeros((64, 512), dtype=torch.int32, device="cuda")
+    kw = {"swa_page_table": torch.zeros_like(pt), "full_to_swa": f2s} if swa else {}
+    errors = torch.zeros(len(ERROR_KINDS), dtype=torch.int32, device="cuda")
+    build_page_table(r2t, rpi, sl, pt, 16, errors=errors, **kw)
+    prepared = prepare_build(r2t, rpi, sl, pt, 16, errors=errors, **kw)
+    prepared()
+    torch.cuda.synchronize()
+    before = torch.cuda.memory_stats()["allocation.all.allocated"]
+    with no_device_sync(detectors) as rec:
+        for _ in range(5):
+            build_page_table(r2t, rpi, sl, pt, 16, errors=errors, **kw)
+            prepared()
+            prepared(bs=17)
+    assert rec.detectors == detectors
+    torch.cuda.synchronize()
+    assert torch.cuda.memory_stats()["allocation.all.allocated"] == before

@@ -4,11 +4,12 @@ into distinct SWA pages, and freed or evicted slots map to 0."""
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
 from pagegraph.pool import KVPool, PoolExhausted
-from pagegraph.workload import DecodeWorkload
+from pagegraph.workload import DecodeWorkload, Injection
 
 
 def check_pool(pool: KVPool) -> None:
@@ -122,3 +123,72 @@ def test_workload_keeps_pool_consistent_and_moves_across_buckets(draft, swa):
     assert min(sizes) < max(sizes), "batch size must move"
     assert reached_cap, "some request must reach exact capacity"
     assert shrunk, "a reused row must come back shorter"
+
+
+@pytest.mark.parametrize(
+    "layout",
+    [
+        {"extra_cols": 7, "storage_offset": 13},
+        {"dtype": torch.int64, "full_to_swa_dtype": torch.int32},
+    ],
+    ids=["r2t-view", "dtypes"],
+)
+def test_layouts_keep_the_pool_consistent(layout):
+    pool = KVPool(max_reqs=9, max_context_len=80, page_size=8, swa=True, seed=4, **layout)
+    if "storage_offset" in layout:
+        assert pool.req_to_token.storage_offset() == 13
+        assert pool.req_to_token.shape == (10, 87)
+    work = DecodeWorkload(pool, max_bs=8, steps=30, seed=2, swa_window=24, swa_churn=0.5)
+    for _ in work:
+        check_pool(pool)
+    assert pool.req_to_token.dtype == layout.get("dtype", torch.int32)
+    assert pool.full_to_swa.dtype == layout.get("full_to_swa_dtype", torch.int64)
+
+
+def test_grow_matches_one_extend_per_row():
+    a = KVPool(max_reqs=6, max_context_len=64, page_size=4, seed=3)
+    b = KVPool(max_reqs=6, max_context_len=64, page_size=4, seed=3)
+    rows_a = [a.alloc(n) for n in (3, 4, 9, 1)]
+    rows_b = [b.alloc(n) for n in (3, 4, 9, 1)]
+    a.grow(np.asarray(rows_a), np.asarray([1, 5, 0, 8]))
+    for row, k in zip(rows_b, (1, 5, 0, 8)):
+        b.extend(row, k)
+    a.flush()
+    b.flush()
+    assert torch.equal(a.req_to_token, b.req_to_token)
+    assert [a.requests[r].length for r in rows_a] == [4, 9, 9, 9]
+    check_pool(a)
+
+
+def test_injected_values_leave_the_pool_and_its_evolution_unchanged():
+    def run(inject):
+        pool = KVPool(max_reqs=13, max_context_len=96, page_size=8, seed=1)
+        work = DecodeWorkload(pool, max_bs=12, steps=40, seed=9, inject=inject)
+        steps = [(s.req_pool_indices, s.seq_lens) for s in work]
+        return steps, pool.req_to_token.clone()
+
+    plain, r2t_plain = run(None)
+    hostile, r2t_hostile = run(Injection(overlong=0.5, negative=0.3, zero=0.3, bad_index=0.3))
+    assert torch.equal(r2t_plain, r2t_hostile), "injections must not change the pool"
+    changed = [(p, h) for p, h in zip(plain, hostile) if p != h]
+    assert changed, "some batch must carry injected values"
+    seen = {"overlong": False, "negative": False, "zero": False, "bad_index": False}
+    for (p_rpi, p_sl), (h_rpi, h_sl) in zip(plain, hostile):
+        assert len(p_sl) == len(h_sl)
+        for a, b in zip(p_sl, h_sl):
+            assert a == b or b > 96 or b <= 0
+            seen["overlong"] |= b > 96
+            seen["negative"] |= b < 0
+            seen["zero"] |= b == 0 and a != 0
+        for a, b in zip(p_rpi, h_rpi):
+            assert a == b or not 0 <= b < 14
+            seen["bad_index"] |= a != b
+    assert all(seen.values()), seen
+
+
+def test_committed_lengths_leave_out_the_draft_tokens():
+    pool = KVPool(max_reqs=5, max_context_len=200, page_size=8, seed=1)
+    work = DecodeWorkload(pool, max_bs=4, steps=5, seed=1, draft_tokens=3, committed_lengths=True)
+    for step in work:
+        for row, n in zip(step.req_pool_indices, step.seq_lens):
+            assert n == max(pool.requests[row].length - 3, 0)

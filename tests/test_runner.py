@@ -35,16 +35,28 @@ def make(max_bs=12, ctx=200, ps=16, swa=False, seed=0, **kw):
     return pool, runner
 
 
-def check_replay(runner, pool, n):
-    bucket = runner.last_bucket
+def check_replay(runner, pool, rpi, sl, bucket, stale_rpi):
+    """The tables must hold what the *asked* batch gives (never what the runner staged):
+    rows ``:n`` from ``(rpi, sl)``, rows ``n:bucket`` padded by the runner's policy (stale
+    request indices taken from ``stale_rpi``, the static buffer before the replay), poison
+    past the bucket."""
+    n = len(sl)
+    policy = runner.padding
+    want_rpi = torch.as_tensor(stale_rpi[:bucket]).to(torch.int64).clone()
+    want_rpi[:n] = torch.as_tensor(list(rpi))
+    if policy.req_pool_index is not None:
+        want_rpi[n:bucket] = policy.req_pool_index
+    want_sl = torch.full((bucket,), policy.seq_len, dtype=torch.int64)
+    want_sl[:n] = torch.as_tensor(list(sl))
     want, want_swa = expected_tables(
         pool.req_to_token,
-        runner.req_pool_indices[:bucket],
-        runner.seq_lens[:bucket],
+        want_rpi.to(DEVICE),
+        want_sl.to(DEVICE),
         runner.max_num_pages,
         runner.page_size,
         pool.full_to_swa,
     )
+    assert runner.last_bucket == bucket
     assert_equal_tables(runner.page_table[:bucket], want, "page_table")
     assert_equal_tables(
         runner.page_table[bucket:],
@@ -74,6 +86,7 @@ def test_staging_and_padding(kind, padding):
         )
     runner.page_table.fill_(POISON)
     runner.swa_page_table.fill_(POISON)
+    asked = pool.batch(rows)
     pt, swa = runner.replay(rpi, sl)
     assert pt.shape == (5, runner.max_num_pages) and swa.shape == pt.shape
     assert pt.data_ptr() == runner.page_table.data_ptr(), "a view of the static buffer"
@@ -85,7 +98,7 @@ def test_staging_and_padding(kind, padding):
         assert torch.equal(runner.req_pool_indices[5:8], stale[5:8]), "stale indices stay"
     else:
         assert (runner.req_pool_indices[5:8] == policy.req_pool_index).all()
-    check_replay(runner, pool, 5)
+    check_replay(runner, pool, *asked, 8, stale.cpu())
 
 
 def test_swa_view_is_none_without_full_to_swa():
@@ -162,8 +175,10 @@ def test_eager_workload_replays_are_exact():
     for step in work:
         runner.page_table.fill_(POISON)
         runner.swa_page_table.fill_(POISON)
+        stale = runner.req_pool_indices.cpu().clone()
         runner.replay(step.req_pool_indices, step.seq_lens)
-        check_replay(runner, pool, step.bs)
+        bucket = runner.buckets.sizes[[b >= step.bs for b in runner.buckets.sizes].index(True)]
+        check_replay(runner, pool, step.req_pool_indices, step.seq_lens, bucket, stale)
 
 
 def test_error_counters_through_the_runner():
@@ -202,19 +217,23 @@ def test_gpu_shared_pool_random_bucket_order(builder):
         runner.page_table.fill_(POISON)
         runner.swa_page_table.fill_(POISON)
         rpi, sl = pool.batch([rows[i] for i in pick])
+        stale = runner.req_pool_indices.cpu().clone()
         runner.replay(rpi, sl)
-        bucket = runner.last_bucket
-        want, want_swa = expected_tables(
-            pool.req_to_token,
-            runner.req_pool_indices[:bucket],
-            runner.seq_lens[:bucket],
-            runner.max_num_pages,
-            16,
-            pool.full_to_swa,
-        )
-        live = want != POISON
-        assert torch.equal(runner.page_table[:bucket][live], want[live])
-        assert torch.equal(runner.swa_page_table[:bucket][live], want_swa[live])
+        bucket = runner.buckets.bucket_for(n)
+        if builder == "build_page_table":
+            check_replay(runner, pool, rpi, sl, bucket, stale)
+        else:  # the static-width gather rewrites the tails: compare the live entries only
+            want, want_swa = expected_tables(
+                pool.req_to_token,
+                torch.tensor(rpi, device="cuda"),
+                torch.tensor(sl, device="cuda"),
+                runner.max_num_pages,
+                16,
+                pool.full_to_swa,
+            )
+            live = want != POISON
+            assert torch.equal(runner.page_table[:n][live], want[live])
+            assert torch.equal(runner.swa_page_table[:n][live], want_swa[live])
     runner.close()
 
 
@@ -243,6 +262,7 @@ def test_gpu_replay_is_sync_free_and_allocation_free():
     torch.cuda.synchronize()
     assert torch.cuda.memory_stats()["allocation.all.allocated"] == allocs
     runner.page_table.fill_(POISON)
+    stale = runner.req_pool_indices.cpu().clone()
     runner.replay(rpi, sl)
-    check_replay(runner, pool, len(rpi))
+    check_replay(runner, pool, rpi, sl, runner.buckets.bucket_for(len(rpi)), stale)
     runner.close()

@@ -19,6 +19,8 @@ REQUIRED = {
     "swa-hybrid",
     "long-context-1m",
     "big-pool",
+    "dummy-overlong",
+    "spec-metadata",
 }
 
 GOOD = """
@@ -97,6 +99,43 @@ BROKEN = [
         "unknown detector",
     ),
     ("not toml", "[graph\nmax_bs=", None, "not valid TOML"),
+    ("bad layout key", GOOD + "[layout]\npad = 3\n", "layout.pad", "unknown key"),
+    (
+        "bad r2t dtype",
+        GOOD + '[layout]\nreq_to_token_dtype = "int16"\n',
+        "layout.req_to_token_dtype",
+        "'int32' or 'int64'",
+    ),
+    (
+        "f2s dtype without swa",
+        GOOD + '[layout]\nfull_to_swa_dtype = "int32"\n',
+        "layout.full_to_swa_dtype",
+        "graph.swa",
+    ),
+    ("zero width", GOOD + "[layout]\ntable_width = 0\n", "layout.table_width", ">= 1"),
+    (
+        "negative pad",
+        GOOD + "[layout]\ntable_pad_cols = -1\n",
+        "layout.table_pad_cols",
+        ">= 0",
+    ),
+    (
+        "index dtype twice",
+        GOOD.replace("page_size = 16", 'page_size = 16\nindex_dtype = "int64"')
+        + '[layout]\nindex_dtype = "int64"\n',
+        "layout.index_dtype",
+        "keep one",
+    ),
+    ("overlong rate", GOOD + "[workload]\noverlong = 2\n", "workload.overlong", "[0, 1]"),
+    ("bad staging", GOOD + '[check]\nstaging = "pci"\n', "check.staging", "'mixed'"),
+    ("zero chunk", GOOD + "[check]\nchunk = 0\n", "check.chunk", ">= 1"),
+    (
+        "bad detector string",
+        GOOD + '[check]\ndetectors = "torch,gdb"\n',
+        "check.detectors",
+        "unknown detector",
+    ),
+    ("bad outputs", GOOD + '[check]\noutputs = "kv"\n', "check.outputs", "outputs"),
 ]
 
 
@@ -116,6 +155,57 @@ def test_broken_files_fail_clearly(tmp_path, capsys, text, key, problem):
     assert main(["check", str(good), str(f)]) == 2
     out = capsys.readouterr()
     assert problem in out.err and "## good" not in out.out
+
+
+SHIPPED = {p.stem: load_scenario(p).config for p in GRAPHS}
+
+
+@pytest.mark.parametrize(
+    "option,shipped_by",
+    [
+        ("table_pad_cols", lambda c: c.table_pad_cols > 0),
+        ("table_width", lambda c: c.table_width is not None),
+        ("req_to_token_extra_cols", lambda c: c.r2t_extra_cols > 0),
+        ("req_to_token_offset", lambda c: c.r2t_offset > 0),
+        ("req_to_token_dtype int64", lambda c: c.r2t_dtype == "int64"),
+        ("req_to_token_dtype int32", lambda c: c.r2t_dtype == "int32"),
+        ("full_to_swa_dtype int32", lambda c: c.swa and c.full_to_swa_dtype == "int32"),
+        ("full_to_swa_dtype int64", lambda c: c.swa and c.full_to_swa_dtype == "int64"),
+        ("index_dtype int64", lambda c: c.index_dtype == "int64"),
+        ("overlong", lambda c: c.overlong > 0),
+        ("negative", lambda c: c.negative > 0),
+        ("zero_len", lambda c: c.zero_len > 0),
+        ("bad_index", lambda c: c.bad_index > 0),
+        ("padding overlong", lambda c: c.padding == "overlong"),
+        ("errors", lambda c: c.errors),
+    ],
+)
+def test_every_layout_and_injection_option_is_shipped(option, shipped_by):
+    assert any(shipped_by(c) for c in SHIPPED.values()), f"no shipped scenario uses {option}"
+
+
+def test_containment_is_covered_on_the_cpu_and_on_a_gpu_scenario():
+    ooc = lambda c: c.overlong or c.negative or c.bad_index  # noqa: E731
+    assert ooc(SHIPPED["default"])
+    assert any(ooc(c) for name, c in SHIPPED.items() if name != "default")
+
+
+def test_new_keys_load(tmp_path):
+    f = tmp_path / "full.toml"
+    f.write_text(
+        GOOD.replace("page_size = 16", 'page_size = 16\nswa = true\npadding = "overlong"')
+        + "[layout]\ntable_width = 9\ntable_pad_cols = 4\nreq_to_token_extra_cols = 3\n"
+        'req_to_token_offset = 5\nreq_to_token_dtype = "int64"\nfull_to_swa_dtype = "int32"\n'
+        'index_dtype = "int64"\n[workload]\noverlong = 0.1\nnegative = 0.1\nzero_len = 0.2\n'
+        'bad_index = 0.05\n[check]\ndetectors = "torch,cupti"\nstaging = "host"\nchunk = 9\n'
+        'outputs = "page_table"\n'
+    )
+    c = load_scenario(f).config
+    assert (c.table_width, c.table_pad_cols, c.r2t_extra_cols, c.r2t_offset) == (9, 4, 3, 5)
+    assert (c.r2t_dtype, c.full_to_swa_dtype, c.index_dtype) == ("int64", "int32", "int64")
+    assert (c.overlong, c.negative, c.zero_len, c.bad_index) == (0.1, 0.1, 0.2, 0.05)
+    assert c.detectors == ("torch", "cupti") and c.staging == "host" and c.chunk == 9
+    assert c.padding == "overlong" and c.outputs == "page_table"
 
 
 def test_missing_file(tmp_path):

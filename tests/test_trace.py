@@ -739,10 +739,14 @@ def test_recorded_trace(path, capsys):
     assert rc == want, captured.out + captured.err
 
 
-def test_pass_without_any_cuda_calls_says_so(fmt, tmp_path, capsys):
+def test_a_range_without_cuda_activity_cannot_be_checked(fmt, tmp_path, capsys):
+    """A trace recorded without CUDA tracing (nsys -t nvtx) has the ranges but nothing in
+    them: --forbid-sync must not pass it."""
     path = write(fmt, tmp_path, "cpu", [rng("replay/bs=1", 0, 100)])
-    assert tr.main([str(path), "--forbid-sync", "replay/*"]) == 0
-    assert "no CUDA API calls" in capsys.readouterr().out
+    assert tr.main([str(path), "--forbid-sync", "replay/*"]) == 2
+    captured = capsys.readouterr()
+    out = captured.out + captured.err
+    assert "CANNOT CHECK" in out and "no CUDA activity" in out and "replay/bs=1" in out
 
 
 @pytest.mark.parametrize("path", [p for p in RECORDED if "clean" in p.name], ids=lambda p: p.name)

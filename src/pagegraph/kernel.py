@@ -26,8 +26,8 @@ length. Consequences:
   ``TARGET_PROGRAMS`` instead of growing as ``bs * width``. (A fixed grid of page blocks
   covering the whole width launches ``bs * width / block`` programs, nearly all of them empty
   when lengths are short.)
-* Every program costs launch throughput even when it exits at once (~0.6 ns each past ~1000
-  programs on an H200): two rows to a program halve that cost for a batch of short rows
+* Every program costs launch throughput even when it exits at once (measured per program in
+  profiles/bench/NOTES.md): two rows to a program halve that cost for a batch of short rows
   with one long one, and a long row still gets ``C`` programs.
 * A row never writes outside itself: each lane's page count is clamped to the width of the
   table, and to the pages ``req_to_token`` can supply, before any store, so an overlong
@@ -41,12 +41,12 @@ length. Consequences:
 * SWA costs one extra dependent gather per live page, in the same program: ``full_to_swa`` is
   indexed by the slot already loaded for the full table.
 
-Where it stands (profiles/bench/NOTES.md): a launch planned on the host from the lengths (one
-program per live block, which needs the sync this kernel exists to avoid) is at most ~12%
-faster on the large configs; a plan made on the device (a prefix sum of block counts) costs
-more in its prologue than it saves; and a single program doing only the kernel's dependent
-chain (load a length, then a page start, then store) costs ~0.45 us above an empty kernel,
-which bounds every short-batch build from below.
+Where it stands (figures in profiles/bench/NOTES.md): a launch planned on the host from the
+lengths (one program per live block, which needs the sync this kernel exists to avoid) is only
+a little faster on the large configs; a plan made on the device (a prefix sum of block counts)
+costs more in its prologue than it saves; and a single program doing only the kernel's
+dependent chain (load a length, then a page start, then store) costs a fixed latency above an
+empty kernel, which bounds every short-batch build from below.
 
 Index arithmetic is 64-bit wherever ``index * stride`` can pass 2^31 (request row offsets,
 ``full_to_swa`` indices); in-row page offsets are 32-bit when the host has checked that the
@@ -70,11 +70,12 @@ buffer reuses one compiled kernel.
 
 Launch cost
 -----------
-``kernel[grid](...)`` spends tens of microseconds in Python binding and hashing arguments. The
-launcher keeps each compiled kernel under a key at least as fine as Triton's own
-specialisation (dtypes, constexprs, every int by value, 16-byte alignment of the pointers) and
-on later calls goes straight to the compiled C launcher with raw pointers; the first call of
-each key goes through the normal JIT path, which compiles and returns the kernel.
+``kernel[grid](...)`` spends several times the launch itself in Python, binding and hashing
+arguments (see profiles/bench/NOTES.md). The launcher keeps each compiled kernel under a key
+at least as fine as Triton's own specialisation (dtypes, constexprs, every int by value,
+16-byte alignment of the pointers) and on later calls goes straight to the compiled C launcher
+with raw pointers; the first call of each key goes through the normal JIT path, which compiles
+and returns the kernel.
 """
 
 from __future__ import annotations
@@ -89,17 +90,17 @@ from .contract import ERROR_KINDS, check_builder_args, cuda_call_metadata, inter
 
 #: Pages per block, blocks of each row per loop iteration, the cap on the grid
 #: (``C * row_groups(bs)``) when choosing programs per row group, and warps per program.
-#: Chosen on an H200 by ``tools/kernel_variants.py`` (profiles/bench/NOTES.md): a gather of
-#: scattered 32-byte sectors wants many independent loads in flight spread over many SMs,
-#: and every program costs launch throughput even when it exits at once, so 128-page blocks
-#: two to a pass (256 pages of a row a program per pass, loads issued together) beat both
-#: fewer, fatter programs and more, thinner ones.
+#: Chosen on an H200 by ``tools/experiments/kernel_variants.py`` (profiles/bench/NOTES.md):
+#: a gather of scattered 32-byte sectors wants many independent loads in flight spread over
+#: many SMs, and every program costs launch throughput even when it exits at once, so
+#: 128-page blocks two to a pass (256 pages of a row a program per pass, loads issued
+#: together) beat both fewer, fatter programs and more, thinner ones.
 BLOCK_PAGES = 128
 UNROLL = 2
 TARGET_PROGRAMS = 8192
 NUM_WARPS = 4
-#: Batch rows per program. A program that finds no live page of its rows still costs ~0.6 ns
-#: of launch throughput past ~1000 programs (profiles/bench/NOTES.md), and with one row a
+#: Batch rows per program. A program that finds no live page of its rows still costs launch
+#: throughput once the grid is large (see profiles/bench/NOTES.md), and with one row a
 #: program most programs of a batch of short rows are such programs; two rows a program
 #: halve them at no cost to long rows. Four lose on page size 1 and SWA, where the wider
 #: tile holds more registers per thread.
@@ -146,6 +147,7 @@ def build_page_table(
     swa_page_table: torch.Tensor | None = None,
     full_to_swa: torch.Tensor | None = None,
     errors: torch.Tensor | None = None,
+    work_counter: torch.Tensor | None = None,
 ) -> None:
     """Fill ``page_table[:bs]`` (and ``swa_page_table``) in place from device-side lengths.
 
@@ -160,6 +162,9 @@ def build_page_table(
         full_to_swa: ``[num_slots + 1]`` int32/int64, SWA slot of each full slot.
         errors: optional ``[len(ERROR_KINDS)]`` int32 counters, incremented (never reset) on
             the device for out-of-contract values; see ``pagegraph.contract.ERROR_KINDS``.
+        work_counter: a testing hook, optional ``[row_groups(bs)]`` int32, incremented by one
+            for every pass of the page loop each program of a row group makes (compiled out
+            without it). Tests use it to show the work follows the lengths, not the width.
 
     No host sync, no allocation: safe inside CUDA-graph capture. For repeated eager calls on
     the same buffers, ``prepare_build`` does the checks once.
@@ -174,6 +179,7 @@ def build_page_table(
         full_to_swa,
         errors,
         "build_page_table",
+        work_counter,
     )
     if bs == 0 or max_pages == 0:
         return
@@ -192,6 +198,7 @@ _TENSOR_NAMES = (
     "swa_page_table",
     "full_to_swa",
     "errors",
+    "work_counter",
 )
 
 
@@ -243,7 +250,7 @@ class PreparedBuild:
         if not 0 <= rows <= self._rows:
             raise ValueError(f"bs must be in 0..{self._rows} (rows prepared), got {bs}")
         t, ptrs = self._tensors, self._ptrs
-        for k in range(7):
+        for k in range(8):
             if t[k].data_ptr() != ptrs[k]:
                 raise BuffersChanged(
                     f"{_TENSOR_NAMES[k]} moved since prepare_build "
@@ -292,7 +299,7 @@ def prepare_build(
 
 def _plan(
     req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table,
-    full_to_swa, errors, builder: str,
+    full_to_swa, errors, builder: str, work_counter=None,
 ) -> tuple:  # fmt: skip
     """Checked arguments of one build: ``(tensors, ints, constexprs, max_pages, bs)``."""
     meta = cuda_call_metadata(
@@ -326,6 +333,8 @@ def _plan(
     max_pages = min(width, -(-r2t_cols // page_size))
     if bs > MAX_BATCH:
         raise ValueError(f"{builder}: batch size {bs} exceeds {MAX_BATCH} rows")
+    if work_counter is not None:
+        _check_work_counter(work_counter, page_table, bs)
     # Unused pointer arguments alias page_table: never dereferenced (the constexpr flags
     # compile those paths out), and aliasing keeps the signature free of None.
     tensors = (
@@ -336,6 +345,7 @@ def _plan(
         swa_page_table if has_swa else page_table,
         full_to_swa if has_swa else page_table,
         page_table if errors is None else errors,
+        page_table if work_counter is None else work_counter,
     )
     ints = (
         r2t_stride,
@@ -355,8 +365,21 @@ def _plan(
         BLOCK_PAGES,
         UNROLL,
         ROWS_PER_PROGRAM,
+        work_counter is not None,
     )
     return tensors, ints, constexprs, max_pages, bs
+
+
+def _check_work_counter(work_counter, page_table, bs: int) -> None:
+    if not isinstance(work_counter, torch.Tensor) or work_counter.dtype != torch.int32:
+        raise TypeError("work_counter must be an int32 torch.Tensor")
+    if work_counter.dim() != 1 or work_counter.shape[0] < row_groups(bs):
+        raise ValueError(
+            f"work_counter must have shape [>= row_groups(bs)] = [{row_groups(bs)}], "
+            f"got {tuple(work_counter.shape)}"
+        )
+    if work_counter.device != page_table.device or work_counter.stride(0) != 1:
+        raise ValueError("work_counter must be contiguous and on page_table's device")
 
 
 # -- launcher ---------------------------------------------------------------------------------
@@ -407,9 +430,9 @@ def _launch_compiled(
     """Launch a compiled kernel's entry (``_launch_entry``) for ``bs`` rows on the grid
     ``(parts, row_groups(bs))`` of device ``index``, on that device's current stream."""
     function, leading = entry
-    groups = -(-bs // constexprs[-1])
+    groups = row_groups(bs)
     if index != torch._C._cuda_getDevice():
-        # Launch on the tensors' device; a device context costs microseconds, so only here.
+        # Launch on the tensors' device; a device context costs host time, so only here.
         with torch.cuda.device(index):
             stream = _current_stream(index)
             function(parts, groups, 1, stream, *leading, *ptrs, *ints, bs, *constexprs)
@@ -427,7 +450,7 @@ def _launch_key(index: int, tensors: tuple, ptrs: list, ints: tuple, constexprs:
     p = ptrs
     # 16-byte alignment is part of Triton's specialisation: one flag when every pointer is
     # aligned (the usual case), the full pattern otherwise.
-    if (p[0] | p[1] | p[2] | p[3] | p[4] | p[5] | p[6]) & 15 == 0:
+    if (p[0] | p[1] | p[2] | p[3] | p[4] | p[5] | p[6] | p[7]) & 15 == 0:
         aligned = True
     else:
         aligned = tuple(q & 15 == 0 for q in p)
@@ -479,7 +502,7 @@ def _jit_launch(parts: int, bs: int, tensors: tuple, ints: tuple, constexprs: tu
     """Triton's own launch path (binds, specialises, compiles on first use); returns the
     compiled kernel. Only the first call of a launch key, the interpreter and calls under
     launch hooks come here, so its keyword arguments stay off the fast path."""
-    page_size, has_swa, has_errors, row_i32, block, unroll, rows = constexprs
+    page_size, has_swa, has_errors, row_i32, block, unroll, rows, has_work = constexprs
     return _page_table_kernel[(parts, -(-bs // rows))](
         *tensors,
         *ints,
@@ -491,6 +514,7 @@ def _jit_launch(parts: int, bs: int, tensors: tuple, ints: tuple, constexprs: tu
         BLOCK=block,
         UNROLL=unroll,
         ROWS=rows,
+        HAS_WORK=has_work,
         num_warps=NUM_WARPS,
     )
 
@@ -522,6 +546,7 @@ def _page_table_kernel(
     swa_page_table_ptr,  # [bs, swa_stride] int32 (aliases page_table_ptr without SWA)
     full_to_swa_ptr,  # [f2s_len] int32|int64 (unused without SWA)
     errors_ptr,  # [len(ERROR_KINDS)] int32 (unused without HAS_ERRORS)
+    work_ptr,  # [cdiv(bs, ROWS)] int32 loop passes per row group (unused without HAS_WORK)
     r2t_stride,
     r2t_rows,
     pt_stride,
@@ -536,6 +561,7 @@ def _page_table_kernel(
     BLOCK: tl.constexpr,
     UNROLL: tl.constexpr,
     ROWS: tl.constexpr,  # batch rows per program
+    HAS_WORK: tl.constexpr,  # count loop passes (a testing hook, compiled out by default)
 ):
     # Grid (C, cdiv(bs, ROWS)): the C programs of one row group are C apart in launch order,
     # so the live programs of a long row spread over many SMs instead of filling a few.
@@ -608,4 +634,6 @@ def _page_table_kernel(
             if HAS_ERRORS:
                 bad = tl.sum((live & (idx != idx_clamped)).to(tl.int32), axis=0)
                 tl.atomic_add(errors_ptr + ERR_BAD_SWA_INDEX, bad)
+        if HAS_WORK:
+            tl.atomic_add(work_ptr + tl.program_id(1), 1)
         blk += parts * UNROLL

@@ -26,15 +26,34 @@ def pytest_runtest_setup(item):
         pytest.skip("needs a CUDA device")
 
 
-def assert_replay_safe(builder, config=None, **shape):
-    """Run ``pagegraph.check_replay_safety`` and fail with its report unless every property
-    holds. ``shape`` overrides fields of ``CheckConfig`` (max_bs, max_context_len, page_size,
-    buckets, padding, swa, steps, ...). Returns the report."""
-    from .checker import check_replay_safety
+class ReplayUnsafe(AssertionError):
+    """``assert_replay_safe`` failed; ``report`` is the checker's ``Report``."""
 
-    report = check_replay_safety(builder, config, **shape)
+    def __init__(self, report):
+        super().__init__(f"builder is not replay-safe:\n{report.format()}")
+        self.report = report
+
+
+def assert_replay_safe(builder, config=None, *, isolate: bool = False, **shape):
+    """Run ``pagegraph.check_replay_safety`` and raise ``AssertionError`` (a ``ReplayUnsafe``
+    carrying the report as ``.report``) unless the verdict is SAFE, as
+    ``torch.testing.assert_close`` does, so ``pytest.raises(AssertionError)`` works.
+    ``shape`` overrides fields of ``CheckConfig`` (max_bs, max_context_len, page_size,
+    buckets, padding, swa, steps, ...). ``isolate=True`` runs the check in a child process
+    (``pagegraph.isolate``): a builder that crashes its process or its CUDA context is then
+    reported UNSAFE instead of taking the test session down; the builder must be a name or
+    an importable ``module:function``. Returns the report."""
+    from .checker import CheckConfig, check_replay_safety
+
+    if isolate:
+        from .isolate import Job, builder_spec, run_isolated
+
+        cfg = (config or CheckConfig()).replace(**shape)
+        (report,) = run_isolated([Job(builder_spec(builder), cfg)])
+    else:
+        report = check_replay_safety(builder, config, **shape)
     if not report.safe:
-        pytest.fail(f"builder is not replay-safe:\n{report.format()}", pytrace=False)
+        raise ReplayUnsafe(report)
     return report
 
 
@@ -42,7 +61,8 @@ def assert_replay_safe(builder, config=None, **shape):
 def graph_runner():
     """A factory: ``graph_runner(builder=..., max_bs=..., max_context_len=..., page_size=...,
     swa=False, buckets=..., padding=..., seed=0)`` returns a captured ``GraphRunner`` over a
-    fresh ``KVPool`` (``runner.pool_model``); graphs are released at teardown."""
+    fresh ``KVPool`` (``runner.pool_model``). Every runner made, captured or not, has its
+    graphs released at teardown, also when the test failed or the capture raised."""
     from .pool import KVPool
     from .runner import GraphRunner
 
@@ -67,13 +87,25 @@ def graph_runner():
             **kwargs,
         )
         runner.pool_model = pool
+        made.append(runner)  # before capture: a capture that raises is released too
         runner.capture()
-        made.append(runner)
         return runner
 
-    yield make
-    for runner in made:
-        runner.close()
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
+    try:
+        yield make
+    finally:
+        errors = []
+        for runner in made:
+            try:
+                runner.close()
+            except Exception as exc:  # noqa: BLE001 - release the others first
+                errors.append(exc)
+        made.clear()
+        if torch.cuda.is_available():
+            try:
+                torch.cuda.synchronize()
+                torch.cuda.empty_cache()
+            except Exception as exc:  # noqa: BLE001
+                errors.append(exc)
+        if errors:
+            raise errors[0]

@@ -49,10 +49,11 @@ __all__ = [
 DOMAIN = "pagegraph"
 
 #: The phases of the test bed, in the order a run goes through them.
-PHASES = ("warmup", "capture", "stage", "replay", "verify", "build", "bench")
+PHASES = ("workload", "warmup", "capture", "stage", "replay", "verify", "build", "bench")
 
 #: One ARGB colour per phase, distinct enough to tell apart on an Nsight timeline.
 PHASE_COLORS = {
+    "workload": 0xFF6D4C41,  # brown
     "warmup": 0xFFFFA000,  # amber
     "capture": 0xFFD32F2F,  # red
     "stage": 0xFF00ACC1,  # cyan

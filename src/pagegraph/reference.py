@@ -162,3 +162,139 @@ def static_width_gather(
     page_table[:, :n] = (slots // page_size).to(torch.int32)
     if full_to_swa is not None:
         swa_page_table[:, :n] = _swa_pages(full_to_swa, slots, page_size)
+
+
+# -- decode metadata: the oracle and the unfused chain of pagegraph.metadata -------------------
+#
+# Both take build_decode_metadata's signature and accept and refuse the same calls (they run
+# its host checks, with CPU tensors allowed). The metadata module is imported inside the
+# functions: it imports the kernel module, which the page-table references above do not need.
+
+_DECODE_INT32_MAX = 2**31 - 1
+
+
+def reference_decode_metadata(
+    req_to_token,
+    req_pool_indices,
+    seq_lens,
+    page_size,
+    *,
+    cache_seqlens,
+    cu_seqlens_k,
+    page_table,
+    draft_tokens=0,
+    cu_seqlens_q=None,
+    swa_page_table=None,
+    full_to_swa=None,
+    errors=None,
+) -> None:
+    """The oracle of ``pagegraph.metadata.build_decode_metadata``, in Python ints on the host.
+
+    ``cache_seqlens[i] = min(max(seq_lens[i], 0) + draft_tokens, 2^31 - 1)``;
+    ``cu_seqlens_k = [0, running sums of cache_seqlens]`` (an int32 ``cu_seqlens_k`` saturated
+    at 2^31 - 1, as the kernel stores it); ``cu_seqlens_q[i] = i * max(draft_tokens, 1)``; the
+    page tables from ``reference_page_table`` with lengths ``cache_seqlens``. With ``errors``
+    it adds the counts the kernel adds (``pagegraph.metadata.DECODE_ERROR_KINDS``). Shapes and
+    dtypes as ``build_decode_metadata``; reads values on the host (syncs).
+    """
+    from .metadata import check_decode_args
+
+    check_decode_args(
+        req_to_token, req_pool_indices, seq_lens, page_size, cache_seqlens, cu_seqlens_k,
+        page_table, draft_tokens, cu_seqlens_q, swa_page_table, full_to_swa, errors,
+        caller="reference_decode_metadata",
+    )  # fmt: skip
+    bs = page_table.shape[0]
+    lengths = seq_lens.tolist()
+    cache = [min(max(n, 0) + draft_tokens, _DECODE_INT32_MAX) for n in lengths]
+    sums = [0]
+    for c in cache:
+        sums.append(sums[-1] + c)
+    cu_k_int32 = cu_seqlens_k.dtype == torch.int32
+    stored = [min(s, _DECODE_INT32_MAX) for s in sums] if cu_k_int32 else sums
+    cache_seqlens.copy_(torch.tensor(cache, dtype=torch.int32))
+    cu_seqlens_k.copy_(torch.tensor(stored, dtype=cu_seqlens_k.dtype))
+    if cu_seqlens_q is not None:
+        step = max(draft_tokens, 1)
+        cu_seqlens_q.copy_(torch.tensor([i * step for i in range(bs + 1)], dtype=torch.int32))
+    if bs:
+        reference_page_table(
+            req_to_token,
+            req_pool_indices,
+            cache_seqlens,
+            page_table,
+            page_size,
+            swa_page_table=swa_page_table,
+            full_to_swa=full_to_swa,
+        )
+    if errors is None:
+        return
+    pages = _row_capacity(req_to_token, page_table, page_size)
+    rows = req_to_token.shape[0]
+    reqs = req_pool_indices.tolist()
+    bad_swa = 0
+    if full_to_swa is not None:
+        for req, c in zip(reqs, cache):
+            n = min(cdiv(c, page_size), pages)
+            slots = req_to_token[min(max(req, 0), rows - 1), : n * page_size : page_size]
+            bad_swa += int(((slots < 0) | (slots >= full_to_swa.shape[0])).sum())
+    counts = [
+        sum(c > pages * page_size for c in cache),
+        sum(n < 0 for n in lengths),
+        sum(not 0 <= r < rows for r in reqs),
+        bad_swa,
+        sum(s > _DECODE_INT32_MAX for s in sums[1:]) if cu_k_int32 else 0,
+    ]
+    errors[: len(counts)] += torch.tensor(counts, dtype=torch.int32).to(errors.device)
+
+
+def unfused_decode_metadata(
+    req_to_token,
+    req_pool_indices,
+    seq_lens,
+    page_size,
+    *,
+    cache_seqlens,
+    cu_seqlens_k,
+    page_table,
+    draft_tokens=0,
+    cu_seqlens_q=None,
+    swa_page_table=None,
+    full_to_swa=None,
+    errors=None,
+) -> None:
+    """The chain an engine writes instead of ``build_decode_metadata``: sync-free and
+    graph-safe, but a clamp, an add, a cumsum, a fill, an arange and ``build_page_table``,
+    each its own launch (and the clamp an allocation).
+
+    Equal to ``build_decode_metadata`` on in-contract inputs. Outside them it differs: a
+    ``cache_seqlens`` or int32 running sum past 2^31 - 1 wraps instead of saturating, and
+    ``errors`` gets only ``build_page_table``'s counts for lengths ``cache_seqlens`` (negative
+    lengths are clamped before it sees them, and no ``cu_seqlens_k_overflow`` is counted).
+    Shapes and dtypes as ``build_decode_metadata``.
+    """
+    from .kernel import build_page_table
+    from .metadata import check_decode_args
+
+    check_decode_args(
+        req_to_token, req_pool_indices, seq_lens, page_size, cache_seqlens, cu_seqlens_k,
+        page_table, draft_tokens, cu_seqlens_q, swa_page_table, full_to_swa, errors,
+        caller="unfused_decode_metadata", cpu_ok=False,
+    )  # fmt: skip
+    bs = page_table.shape[0]
+    torch.add(seq_lens.clamp(min=0), draft_tokens, out=cache_seqlens)
+    torch.cumsum(cache_seqlens, 0, dtype=cu_seqlens_k.dtype, out=cu_seqlens_k[1:])
+    cu_seqlens_k[:1].zero_()
+    if cu_seqlens_q is not None:
+        step = max(draft_tokens, 1)
+        torch.arange(0, (bs + 1) * step, step, dtype=torch.int32, out=cu_seqlens_q)
+    build_page_table(
+        req_to_token,
+        req_pool_indices,
+        cache_seqlens,
+        page_table,
+        page_size,
+        swa_page_table=swa_page_table,
+        full_to_swa=full_to_swa,
+        errors=errors,
+    )

@@ -29,9 +29,10 @@ import numpy as np
 import torch
 
 from .buckets import Buckets, PaddingPolicy, resolve_padding
-from .builders import resolve_builder
+from .builders import builder_kind, resolve_builder
 from .contract import ERROR_KINDS, INDEX_DTYPES, cdiv
 from .kernel import build_page_table
+from .metadata import DECODE_ERROR_KINDS
 from .ranges import phase
 
 
@@ -41,6 +42,11 @@ class StaticBufferMoved(RuntimeError):
 
 class NotCaptured(RuntimeError):
     """``replay()`` was called before ``capture()``."""
+
+
+class CaptureOutOfMemory(MemoryError):
+    """Out of device memory while warming up or capturing; the message names the bucket and
+    the sizes involved."""
 
 
 class BufferAllocationError(MemoryError):
@@ -59,7 +65,8 @@ class GraphRunner:
         req_to_token: ``[max_reqs, >= max_context_len]`` int32/int64, on the runner's device.
         max_bs: largest batch; the static buffers have this many rows.
         max_context_len: tokens a request can hold; ``max_num_pages = cdiv(max_context_len,
-            page_size)`` is the width of the page tables.
+            page_size)`` is the width of the page tables unless ``table_width`` says
+            otherwise.
         page_size: tokens per page.
         buckets: preset name or explicit list (see ``pagegraph.buckets.Buckets``).
         padding: ``"sglang"``, ``"vllm"``, ``"dummy-row"`` or a ``PaddingPolicy``.
@@ -71,6 +78,14 @@ class GraphRunner:
         page_table, swa_page_table: an engine's own static output buffers
             (``[>= max_bs, >= max_num_pages]`` int32, inner stride 1), used instead of new
             ones; the runner writes rows ``:max_bs`` and columns ``:max_num_pages``.
+        table_width: pages per table row, when an engine caps pages per request below
+            ``cdiv(max_context_len, page_size)`` (longer rows then stop at the width).
+        outputs: ``"page_table"`` or ``"decode_metadata"`` (a builder with
+            ``build_decode_metadata``'s signature; default: what the builder says, see
+            ``pagegraph.builders.builder_kind``). A metadata builder also gets static
+            ``cache_seqlens`` ``[max_bs]``, ``cu_seqlens_k`` and ``cu_seqlens_q``
+            ``[max_bs + 1]`` int32 buffers (or the engine's own, passed by name), and
+            ``draft_tokens``, a host value frozen into the graphs like ``page_size``.
     """
 
     def __init__(
@@ -89,6 +104,12 @@ class GraphRunner:
         index_dtype: torch.dtype = torch.int32,
         page_table: torch.Tensor | None = None,
         swa_page_table: torch.Tensor | None = None,
+        table_width: int | None = None,
+        outputs: str = "auto",
+        draft_tokens: int = 0,
+        cache_seqlens: torch.Tensor | None = None,
+        cu_seqlens_k: torch.Tensor | None = None,
+        cu_seqlens_q: torch.Tensor | None = None,
     ):
         if not isinstance(req_to_token, torch.Tensor) or req_to_token.dim() != 2:
             raise ValueError("req_to_token must be a 2-D tensor [max_reqs, max_context_len]")
@@ -118,7 +139,17 @@ class GraphRunner:
         self.max_bs = max_bs
         self.padding = resolve_padding(padding)
         self.builder = resolve_builder(builder)
-        self.max_num_pages = cdiv(max_context_len, page_size)
+        self.outputs = builder_kind(self.builder, outputs)
+        self.metadata = self.outputs == "decode_metadata"
+        if isinstance(draft_tokens, bool) or not isinstance(draft_tokens, int) or draft_tokens < 0:
+            raise ValueError(f"draft_tokens must be an integer >= 0, got {draft_tokens!r}")
+        self.draft_tokens = draft_tokens
+        self.error_kinds = DECODE_ERROR_KINDS if self.metadata else ERROR_KINDS
+        if table_width is not None and (
+            isinstance(table_width, bool) or not isinstance(table_width, int) or table_width < 1
+        ):
+            raise ValueError(f"table_width must be a positive integer, got {table_width!r}")
+        self.max_num_pages = table_width or cdiv(max_context_len, page_size)
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
         if self.use_graphs and self.device.type != "cuda":
             raise ValueError("use_graphs=True needs req_to_token on a CUDA device")
@@ -146,8 +177,31 @@ class GraphRunner:
                     else torch.zeros_like(self.page_table)
                 )
             self.errors = (
-                torch.zeros(len(ERROR_KINDS), dtype=torch.int32, device=dev) if errors else None
+                torch.zeros(len(self.error_kinds), dtype=torch.int32, device=dev)
+                if errors
+                else None
             )
+            self.cache_seqlens = self.cu_seqlens_k = self.cu_seqlens_q = None
+            if self.metadata:
+                given = {"cache_seqlens": (cache_seqlens, max_bs),
+                         "cu_seqlens_k": (cu_seqlens_k, max_bs + 1),
+                         "cu_seqlens_q": (cu_seqlens_q, max_bs + 1)}  # fmt: skip
+                for name, (buf, length) in given.items():
+                    if buf is None:
+                        buf = torch.zeros(length, dtype=torch.int32, device=dev)
+                    elif (
+                        not isinstance(buf, torch.Tensor)
+                        or buf.dim() != 1
+                        or buf.dtype != torch.int32
+                        or buf.shape[0] < length
+                        or buf.device != dev
+                        or (length > 1 and buf.stride(0) != 1)
+                    ):
+                        raise ValueError(
+                            f"{name} must be a contiguous 1-D int32 tensor of >= {length} "
+                            f"entries on {dev}"
+                        )
+                    setattr(self, name, buf[:length])
         except (torch.OutOfMemoryError, RuntimeError) as exc:
             if not isinstance(exc, torch.OutOfMemoryError) and "memory" not in str(exc):
                 raise
@@ -195,6 +249,20 @@ class GraphRunner:
             kwargs["full_to_swa"] = self.full_to_swa
         if self.errors is not None:
             kwargs["errors"] = self.errors
+        if self.metadata:
+            self.builder(
+                self.req_to_token,
+                self.req_pool_indices[:bs],
+                self.seq_lens[:bs],
+                self.page_size,
+                cache_seqlens=self.cache_seqlens[:bs],
+                cu_seqlens_k=self.cu_seqlens_k[: bs + 1],
+                page_table=self.page_table[:bs],
+                draft_tokens=self.draft_tokens,
+                cu_seqlens_q=self.cu_seqlens_q[: bs + 1],
+                **kwargs,
+            )
+            return
         self.builder(
             self.req_to_token,
             self.req_pool_indices[:bs],
@@ -213,6 +281,9 @@ class GraphRunner:
             "page_table": self.page_table,
             "swa_page_table": self.swa_page_table,
             "errors": self.errors,
+            "cache_seqlens": self.cache_seqlens,
+            "cu_seqlens_k": self.cu_seqlens_k,
+            "cu_seqlens_q": self.cu_seqlens_q,
         }
 
     @staticmethod
@@ -227,6 +298,16 @@ class GraphRunner:
         """Raise ``StaticBufferMoved`` if any buffer differs from what was captured."""
         if self._addresses is None:
             raise NotCaptured("replay() before capture(): call runner.capture() first")
+        # Every replay runs this: compare attribute by attribute against what capture saw
+        # (a buffer replaced by a new tensor, or given new storage in place, both show).
+        for name, t, want in self._watch:
+            now = getattr(self, name)
+            if now is not t or now.data_ptr() != want[0] or now.shape != want[1]:
+                break
+            if now.stride() != want[2]:
+                break
+        else:
+            return
         now = self.addresses()
         moved = [name for name, addr in now.items() if addr != self._addresses[name]]
         if moved:
@@ -245,29 +326,56 @@ class GraphRunner:
         self.seq_lens.fill_(1)
         self.req_pool_indices.fill_(0)
         sizes = sorted(self.buckets.sizes, reverse=True)
-        if self.use_graphs:
-            with torch.cuda.device(self.device):
-                current = torch.cuda.current_stream()
-                side = torch.cuda.Stream()
-                side.wait_stream(current)
-                with torch.cuda.stream(side):
+        step = ["warm-up", sizes[0]]  # where an out-of-memory error happened
+        try:
+            if self.use_graphs:
+                with torch.cuda.device(self.device):
+                    current = torch.cuda.current_stream()
+                    side = torch.cuda.Stream()
+                    side.wait_stream(current)
+                    with torch.cuda.stream(side):
+                        for bs in sizes:
+                            step[1] = bs
+                            with phase("warmup", bs):
+                                self._build(bs)
+                    current.wait_stream(side)
+                    torch.cuda.synchronize()
+                    self.pool = torch.cuda.graph_pool_handle()
+                    step[0] = "capture"
                     for bs in sizes:
-                        with phase("warmup", bs):
+                        step[1] = bs
+                        graph = torch.cuda.CUDAGraph()
+                        with phase("capture", bs), torch.cuda.graph(graph, pool=self.pool):
                             self._build(bs)
-                current.wait_stream(side)
-                torch.cuda.synchronize()
-                self.pool = torch.cuda.graph_pool_handle()
+                        self.graphs[bs] = graph
+                    torch.cuda.synchronize()
+            else:
                 for bs in sizes:
-                    graph = torch.cuda.CUDAGraph()
-                    with phase("capture", bs), torch.cuda.graph(graph, pool=self.pool):
+                    step[1] = bs
+                    with phase("warmup", bs):
                         self._build(bs)
-                    self.graphs[bs] = graph
-                torch.cuda.synchronize()
-        else:
-            for bs in sizes:
-                with phase("warmup", bs):
-                    self._build(bs)
+        except torch.OutOfMemoryError as exc:
+            raise CaptureOutOfMemory(self._oom_message(step[0], step[1], exc)) from exc
         self._addresses = self.addresses()
+        self._watch = [
+            (name, t, self._addresses[name]) for name, t in self._buffers().items() if t is not None
+        ]
+
+    def _oom_message(self, what: str, bucket: int, exc: BaseException) -> str:
+        tables = 2 if self.swa_page_table is not None else 1
+        table_bytes = tables * bucket * self.max_num_pages * 4
+        free = ""
+        if self.device.type == "cuda":
+            try:
+                free_bytes, total = torch.cuda.mem_get_info(self.device)
+                free = f", {free_bytes / 2**30:.2f} of {total / 2**30:.2f} GiB free now"
+            except Exception:  # noqa: BLE001 - the message matters more than this figure
+                pass
+        return (
+            f"out of memory during {what} of bucket {bucket}: {tables} page table(s) of "
+            f"[{bucket}, {self.max_num_pages}] int32 ({table_bytes / 2**20:.1f} MiB), "
+            f"{len(self.graphs)} graph(s) captured so far{free} ({exc})"
+        )
 
     @property
     def captured(self) -> bool:
@@ -328,7 +436,9 @@ class GraphRunner:
             )
         bucket = self.buckets.bucket_for(n)  # raises before any buffer is touched
         self.check_addresses()
-        with torch.cuda.device(self.device) if self.use_graphs else nullcontext():
+        # A device context costs microseconds: enter one only when the current device differs.
+        switch = self.use_graphs and torch._C._cuda_getDevice() != self.device.index
+        with torch.cuda.device(self.device) if switch else nullcontext():
             with phase("stage", bucket):
                 self._stage(req_pool_indices, seq_lens, n)
                 self.padding.apply(self.req_pool_indices, self.seq_lens, n, bucket)
@@ -349,16 +459,19 @@ class GraphRunner:
         if self.errors is None:
             raise RuntimeError("this runner was made without errors=True")
         with phase("verify"):
-            return dict(zip(ERROR_KINDS, self.errors.tolist()))
+            return dict(zip(self.error_kinds, self.errors.tolist()))
 
     def reset_errors(self) -> None:
         if self.errors is not None:
             self.errors.zero_()
 
     def close(self) -> None:
-        """Release the graphs and their pool (pending replays finish first)."""
-        if self.graphs:
-            torch.cuda.synchronize(self.device)
-        self.graphs.clear()
-        self.pool = None
-        self._addresses = None
+        """Release the graphs and their pool (pending replays finish first). The references
+        are dropped even when that wait raises (a CUDA context a builder broke)."""
+        try:
+            if self.graphs:
+                torch.cuda.synchronize(self.device)
+        finally:
+            self.graphs.clear()
+            self.pool = None
+            self._addresses = None

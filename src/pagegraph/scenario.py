@@ -12,10 +12,21 @@ problem, raised before anything runs::
     max_bs = 256                          # required
     max_context_len = 131072              # required
     page_size = 64                        # required
-    padding = "sglang"                    # sglang | vllm | dummy-row
+    padding = "sglang"                    # sglang | vllm | dummy-row | overlong
     swa = false
     index_dtype = "int32"                 # of the static req_pool_indices / seq_lens
-    errors = false                        # device-side error counters
+    errors = false                        # device-side error counters (checked exactly)
+
+    [layout]                              # buffers as engines hand them over
+    table_width = 1024                    # pages per table row (default
+                                          #   cdiv(max_context_len, page_size)); narrower
+                                          #   caps pages per request
+    table_pad_cols = 0                    # tables are column slices of buffers this much
+                                          #   wider (row stride = width + pad)
+    req_to_token_extra_cols = 0           # req_to_token rows longer than max_context_len
+    req_to_token_offset = 0               # req_to_token starts this far into its allocation
+    req_to_token_dtype = "int32"          # int32 | int64
+    full_to_swa_dtype = "int64"           # int32 | int64
 
     [pool]
     max_reqs = 257                        # default max_bs + 1
@@ -31,10 +42,18 @@ problem, raised before anything runs::
     near_capacity = 0.1
     swa_window = 4096                     # needs graph.swa
     swa_churn = 0.2                       # needs graph.swa
+    overlong = 0.0                        # per step: rows past the row's capacity
+    negative = 0.0                        # per step: negative lengths
+    zero_len = 0.0                        # per step: zero lengths (in the contract)
+    bad_index = 0.0                       # per step: req_pool_indices outside req_to_token
 
     [check]
     builder = "build_page_table"          # built-in name or module:function
-    detectors = "auto"                    # auto | none | a list of torch, cupti
+    detectors = "auto"                    # auto | none | "torch,cupti" | a list of names
+    staging = "mixed"                     # host lists | device tensors | mixed
+    chunk = 256                           # replays between two read-backs of the records
+    outputs = "auto"                      # page_table | decode_metadata (a builder with
+                                          #   build_decode_metadata's signature)
 """
 
 from __future__ import annotations
@@ -81,6 +100,15 @@ _SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], str | None]]] = {
         "index_dtype": ((str,), "index_dtype"),
         "errors": ((bool,), "errors"),
     },
+    "layout": {
+        "table_width": (_INT, "table_width"),
+        "table_pad_cols": (_INT, "table_pad_cols"),
+        "req_to_token_extra_cols": (_INT, "r2t_extra_cols"),
+        "req_to_token_offset": (_INT, "r2t_offset"),
+        "req_to_token_dtype": ((str,), "r2t_dtype"),
+        "full_to_swa_dtype": ((str,), "full_to_swa_dtype"),
+        "index_dtype": ((str,), "index_dtype"),
+    },
     "pool": {
         "max_reqs": (_INT, "max_reqs"),
         "num_pages": (_INT, "num_pages"),
@@ -95,8 +123,18 @@ _SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], str | None]]] = {
         "near_capacity": (_NUM, "near_capacity"),
         "swa_window": (_INT, "swa_window"),
         "swa_churn": (_NUM, "swa_churn"),
+        "overlong": (_NUM, "overlong"),
+        "negative": (_NUM, "negative"),
+        "zero_len": (_NUM, "zero_len"),
+        "bad_index": (_NUM, "bad_index"),
     },
-    "check": {"builder": ((str,), None), "detectors": ((str, list), "detectors")},
+    "check": {
+        "builder": ((str,), None),
+        "detectors": ((str, list), "detectors"),
+        "staging": ((str,), "staging"),
+        "chunk": (_INT, "chunk"),
+        "outputs": ((str,), "outputs"),
+    },
 }
 _REQUIRED = {"graph": ("max_bs", "max_context_len", "page_size")}
 _DETECTORS = ("torch", "cupti")
@@ -138,9 +176,10 @@ def load_scenario(path: str | Path) -> Scenario:
             if f"{table}.{key}" not in values:
                 raise ScenarioError(path, f"{table}.{key}", "required key is missing")
 
-    fields = {k.split(".", 1)[1]: v for k, v in values.items()}
-    builder = str(fields.pop("builder", "build_page_table"))
-    config = CheckConfig(**{_SCHEMA_FIELD[k]: v for k, v in fields.items()})
+    if "graph.index_dtype" in values and "layout.index_dtype" in values:
+        raise ScenarioError(path, "layout.index_dtype", "given in [graph] too: keep one")
+    builder = str(values.pop("check.builder", "build_page_table"))
+    config = CheckConfig(**{_SCHEMA_FIELD[k]: v for k, v in values.items()})
     _validate(path, config)
     return Scenario(
         name=str(top.get("name", path.stem)),
@@ -151,7 +190,14 @@ def load_scenario(path: str | Path) -> Scenario:
     )
 
 
-_SCHEMA_FIELD = {key: fld or key for table in _SCHEMA.values() for key, (_, fld) in table.items()}
+_SCHEMA_FIELD = {
+    (f"{table}.{key}" if table else key): fld or key
+    for table, keys in _SCHEMA.items()
+    for key, (_, fld) in keys.items()
+}
+#: CheckConfig field -> the scenario key that sets it (for messages).
+_KEY_OF = {fld: key for key, fld in _SCHEMA_FIELD.items()}
+_KEY_OF["index_dtype"] = "graph.index_dtype"
 
 
 def _take(path, table: str, key: str, value, out: dict) -> None:
@@ -186,8 +232,16 @@ def _validate(path, c: CheckConfig) -> None:
         bad("graph.buckets", str(exc))
     if c.padding not in PADDING:
         bad("graph.padding", f"unknown policy {c.padding!r} (known: {', '.join(PADDING)})")
-    if c.index_dtype not in ("int32", "int64"):
-        bad("graph.index_dtype", f"must be 'int32' or 'int64', got {c.index_dtype!r}")
+    for fld in ("index_dtype", "r2t_dtype", "full_to_swa_dtype"):
+        if getattr(c, fld) not in ("int32", "int64"):
+            bad(_KEY_OF[fld], f"must be 'int32' or 'int64', got {getattr(c, fld)!r}")
+    if c.table_width is not None and c.table_width < 1:
+        bad("layout.table_width", f"must be >= 1, got {c.table_width}")
+    for fld in ("table_pad_cols", "r2t_extra_cols", "r2t_offset"):
+        if getattr(c, fld) < 0:
+            bad(_KEY_OF[fld], f"must be >= 0, got {getattr(c, fld)}")
+    if c.full_to_swa_dtype != "int64" and not c.swa:
+        bad("layout.full_to_swa_dtype", "needs graph.swa = true")
     if c.max_reqs is not None and c.max_reqs < c.max_bs:
         bad("pool.max_reqs", f"must be >= graph.max_bs ({c.max_bs}), got {c.max_reqs}")
     if c.num_pages is not None and c.num_pages < 2:
@@ -196,7 +250,8 @@ def _validate(path, c: CheckConfig) -> None:
         bad("pool.row_order", f"must be 'low-first' or 'high-first', got {c.row_order!r}")
     if c.steps < 1:
         bad("workload.steps", f"must be >= 1, got {c.steps}")
-    for key in ("finish_rate", "near_capacity", "swa_churn"):
+    for key in ("finish_rate", "near_capacity", "swa_churn", "overlong", "negative", "zero_len",
+                "bad_index"):  # fmt: skip
         v = getattr(c, key)
         if not 0 <= v <= 1:
             bad(f"workload.{key}", f"must be in [0, 1], got {v}")
@@ -216,12 +271,18 @@ def _validate(path, c: CheckConfig) -> None:
         )
     if c.swa_window is not None and c.swa_window < 1:
         bad("workload.swa_window", f"must be >= 1, got {c.swa_window}")
-    if isinstance(c.detectors, list):
-        for d in c.detectors:
-            if d not in _DETECTORS:
-                bad("check.detectors", f"unknown detector {d!r} (known: {', '.join(_DETECTORS)})")
-        c.detectors = tuple(c.detectors)
-    elif c.detectors not in ("auto", "none"):
-        bad("check.detectors", f"must be 'auto', 'none' or a list, got {c.detectors!r}")
-    elif c.detectors == "none":
-        c.detectors = ()
+    from .sync import parse_detectors
+
+    try:
+        c.detectors = parse_detectors(c.detectors)
+    except ValueError as exc:
+        bad("check.detectors", str(exc))
+    if c.staging not in ("mixed", "host", "device"):
+        bad("check.staging", f"must be 'mixed', 'host' or 'device', got {c.staging!r}")
+    if c.chunk < 1:
+        bad("check.chunk", f"must be >= 1, got {c.chunk}")
+    if c.outputs not in ("auto", "page_table", "decode_metadata"):
+        bad(
+            "check.outputs",
+            f"outputs must be 'auto', 'page_table' or 'decode_metadata', got {c.outputs!r}",
+        )

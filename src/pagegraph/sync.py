@@ -565,6 +565,31 @@ def available_detectors() -> dict[str, str | None]:
     return {name: hub.unavailable_reason() for name, hub in _HUBS.items()}
 
 
+def parse_detectors(spec) -> str | tuple[str, ...]:
+    """Normalise a detector choice, in any spelling the CLI, scenario files and the Python
+    API accept: ``"auto"``; ``"none"``, ``""`` or an empty sequence (no detector); a name
+    (``"torch"``); a comma-separated list (``"torch,cupti"``); or a sequence of names.
+    Returns ``"auto"`` or a tuple of distinct names; ``ValueError`` names a bad one."""
+    if spec is None or (isinstance(spec, str) and spec.strip() in ("none", "")):
+        return ()
+    if isinstance(spec, str):
+        if spec.strip() == "auto":
+            return "auto"
+        names = [part.strip() for part in spec.split(",") if part.strip()]
+    else:
+        try:
+            names = list(spec)
+        except TypeError:
+            raise ValueError(f"detectors must be a string or a sequence, got {spec!r}") from None
+    for name in names:
+        if not isinstance(name, str) or name not in DETECTORS:
+            raise ValueError(
+                f"unknown detector {name!r}: use auto, none, or names among "
+                f"{', '.join(DETECTORS)} (e.g. 'torch,cupti')"
+            )
+    return tuple(dict.fromkeys(names))
+
+
 def _parse_detectors(detectors) -> tuple[tuple[str, ...], bool]:
     if isinstance(detectors, str):
         if detectors == "auto":

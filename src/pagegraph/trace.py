@@ -893,12 +893,14 @@ class CheckResult:
     error: str | None = None
     start_ns: int = 0
     notes: list[str] = field(default_factory=list)
+    #: matching ranges that hold no CUDA activity at all: nothing in them was checked
+    blind: list[str] = field(default_factory=list)
 
     @property
     def exit_code(self) -> int:
         if self.violations:
             return 1
-        return 2 if self.error or self.unmatched else 0
+        return 2 if self.error or self.unmatched or self.blind else 0
 
     @property
     def verdict(self) -> str:
@@ -927,6 +929,14 @@ class CheckResult:
                 f"{'CANNOT CHECK' if not self.violations else 'warning'}: "
                 f"no range matches {p!r}: cannot check it"
             )
+        if self.blind:
+            shown = ", ".join(self.blind[:5]) + (" ..." if len(self.blind) > 5 else "")
+            lines.append(
+                f"{'CANNOT CHECK' if not self.violations else 'warning'}: "
+                f"{len(self.blind)} matching range(s) hold no CUDA activity at all ({shown}): "
+                "nothing in them was checked (was the trace recorded without CUDA tracing, "
+                "e.g. nsys -t nvtx?)"
+            )
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 
@@ -938,14 +948,16 @@ class CheckResult:
             "exit_code": self.exit_code,
             "error": self.error,
             "unmatched_patterns": list(self.unmatched),
+            "ranges_without_cuda_activity": list(self.blind),
             "checked_ranges": list(self.checked_ranges),
             "violations": [v.to_dict() for v in self.violations],
         }
 
 
 def check(summary_or_trace, patterns: list[str]) -> CheckResult:
-    """Run the ``--forbid-sync`` check. A trace without ranges, or a pattern that matches no
-    range, cannot prove anything and gives exit code 2 rather than a silent pass."""
+    """Run the ``--forbid-sync`` check. A trace without ranges, a pattern that matches no
+    range, or a matching range with no CUDA activity in it (a trace recorded without CUDA
+    tracing) cannot prove anything and gives exit code 2 rather than a silent pass."""
     summary = _as_summary(summary_or_trace)
     patterns = list(patterns)
     if not summary.ranges:
@@ -961,6 +973,7 @@ def check(summary_or_trace, patterns: list[str]) -> CheckResult:
             "the trace holds no CUDA API calls (CUDA not traced, or a CPU-only run): "
             "nothing could synchronize, so a pass proves little"
         )
+    blind = [name for name in checked if not summary.ranges[name].has_events]
     return CheckResult(
         patterns,
         find_violations(summary, patterns),
@@ -968,6 +981,7 @@ def check(summary_or_trace, patterns: list[str]) -> CheckResult:
         checked,
         start_ns=summary.start_ns,
         notes=notes,
+        blind=blind,
     )
 
 

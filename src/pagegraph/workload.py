@@ -13,7 +13,14 @@ decode steps, in this order:
    exactly that length instead, so exact capacity is reached and replayed;
 4. with SWA, pages that left the window are evicted (their mapping becomes 0), and a random
    request's SWA pages are remapped with probability ``swa_churn``;
-5. the pool's queued writes are flushed, and the step yields the batch as host lists.
+5. the pool's queued writes are flushed, and the step yields the batch as host lists;
+6. optionally, the batch it yields carries values outside the builder contract, as engines'
+   batches do (each with its own probability per step, on one to three rows): a length past
+   the row's capacity (just past it, as a speculative step near ``max_context_len`` gives,
+   several pages past, or a huge value, as a stale or dummy row can carry), a negative
+   length, a request index outside ``req_to_token``. Zero lengths, which are in the
+   contract, can be injected the same way. The pool itself is not changed: the next step
+   yields the true lengths again.
 """
 
 from __future__ import annotations
@@ -39,6 +46,23 @@ class Step:
         return len(self.seq_lens)
 
 
+@dataclass(frozen=True)
+class Injection:
+    """Per-step probabilities of values outside (or at the edge of) the builder contract."""
+
+    #: a length past the row's capacity: just past, several pages past, or huge
+    overlong: float = 0.0
+    #: a negative length
+    negative: float = 0.0
+    #: a zero length (in the contract: the row writes nothing)
+    zero: float = 0.0
+    #: a request index outside ``req_to_token`` (negative or past its last row)
+    bad_index: float = 0.0
+
+    def any(self) -> bool:
+        return bool(self.overlong or self.negative or self.zero or self.bad_index)
+
+
 class DecodeWorkload:
     """An iterable of ``Step`` over ``pool``; see the module docstring for what a step does.
 
@@ -56,6 +80,14 @@ class DecodeWorkload:
         min_bs: smallest batch of the random walk.
         near_capacity: fraction of arrivals that start a few steps short of
             ``max_context_len`` (long prompts), so exact capacity is reached and replayed.
+        inject: out-of-contract values to put into the yielded batches (``Injection``).
+        capacity: tokens a row can hold in the page tables (default ``max_context_len``):
+            an injected overlong length lies past ``max(capacity, max_context_len)``.
+        max_len: the largest length the batch's dtype holds (``2**31 - 1`` for int32).
+        committed_lengths: yield each row's length without this step's draft tokens (the
+            ``seq_lens`` a speculative verify step hands a metadata builder, which adds the
+            draft tokens back into ``cache_seqlens``); the draft tokens' slots are in
+            ``req_to_token`` already.
     """
 
     def __init__(
@@ -72,6 +104,10 @@ class DecodeWorkload:
         swa_churn: float = 0.0,
         min_bs: int = 1,
         near_capacity: float = 0.1,
+        inject: Injection | None = None,
+        capacity: int | None = None,
+        max_len: int = 2**31 - 1,
+        committed_lengths: bool = False,
     ):
         if pool.max_reqs < max_bs:
             raise ValueError(f"pool has {pool.max_reqs} request rows, fewer than max_bs={max_bs}")
@@ -90,7 +126,14 @@ class DecodeWorkload:
         self.swa_churn = swa_churn
         self.min_bs = max(1, min(min_bs, max_bs))
         self.near_capacity = near_capacity
+        self.inject = inject or Injection()
+        self.limit = max(capacity or pool.max_context_len, pool.max_context_len)
+        self.max_len = max_len
+        self.committed_lengths = committed_lengths
         self.rng = np.random.default_rng(seed)
+        # Injections draw from their own stream, so turning them on leaves the pool's
+        # evolution (arrivals, finishes, lengths) exactly as it was.
+        self.inject_rng = np.random.default_rng([seed, 1])
         self.running: list[int] = []
         self._target = self.rng.integers(self.min_bs, max_bs + 1)
 
@@ -118,14 +161,13 @@ class DecodeWorkload:
         grow = 1 + self.draft_tokens
 
         # 1. finishes
-        keep = []
-        for row in self.running:
-            length = pool.requests[row].length
-            if length >= cap or rng.random() < self.finish_rate:
+        if self.running:
+            rows = np.asarray(self.running, dtype=np.int64)
+            lengths = pool.lengths_of(rows)
+            done = (lengths >= cap) | (rng.random(len(rows)) < self.finish_rate)
+            for row in rows[done].tolist():
                 pool.free(row)
-            else:
-                keep.append(row)
-        self.running = keep
+            self.running = rows[~done].tolist()
 
         # 2. batch-size random walk and arrivals
         step_size = max(1, self.max_bs // 8)
@@ -136,26 +178,62 @@ class DecodeWorkload:
         )
         while len(self.running) > self._target:
             pool.free(self.running.pop(int(rng.integers(len(self.running)))))
-        while len(self.running) < self._target:
-            hint = pool.next_free_row()
-            length = max(1, min(self._arrival_length(hint), cap - grow))
-            self.running.append(pool.alloc(length))
+        arrivals = self._target - len(self.running)
+        if arrivals > 0:
+            hints = pool.next_free_rows(arrivals)
+            hints += [None] * (arrivals - len(hints))
+            lengths = [max(1, min(self._arrival_length(h), cap - grow)) for h in hints]
+            self.running.extend(pool.alloc_many(lengths))
         if rng.random() < 0.2:
             rng.shuffle(self.running)
 
         # 3. growth, to exact capacity at most
-        for row in self.running:
-            pool.extend(row, min(grow, cap - pool.requests[row].length))
+        rows = np.asarray(self.running, dtype=np.int64)
+        pool.grow(rows, np.minimum(grow, cap - pool.lengths_of(rows)))
 
         # 4. SWA eviction and churn
         if pool.swa:
             if self.swa_window is not None:
-                for row in self.running:
-                    pool.evict_outside_window(row, self.swa_window)
+                pool.evict_rows_outside_window(self.running, self.swa_window)
             if self.running and rng.random() < self.swa_churn:
                 pool.remap_swa(self.running[int(rng.integers(len(self.running)))])
 
         # 5. device tables
         pool.flush()
-        rows, lens = pool.batch(self.running)
-        return Step(index, rows, lens)
+        req_pool_indices, seq_lens = pool.batch(self.running)
+        if self.committed_lengths and self.draft_tokens:
+            seq_lens = [max(n - self.draft_tokens, 0) for n in seq_lens]
+        # 6. out-of-contract values in the batch (the pool keeps the true ones)
+        if self.inject.any():
+            self._inject(req_pool_indices, seq_lens)
+        return Step(index, req_pool_indices, seq_lens)
+
+    def _inject(self, req_pool_indices: list[int], seq_lens: list[int]) -> None:
+        rng, inj, bs = self.inject_rng, self.inject, len(seq_lens)
+        ps = self.pool.page_size
+
+        def rows() -> list[int]:
+            return rng.choice(bs, size=int(rng.integers(1, min(3, bs) + 1)), replace=False)
+
+        if rng.random() < inj.overlong:
+            for i in rows():
+                kind = rng.integers(3)
+                if kind == 0:  # a speculative step past the end: a few tokens over
+                    extra = int(rng.integers(1, ps * (1 + self.draft_tokens) + 1))
+                elif kind == 1:  # several pages over
+                    extra = ps * int(rng.integers(2, 9)) + int(rng.integers(ps))
+                else:  # a huge value, as a stale or dummy row can hold
+                    extra = self.max_len - self.limit - int(rng.integers(0, 1000))
+                seq_lens[i] = int(min(self.limit + max(extra, 1), self.max_len))
+        if rng.random() < inj.negative:
+            for i in rows():
+                seq_lens[i] = -int(rng.choice([1, ps, 2**20, self.max_len]))
+        if rng.random() < inj.zero:
+            for i in rows():
+                seq_lens[i] = 0
+        if rng.random() < inj.bad_index:
+            n_rows = self.pool.req_to_token.shape[0]
+            for i in rows():
+                req_pool_indices[i] = int(
+                    n_rows + rng.integers(0, 64) if rng.random() < 0.5 else -rng.integers(1, 64)
+                )

@@ -1,0 +1,308 @@
+"""Checks in a child process, so a builder that kills its process or its CUDA context (an
+illegal address, a device-side assert, a segfault, ``os.abort()``, a hang) cannot take the
+run down.
+
+``run_isolated(jobs)`` starts one child (``python -m pagegraph.isolate``) for a list of
+checks (one builder over several configs, say) and returns one report per check. The child:
+
+* writes its report after every chunk of replays (``check_replay_safety``'s ``on_chunk``)
+  and at the end, atomically (a temporary file, then a rename), so nothing already found is
+  lost when it dies later;
+* notes the phase it has reached (``capture``, ``replay 17``, ...) in a small file.
+
+When the child dies (a signal, an exit without a report, a timeout), the check it was running
+is reported UNSAFE: the cause and the last phase reached go into "replays completed" (or
+"capture" if it died there), on top of whatever the last partial report already held; the
+remaining checks are run in a new child. A check that cannot run at all (a bad builder spec)
+is an ``IsolatedError``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+from .checker import PROPERTIES, REPLAY_PROPERTIES, CheckConfig, PropertyResult, Report
+
+#: Seconds a child may run one check before it is killed as hung (None: no limit).
+DEFAULT_TIMEOUT = None
+#: Size of the file in which a child notes its phase (rewritten in place, never grown).
+PROGRESS_BYTES = 128
+
+
+class IsolatedError(RuntimeError):
+    """A child could not run a check at all (bad builder, bad config): not a verdict."""
+
+
+def write_json_atomic(path: str | Path, doc) -> None:
+    """Write JSON so that a reader never sees a half-written file: a temporary file in the
+    same folder, flushed, then renamed over the target."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(doc, f, indent=2, default=str)
+            f.flush()
+            os.fsync(f.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        try:
+            os.unlink(tmp)
+        except OSError:
+            pass
+        raise
+
+
+def _child_env() -> dict[str, str]:
+    # From a source checkout (PYTHONPATH=src, nothing installed) the child python must still
+    # find this very pagegraph.
+    env = dict(os.environ)
+    root = str(Path(__file__).resolve().parent.parent)
+    parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
+    if root not in parts:
+        env["PYTHONPATH"] = os.pathsep.join([root, *parts])
+    env["PYTHONUNBUFFERED"] = "1"
+    return env
+
+
+def builder_spec(builder) -> str:
+    """A builder as a string a child process can resolve: a built-in name, or
+    ``module:function`` for a function importable at module level."""
+    from .builders import BUILDERS, builder_name
+
+    if isinstance(builder, str):
+        return builder
+    name = builder_name(builder)
+    if name in BUILDERS:
+        return name
+    module, qualname = getattr(builder, "__module__", None), getattr(builder, "__qualname__", "")
+    if not module or "<" in qualname or "." in qualname:
+        raise IsolatedError(
+            f"builder {builder!r} is not importable at module level: give it as "
+            "'module:function' to run it in a child process"
+        )
+    return f"{module}:{qualname}"
+
+
+@dataclasses.dataclass
+class Job:
+    """One check for a child: a builder spec and a config (plus checker options)."""
+
+    builder: str
+    config: CheckConfig
+    label: str = ""
+    stop_on_failure: bool = False
+
+
+def _death(returncode: int | None, timed_out: bool) -> str:
+    if timed_out:
+        return "timed out (killed)"
+    if returncode is not None and returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"killed by {name}"
+    return f"exited with code {returncode} without a report"
+
+
+def _crash_report(job: Job, partial: dict | None, cause: str, phase: str, stderr: str) -> Report:
+    """The report of a check whose child died: what it had found, plus the crash."""
+    if partial is not None:
+        report = Report.from_dict(partial)
+    else:
+        report = Report(job.builder, job.config, "?", False)
+        report.properties = [PropertyResult(name, "incomplete", "") for name in PROPERTIES]
+    where = f"the check process {cause} during {phase or 'start-up'}"
+    tail = stderr.strip().splitlines()[-1:] if stderr.strip() else []
+    if tail:
+        where += f" (last error output: {tail[0][:300]})"
+    props = {p.name: p for p in report.properties}
+    target = "capture" if phase in ("setup", "capture", "") else "replays completed"
+    props[target].status = "FAIL"
+    props[target].detail = where
+    props[target].first_failure = props[target].first_failure or where
+    for name in (*REPLAY_PROPERTIES, "capture", "replays completed"):
+        p = props[name]
+        if p.status == "pass" or (p.status == "incomplete" and not p.detail):
+            p.status = "incomplete"
+            p.detail = f"not finished: {where}"
+    report.stopped = where
+    return report
+
+
+def run_isolated(
+    jobs: list[Job],
+    *,
+    timeout: float | None = DEFAULT_TIMEOUT,
+    on_report=None,
+) -> list[Report]:
+    """Run every job in child processes (one at a time, in order); one report per job.
+
+    ``timeout``: seconds a single check may take before it is killed. ``on_report(i,
+    report)`` is called as each job's report is known. Ctrl-C in the parent reaches the
+    child too (same process group): the child writes its partial report and exits, and the
+    parent raises ``KeyboardInterrupt`` with ``.reports`` holding what was done.
+    """
+    reports: list[Report | None] = [None] * len(jobs)
+    next_job = 0
+    with tempfile.TemporaryDirectory(prefix="pagegraph-isolate-") as tmp:
+        tmp = Path(tmp)
+        while next_job < len(jobs):
+            spec = {
+                "jobs": [
+                    {
+                        "builder": j.builder,
+                        "config": dataclasses.asdict(j.config),
+                        "stop_on_failure": j.stop_on_failure,
+                        "result": str(tmp / f"result-{k}.json"),
+                    }
+                    for k, j in enumerate(jobs)
+                ][next_job:],
+                "progress": str(tmp / "progress"),
+                "first": next_job,
+            }
+            spec_path = tmp / f"spec-{next_job}.json"
+            spec_path.write_text(json.dumps(spec, default=str))
+            (tmp / "progress").write_bytes(b" " * PROGRESS_BYTES)
+            cmd = [sys.executable, "-m", "pagegraph.isolate", str(spec_path)]
+            proc = subprocess.Popen(
+                cmd, env=_child_env(), stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
+                text=True,
+            )  # fmt: skip
+            interrupted = None
+            timed_out = False
+            started = time.monotonic()
+            stderr = ""
+            try:
+                limit = None if timeout is None else timeout * (len(jobs) - next_job)
+                _, stderr = proc.communicate(timeout=limit)
+            except subprocess.TimeoutExpired:
+                timed_out = True
+                proc.kill()
+                _, stderr = proc.communicate()
+            except KeyboardInterrupt as exc:
+                interrupted = exc
+                try:  # the child got the signal too: let it write its partial report
+                    _, stderr = proc.communicate(timeout=60)
+                except (subprocess.TimeoutExpired, KeyboardInterrupt):
+                    proc.kill()
+                    _, stderr = proc.communicate()
+            del started
+            progress = (tmp / "progress").read_bytes().decode(errors="replace").strip()
+            progress = progress.split("\t")
+            # Which jobs finished: each wrote a final report (marked "final").
+            for k in range(next_job, len(jobs)):
+                path = tmp / f"result-{k}.json"
+                doc = json.loads(path.read_text()) if path.exists() else None
+                if doc is not None and doc.get("final"):
+                    if doc.get("error"):
+                        raise IsolatedError(doc["error"])
+                    reports[k] = Report.from_dict(doc["report"])
+                    if on_report is not None:
+                        on_report(k, reports[k])
+                    next_job = k + 1
+                    continue
+                if interrupted is not None:
+                    if doc is not None:
+                        reports[k] = Report.from_dict(doc["report"])
+                    break
+                # The child died in job k (or was stopped there): report it, go on after it.
+                cause = _death(proc.returncode, timed_out)
+                phase = progress[1] if len(progress) > 1 and progress[0] == str(k) else ""
+                reports[k] = _crash_report(
+                    jobs[k], doc["report"] if doc else None, cause, phase, stderr or ""
+                )
+                if on_report is not None:
+                    on_report(k, reports[k])
+                next_job = k + 1
+                break
+            if interrupted is not None:
+                interrupted.reports = [r for r in reports if r is not None]
+                raise interrupted
+    return [r for r in reports if r is not None]
+
+
+# -- the child ---------------------------------------------------------------------------------
+
+
+def _child(spec_path: str) -> int:
+    import faulthandler
+    import mmap
+
+    faulthandler.enable()  # a segfault leaves a traceback on stderr for the parent
+    spec = json.loads(Path(spec_path).read_text())
+    with open(spec["progress"], "r+b") as f:
+        progress = mmap.mmap(f.fileno(), PROGRESS_BYTES)
+    from .builders import resolve_builder
+    from .checker import CheckInterrupted, check_replay_safety
+    from .sync import DetectorUnavailable
+
+    def install_sigterm():
+        def handler(signum, frame):
+            exc = KeyboardInterrupt("SIGTERM")
+            exc.signum = signum
+            raise exc
+
+        signal.signal(signal.SIGTERM, handler)
+
+    install_sigterm()
+    for k, job in enumerate(spec["jobs"], start=spec["first"]):
+        result = job["result"]
+
+        def note(phase: str, k=k) -> None:
+            # Rewritten in place in a mapped page (no system call): the parent reads it
+            # after a crash, when the page has reached the file.
+            text = f"{k}\t{phase}".encode()[: PROGRESS_BYTES - 1]
+            progress[:PROGRESS_BYTES] = text.ljust(PROGRESS_BYTES)
+
+        note("setup")
+        try:
+            fields = {f.name for f in dataclasses.fields(CheckConfig)}
+            cfg = CheckConfig(**{a: b for a, b in job["config"].items() if a in fields})
+            if isinstance(cfg.initial_len, list):
+                cfg.initial_len = tuple(cfg.initial_len)
+            if isinstance(cfg.detectors, list):
+                cfg.detectors = tuple(cfg.detectors)
+            builder = resolve_builder(job["builder"])
+        except Exception as exc:  # noqa: BLE001 - told to the parent as a usage error
+            write_json_atomic(result, {"final": True, "error": f"{exc}"})
+            return 2
+        last = [0.0]
+
+        def keep(report: Report, result=result, last=last) -> None:
+            now = time.monotonic()
+            if now - last[0] > 0.2 or any(p.status == "FAIL" for p in report.properties):
+                last[0] = now
+                write_json_atomic(result, {"final": False, "report": report.to_dict()})
+
+        try:
+            report = check_replay_safety(
+                builder,
+                cfg,
+                on_phase=note,
+                on_chunk=keep,
+                stop_on_failure=job["stop_on_failure"],
+            )
+        except CheckInterrupted as exc:
+            write_json_atomic(result, {"final": False, "report": exc.report.to_dict()})
+            return 130 if exc.signum == signal.SIGINT else 143
+        except (DetectorUnavailable, ValueError) as exc:  # usage: a detector, a config value
+            write_json_atomic(result, {"final": True, "error": f"{type(exc).__name__}: {exc}"})
+            return 2
+        # Anything else escaping the check (out of memory while setting up, say) ends this
+        # child with a traceback on stderr: the parent reports the job as crashed with it.
+        write_json_atomic(result, {"final": True, "report": report.to_dict()})
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(_child(sys.argv[1]))

@@ -1,0 +1,314 @@
+"""``pagegraph mutate``: the checker against the mutant zoo, and the kill table.
+
+Every builder of ``pagegraph.mutants.MUTANTS`` (one realistic bug each) and every control (the
+correct builders) is checked over the given scenarios, each builder in its own child process
+(``pagegraph.isolate``), several at a time. A mutant is killed when some scenario reports it
+UNSAFE: a property failed, or its process died (a crash counts, with its cause). Each mutant
+stops at its first failing chunk in each scenario (one failure decides the verdict); controls
+run every replay. The result is a kill table (mutant, bug, first scenario and property that
+caught it), the matrix of which scenario kills which mutant, and the smallest scenario set that
+kills them all.
+
+Exit code: 0 when every mutant that ran was killed and every control is SAFE everywhere, 1
+otherwise, 2 for bad usage.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from .checker import PROPERTIES, Report
+from .isolate import IsolatedError, Job, run_isolated, write_json_atomic
+from .mutants import CONTROLS, MUTANTS
+from .scenario import ScenarioError, load_scenario
+
+#: Replays between two read-backs in mutation runs: small, so a mutant that will crash the
+#: process later is usually caught by a property first.
+MUTATION_CHUNK = 8
+
+
+@dataclass
+class Outcome:
+    """One builder over every scenario."""
+
+    name: str
+    bug: str
+    control: bool
+    reports: dict[str, Report] = field(default_factory=dict)
+    skipped: str | None = None  # why it was not run
+
+    def killers(self) -> dict[str, str]:
+        """scenario -> what killed it there (the first failing property, or the crash)."""
+        out = {}
+        for scenario, report in self.reports.items():
+            failed = [p for p in report.properties if p.status == "FAIL"]
+            if failed:
+                first = min(failed, key=lambda p: list(PROPERTIES).index(p.name))
+                out[scenario] = first.name
+        return out
+
+    @property
+    def killed(self) -> bool:
+        return bool(self.killers())
+
+    @property
+    def safe_everywhere(self) -> bool:
+        return bool(self.reports) and all(r.safe for r in self.reports.values())
+
+
+def smallest_killing_set(outcomes: list[Outcome], scenarios: list[str]) -> list[str]:
+    """Scenarios that together kill every killed mutant, chosen greedily (each step takes the
+    scenario that kills the most mutants not yet killed)."""
+    left = {o.name: set(o.killers()) for o in outcomes if not o.control and o.killed}
+    chosen: list[str] = []
+    while any(left.values()):
+        best = max(scenarios, key=lambda s: sum(s in k for k in left.values()))
+        chosen.append(best)
+        left = {name: k for name, k in left.items() if best not in k}
+    return chosen
+
+
+def format_kill_table(outcomes: list[Outcome], scenarios: list[str]) -> str:
+    lines = [
+        "| builder | bug | result | first caught by | property | killed in |",
+        "|---|---|---|---|---|---|",
+    ]
+    for o in outcomes:
+        if o.skipped:
+            result, first, prop, where = f"not run ({o.skipped})", "", "", ""
+        elif o.control:
+            result = "SAFE everywhere" if o.safe_everywhere else "NOT SAFE (control)"
+            bad = [s for s, r in o.reports.items() if not r.safe]
+            first = bad[0] if bad else ""
+            prop = (
+                ", ".join(
+                    p.name
+                    for p in o.reports[first].properties
+                    if p.status != "pass" and p.status != "skip"
+                )  # fmt: skip
+                if bad
+                else ""
+            )
+            where = ", ".join(bad)
+        else:
+            killers = o.killers()
+            result = "killed" if killers else "SURVIVED"
+            first = next((s for s in scenarios if s in killers), "")
+            prop = killers.get(first, "")
+            if first and o.reports[first].stopped and "process" in o.reports[first].stopped:
+                prop += " (process died)"
+            where = ", ".join(s for s in scenarios if s in killers)
+        lines.append(f"| {o.name} | {o.bug} | {result} | {first} | {prop} | {where} |")
+    return "\n".join(lines)
+
+
+def format_matrix(outcomes: list[Outcome], scenarios: list[str]) -> str:
+    head = "| builder | " + " | ".join(scenarios) + " |"
+    lines = [head, "|---|" + "---|" * len(scenarios)]
+    for o in outcomes:
+        if o.skipped:
+            continue
+        killers = o.killers()
+        cells = []
+        for s in scenarios:
+            r = o.reports.get(s)
+            if r is None:
+                cells.append("")
+            elif s in killers:
+                cells.append(killers[s])
+            else:
+                cells.append("SAFE" if r.safe else r.verdict.lower())
+        lines.append(f"| {o.name} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def run_mutate(
+    scenarios: list[str],
+    *,
+    mutants: list[str] | None = None,
+    replays: int | None = None,
+    jobs: int = 1,
+    timeout: float | None = None,
+    json_path: str | None = None,
+    markdown_path: str | None = None,
+    gpu_mutants: bool | None = None,
+    quiet: bool = False,
+) -> int:
+    """Run the kill table; see the module docstring. ``gpu_mutants``: also run the mutants
+    that can only die on a GPU (default: when CUDA is present)."""
+    try:
+        loaded = [load_scenario(p) for p in scenarios]
+        names = list(MUTANTS) if mutants is None else list(mutants)
+        unknown = [n for n in names if n not in MUTANTS]
+        if unknown:
+            raise ValueError(f"unknown mutant(s) {unknown}: known are {', '.join(MUTANTS)}")
+        if replays is not None and replays < 1:
+            raise ValueError("--replays must be >= 1")
+        if jobs < 1:
+            raise ValueError("--jobs must be >= 1")
+    except (ScenarioError, ValueError) as exc:
+        print(f"pagegraph mutate: {exc}", file=sys.stderr)
+        return 2
+    if gpu_mutants is None:
+        gpu_mutants = torch.cuda.is_available()
+    labels = [s.name for s in loaded]
+
+    outcomes = [Outcome(name, fn.__doc__.strip().splitlines()[0] if fn.__doc__ else "", True)
+                for name, fn in CONTROLS.items()]  # fmt: skip
+    for name in names:
+        m = MUTANTS[name]
+        o = Outcome(name, m.bug, False)
+        if not m.cpu and not gpu_mutants:
+            o.skipped = "can only die on a GPU"
+        outcomes.append(o)
+
+    def configs(control: bool) -> list[Job]:
+        out = []
+        for s in loaded:
+            cfg = s.config
+            if replays is not None:
+                cfg = cfg.replace(steps=replays)
+            if not control:
+                cfg = cfg.replace(chunk=min(cfg.chunk, MUTATION_CHUNK))
+            out.append(Job("", cfg, s.name, stop_on_failure=not control))
+        return out
+
+    def spec_of(o: Outcome) -> str:
+        from .builders import BUILDERS, METADATA_BUILDERS
+
+        builtin = o.name in BUILDERS or o.name in METADATA_BUILDERS
+        return o.name if builtin else f"pagegraph.mutants:{o.name}"
+
+    def run_one(o: Outcome) -> Outcome:
+        if o.skipped:
+            return o
+        js = [Job(spec_of(o), j.config, j.label, j.stop_on_failure) for j in configs(o.control)]
+        t0 = time.monotonic()
+        for label, report in zip(labels, run_isolated(js, timeout=timeout)):
+            o.reports[label] = report
+        if not quiet:
+            state = (
+                ("SAFE everywhere" if o.safe_everywhere else "NOT SAFE")
+                if o.control
+                else ("killed: " + ", ".join(f"{s} ({p})" for s, p in o.killers().items())
+                      if o.killed else "SURVIVED")
+            )  # fmt: skip
+            print(f"{o.name}: {state} ({time.monotonic() - t0:.1f} s)", file=sys.stderr)
+        return o
+
+    t0 = time.monotonic()
+    try:
+        with ThreadPoolExecutor(max_workers=jobs) as pool:
+            list(pool.map(run_one, outcomes))
+    except IsolatedError as exc:
+        print(f"pagegraph mutate: {exc}", file=sys.stderr)
+        return 2
+    elapsed = time.monotonic() - t0
+
+    ran = [o for o in outcomes if not o.control and not o.skipped]
+    survivors = [o.name for o in ran if not o.killed]
+    bad_controls = [o.name for o in outcomes if o.control and not o.safe_everywhere]
+    smallest = smallest_killing_set(outcomes, labels)
+    summary = (
+        f"pagegraph mutate: {sum(o.killed for o in ran)}/{len(ran)} mutants killed, "
+        f"{len(bad_controls)} control(s) not SAFE, over {len(labels)} scenario(s) in "
+        f"{elapsed:.0f} s; smallest killing set: {', '.join(smallest) or '-'}"
+    )
+    table = format_kill_table(outcomes, labels)
+    matrix = format_matrix(outcomes, labels)
+    print(table)
+    print()
+    print(matrix)
+    print()
+    if survivors:
+        print(f"survived: {', '.join(survivors)}")
+    if bad_controls:
+        print(f"controls not SAFE everywhere: {', '.join(bad_controls)}")
+    print(summary)
+    if json_path:
+        from .environment import environment
+
+        write_json_atomic(
+            json_path,
+            {
+                "environment": environment(),
+                "scenarios": [{"name": s.name, "path": s.path} for s in loaded],
+                "smallest_killing_set": smallest,
+                "survivors": survivors,
+                "bad_controls": bad_controls,
+                "seconds": elapsed,
+                "builders": [
+                    {
+                        "name": o.name,
+                        "bug": o.bug,
+                        "control": o.control,
+                        "skipped": o.skipped,
+                        "killed": o.killed if not o.control else None,
+                        "killers": o.killers(),
+                        "reports": {s: r.to_dict() for s, r in o.reports.items()},
+                    }
+                    for o in outcomes
+                ],
+            },
+        )
+    if markdown_path:
+        from .environment import environment
+
+        env = environment()
+        path = Path(markdown_path)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(
+            "\n".join(
+                [
+                    "# pagegraph mutate",
+                    "",
+                    f"{env['date']} on {env['device']} (torch {env['torch']}, "
+                    f"triton {env['triton']})",
+                    "",
+                    summary,
+                    "",
+                    "## Kill table",
+                    "",
+                    table,
+                    "",
+                    "## Which scenario kills which mutant (first failing property)",
+                    "",
+                    matrix,
+                    "",
+                ]
+            )
+        )
+    return 1 if survivors or bad_controls else 0
+
+
+def add_arguments(parser):
+    parser.add_argument("scenarios", nargs="*", default=None, metavar="SCENARIO")
+    parser.add_argument("--mutant", action="append", dest="mutants", metavar="NAME",
+                        help="run only this mutant (repeatable)")  # fmt: skip
+    parser.add_argument("--replays", type=int, help="replays per scenario (default: its steps)")
+    parser.add_argument("--jobs", "-j", type=int, default=1, help="builders checked at once")
+    parser.add_argument("--timeout", type=float, help="seconds one check may take")
+    parser.add_argument("--json", dest="json_path", metavar="PATH")
+    parser.add_argument("--markdown", dest="markdown_path", metavar="PATH")
+    parser.add_argument("--quiet", action="store_true")
+    return parser
+
+
+def run(args) -> int:
+    scenarios = args.scenarios or sorted(str(p) for p in Path("graphs").glob("*.toml"))
+    return run_mutate(
+        scenarios,
+        mutants=args.mutants,
+        replays=args.replays,
+        jobs=args.jobs,
+        timeout=args.timeout,
+        json_path=args.json_path,
+        markdown_path=args.markdown_path,
+        quiet=args.quiet,
+    )

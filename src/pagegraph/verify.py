@@ -1,0 +1,426 @@
+"""The checker's own model of each replay, and the exact verification of its tables on the device.
+
+Two pieces, both independent of the runner and the builder under test:
+
+* ``BatchModel`` (host, numpy): what the static inputs must hold after a batch of ``n``
+  requests is staged. It picks the bucket itself (the smallest captured size ``>= n``), pads
+  rows ``n:bucket`` by its own reading of the padding policy, and keeps its own copy of the
+  request indices that padded rows inherit from earlier batches (SGLang does not reset them).
+  It also classifies each row: in the contract, or out of it (a negative length, a length
+  past ``len_limit``, a request index outside ``req_to_token``).
+* ``TableVerifier`` (device, plain torch): from the model's inputs it computes the reference
+  tables (an independent vectorised gather, never the builder under test), compares every
+  entry of the whole underlying table allocations (canary rows and columns included) with
+  them, and writes one record per replay into a device ring: for each table, the count and
+  the first (row, column, expected, got) of wrong live entries and of writes outside the live
+  region, the staged-input comparison, and the error counters expected and found. It then
+  poisons the tables again for the next replay. On CUDA the whole verification is one CUDA
+  graph, so a replay costs one launch to verify and nothing waits for the device until the
+  ring is read back (once per ``chunk`` replays).
+
+Record layout (int64, ``RECORD`` entries a replay)::
+
+    for each of the 2 * T masks (wrong live entries of table t, then writes outside the live
+    region of table t, for t in page_table, swa_page_table):   count, flat index, expected, got
+    staged inputs:   count of rows that differ, first such row, its req_pool_index, its seq_len
+    error counters:  the 4 expected counts, then the 4 the builder's errors buffer holds
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from .contract import ERROR_KINDS, cdiv
+
+#: Value the tables are filled with before each replay; no builder writes it.
+POISON = -0x5A5A5A5
+INT32_MAX = 2**31 - 1
+#: Names of a metadata builder's vectors, in the order of their allocation.
+VECTOR_NAMES = ("cache_seqlens", "cu_seqlens_k", "cu_seqlens_q")
+
+#: Row flags of the model (bits).
+REAL, IN_BUCKET, OUT_OF_CONTRACT = 1, 2, 4
+
+#: Canary rows above and below the rows of every table allocation.
+CANARY_ROWS = 1
+
+_E = len(ERROR_KINDS)
+#: Offsets into a record.
+STAGED = 0  # + 4 * masks; set per verifier
+MASK_FIELDS = 4
+
+
+@dataclass
+class ModelStep:
+    """The model's view of one replay."""
+
+    index: int
+    n: int
+    bucket: int
+    #: some row of the bucket holds a value outside the contract
+    out_of_contract: bool
+    #: some real row is longer than the lengths the graphs were captured with
+    longer_than_capture: bool
+    #: ``[bucket]`` bool, rows outside the contract
+    ooc_rows: np.ndarray
+    #: ``[bucket]`` what the static inputs must hold (the batch, padded)
+    asked_rpi: np.ndarray
+    asked_sl: np.ndarray
+
+
+class BatchModel:
+    """The static inputs a correct runner holds after staging a batch (see module docstring).
+
+    Args:
+        sizes: the captured batch sizes (ascending).
+        max_bs: rows of the static buffers.
+        pad_seq_len, pad_req_pool_index: what padded rows get (``None``: keep the old index).
+        initial_req_pool_indices: ``[max_bs]`` the static indices right after capture.
+        len_limit: longest length in the contract (``max(max_context_len, width *
+            page_size)``).
+        r2t_rows: rows of ``req_to_token``.
+        capture_pages: pages of the longest row the graphs were captured with.
+        page_size: tokens per page.
+        draft_tokens: added to every length a metadata builder builds its tables for (its
+            ``cache_seqlens``); 0 for a page-table builder.
+    """
+
+    def __init__(
+        self,
+        *,
+        sizes: list[int],
+        max_bs: int,
+        pad_seq_len: int,
+        pad_req_pool_index: int | None,
+        initial_req_pool_indices: np.ndarray,
+        len_limit: int,
+        r2t_rows: int,
+        capture_pages: int,
+        page_size: int,
+        draft_tokens: int = 0,
+    ):
+        self.sizes = sorted(sizes)
+        self.draft_tokens = draft_tokens
+        self.max_bs = max_bs
+        self.pad_seq_len = pad_seq_len
+        self.pad_req_pool_index = pad_req_pool_index
+        self.len_limit = len_limit
+        self.r2t_rows = r2t_rows
+        self.capture_pages = capture_pages
+        self.page_size = page_size
+        #: ``[3 * max_bs]`` int64: request indices, lengths and row flags, as uploaded.
+        self.state = np.zeros(3 * max_bs, dtype=np.int64)
+        self.req_pool_indices = self.state[:max_bs]
+        self.seq_lens = self.state[max_bs : 2 * max_bs]
+        self.flags = self.state[2 * max_bs :]
+        self.req_pool_indices[:] = initial_req_pool_indices
+
+    def bucket_for(self, n: int) -> int:
+        for size in self.sizes:
+            if size >= n:
+                return size
+        raise ValueError(f"batch of {n} requests exceeds the largest bucket {self.sizes[-1]}")
+
+    def stage(self, index: int, req_pool_indices, seq_lens) -> ModelStep:
+        n = len(seq_lens)
+        bucket = self.bucket_for(n)
+        rpi, sl, flags = self.req_pool_indices, self.seq_lens, self.flags
+        rpi[:n] = req_pool_indices
+        sl[:n] = seq_lens
+        sl[n:bucket] = self.pad_seq_len
+        if self.pad_req_pool_index is not None:
+            rpi[n:bucket] = self.pad_req_pool_index
+        b_rpi, b_sl = rpi[:bucket], sl[:bucket]
+        built = np.maximum(b_sl, 0) + self.draft_tokens  # the lengths the tables are built for
+        ooc = (b_sl < 0) | (built > self.len_limit) | (b_rpi < 0) | (b_rpi >= self.r2t_rows)
+        flags[:] = 0
+        flags[:bucket] = IN_BUCKET | np.where(ooc, OUT_OF_CONTRACT, 0)
+        flags[:n] |= REAL
+        longest = int(built[:n].max()) if n else 0
+        return ModelStep(
+            index=index,
+            n=n,
+            bucket=bucket,
+            out_of_contract=bool(ooc.any()),
+            longer_than_capture=cdiv(max(longest, 0), self.page_size) > self.capture_pages,
+            ooc_rows=ooc,
+            asked_rpi=b_rpi.copy(),
+            asked_sl=b_sl.copy(),
+        )
+
+
+class TableVerifier:
+    """Verify replays on the device (see the module docstring).
+
+    Args:
+        tables: ``[T, max_bs + 2, width + pad]`` int32, the allocation the runner's page
+            tables are views of (``tables[t, 1 : 1 + max_bs, :width]``).
+        width: pages per table row.
+        req_to_token, full_to_swa: the pool's tables (``full_to_swa`` with ``T == 2``).
+        page_size: tokens per page.
+        staged: the runner's static ``(req_pool_indices, seq_lens)`` ``[max_bs]``.
+        errors: the runner's ``errors`` buffer, or ``None``.
+        chunk: replays between two read-backs (records in the ring).
+        use_graph: capture the verification as a CUDA graph (CUDA only).
+        vectors: for a metadata builder, ``[3, max_bs + 3]`` int32, the allocation its
+            ``cache_seqlens`` (``vectors[0, 1 : 1 + max_bs]``), ``cu_seqlens_k`` and
+            ``cu_seqlens_q`` (``vectors[k, 1 : 2 + max_bs]``) are views of.
+        draft_tokens: the metadata builder's ``draft_tokens``.
+        error_kinds: counters of the ``errors`` buffer that are checked.
+    """
+
+    def __init__(
+        self,
+        *,
+        tables: torch.Tensor,
+        width: int,
+        req_to_token: torch.Tensor,
+        full_to_swa: torch.Tensor | None,
+        page_size: int,
+        staged: tuple[torch.Tensor, torch.Tensor],
+        errors: torch.Tensor | None,
+        chunk: int,
+        use_graph: bool,
+        vectors: torch.Tensor | None = None,
+        draft_tokens: int = 0,
+        error_kinds: int = _E,
+    ):
+        dev = tables.device
+        self.vectors = vectors
+        self.draft_tokens = draft_tokens
+        self.E = error_kinds
+        self.device = dev
+        self.tables = tables
+        self.T, rows, self.padded_width = tables.shape
+        self.max_bs = rows - 2 * CANARY_ROWS
+        self.width = width
+        self.page_size = page_size
+        self.r2t = req_to_token
+        self.f2s = full_to_swa
+        self.staged = staged
+        self.errors = errors
+        self.chunk = chunk
+        self.cap = min(width, cdiv(req_to_token.shape[1], page_size))
+        # Masks: wrong and outside for each table, then (metadata) for the vectors.
+        self.masks = 2 * self.T + (2 if vectors is not None else 0)
+        self.staged_at = self.masks * MASK_FIELDS
+        self.errors_at = self.staged_at + 4
+        self.record_size = self.errors_at + 2 * self.E
+        M, cap = self.max_bs, self.cap
+
+        # Inputs uploaded per replay: the model's state, then the record slot.
+        self.model = torch.zeros(3 * M + 1, dtype=torch.int64, device=dev)
+        self.records = torch.zeros((chunk, self.record_size), dtype=torch.int64, device=dev)
+        cuda = dev.type == "cuda"
+        self._ring = [torch.zeros(3 * M + 1, dtype=torch.int64, pin_memory=cuda) for _ in range(4)]
+        self._ring_np = [t.numpy() for t in self._ring]
+        self._ring_next = 0
+        self._host_records = torch.zeros(
+            (chunk, self.record_size), dtype=torch.int64, pin_memory=cuda
+        )
+        # Constants of the computation.
+        self._col_tokens = torch.arange(cap, device=dev, dtype=torch.int64) * page_size
+        self._cols = torch.arange(cap, device=dev, dtype=torch.int64)
+        self._mask_table = torch.arange(2 * self.T, device=dev, dtype=torch.int64) % self.T
+        self._expected = torch.empty_like(tables)
+        if vectors is not None:
+            self._expected_vectors = torch.empty_like(vectors)
+            self._vector_index = torch.arange(M + 1, device=dev, dtype=torch.int64)
+        self._live = torch.zeros((rows, self.padded_width), dtype=torch.bool, device=dev)
+        self._ooc = torch.zeros_like(self._live)
+        self.graph: torch.cuda.CUDAGraph | None = None
+        if use_graph:
+            self._capture()
+
+    # -- per replay -----------------------------------------------------------------------
+
+    def upload(self, model: BatchModel, slot: int) -> None:
+        """Stage the model's state for the next verification, without a host sync (a pinned
+        ring and a non-blocking copy; the caller keeps at most two replays in flight)."""
+        i = self._ring_next
+        self._ring_next = (i + 1) % len(self._ring)
+        host = self._ring_np[i]
+        host[:-1] = model.state
+        host[-1] = slot
+        self.model.copy_(self._ring[i], non_blocking=self.device.type == "cuda")
+
+    def poison(self) -> None:
+        self.tables.fill_(POISON)
+        if self.vectors is not None:
+            self.vectors.fill_(POISON)
+        if self.errors is not None:
+            self.errors.zero_()
+
+    def verify(self) -> None:
+        """Compare the tables with the reference, record, and poison them again."""
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            self._compute()
+
+    def read(self, count: int) -> np.ndarray:
+        """The records of the last ``count`` replays (slots ``0..count-1``): waits for them."""
+        if self.device.type == "cuda":
+            self._host_records[:count].copy_(self.records[:count], non_blocking=True)
+            torch.cuda.current_stream(self.device).synchronize()
+            return self._host_records[:count].numpy().copy()
+        return self.records[:count].numpy().copy()
+
+    # -- the computation ------------------------------------------------------------------
+
+    def _capture(self) -> None:
+        side = torch.cuda.Stream(self.device)
+        side.wait_stream(torch.cuda.current_stream(self.device))
+        with torch.cuda.stream(side):
+            self._compute()  # warm-up: the caching allocator sees every size once
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        torch.cuda.synchronize(self.device)
+        self.graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.graph):
+            self._compute()
+        torch.cuda.synchronize(self.device)
+        self.records.zero_()
+
+    def _compute(self) -> None:
+        M, cap, ps, W = self.max_bs, self.cap, self.page_size, self.width
+        top = CANARY_ROWS
+        model = self.model
+        rpi, sl, flags = model[:M], model[M : 2 * M], model[2 * M : 3 * M]
+        slot = model[3 * M :]
+        in_bucket = (flags & IN_BUCKET) != 0
+        ooc = (flags & OUT_OF_CONTRACT) != 0
+
+        # The reference: n = min(cdiv(max(len, 0), ps), cap) live pages a row, each the page
+        # of the slot at the page's first token (request index clamped into req_to_token).
+        # A metadata builder builds its tables for cache_seqlens = max(len, 0) + draft tokens.
+        tokens = torch.where(in_bucket, sl.clamp(min=0) + self.draft_tokens, 0)
+        n_pages = ((tokens + (ps - 1)) // ps).clamp(max=cap)
+        live = self._cols[None, :] < n_pages[:, None]  # [M, cap]
+        rows = rpi.clamp(0, self.r2t.shape[0] - 1)
+        slots = self.r2t[rows[:, None], self._col_tokens[None, :]].to(torch.int64)
+        expected = self._expected
+        expected.fill_(POISON)
+        region = expected[:, top : top + M, :cap]
+        region[0] = torch.where(live, slots // ps, POISON)
+        if self.T == 2:
+            f2s_len = self.f2s.shape[0]
+            swa_slots = self.f2s[slots.clamp(0, f2s_len - 1)].to(torch.int64)
+            region[1] = torch.where(live, swa_slots // ps, POISON)
+
+        self._live.zero_()
+        self._live[top : top + M, :cap] = live
+        self._ooc.zero_()
+        self._ooc[top : top + M, :W] = ooc[:, None]
+        diff = self.tables != expected  # [T, rows, padded width]
+        judged = diff & ~self._ooc  # an out-of-contract row may hold anything in its own row
+        wrong = judged & self._live
+        outside = judged & ~self._live
+        masks = torch.cat([wrong, outside]).view(2 * self.T, -1)
+        counts = masks.sum(1)
+        first = masks.to(torch.uint8).argmax(1)
+        flat = self._mask_table * masks.shape[1] + first
+        mask_fields = torch.stack(
+            [counts, first, expected.view(-1)[flat].long(), self.tables.view(-1)[flat].long()],
+            dim=1,
+        ).view(-1)
+        if self.vectors is not None:
+            mask_fields = torch.cat([mask_fields, self._verify_vectors(sl, in_bucket)])
+
+        got_rpi, got_sl = (t[:M].to(torch.int64) for t in self.staged)
+        bad = in_bucket & ((got_rpi != rpi) | (got_sl != sl))
+        # index_select, not got[bad_row]: indexing with a 0-dim tensor reads it on the host.
+        bad_row = bad.to(torch.uint8).argmax().view(1)
+        staged_fields = torch.cat(
+            [bad.sum().view(1), bad_row, got_rpi.index_select(0, bad_row),
+             got_sl.index_select(0, bad_row)]
+        )  # fmt: skip
+
+        if self.errors is not None:
+            cap_tokens = cap * ps
+            r2t_rows = self.r2t.shape[0]
+            parts = [
+                (in_bucket & (sl.clamp(min=0) + self.draft_tokens > cap_tokens)).sum(),
+                (in_bucket & (sl < 0)).sum(),
+                (in_bucket & ((rpi < 0) | (rpi >= r2t_rows))).sum(),
+            ]
+            if self.T == 2:
+                f2s_len = self.f2s.shape[0]
+                parts.append((live & ((slots < 0) | (slots >= f2s_len))).sum())
+            else:
+                parts.append(torch.zeros((), dtype=torch.int64, device=self.device))
+            if self.E > _E:  # cu_seqlens_k entries whose true running sum passed int32
+                overflowed = self._running_sums(sl, in_bucket) > INT32_MAX
+                parts.append((overflowed & in_bucket).sum())
+            error_fields = torch.cat([torch.stack(parts), self.errors[: self.E].to(torch.int64)])
+        else:
+            error_fields = torch.zeros(2 * self.E, dtype=torch.int64, device=self.device)
+
+        record = torch.cat([mask_fields, staged_fields, error_fields])
+        self.records.index_copy_(0, slot, record.view(1, -1))
+        self.poison()
+
+    def _running_sums(self, sl: torch.Tensor, in_bucket: torch.Tensor) -> torch.Tensor:
+        """``[max_bs]`` int64 true running sums of ``cache_seqlens`` over the bucket's rows."""
+        cache = (sl.clamp(min=0) + self.draft_tokens).clamp(max=INT32_MAX)
+        return torch.cumsum(torch.where(in_bucket, cache, 0), 0)
+
+    def _verify_vectors(self, sl: torch.Tensor, in_bucket: torch.Tensor) -> torch.Tensor:
+        """The metadata vectors against their reference: ``cache_seqlens[i] = min(max(len,
+        0) + draft, 2^31 - 1)`` for the bucket's rows, ``cu_seqlens_k = [0, running sums]``
+        (stored saturated, int32), ``cu_seqlens_q[i] = i * max(draft, 1)`` for ``i <=
+        bucket``; poison everywhere else. Two masks' fields: wrong entries inside that live
+        region, and writes outside it."""
+        M, d = self.max_bs, self.draft_tokens
+        exp = self._expected_vectors
+        exp.fill_(POISON)
+        cache = (sl.clamp(min=0) + d).clamp(max=INT32_MAX)
+        exp[0, 1 : 1 + M] = torch.where(in_bucket, cache, POISON)
+        bucket = in_bucket.sum()
+        live_k = self._vector_index <= bucket  # entries 0..bucket of the prefix sums
+        sums = self._running_sums(sl, in_bucket).clamp(max=INT32_MAX)
+        exp[1, 1] = 0
+        exp[1, 2 : 2 + M] = torch.where(live_k[1:], sums, POISON)
+        exp[2, 1 : 2 + M] = torch.where(live_k, self._vector_index * max(d, 1), POISON)
+        live = exp != POISON
+        diff = self.vectors != exp
+        masks = torch.stack([diff & live, diff & ~live]).view(2, -1)
+        counts = masks.sum(1)
+        first = masks.to(torch.uint8).argmax(1)
+        return torch.stack(
+            [counts, first, exp.view(-1)[first].long(), self.vectors.view(-1)[first].long()],
+            dim=1,
+        ).view(-1)
+
+
+@dataclass
+class Finding:
+    """One violation a record reports, in table coordinates."""
+
+    table: int  # 0: page_table, 1: swa_page_table
+    row: int  # row of the table; -1 or max_bs for a canary row
+    col: int
+    expected: int
+    got: int
+    count: int
+
+
+def decode_mask(record: np.ndarray, mask: int, padded_width: int, rows: int) -> Finding | None:
+    """The finding of mask ``mask`` in a record (``None`` when its count is 0)."""
+    base = mask * MASK_FIELDS
+    count = int(record[base])
+    if not count:
+        return None
+    flat = int(record[base + 1])
+    table_rows = rows + 2 * CANARY_ROWS
+    r, c = divmod(flat, padded_width)
+    return Finding(
+        table=-1,  # filled in by the caller, who knows the mask order
+        row=(r % table_rows) - CANARY_ROWS,
+        col=c,
+        expected=int(record[base + 2]),
+        got=int(record[base + 3]),
+        count=count,
+    )

@@ -1,0 +1,124 @@
+"""Invariant: a builder that kills its process (abort, segfault, exit, hang) cannot take a
+check down: its scenario is reported UNSAFE with the cause and the last phase reached, what
+was found before the crash is kept, and the run goes on with the next check."""
+
+from __future__ import annotations
+
+import textwrap
+
+import pytest
+import torch
+
+from pagegraph.checker import CheckConfig
+from pagegraph.cli import main
+from pagegraph.isolate import IsolatedError, Job, builder_spec, run_isolated
+from pagegraph.pytest_plugin import assert_replay_safe
+
+SMALL = CheckConfig(max_bs=6, max_context_len=128, page_size=16, steps=10, buckets="pow2",
+                    chunk=2)  # fmt: skip
+
+CRASHERS = """
+import os, ctypes, sys, time
+from pagegraph import build_page_table
+
+calls = {"n": 0}
+
+def _count():
+    calls["n"] += 1
+    return calls["n"]
+
+def aborts(*args, **kwargs):
+    os.abort()
+
+def segfaults_in_replays(*args, **kwargs):
+    if _count() > 8:  # after the eager call and the warm-ups: during the replays
+        ctypes.string_at(0)
+    build_page_table(*args, **kwargs)
+
+def exits(*args, **kwargs):
+    sys.exit(3)
+
+def hangs(*args, **kwargs):
+    time.sleep(3600)
+
+def wrong_then_abort(req_to_token, rpi, seq_lens, page_table, page_size, **kw):
+    build_page_table(req_to_token, rpi, seq_lens, page_table, page_size, **kw)
+    page_table[:, :1].add_(1)
+    if _count() > 14:
+        os.abort()
+"""
+
+
+@pytest.fixture
+def crashers(tmp_path, monkeypatch):
+    (tmp_path / "crashers.py").write_text(textwrap.dedent(CRASHERS))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}")
+    return "crashers"
+
+
+def test_abort_segfault_and_exit_are_reported_and_the_run_goes_on(crashers):
+    jobs = [
+        Job(f"{crashers}:aborts", SMALL),
+        Job(f"{crashers}:segfaults_in_replays", SMALL),
+        Job(f"{crashers}:exits", SMALL),
+        Job("build_page_table", SMALL),
+    ]
+    aborted, segv, exited, fine = run_isolated(jobs, timeout=120)
+    assert aborted.verdict == "UNSAFE"
+    capture = aborted.property("capture")
+    assert capture.status == "FAIL" and "SIGABRT" in capture.detail, aborted.format()
+    # Under CUDA graphs the builder's Python runs only until capture: it dies there.
+    died = segv.property("capture" if torch.cuda.is_available() else "replays completed")
+    assert "killed by SIGSEGV" in died.detail, segv.format()
+    assert segv.property("correct").status == "incomplete"
+    assert "exited with code 3" in exited.property("capture").detail
+    assert fine.safe, fine.format()
+
+
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="under CUDA graphs the builder's Python never runs in replays"
+)
+def test_what_was_found_before_a_crash_is_kept(crashers):
+    (report,) = run_isolated([Job(f"{crashers}:wrong_then_abort", SMALL)], timeout=120)
+    assert report.property("correct").status == "FAIL", report.format()
+    assert "expected" in str(report.property("correct").first_failure)
+    assert "SIGABRT" in report.property("replays completed").detail
+
+
+@pytest.mark.gpu
+def test_gpu_a_kernel_that_breaks_its_cuda_context_is_reported():
+    """A spill past the row with huge lengths writes far outside the tables: an illegal
+    address, which poisons the CUDA context. The child's report says so; the run goes on."""
+    cfg = SMALL.replace(overlong=1.0, steps=16)
+    bad, fine = run_isolated(
+        [Job("pagegraph.mutants:no_row_clamp", cfg, stop_on_failure=False),
+         Job("build_page_table", cfg)], timeout=120,
+    )  # fmt: skip
+    assert bad.verdict == "UNSAFE", bad.format()
+    assert fine.safe, fine.format()
+
+
+def test_a_hang_is_killed_at_the_timeout(crashers):
+    (report,) = run_isolated([Job(f"{crashers}:hangs", SMALL)], timeout=8)
+    assert "timed out" in report.stopped and report.verdict == "UNSAFE"
+
+
+def test_cli_isolates_a_user_builder_by_default(crashers, capsys):
+    code = main(["check", "graphs/default.toml", "--replays", "4", "--builder",
+                 f"{crashers}:aborts"])  # fmt: skip
+    out = capsys.readouterr().out
+    assert code == 1 and "SIGABRT" in out and "Traceback" not in out
+
+
+def test_assert_replay_safe_isolated(crashers):
+    with pytest.raises(AssertionError, match="SIGABRT"):
+        assert_replay_safe(f"{crashers}:aborts", SMALL, isolate=True)
+    assert assert_replay_safe("build_page_table", SMALL, isolate=True).safe
+
+
+def test_unimportable_builders_are_usage_errors():
+    with pytest.raises(IsolatedError, match="not importable"):
+        builder_spec(lambda *a, **k: None)
+    with pytest.raises(IsolatedError, match="cannot load builder"):
+        run_isolated([Job("no_such_module:fn", SMALL)])
