@@ -29,7 +29,7 @@ def inputs():
     def get(name: str):
         if name not in made:
             inp = bench.make_inputs(bench.get_config(name), "cuda")
-            made[name] = (inp, bench._Check(inp))
+            made[name] = (inp, bench.Check(inp))
         return made[name]
 
     yield get
@@ -44,7 +44,7 @@ def inputs():
 def test_eager(benchmark, inputs, config, builder):
     inp, check = inputs(config)
     fn = bench.BUILDERS[builder]
-    page_table, swa_page_table, kwargs = bench._outputs(inp)
+    page_table, swa_page_table, kwargs = bench.make_outputs(inp)
     args = (inp.req_to_token, inp.req_pool_indices, inp.seq_lens, page_table, inp.config.page_size)
     benchmark.extra_info.update(config=config, builder=builder, gpu=torch.cuda.get_device_name())
     benchmark.pedantic(
@@ -55,7 +55,7 @@ def test_eager(benchmark, inputs, config, builder):
         rounds=ROUNDS,
         warmup_rounds=10,
     )
-    bench._poison(page_table, swa_page_table)
+    bench.poison(page_table, swa_page_table)
     fn(*args, **kwargs)
     torch.cuda.synchronize()
     mismatch = check.compare(page_table, swa_page_table)
@@ -76,7 +76,7 @@ def test_replay_decode_large(benchmark, inputs):
             rounds=ROUNDS,
             warmup_rounds=10,
         )
-        bench._poison(runner.page_table, runner.swa_page_table)
+        bench.poison(runner.page_table, runner.swa_page_table)
         page_table, swa = runner.replay(inp.req_pool_indices, inp.seq_lens)
         torch.cuda.synchronize()
         mismatch = check.compare(page_table, swa)

@@ -1,13 +1,21 @@
 """Invariant: the benchmark measures what it says. Rotated tables hold the same requests on
 other pages (the kernel's answers on them are exact), the rotation count divides the graph's
-builds, and the floor counts one sector and one write per live page."""
+builds, and the floor counts one sector and one write per live page. The block-grid baseline
+is exact; the decode-metadata, replay-overhead and checker sections compare what they claim
+to compare, derive their ratios and targets right, and run end to end (a smoke run without a
+GPU)."""
 
 from __future__ import annotations
 
+import json
+
+import pytest
 import torch
 
 from pagegraph import bench
+from pagegraph.bench import checker_rate, decode, replay_overhead, report
 from pagegraph.checker import POISON, expected_tables
+from pagegraph.scenario import load_scenario
 
 
 def test_rotation_count_divides_builds_and_covers_l2():
@@ -42,3 +50,173 @@ def test_floor_bytes():
     assert bench.floor_bytes(10, page_size=64) == 10 * (32 + 4)
     assert bench.floor_bytes(10, page_size=1) == 10 * (4 + 4)
     assert bench.floor_bytes(10, page_size=16, swa=True) == 10 * (32 + 4 + 32 + 4)
+
+
+def test_block_grid_baseline_is_exact_and_registered():
+    from pagegraph.builders import BUILDERS, resolve_builder
+
+    assert resolve_builder("block_grid") is BUILDERS["block_grid"] is bench.block_grid
+    for name in ("skewed", "swa"):
+        cfg = bench.smoke_config(bench.get_config(name))
+        inp = bench.make_inputs(cfg, "cuda" if torch.cuda.is_available() else "cpu")
+        page_table, swa_page_table, kwargs = bench.make_outputs(inp)
+        bench.block_grid(
+            inp.req_to_token, inp.req_pool_indices, inp.seq_lens, page_table, cfg.page_size,
+            **kwargs,
+        )  # fmt: skip
+        assert bench.Check(inp).compare(page_table, swa_page_table) is None
+
+
+def test_first_difference_names_the_first_differing_entry():
+    want = {"a": torch.arange(6).view(2, 3), "b": torch.zeros(4, dtype=torch.int32)}
+    got = {k: v.clone() for k, v in want.items()}
+    assert bench.first_difference(got, want) is None
+    got["a"][1, 2] = 99
+    got["a"][1, 0] = 98
+    assert bench.first_difference(got, want) == "a: 2 entries differ; first [1, 0] got 98 want 3"
+    assert bench.first_difference(got, want, ["b"]) is None
+    got["b"] = torch.zeros(5, dtype=torch.int32)
+    assert bench.first_difference(got, want, ["b"]) == "b: shape (5,), want (4,)"
+
+
+def _decode_rows(config: str, times: dict) -> list[dict]:
+    """Metadata rows of one config: ``times[variant] = (device_us, warm_us, eager_us)``."""
+    cfg = bench.get_config(config)
+    rows = []
+    for name, _, draft, _ in decode.DECODE_VARIANTS:
+        row = decode.decode_row(cfg, name, draft)
+        row["device_us"], row["device_warm_us"], row["eager_us"] = times.get(name, (None,) * 3)
+        row["exact"] = True
+        rows.append(row)
+    return rows
+
+
+def test_decode_summary_and_targets():
+    rows = _decode_rows(
+        "decode-mid",
+        {
+            "build_page_table": (2.0, 1.5, 10.0),
+            "build_decode_metadata": (2.5, 2.0, 11.0),
+            "build_decode_metadata+draft4": (2.75, 2.25, 11.0),
+            "PreparedDecodeMetadata": (None, None, 8.0),
+            "unfused_decode_metadata": (6.0, 5.0, 44.0),
+        },
+    )
+    rows += _decode_rows(
+        "skewed",
+        {
+            "build_page_table": (2.0, 2.0, 10.0),
+            "build_decode_metadata": (3.5, 2.5, 13.0),
+            "unfused_decode_metadata": (None, None, 26.0),
+        },
+    )
+    mid, skewed = bench.decode_summary(rows)
+    assert (mid["diff_us"], mid["diff_warm_us"]) == (0.5, 0.5)
+    assert (mid["diff_draft_us"], mid["diff_draft_warm_us"]) == (0.75, 0.75)
+    assert mid["fused_over_bpt"] == 1.1 and mid["prepared_over_bpt"] == 0.8
+    assert mid["unfused_over_fused"] == 4.0 and mid["unfused_over_fused_device"] == 2.4
+    assert skewed["diff_draft_us"] is None and skewed["unfused_over_fused_device"] is None
+    assert mid["exact"] and skewed["exact"]
+
+    rotated = {t["target"].split(" (")[0]: t for t in report.decode_targets(rows)}
+    diff = rotated["build_decode_metadata device time within 1 us of build_page_table"]
+    assert (diff["measured"], diff["met"]) == (1.5, False) and "worst: skewed" in diff["target"]
+    warm = report.decode_targets(rows, "device_warm_us")[0]
+    assert (warm["measured"], warm["met"]) == (0.75, True)
+    fused = rotated["build_decode_metadata eager wall time <= 1.2x build_page_table's"]
+    assert (fused["measured"], fused["met"]) == (1.3, False)
+    unfused = rotated["unfused chain eager wall time >= 3x build_decode_metadata's"]
+    assert (unfused["measured"], unfused["met"]) == (2.0, False)
+
+    rows[1]["exact"] = False  # an inexact output: no target on it is met
+    assert not bench.decode_summary(rows)[0]["exact"]
+    warm = report.decode_targets(rows, "device_warm_us")[0]
+    assert warm["met"] is False and "inexact output: decode-mid" in warm["target"]
+
+
+def test_replay_target_and_failures():
+    row = replay_overhead.overhead_row("decode-mid", 64)
+    assert report.replay_target(row)["met"] is None
+    row.update(runner_replay_us=30.0, bare_replay_us=12.0, ratio=2.5, exact=True)
+    assert report.replay_target(row)["met"] is False
+    row["ratio"] = 1.5
+    assert report.replay_target(row)["met"] is True
+    row["exact"] = False
+    assert report.replay_target(row)["met"] is False
+
+    checker = [
+        dict(checker_rate.checker_row("s", "graphs/s.toml", "none", 8), verdict="SAFE"),
+        dict(checker_rate.checker_row("s", "graphs/s.toml", "cupti", 8), skipped="no CUPTI"),
+    ]
+    result = {"rows": [], "decode_metadata": [], "replay_overhead": None, "checker": checker}
+    assert bench.failures(result) == []
+    checker[0]["verdict"] = "UNSAFE"
+    result["replay_overhead"] = row
+    assert bench.failures(result) == ["replay overhead: inexact", "checker (none): UNSAFE"]
+
+
+def test_interleaved_wall_times_alternate_rounds():
+    order = []
+    times = bench.interleaved_wall_us(
+        {"a": lambda: order.append("a"), "b": lambda: order.append("b")},
+        5,
+        round_calls=2,
+        warmup=1,
+        cuda=False,
+    )
+    assert set(times) == {"a", "b"} and all(t >= 0 for t in times.values())
+    # warm-up of each, then rounds of 2, 2 and 1 calls, the two alternating
+    assert "".join(order) == "ab" + "aabb" + "aabb" + "ab"
+
+
+def test_checker_helpers(tmp_path, monkeypatch):
+    assert checker_rate.finite_or_none(float("nan")) is None
+    assert checker_rate.finite_or_none(12.5) == 12.5
+    # The scenarios are found from the repository root whatever the working directory.
+    monkeypatch.chdir(tmp_path)
+    found = checker_rate.find_scenario(checker_rate.CHECKER_SCENARIO)
+    assert found.is_file() and found.name == "sglang-h200.toml"
+    with pytest.raises(FileNotFoundError):
+        checker_rate.find_scenario("graphs/no-such-scenario.toml")
+    cfg = load_scenario(found).config.replace(
+        steps=checker_rate.CHECKER_REPLAYS, detectors=checker_rate.CHECKER_RUNS[1][1]
+    )
+    assert cfg.steps == 2000 and cfg.detectors == ("cupti",)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU smoke path (a GPU runs 2000)")
+def test_checker_section_smoke():
+    rows = bench.bench_checker(cuda=False)
+    assert [r["detectors"] for r in rows] == ["none", "cupti"]
+    none, cupti = rows
+    assert none["error"] is None and none["verdict"] == "SAFE", none
+    assert none["replays"] == checker_rate.SMOKE_CHECKER_REPLAYS and none["wall_s"] > 0
+    assert cupti["skipped"] or cupti["verdict"] == "SAFE"
+
+
+def test_sections_run_and_report(tmp_path):
+    """The replay-overhead and decode-metadata sections end to end: exact everywhere, their
+    keys in bench.json and their tables in bench.md (smoke shapes without a GPU)."""
+    result = bench.run_bench(
+        tmp_path, configs=["decode-small", "swa"], quick=True, only=["replay", "metadata"]
+    )
+    assert result["sections"] == ["replay", "metadata"]
+    assert result["rows"] == [] and result["checker"] == [] and result["sweeps"] == {}
+    assert bench.failures(result) == []
+    variants = [name for name, _, _, _ in decode.DECODE_VARIANTS]
+    assert [r["variant"] for r in result["decode_metadata"]] == variants * 2
+    assert all(r["exact"] for r in result["decode_metadata"])
+    assert [s["config"] for s in result["decode_metadata_summary"]] == ["decode-small", "swa"]
+    assert result["replay_overhead"]["exact"] is True
+    saved = json.loads((tmp_path / "bench.json").read_text())
+    for key in ("decode_metadata", "decode_metadata_summary", "replay_overhead", "checker"):
+        assert key in saved
+    md = (tmp_path / "bench.md").read_text()
+    assert "## Decode metadata" in md and "## Runner replay vs bare graph replay" in md
+    if torch.cuda.is_available():
+        assert result["replay_overhead"]["ratio"] is not None
+        assert all(
+            r["device_us"] is not None
+            for r in result["decode_metadata"]
+            if r["variant"] != "PreparedDecodeMetadata"
+        )

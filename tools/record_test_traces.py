@@ -1,5 +1,7 @@
 """Record the small real traces the analyzer's tests use (run on a GPU machine).
 
+Usage (``tools/gpu_validate.sh OUT traces`` runs all three)::
+
     python tools/record_test_traces.py clean    # 20 sync-free replays
     python tools/record_test_traces.py planted  # the same, with one .item() inside a replay range
     python tools/record_test_traces.py torch OUT_DIR  # both, as torch.profiler JSON traces

@@ -1,5 +1,7 @@
 #!/usr/bin/env bash
-# make sanitize: the kernel and graph workloads under compute-sanitizer, one tool per run.
+# Usage: tools/sanitize.sh (what make sanitize runs); TOOLS="memcheck ...", MODES="kernel graphs",
+#        SAN_TIMEOUT=600 and PY=python3 narrow or change the runs.
+# The kernel and graph workloads under compute-sanitizer, one tool per run.
 # Prints one summary line per tool and run; exits non-zero if any run reported an error.
 set -uo pipefail
 cd "$(dirname "$0")/.."

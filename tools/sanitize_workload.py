@@ -1,5 +1,7 @@
 """What `make sanitize` runs under compute-sanitizer (GPU only).
 
+Usage (normally through ``tools/sanitize.sh``)::
+
     python tools/sanitize_workload.py kernel   # eager builds over shapes, exact buffers
     python tools/sanitize_workload.py graphs   # captured buckets, replays of a workload
 

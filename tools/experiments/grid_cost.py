@@ -3,7 +3,7 @@
 Each program loads one length and one request index, as the page-table kernel's programs do
 before they find their row empty, and exits. Device time per graph node, the bench's timing.
 
-Usage: ``PYTHONPATH=src python tools/grid_cost.py``.
+Usage: ``PYTHONPATH=src python tools/experiments/grid_cost.py``.
 """
 
 from __future__ import annotations

@@ -4,7 +4,8 @@ Times design variants of the page-table kernel on the bench configs, each one ch
 against the reference first, with the bench's own timing (a CUDA graph of builds, median of
 event-timed replays; ``rot`` cycles over tables rotated out of L2, ``warm`` reads one table):
 
-* ``current``: ``pagegraph.build_page_table`` as committed; ``block_grid``: the bench baseline.
+* ``current``: ``pagegraph.build_page_table`` as committed; ``block_grid``: the baseline
+  (``pagegraph.baselines``).
 * ``v:...``: one generic variant kernel with these switches:
   ``swap`` (row on grid axis 1, so the programs of all rows interleave across SMs instead of
   row-major), ``ps`` (page size a constexpr: divisions become shifts), ``i32`` (in-row page
@@ -28,7 +29,8 @@ event-timed replays; ``rot`` cycles over tables rotated out of L2, ``warm`` read
   page start at an address that depends on it, store): the latency any build pays above the
   empty-kernel launch floor.
 
-Usage: ``PYTHONPATH=src python tools/kernel_variants.py [--configs ...] [--json PATH]``.
+Usage: ``PYTHONPATH=src python tools/experiments/kernel_variants.py [--sweep N | --variants
+...] [--configs ...] [--json PATH]``.
 """
 
 from __future__ import annotations
@@ -547,7 +549,7 @@ def measure(configs, variants, builds, replays) -> dict:
         cfg = B.get_config(name)
         inp = B.make_inputs(cfg, "cuda")
         B.rotate_out_of_l2(inp, l2, builds)
-        check = B._Check(inp)
+        check = B.Check(inp)
         for spec in variants:
             if spec == "current":
                 fn = build_page_table
@@ -561,13 +563,13 @@ def measure(configs, variants, builds, replays) -> dict:
                 fn = multirow(spec[2:])
             else:
                 fn = variant(spec[2:])
-            pt, swa, kwargs = B._outputs(inp)
+            pt, swa, kwargs = B.make_outputs(inp)
             args = (inp.req_to_token, inp.req_pool_indices, inp.seq_lens, pt, cfg.page_size)
             row = {"config": name, "variant": spec}
             try:
                 fn(*args, **kwargs)
                 torch.cuda.synchronize()
-                row["exact"] = B._Check.compare(check, pt, swa) is None
+                row["exact"] = check.compare(pt, swa) is None
                 rot = B.Rotation(fn, [*inp.rotated, args[0]], args[1:], kwargs)
                 row["rot_us"], g = B.device_time_us(rot, builds, replays, rot.reset)
                 del g
@@ -604,7 +606,7 @@ def main(argv=None) -> int:
     p.add_argument("--json")
     a = p.parse_args(argv)
     result = measure(a.configs, a.variants or SWEEPS[a.sweep], a.builds, a.replays)
-    result["env"] = B._env(True)
+    result["env"] = B.bench_environment(True)
     if a.json:
         with open(a.json, "w") as f:
             json.dump(result, f, indent=1, default=str)

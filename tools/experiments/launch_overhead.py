@@ -2,6 +2,9 @@
 
 Prints the median host time of the whole call and of its pieces, and a cProfile of the call,
 so a regression of the eager-launch figure can be traced to its piece.
+
+Usage: ``PYTHONPATH=src python tools/experiments/launch_overhead.py`` (``tools/gpu_validate.sh
+OUT launch`` runs it).
 """
 
 from __future__ import annotations

@@ -1,0 +1,7 @@
+"""``python -m pagegraph.bench``: the benchmark suite (``pagegraph bench`` by another name)."""
+
+import sys
+
+from .runner import main
+
+sys.exit(main())

@@ -1,0 +1,117 @@
+"""The "checker" section (issue #15): how many replays per second the checker verifies.
+
+``pagegraph.checker.check_replay_safety("build_page_table", ...)`` runs a scenario's workload
+through captured graphs and checks every replay; its report carries ``replays_per_s``, the
+steady-state rate of checked replays (start-up and capture excluded). The bench runs it twice
+on one scenario, with no sync detector and with the CUPTI detector (skipped, with the reason,
+where CUPTI cannot run), and records that rate, the verdict and the wall time of the whole
+call.
+
+On a GPU: ``graphs/sglang-h200.toml`` with 2000 replays. On a CPU (the interpreter, eager, no
+graphs): ``graphs/default.toml`` with 8 replays, which only shows that the section runs.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from pathlib import Path
+
+from ..checker import check_replay_safety
+from ..ranges import phase
+from ..scenario import load_scenario
+from ..sync import available_detectors
+from .timing import error, recover
+
+CHECKER_SCENARIO = "graphs/sglang-h200.toml"
+CHECKER_REPLAYS = 2000
+#: The quick run's replays (``--quick``): enough to pass the start-up and reach a steady rate.
+CHECKER_REPLAYS_QUICK = 500
+SMOKE_CHECKER_SCENARIO = "graphs/default.toml"
+SMOKE_CHECKER_REPLAYS = 8
+
+#: The two runs: (label, ``CheckConfig.detectors``).
+CHECKER_RUNS: tuple[tuple[str, str | tuple[str, ...]], ...] = (
+    ("none", "none"),
+    ("cupti", ("cupti",)),
+)
+
+#: The repository root, for scenario paths when the bench does not run from it.
+_REPO = Path(__file__).resolve().parents[3]
+
+
+def find_scenario(path: str | Path) -> Path:
+    """``path`` as given when it exists (relative to the working directory), else relative
+    to the repository root this package was loaded from; ``FileNotFoundError`` otherwise."""
+    p = Path(path)
+    if p.exists():
+        return p
+    q = _REPO / p
+    if not p.is_absolute() and q.exists():
+        return q
+    raise FileNotFoundError(f"scenario {path} not found (looked in . and {_REPO})")
+
+
+def finite_or_none(x: float | None) -> float | None:
+    """``x``, or ``None`` when it is ``None``, NaN or infinite (JSON has no NaN)."""
+    if x is None or not math.isfinite(x):
+        return None
+    return float(x)
+
+
+def checker_row(scenario: str, path: str, detectors: str, replays: int) -> dict:
+    """A row of the checker section with every field present, the measured ones ``None``."""
+    return {
+        "scenario": scenario,
+        "path": path,
+        "builder": "build_page_table",
+        "detectors": detectors,
+        "replays_requested": replays,
+        "replays": None,
+        "replays_per_s": None,
+        "verdict": None,
+        "stopped": None,
+        "wall_s": None,
+        "skipped": None,
+        "error": None,
+    }
+
+
+def bench_checker(cuda: bool, quick: bool = False) -> list[dict]:
+    """One row per detector setting (``CHECKER_RUNS``); a failure or a skip is recorded in
+    its row, never raised."""
+    if cuda:
+        scenario_path = CHECKER_SCENARIO
+        steps = CHECKER_REPLAYS_QUICK if quick else CHECKER_REPLAYS
+    else:
+        scenario_path, steps = SMOKE_CHECKER_SCENARIO, SMOKE_CHECKER_REPLAYS
+    name = Path(scenario_path).stem
+    rows = [checker_row(name, scenario_path, label, steps) for label, _ in CHECKER_RUNS]
+    try:
+        scenario = load_scenario(find_scenario(scenario_path))
+    except Exception as exc:  # noqa: BLE001
+        for row in rows:
+            row["error"] = f"scenario: {error(exc)}"
+        return rows
+    for row, (label, detectors) in zip(rows, CHECKER_RUNS):
+        row["scenario"] = scenario.name
+        if label != "none":
+            reason = available_detectors().get(label, f"no detector {label!r}")
+            if reason is not None:
+                row["skipped"] = reason
+                continue
+        cfg = scenario.config.replace(steps=steps, detectors=detectors)
+        try:
+            with phase("bench"):
+                t0 = time.perf_counter()
+                report = check_replay_safety("build_page_table", cfg)
+                row["wall_s"] = time.perf_counter() - t0
+            row["replays"] = report.replays
+            row["replays_per_s"] = finite_or_none(report.replays_per_s)
+            row["verdict"] = report.verdict
+            row["stopped"] = report.stopped
+        except Exception as exc:  # noqa: BLE001
+            row["error"] = error(exc)
+        finally:
+            recover(cuda)
+    return rows

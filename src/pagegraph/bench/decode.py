@@ -1,0 +1,328 @@
+"""The "metadata" section (issue #17): a decode step's whole metadata in one launch, against
+``build_page_table`` alone and against the unfused chain engines write.
+
+For every config, on the config's inputs, these variants (``DECODE_VARIANTS``):
+
+* ``build_page_table``: the page table alone, lengths ``seq_lens`` (the yardstick);
+* ``build_decode_metadata`` with ``draft_tokens`` 0 and 4 (``cu_seqlens_q`` written too):
+  ``cache_seqlens``, ``cu_seqlens_k``, ``cu_seqlens_q`` and the page tables in one launch;
+* ``PreparedDecodeMetadata``: the same call through ``prepare_decode_metadata`` (checks done
+  once), eager only;
+* ``unfused_decode_metadata``: the clamp / add / cumsum / fill / arange / ``build_page_table``
+  chain of ``pagegraph.reference``, ``draft_tokens`` 0.
+
+Each row: its outputs once, exactly (``torch.equal`` of every output tensor, page tables
+whole, POISON tails included) against ``pagegraph.reference.reference_decode_metadata`` on
+POISON-filled buffers, before anything is timed; device time per call in a CUDA graph
+(rotated out of L2 and L2-warm, as the builder rows), checked again after a replay of the
+graph; eager host time per call. ``decode_summary`` derives, per config, the device-time
+difference to ``build_page_table`` (target: within 1 us) and the eager ratios fused /
+``build_page_table`` (target: at most 1.2x) and unfused / fused (target: at least 3x).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ..checker import POISON
+from ..kernel import build_page_table
+from ..metadata import build_decode_metadata, prepare_decode_metadata
+from ..ranges import phase
+from ..reference import reference_decode_metadata, unfused_decode_metadata
+from .configs import BenchConfig
+from .inputs import BenchInputs, Rotation, make_inputs, rotate_out_of_l2
+from .rows import eager_calls, eager_warmup
+from .timing import Settings, device_time_us, error, recover, sync, wall_time_us
+
+#: Speculative draft tokens of the second ``build_decode_metadata`` variant.
+DRAFT = 4
+#: ``(name, function key, draft_tokens, graph-timed)`` in table order.
+DECODE_VARIANTS: tuple[tuple[str, str, int, bool], ...] = (
+    ("build_page_table", "build_page_table", 0, True),
+    ("build_decode_metadata", "fused", 0, True),
+    (f"build_decode_metadata+draft{DRAFT}", "fused", DRAFT, True),
+    ("PreparedDecodeMetadata", "prepared", 0, False),
+    ("unfused_decode_metadata", "unfused", 0, True),
+)
+#: Targets: device time above build_page_table, and eager ratios.
+DIFF_TARGET_US = 1.0
+FUSED_RATIO_TARGET = 1.2
+UNFUSED_RATIO_TARGET = 3.0
+#: What the ``cache_seqlens`` / ``cu_seqlens_*`` outputs are filled with before a call.
+VECTOR_POISON = -7
+
+
+@dataclass
+class DecodeOutputs:
+    """Output buffers of one decode-metadata call on ``inp``: ``cache_seqlens [bs]``,
+    ``cu_seqlens_k [bs + 1]``, ``cu_seqlens_q [bs + 1]`` int32, ``page_table`` and (SWA)
+    ``swa_page_table`` ``[bs, width]`` int32; ``full_to_swa`` is the input's."""
+
+    cache_seqlens: torch.Tensor
+    cu_seqlens_k: torch.Tensor
+    cu_seqlens_q: torch.Tensor
+    page_table: torch.Tensor
+    swa_page_table: torch.Tensor | None
+    full_to_swa: torch.Tensor | None
+
+    @classmethod
+    def like(cls, inp: BenchInputs) -> DecodeOutputs:
+        cfg = inp.config
+        dev = inp.req_to_token.device
+        vec = lambda n: torch.full((n,), VECTOR_POISON, dtype=torch.int32, device=dev)  # noqa: E731
+        table = torch.full((cfg.bs, cfg.width), POISON, dtype=torch.int32, device=dev)
+        swa = torch.full_like(table, POISON) if cfg.swa else None
+        return cls(vec(cfg.bs), vec(cfg.bs + 1), vec(cfg.bs + 1), table, swa, inp.full_to_swa)
+
+    def tensors(self) -> dict[str, torch.Tensor]:
+        """The outputs by name (``swa_page_table`` only with SWA)."""
+        out = {
+            "cache_seqlens": self.cache_seqlens,
+            "cu_seqlens_k": self.cu_seqlens_k,
+            "cu_seqlens_q": self.cu_seqlens_q,
+            "page_table": self.page_table,
+        }
+        if self.swa_page_table is not None:
+            out["swa_page_table"] = self.swa_page_table
+        return out
+
+    def metadata_kwargs(self) -> dict:
+        """Keyword arguments of a ``build_decode_metadata`` call (``draft_tokens`` aside)."""
+        kwargs = {
+            "cache_seqlens": self.cache_seqlens,
+            "cu_seqlens_k": self.cu_seqlens_k,
+            "cu_seqlens_q": self.cu_seqlens_q,
+            "page_table": self.page_table,
+        }
+        if self.swa_page_table is not None:
+            kwargs.update(swa_page_table=self.swa_page_table, full_to_swa=self.full_to_swa)
+        return kwargs
+
+    def table_kwargs(self) -> dict:
+        """SWA keyword arguments of a ``build_page_table`` call (empty without SWA)."""
+        if self.swa_page_table is None:
+            return {}
+        return {"swa_page_table": self.swa_page_table, "full_to_swa": self.full_to_swa}
+
+    def poison(self) -> None:
+        for name, t in self.tensors().items():
+            t.fill_(POISON if name.endswith("page_table") else VECTOR_POISON)
+
+
+def first_difference(
+    got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], names=None
+) -> str | None:
+    """``None`` when every tensor of ``names`` (default: all of ``want``) is equal
+    (``torch.equal``) in ``got`` and ``want``, else where the first one differs:
+    ``"name: K entries differ; first [i, j] got G want W"``."""
+    for name in names or want:
+        a, b = got[name], want[name]
+        if a.shape != b.shape:
+            return f"{name}: shape {tuple(a.shape)}, want {tuple(b.shape)}"
+        if torch.equal(a, b):
+            continue
+        bad = (a != b).nonzero()
+        idx = tuple(bad[0].tolist())
+        where = ", ".join(str(i) for i in idx)
+        return (
+            f"{name}: {bad.shape[0]} entries differ; first [{where}] "
+            f"got {int(a[idx])} want {int(b[idx])}"
+        )
+    return None
+
+
+def decode_row(cfg: BenchConfig, variant: str, draft: int) -> dict:
+    """A row of the metadata section with every field present, the measured ones ``None``."""
+    return {
+        "config": cfg.name,
+        "bs": cfg.bs,
+        "page_size": cfg.page_size,
+        "max_context_len": cfg.max_context_len,
+        "width": cfg.width,
+        "swa": cfg.swa,
+        "variant": variant,
+        "draft_tokens": draft,
+        "device_us": None,
+        "device_warm_us": None,
+        "input_sets": None,
+        "eager_us": None,
+        "exact": None,
+        "graph_exact": None,
+        "mismatch": None,
+        "error": None,
+    }
+
+
+def _reference(inp: BenchInputs, draft: int) -> dict[str, torch.Tensor]:
+    want = DecodeOutputs.like(inp)
+    reference_decode_metadata(
+        inp.req_to_token,
+        inp.req_pool_indices,
+        inp.seq_lens,
+        inp.config.page_size,
+        draft_tokens=draft,
+        **want.metadata_kwargs(),
+    )
+    return want.tensors()
+
+
+def _calls(inp: BenchInputs, key: str, draft: int, out: DecodeOutputs):
+    """``(call, rotation_fn, rest, kwargs)`` of one variant: ``call()`` runs it on the
+    input's table, ``rotation_fn(table, *rest, **kwargs)`` on any table."""
+    r2t, rpi, lens, ps = inp.req_to_token, inp.req_pool_indices, inp.seq_lens, inp.config.page_size
+    if key == "build_page_table":
+        rest, kwargs = (rpi, lens, out.page_table, ps), out.table_kwargs()
+        fn: Callable = build_page_table
+    elif key == "prepared":
+        prepared = prepare_decode_metadata(
+            r2t, rpi, lens, ps, draft_tokens=draft, **out.metadata_kwargs()
+        )
+        return prepared, None, None, None
+    else:
+        fn = build_decode_metadata if key == "fused" else unfused_decode_metadata
+        rest, kwargs = (rpi, lens, ps), {"draft_tokens": draft, **out.metadata_kwargs()}
+    return (lambda: fn(r2t, *rest, **kwargs)), fn, rest, kwargs
+
+
+def _bench_variant(
+    inp: BenchInputs, key: str, draft: int, graphs: bool, want: dict, s: Settings, row: dict
+) -> None:
+    out = DecodeOutputs.like(inp)
+    # build_page_table writes the page tables only: those are what it is checked on.
+    names = ["page_table", "swa_page_table"] if key == "build_page_table" else None
+    names = [n for n in names if n in want] if names else None
+    errors: list[str] = []
+    call, fn, rest, kwargs = _calls(inp, key, draft, out)
+    try:  # exactness first: an inexact variant is still timed, but flagged
+        out.poison()
+        call()
+        sync(s.cuda)
+        mismatch = first_difference(out.tensors(), want, names)
+        row["exact"] = mismatch is None
+        row["mismatch"] = mismatch
+    except Exception as exc:  # noqa: BLE001
+        errors.append(f"check: {error(exc)}")
+
+    if s.cuda and graphs and not errors:
+        graph = None
+        tables = [*inp.rotated, inp.req_to_token]
+        rotation = Rotation(fn, tables, rest, kwargs)
+        try:
+            row["device_warm_us"], graph = device_time_us(call, s.builds, s.replays)
+            del graph
+            row["device_us"], graph = device_time_us(rotation, s.builds, s.replays, rotation.reset)
+            row["input_sets"] = len(tables)
+            # The graph's last call reads the input's own table: the outputs are the reference.
+            out.poison()
+            graph.replay()
+            torch.cuda.synchronize()
+            mismatch = first_difference(out.tensors(), want, names)
+            row["graph_exact"] = mismatch is None
+            if mismatch:
+                errors.append(f"graph: {mismatch}")
+        except Exception as exc:  # noqa: BLE001
+            errors.append(f"device time: {error(exc)}")
+        finally:
+            del graph
+            recover(s.cuda)
+
+    try:
+        row["eager_us"] = wall_time_us(call, eager_calls(s), eager_warmup(s), cuda=s.cuda)
+    except Exception as exc:  # noqa: BLE001
+        errors.append(f"eager: {error(exc)}")
+        recover(s.cuda)
+    if errors:
+        row["error"] = "; ".join(errors)
+
+
+def bench_decode_config(cfg: BenchConfig, s: Settings) -> list[dict]:
+    """One row per ``DECODE_VARIANTS`` entry for ``cfg``; failures are recorded in the rows,
+    never raised."""
+    rows = [decode_row(cfg, name, draft) for name, _, draft, _ in DECODE_VARIANTS]
+    inp = None
+    try:
+        with phase("bench", cfg.bs):
+            inp = make_inputs(cfg, "cuda" if s.cuda else "cpu")
+            wants = {d: _reference(inp, d) for d in sorted({d for _, _, d, _ in DECODE_VARIANTS})}
+    except Exception as exc:  # noqa: BLE001
+        for row in rows:
+            row["error"] = f"inputs: {error(exc)}"
+        recover(s.cuda)
+        return rows
+    if s.cuda:
+        rotate_out_of_l2(inp, s.l2_bytes, s.builds)
+    for row, (_, key, draft, graphs) in zip(rows, DECODE_VARIANTS):
+        with phase("bench", cfg.bs):
+            try:
+                _bench_variant(inp, key, draft, graphs, wants[draft], s, row)
+            except Exception as exc:  # noqa: BLE001
+                row["error"] = error(exc)
+    del inp
+    recover(s.cuda)
+    return rows
+
+
+# -- derived figures --------------------------------------------------------------------------
+
+
+def ratio(a: float | None, b: float | None) -> float | None:
+    """``a / b``, or ``None`` when either is missing or ``b`` is not positive."""
+    if a is None or b is None or b <= 0:
+        return None
+    return a / b
+
+
+def difference(a: float | None, b: float | None) -> float | None:
+    """``a - b``, or ``None`` when either is missing."""
+    if a is None or b is None:
+        return None
+    return a - b
+
+
+def decode_summary(rows: list[dict]) -> list[dict]:
+    """Per config, from its metadata rows: ``diff_us`` / ``diff_warm_us`` (fused, draft 0,
+    minus ``build_page_table``, rotated / L2-warm device us), the same with draft tokens
+    (``diff_draft_us`` / ``diff_draft_warm_us``), the eager ratios ``fused_over_bpt``
+    (``build_decode_metadata`` / ``build_page_table``), ``prepared_over_bpt`` and
+    ``unfused_over_fused``, the device ratio ``unfused_over_fused_device`` (rotated), and
+    ``exact``: every row of the config exact on its call and its graph."""
+    names = [name for name, _, _, _ in DECODE_VARIANTS]
+    configs: list[str] = []
+    for row in rows:
+        if row["config"] not in configs:
+            configs.append(row["config"])
+    out = []
+    for config in configs:
+        by = {r["variant"]: r for r in rows if r["config"] == config}
+
+        def get(variant: str, key: str, by: dict = by):
+            return (by.get(variant) or {}).get(key)
+
+        bpt, fused, draft, prep, unfused = names
+        out.append(
+            {
+                "config": config,
+                "diff_us": difference(get(fused, "device_us"), get(bpt, "device_us")),
+                "diff_warm_us": difference(
+                    get(fused, "device_warm_us"), get(bpt, "device_warm_us")
+                ),
+                "diff_draft_us": difference(get(draft, "device_us"), get(bpt, "device_us")),
+                "diff_draft_warm_us": difference(
+                    get(draft, "device_warm_us"), get(bpt, "device_warm_us")
+                ),
+                "fused_over_bpt": ratio(get(fused, "eager_us"), get(bpt, "eager_us")),
+                "prepared_over_bpt": ratio(get(prep, "eager_us"), get(bpt, "eager_us")),
+                "unfused_over_fused": ratio(get(unfused, "eager_us"), get(fused, "eager_us")),
+                "unfused_over_fused_device": ratio(
+                    get(unfused, "device_us"), get(fused, "device_us")
+                ),
+                "exact": all(
+                    r.get("exact") is not False and r.get("graph_exact") is not False
+                    for r in by.values()
+                ),
+            }
+        )
+    return out

@@ -1,0 +1,129 @@
+"""The "replay" section (issue #15): what ``GraphRunner.replay()`` costs the host over a bare
+``CUDAGraph.replay()``.
+
+For one config (``decode-mid``) a single-bucket ``GraphRunner`` is captured; then, in the same
+process, host wall time per call of
+
+* ``runner.replay(req_pool_indices, seq_lens)`` from device tensors: bucket lookup, the
+  address check, staging (two device copies) and padding, then the graph replay; and
+* ``runner.graphs[bucket].replay()``: the graph replay alone.
+
+Their ratio is the runner's overhead (target: at most 2x). The two are timed in alternating
+rounds of ``SYNC_EVERY`` calls, each round after a drained queue, so a drift of the host's
+speed during the run weighs on both alike; the per-call times exclude the drains. The
+runner's output is checked exactly before and after the timing.
+
+Without CUDA the runner replays eagerly (no graph): the output is checked, the times are not
+taken.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Callable
+
+from ..ranges import phase
+from .configs import get_config, smoke_config
+from .inputs import Check, make_inputs, poison
+from .rows import single_bucket_runner
+from .timing import SYNC_EVERY, Settings, error, recover, sync, wall_times_ns
+
+REPLAY_OVERHEAD_CONFIG = "decode-mid"
+#: Target: a runner replay costs the host at most this many bare graph replays.
+REPLAY_OVERHEAD_TARGET = 2.0
+
+
+def interleaved_wall_us(
+    fns: dict[str, Callable[[], object]],
+    calls: int,
+    *,
+    round_calls: int = SYNC_EVERY,
+    warmup: int = 20,
+    cuda: bool = True,
+) -> dict[str, float]:
+    """Median host microseconds per call of each of ``fns``, ``calls`` timed calls each,
+    taken in alternating rounds of ``round_calls`` calls (``fns`` in order, round after
+    round). Each round starts after a drained queue, outside the timed region."""
+    for fn in fns.values():  # warm every path up before any timing
+        for _ in range(warmup):
+            fn()
+    sync(cuda)
+    times: dict[str, list[int]] = {name: [] for name in fns}
+    rounds = max(1, -(-calls // round_calls))
+    for r in range(rounds):
+        n = min(round_calls, calls - r * round_calls)
+        if n <= 0:
+            break
+        for name, fn in fns.items():
+            times[name] += wall_times_ns(fn, n, warmup=0, cuda=cuda, sync_every=n + 1)
+    return {name: statistics.median(ts) / 1e3 for name, ts in times.items()}
+
+
+def overhead_row(config: str, bs: int) -> dict:
+    """The replay-overhead result with every field present, the measured ones ``None``."""
+    return {
+        "config": config,
+        "bs": bs,
+        "bucket": None,
+        "calls": None,
+        "runner_replay_us": None,
+        "bare_replay_us": None,
+        "ratio": None,
+        "target": REPLAY_OVERHEAD_TARGET,
+        "exact": None,
+        "skipped": None,
+        "error": None,
+    }
+
+
+def bench_replay_overhead(s: Settings, config: str = REPLAY_OVERHEAD_CONFIG) -> dict:
+    """Runner replay vs bare graph replay, host wall time per call (see the module
+    docstring); a failure is recorded in ``error``, never raised."""
+    cfg = get_config(config)
+    if not s.cuda:
+        cfg = smoke_config(cfg)
+    row = overhead_row(cfg.name, cfg.bs)
+    runner = None
+    try:
+        with phase("bench", cfg.bs):
+            inp = make_inputs(cfg, "cuda" if s.cuda else "cpu")
+            check = Check(inp)
+            runner = single_bucket_runner(inp)
+            runner.capture()
+        rpi, lens = inp.req_pool_indices, inp.seq_lens
+        bucket = runner.buckets.bucket_for(cfg.bs)
+        row["bucket"] = bucket
+
+        def exact() -> bool:
+            poison(runner.page_table, runner.swa_page_table)
+            pt, swa = runner.replay(rpi, lens)
+            sync(s.cuda)
+            mismatch = check.compare(pt, swa)
+            if mismatch:
+                row["error"] = f"replay: {mismatch}"
+            return mismatch is None
+
+        row["exact"] = exact()
+        if not s.cuda:
+            row["skipped"] = "no CUDA: the runner builds eagerly, there is no graph to time"
+            return row
+        graph = runner.graphs[bucket]
+        # runner.replay() last staged this very batch: a bare replay rebuilds the same tables.
+        times = interleaved_wall_us(
+            {"runner": lambda: runner.replay(rpi, lens), "bare": graph.replay},
+            s.replay_calls,
+            cuda=True,
+        )
+        row["calls"] = s.replay_calls
+        row["runner_replay_us"] = times["runner"]
+        row["bare_replay_us"] = times["bare"]
+        if times["bare"] > 0:
+            row["ratio"] = times["runner"] / times["bare"]
+        row["exact"] = row["exact"] and exact()
+    except Exception as exc:  # noqa: BLE001
+        row["error"] = error(exc)
+    finally:
+        if runner is not None:
+            runner.close()
+        recover(s.cuda)
+    return row

@@ -1,0 +1,325 @@
+"""The check job: what ``pagegraph check`` and ``pagegraph kernel-table`` run.
+
+``run_check`` loads and validates every scenario first (a bad file, a bad option or a scenario
+that does not fit the device's memory is a usage error, exit 2, before anything runs), then
+checks each one with ``pagegraph.checker.check_replay_safety``, in this process or, for a
+user's ``module:function`` builder (or ``isolate=True``), in a child process each
+(``pagegraph.isolate``). Ctrl-C and SIGTERM stop it; the reports then hold what was checked,
+marked incomplete. It writes the JSON and Markdown reports asked for.
+``run_check_for_profile`` is the check as ``pagegraph profile`` runs it in-process, and
+``run_kernel_table`` compares the kernel with the reference over default shapes.
+
+The command line (``pagegraph.cli``) only parses arguments and calls these; the exit codes
+are documented there.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import sys
+import time
+from pathlib import Path
+
+import torch
+
+from .builders import BUILDERS, resolve_builder
+from .checker import (
+    POISON,
+    CheckInterrupted,
+    check_replay_safety,
+    expected_tables,
+    table_bytes,
+)
+from .contract import cdiv
+from .environment import environment
+from .isolate import IsolatedError, Job, run_isolated, write_json_atomic
+from .kernel import build_page_table
+from .scenario import ScenarioError, load_scenario
+from .sync import DetectorUnavailable, parse_detectors
+
+__all__ = [
+    "run_check",
+    "run_check_for_profile",
+    "run_kernel_table",
+    "write_markdown_report",
+]
+
+# -- check ------------------------------------------------------------------------------------
+
+
+def _progress(label: str):
+    last = [0.0]
+
+    def show(done: int, total: int) -> None:
+        now = time.monotonic()
+        if done != total and now - last[0] < 0.5:
+            return
+        last[0] = now
+        width = 30
+        filled = width * done // total
+        bar = "#" * filled + "-" * (width - filled)
+        end = "\n" if done == total else ""
+        print(f"\r{label} [{bar}] {done}/{total}", end=end, file=sys.stderr, flush=True)
+
+    return show
+
+
+def _parse_detectors(value: str | None):
+    if value is None:
+        return None
+    return parse_detectors(value)
+
+
+class _Terminated(KeyboardInterrupt):
+    """SIGTERM, turned into an interrupt so the check stops the way Ctrl-C stops it."""
+
+    signum = signal.SIGTERM
+
+
+def _raise_terminated(signum, frame):
+    raise _Terminated()
+
+
+def _memory_problem(cfg) -> str | None:
+    """Why a scenario does not fit the memory its tables would live in (the GPU's free
+    memory, or the host's available memory without CUDA), or None. Checked before anything
+    is allocated: the pool's tables, the static buffers and the checker's working set."""
+    rows = (cfg.max_reqs or cfg.max_bs + 1) + 1
+    r2t = (rows * (cfg.max_context_len + cfg.r2t_extra_cols) + cfg.r2t_offset) * (
+        8 if cfg.r2t_dtype == "int64" else 4
+    )
+    pages = cfg.num_pages or (rows - 1) * cdiv(cfg.max_context_len, cfg.page_size) + 1
+    f2s = (pages * cfg.page_size + 1) * 8 if cfg.swa else 0
+    tables = table_bytes(cfg)
+    need = r2t + f2s + tables + (64 << 20)
+    if torch.cuda.is_available():
+        free, _ = torch.cuda.mem_get_info()
+        where = "GPU memory"
+    else:
+        try:
+            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError, AttributeError):
+            return None
+        where = "host memory (no CUDA: the tables live on the CPU)"
+    if need > free:
+        return (
+            f"does not fit: needs about {need / 2**30:.2f} GiB of {where} (req_to_token "
+            f"{r2t / 2**30:.2f} GiB, full_to_swa {f2s / 2**30:.2f} GiB, tables and checker "
+            f"{tables / 2**30:.2f} GiB), {free / 2**30:.2f} GiB available"
+        )
+    return None
+
+
+def run_check(
+    scenarios: list[str],
+    *,
+    replays: int | None = None,
+    builder: str | None = None,
+    detectors: str | None = None,
+    json_path: str | None = None,
+    markdown_path: str | None = None,
+    quiet: bool = False,
+    isolate: bool | None = None,
+) -> int:
+    """``pagegraph check``: check ``scenarios`` and return the exit code (see
+    ``pagegraph.cli``). ``isolate``: run each scenario in a child process (default: when the
+    builder is a user's ``module:function``)."""
+    # Load and validate everything first: a bad file must not leave a half-run.
+    try:
+        loaded = [load_scenario(p) for p in scenarios]
+        dets = _parse_detectors(detectors)
+        specs = [builder or s.builder for s in loaded]
+        fns = [resolve_builder(spec) for spec in specs]
+        if replays is not None and replays < 1:
+            raise ValueError("--replays must be >= 1")
+        configs = []
+        for s in loaded:
+            cfg = s.config
+            if replays is not None:
+                cfg = cfg.replace(steps=replays)
+            if dets is not None:
+                cfg = cfg.replace(detectors=dets)
+            problem = _memory_problem(cfg)
+            if problem:
+                raise ValueError(f"{s.path}: {problem}")
+            configs.append(cfg)
+    except (ScenarioError, ValueError) as exc:
+        print(f"pagegraph check: {exc}", file=sys.stderr)
+        return 2
+    if isolate is None:
+        isolate = any(spec not in BUILDERS for spec in specs)
+
+    results = []
+    exit_code = 0
+    interrupted: int | None = None
+    previous_term = signal.signal(signal.SIGTERM, _raise_terminated)
+
+    def show(scenario, report) -> None:
+        results.append((scenario, report))
+        if not quiet:
+            print(f"## {scenario.name} ({scenario.path})")
+            if scenario.description:
+                print(scenario.description)
+            print()
+            print(report.format())
+            print()
+
+    try:
+        if isolate:
+            jobs = [Job(spec, cfg, s.name) for s, spec, cfg in zip(loaded, specs, configs)]
+            try:
+                run_isolated(jobs, on_report=lambda k, r: show(loaded[k], r))
+            except IsolatedError as exc:
+                print(f"pagegraph check: {exc}", file=sys.stderr)
+                return 2
+            except KeyboardInterrupt as exc:
+                interrupted = getattr(exc, "signum", signal.SIGINT)
+                done = len(results)
+                partial = getattr(exc, "reports", [])[done:]
+                for s, r in zip(loaded[done:], partial):
+                    show(s, r)
+        else:
+            for scenario, fn, cfg in zip(loaded, fns, configs):
+                progress = None if quiet or cfg.steps < 200 else _progress(scenario.name)
+                try:
+                    report = check_replay_safety(fn, cfg, progress=progress)
+                except DetectorUnavailable as exc:
+                    print(f"pagegraph check: {scenario.path}: {exc}", file=sys.stderr)
+                    return 2
+                except CheckInterrupted as exc:
+                    show(scenario, exc.report)
+                    interrupted = exc.signum
+                    break
+                show(scenario, report)
+    except KeyboardInterrupt as exc:  # between two scenarios
+        interrupted = getattr(exc, "signum", signal.SIGINT)
+    finally:
+        signal.signal(signal.SIGTERM, previous_term)
+    exit_code = 0 if all(r.safe for _, r in results) else 1
+    safe = sum(r.safe for _, r in results)
+    line = f"pagegraph check: {safe}/{len(results)} scenario(s) safe"
+    if interrupted is not None:
+        name = "SIGTERM" if interrupted == signal.SIGTERM else "SIGINT"
+        line += f"; interrupted by {name}: {len(loaded) - len(results)} not started"
+    print(line)
+    if json_path:
+        doc = {
+            "environment": environment(),
+            "complete": interrupted is None and all(r.stopped is None for _, r in results),
+            "interrupted": None if interrupted is None else int(interrupted),
+            "scenarios": [{"name": s.name, "path": s.path, **r.to_dict()} for s, r in results],
+        }
+        write_json_atomic(json_path, doc)
+    if markdown_path:
+        write_markdown_report(markdown_path, results, incomplete=interrupted is not None)
+    if interrupted is not None:
+        return 128 + int(interrupted)
+    return exit_code
+
+
+def write_markdown_report(path: str, results, incomplete: bool = False) -> None:
+    """A markdown report with, where matplotlib is present, a PNG of replay latency per
+    bucket beside it (``PATH`` with suffix ``.png``)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    env = environment()
+    lines = ["# pagegraph check", "", f"{env['date']} on {env['device']}", ""]
+    if incomplete:
+        lines += ["**Incomplete: the run was interrupted; what follows is what was checked.**", ""]
+    for scenario, report in results:
+        lines += [f"## {scenario.name}", "", scenario.description, "", report.format(), ""]
+    png = path.with_suffix(".png")
+    try:
+        import matplotlib
+
+        matplotlib.use("Agg")
+        import matplotlib.pyplot as plt
+
+        fig, ax = plt.subplots(figsize=(7, 4))
+        for scenario, report in results:
+            stats = sorted(report.buckets.values(), key=lambda b: b.bucket)
+            ax.plot(
+                [b.bucket for b in stats],
+                [b.median_replay_us for b in stats],
+                marker="o",
+                label=scenario.name,
+            )
+        ax.set_xlabel("batch bucket")
+        ax.set_ylabel("replay() wall time, median (us)")
+        ax.set_xscale("log", base=2)
+        ax.grid(True, alpha=0.3)
+        ax.legend()
+        ax.set_title(f"replay latency per bucket ({env['device']})")
+        fig.tight_layout()
+        fig.savefig(png, dpi=120)
+        plt.close(fig)
+        lines += [f"![replay latency per bucket]({png.name})", ""]
+    except ImportError:
+        lines += ["(matplotlib not installed: no plot)", ""]
+    tmp = path.with_name(f".{path.name}.tmp")
+    tmp.write_text("\n".join(lines))
+    tmp.replace(path)
+
+
+def run_check_for_profile(scenario: str, replays: int | None = None) -> int:
+    """``check`` as ``pagegraph profile`` runs it in-process (torch detector only: CUPTI has
+    one subscriber per process, and a profiler is it)."""
+    return run_check([scenario], replays=replays, detectors="torch", quiet=False)
+
+
+# -- kernel-table -----------------------------------------------------------------------------
+
+
+def run_kernel_table() -> int:
+    """The kernel against the reference over a default set of shapes, on whatever device is
+    present (the Triton interpreter on a CPU). Exit 1 on any mismatch."""
+    cuda = torch.cuda.is_available()
+    dev = "cuda" if cuda else "cpu"
+    shapes = (
+        [
+            (8, 4096, 64, False),
+            (64, 32768, 64, False),
+            (256, 131072, 64, False),
+            (256, 32768, 1, False),
+            (128, 65536, 16, True),
+            (256, 131072, 256, False),
+            (17, 3000, 3, True),
+        ]
+        if cuda
+        else [(4, 256, 16, False), (7, 300, 3, True), (17, 128, 1, False), (3, 1024, 64, True)]
+    )
+    print(f"kernel vs reference on {environment()['device']}")
+    print("| bs | max context | page size | SWA | exact | eager us |")
+    print("|---:|---:|---:|:---:|:---:|---:|")
+    gen = torch.Generator().manual_seed(0)
+    failures = 0
+    for bs, ctx, ps, swa in shapes:
+        width = -(-ctx // ps)
+        num_slots = (bs + 1) * width * ps + 1
+        r2t = torch.randint(0, num_slots, (bs + 1, ctx), generator=gen, dtype=torch.int32).to(dev)
+        rpi = torch.randperm(bs + 1, generator=gen)[:bs].to(dev)
+        sl = torch.randint(0, ctx + 2 * ps, (bs,), generator=gen).to(dev)
+        f2s = torch.randint(0, num_slots, (num_slots + 1,), generator=gen).to(dev) if swa else None
+        pt = torch.full((bs, width), POISON, dtype=torch.int32, device=dev)
+        kw = {}
+        if swa:
+            kw = {"swa_page_table": torch.full_like(pt, POISON), "full_to_swa": f2s}
+        build_page_table(r2t, rpi, sl, pt, ps, **kw)  # warm-up / compile
+        t0 = time.perf_counter()
+        reps = 20 if cuda else 1
+        for _ in range(reps):
+            build_page_table(r2t, rpi, sl, pt, ps, **kw)
+        if cuda:
+            torch.cuda.synchronize()
+        us = (time.perf_counter() - t0) / reps * 1e6
+        want, want_swa = expected_tables(r2t, rpi, sl, width, ps, f2s)
+        exact = torch.equal(pt, want) and (not swa or torch.equal(kw["swa_page_table"], want_swa))
+        failures += not exact
+        print(
+            f"| {bs} | {ctx} | {ps} | {'yes' if swa else 'no'} | "
+            f"{'yes' if exact else 'NO'} | {us:.1f} |"
+        )
+    if not cuda:
+        print("(CPU: Triton interpreter; times are the interpreter's, not a GPU's)")
+    return 1 if failures else 0
