@@ -29,6 +29,8 @@ from .checker import (
     CheckInterrupted,
     check_replay_safety,
     expected_tables,
+    stop_on_signals,
+    stop_requested,
     table_bytes,
 )
 from .contract import cdiv
@@ -69,16 +71,6 @@ def _parse_detectors(value: str | None):
     if value is None:
         return None
     return parse_detectors(value)
-
-
-class _Terminated(KeyboardInterrupt):
-    """SIGTERM, turned into an interrupt so the check stops the way Ctrl-C stops it."""
-
-    signum = signal.SIGTERM
-
-
-def _raise_terminated(signum, frame):
-    raise _Terminated()
 
 
 def _memory_problem(cfg) -> str | None:
@@ -153,7 +145,9 @@ def run_check(
     results = []
     exit_code = 0
     interrupted: int | None = None
-    previous_term = signal.signal(signal.SIGTERM, _raise_terminated)
+    # SIGINT and SIGTERM ask the check to stop between two replays (stop_on_signals).
+    signals = stop_on_signals()
+    signals.__enter__()
 
     def show(scenario, report) -> None:
         results.append((scenario, report))
@@ -192,10 +186,13 @@ def run_check(
                     interrupted = exc.signum
                     break
                 show(scenario, report)
-    except KeyboardInterrupt as exc:  # between two scenarios
-        interrupted = getattr(exc, "signum", signal.SIGINT)
+                if stop_requested() is not None:  # between two scenarios
+                    interrupted = stop_requested()
+                    break
+    except KeyboardInterrupt as exc:  # anywhere else
+        interrupted = stop_requested() or getattr(exc, "signum", signal.SIGINT)
     finally:
-        signal.signal(signal.SIGTERM, previous_term)
+        signals.__exit__(None, None, None)
     exit_code = 0 if all(r.safe for _, r in results) else 1
     safe = sum(r.safe for _, r in results)
     line = f"pagegraph check: {safe}/{len(results)} scenario(s) safe"

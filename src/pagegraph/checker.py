@@ -19,6 +19,7 @@ passed properties count as passed: ``Report.safe`` needs no failure and nothing 
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import signal
 import time
@@ -421,6 +422,42 @@ class Report:
             verdict += f" (skipped: {reasons})"
         lines += ["", f"verdict: {verdict}"]
         return "\n".join(lines)
+
+
+class _StopRequest:
+    """A stop asked for by a signal handler, seen by the replay loop between two replays."""
+
+    signum: int | None = None
+
+
+_STOP = _StopRequest()
+
+
+def request_stop(signum: int = signal.SIGINT) -> None:
+    """Ask a running check to stop after its current replay (safe from a signal handler)."""
+    _STOP.signum = signum
+
+
+def stop_requested() -> int | None:
+    """The signal a stop was requested with, or None."""
+    return _STOP.signum
+
+
+@contextlib.contextmanager
+def stop_on_signals(signals=(signal.SIGINT, signal.SIGTERM)):
+    """While the body runs, SIGINT and SIGTERM request a stop instead of raising wherever the
+    interpreter happens to be (inside a CUPTI callback, say, where an exception would be
+    lost): the check stops between two replays, reports what it checked, and raises
+    ``CheckInterrupted``. Handlers are restored and the request cleared on exit."""
+    previous = {sig: signal.signal(sig, lambda signum, frame: request_stop(signum))
+                for sig in signals}  # fmt: skip
+    _STOP.signum = None
+    try:
+        yield
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        _STOP.signum = None
 
 
 class CheckInterrupted(KeyboardInterrupt):
@@ -1031,6 +1068,8 @@ def _replays(cfg, runner, workload, first, steps, tables, vectors, pool, dev, wa
     try:
         step = first
         for i in range(cfg.steps):
+            if _STOP.signum is not None:  # a signal asked for a stop (see stop_on_signals)
+                raise KeyboardInterrupt()
             if i == 1:
                 t_start, steady_from = time.perf_counter(), 1
             if graphs and per_replay and i == ALLOCATION_PROBES and not workload_allocations:
@@ -1132,7 +1171,7 @@ def _replays(cfg, runner, workload, first, steps, tables, vectors, pool, dev, wa
             if progress is not None:
                 progress(i + 1, cfg.steps)
     except KeyboardInterrupt as exc:
-        interrupted = getattr(exc, "signum", signal.SIGINT)
+        interrupted = _STOP.signum or getattr(exc, "signum", signal.SIGINT)
         stopped = (
             "interrupted by "
             + ("SIGTERM" if interrupted == signal.SIGTERM else "SIGINT")

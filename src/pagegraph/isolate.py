@@ -29,7 +29,15 @@ import tempfile
 import time
 from pathlib import Path
 
-from .checker import PROPERTIES, REPLAY_PROPERTIES, CheckConfig, PropertyResult, Report
+from .checker import (
+    PROPERTIES,
+    REPLAY_PROPERTIES,
+    CheckConfig,
+    PropertyResult,
+    Report,
+    request_stop,
+    stop_requested,
+)
 
 #: Seconds a child may run one check before it is killed as hung (None: no limit).
 DEFAULT_TIMEOUT = None
@@ -174,29 +182,43 @@ def run_isolated(
             spec_path.write_text(json.dumps(spec, default=str))
             (tmp / "progress").write_bytes(b" " * PROGRESS_BYTES)
             cmd = [sys.executable, "-m", "pagegraph.isolate", str(spec_path)]
-            proc = subprocess.Popen(
-                cmd, env=_child_env(), stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
-                text=True,
-            )  # fmt: skip
+            err_path = tmp / f"stderr-{next_job}.txt"
             interrupted = None
             timed_out = False
-            started = time.monotonic()
-            stderr = ""
-            try:
+            with open(err_path, "w") as err:
+                proc = subprocess.Popen(
+                    cmd, env=_child_env(), stderr=err, stdout=subprocess.DEVNULL
+                )
                 limit = None if timeout is None else timeout * (len(jobs) - next_job)
-                _, stderr = proc.communicate(timeout=limit)
-            except subprocess.TimeoutExpired:
-                timed_out = True
-                proc.kill()
-                _, stderr = proc.communicate()
-            except KeyboardInterrupt as exc:
-                interrupted = exc
-                try:  # the child got the signal too: let it write its partial report
-                    _, stderr = proc.communicate(timeout=60)
-                except (subprocess.TimeoutExpired, KeyboardInterrupt):
-                    proc.kill()
-                    _, stderr = proc.communicate()
-            del started
+                deadline = None if limit is None else time.monotonic() + limit
+                forwarded = False
+                while True:
+                    try:
+                        proc.wait(timeout=0.2)
+                        break
+                    except subprocess.TimeoutExpired:
+                        pass
+                    except KeyboardInterrupt as exc:  # no stop_on_signals in the caller
+                        interrupted = interrupted or exc
+                        request_stop(getattr(exc, "signum", signal.SIGINT))
+                    signum = stop_requested()
+                    if signum is not None and not forwarded:
+                        # Ctrl-C reaches the whole process group, SIGTERM only us: make sure
+                        # the child stops too, and let it write its partial report.
+                        forwarded = True
+                        interrupted = interrupted or KeyboardInterrupt()
+                        interrupted.signum = signum
+                        deadline = time.monotonic() + 60
+                        try:
+                            proc.send_signal(signum)
+                        except ProcessLookupError:
+                            pass
+                    if deadline is not None and time.monotonic() > deadline:
+                        timed_out = not forwarded
+                        proc.kill()
+                        proc.wait()
+                        break
+            stderr = err_path.read_text(errors="replace")
             progress = (tmp / "progress").read_bytes().decode(errors="replace").strip()
             progress = progress.split("\t")
             # Which jobs finished: each wrote a final report (marked "final").
@@ -243,18 +265,11 @@ def _child(spec_path: str) -> int:
     with open(spec["progress"], "r+b") as f:
         progress = mmap.mmap(f.fileno(), PROGRESS_BYTES)
     from .builders import resolve_builder
-    from .checker import CheckInterrupted, check_replay_safety
+    from .checker import CheckInterrupted, check_replay_safety, stop_on_signals
     from .sync import DetectorUnavailable
 
-    def install_sigterm():
-        def handler(signum, frame):
-            exc = KeyboardInterrupt("SIGTERM")
-            exc.signum = signum
-            raise exc
-
-        signal.signal(signal.SIGTERM, handler)
-
-    install_sigterm()
+    stop = stop_on_signals()  # SIGINT/SIGTERM: stop between two replays, keep the report
+    stop.__enter__()
     for k, job in enumerate(spec["jobs"], start=spec["first"]):
         result = job["result"]
 

@@ -381,7 +381,7 @@ class TableVerifier:
         bucket = in_bucket.sum()
         live_k = self._vector_index <= bucket  # entries 0..bucket of the prefix sums
         sums = self._running_sums(sl, in_bucket).clamp(max=INT32_MAX)
-        exp[1, 1] = 0
+        exp[1, 1:2].fill_(0)  # a fill: assigning a Python int would copy from the host
         exp[1, 2 : 2 + M] = torch.where(live_k[1:], sums, POISON)
         exp[2, 1 : 2 + M] = torch.where(live_k, self._vector_index * max(d, 1), POISON)
         live = exp != POISON
