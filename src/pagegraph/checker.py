@@ -169,6 +169,17 @@ class CheckConfig:
     def replace(self, **changes) -> CheckConfig:
         return dataclasses.replace(self, **changes)
 
+    @classmethod
+    def from_dict(cls, d: dict) -> CheckConfig:
+        """The config ``dataclasses.asdict`` made (through JSON: lists become tuples again)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        config = cls(**{k: v for k, v in d.items() if k in names})
+        if isinstance(config.initial_len, list):
+            config.initial_len = tuple(config.initial_len)
+        if isinstance(config.detectors, list):
+            config.detectors = tuple(config.detectors)
+        return config
+
     @property
     def width(self) -> int:
         return self.table_width or cdiv(self.max_context_len, self.page_size)
@@ -351,13 +362,7 @@ class Report:
     def from_dict(cls, d: dict) -> Report:
         """The report ``to_dict`` wrote (a child process's, say); per-replay times and the
         first failures come back as text."""
-        fields = {f.name for f in dataclasses.fields(CheckConfig)}
-        config = CheckConfig(**{k: v for k, v in d["config"].items() if k in fields})
-        if isinstance(config.initial_len, list):
-            config.initial_len = tuple(config.initial_len)
-        if isinstance(config.detectors, list):
-            config.detectors = tuple(config.detectors)
-        report = cls(d["builder"], config, d["device"], d["graphs"])
+        report = cls(d["builder"], CheckConfig.from_dict(d["config"]), d["device"], d["graphs"])
         report.properties = [
             PropertyResult(p["name"], p["status"], p["detail"], p["first_failure"])
             for p in d["properties"]

@@ -69,7 +69,7 @@ def write_json_atomic(path: str | Path, doc) -> None:
         raise
 
 
-def _child_env() -> dict[str, str]:
+def child_env() -> dict[str, str]:
     # From a source checkout (PYTHONPATH=src, nothing installed) the child python must still
     # find this very pagegraph.
     env = dict(os.environ)
@@ -186,9 +186,7 @@ def run_isolated(
             interrupted = None
             timed_out = False
             with open(err_path, "w") as err:
-                proc = subprocess.Popen(
-                    cmd, env=_child_env(), stderr=err, stdout=subprocess.DEVNULL
-                )
+                proc = subprocess.Popen(cmd, env=child_env(), stderr=err, stdout=subprocess.DEVNULL)
                 limit = None if timeout is None else timeout * (len(jobs) - next_job)
                 deadline = None if limit is None else time.monotonic() + limit
                 forwarded = False
@@ -281,12 +279,7 @@ def _child(spec_path: str) -> int:
 
         note("setup")
         try:
-            fields = {f.name for f in dataclasses.fields(CheckConfig)}
-            cfg = CheckConfig(**{a: b for a, b in job["config"].items() if a in fields})
-            if isinstance(cfg.initial_len, list):
-                cfg.initial_len = tuple(cfg.initial_len)
-            if isinstance(cfg.detectors, list):
-                cfg.detectors = tuple(cfg.detectors)
+            cfg = CheckConfig.from_dict(job["config"])
             builder = resolve_builder(job["builder"])
         except Exception as exc:  # noqa: BLE001 - told to the parent as a usage error
             write_json_atomic(result, {"final": True, "error": f"{exc}"})

@@ -27,6 +27,7 @@ from pathlib import Path
 
 from . import trace as _trace
 from .check_job import run_check_for_profile
+from .isolate import child_env
 
 __all__ = [
     "DEFAULT_SCENARIO",
@@ -97,24 +98,13 @@ def nsys_export_command(
     ]
 
 
-def _child_env() -> dict[str, str]:
-    # From a source checkout (PYTHONPATH=src, nothing installed) the child python must still
-    # find this very pagegraph, not another one or none.
-    env = dict(os.environ)
-    root = str(Path(__file__).resolve().parent.parent)
-    parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
-    if root not in parts:
-        env["PYTHONPATH"] = os.pathsep.join([root, *parts])
-    return env
-
-
 def _record_nsys(nsys: str, scenario, out: Path, name: str, replays) -> tuple[int, Path, str]:
     base = out / name
     cmd = nsys_command(scenario, base, replays=replays, nsys=nsys)
     shown = shlex.join(cmd)
     print(f"pagegraph profile: {shown}", flush=True)
     # nsys exits with the profiled program's status: that is the check's verdict.
-    check_rc = subprocess.run(cmd, env=_child_env(), check=False).returncode
+    check_rc = subprocess.run(cmd, env=child_env(), check=False).returncode
     report = base.with_name(base.name + ".nsys-rep")
     if not report.exists():
         raise _trace.TraceError(f"nsys wrote no report {report} (exit code {check_rc})")

@@ -18,12 +18,14 @@ Two pieces, both independent of the runner and the builder under test:
   graph, so a replay costs one launch to verify and nothing waits for the device until the
   ring is read back (once per ``chunk`` replays).
 
-Record layout (int64, ``RECORD`` entries a replay)::
+Record layout (int64, ``TableVerifier.record_size`` entries a replay)::
 
-    for each of the 2 * T masks (wrong live entries of table t, then writes outside the live
-    region of table t, for t in page_table, swa_page_table):   count, flat index, expected, got
+    for each of the 2 * T table masks (wrong live entries of table t, then writes outside the
+    live region of table t, for t in page_table, swa_page_table), and, for a metadata builder,
+    the 2 vector masks (wrong entries of cache_seqlens / cu_seqlens_k / cu_seqlens_q inside
+    their live region, then writes outside it):      count, flat index, expected, got
     staged inputs:   count of rows that differ, first such row, its req_pool_index, its seq_len
-    error counters:  the 4 expected counts, then the 4 the builder's errors buffer holds
+    error counters:  the E expected counts, then the E the builder's errors buffer holds
 """
 
 from __future__ import annotations
