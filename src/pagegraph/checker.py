@@ -43,7 +43,7 @@ from .verify import (
     BatchModel,
     ModelStep,
     TableVerifier,
-    decode_mask,
+    read_mask,
 )
 from .workload import DecodeWorkload, Injection
 
@@ -1330,24 +1330,25 @@ def _judge_records(records: np.ndarray, steps: list[ModelStep], verifier: TableV
             stats.out_of_contract += 1
             report.out_of_contract_replays.append(st.index)
         for mask in range(2 * T):
-            finding = decode_mask(rec, mask, padded_width, rows)
-            if finding is None:
+            found = read_mask(rec, mask)
+            if found is None:
                 continue
-            table = TABLE_NAMES[mask % T]
+            count, flat, expected, got = found
+            row, col = divmod(flat, padded_width)
             failure = Failure(
-                st.index, st.bucket, finding.row, finding.col, finding.expected,
-                finding.got, table, rows, cfg.width,
+                st.index, st.bucket, row - CANARY_ROWS, col, expected, got,
+                TABLE_NAMES[mask % T], rows, cfg.width,
             )  # fmt: skip
             if st.out_of_contract:
-                stats.escaped_writes += finding.count
+                stats.escaped_writes += count
                 containment.fail(failure)
             elif mask < T:
-                stats.mismatches += finding.count
+                stats.mismatches += count
                 correct.fail(failure)
                 if st.longer_than_capture:
                     graph_safe.fail(failure)
             else:
-                stats.oob_writes += finding.count
+                stats.oob_writes += count
                 bounded.fail(failure)
         if verifier.vectors is not None:
             _judge_vectors(rec, st, verifier, stats, correct, bounded, containment)
@@ -1379,23 +1380,20 @@ def _judge_vectors(rec, st: ModelStep, verifier: TableVerifier, stats: BucketSta
     """A metadata builder's vectors: wrong entries of the live region fail "correct" (on an
     out-of-contract replay they are the out-of-contract values' own, and allowed), writes
     outside it fail "bounded writes" (or "row containment")."""
-    length = verifier.max_bs + 3
+    length = verifier.vectors.shape[1]
     for k, mask in enumerate((2 * verifier.T, 2 * verifier.T + 1)):
-        base = mask * 4
-        count = int(rec[base])
-        if not count:
+        found = read_mask(rec, mask)
+        if found is None:
             continue
-        vector, entry = divmod(int(rec[base + 1]), length)
+        count, flat, expected, got = found
+        vector, entry = divmod(flat, length)
         failure = Failure(
-            st.index, st.bucket, entry - 1, 0, int(rec[base + 2]), int(rec[base + 3]),
-            VECTOR_NAMES[vector],
-        )  # fmt: skip
-        failure.vector = True
-        if k == 0 and st.out_of_contract:
-            continue
+            st.index, st.bucket, entry - 1, 0, expected, got, VECTOR_NAMES[vector], vector=True
+        )
         if st.out_of_contract:
-            stats.escaped_writes += count
-            containment.fail(failure)
+            if k == 1:  # wrong live entries are the out-of-contract values' own
+                stats.escaped_writes += count
+                containment.fail(failure)
         elif k == 0:
             stats.mismatches += count
             correct.fail(failure)

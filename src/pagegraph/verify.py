@@ -51,7 +51,7 @@ CANARY_ROWS = 1
 
 _E = len(ERROR_KINDS)
 #: Offsets into a record.
-STAGED = 0  # + 4 * masks; set per verifier
+#: Fields a mask writes into a record: count, flat index of the first entry, expected, got.
 MASK_FIELDS = 4
 
 
@@ -397,32 +397,12 @@ class TableVerifier:
         ).view(-1)
 
 
-@dataclass
-class Finding:
-    """One violation a record reports, in table coordinates."""
-
-    table: int  # 0: page_table, 1: swa_page_table
-    row: int  # row of the table; -1 or max_bs for a canary row
-    col: int
-    expected: int
-    got: int
-    count: int
-
-
-def decode_mask(record: np.ndarray, mask: int, padded_width: int, rows: int) -> Finding | None:
-    """The finding of mask ``mask`` in a record (``None`` when its count is 0)."""
+def read_mask(record: np.ndarray, mask: int) -> tuple[int, int, int, int] | None:
+    """``(count, flat index, expected, got)`` of mask ``mask`` in a record, ``None`` when it
+    found nothing. The flat index is into the table (``[rows + 2, padded width]``) or the
+    vectors' allocation the mask covers."""
     base = mask * MASK_FIELDS
     count = int(record[base])
     if not count:
         return None
-    flat = int(record[base + 1])
-    table_rows = rows + 2 * CANARY_ROWS
-    r, c = divmod(flat, padded_width)
-    return Finding(
-        table=-1,  # filled in by the caller, who knows the mask order
-        row=(r % table_rows) - CANARY_ROWS,
-        col=c,
-        expected=int(record[base + 2]),
-        got=int(record[base + 3]),
-        count=count,
-    )
+    return count, int(record[base + 1]), int(record[base + 2]), int(record[base + 3])
