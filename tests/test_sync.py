@@ -644,3 +644,22 @@ def test_detector_matrix_matches_expectations():
     assert not errors, errors
     wrong = [r for r in ran if (r["status"] == "caught") != r["expected"]]
     assert not wrong, wrong
+
+
+@pytest.mark.gpu
+def test_gpu_a_paused_recorder_sees_nothing_and_a_resumed_one_everything():
+    """The checker watches only its stage/replay ranges by pausing the detectors elsewhere:
+    a planted .item() while paused is not seen, the same one after resume() is, by every
+    detector that runs here."""
+    from pagegraph.sync import available_detectors, record_device_syncs
+
+    names = tuple(n for n, why in available_detectors().items() if why is None)
+    t = torch.arange(4, device="cuda")
+    t.sum().item()  # warm-up outside the recording
+    with record_device_syncs(names) as rec:
+        rec.pause()
+        t.sum().item()
+        assert rec.events == [], rec.events
+        rec.resume()
+        t.sum().item()
+    assert {e.detector for e in rec.events} == set(rec.detectors) == set(names)

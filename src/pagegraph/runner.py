@@ -33,7 +33,7 @@ from .builders import builder_kind, resolve_builder
 from .contract import ERROR_KINDS, INDEX_DTYPES, cdiv
 from .kernel import build_page_table
 from .metadata import DECODE_ERROR_KINDS
-from .ranges import phase
+from .ranges import phase, pop, push
 
 
 class StaticBufferMoved(RuntimeError):
@@ -129,6 +129,7 @@ class GraphRunner:
                 f"full_to_swa is on {full_to_swa.device}, req_to_token on {req_to_token.device}"
             )
         self.device = req_to_token.device
+        self._device_index = req_to_token.get_device()  # -1 for the CPU
         self.req_to_token = req_to_token
         self.full_to_swa = full_to_swa
         self.page_size = page_size
@@ -300,11 +301,11 @@ class GraphRunner:
             raise NotCaptured("replay() before capture(): call runner.capture() first")
         # Every replay runs this: compare attribute by attribute against what capture saw
         # (a buffer replaced by a new tensor, or given new storage in place, both show).
-        for name, t, want in self._watch:
+        for name, t, ptr in self._watch:
+            # The same tensor object at the same address: nothing replaced it, and nothing
+            # gave it new storage (set_, resize_). Anything else takes the full comparison.
             now = getattr(self, name)
-            if now is not t or now.data_ptr() != want[0] or now.shape != want[1]:
-                break
-            if now.stride() != want[2]:
+            if now is not t or now.data_ptr() != ptr:
                 break
         else:
             return
@@ -358,8 +359,9 @@ class GraphRunner:
             raise CaptureOutOfMemory(self._oom_message(step[0], step[1], exc)) from exc
         self._addresses = self.addresses()
         self._watch = [
-            (name, t, self._addresses[name]) for name, t in self._buffers().items() if t is not None
+            (name, t, t.data_ptr()) for name, t in self._buffers().items() if t is not None
         ]
+        self._views: dict[int, tuple] = {}
 
     def _oom_message(self, what: str, bucket: int, exc: BaseException) -> str:
         tables = 2 if self.swa_page_table is not None else 1
@@ -383,15 +385,29 @@ class GraphRunner:
 
     # -- replay ---------------------------------------------------------------------------
 
+    def _views_of(self, n: int) -> tuple:
+        """Rows ``:n`` of the static buffers (inputs, tables), made once per ``n``: slicing
+        costs a microsecond a view, and every replay needs four."""
+        views = self._views.get(n)
+        if views is None:
+            swa = self.swa_page_table[:n] if self.swa_page_table is not None else None
+            views = (self.req_pool_indices[:n], self.seq_lens[:n], self.page_table[:n], swa)
+            self._views[n] = views
+        return views
+
     def _stage(self, req_pool_indices, seq_lens, n: int) -> None:
         """Copy the batch into rows ``:n`` of the static inputs, with no host sync."""
-        on_device = [
-            isinstance(t, torch.Tensor) and t.device == self.device
-            for t in (req_pool_indices, seq_lens)
-        ]
-        if all(on_device):
-            self.req_pool_indices[:n].copy_(req_pool_indices)
-            self.seq_lens[:n].copy_(seq_lens)
+        index = self._device_index
+        if (
+            isinstance(req_pool_indices, torch.Tensor)
+            and isinstance(seq_lens, torch.Tensor)
+            and req_pool_indices.get_device() == index
+            and seq_lens.get_device() == index
+            and (index >= 0 or (req_pool_indices.is_cpu and seq_lens.is_cpu))
+        ):
+            rpi_view, sl_view, _, _ = self._views_of(n)
+            rpi_view.copy_(req_pool_indices)
+            sl_view.copy_(seq_lens)
             return
         slot = self._staging_next
         self._staging_next = (slot + 1) % STAGING_RING
@@ -437,19 +453,25 @@ class GraphRunner:
         bucket = self.buckets.bucket_for(n)  # raises before any buffer is touched
         self.check_addresses()
         # A device context costs microseconds: enter one only when the current device differs.
-        switch = self.use_graphs and torch._C._cuda_getDevice() != self.device.index
+        switch = self.use_graphs and torch._C._cuda_getDevice() != self._device_index
         with torch.cuda.device(self.device) if switch else nullcontext():
-            with phase("stage", bucket):
+            push("stage", bucket)
+            try:
                 self._stage(req_pool_indices, seq_lens, n)
                 self.padding.apply(self.req_pool_indices, self.seq_lens, n, bucket)
-            with phase("replay", bucket):
+            finally:
+                pop()
+            push("replay", bucket)
+            try:
                 if self.use_graphs:
                     self.graphs[bucket].replay()
                 else:
                     self._build(bucket)
+            finally:
+                pop()
         self.last_bucket = bucket
-        swa = self.swa_page_table[:n] if self.swa_page_table is not None else None
-        return self.page_table[:n], swa
+        _, _, page_table, swa = self._views_of(n)
+        return page_table, swa
 
     # -- errors and teardown --------------------------------------------------------------
 

@@ -291,6 +291,17 @@ class SyncRecorder:
     def report(self) -> str:
         return format_sync_report(self.events, self.detectors, title="record_device_syncs")
 
+    def pause(self) -> None:
+        """Stop watching until ``resume()``: the detectors stay installed but see nothing (a
+        caller that judges only some phases pays the detectors' cost in those alone: a
+        CUPTI callback on every driver call is what makes a watched loop slow)."""
+        for name in self.detectors:
+            _HUBS[name].pause()
+
+    def resume(self) -> None:
+        for name in self.detectors:
+            _HUBS[name].resume()
+
     def __repr__(self) -> str:
         return (
             f"SyncRecorder(detectors={self.detectors}, events={len(self.events)}, "
@@ -330,7 +341,27 @@ class _Hub:
     def active(self) -> bool:
         return bool(self._recorders)
 
+    paused = False
+
+    def pause(self) -> None:
+        if self.active and not self.paused:
+            self.paused = True
+            self._pause()
+
+    def resume(self) -> None:
+        if self.active and self.paused:
+            self.paused = False
+            self._resume()
+
+    def _pause(self) -> None:
+        pass
+
+    def _resume(self) -> None:
+        pass
+
     def _dispatch(self, name: str, frame=None) -> None:
+        if self.paused:
+            return
         if frame is None:
             frame = _caller_frame()
         for recorder in tuple(self._recorders):
@@ -394,7 +425,14 @@ class _TorchHub(_Hub):
             raise
         self._warnings_cm = cm
 
+    def _pause(self) -> None:
+        torch.cuda.set_sync_debug_mode(0)
+
+    def _resume(self) -> None:
+        torch.cuda.set_sync_debug_mode("warn")
+
     def _uninstall(self) -> None:
+        self.paused = False
         try:
             torch.cuda.set_sync_debug_mode(self._prev_mode)
         finally:
@@ -534,8 +572,17 @@ class _CuptiHub(_Hub):
                 "cupti: " + _cupti_failure("cupti.enable_domain(DRIVER_API)", e)
             ) from e
         self._handle = handle
+        self._domain = domain
+
+    def _pause(self) -> None:
+        # Switch the driver domain off: no callback at all, not a callback that returns.
+        _import_cupti().enable_domain(0, self._handle, self._domain)
+
+    def _resume(self) -> None:
+        _import_cupti().enable_domain(1, self._handle, self._domain)
 
     def _uninstall(self) -> None:
+        self.paused = False
         handle, self._handle = self._handle, None
         if handle is not None:
             _import_cupti().unsubscribe(handle)
