@@ -32,11 +32,13 @@ setup: $(SETUP)
 	touch $@
 
 # With CUDA and pytest-xdist: several workers (at least one per GPU, tests/conftest.py pins
-# each worker to one; four on a single GPU, which the suite's small kernels share).
+# each worker to one; on a single GPU half the cores, at most eight, which the suite's small
+# kernels share: much of the suite is compilation and child processes, CPU-bound).
 test: $(SETUP)
 	@n=$$($(PY) -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0); \
 	x=""; if [ "$${n:-0}" -ge 1 ] && $(PY) -c "import xdist" 2>/dev/null; then \
-	  x="-n $$(( n > 4 ? n : 4 ))"; fi; \
+	  w=$$(( $$(nproc) / 2 )); w=$$(( w > 8 ? 8 : w )); w=$$(( w > n ? w : n )); \
+	  x="-n $$(( w > 1 ? w : 1 ))"; fi; \
 	echo "$(PYTEST) tests $$x"; $(PYTEST) tests $$x
 
 run: $(SETUP)
@@ -72,6 +74,7 @@ mutate: $(SETUP)
 fuzz: $(SETUP)
 	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-gpu} $(PYTEST) tests -k "property or fuzz"
 
+# SAN_PARALLEL=1 runs the eight tool/workload runs at once.
 sanitize:
 	tools/sanitize.sh
 

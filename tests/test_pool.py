@@ -192,3 +192,77 @@ def test_committed_lengths_leave_out_the_draft_tokens():
     for step in work:
         for row, n in zip(step.req_pool_indices, step.seq_lens):
             assert n == max(pool.requests[row].length - 3, 0)
+
+
+@pytest.mark.parametrize("chunk", [1 << 21, 64], ids=["one-stage", "small-scratch"])
+@pytest.mark.parametrize("swa", [False, True])
+def test_lookahead_shows_each_step_the_tables_of_that_step(monkeypatch, chunk, swa):
+    """Steps generated ahead, their writes staged together and applied one step at a time,
+    give at every yielded step the very tables a flush per step gives. With a small scratch
+    some stages hold a few steps, and some steps do not fit one stage (written in parts)."""
+    import pagegraph.pool as pool_module
+
+    monkeypatch.setattr(pool_module, "FLUSH_CHUNK", chunk)
+
+    def run(lookahead):
+        pool = KVPool(max_reqs=13, max_context_len=160, page_size=4, swa=swa, seed=3)
+        work = DecodeWorkload(pool, max_bs=12, steps=45, seed=7, swa_window=32 if swa else None,
+                              swa_churn=0.4, finish_rate=0.15, lookahead=lookahead)  # fmt: skip
+        seen = []
+        for step in work:
+            tables = [pool.req_to_token.clone()]
+            if swa:
+                tables.append(pool.full_to_swa.clone())
+            seen.append((step.req_pool_indices, step.seq_lens, tables))
+        return seen, pool
+
+    plain, _ = run(0)
+    for lookahead in (1, 5, 16):
+        ahead, pool = run(lookahead)
+        if chunk == 64:
+            assert pool._r2t_writer.capacity == 16
+        assert len(ahead) == len(plain)
+        for i, (a, p) in enumerate(zip(ahead, plain)):
+            assert a[:2] == p[:2], f"lookahead {lookahead}, step {i}: batch differs"
+            for t_a, t_p in zip(a[2], p[2]):
+                assert torch.equal(t_a, t_p), f"lookahead {lookahead}, step {i}: tables differ"
+
+
+def test_write_ahead_applies_in_order_and_refuses_an_empty_queue():
+    from pagegraph.pool import WriteAhead
+
+    pool = KVPool(max_reqs=3, max_context_len=32, page_size=4, seed=1)
+    ahead = WriteAhead()
+    row = pool.alloc(9)
+    ahead.add(pool.take_writes())
+    pool.free(row)
+    again = pool.alloc(3)  # the same row, shorter: its first page written again
+    assert again == row
+    ahead.add(pool.take_writes())
+    assert (pool.req_to_token == 0).all(), "take_writes applies nothing"
+    ahead.next()
+    first = pool.req_to_token[row, :9].clone()
+    assert (first != 0).all()
+    ahead.next()
+    assert torch.equal(pool.req_to_token[row, 3:9], first[3:9]), "the stale tail stays"
+    assert not torch.equal(pool.req_to_token[row, :3], first[:3])
+    check_pool(pool)
+    with pytest.raises(IndexError, match="no queued writes"):
+        ahead.next()
+
+
+def test_free_many_and_last_lengths():
+    pool = KVPool(max_reqs=4, max_context_len=64, page_size=8, seed=2)
+    rows = [pool.alloc(n) for n in (5, 17, 40)]
+    assert pool.last_lengths(rows).tolist() == [-1, -1, -1]
+    free_before = pool.free_pages
+    pool.free_many(rows[:2])
+    assert pool.free_pages == free_before + 1 + 3
+    assert pool.last_lengths(rows).tolist() == [5, 17, -1]
+    assert sorted(pool.requests) == [rows[2]]
+    with pytest.raises(KeyError, match="not running"):
+        pool.free(rows[0])
+    with pytest.raises(KeyError, match="not running"):
+        pool.extend(rows[0], 1)
+    pool.flush()
+    check_pool(pool)

@@ -663,3 +663,31 @@ def test_gpu_a_paused_recorder_sees_nothing_and_a_resumed_one_everything():
         rec.resume()
         t.sum().item()
     assert {e.detector for e in rec.events} == set(rec.detectors) == set(names)
+
+
+def test_cupti_subscribes_the_sync_calls_alone():
+    """The CUPTI detector enables one callback id per driver call that can wait, so kernel
+    and graph launches cost no callback; the ids come from the release's table, by name."""
+    import enum
+    import types
+
+    from pagegraph.sync import _sync_callback_ids
+
+    table = enum.IntEnum(
+        "driver_api_trace_cbid",
+        {
+            "cuLaunchKernel": 307,
+            "cuGraphLaunch": 514,
+            "cuMemcpyHtoDAsync_v2": 278,
+            "cuStreamSynchronize": 131,
+            "cuMemcpyDtoHAsync_v2": 279,
+            "cuCtxSynchronize": 17,
+            "cuStreamQuery": 130,
+            "cuEventSynchronize": 141,
+            "cuMemFree_v2": 246,
+        },
+    )
+    assert _sync_callback_ids(types.SimpleNamespace(driver_api_trace_cbid=table)) == [
+        17, 131, 141, 246, 279,
+    ]  # fmt: skip
+    assert _sync_callback_ids(types.SimpleNamespace()) == [], "no table: the whole domain"

@@ -37,6 +37,7 @@ from .contract import cdiv
 from .environment import environment
 from .isolate import IsolatedError, Job, run_isolated, write_json_atomic
 from .kernel import build_page_table
+from .pool import writer_bytes
 from .scenario import ScenarioError, load_scenario
 from .sync import DetectorUnavailable, parse_detectors
 
@@ -84,7 +85,13 @@ def _memory_problem(cfg) -> str | None:
     pages = cfg.num_pages or (rows - 1) * cdiv(cfg.max_context_len, cfg.page_size) + 1
     f2s = (pages * cfg.page_size + 1) * 8 if cfg.swa else 0
     tables = table_bytes(cfg)
-    need = r2t + f2s + tables + (64 << 20)
+    r2t_item = 8 if cfg.r2t_dtype == "int64" else 4
+    f2s_item = 8 if cfg.full_to_swa_dtype == "int64" else 4
+    # The pool's write scratch (pool.writer_bytes), one a table.
+    scratch = writer_bytes(r2t // r2t_item, cfg.page_size, r2t_item) + (
+        writer_bytes(f2s // 8, cfg.page_size, f2s_item) if cfg.swa else 0
+    )
+    need = r2t + f2s + tables + scratch + (64 << 20)
     if torch.cuda.is_available():
         free, _ = torch.cuda.mem_get_info()
         where = "GPU memory"
@@ -98,7 +105,8 @@ def _memory_problem(cfg) -> str | None:
         return (
             f"does not fit: needs about {need / 2**30:.2f} GiB of {where} (req_to_token "
             f"{r2t / 2**30:.2f} GiB, full_to_swa {f2s / 2**30:.2f} GiB, tables and checker "
-            f"{tables / 2**30:.2f} GiB), {free / 2**30:.2f} GiB available"
+            f"{tables / 2**30:.2f} GiB, pool write scratch {scratch / 2**30:.2f} GiB), "
+            f"{free / 2**30:.2f} GiB available"
         )
     return None
 

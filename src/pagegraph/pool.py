@@ -5,21 +5,28 @@
   reserved for padding, so a zeroed entry is always a valid slot. It can be a view that starts
   ``storage_offset`` elements into a larger allocation, as an engine's table inside a bigger
   pool is.
-* Pages are allocated one at a time from a shuffled free list (random placement, seeded), so
-  within a page slots are consecutive and every page start is page-aligned.
+* Pages are allocated from a shuffled free list (random placement, seeded), last freed first
+  out, so within a page slots are consecutive and every page start is page-aligned.
 * Optional SWA pool: ``full_to_swa`` (int64 by default, one entry per full slot plus a
   trailing sentinel) maps each full slot to its slot in the sliding-window pool; freed or
   evicted slots map to 0.
 
-The host keeps per-request metadata (pages and lengths, also as arrays, so a decode step's
-growth of every running request is a few vectorised operations), and the SWA page of every
-full page. Writes to the device tables are queued page by page (a run of consecutive slots,
-five integers, whatever the page size) and applied by ``flush()``: one non-blocking copy from
-a pinned staging ring, a few operators that expand the runs on the device into scratch
-allocated once, and one ``index_copy_``, so a flush neither allocates device memory nor waits
-for the device, and its host cost follows the pages touched, not the tokens. Freed rows keep
-their old entries (engines do not clear them): a reused row with a shorter length has a stale
-tail.
+The host keeps every request's state in per-row arrays (length, page count, page ids, SWA page
+ids, first unevicted SWA page), so a decode step's growth, finishes and evictions over the
+whole batch are a few vectorised operations, not a Python loop over requests. Writes to the
+device tables are queued page by page (a run of consecutive slots, five integers, whatever the
+page size):
+
+* ``flush()`` applies them now: one non-blocking copy from a pinned staging ring, a few
+  operators that expand the runs on the device into scratch allocated once, and one
+  ``index_copy_``, so a flush neither allocates device memory nor waits for the device, and
+  its host cost follows the pages touched, not the tokens.
+* ``take_writes()`` hands them over unapplied, for a ``WriteAhead`` that uploads and expands
+  the writes of many steps at once and applies each step's with one ``index_copy_`` a table
+  (a workload generated ahead of its replays: see ``DecodeWorkload(lookahead=...)``).
+
+Freed rows keep their old entries (engines do not clear them): a reused row with a shorter
+length has a stale tail.
 """
 
 from __future__ import annotations
@@ -38,6 +45,8 @@ class PoolExhausted(RuntimeError):
 
 @dataclass
 class Request:
+    """A snapshot of one running request (``KVPool.requests``), for inspection."""
+
     row: int
     length: int = 0
     pages: list[int] = field(default_factory=list)
@@ -47,11 +56,35 @@ class Request:
     swa_first: int = 0
 
 
-#: Table entries one flush chunk writes at most (per table); larger flushes go in chunks.
-FLUSH_CHUNK = 1 << 18
+#: Table entries one upload expands at most (per table); larger writes go in parts.
+FLUSH_CHUNK = 1 << 21
 #: Pinned staging buffers per table. A buffer is refilled only once the copy that last read
 #: it has completed; with this many, a checker that keeps two replays in flight never waits.
 FLUSH_RING = 4
+
+
+def _ranges(rows: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every ``(rows[i], j)`` for ``lo[i] <= j < hi[i]``, row after row, as two int64 arrays."""
+    count = np.maximum(hi - lo, 0)
+    total = int(count.sum())
+    owner = np.repeat(np.arange(len(rows)), count)
+    j = lo[owner] + (np.arange(total) - np.repeat(np.cumsum(count) - count, count))
+    return rows[owner], j
+
+
+def writer_capacity(numel: int, page_size: int) -> int:
+    """Runs one upload of a ``_PageWriter`` holds: ``FLUSH_CHUNK`` entries, or fewer for a
+    small table (a step writes each page at most twice: an arrival's last page, then its
+    growth)."""
+    return max(1, min(FLUSH_CHUNK // page_size, 2 * cdiv(numel, page_size) + 2))
+
+
+def writer_bytes(numel: int, page_size: int, itemsize: int) -> int:
+    """Device bytes of a ``_PageWriter``'s scratch for a table of ``numel`` entries of
+    ``itemsize`` bytes (for a memory check before anything is allocated)."""
+    n = writer_capacity(numel, page_size)
+    entries = n * page_size
+    return 5 * n * 8 + entries * (3 * 8 + (0 if itemsize == 8 else itemsize)) + page_size * 8
 
 
 class _PageWriter:
@@ -59,19 +92,21 @@ class _PageWriter:
 
     A run is ``(base, value, step, lo, hi)``: entries ``base + j`` for lanes ``lo <= j < hi``
     of one page get ``value + j * step`` (a request's token slots: step 1; an unmapped SWA
-    page: value 0, step 0). The host sends five integers a page, not one a token: the runs go
-    through a pinned staging ring and one non-blocking copy, and are expanded on the table's
-    device into preallocated scratch (every operator writes ``out=``) for one ``index_copy_``.
-    Lanes outside ``[lo, hi)`` write lane ``lo``'s own entry and value again, so the
-    expansion is rectangular and still never writes an entry it was not given.
+    page: value 0, step 0). The host sends five integers a page, not one a token: ``stage``
+    puts up to ``capacity`` runs through a pinned staging ring and one non-blocking copy and
+    expands them on the table's device into preallocated scratch (every operator writes
+    ``out=``); ``apply(lo, hi)`` writes runs ``lo:hi`` of it with one ``index_copy_``. Lanes
+    outside ``[lo, hi)`` are clamped into it, so they write an entry of their own run again
+    with its own value: the expansion is rectangular and never writes an entry it was not
+    given.
     """
 
     def __init__(self, table: torch.Tensor, page_size: int):
         self.flat = table.view(-1)
         dev, dtype = table.device, table.dtype
         self.cuda = table.is_cuda
-        self.rows = max(1, FLUSH_CHUNK // page_size)  # runs a chunk
-        n, ps = self.rows, page_size
+        n = self.capacity = writer_capacity(table.numel(), page_size)
+        ps = page_size
         self.host = [
             torch.empty(5 * n, dtype=torch.int64, pin_memory=self.cuda)
             for _ in range(FLUSH_RING if self.cuda else 1)
@@ -81,46 +116,54 @@ class _PageWriter:
         self.next = 0
         self.runs = torch.empty(5 * n, dtype=torch.int64, device=dev)
         self.lane = torch.arange(ps, dtype=torch.int64, device=dev)[None, :]
-        self.inside = torch.empty((n, ps), dtype=torch.bool, device=dev)
-        self.below = torch.empty((n, ps), dtype=torch.bool, device=dev)
         self.eff = torch.empty((n, ps), dtype=torch.int64, device=dev)
         self.index = torch.empty((n, ps), dtype=torch.int64, device=dev)
         self.value = torch.empty((n, ps), dtype=torch.int64, device=dev)
         self.cast = self.value if dtype == torch.int64 else torch.empty((n, ps), dtype=dtype,
                                                                         device=dev)  # fmt: skip
 
+    def stage(self, runs: np.ndarray) -> None:
+        """Upload and expand ``runs`` (``[k, 5]`` int64 rows of base, value, step, lo, hi;
+        ``k <= capacity``) into scratch rows ``:k``, replacing what was staged before."""
+        k = len(runs)
+        slot = self.next
+        self.next = (slot + 1) % len(self.host)
+        if self.done[slot] is not None:
+            self.done[slot].synchronize()  # outside any replay; practically never waits
+        host = self.host_np[slot]
+        for c in range(4):  # column-major: each field a contiguous [k] vector
+            host[c * k : (c + 1) * k] = runs[:, c]
+        host[4 * k : 5 * k] = runs[:, 4] - 1  # the last lane, for the clamp
+        self.runs[: 5 * k].copy_(self.host[slot][: 5 * k], non_blocking=self.cuda)
+        base, value, step, lo, last = (self.runs[c * k : (c + 1) * k, None] for c in range(5))
+        eff, val = self.eff[:k], self.value[:k]
+        torch.clamp(self.lane, lo, last, out=eff)
+        torch.add(base, eff, out=self.index[:k])
+        torch.mul(eff, step, out=val)
+        val.add_(value)
+        cast = self.cast[:k]
+        if cast is not val:
+            cast.copy_(val)
+        if self.cuda:
+            event = torch.cuda.Event()
+            event.record()
+            self.done[slot] = event
+
+    def apply(self, lo: int, hi: int) -> None:
+        """Write staged runs ``lo:hi``. Entries written twice by them must get equal values
+        (a scatter has no defined winner)."""
+        self.flat.index_copy_(0, self.index[lo:hi].view(-1), self.cast[lo:hi].view(-1))
+
     def write(self, runs: np.ndarray) -> None:
-        """Apply ``runs`` (``[k, 5]`` int64 rows of base, value, step, lo, hi). Entries
-        written twice in one call must get equal values (a scatter has no defined winner)."""
-        for first in range(0, len(runs), self.rows):
-            part = runs[first : first + self.rows]
-            k = len(part)
-            slot = self.next
-            self.next = (slot + 1) % len(self.host)
-            if self.done[slot] is not None:
-                self.done[slot].synchronize()  # outside any replay; practically never waits
-            host = self.host_np[slot]
-            for c in range(5):  # column-major: each field a contiguous [k] vector
-                host[c * k : (c + 1) * k] = part[:, c]
-            self.runs[: 5 * k].copy_(self.host[slot][: 5 * k], non_blocking=self.cuda)
-            base, value, step, lo, hi = (self.runs[c * k : (c + 1) * k, None] for c in range(5))
-            inside, below = self.inside[:k], self.below[:k]
-            eff, index, val = self.eff[:k], self.index[:k], self.value[:k]
-            torch.ge(self.lane, lo, out=inside)
-            torch.lt(self.lane, hi, out=below)
-            inside.logical_and_(below)
-            torch.where(inside, self.lane, lo, out=eff)
-            torch.add(base, eff, out=index)
-            torch.mul(eff, step, out=val)
-            val.add_(value)
-            cast = self.cast[:k]
-            if cast is not val:
-                cast.copy_(val)
-            self.flat.index_copy_(0, index.view(-1), cast.view(-1))
-            if self.cuda:
-                event = torch.cuda.Event()
-                event.record()
-                self.done[slot] = event
+        """Stage and apply ``runs`` now, in parts of ``capacity`` runs."""
+        for first in range(0, len(runs), self.capacity):
+            part = runs[first : first + self.capacity]
+            self.stage(part)
+            self.apply(0, len(part))
+
+
+#: Queued writes, closed and in order: ``(writer, runs)`` groups.
+Writes = list
 
 
 class _PageStack:
@@ -219,19 +262,20 @@ class KVPool:
         rows, cols = max_reqs + 1, max_context_len + extra_cols
         base = torch.zeros(storage_offset + rows * cols, dtype=dtype, device=self.device)
         self.req_to_token = base[storage_offset:].view(rows, cols)
+        self._row_stride = self.req_to_token.stride(0)
         free_rows = list(range(1, max_reqs + 1))
         # pop() hands out the end of the list first.
         self._free_rows = free_rows if row_order == "high-first" else free_rows[::-1]
         self._free_pages = _PageStack(self._shuffled(self.num_pages))
-        self.requests: dict[int, Request] = {}
-        #: Length each freed row held when its request finished.
-        self.requests_history: dict[int, int] = {}
-        # Per-row arrays mirroring self.requests, for vectorised growth.
+        # Per-row request state (row 0, the dummy, stays empty).
+        self._running = np.zeros(rows, dtype=bool)
         self._length = np.zeros(rows, dtype=np.int64)
+        self._n_pages = np.zeros(rows, dtype=np.int64)
         self._page_ids = np.zeros((rows, self.pages_per_req), dtype=np.int64)
+        #: Length each row's last finished request held (-1: none yet).
+        self._last_length = np.full(rows, -1, dtype=np.int64)
         self.swa = swa
         self.full_to_swa: torch.Tensor | None = None
-        self._swa_of_page: np.ndarray | None = None
         if swa:
             self.swa_num_pages = swa_num_pages or self.num_pages
             if full_to_swa_dtype == torch.int32 and self.swa_num_pages * page_size >= 2**31:
@@ -241,11 +285,14 @@ class KVPool:
             self.full_to_swa = torch.zeros(n_slots, dtype=full_to_swa_dtype, device=self.device)
             # SWA page of each full page (0: unmapped): a whole page maps at once.
             self._swa_of_page = np.zeros(self.num_pages, dtype=np.int64)
+            self._swa_ids = np.zeros((rows, self.pages_per_req), dtype=np.int64)
+            self._swa_first = np.zeros(rows, dtype=np.int64)
         self._r2t_writer = _PageWriter(self.req_to_token, page_size)
         self._swa_writer = _PageWriter(self.full_to_swa, page_size) if swa else None
         self._r2t_runs: list[np.ndarray] = []  # [k, 5] page runs queued for req_to_token
-        self._r2t_rows: set[int] = set()  # rows written since the last flush
+        self._r2t_rows: set[int] = set()  # rows with queued req_to_token runs
         self._swa_touched: list[np.ndarray] = []  # full pages whose mapping changed
+        self._queued: Writes = []  # closed groups, applied in order
 
     def _shuffled(self, n: int) -> np.ndarray:
         pages = np.arange(1, n, dtype=np.int64)
@@ -262,6 +309,26 @@ class KVPool:
     def free_pages(self) -> int:
         return len(self._free_pages)
 
+    @property
+    def requests(self) -> dict[int, Request]:
+        """A snapshot of every running request, by row (built on each access: for tests and
+        inspection, not for a loop)."""
+        out = {}
+        for row in np.flatnonzero(self._running).tolist():
+            n = int(self._n_pages[row])
+            out[row] = Request(
+                row,
+                int(self._length[row]),
+                self._page_ids[row, :n].tolist(),
+                self._swa_ids[row, :n].tolist() if self.swa else [],
+                int(self._swa_first[row]) if self.swa else 0,
+            )
+        return out
+
+    def last_lengths(self, rows) -> np.ndarray:
+        """Length each of ``rows`` held when its last request finished (-1: never used)."""
+        return self._last_length[np.asarray(rows, dtype=np.int64)]
+
     def next_free_row(self) -> int | None:
         """The row the next ``alloc()`` hands out, or ``None`` when none is free."""
         return self._free_rows[-1] if self._free_rows else None
@@ -269,20 +336,6 @@ class KVPool:
     def next_free_rows(self, n: int) -> list[int]:
         """The rows the next ``n`` allocations hand out, in order (fewer if fewer are free)."""
         return self._free_rows[::-1][:n]
-
-    def alloc_many(self, lengths: list[int]) -> list[int]:
-        """``alloc`` of several new requests at once (the rows ``next_free_rows`` named), with
-        one vectorised growth: a decode step's arrivals."""
-        if len(lengths) > len(self._free_rows):
-            raise PoolExhausted(f"all {self.max_reqs} request rows are in use")
-        rows = [self._free_rows.pop() for _ in lengths]
-        if not self._r2t_rows.isdisjoint(rows):
-            self._flush_r2t()  # as in alloc: never one entry twice in a flush
-        for row in rows:
-            self.requests[row] = Request(row)
-        self._length[rows] = 0
-        self.grow(np.asarray(rows, dtype=np.int64), np.asarray(lengths, dtype=np.int64))
-        return rows
 
     def lengths_of(self, rows: np.ndarray) -> np.ndarray:
         """Current lengths of the given request rows (int64 array, 0 for a free row)."""
@@ -296,35 +349,40 @@ class KVPool:
             row = self._free_rows.pop()
         else:
             self._free_rows.remove(row)
-        if row in self._r2t_rows:
-            # The row's previous request still has queued writes: apply them first, so that
-            # one flush never writes one entry twice (a scatter has no defined winner).
-            self._flush_r2t()
-        self.requests[row] = Request(row)
-        self._length[row] = 0
-        self.extend(row, length)
+        self._start([row], [length])
         return row
 
-    def _add_pages(self, req: Request, need: int) -> None:
-        if need > len(self._free_pages):
-            raise PoolExhausted(f"need {need} pages, {len(self._free_pages)} free")
-        first = len(req.pages)
-        new = self._free_pages.take(need)
-        req.pages.extend(new.tolist())
-        self._page_ids[req.row, first : first + need] = new
-        if self.swa:
-            req.swa_pages.extend([0] * need)
-            self._map_swa(req, first, first + need)
+    def alloc_many(self, lengths: list[int]) -> list[int]:
+        """``alloc`` of several new requests at once (the rows ``next_free_rows`` named), with
+        one vectorised growth: a decode step's arrivals."""
+        if len(lengths) > len(self._free_rows):
+            raise PoolExhausted(f"all {self.max_reqs} request rows are in use")
+        rows = [self._free_rows.pop() for _ in lengths]
+        self._start(rows, lengths)
+        return rows
+
+    def _start(self, rows: list[int], lengths) -> None:
+        if not self._r2t_rows.isdisjoint(rows):
+            # A row's previous request still has queued writes: close them into their own
+            # group first, so that no one write group sets an entry twice (a scatter has no
+            # defined winner).
+            self._close_r2t()
+        idx = np.asarray(rows, dtype=np.int64)
+        self._running[idx] = True
+        self._length[idx] = 0
+        self.grow(idx, np.asarray(lengths, dtype=np.int64))
 
     def extend(self, row: int, k: int) -> None:
         """Grow request ``row`` by ``k`` tokens, allocating pages as it crosses page ends."""
         self.grow(np.asarray([row]), np.asarray([k]))
 
     def grow(self, rows: np.ndarray, ks: np.ndarray) -> None:
-        """Grow request ``rows[i]`` by ``ks[i]`` tokens (distinct rows), vectorised: a decode
-        step grows every running request by one token (plus draft tokens)."""
+        """Grow request ``rows[i]`` by ``ks[i]`` tokens (distinct running rows), vectorised: a
+        decode step grows every running request by one token (plus draft tokens)."""
         rows = np.asarray(rows, dtype=np.int64)
         ks = np.asarray(ks, dtype=np.int64)
+        if not self._running[rows].all():
+            raise KeyError(f"row {int(rows[np.argmin(self._running[rows])])} is not running")
         old = self._length[rows]
         new = old + ks
         if (new > self.max_context_len).any():
@@ -334,114 +392,130 @@ class KVPool:
                 f"{self.max_context_len}"
             )
         ps = self.page_size
-        need = -(-new // ps) - np.asarray([len(self.requests[int(r)].pages) for r in rows])
-        for i in np.flatnonzero(need > 0):
-            self._add_pages(self.requests[int(rows[i])], int(need[i]))
+        need = -(-new // ps) - self._n_pages[rows]
+        more = need > 0
+        if more.any():
+            self._add_pages(rows[more], need[more])
         grown = ks > 0
         if grown.any():
             # One run per page a row's new tokens touch: tokens [max(t0, p*ps), min(t1,
             # (p+1)*ps)) of page p get slots page_ids[row, p] * ps + lane.
             r, t0, t1 = rows[grown], old[grown], new[grown]
-            p0, p1 = t0 // ps, (t1 - 1) // ps
-            count = p1 - p0 + 1
-            owner = np.repeat(np.arange(len(r)), count)
-            page = p0[owner] + (np.arange(int(count.sum())) - np.repeat(np.cumsum(count) - count,
-                                                                        count))  # fmt: skip
-            row_of = r[owner]
+            count = (t1 - 1) // ps - t0 // ps + 1
+            row_of, page = _ranges(r, t0 // ps, t0 // ps + count)
+            t0_of, t1_of = np.repeat(t0, count), np.repeat(t1, count)
             runs = np.empty((len(page), 5), dtype=np.int64)
-            runs[:, 0] = row_of * self.req_to_token.stride(0) + page * ps
+            runs[:, 0] = row_of * self._row_stride + page * ps
             runs[:, 1] = self._page_ids[row_of, page] * ps
             runs[:, 2] = 1
-            runs[:, 3] = np.maximum(t0[owner] - page * ps, 0)
-            runs[:, 4] = np.minimum(t1[owner] - page * ps, ps)
+            runs[:, 3] = np.maximum(t0_of - page * ps, 0)
+            runs[:, 4] = np.minimum(t1_of - page * ps, ps)
             self._r2t_runs.append(runs)
             self._r2t_rows.update(r.tolist())
         self._length[rows] = new
-        for r, n in zip(rows.tolist(), new.tolist()):
-            self.requests[r].length = n
+
+    def _add_pages(self, rows: np.ndarray, need: np.ndarray) -> None:
+        """Give ``rows[i]`` ``need[i]`` more pages (and SWA pages), row after row."""
+        total = int(need.sum())
+        if total > len(self._free_pages):
+            raise PoolExhausted(f"need {total} pages, {len(self._free_pages)} free")
+        if self.swa and total > len(self._free_swa_pages):
+            raise PoolExhausted(f"need {total} SWA pages, {len(self._free_swa_pages)} free")
+        row_of, j = _ranges(rows, self._n_pages[rows], self._n_pages[rows] + need)
+        pages = self._free_pages.take(total)
+        self._page_ids[row_of, j] = pages
+        self._n_pages[rows] += need
+        if self.swa:
+            swa = self._free_swa_pages.take(total)
+            self._swa_ids[row_of, j] = swa
+            self._set_swa(pages, swa)
 
     def free(self, row: int) -> None:
         """Finish request ``row``: its pages return to the pool, its SWA slots map to 0, its
         ``req_to_token`` row keeps the old entries."""
-        req = self.requests.pop(row)
-        self.requests_history[row] = req.length
+        self.free_many([row])
+
+    def free_many(self, rows) -> None:
+        """``free`` of several requests (distinct rows), in order."""
+        idx = np.asarray(rows, dtype=np.int64)
+        if not len(idx):
+            return
+        if not self._running[idx].all():
+            raise KeyError(f"row {int(idx[np.argmin(self._running[idx])])} is not running")
+        n = self._n_pages[idx]
         if self.swa:
-            self._unmap_swa(req, req.swa_first, len(req.pages))
-        self._free_pages.push(req.pages)
-        self._free_rows.append(row)
-        self._length[row] = 0
+            self._unmap_swa(idx, self._swa_first[idx], n)
+            self._swa_first[idx] = 0
+        row_of, j = _ranges(idx, np.zeros_like(n), n)
+        self._free_pages.push(self._page_ids[row_of, j])
+        self._free_rows.extend(idx.tolist())
+        self._last_length[idx] = self._length[idx]
+        self._running[idx] = False
+        self._length[idx] = 0
+        self._n_pages[idx] = 0
 
     # -- SWA ------------------------------------------------------------------------------
 
-    def _set_swa(self, pages, swa_pages) -> None:
-        # The host copy takes every change in order; flush uploads its final state, so a page
-        # mapped and evicted before one flush is written once.
-        pages = np.asarray(pages, dtype=np.int64)
+    def _set_swa(self, pages: np.ndarray, swa_pages) -> None:
+        # The host copy takes every change in order; the writes upload its final state, so a
+        # page mapped and evicted before one flush is written once.
         self._swa_of_page[pages] = swa_pages
         self._swa_touched.append(pages)
 
-    def _map_swa(self, req: Request, lo: int, hi: int) -> None:
-        """Give full pages ``lo:hi`` of ``req`` fresh SWA pages."""
-        n = hi - lo
-        if n > len(self._free_swa_pages):
-            raise PoolExhausted(f"need {n} SWA pages, {len(self._free_swa_pages)} free")
-        swa = self._free_swa_pages.take(n)
-        req.swa_pages[lo:hi] = swa.tolist()
-        self._set_swa(req.pages[lo:hi], swa)
-
-    def _unmap_swa(self, req: Request, lo: int, hi: int) -> None:
-        """Return the SWA pages of full pages ``lo:hi``; their slots map to 0."""
-        if hi <= lo:
+    def _unmap_swa(self, rows: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> None:
+        """Return the SWA pages of full pages ``lo[i]:hi[i]`` of ``rows[i]``; their slots map
+        to 0."""
+        row_of, j = _ranges(rows, lo, hi)
+        if not len(j):
             return
-        mapped = np.asarray(req.swa_pages[lo:hi], dtype=np.int64)
+        mapped = self._swa_ids[row_of, j]
         self._free_swa_pages.push(mapped[mapped != 0])
-        req.swa_pages[lo:hi] = [0] * (hi - lo)
-        self._set_swa(req.pages[lo:hi], 0)
+        self._swa_ids[row_of, j] = 0
+        self._set_swa(self._page_ids[row_of, j], 0)
 
     def evict_outside_window(self, row: int, window: int) -> int:
         """Free the SWA pages of ``row`` that lie wholly before its last ``window`` tokens, as a
         sliding-window engine does; their slots map to 0. Returns pages evicted."""
-        req = self.requests[row]
-        first_kept = max(req.length - window, 0) // self.page_size
-        evicted = max(first_kept - req.swa_first, 0)
-        if evicted:
-            self._unmap_swa(req, req.swa_first, first_kept)
-            req.swa_first = first_kept
-        return evicted
+        return self.evict_rows_outside_window([row], window)
 
-    def evict_rows_outside_window(self, rows: list[int], window: int) -> int:
-        """``evict_outside_window`` for many rows; only rows with pages to evict cost Python."""
-        if not rows:
-            return 0
+    def evict_rows_outside_window(self, rows, window: int) -> int:
+        """``evict_outside_window`` for many rows, vectorised; returns pages evicted."""
         idx = np.asarray(rows, dtype=np.int64)
+        if not len(idx):
+            return 0
         first_kept = np.maximum(self._length[idx] - window, 0) // self.page_size
-        swa_first = np.asarray([self.requests[r].swa_first for r in rows])
-        return sum(
-            self.evict_outside_window(rows[i], window)
-            for i in np.flatnonzero(first_kept > swa_first)
-        )
+        first = self._swa_first[idx]
+        sel = first_kept > first
+        if not sel.any():
+            return 0
+        idx, first, first_kept = idx[sel], first[sel], first_kept[sel]
+        self._unmap_swa(idx, first, first_kept)
+        self._swa_first[idx] = first_kept
+        return int((first_kept - first).sum())
 
     def remap_swa(self, row: int) -> None:
         """Move every mapped SWA page of ``row`` to a new SWA page (mapping churn between
         replays): the new pages are taken before the old ones return."""
-        req = self.requests[row]
-        lo, hi = req.swa_first, len(req.pages)
-        old = [p for p in req.swa_pages[lo:hi] if p]
-        self._map_swa(req, lo, hi)
-        self._free_swa_pages.push(old)
+        lo, hi = int(self._swa_first[row]), int(self._n_pages[row])
+        n = hi - lo
+        if n > len(self._free_swa_pages):
+            raise PoolExhausted(f"need {n} SWA pages, {len(self._free_swa_pages)} free")
+        old = self._swa_ids[row, lo:hi].copy()
+        swa = self._free_swa_pages.take(n)
+        self._swa_ids[row, lo:hi] = swa
+        self._set_swa(self._page_ids[row, lo:hi].copy(), swa)
+        self._free_swa_pages.push(old[old != 0])
 
     # -- device tables --------------------------------------------------------------------
 
-    def _flush_r2t(self) -> None:
+    def _close_r2t(self) -> None:
         if self._r2t_runs:
-            self._r2t_writer.write(np.concatenate(self._r2t_runs))
+            self._queued.append((self._r2t_writer, np.concatenate(self._r2t_runs)))
             self._r2t_runs.clear()
         self._r2t_rows.clear()
 
-    def flush(self) -> None:
-        """Apply queued writes to ``req_to_token`` and ``full_to_swa`` (non-blocking copies on
-        the current stream; call it between replays, never inside one)."""
-        self._flush_r2t()
+    def _close(self) -> None:
+        self._close_r2t()
         if self._swa_touched:
             # A page touched twice uploads its one final state twice: equal values, so no
             # need to deduplicate.
@@ -454,9 +528,82 @@ class KVPool:
             runs[:, 2] = swa != 0  # an unmapped page: every slot maps to 0
             runs[:, 3] = 0
             runs[:, 4] = ps
-            self._swa_writer.write(runs)
+            self._queued.append((self._swa_writer, runs))
             self._swa_touched.clear()
+
+    def flush(self) -> None:
+        """Apply queued writes to ``req_to_token`` and ``full_to_swa`` (non-blocking copies on
+        the current stream; call it between replays, never inside one)."""
+        for writer, runs in self.take_writes():
+            writer.write(runs)
+
+    def take_writes(self) -> Writes:
+        """The queued writes, closed and removed from the queue but not applied: a
+        ``WriteAhead`` applies them later, in the order taken."""
+        self._close()
+        writes, self._queued = self._queued, []
+        return writes
 
     def batch(self, rows: list[int]) -> tuple[list[int], list[int]]:
         """``(req_pool_indices, seq_lens)`` of the given request rows, as host lists."""
         return list(rows), self._length[np.asarray(rows, dtype=np.int64)].tolist()
+
+
+class WriteAhead:
+    """Applies the writes of steps generated ahead of their replays: the writes of as many
+    steps as fit are uploaded and expanded at once (``stage``), then each step's are applied
+    with one ``index_copy_`` a table (``apply``), in step order, on the current stream.
+
+    A step is staged only after every step staged before it was applied (the scratch is
+    reused), which ``next()`` ensures by staging when it reaches a step that is not staged.
+    A step whose writes alone exceed a writer's capacity is written in parts when applied.
+    """
+
+    def __init__(self):
+        self._steps: list[Writes] = []  # taken, not yet applied, oldest first
+        self._staged: list[list[tuple[_PageWriter, int, int]] | None] = []
+
+    def __len__(self) -> int:
+        return len(self._steps)
+
+    def add(self, writes: Writes) -> None:
+        """Queue one step's writes (``KVPool.take_writes()``), after the ones queued before."""
+        self._steps.append(writes)
+
+    def _stage(self) -> None:
+        used: dict[_PageWriter, int] = {}
+        parts: dict[_PageWriter, list[np.ndarray]] = {}
+        plans = []
+        for writes in self._steps:
+            need: dict[_PageWriter, int] = {}
+            for writer, runs in writes:
+                need[writer] = need.get(writer, 0) + len(runs)
+            if any(used.get(w, 0) + k > w.capacity for w, k in need.items()):
+                break
+            plan = []
+            for writer, runs in writes:
+                lo = used.get(writer, 0)
+                used[writer] = lo + len(runs)
+                parts.setdefault(writer, []).append(runs)
+                plan.append((writer, lo, lo + len(runs)))
+            plans.append(plan)
+        for writer, runs in parts.items():
+            writer.stage(np.concatenate(runs) if len(runs) > 1 else runs[0])
+        # Steps past the first that did not fit wait for the next stage; a first step too
+        # large for any stage is written in parts (plan None).
+        self._staged = plans or [None]
+
+    def next(self) -> None:
+        """Apply the oldest queued step's writes."""
+        if not self._steps:
+            raise IndexError("no queued writes")
+        if not self._staged:
+            self._stage()
+        plan = self._staged.pop(0)
+        writes = self._steps.pop(0)
+        if plan is None:
+            for writer, runs in writes:
+                writer.write(runs)
+        else:
+            for writer, lo, hi in plan:
+                writer.apply(lo, hi)

@@ -517,8 +517,18 @@ def _noop_callback(*args) -> None:
     pass
 
 
+def _sync_callback_ids(cupti) -> list[int]:
+    """CUPTI's driver callback ids of every call ``is_sync_api`` flags (empty where the
+    ``driver_api_trace_cbid`` table is missing)."""
+    table = getattr(cupti, "driver_api_trace_cbid", None)
+    members = getattr(table, "__members__", {}) if table is not None else {}
+    return sorted({int(m) for name, m in members.items() if is_sync_api(name)})
+
+
 class _CuptiHub(_Hub):
     name = "cupti"
+    #: only the sync calls are subscribed (see _install)
+    selective = False
 
     def __init__(self):
         super().__init__()
@@ -564,22 +574,37 @@ class _CuptiHub(_Hub):
             handle = cupti.subscribe(self._callback, None)
         except Exception as e:
             raise DetectorUnavailable("cupti: " + _cupti_failure("cupti.subscribe", e)) from e
+        # Only the driver calls that can wait are subscribed, one callback id each: every
+        # other call (kernel and graph launches, async copies) then runs with no callback at
+        # all, so the detector can stay on for a soak. Where the release has no callback id
+        # table, the whole driver domain is subscribed and the callback filters by name.
+        cbids = _sync_callback_ids(cupti)
         try:
-            cupti.enable_domain(1, handle, domain)
+            if cbids:
+                for cbid in cbids:
+                    cupti.enable_callback(1, handle, domain, cbid)
+            else:
+                cupti.enable_domain(1, handle, domain)
         except Exception as e:
             cupti.unsubscribe(handle)
+            what = "enable_callback" if cbids else "enable_domain"
             raise DetectorUnavailable(
-                "cupti: " + _cupti_failure("cupti.enable_domain(DRIVER_API)", e)
+                "cupti: " + _cupti_failure(f"cupti.{what}(DRIVER_API)", e)
             ) from e
         self._handle = handle
         self._domain = domain
+        self.selective = bool(cbids)
 
     def _pause(self) -> None:
-        # Switch the driver domain off: no callback at all, not a callback that returns.
-        _import_cupti().enable_domain(0, self._handle, self._domain)
+        # With the sync calls alone subscribed, a pause costs nothing: a callback that fires
+        # while paused is dropped by _dispatch. Otherwise the whole driver domain is switched
+        # off: no callback at all, not a callback that returns.
+        if not self.selective:
+            _import_cupti().enable_domain(0, self._handle, self._domain)
 
     def _resume(self) -> None:
-        _import_cupti().enable_domain(1, self._handle, self._domain)
+        if not self.selective:
+            _import_cupti().enable_domain(1, self._handle, self._domain)
 
     def _uninstall(self) -> None:
         self.paused = False

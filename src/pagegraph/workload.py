@@ -13,7 +13,8 @@ decode steps, in this order:
    exactly that length instead, so exact capacity is reached and replayed;
 4. with SWA, pages that left the window are evicted (their mapping becomes 0), and a random
    request's SWA pages are remapped with probability ``swa_churn``;
-5. the pool's queued writes are flushed, and the step yields the batch as host lists;
+5. the pool's queued writes are applied (now, or with the steps generated ahead: see
+   ``lookahead``), and the step yields the batch as host lists;
 6. optionally, the batch it yields carries values outside the builder contract, as engines'
    batches do (each with its own probability per step, on one to three rows): a length past
    the row's capacity (just past it, as a speculative step near ``max_context_len`` gives,
@@ -25,12 +26,13 @@ decode steps, in this order:
 
 from __future__ import annotations
 
+from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass
 
 import numpy as np
 
-from .pool import KVPool
+from .pool import KVPool, WriteAhead
 
 
 @dataclass
@@ -88,6 +90,11 @@ class DecodeWorkload:
             ``seq_lens`` a speculative verify step hands a metadata builder, which adds the
             draft tokens back into ``cache_seqlens``); the draft tokens' slots are in
             ``req_to_token`` already.
+        lookahead: iterating generates this many steps at a time ahead of the consumer, and
+            their device-table writes are uploaded and expanded together (``WriteAhead``);
+            each step's writes are applied just before it is yielded, so the tables a
+            consumer sees are those of the step it holds, as with ``0`` (a flush per step).
+            The pool's host state then runs up to ``lookahead - 1`` steps ahead.
     """
 
     def __init__(
@@ -108,6 +115,7 @@ class DecodeWorkload:
         capacity: int | None = None,
         max_len: int = 2**31 - 1,
         committed_lengths: bool = False,
+        lookahead: int = 0,
     ):
         if pool.max_reqs < max_bs:
             raise ValueError(f"pool has {pool.max_reqs} request rows, fewer than max_bs={max_bs}")
@@ -130,6 +138,9 @@ class DecodeWorkload:
         self.limit = max(capacity or pool.max_context_len, pool.max_context_len)
         self.max_len = max_len
         self.committed_lengths = committed_lengths
+        if lookahead < 0:
+            raise ValueError(f"lookahead must be >= 0, got {lookahead}")
+        self.lookahead = lookahead
         self.rng = np.random.default_rng(seed)
         # Injections draw from their own stream, so turning them on leaves the pool's
         # evolution (arrivals, finishes, lengths) exactly as it was.
@@ -141,8 +152,19 @@ class DecodeWorkload:
         return self.steps
 
     def __iter__(self) -> Iterator[Step]:
-        for i in range(self.steps):
-            yield self.step(i)
+        if not self.lookahead:
+            for i in range(self.steps):
+                yield self.step(i)
+            return
+        ahead, ready, made = WriteAhead(), deque(), 0
+        while ready or made < self.steps:
+            if not ready:
+                for i in range(made, min(made + self.lookahead, self.steps)):
+                    ready.append(self._advance(i))
+                    ahead.add(self.pool.take_writes())
+                made += len(ready)
+            ahead.next()  # this step's table writes, on the stream before the consumer's work
+            yield ready.popleft()
 
     def _arrival_length(self, row_hint: int | None) -> int:
         cap, grow = self.pool.max_context_len, 1 + self.draft_tokens
@@ -151,11 +173,19 @@ class DecodeWorkload:
         lo, hi = self.initial_len
         if row_hint is not None:
             # A reused row: usually shorter than what it held, so its stale tail is exposed.
-            old = self.pool.requests_history.get(row_hint, hi)
+            old = int(self.pool.last_lengths([row_hint])[0])
+            old = hi if old < 0 else old
             hi = max(lo, min(hi, old - 1))
         return int(self.rng.integers(lo, hi + 1))
 
     def step(self, index: int) -> Step:
+        """Advance the pool by one step, apply its table writes now, return the batch."""
+        step = self._advance(index)
+        self.pool.flush()
+        return step
+
+    def _advance(self, index: int) -> Step:
+        """One step on the host (its table writes stay queued in the pool)."""
         pool, rng = self.pool, self.rng
         cap = pool.max_context_len
         grow = 1 + self.draft_tokens
@@ -165,8 +195,7 @@ class DecodeWorkload:
             rows = np.asarray(self.running, dtype=np.int64)
             lengths = pool.lengths_of(rows)
             done = (lengths >= cap) | (rng.random(len(rows)) < self.finish_rate)
-            for row in rows[done].tolist():
-                pool.free(row)
+            pool.free_many(rows[done])
             self.running = rows[~done].tolist()
 
         # 2. batch-size random walk and arrivals
@@ -176,8 +205,11 @@ class DecodeWorkload:
                 self._target + rng.integers(-step_size, step_size + 1), self.min_bs, self.max_bs
             )
         )
-        while len(self.running) > self._target:
-            pool.free(self.running.pop(int(rng.integers(len(self.running)))))
+        leaving = [
+            self.running.pop(int(rng.integers(len(self.running))))
+            for _ in range(len(self.running) - self._target)
+        ]
+        pool.free_many(leaving)
         arrivals = self._target - len(self.running)
         if arrivals > 0:
             hints = pool.next_free_rows(arrivals)
@@ -198,8 +230,7 @@ class DecodeWorkload:
             if self.running and rng.random() < self.swa_churn:
                 pool.remap_swa(self.running[int(rng.integers(len(self.running)))])
 
-        # 5. device tables
-        pool.flush()
+        # 5. the batch (the caller applies the queued table writes)
         req_pool_indices, seq_lens = pool.batch(self.running)
         if self.committed_lengths and self.draft_tokens:
             seq_lens = [max(n - self.draft_tokens, 0) for n in seq_lens]

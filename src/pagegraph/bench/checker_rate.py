@@ -4,8 +4,9 @@
 through captured graphs and checks every replay; its report carries ``replays_per_s``, the
 steady-state rate of checked replays (start-up and capture excluded). The bench runs it twice
 on one scenario, with no sync detector and with the CUPTI detector (skipped, with the reason,
-where CUPTI cannot run), and records that rate, the verdict and the wall time of the whole
-call.
+where CUPTI cannot run), and records that rate, the verdict, the wall time of the whole
+call and the mean host time of a replay's three phases (workload step, ``runner.replay()``,
+the checker's own work).
 
 On a GPU: ``graphs/sglang-h200.toml`` with 2000 replays. On a CPU (the interpreter, eager, no
 graphs): ``graphs/default.toml`` with 8 replays, which only shows that the section runs.
@@ -72,6 +73,11 @@ def checker_row(scenario: str, path: str, detectors: str, replays: int) -> dict:
         "verdict": None,
         "stopped": None,
         "wall_s": None,
+        # Mean host time a replay spends in each phase (Report.phase_us): generating the
+        # workload step, in runner.replay(), in the checker's own work.
+        "workload_us": None,
+        "replay_us": None,
+        "checker_us": None,
         "skipped": None,
         "error": None,
     }
@@ -110,6 +116,8 @@ def bench_checker(cuda: bool, quick: bool = False) -> list[dict]:
             row["replays_per_s"] = finite_or_none(report.replays_per_s)
             row["verdict"] = report.verdict
             row["stopped"] = report.stopped
+            for name in ("workload", "replay", "checker"):
+                row[f"{name}_us"] = report.phase_us.get(name)
         except Exception as exc:  # noqa: BLE001
             row["error"] = error(exc)
         finally:
