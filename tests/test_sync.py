@@ -657,6 +657,10 @@ def test_gpu_a_paused_recorder_sees_nothing_and_a_resumed_one_everything():
     t = torch.arange(4, device="cuda")
     t.sum().item()  # warm-up outside the recording
     with record_device_syncs(names) as rec:
+        if "cupti" in names:
+            from pagegraph.sync import _CUPTI_HUB
+
+            assert _CUPTI_HUB.selective, "CUPTI subscribed the whole driver domain"
         rec.pause()
         t.sum().item()
         assert rec.events == [], rec.events

@@ -578,22 +578,25 @@ class _CuptiHub(_Hub):
         # other call (kernel and graph launches, async copies) then runs with no callback at
         # all, so the detector can stay on for a soak. Where the release has no callback id
         # table, the whole driver domain is subscribed and the callback filters by name.
-        cbids = _sync_callback_ids(cupti)
-        try:
-            if cbids:
-                for cbid in cbids:
-                    cupti.enable_callback(1, handle, domain, cbid)
-            else:
+        enabled = 0
+        for cbid in _sync_callback_ids(cupti):
+            try:
+                cupti.enable_callback(1, handle, domain, cbid)
+                enabled += 1
+            except Exception:  # noqa: BLE001 - an id this driver lacks: the domain below
+                enabled = 0
+                break
+        if not enabled:
+            try:
                 cupti.enable_domain(1, handle, domain)
-        except Exception as e:
-            cupti.unsubscribe(handle)
-            what = "enable_callback" if cbids else "enable_domain"
-            raise DetectorUnavailable(
-                "cupti: " + _cupti_failure(f"cupti.{what}(DRIVER_API)", e)
-            ) from e
+            except Exception as e:
+                cupti.unsubscribe(handle)
+                raise DetectorUnavailable(
+                    "cupti: " + _cupti_failure("cupti.enable_domain(DRIVER_API)", e)
+                ) from e
         self._handle = handle
         self._domain = domain
-        self.selective = bool(cbids)
+        self.selective = bool(enabled)
 
     def _pause(self) -> None:
         # With the sync calls alone subscribed, a pause costs nothing: a callback that fires
