@@ -16,16 +16,14 @@ step that engines otherwise build from a dozen or more small torch ops, as ONE k
 no helper kernel, no torch op on the device, no allocation, no host sync and no host read of
 a device value, so the call is legal inside CUDA-graph capture and costs one graph node.
 
-Design: one scanning program beside the builders
-------------------------------------------------
-The grid is ``build_page_table``'s, ``(C, row_groups(bs))``, with one more row of programs in
-front: ``(C, row_groups(bs) + 1)``. The page-table part is ``build_page_table``'s algorithm (a
-data-dependent loop over the group's live pages, each lane masked by its own row's clamped
-length). What does not fit a row-owned grid is ``cu_seqlens_k``: entry ``i`` depends on every
-earlier row. Program ``(0, 0)`` therefore scans the whole batch and builds nothing, in tiles
-of ``SCAN_BLOCK`` rows with a running carry (``tl.cumsum`` inside a tile), reading
-``seq_lens`` itself rather than the ``cache_seqlens`` other programs write; the other programs
-of the front row exit at once. Why this design:
+Design: one scanning program that also builds
+---------------------------------------------
+The grid is ``build_page_table``'s, ``(C, row_groups(bs))``, and the page-table part is its
+algorithm (a data-dependent loop over the group's live pages, each lane masked by its own
+row's clamped length). What does not fit a row-owned grid is ``cu_seqlens_k``: entry ``i``
+depends on every earlier row. Program ``(0, 0)`` therefore also scans the whole batch, in
+tiles of ``SCAN_BLOCK`` rows with a running carry (``tl.cumsum`` inside a tile), reading
+``seq_lens`` itself rather than the ``cache_seqlens`` other programs write. Why this design:
 
 * No inter-program communication: no program waits for another, so there is no ordering
   between CTAs to get wrong and no deadlock when the grid exceeds the resident CTAs.
@@ -33,16 +31,14 @@ of the front row exit at once. Why this design:
   on its predecessors' flags) needs a zeroed flag/aggregate buffer per launch, which is an
   allocation or a memset node, plus spin-waits; redundant per-program prefix sums (every
   program sums all rows before its own) would cost O(bs^2) loads in all.
-* A program of its own: the scan runs beside every row group's gathers rather than after one
-  group's (an earlier design had program (0, 0) scan after building rows 0 and 1, and at page
-  size 1, where a row holds tens of thousands of pages, that was the longest path: about
-  3 us over ``build_page_table`` on an H200). First in launch order, it starts at once even
-  when the grid exceeds the resident CTAs.
 * Cost: the scan is ``cdiv(bs, SCAN_BLOCK)`` dependent steps in one program (one step for
-  every engine bucket up to 1024 rows, 64 at ``MAX_BATCH``); ``bs`` rows of 4 to 8 bytes are
-  a negligible read. Each next tile's load goes out before the current tile's scan, so load
-  latencies overlap, and a tile is scanned as ``[SCAN_BLOCK / 8, 8]`` (eight rows in a
-  thread, then across row totals).
+  every engine bucket up to 1024 rows, 64 at ``MAX_BATCH``), and it runs in parallel with the
+  page gathers of every other program; ``bs`` rows of 4 to 8 bytes are a negligible read.
+  Program (0, 0) issues its first tile's load before its own rows' gathers and each next
+  tile's load before the current tile's scan, so load latencies overlap, and a tile is
+  scanned as ``[SCAN_BLOCK / 8, 8]`` (eight rows in a thread, then across row totals). On an
+  H200 that left about 0.8 us of device time over ``build_page_table`` for a batch of 256
+  short rows, and about 1 us for each further tile of 1024 rows.
 
 ``cache_seqlens[i]`` is written once, by the part-0 program of row ``i``'s group, from the
 same value that bounds that row's pages, so the two can never disagree.
@@ -544,14 +540,13 @@ _geometries: dict[tuple, tuple] = {}
 
 
 def _geometry(bs: int, max_pages: int, page_size: int) -> tuple:
-    """The grid ``(C, row groups + 1)`` (the front row: the scanning program) and whether
-    in-row offsets fit 32 bits. For ``bs == 0`` the scan alone: it still writes
-    ``cu_seqlens_k[0]``."""
+    """The grid ``(C, row groups)`` and whether in-row offsets fit 32 bits. One row group even
+    for ``bs == 0``: program (0, 0) still writes ``cu_seqlens_k[0]``."""
     geometry = _geometries.get((bs, max_pages, page_size))
     if geometry is None:
         if len(_geometries) >= _MAX_KEYS:
             _geometries.clear()
-        grid = (programs_per_row(bs, max_pages), (row_groups(bs) if bs else 0) + 1)
+        grid = (programs_per_row(bs, max_pages), row_groups(bs) if bs else 1)
         geometry = (grid, row_fits_int32(max_pages, page_size))
         _geometries[(bs, max_pages, page_size)] = geometry
     return geometry
@@ -697,29 +692,33 @@ def _decode_metadata_kernel(
     ROWS: tl.constexpr,  # batch rows per program
     SCAN_BLOCK: tl.constexpr,  # rows per step of program (0, 0)'s prefix sum
 ):
-    # Grid (C, cdiv(bs, ROWS) + 1): build_page_table's, with one more row of programs in
-    # front. Program (0, 0) scans and builds nothing, so the scan runs beside every row
-    # group's gathers instead of after one of them (on a long row at page size 1 that row
-    # group's share was the longest path); being first in launch order, it starts at once
-    # even when the grid exceeds the resident CTAs. The other programs of that front row
-    # have nothing to do. The C programs of one row group are C apart in launch order, so a
-    # long row's programs spread over many SMs.
+    # Grid (C, max(cdiv(bs, ROWS), 1)), as build_page_table's: the C programs of one row
+    # group are C apart in launch order, so a long row's programs spread over many SMs.
     part = tl.program_id(0)
-    group = tl.program_id(1)
-    if group == 0:
-        if part == 0:
-            offs = _scan_tile(SCAN_BLOCK)
-            head = tl.load(seq_lens_ptr + offs, mask=offs < bs, other=0)
-            _scan_cu_seqlens(
-                head, seq_lens_ptr, cu_seqlens_k_ptr, cu_seqlens_q_ptr, errors_ptr, bs,
-                draft_tokens, HAS_ERRORS, HAS_CU_Q, CU_K_I32, SCAN_BLOCK,
-            )  # fmt: skip
+    first = tl.program_id(1) * ROWS
+    if (part == 0) & (first == 0):
+        # The one program that also scans. Its first tile of lengths is loaded before its own
+        # rows' gathers, so the two load latencies overlap instead of adding up; it is
+        # consumed only after them. (The rows' code is inlined in both branches: the other
+        # programs carry no trace of the scan.)
+        offs = _scan_tile(SCAN_BLOCK)
+        head = tl.load(seq_lens_ptr + offs, mask=offs < bs, other=0)
+        _build_rows(
+            req_to_token_ptr, req_pool_indices_ptr, seq_lens_ptr, cache_seqlens_ptr,
+            page_table_ptr, swa_page_table_ptr, full_to_swa_ptr, errors_ptr, r2t_stride,
+            r2t_rows, pt_stride, swa_stride, capacity, f2s_len, bs, draft_tokens, part, first,
+            PAGE_SIZE, HAS_SWA, HAS_ERRORS, ROW_I32, BLOCK, UNROLL, ROWS,
+        )  # fmt: skip
+        _scan_cu_seqlens(
+            head, seq_lens_ptr, cu_seqlens_k_ptr, cu_seqlens_q_ptr, errors_ptr, bs,
+            draft_tokens, HAS_ERRORS, HAS_CU_Q, CU_K_I32, SCAN_BLOCK,
+        )  # fmt: skip
     else:
         _build_rows(
             req_to_token_ptr, req_pool_indices_ptr, seq_lens_ptr, cache_seqlens_ptr,
             page_table_ptr, swa_page_table_ptr, full_to_swa_ptr, errors_ptr, r2t_stride,
-            r2t_rows, pt_stride, swa_stride, capacity, f2s_len, bs, draft_tokens, part,
-            (group - 1) * ROWS, PAGE_SIZE, HAS_SWA, HAS_ERRORS, ROW_I32, BLOCK, UNROLL, ROWS,
+            r2t_rows, pt_stride, swa_stride, capacity, f2s_len, bs, draft_tokens, part, first,
+            PAGE_SIZE, HAS_SWA, HAS_ERRORS, ROW_I32, BLOCK, UNROLL, ROWS,
         )  # fmt: skip
 
 
