@@ -293,8 +293,10 @@ class SyncRecorder:
 
     def pause(self) -> None:
         """Stop watching until ``resume()``: the detectors stay installed but see nothing (a
-        caller that judges only some phases pays the detectors' cost in those alone: a
-        CUPTI callback on every driver call is what makes a watched loop slow)."""
+        caller that judges only some phases pays the detectors' cost in those alone: torch's
+        sync-debug checks are switched off, and CUPTI's driver domain too where it watches
+        the whole domain; where it watches the sync calls alone, their rare callbacks are
+        dropped)."""
         for name in self.detectors:
             _HUBS[name].pause()
 
