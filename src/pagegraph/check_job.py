@@ -79,17 +79,18 @@ def _memory_problem(cfg) -> str | None:
     memory, or the host's available memory without CUDA), or None. Checked before anything
     is allocated: the pool's tables, the static buffers and the checker's working set."""
     rows = (cfg.max_reqs or cfg.max_bs + 1) + 1
-    r2t = (rows * (cfg.max_context_len + cfg.r2t_extra_cols) + cfg.r2t_offset) * (
-        8 if cfg.r2t_dtype == "int64" else 4
-    )
-    pages = cfg.num_pages or (rows - 1) * cdiv(cfg.max_context_len, cfg.page_size) + 1
-    f2s = (pages * cfg.page_size + 1) * 8 if cfg.swa else 0
-    tables = table_bytes(cfg)
+    r2t_entries = rows * (cfg.max_context_len + cfg.r2t_extra_cols) + cfg.r2t_offset
     r2t_item = 8 if cfg.r2t_dtype == "int64" else 4
-    f2s_item = 8 if cfg.full_to_swa_dtype == "int64" else 4
+    r2t = r2t_entries * r2t_item
+    pages = cfg.num_pages or (rows - 1) * cdiv(cfg.max_context_len, cfg.page_size) + 1
+    f2s_entries = pages * cfg.page_size + 1 if cfg.swa else 0
+    f2s = f2s_entries * 8  # counted as int64 whatever its dtype: an upper bound
+    tables = table_bytes(cfg)
     # The pool's write scratch (pool.writer_bytes), one a table.
-    scratch = writer_bytes(r2t // r2t_item, cfg.page_size, r2t_item) + (
-        writer_bytes(f2s // 8, cfg.page_size, f2s_item) if cfg.swa else 0
+    scratch = writer_bytes(r2t_entries, cfg.page_size, r2t_item) + (
+        writer_bytes(f2s_entries, cfg.page_size, 8 if cfg.full_to_swa_dtype == "int64" else 4)
+        if cfg.swa
+        else 0
     )
     need = r2t + f2s + tables + scratch + (64 << 20)
     if torch.cuda.is_available():

@@ -63,13 +63,14 @@ FLUSH_CHUNK = 1 << 21
 FLUSH_RING = 4
 
 
-def _ranges(rows: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
-    """Every ``(rows[i], j)`` for ``lo[i] <= j < hi[i]``, row after row, as two int64 arrays."""
+def _ranges(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """Every ``(i, j)`` with ``lo[i] <= j < hi[i]``, ``i`` after ``i``, as two int64 arrays
+    (``i`` indexes the caller's per-row arrays: ``rows[i]``, ``t0[i]``, ...)."""
     count = np.maximum(hi - lo, 0)
     total = int(count.sum())
-    owner = np.repeat(np.arange(len(rows)), count)
+    owner = np.repeat(np.arange(len(lo)), count)
     j = lo[owner] + (np.arange(total) - np.repeat(np.cumsum(count) - count, count))
-    return rows[owner], j
+    return owner, j
 
 
 def writer_capacity(numel: int, page_size: int) -> int:
@@ -401,9 +402,8 @@ class KVPool:
             # One run per page a row's new tokens touch: tokens [max(t0, p*ps), min(t1,
             # (p+1)*ps)) of page p get slots page_ids[row, p] * ps + lane.
             r, t0, t1 = rows[grown], old[grown], new[grown]
-            count = (t1 - 1) // ps - t0 // ps + 1
-            row_of, page = _ranges(r, t0 // ps, t0 // ps + count)
-            t0_of, t1_of = np.repeat(t0, count), np.repeat(t1, count)
+            owner, page = _ranges(t0 // ps, (t1 - 1) // ps + 1)
+            row_of, t0_of, t1_of = r[owner], t0[owner], t1[owner]
             runs = np.empty((len(page), 5), dtype=np.int64)
             runs[:, 0] = row_of * self._row_stride + page * ps
             runs[:, 1] = self._page_ids[row_of, page] * ps
@@ -421,7 +421,8 @@ class KVPool:
             raise PoolExhausted(f"need {total} pages, {len(self._free_pages)} free")
         if self.swa and total > len(self._free_swa_pages):
             raise PoolExhausted(f"need {total} SWA pages, {len(self._free_swa_pages)} free")
-        row_of, j = _ranges(rows, self._n_pages[rows], self._n_pages[rows] + need)
+        owner, j = _ranges(self._n_pages[rows], self._n_pages[rows] + need)
+        row_of = rows[owner]
         pages = self._free_pages.take(total)
         self._page_ids[row_of, j] = pages
         self._n_pages[rows] += need
@@ -446,8 +447,8 @@ class KVPool:
         if self.swa:
             self._unmap_swa(idx, self._swa_first[idx], n)
             self._swa_first[idx] = 0
-        row_of, j = _ranges(idx, np.zeros_like(n), n)
-        self._free_pages.push(self._page_ids[row_of, j])
+        owner, j = _ranges(np.zeros_like(n), n)
+        self._free_pages.push(self._page_ids[idx[owner], j])
         self._free_rows.extend(idx.tolist())
         self._last_length[idx] = self._length[idx]
         self._running[idx] = False
@@ -465,7 +466,8 @@ class KVPool:
     def _unmap_swa(self, rows: np.ndarray, lo: np.ndarray, hi: np.ndarray) -> None:
         """Return the SWA pages of full pages ``lo[i]:hi[i]`` of ``rows[i]``; their slots map
         to 0."""
-        row_of, j = _ranges(rows, lo, hi)
+        owner, j = _ranges(lo, hi)
+        row_of = rows[owner]
         if not len(j):
             return
         mapped = self._swa_ids[row_of, j]
