@@ -145,6 +145,23 @@ def test_req_to_token_reallocated_in_place_is_detected():
         runner.replay([1], [3])
 
 
+@pytest.mark.parametrize("how", ["resize_", "as_strided_"])
+def test_static_buffer_reshaped_in_place_is_detected(how):
+    """Same tensor, same address, other shape or strides: the graphs still write the extent
+    they were captured with, so the replay must refuse."""
+    pool, runner = make()
+    runner.capture()
+    pt = runner.page_table
+    ptr = pt.data_ptr()
+    if how == "resize_":
+        pt.resize_(pt.shape[0] - 1, pt.shape[1])  # smaller: keeps its storage
+    else:
+        pt.as_strided_((pt.shape[0] // 2, pt.shape[1]), (2 * pt.stride(0), 1))
+    assert runner.page_table.data_ptr() == ptr
+    with pytest.raises(StaticBufferMoved, match="page_table"):
+        runner.replay([1], [3])
+
+
 def test_invalid_runner_arguments():
     pool = KVPool(max_reqs=4, max_context_len=64, page_size=8, device=DEVICE)
     with pytest.raises(ValueError, match="fewer than max_context_len"):

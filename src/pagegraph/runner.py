@@ -301,11 +301,14 @@ class GraphRunner:
             raise NotCaptured("replay() before capture(): call runner.capture() first")
         # Every replay runs this: compare attribute by attribute against what capture saw
         # (a buffer replaced by a new tensor, or given new storage in place, both show).
-        for name, t, ptr in self._watch:
-            # The same tensor object at the same address: nothing replaced it, and nothing
-            # gave it new storage (set_, resize_). Anything else takes the full comparison.
+        for name, t, ptr, shape, stride in self._watch:
+            # The same tensor object at the same address, shape and strides: nothing replaced
+            # it, gave it new storage (set_, a growing resize_) or reshaped it in place (a
+            # shrinking resize_, as_strided_). Anything else takes the full comparison.
             now = getattr(self, name)
-            if now is not t or now.data_ptr() != ptr:
+            if now is not t or now.data_ptr() != ptr or now.shape != shape:
+                break
+            if now.stride() != stride:
                 break
         else:
             return
@@ -359,7 +362,9 @@ class GraphRunner:
             raise CaptureOutOfMemory(self._oom_message(step[0], step[1], exc)) from exc
         self._addresses = self.addresses()
         self._watch = [
-            (name, t, t.data_ptr()) for name, t in self._buffers().items() if t is not None
+            (name, t, t.data_ptr(), t.shape, t.stride())
+            for name, t in self._buffers().items()
+            if t is not None
         ]
         self._views: dict[int, tuple] = {}
 
