@@ -152,7 +152,10 @@ def test_replay_target_and_failures():
     assert bench.failures(result) == []
     checker[0]["verdict"] = "UNSAFE"
     result["replay_overhead"] = row
-    assert bench.failures(result) == ["replay overhead: inexact", "checker (none): UNSAFE"]
+    assert bench.failures(result) == [
+        "replay overhead: inexact",
+        "checker (none, workload process off): UNSAFE",
+    ]
 
 
 def test_interleaved_wall_times_alternate_rounds():

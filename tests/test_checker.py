@@ -422,7 +422,8 @@ def test_report_round_trips_through_json():
 
 def test_bad_config_values_raise_naming_the_field():
     for field, value in [("r2t_dtype", "int16"), ("staging", "x"), ("overlong", 2.0),
-                         ("table_width", 0), ("chunk", 0)]:  # fmt: skip
+                         ("table_width", 0), ("chunk", 0),
+                         ("workload_process", "yes")]:  # fmt: skip
         with pytest.raises(ValueError, match=field):
             check_replay_safety("build_page_table", SMALL, **{field: value})
 

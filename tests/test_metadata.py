@@ -252,6 +252,15 @@ def test_batch_past_one_scan_tile(bs, cu_k):
     assert int(out.kwargs["cu_seqlens_k"][-1]) > 100_000 * (bs // 7)
 
 
+@pytest.mark.parametrize("bs", [127, 128, 129, 256, 257])
+def test_scan_tile_edges_at_the_shipped_scan_block(bs):
+    """A batch ending just before, on and just after one and two tiles of the shipped
+    SCAN_BLOCK."""
+    assert metadata.SCAN_BLOCK == 128
+    r2t, rpi, sl, _ = make_inputs(bs, bs=bs, width=1, page_size=16, lengths=[5, 0, 16, 17, -2])
+    run_against_reference(r2t, rpi, sl, 1, 16, draft=2, cu_k_dtype=torch.int32)
+
+
 @pytest.mark.parametrize("bs", [1, 15, 16, 17, 47, 48])
 def test_scan_tile_edges_with_a_small_scan_block(monkeypatch, bs):
     """Tile boundaries of the scan (a batch ending on, just before and just after one), with

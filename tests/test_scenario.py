@@ -136,6 +136,12 @@ BROKEN = [
         "unknown detector",
     ),
     ("bad outputs", GOOD + '[check]\noutputs = "kv"\n', "check.outputs", "outputs"),
+    (
+        "bad workload_process",
+        GOOD + '[check]\nworkload_process = "yes"\n',
+        "check.workload_process",
+        "'auto', 'on' or 'off'",
+    ),
 ]
 
 

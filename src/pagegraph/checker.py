@@ -34,6 +34,7 @@ from .builders import OUTPUT_KINDS, builder_kind, builder_name, resolve_builder
 from .contract import ERROR_KINDS, cdiv
 from .metadata import DECODE_ERROR_KINDS
 from .pool import KVPool
+from .producer import ProducedWorkload
 from .ranges import current_range, phase
 from .runner import GraphRunner
 from .verify import (
@@ -165,6 +166,10 @@ class CheckConfig:
     chunk: int = 256
     #: "auto" (what the builder says), "page_table" or "decode_metadata"
     outputs: str = "auto"
+    #: where the workload's host model runs: "on" a child process (``ProducedWorkload``),
+    #: "off" (in this one), or "auto": a child for CUDA-graph runs of at least
+    #: ``PRODUCER_MIN_STEPS`` replays, where its start-up (a second or two) pays off
+    workload_process: str = "auto"
 
     def replace(self, **changes) -> CheckConfig:
         return dataclasses.replace(self, **changes)
@@ -292,6 +297,8 @@ class Report:
     #: and the checker's own work (model, upload, verification launch, bookkeeping; the
     #: read-back once a chunk is not in it)
     phase_us: dict = field(default_factory=dict)
+    #: whether the workload's host model ran in a child process (``CheckConfig.workload_process``)
+    workload_in_process: bool = False
 
     @property
     def safe(self) -> bool:
@@ -333,6 +340,7 @@ class Report:
             "replays_per_s": self.replays_per_s,
             "long_replays": self.long_replays,
             "phase_us": self.phase_us,
+            "workload_in_process": self.workload_in_process,
             "detectors": list(self.detectors),
             "errors": self.errors,
             "properties": [
@@ -386,6 +394,7 @@ class Report:
         report.stopped = d.get("stopped")
         report.long_replays = d.get("long_replays", 0)
         report.phase_us = dict(d.get("phase_us", {}))
+        report.workload_in_process = bool(d.get("workload_in_process", False))
         return report
 
     def format(self) -> str:
@@ -404,7 +413,8 @@ class Report:
                 + ", ".join(f"{k} {v:.0f}" for k, v in self.phase_us.items())
                 if self.phase_us
                 else ""
-            ),
+            )
+            + ("; workload in a child process" if self.workload_in_process else ""),
             "",
             "| bucket | replays | out of contract | mismatches | oob writes | escaped writes "
             "| syncs | replay us (median) |",
@@ -664,14 +674,14 @@ def _resolve_detectors(spec) -> tuple[tuple[str, ...], str | None]:
     return choice, None
 
 
-def _make_pool(cfg: CheckConfig, dev: torch.device) -> KVPool:
-    return KVPool(
+def _pool_kwargs(cfg: CheckConfig) -> dict:
+    """``KVPool`` arguments of the config, ``device`` aside."""
+    return dict(
         max_reqs=cfg.max_reqs or cfg.max_bs + 1,
         max_context_len=cfg.max_context_len,
         page_size=cfg.page_size,
         num_pages=cfg.num_pages,
         swa=cfg.swa,
-        device=dev,
         seed=cfg.seed,
         row_order=cfg.row_order,
         dtype=INDEX_DTYPES[cfg.r2t_dtype],
@@ -679,6 +689,17 @@ def _make_pool(cfg: CheckConfig, dev: torch.device) -> KVPool:
         storage_offset=cfg.r2t_offset,
         full_to_swa_dtype=INDEX_DTYPES[cfg.full_to_swa_dtype],
     )
+
+
+def _make_pool(cfg: CheckConfig, dev: torch.device) -> KVPool:
+    return KVPool(**_pool_kwargs(cfg), device=dev)
+
+
+def _workload_in_process(cfg: CheckConfig, dev: torch.device) -> bool:
+    """Whether the run's workload goes to a child process (``CheckConfig.workload_process``)."""
+    if cfg.workload_process == "auto":
+        return dev.type == "cuda" and cfg.steps >= PRODUCER_MIN_STEPS
+    return cfg.workload_process == "on"
 
 
 def validate_config(cfg: CheckConfig) -> None:
@@ -699,6 +720,10 @@ def validate_config(cfg: CheckConfig) -> None:
             raise ValueError(f"{name} must be a probability in [0, 1], got {getattr(cfg, name)}")
     if cfg.chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {cfg.chunk}")
+    if cfg.workload_process not in ("auto", "on", "off"):
+        raise ValueError(
+            f"workload_process must be 'auto', 'on' or 'off', got {cfg.workload_process!r}"
+        )
     if cfg.outputs not in ("auto", *OUTPUT_KINDS):
         raise ValueError(f"outputs must be auto or one of {OUTPUT_KINDS}, got {cfg.outputs!r}")
     if cfg.steps < 1:
@@ -765,8 +790,7 @@ def check_replay_safety(
     note("setup")
     pool = _make_pool(cfg, dev)
     len_limit = max(cfg.max_context_len, width * ps)
-    workload = DecodeWorkload(
-        pool,
+    workload_kwargs = dict(
         max_bs=cfg.max_bs,
         steps=cfg.steps,
         seed=cfg.seed + 1,
@@ -780,7 +804,6 @@ def check_replay_safety(
         capacity=len_limit,
         max_len=2**31 - 1 if index_dtype == torch.int32 else 2**40,
         committed_lengths=metadata,
-        lookahead=WORKLOAD_LOOKAHEAD,
     )
     # The tables live in one allocation with a canary row above and below and the layout's
     # pad columns: the checker poisons and compares all of it.
@@ -806,8 +829,14 @@ def check_replay_safety(
     compiles = _Compiles()
     probe = _BuilderProbe(fn, dev, compiles)
     make_runner = runner_factory or GraphRunner
-    runner = None
+    runner = workload = None
     try:
+        # Started before the capture, so a child process generates steps meanwhile.
+        if _workload_in_process(cfg, dev):
+            workload = ProducedWorkload(pool, _pool_kwargs(cfg), workload_kwargs)
+            report.workload_in_process = True
+        else:
+            workload = DecodeWorkload(pool, **workload_kwargs, lookahead=WORKLOAD_LOOKAHEAD)
         runner = make_runner(
             pool.req_to_token,
             max_bs=cfg.max_bs,
@@ -857,6 +886,8 @@ def check_replay_safety(
                  on_chunk, stop_on_failure)  # fmt: skip
     finally:
         compiles.stop()
+        if isinstance(workload, ProducedWorkload):
+            workload.close()
         if runner is not None:
             try:
                 runner.close()
@@ -1305,6 +1336,8 @@ ALLOCATION_PROBES = 8
 #: Steps the workload generates ahead of the replays: their table writes are uploaded and
 #: expanded together, and each replay's then costs one ``index_copy_`` a table.
 WORKLOAD_LOOKAHEAD = 16
+#: Replays from which ``workload_process = "auto"`` runs the workload in a child process.
+PRODUCER_MIN_STEPS = 1000
 
 #: Properties judged over the replays (incomplete when the run stops early).
 REPLAY_PROPERTIES = (

@@ -31,14 +31,21 @@ tiles of ``SCAN_BLOCK`` rows with a running carry (``tl.cumsum`` inside a tile),
   on its predecessors' flags) needs a zeroed flag/aggregate buffer per launch, which is an
   allocation or a memset node, plus spin-waits; redundant per-program prefix sums (every
   program sums all rows before its own) would cost O(bs^2) loads in all.
-* Cost: the scan is ``cdiv(bs, SCAN_BLOCK)`` dependent steps in one program (one step for
-  every engine bucket up to 1024 rows, 64 at ``MAX_BATCH``), and it runs in parallel with the
-  page gathers of every other program; ``bs`` rows of 4 to 8 bytes are a negligible read.
-  Program (0, 0) issues its first tile's load before its own rows' gathers and each next
-  tile's load before the current tile's scan, so load latencies overlap, and a tile is
-  scanned as ``[SCAN_BLOCK / 8, 8]`` (eight rows in a thread, then across row totals). On an
-  H200 that left about 0.8 us of device time over ``build_page_table`` for a batch of 256
-  short rows, and about 1 us for each further tile of 1024 rows.
+* Cost: the scan is ``cdiv(bs, SCAN_BLOCK)`` dependent steps in one program, and it runs in
+  parallel with the page gathers of every other program; ``bs`` rows of 4 to 8 bytes are a
+  negligible read. Program (0, 0) issues its first tile's load before its own rows' gathers
+  and each next tile's load before the current tile's scan, so load latencies overlap, and a
+  tile is scanned as ``[SCAN_BLOCK / 8, 8]`` (eight rows in a thread, then across row
+  totals).
+* Why 128 rows a step: a kernel's register count is the maximum over all its code paths, so
+  what the scan tile holds is paid for by every program of the grid, in occupancy, whether it
+  scans or not. On an H200 (``profiles/bench/NOTES.md``, "The decode-metadata scan tile"): a
+  128-row tile keeps the kernel at 40 registers a thread and every bench config within
+  0.52 us of ``build_page_table``; a 1,024-row tile needs 64 and costs ps1 (page size 1, 8,192
+  programs of latency-bound gathers) 4.3 us; compiling both tiles in, picked by ``bs`` at run
+  time, still needs 56 and costs ps1 3.3 us. The price is paid by large batches instead:
+  each further 128 rows adds a step of about 0.33 us (+2.7 us at 1,024 rows, +11.9 us at
+  4,096, against +0.2 us and +2.2 us with the 1,024-row tile).
 
 ``cache_seqlens[i]`` is written once, by the part-0 program of row ``i``'s group, from the
 same value that bounds that row's pages, so the two can never disagree.
@@ -121,10 +128,9 @@ __all__ = [
 #: true running sum passed 2^31 - 1 (stored saturated).
 DECODE_ERROR_KINDS = ERROR_KINDS + ("cu_seqlens_k_overflow",)
 
-#: Rows per step of the ``cu_seqlens_k`` scan (a power of two, at least ``SCAN_WIDTH``): 8 rows
-#: a thread at ``NUM_WARPS`` warps, and one step for every batch an engine captures as a graph
-#: (up to 1024 rows).
-SCAN_BLOCK = 1024
+#: Rows per step of the ``cu_seqlens_k`` scan (a power of two, at least ``SCAN_WIDTH``): small,
+#: so that the scan does not raise the kernel's registers a thread (module docstring).
+SCAN_BLOCK = 128
 
 #: Largest ``draft_tokens``: ``MAX_BATCH * MAX_DRAFT_TOKENS`` < 2^31, so every entry of
 #: ``cu_seqlens_q`` fits its int32 (and ``draft_tokens`` stays an i32 kernel argument).

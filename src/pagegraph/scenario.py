@@ -54,6 +54,8 @@ problem, raised before anything runs::
     chunk = 256                           # replays between two read-backs of the records
     outputs = "auto"                      # page_table | decode_metadata (a builder with
                                           #   build_decode_metadata's signature)
+    workload_process = "auto"             # on | off | auto: the workload's host model in a
+                                          #   child process (auto: CUDA graphs, >= 1000 steps)
 """
 
 from __future__ import annotations
@@ -134,6 +136,7 @@ _SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], str | None]]] = {
         "staging": ((str,), "staging"),
         "chunk": (_INT, "chunk"),
         "outputs": ((str,), "outputs"),
+        "workload_process": ((str,), "workload_process"),
     },
 }
 _REQUIRED = {"graph": ("max_bs", "max_context_len", "page_size")}
@@ -281,6 +284,11 @@ def _validate(path, c: CheckConfig) -> None:
         bad("check.staging", f"must be 'mixed', 'host' or 'device', got {c.staging!r}")
     if c.chunk < 1:
         bad("check.chunk", f"must be >= 1, got {c.chunk}")
+    if c.workload_process not in ("auto", "on", "off"):
+        bad(
+            "check.workload_process",
+            f"must be 'auto', 'on' or 'off', got {c.workload_process!r}",
+        )
     if c.outputs not in ("auto", "page_table", "decode_metadata"):
         bad(
             "check.outputs",

@@ -2,11 +2,12 @@
 
 ``pagegraph.checker.check_replay_safety("build_page_table", ...)`` runs a scenario's workload
 through captured graphs and checks every replay; its report carries ``replays_per_s``, the
-steady-state rate of checked replays (start-up and capture excluded). The bench runs it twice
-on one scenario, with no sync detector and with the CUPTI detector (skipped, with the reason,
-where CUPTI cannot run), and records that rate, the verdict, the wall time of the whole
-call and the mean host time of a replay's three phases (workload step, ``runner.replay()``,
-the checker's own work).
+steady-state rate of checked replays (start-up and capture excluded). The bench runs it four
+times on one scenario: with no sync detector and with the CUPTI detector (skipped, with the
+reason, where CUPTI cannot run), each with the workload's host model in this process and in a
+child process (``CheckConfig.workload_process``), and records that rate, the verdict, the
+wall time of the whole call and the mean host time of a replay's three phases (workload step,
+``runner.replay()``, the checker's own work).
 
 On a GPU: ``graphs/sglang-h200.toml`` with 2000 replays. On a CPU (the interpreter, eager, no
 graphs): ``graphs/default.toml`` with 8 replays, which only shows that the section runs.
@@ -31,10 +32,12 @@ CHECKER_REPLAYS_QUICK = 500
 SMOKE_CHECKER_SCENARIO = "graphs/default.toml"
 SMOKE_CHECKER_REPLAYS = 8
 
-#: The two runs: (label, ``CheckConfig.detectors``).
-CHECKER_RUNS: tuple[tuple[str, str | tuple[str, ...]], ...] = (
-    ("none", "none"),
-    ("cupti", ("cupti",)),
+#: The runs: (detector label, ``CheckConfig.detectors``, ``CheckConfig.workload_process``).
+CHECKER_RUNS: tuple[tuple[str, str | tuple[str, ...], str], ...] = (
+    ("none", "none", "off"),
+    ("cupti", ("cupti",), "off"),
+    ("none", "none", "on"),
+    ("cupti", ("cupti",), "on"),
 )
 
 #: The repository root, for scenario paths when the bench does not run from it.
@@ -60,13 +63,16 @@ def finite_or_none(x: float | None) -> float | None:
     return float(x)
 
 
-def checker_row(scenario: str, path: str, detectors: str, replays: int) -> dict:
+def checker_row(
+    scenario: str, path: str, detectors: str, replays: int, workload_process: str = "off"
+) -> dict:
     """A row of the checker section with every field present, the measured ones ``None``."""
     return {
         "scenario": scenario,
         "path": path,
         "builder": "build_page_table",
         "detectors": detectors,
+        "workload_process": workload_process,
         "replays_requested": replays,
         "replays": None,
         "replays_per_s": None,
@@ -84,29 +90,33 @@ def checker_row(scenario: str, path: str, detectors: str, replays: int) -> dict:
 
 
 def bench_checker(cuda: bool, quick: bool = False) -> list[dict]:
-    """One row per detector setting (``CHECKER_RUNS``); a failure or a skip is recorded in
-    its row, never raised."""
+    """One row per run of ``CHECKER_RUNS``; a failure or a skip is recorded in its row, never
+    raised. Without CUDA only the in-process runs (a child's start-up would dominate 8
+    replays)."""
     if cuda:
         scenario_path = CHECKER_SCENARIO
         steps = CHECKER_REPLAYS_QUICK if quick else CHECKER_REPLAYS
     else:
         scenario_path, steps = SMOKE_CHECKER_SCENARIO, SMOKE_CHECKER_REPLAYS
     name = Path(scenario_path).stem
-    rows = [checker_row(name, scenario_path, label, steps) for label, _ in CHECKER_RUNS]
+    runs = [r for r in CHECKER_RUNS if cuda or r[2] == "off"]
+    rows = [checker_row(name, scenario_path, label, steps, wp) for label, _, wp in runs]
     try:
         scenario = load_scenario(find_scenario(scenario_path))
     except Exception as exc:  # noqa: BLE001
         for row in rows:
             row["error"] = f"scenario: {error(exc)}"
         return rows
-    for row, (label, detectors) in zip(rows, CHECKER_RUNS):
+    for row, (label, detectors, workload_process) in zip(rows, runs):
         row["scenario"] = scenario.name
         if label != "none":
             reason = available_detectors().get(label, f"no detector {label!r}")
             if reason is not None:
                 row["skipped"] = reason
                 continue
-        cfg = scenario.config.replace(steps=steps, detectors=detectors)
+        cfg = scenario.config.replace(
+            steps=steps, detectors=detectors, workload_process=workload_process
+        )
         try:
             with phase("bench"):
                 t0 = time.perf_counter()

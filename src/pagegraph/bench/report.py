@@ -529,19 +529,22 @@ def format_checker_markdown(checker: list[dict], cuda: bool) -> list[str]:
         "",
         '`check_replay_safety("build_page_table", ...)` on the scenario, every replay '
         "verified; `replays/s` is the report's steady-state rate (start-up and capture "
-        "excluded), `wall s` the whole call; the last three columns are the mean host time "
-        "of one replay's phases: the workload step, `runner.replay()`, the checker's own work."
+        "excluded), `wall s` the whole call; `workload` says where the workload's host model "
+        "ran (`off`: in the checker's process, `on`: in a child process); the last three "
+        "columns are the mean host time of one replay's phases: the workload step, "
+        "`runner.replay()`, the checker's own work."
         + ("" if cuda else " CPU: eager replays under the interpreter, a smoke run only."),
         "",
-        "| scenario | detectors | replays | checked replays/s | verdict | wall s "
-        "| workload us | replay us | checker us |",
-        "|---|---|---:|---:|---|---:|---:|---:|---:|",
+        "| scenario | detectors | workload process | replays | checked replays/s | verdict "
+        "| wall s | workload us | replay us | checker us |",
+        "|---|---|---|---:|---:|---|---:|---:|---:|---:|",
     ]
     notes = []
     for r in checker:
         if r.get("skipped"):
             lines.append(
-                f"| {r['scenario']} | {r['detectors']} | - | - | skipped | - | - | - | - |"
+                f"| {r['scenario']} | {r['detectors']} | {r.get('workload_process', 'off')} "
+                "| - | - | skipped | - | - | - | - |"
             )
             notes.append(f"- {r['detectors']} skipped: {r['skipped']}")
             continue
@@ -549,7 +552,8 @@ def format_checker_markdown(checker: list[dict], cuda: bool) -> list[str]:
         if r.get("stopped"):
             verdict += f" (stopped: {r['stopped']})"
         lines.append(
-            f"| {r['scenario']} | {r['detectors']} | {_f(r.get('replays'))} | "
+            f"| {r['scenario']} | {r['detectors']} | {r.get('workload_process', 'off')} | "
+            f"{_f(r.get('replays'))} | "
             f"{_f(r.get('replays_per_s'), 0)} | {verdict} | {_f(r.get('wall_s'), 1)} | "
             f"{_f(r.get('workload_us'), 0)} | {_f(r.get('replay_us'), 1)} | "
             f"{_f(r.get('checker_us'), 0)} |"

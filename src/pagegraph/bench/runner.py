@@ -179,7 +179,8 @@ def failures(result: dict) -> list[str]:
         if r["skipped"]:
             continue
         if r["error"] or r["verdict"] != "SAFE":
-            bad.append(f"checker ({r['detectors']}): {r['error'] or r['verdict']}")
+            where = f"{r['detectors']}, workload process {r.get('workload_process', 'off')}"
+            bad.append(f"checker ({where}): {r['error'] or r['verdict']}")
     return bad
 
 

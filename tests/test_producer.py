@@ -1,0 +1,179 @@
+"""Invariant: a workload generated in a child process (``ProducedWorkload``) is the workload
+generated in one process, step for step: the same batches and, after every step's writes, the
+same device tables; a child's exception reaches the parent at the step where it was raised,
+a child that dies is reported, and closing stops the child."""
+
+from __future__ import annotations
+
+import os
+import signal
+
+import pytest
+import torch
+
+from pagegraph import build_page_table, check_replay_safety
+from pagegraph.checker import CheckConfig, Report
+from pagegraph.pool import KVPool, PoolExhausted
+from pagegraph.producer import ProducedWorkload, ProducerDied
+from pagegraph.workload import DecodeWorkload, Injection
+
+CASES = {
+    "plain": (
+        dict(max_reqs=12, max_context_len=96, page_size=8, seed=3),
+        dict(max_bs=10, steps=60, seed=5, finish_rate=0.1, near_capacity=0.2),
+    ),
+    "swa-injections-int64": (
+        dict(
+            max_reqs=9,
+            max_context_len=64,
+            page_size=4,
+            swa=True,
+            seed=7,
+            dtype=torch.int64,
+            full_to_swa_dtype=torch.int32,
+            row_order="high-first",
+        ),
+        dict(
+            max_bs=8,
+            steps=50,
+            seed=2,
+            swa_window=16,
+            swa_churn=0.3,
+            inject=Injection(overlong=0.3, negative=0.2, zero=0.2, bad_index=0.2),
+        ),
+    ),  # fmt: skip
+    "spec-committed-page1": (
+        dict(max_reqs=6, max_context_len=40, page_size=1, seed=11, extra_cols=3, storage_offset=5),
+        dict(max_bs=5, steps=40, seed=9, draft_tokens=3, committed_lengths=True),
+    ),  # fmt: skip
+}
+
+
+def tables(pool: KVPool) -> list[torch.Tensor]:
+    out = [pool.req_to_token.clone()]
+    if pool.full_to_swa is not None:
+        out.append(pool.full_to_swa.clone())
+    return out
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_same_steps_and_tables_as_in_one_process(case):
+    pool_kwargs, workload_kwargs = CASES[case]
+    here = KVPool(**pool_kwargs)
+    there = KVPool(**pool_kwargs)
+    expected = DecodeWorkload(here, **workload_kwargs, lookahead=16)
+    produced = ProducedWorkload(there, pool_kwargs, workload_kwargs)
+    n = 0
+    for want, got in zip(expected, produced, strict=True):
+        assert (got.index, got.req_pool_indices, got.seq_lens) == (
+            want.index,
+            want.req_pool_indices,
+            want.seq_lens,
+        ), f"step {n}"
+        for a, b in zip(tables(here), tables(there)):
+            assert torch.equal(a, b), f"tables differ after step {n}"
+        n += 1
+    assert n == workload_kwargs["steps"]
+
+
+def test_the_childs_exception_is_raised_at_its_step():
+    # Too few pages: the pool runs out at some step, in both processes alike.
+    pool_kwargs = dict(max_reqs=8, max_context_len=64, page_size=8, num_pages=20, seed=1)
+    workload_kwargs = dict(max_bs=8, steps=200, seed=4, finish_rate=0.0)
+    reached = []
+    with pytest.raises(PoolExhausted) as want:
+        for step in DecodeWorkload(KVPool(**pool_kwargs), **workload_kwargs):
+            reached.append(step.index)
+    got_steps = []
+    produced = ProducedWorkload(KVPool(**pool_kwargs), pool_kwargs, workload_kwargs)
+    with pytest.raises(PoolExhausted) as got:
+        for step in produced:
+            got_steps.append(step.index)
+    assert got_steps == reached
+    assert str(got.value) == str(want.value)
+    assert not produced._process.is_alive()
+
+
+def test_a_child_that_dies_is_reported():
+    pool_kwargs, workload_kwargs = CASES["plain"]
+    produced = ProducedWorkload(
+        KVPool(**pool_kwargs), pool_kwargs, dict(workload_kwargs, steps=10**7)
+    )
+    steps = iter(produced)
+    next(steps)
+    os.kill(produced._process.pid, signal.SIGKILL)
+    with pytest.raises(ProducerDied, match="exited with code -9"):
+        for _ in steps:
+            pass
+
+
+def test_stopping_early_stops_the_child():
+    pool_kwargs, workload_kwargs = CASES["plain"]
+    produced = ProducedWorkload(
+        KVPool(**pool_kwargs), pool_kwargs, dict(workload_kwargs, steps=10**7)
+    )
+    for step in produced:
+        if step.index == 3:
+            break
+    produced.close()
+    assert not produced._process.is_alive()
+    produced.close()  # idempotent
+    with pytest.raises(RuntimeError, match="once"):
+        iter(produced).__next__()
+
+
+def test_bad_arguments_raise_before_a_process_starts():
+    pool_kwargs, workload_kwargs = CASES["plain"]
+    with pytest.raises(ValueError, match="draft_tokens"):
+        ProducedWorkload(KVPool(**pool_kwargs), pool_kwargs, dict(workload_kwargs, draft_tokens=-1))
+    with pytest.raises(ValueError, match="device"):
+        ProducedWorkload(KVPool(**pool_kwargs), dict(pool_kwargs, device="cpu"), workload_kwargs)
+    used = KVPool(**pool_kwargs)
+    used.alloc(5)
+    with pytest.raises(ValueError, match="new"):
+        ProducedWorkload(used, pool_kwargs, workload_kwargs)
+
+
+# -- the checker with its workload in a child process ----------------------------------------
+
+
+def _wrong_first_column(req_to_token, req_pool_indices, seq_lens, page_table, page_size, **kw):
+    build_page_table(req_to_token, req_pool_indices, seq_lens, page_table, page_size, **kw)
+    page_table[:, :1].add_(1)
+
+
+def _summary(report) -> tuple:
+    return (
+        report.verdict,
+        report.replays,
+        report.out_of_contract_replays,
+        report.errors,
+        [(p.name, p.status, str(p.first_failure)) for p in report.properties],
+        sorted(
+            (b.bucket, b.replays, b.out_of_contract, b.mismatches, b.oob_writes,
+             b.escaped_writes, b.syncs)
+            for b in report.buckets.values()
+        ),
+    )  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "builder", ["build_page_table", _wrong_first_column], ids=["kernel", "wrong"]
+)
+def test_a_verdict_does_not_depend_on_where_the_workload_ran(builder):
+    cfg = CheckConfig(
+        max_bs=8, max_context_len=128, page_size=8, steps=14, swa=True, swa_window=32,
+        swa_churn=0.5, buckets="pow2", overlong=0.4, negative=0.2, bad_index=0.2,
+        zero_len=0.2, errors=True, detectors="none",
+    )  # fmt: skip
+    inline = check_replay_safety(builder, cfg.replace(workload_process="off"))
+    produced = check_replay_safety(builder, cfg.replace(workload_process="on"))
+    assert not inline.workload_in_process and produced.workload_in_process
+    assert _summary(produced) == _summary(inline)
+    assert "child process" in produced.format()
+    assert Report.from_dict(produced.to_dict()).workload_in_process
+
+
+def test_auto_keeps_short_and_eager_runs_in_one_process():
+    cfg = CheckConfig(max_bs=4, max_context_len=64, page_size=8, steps=3, detectors="none")
+    assert not check_replay_safety("build_page_table", cfg).workload_in_process
