@@ -1,7 +1,9 @@
-"""Invariant: a workload generated in a child process (``ProducedWorkload``) is the workload
-generated in one process, step for step: the same batches and, after every step's writes, the
-same device tables; a child's exception reaches the parent at the step where it was raised,
-a child that dies is reported, and closing stops the child."""
+"""Invariant: a ``ProducedWorkload`` is the workload ``DecodeWorkload`` generates, step for
+step, whether its streams run here or in child processes: the same batches and, after every
+step's writes, the same device tables; with several streams, each stream's steps and tables
+are those of its own ``DecodeWorkload``, segment after segment. A child's exception reaches the
+parent at the step where it was raised, a child that dies is reported, and closing stops the
+children; a checker's verdict does not depend on where its workload ran."""
 
 from __future__ import annotations
 
@@ -11,10 +13,16 @@ import signal
 import pytest
 import torch
 
-from pagegraph import build_page_table, check_replay_safety
+from pagegraph import build_page_table, check_replay_safety, producer
 from pagegraph.checker import CheckConfig, Report
 from pagegraph.pool import KVPool, PoolExhausted
-from pagegraph.producer import ProducedWorkload, ProducerDied
+from pagegraph.producer import (
+    BATCH_STEPS,
+    ProducedWorkload,
+    ProducerDied,
+    stream_kwargs,
+    stream_steps,
+)
 from pagegraph.workload import DecodeWorkload, Injection
 
 CASES = {
@@ -56,13 +64,14 @@ def tables(pool: KVPool) -> list[torch.Tensor]:
     return out
 
 
+@pytest.mark.parametrize("processes", [False, True], ids=["here", "child"])
 @pytest.mark.parametrize("case", list(CASES))
-def test_same_steps_and_tables_as_in_one_process(case):
+def test_same_steps_and_tables_as_decode_workload(case, processes):
     pool_kwargs, workload_kwargs = CASES[case]
     here = KVPool(**pool_kwargs)
     there = KVPool(**pool_kwargs)
     expected = DecodeWorkload(here, **workload_kwargs, lookahead=16)
-    produced = ProducedWorkload(there, pool_kwargs, workload_kwargs)
+    produced = ProducedWorkload(there, pool_kwargs, workload_kwargs, processes=processes)
     n = 0
     for want, got in zip(expected, produced, strict=True):
         assert (got.index, got.req_pool_indices, got.seq_lens) == (
@@ -76,6 +85,46 @@ def test_same_steps_and_tables_as_in_one_process(case):
     assert n == workload_kwargs["steps"]
 
 
+@pytest.mark.parametrize("processes", [False, True], ids=["here", "child"])
+@pytest.mark.parametrize("streams, steps", [(3, 100), (2, 7), (4, 40)])
+def test_streams_take_turns_each_with_its_own_tables(streams, steps, processes):
+    """Segments of 16 steps: stream k's steps and tables are those of its own DecodeWorkload
+    (seeds shifted), and a run shorter than one segment is stream 0 alone."""
+    pool_kwargs, workload_kwargs = CASES["swa-injections-int64"]
+    workload_kwargs = dict(workload_kwargs, steps=steps)
+    segment = BATCH_STEPS
+    counts = stream_steps(steps, streams, segment)
+    assert sum(counts) == steps
+    refs = []
+    for k, n in enumerate(counts):
+        pk, wk = stream_kwargs(pool_kwargs, workload_kwargs, k, n)
+        pool = KVPool(**pk)
+        refs.append((pool, iter(DecodeWorkload(pool, **wk)) if n else None))
+    live = KVPool(**pool_kwargs)
+    produced = ProducedWorkload(
+        live, pool_kwargs, workload_kwargs, streams=streams, processes=processes, segment=segment
+    )
+    assert produced.streams == sum(1 for n in counts if n)
+    for index, got in enumerate(produced):
+        k = (index // segment) % produced.streams
+        pool, steps_k = refs[k]
+        want = next(steps_k)
+        assert got.index == index
+        assert (got.req_pool_indices, got.seq_lens) == (want.req_pool_indices, want.seq_lens)
+        for a, b in zip(tables(pool), tables(live)):
+            assert torch.equal(a, b), f"stream {k}: tables differ after step {index}"
+    assert index == steps - 1
+    for _, rest in refs:  # every stream's steps were used, no more
+        assert rest is None or next(rest, None) is None
+
+
+def test_stream_step_counts():
+    assert stream_steps(1000, 1, 256) == [1000]
+    assert stream_steps(1000, 3, 256) == [256 + 232, 256, 256]
+    assert stream_steps(100, 4, 256) == [100, 0, 0, 0]
+    assert stream_steps(2048, 4, 256) == [512] * 4
+
+
 def test_the_childs_exception_is_raised_at_its_step():
     # Too few pages: the pool runs out at some step, in both processes alike.
     pool_kwargs = dict(max_reqs=8, max_context_len=64, page_size=8, num_pages=20, seed=1)
@@ -85,23 +134,23 @@ def test_the_childs_exception_is_raised_at_its_step():
         for step in DecodeWorkload(KVPool(**pool_kwargs), **workload_kwargs):
             reached.append(step.index)
     got_steps = []
-    produced = ProducedWorkload(KVPool(**pool_kwargs), pool_kwargs, workload_kwargs)
+    produced = ProducedWorkload(KVPool(**pool_kwargs), pool_kwargs, workload_kwargs, processes=True)
     with pytest.raises(PoolExhausted) as got:
         for step in produced:
             got_steps.append(step.index)
     assert got_steps == reached
     assert str(got.value) == str(want.value)
-    assert not produced._process.is_alive()
+    assert not any(p.is_alive() for p in produced._processes)
 
 
 def test_a_child_that_dies_is_reported():
     pool_kwargs, workload_kwargs = CASES["plain"]
     produced = ProducedWorkload(
-        KVPool(**pool_kwargs), pool_kwargs, dict(workload_kwargs, steps=10**7)
+        KVPool(**pool_kwargs), pool_kwargs, dict(workload_kwargs, steps=10**7), processes=True
     )
     steps = iter(produced)
     next(steps)
-    os.kill(produced._process.pid, signal.SIGKILL)
+    os.kill(produced._processes[0].pid, signal.SIGKILL)
     with pytest.raises(ProducerDied, match="exited with code -9"):
         for _ in steps:
             pass
@@ -110,13 +159,18 @@ def test_a_child_that_dies_is_reported():
 def test_stopping_early_stops_the_child():
     pool_kwargs, workload_kwargs = CASES["plain"]
     produced = ProducedWorkload(
-        KVPool(**pool_kwargs), pool_kwargs, dict(workload_kwargs, steps=10**7)
+        KVPool(**pool_kwargs),
+        pool_kwargs,
+        dict(workload_kwargs, steps=10**7),
+        processes=True,
+        streams=2,
     )
+    assert len(produced._processes) == 2
     for step in produced:
         if step.index == 3:
             break
     produced.close()
-    assert not produced._process.is_alive()
+    assert not any(p.is_alive() for p in produced._processes)
     produced.close()  # idempotent
     with pytest.raises(RuntimeError, match="once"):
         iter(produced).__next__()
@@ -132,6 +186,9 @@ def test_bad_arguments_raise_before_a_process_starts():
     used.alloc(5)
     with pytest.raises(ValueError, match="new"):
         ProducedWorkload(used, pool_kwargs, workload_kwargs)
+    for bad in ({"streams": 0}, {"streams": 65}, {"segment": 24}, {"segment": 0}):
+        with pytest.raises(ValueError, match=next(iter(bad))):
+            ProducedWorkload(KVPool(**pool_kwargs), pool_kwargs, workload_kwargs, **bad)
 
 
 # -- the checker with its workload in a child process ----------------------------------------
@@ -157,14 +214,16 @@ def _summary(report) -> tuple:
     )  # fmt: skip
 
 
+@pytest.mark.parametrize("streams", [1, 2])
 @pytest.mark.parametrize(
     "builder", ["build_page_table", _wrong_first_column], ids=["kernel", "wrong"]
 )
-def test_a_verdict_does_not_depend_on_where_the_workload_ran(builder):
+def test_a_verdict_does_not_depend_on_where_the_workload_ran(builder, streams, monkeypatch):
+    monkeypatch.setattr(producer, "SEGMENT_STEPS", BATCH_STEPS)  # 36 steps: 3 segments
     cfg = CheckConfig(
-        max_bs=8, max_context_len=128, page_size=8, steps=14, swa=True, swa_window=32,
+        max_bs=8, max_context_len=128, page_size=8, steps=36, swa=True, swa_window=32,
         swa_churn=0.5, buckets="pow2", overlong=0.4, negative=0.2, bad_index=0.2,
-        zero_len=0.2, errors=True, detectors="none",
+        zero_len=0.2, errors=True, detectors="none", workload_streams=streams,
     )  # fmt: skip
     inline = check_replay_safety(builder, cfg.replace(workload_process="off"))
     produced = check_replay_safety(builder, cfg.replace(workload_process="on"))

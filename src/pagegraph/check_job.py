@@ -92,7 +92,9 @@ def _memory_problem(cfg) -> str | None:
         if cfg.swa
         else 0
     )
-    need = r2t + f2s + tables + scratch + (64 << 20)
+    # Every stream beyond one parks its tables in buffers of their own (ProducedWorkload).
+    parked = (r2t + f2s) * cfg.workload_streams if cfg.workload_streams > 1 else 0
+    need = r2t + f2s + parked + tables + scratch + (64 << 20)
     if torch.cuda.is_available():
         free, _ = torch.cuda.mem_get_info()
         where = "GPU memory"
@@ -106,7 +108,8 @@ def _memory_problem(cfg) -> str | None:
         return (
             f"does not fit: needs about {need / 2**30:.2f} GiB of {where} (req_to_token "
             f"{r2t / 2**30:.2f} GiB, full_to_swa {f2s / 2**30:.2f} GiB, tables and checker "
-            f"{tables / 2**30:.2f} GiB, pool write scratch {scratch / 2**30:.2f} GiB), "
+            f"{tables / 2**30:.2f} GiB, pool write scratch {scratch / 2**30:.2f} GiB, parked "
+            f"stream tables {parked / 2**30:.2f} GiB), "
             f"{free / 2**30:.2f} GiB available"
         )
     return None

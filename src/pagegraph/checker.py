@@ -34,7 +34,7 @@ from .builders import OUTPUT_KINDS, builder_kind, builder_name, resolve_builder
 from .contract import ERROR_KINDS, cdiv
 from .metadata import DECODE_ERROR_KINDS
 from .pool import KVPool
-from .producer import ProducedWorkload
+from .producer import MAX_STREAMS, ProducedWorkload
 from .ranges import current_range, phase
 from .runner import GraphRunner
 from .verify import (
@@ -46,7 +46,7 @@ from .verify import (
     TableVerifier,
     read_mask,
 )
-from .workload import DecodeWorkload, Injection
+from .workload import Injection
 
 INDEX_DTYPES = {"int32": torch.int32, "int64": torch.int64}
 TABLE_NAMES = ("page_table", "swa_page_table")
@@ -159,6 +159,10 @@ class CheckConfig:
     negative: float = 0.0
     zero_len: float = 0.0
     bad_index: float = 0.0
+    #: independently seeded workload streams taking turns, ``SEGMENT_STEPS`` replays each
+    #: (``ProducedWorkload``): with child processes, that many pool models generate steps at
+    #: once; a run shorter than one segment replays stream 0 alone
+    workload_streams: int = 1
     # -- how the checker drives the runner --
     #: "mixed" alternates host lists and device tensors; "host" or "device" uses one
     staging: str = "mixed"
@@ -166,9 +170,9 @@ class CheckConfig:
     chunk: int = 256
     #: "auto" (what the builder says), "page_table" or "decode_metadata"
     outputs: str = "auto"
-    #: where the workload's host model runs: "on" a child process (``ProducedWorkload``),
-    #: "off" (in this one), or "auto": a child for CUDA-graph runs of at least
-    #: ``PRODUCER_MIN_STEPS`` replays, where its start-up (a second or two) pays off
+    #: where the workload's host models run: "on": a child process a stream
+    #: (``ProducedWorkload``), "off": in this one, "auto": in children for CUDA-graph runs of
+    #: at least ``PRODUCER_MIN_STEPS`` replays, where their start-up (a second or two) pays off
     workload_process: str = "auto"
 
     def replace(self, **changes) -> CheckConfig:
@@ -720,6 +724,10 @@ def validate_config(cfg: CheckConfig) -> None:
             raise ValueError(f"{name} must be a probability in [0, 1], got {getattr(cfg, name)}")
     if cfg.chunk < 1:
         raise ValueError(f"chunk must be >= 1, got {cfg.chunk}")
+    if not 1 <= cfg.workload_streams <= MAX_STREAMS:
+        raise ValueError(
+            f"workload_streams must be in 1..{MAX_STREAMS}, got {cfg.workload_streams}"
+        )
     if cfg.workload_process not in ("auto", "on", "off"):
         raise ValueError(
             f"workload_process must be 'auto', 'on' or 'off', got {cfg.workload_process!r}"
@@ -831,12 +839,15 @@ def check_replay_safety(
     make_runner = runner_factory or GraphRunner
     runner = workload = None
     try:
-        # Started before the capture, so a child process generates steps meanwhile.
-        if _workload_in_process(cfg, dev):
-            workload = ProducedWorkload(pool, _pool_kwargs(cfg), workload_kwargs)
-            report.workload_in_process = True
-        else:
-            workload = DecodeWorkload(pool, **workload_kwargs, lookahead=WORKLOAD_LOOKAHEAD)
+        # Started before the capture, so child processes generate steps meanwhile.
+        report.workload_in_process = _workload_in_process(cfg, dev)
+        workload = ProducedWorkload(
+            pool,
+            _pool_kwargs(cfg),
+            workload_kwargs,
+            streams=cfg.workload_streams,
+            processes=report.workload_in_process,
+        )
         runner = make_runner(
             pool.req_to_token,
             max_bs=cfg.max_bs,
@@ -886,7 +897,7 @@ def check_replay_safety(
                  on_chunk, stop_on_failure)  # fmt: skip
     finally:
         compiles.stop()
-        if isinstance(workload, ProducedWorkload):
+        if workload is not None:
             workload.close()
         if runner is not None:
             try:
@@ -1333,9 +1344,6 @@ def _replays(cfg, runner, workload, first, steps, tables, vectors, pool, dev, wa
 #: Replays whose allocations are measured one by one before the checker trusts chunks.
 ALLOCATION_PROBES = 8
 
-#: Steps the workload generates ahead of the replays: their table writes are uploaded and
-#: expanded together, and each replay's then costs one ``index_copy_`` a table.
-WORKLOAD_LOOKAHEAD = 16
 #: Replays from which ``workload_process = "auto"`` runs the workload in a child process.
 PRODUCER_MIN_STEPS = 1000
 

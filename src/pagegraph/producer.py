@@ -1,25 +1,37 @@
-"""A ``DecodeWorkload``'s host model in a child process, generating steps ahead of the replays.
+"""Workload steps generated ahead of the replays: in child processes, and in interleaved
+streams.
 
-The workload's host side (the pool model: finishes, arrivals, page allocation, growth, SWA
-eviction, out-of-contract injections) costs a few hundred microseconds of Python a step, more
-than a checked replay itself. ``ProducedWorkload`` moves it into a child process that runs the
-same seeded ``DecodeWorkload`` over a ``KVPool`` whose tables live on the ``meta`` device (no
-memory, no CUDA): the child sends each step's batch and its queued table writes (page runs,
-five integers a page) through a bounded queue, and the parent applies the writes to its own
-pool's device tables with a ``WriteAhead`` just before it yields the step, as
-``DecodeWorkload(lookahead=...)`` does in one process. The parent's pool model is never
-advanced: its tables are the only state it keeps.
+A ``DecodeWorkload``'s host side (the pool model: finishes, arrivals, page allocation, growth,
+SWA eviction, out-of-contract injections) costs a few hundred microseconds of Python a step,
+more than a checked replay itself. ``ProducedWorkload`` separates it from the device tables:
 
-The stream is the one ``DecodeWorkload`` yields in one process, step for step and write for
-write (same seeds, same code): a verdict does not depend on where the workload ran
-(``tests/test_producer.py`` compares the two).
+* **Host models.** Each stream is a ``DecodeWorkload`` over its own ``KVPool`` whose tables
+  live on the ``meta`` device (no memory, no CUDA). Its steps come in batches of
+  ``BATCH_STEPS``, each step with its queued table writes (page runs, five integers a page).
+  With ``processes=True`` each stream runs in a child process and sends its batches through
+  a bounded queue; else the batches are made here, on demand.
+* **Device tables.** The caller's pool holds the live tables (those its graphs read). Each
+  step's writes are applied to them with a ``WriteAhead`` just before the step is yielded, as
+  ``DecodeWorkload(lookahead=...)`` does; the caller's pool model itself is never advanced.
+* **Streams.** With ``streams=K > 1``, K independently seeded workloads (stream ``k``: pool
+  seed and workload seed each ``+ k * STREAM_SEED_STRIDE``; stream 0 is the one-stream
+  workload) take turns: ``segment`` steps of stream 0, then of stream 1, and so on, round
+  and round. Each stream keeps its own tables: at a switch the live tables are parked in the
+  outgoing stream's buffers and the incoming stream's are copied in (two device copies a
+  table, between replays, no allocation). K child processes then generate K times as many
+  steps a second, which is what lets a checker run as fast as its replays and checks rather
+  than as fast as one pool model. Runs shorter than one segment replay stream 0 alone.
 
-The child is started with ``spawn`` (never ``fork``: the parent may hold a CUDA context), so
-it costs an interpreter start and a ``torch`` import (a second or two); it starts generating
-while the parent captures its graphs. A child that fails sends its exception, which the parent
-raises at the step where it happened; a child that dies without a word (killed, out of
-memory) is reported with its exit code; a child whose parent is gone exits. ``close()`` (or
-the context manager) stops it.
+Whatever ``processes`` is, the steps and tables are the same, step for step and write for
+write (same seeds, same code; ``tests/test_producer.py`` compares them with
+``DecodeWorkload``), so a verdict does not depend on where the workload ran.
+
+Child processes are started with ``spawn`` (never ``fork``: the parent may hold a CUDA
+context), so each costs an interpreter start and a ``torch`` import (a second or two); they
+start generating at construction, while the caller captures its graphs. A child that fails
+sends its exception, which is raised at the step where it happened; a child that dies without
+a word (killed, out of memory) is reported with its exit code; a child whose parent is gone
+exits. ``close()`` (or the end of the iteration) stops them.
 """
 
 from __future__ import annotations
@@ -31,29 +43,79 @@ import signal
 from collections import deque
 from collections.abc import Iterator
 
+import torch
+
 from .pool import KVPool, WriteAhead
 from .workload import DecodeWorkload, Step
 
-#: Steps per message: also how far the parent's ``WriteAhead`` stages at once.
+#: Steps per batch (a child's message): also how far ``WriteAhead`` stages at once.
 BATCH_STEPS = 16
-#: Messages the queue holds: the child runs at most this many batches ahead.
+#: Steps of one stream before the next stream's turn (a multiple of ``BATCH_STEPS``).
+SEGMENT_STEPS = 256
+#: Streams at most.
+MAX_STREAMS = 64
+#: Stream ``k``'s pool and workload seeds are stream 0's plus ``k`` times this.
+STREAM_SEED_STRIDE = 1_000_003
+#: Batches a child's queue holds: a child runs at most this many batches ahead.
 QUEUE_BATCHES = 64
 #: Seconds between two checks that the other process is still there, while waiting.
 POLL_S = 1.0
 
-# Writer tags in a message: which of the pool's tables a group of runs goes to.
+# Writer tags in a batch: which of the pool's tables a group of runs goes to.
 _R2T, _SWA = 0, 1
 
 
 class ProducerDied(RuntimeError):
-    """The child process exited without sending its steps or an exception."""
+    """A child process exited without sending its steps or an exception."""
+
+
+def stream_kwargs(pool_kwargs: dict, workload_kwargs: dict, k: int, steps: int):
+    """``KVPool`` and ``DecodeWorkload`` arguments of stream ``k``, ``steps`` steps long."""
+    shift = k * STREAM_SEED_STRIDE
+    return (
+        dict(pool_kwargs, seed=pool_kwargs.get("seed", 0) + shift),
+        dict(workload_kwargs, seed=workload_kwargs.get("seed", 0) + shift, steps=steps),
+    )
+
+
+def stream_steps(steps: int, streams: int, segment: int) -> list[int]:
+    """Steps each stream contributes to ``steps`` interleaved ones."""
+    cycle = streams * segment
+    full, rest = divmod(steps, cycle)
+    return [full * segment + min(max(rest - k * segment, 0), segment) for k in range(streams)]
+
+
+def _batches(pool_kwargs: dict, workload_kwargs: dict) -> Iterator[list]:
+    """One stream's steps in batches of ``BATCH_STEPS``: ``(Step, [(tag, runs), ...])`` each.
+    A failure is raised after the batch of the steps made before it, so that it surfaces at
+    its own step."""
+    pool = KVPool(**pool_kwargs, device="meta")
+    workload = DecodeWorkload(pool, **workload_kwargs)
+    tags = {id(pool._r2t_writer): _R2T}
+    if pool._swa_writer is not None:
+        tags[id(pool._swa_writer)] = _SWA
+    batch: list = []
+    try:
+        for i in range(workload.steps):
+            step = workload._advance(i)
+            batch.append((step, [(tags[id(w)], runs) for w, runs in pool.take_writes()]))
+            if len(batch) == BATCH_STEPS:
+                yield batch
+                batch = []
+    except Exception:  # not GeneratorExit: a closed generator must not yield again
+        if batch:
+            yield batch
+        raise
+    if batch:
+        yield batch
 
 
 def _produce(pool_kwargs: dict, workload_kwargs: dict, out: mp.Queue, parent: int) -> None:
-    """The child's body: run the workload, send batches of ``(step, tagged writes)``, then
-    ``("done", None)``; on an exception, ``("error", exc)``."""
+    """A child's body: send ``("steps", batch)`` messages, then ``("done", None)``; on an
+    exception, ``("error", exc)``."""
     # Ctrl-C reaches the whole process group: the parent decides when the child stops.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    torch.set_num_threads(1)
 
     def send(item) -> bool:
         while True:
@@ -64,69 +126,148 @@ def _produce(pool_kwargs: dict, workload_kwargs: dict, out: mp.Queue, parent: in
                 if os.getppid() != parent:  # the parent is gone: nobody will read this
                     return False
 
-    batch = []
     try:
-        import torch
-
-        torch.set_num_threads(1)
-        pool = KVPool(**pool_kwargs, device="meta")
-        workload = DecodeWorkload(pool, **workload_kwargs, lookahead=0)
-        tags = {id(pool._r2t_writer): _R2T}
-        if pool._swa_writer is not None:
-            tags[id(pool._swa_writer)] = _SWA
-        for i in range(workload.steps):
-            step = workload._advance(i)
-            writes = [(tags[id(w)], runs) for w, runs in pool.take_writes()]
-            batch.append((step, writes))
-            if len(batch) == BATCH_STEPS or i == workload.steps - 1:
-                if not send(("steps", batch)):
-                    return
-                batch = []
+        for batch in _batches(pool_kwargs, workload_kwargs):
+            if not send(("steps", batch)):
+                return
         send(("done", None))
     except BaseException as exc:  # noqa: BLE001 - every failure goes to the parent
-        # The steps made before the failure first, so that it surfaces at its own step.
-        if batch and not send(("steps", batch)):
-            return
         try:
             send(("error", exc))
         except Exception:  # noqa: BLE001 - an exception that does not pickle
             send(("error", RuntimeError(f"{type(exc).__name__}: {exc}")))
 
 
-class ProducedWorkload:
-    """The steps of ``DecodeWorkload(pool, **workload_kwargs)``, generated in a child process.
+class _ChildStream:
+    """One stream's batches, from a child process."""
 
-    Args:
-        pool: the parent's pool, whose device tables the steps' writes go to. It must be new
-            (nothing allocated), made with ``KVPool(**pool_kwargs, device=...)``.
-        pool_kwargs: ``KVPool`` arguments except ``device`` (the child uses ``meta``).
-        workload_kwargs: ``DecodeWorkload`` arguments except ``pool`` and ``lookahead``.
-
-    Iterating yields ``Step`` objects, each after its table writes were applied (on the current
-    stream), as ``DecodeWorkload`` does; it can be iterated once.
-    """
-
-    def __init__(self, pool: KVPool, pool_kwargs: dict, workload_kwargs: dict):
-        if "device" in pool_kwargs or "lookahead" in workload_kwargs or "pool" in workload_kwargs:
-            raise ValueError("pool_kwargs takes no device, workload_kwargs no pool or lookahead")
-        if pool.free_rows != pool.max_reqs:
-            raise ValueError("the pool must be new: the child starts from an empty pool")
-        self.pool = pool
-        self.steps = int(workload_kwargs["steps"])
-        # Checked here, with DecodeWorkload's own errors, before a process is started (a
-        # DecodeWorkload leaves its pool untouched until iterated).
-        DecodeWorkload(pool, **workload_kwargs)
-        ctx = mp.get_context("spawn")
-        self._queue = ctx.Queue(maxsize=QUEUE_BATCHES)
-        self._process = ctx.Process(
+    def __init__(self, ctx, pool_kwargs: dict, workload_kwargs: dict, k: int):
+        self.queue = ctx.Queue(maxsize=QUEUE_BATCHES)
+        self.process = ctx.Process(
             target=_produce,
-            args=(pool_kwargs, workload_kwargs, self._queue, os.getpid()),
-            name="pagegraph-workload",
+            args=(pool_kwargs, workload_kwargs, self.queue, os.getpid()),
+            name=f"pagegraph-workload-{k}",
             daemon=True,
         )
-        self._process.start()
-        self._iterated = False
+        self.process.start()
+
+    def _receive(self):
+        while True:
+            try:
+                return self.queue.get(timeout=POLL_S)
+            except queue_mod.Empty:
+                if not self.process.is_alive():
+                    try:  # a last message may have arrived as it exited
+                        return self.queue.get(timeout=POLL_S)
+                    except queue_mod.Empty:
+                        raise ProducerDied(
+                            f"the workload process {self.process.name} exited with code "
+                            f"{self.process.exitcode} before sending every step"
+                        ) from None
+
+    def next_batch(self) -> list:
+        kind, payload = self._receive()
+        if kind == "error":
+            raise payload
+        if kind == "done":  # more steps asked for than the stream was made with
+            raise ProducerDied(f"the workload process {self.process.name} ran out of steps")
+        return payload
+
+    def close(self) -> None:
+        proc = self.process
+        if proc.is_alive():
+            proc.terminate()
+            proc.join(5)
+            if proc.is_alive():
+                proc.kill()
+                proc.join(5)
+        self.queue.close()
+        self.queue.cancel_join_thread()
+
+
+class _LocalStream:
+    """One stream's batches, made in this process when asked for."""
+
+    def __init__(self, pool_kwargs: dict, workload_kwargs: dict):
+        self.batches = _batches(pool_kwargs, workload_kwargs)
+
+    def next_batch(self) -> list:
+        return next(self.batches)
+
+    def close(self) -> None:
+        self.batches.close()
+
+
+class ProducedWorkload:
+    """The steps of ``streams`` interleaved ``DecodeWorkload`` streams (see the module
+    docstring), applied to ``pool``'s device tables; with one stream, those of
+    ``DecodeWorkload(pool, **workload_kwargs)``.
+
+    Args:
+        pool: the pool whose device tables the steps' writes go to. It must be new (nothing
+            allocated), made with ``KVPool(**pool_kwargs, device=...)``.
+        pool_kwargs: ``KVPool`` arguments except ``device`` (the host models use ``meta``).
+        workload_kwargs: ``DecodeWorkload`` arguments except ``pool`` and ``lookahead``.
+        streams: independently seeded streams, ``1..MAX_STREAMS``.
+        processes: generate each stream in a child process.
+        segment: steps of one stream before the next one's turn (a multiple of
+            ``BATCH_STEPS``; default ``SEGMENT_STEPS``).
+
+    Iterating yields ``Step`` objects numbered ``0..steps-1``, each after its table writes were
+    applied (on the current stream); it can be iterated once. With several streams, the
+    parked tables take ``streams`` times the pool's ``req_to_token`` and ``full_to_swa``,
+    allocated here.
+    """
+
+    def __init__(
+        self,
+        pool: KVPool,
+        pool_kwargs: dict,
+        workload_kwargs: dict,
+        *,
+        streams: int = 1,
+        processes: bool = False,
+        segment: int | None = None,
+    ):
+        if "device" in pool_kwargs or "lookahead" in workload_kwargs or "pool" in workload_kwargs:
+            raise ValueError("pool_kwargs takes no device, workload_kwargs no pool or lookahead")
+        segment = SEGMENT_STEPS if segment is None else segment
+        if not 1 <= streams <= MAX_STREAMS:
+            raise ValueError(f"streams must be in 1..{MAX_STREAMS}, got {streams}")
+        if segment < BATCH_STEPS or segment % BATCH_STEPS:
+            raise ValueError(f"segment must be a positive multiple of {BATCH_STEPS}, got {segment}")
+        if pool.free_rows != pool.max_reqs:
+            raise ValueError("the pool must be new: every stream starts from an empty pool")
+        # Checked here, with DecodeWorkload's own errors, before anything starts (a
+        # DecodeWorkload leaves its pool untouched until iterated).
+        DecodeWorkload(pool, **workload_kwargs)
+        self.pool = pool
+        self.steps = int(workload_kwargs["steps"])
+        self.segment = segment
+        counts = stream_steps(self.steps, streams, segment)
+        self.streams = max(1, sum(1 for n in counts if n))  # streams that have steps
+        self._live = [pool.req_to_token]
+        if pool.full_to_swa is not None:
+            self._live.append(pool.full_to_swa)
+        # Every stream starts from an empty pool: zeroed tables, as a new KVPool's.
+        self._parked = (
+            [[torch.zeros_like(t) for t in self._live] for _ in range(self.streams)]
+            if self.streams > 1
+            else []
+        )
+        self._sources: list = []
         self._closed = False
+        self._iterated = False
+        ctx = mp.get_context("spawn") if processes else None
+        try:
+            for k in range(self.streams):
+                pk, wk = stream_kwargs(pool_kwargs, workload_kwargs, k, counts[k])
+                self._sources.append(
+                    _ChildStream(ctx, pk, wk, k) if processes else _LocalStream(pk, wk)
+                )
+        except BaseException:
+            self.close()
+            raise
 
     def __len__(self) -> int:
         return self.steps
@@ -137,19 +278,11 @@ class ProducedWorkload:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def _receive(self):
-        while True:
-            try:
-                return self._queue.get(timeout=POLL_S)
-            except queue_mod.Empty:
-                if not self._process.is_alive():
-                    try:  # a last message may have arrived as it exited
-                        return self._queue.get(timeout=POLL_S)
-                    except queue_mod.Empty:
-                        raise ProducerDied(
-                            f"the workload process exited with code {self._process.exitcode} "
-                            "before sending every step"
-                        ) from None
+    def _switch(self, old: int, new: int) -> None:
+        """Park the live tables as stream ``old``'s and bring stream ``new``'s in."""
+        for live, out, back in zip(self._live, self._parked[old], self._parked[new]):
+            out.copy_(live)
+            live.copy_(back)
 
     def __iter__(self) -> Iterator[Step]:
         if self._iterated:
@@ -157,33 +290,34 @@ class ProducedWorkload:
         self._iterated = True
         writers = {_R2T: self.pool._r2t_writer, _SWA: self.pool._swa_writer}
         ahead, ready = WriteAhead(), deque()
+        active = 0
         try:
-            while True:
+            for index in range(self.steps):
                 if not ready:
-                    kind, payload = self._receive()
-                    if kind == "done":
-                        return
-                    if kind == "error":
-                        raise payload
-                    for step, writes in payload:
+                    # Batches never straddle a segment, so every write staged before a
+                    # switch was applied: the switch moves whole, current tables.
+                    k = (index // self.segment) % self.streams
+                    if k != active:
+                        self._switch(active, k)
+                        active = k
+                    for step, writes in self._sources[k].next_batch():
                         ahead.add([(writers[tag], runs) for tag, runs in writes])
                         ready.append(step)
                 ahead.next()  # this step's table writes, before the consumer's work
-                yield ready.popleft()
+                step = ready.popleft()
+                yield Step(index, step.req_pool_indices, step.seq_lens)
         finally:
             self.close()
 
     def close(self) -> None:
-        """Stop the child (if still running) and release the queue; idempotent."""
+        """Stop the child processes (if any still run); idempotent."""
         if self._closed:
             return
         self._closed = True
-        proc = self._process
-        if proc.is_alive():
-            proc.terminate()
-            proc.join(5)
-            if proc.is_alive():
-                proc.kill()
-                proc.join(5)
-        self._queue.close()
-        self._queue.cancel_join_thread()
+        for source in self._sources:
+            source.close()
+
+    @property
+    def _processes(self) -> list:
+        """The child processes (for tests)."""
+        return [s.process for s in self._sources if isinstance(s, _ChildStream)]

@@ -46,6 +46,7 @@ problem, raised before anything runs::
     negative = 0.0                        # per step: negative lengths
     zero_len = 0.0                        # per step: zero lengths (in the contract)
     bad_index = 0.0                       # per step: req_pool_indices outside req_to_token
+    streams = 1                           # seeded streams taking turns, 256 steps each
 
     [check]
     builder = "build_page_table"          # built-in name or module:function
@@ -129,6 +130,7 @@ _SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], str | None]]] = {
         "negative": (_NUM, "negative"),
         "zero_len": (_NUM, "zero_len"),
         "bad_index": (_NUM, "bad_index"),
+        "streams": (_INT, "workload_streams"),
     },
     "check": {
         "builder": ((str,), None),
@@ -284,6 +286,8 @@ def _validate(path, c: CheckConfig) -> None:
         bad("check.staging", f"must be 'mixed', 'host' or 'device', got {c.staging!r}")
     if c.chunk < 1:
         bad("check.chunk", f"must be >= 1, got {c.chunk}")
+    if not 1 <= c.workload_streams <= 64:
+        bad("workload.streams", f"must be in 1..64, got {c.workload_streams}")
     if c.workload_process not in ("auto", "on", "off"):
         bad(
             "check.workload_process",
