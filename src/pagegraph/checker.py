@@ -301,7 +301,7 @@ class Report:
     #: and the checker's own work (model, upload, verification launch, bookkeeping; the
     #: read-back once a chunk is not in it)
     phase_us: dict = field(default_factory=dict)
-    #: whether the workload's host model ran in a child process (``CheckConfig.workload_process``)
+    #: whether the workload's host models ran in child processes (``workload_process``)
     workload_in_process: bool = False
 
     @property
@@ -418,7 +418,7 @@ class Report:
                 if self.phase_us
                 else ""
             )
-            + ("; workload in a child process" if self.workload_in_process else ""),
+            + ("; workload in child processes" if self.workload_in_process else ""),
             "",
             "| bucket | replays | out of contract | mismatches | oob writes | escaped writes "
             "| syncs | replay us (median) |",
