@@ -44,6 +44,17 @@ def test_check_default_scenario(tmp_path, capsys):
     assert "# pagegraph check" in out_md.read_text()
 
 
+def test_workload_process_flag_overrides_the_scenario(tmp_path, capsys):
+    out_json = tmp_path / "r.json"
+    argv = ["check", DEFAULT, "--replays", "3", "--workload-process", "on", "--json"]
+    assert main([*argv, str(out_json)]) == 0
+    assert "workload in child processes" in capsys.readouterr().out
+    sc = json.loads(out_json.read_text())["scenarios"][0]
+    assert sc["workload_in_process"] is True and sc["config"]["workload_process"] == "on"
+    with pytest.raises(SystemExit):
+        main(["check", DEFAULT, "--workload-process", "maybe"])
+
+
 def test_check_unsafe_builder_exits_1(capsys):
     code = main(["check", DEFAULT, "--replays", "4", "--builder", "static_width_gather"])
     out = capsys.readouterr().out

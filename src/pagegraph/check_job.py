@@ -121,6 +121,7 @@ def run_check(
     replays: int | None = None,
     builder: str | None = None,
     detectors: str | None = None,
+    workload_process: str | None = None,
     json_path: str | None = None,
     markdown_path: str | None = None,
     quiet: bool = False,
@@ -128,7 +129,8 @@ def run_check(
 ) -> int:
     """``pagegraph check``: check ``scenarios`` and return the exit code (see
     ``pagegraph.cli``). ``isolate``: run each scenario in a child process (default: when the
-    builder is a user's ``module:function``)."""
+    builder is a user's ``module:function``). ``workload_process``: overrides the scenarios'
+    ``[check] workload_process``."""
     # Load and validate everything first: a bad file must not leave a half-run.
     try:
         loaded = [load_scenario(p) for p in scenarios]
@@ -144,6 +146,8 @@ def run_check(
                 cfg = cfg.replace(steps=replays)
             if dets is not None:
                 cfg = cfg.replace(detectors=dets)
+            if workload_process is not None:
+                cfg = cfg.replace(workload_process=workload_process)
             problem = _memory_problem(cfg)
             if problem:
                 raise ValueError(f"{s.path}: {problem}")

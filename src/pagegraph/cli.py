@@ -45,6 +45,12 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--replays", type=int, help="replays per scenario (default: its steps)")
     p.add_argument("--builder", help="built-in builder name or module:function")
     p.add_argument("--detectors", help="auto (default), none, torch, cupti or torch,cupti")
+    p.add_argument(
+        "--workload-process",
+        choices=("auto", "on", "off"),
+        help="run the workload's host models in child processes (default: the scenario's "
+        "[check] workload_process, auto: for CUDA runs of 1000+ replays)",
+    )
     p.add_argument("--json", dest="json_path", metavar="PATH", help="machine-readable report")
     p.add_argument(
         "--markdown",
@@ -88,6 +94,7 @@ def main(argv: list[str] | None = None) -> int:
             replays=args.replays,
             builder=args.builder,
             detectors=args.detectors,
+            workload_process=args.workload_process,
             json_path=args.json_path,
             markdown_path=args.markdown_path,
             quiet=args.quiet,
