@@ -236,3 +236,24 @@ def test_a_verdict_does_not_depend_on_where_the_workload_ran(builder, streams, m
 def test_auto_keeps_short_and_eager_runs_in_one_process():
     cfg = CheckConfig(max_bs=4, max_context_len=64, page_size=8, steps=3, detectors="none")
     assert not check_replay_safety("build_page_table", cfg).workload_in_process
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="sizes host memory (no CUDA here)")
+def test_memory_check_counts_the_parked_tables_of_the_streams_used(monkeypatch):
+    from pagegraph import check_job
+
+    cfg = CheckConfig(max_bs=256, max_context_len=131072, page_size=64, steps=10_000)
+    r2t = (cfg.max_bs + 2) * cfg.max_context_len * 4  # 135 MB
+    # Free memory for one stream's tables and the rest (about twice r2t), not for four
+    # parked copies on top (about six times).
+    free = r2t * 4
+    monkeypatch.setattr(
+        check_job.os,
+        "sysconf",
+        lambda name: 4096 if name == "SC_PAGE_SIZE" else free // 4096,
+    )
+    assert check_job._memory_problem(cfg) is None
+    problem = check_job._memory_problem(cfg.replace(workload_streams=4))
+    assert problem and "parked stream tables" in problem
+    # A run of one segment uses stream 0 alone: nothing is parked.
+    assert check_job._memory_problem(cfg.replace(workload_streams=4, steps=200)) is None
