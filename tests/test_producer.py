@@ -64,8 +64,13 @@ def tables(pool: KVPool) -> list[torch.Tensor]:
     return out
 
 
-@pytest.mark.parametrize("processes", [False, True], ids=["here", "child"])
-@pytest.mark.parametrize("case", list(CASES))
+# Every case here; the richest one (SWA, injections, int64) in a child process too: a child
+# costs an interpreter start and a torch import.
+@pytest.mark.parametrize(
+    "case, processes",
+    [(case, False) for case in CASES] + [("swa-injections-int64", True)],
+    ids=[f"{case}-here" for case in CASES] + ["swa-injections-int64-child"],
+)
 def test_same_steps_and_tables_as_decode_workload(case, processes):
     pool_kwargs, workload_kwargs = CASES[case]
     here = KVPool(**pool_kwargs)
@@ -85,8 +90,11 @@ def test_same_steps_and_tables_as_decode_workload(case, processes):
     assert n == workload_kwargs["steps"]
 
 
-@pytest.mark.parametrize("processes", [False, True], ids=["here", "child"])
-@pytest.mark.parametrize("streams, steps", [(3, 100), (2, 7), (4, 40)])
+@pytest.mark.parametrize(
+    "streams, steps, processes",
+    [(3, 100, False), (3, 100, True), (2, 7, False), (4, 40, False)],
+    ids=["3x100-here", "3x100-child", "2x7-here", "4x40-here"],
+)
 def test_streams_take_turns_each_with_its_own_tables(streams, steps, processes):
     """Segments of 16 steps: stream k's steps and tables are those of its own DecodeWorkload
     (seeds shifted), and a run shorter than one segment is stream 0 alone."""
