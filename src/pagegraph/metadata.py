@@ -41,7 +41,7 @@ tiles of ``SCAN_BLOCK`` rows with a running carry (``tl.cumsum`` inside a tile),
   what the scan tile holds is paid for by every program of the grid, in occupancy, whether it
   scans or not. On an H200 (``profiles/bench/NOTES.md``, "The decode-metadata scan tile"): a
   128-row tile keeps the kernel at 40 registers a thread and every bench config within
-  0.52 us of ``build_page_table``; a 1,024-row tile needs 64 and costs ps1 (page size 1, 8,192
+  0.6 us of ``build_page_table``; a 1,024-row tile needs 64 and costs ps1 (page size 1, 8,192
   programs of latency-bound gathers) 4.3 us; compiling both tiles in, picked by ``bs`` at run
   time, still needs 56 and costs ps1 3.3 us. The price is paid by large batches instead:
   each further 128 rows adds a step of about 0.33 us (+2.7 us at 1,024 rows, +11.9 us at

@@ -4,8 +4,8 @@
 through captured graphs and checks every replay; its report carries ``replays_per_s``, the
 steady-state rate of checked replays (start-up and capture excluded). The bench runs it four
 times on one scenario: with no sync detector and with the CUPTI detector (skipped, with the
-reason, where CUPTI cannot run), each with the workload's host model in this process and in a
-child process (``CheckConfig.workload_process``), and records that rate, the verdict, the
+reason, where CUPTI cannot run), each with the workload's host models in this process and in
+child processes (``CheckConfig.workload_process``), and records that rate, the verdict, the
 wall time of the whole call and the mean host time of a replay's three phases (workload step,
 ``runner.replay()``, the checker's own work).
 

@@ -529,10 +529,10 @@ def format_checker_markdown(checker: list[dict], cuda: bool) -> list[str]:
         "",
         '`check_replay_safety("build_page_table", ...)` on the scenario, every replay '
         "verified; `replays/s` is the report's steady-state rate (start-up and capture "
-        "excluded), `wall s` the whole call; `workload` says where the workload's host model "
-        "ran (`off`: in the checker's process, `on`: in a child process); the last three "
-        "columns are the mean host time of one replay's phases: the workload step, "
-        "`runner.replay()`, the checker's own work."
+        "excluded), `wall s` the whole call; `workload process` says where the workload's "
+        "host models ran (`off`: in the checker's process, `on`: in child processes, one a "
+        "stream); the last three columns are the mean host time of one replay's phases: the "
+        "workload step, `runner.replay()`, the checker's own work."
         + ("" if cuda else " CPU: eager replays under the interpreter, a smoke run only."),
         "",
         "| scenario | detectors | workload process | replays | checked replays/s | verdict "
