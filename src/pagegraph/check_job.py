@@ -38,7 +38,7 @@ from .environment import environment
 from .isolate import IsolatedError, Job, run_isolated, write_json_atomic
 from .kernel import build_page_table
 from .pool import writer_bytes
-from .producer import SEGMENT_STEPS
+from .producer import SEGMENT_STEPS, streams_with_steps
 from .scenario import ScenarioError, load_scenario
 from .sync import DetectorUnavailable, parse_detectors
 
@@ -95,7 +95,7 @@ def _memory_problem(cfg) -> str | None:
     )
     # With more than one stream that has steps, each parks its tables in buffers of its own
     # (ProducedWorkload).
-    streams = min(cfg.workload_streams, cdiv(cfg.steps, SEGMENT_STEPS))
+    streams = streams_with_steps(cfg.steps, cfg.workload_streams, SEGMENT_STEPS)
     parked = (r2t + f2s) * streams if streams > 1 else 0
     need = r2t + f2s + parked + tables + scratch + (64 << 20)
     if torch.cuda.is_available():

@@ -85,6 +85,12 @@ def stream_steps(steps: int, streams: int, segment: int) -> list[int]:
     return [full * segment + min(max(rest - k * segment, 0), segment) for k in range(streams)]
 
 
+def streams_with_steps(steps: int, streams: int, segment: int) -> int:
+    """How many of ``streams`` contribute steps to ``steps`` interleaved ones (a prefix of
+    them; at least one): the streams a run starts and parks tables for."""
+    return max(1, sum(1 for n in stream_steps(steps, streams, segment) if n))
+
+
 def _batches(pool_kwargs: dict, workload_kwargs: dict) -> Iterator[list]:
     """One stream's steps in batches of ``BATCH_STEPS``: ``(Step, [(tag, runs), ...])`` each.
     A failure is raised after the batch of the steps made before it, so that it surfaces at
@@ -245,7 +251,7 @@ class ProducedWorkload:
         self.steps = int(workload_kwargs["steps"])
         self.segment = segment
         counts = stream_steps(self.steps, streams, segment)
-        self.streams = max(1, sum(1 for n in counts if n))  # streams that have steps
+        self.streams = streams_with_steps(self.steps, streams, segment)
         self._live = [pool.req_to_token]
         if pool.full_to_swa is not None:
             self._live.append(pool.full_to_swa)

@@ -67,6 +67,7 @@ from pathlib import Path
 
 from .buckets import PADDING, PRESETS, Buckets
 from .checker import CheckConfig
+from .producer import MAX_STREAMS
 
 
 class ScenarioError(ValueError):
@@ -286,8 +287,8 @@ def _validate(path, c: CheckConfig) -> None:
         bad("check.staging", f"must be 'mixed', 'host' or 'device', got {c.staging!r}")
     if c.chunk < 1:
         bad("check.chunk", f"must be >= 1, got {c.chunk}")
-    if not 1 <= c.workload_streams <= 64:
-        bad("workload.streams", f"must be in 1..64, got {c.workload_streams}")
+    if not 1 <= c.workload_streams <= MAX_STREAMS:
+        bad("workload.streams", f"must be in 1..{MAX_STREAMS}, got {c.workload_streams}")
     if c.workload_process not in ("auto", "on", "off"):
         bad(
             "check.workload_process",
