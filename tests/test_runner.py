@@ -283,3 +283,81 @@ def test_gpu_replay_is_sync_free_and_allocation_free():
     runner.replay(rpi, sl)
     check_replay(runner, pool, rpi, sl, runner.buckets.bucket_for(len(rpi)), stale)
     runner.close()
+
+
+@gpu
+def test_gpu_replays_far_ahead_of_the_device_are_each_staged():
+    """More replays in flight than the mailbox has slots, each from a temporary device tensor
+    or a host list that is dropped at once: every replay builds its own batch (the host
+    waits for the device only when it is a whole ring of posts ahead)."""
+    from pagegraph.staging import SLOTS
+
+    pool, runner = make(max_bs=32, ctx=4096, ps=16, buckets="sglang")
+    runner.capture()
+    gen = torch.Generator().manual_seed(7)
+    rows = [pool.alloc(int(n)) for n in torch.randint(1, 4000, (32,), generator=gen)]
+    pool.flush()
+    asked, outputs, stale = [], [], []
+    for i in range(3 * SLOTS):
+        n = int(torch.randint(1, 33, (1,), generator=gen))
+        pick = torch.randperm(32, generator=gen)[:n].tolist()
+        rpi, sl = pool.batch([rows[j] for j in pick])
+        stale.append(runner.req_pool_indices.clone())  # enqueued: the buffer before replay i
+        runner.page_table.fill_(POISON)
+        if i % 2:
+            runner.replay(torch.tensor(rpi, device="cuda"), torch.tensor(sl, device="cuda"))
+        else:
+            runner.replay(list(rpi), list(sl))
+        outputs.append(runner.page_table.clone())
+        asked.append((rpi, sl))
+    torch.cuda.synchronize()
+    for i, ((rpi, sl), got, before) in enumerate(zip(asked, outputs, stale)):
+        bucket = runner.buckets.bucket_for(len(sl))
+        want_rpi = before[:bucket].cpu().to(torch.int64)
+        want_rpi[: len(rpi)] = torch.tensor(rpi)
+        want_sl = torch.ones(bucket, dtype=torch.int64)
+        want_sl[: len(sl)] = torch.tensor(sl)
+        want, _ = expected_tables(
+            pool.req_to_token, want_rpi.cuda(), want_sl.cuda(), runner.max_num_pages, 16
+        )
+        assert torch.equal(got[:bucket], want), f"replay {i}"
+    runner.close()
+
+
+@gpu
+def test_gpu_a_graph_replayed_directly_rebuilds_the_last_batch():
+    """``runner.graphs[b].replay()`` (no post for it) stages nothing: it rebuilds from the
+    static inputs as they are, and the next ``runner.replay()`` stages its own batch."""
+    pool, runner = make(max_bs=16, ctx=2048, ps=16, buckets=[4, 8, 16])
+    runner.capture()
+    rows = [pool.alloc(n) for n in (30, 700, 1500, 64, 2000)]
+    pool.flush()
+    first, second = pool.batch(rows[:3]), pool.batch(rows[2:])
+    runner.replay(*first)
+    staged = (runner.req_pool_indices.clone(), runner.seq_lens.clone())
+    runner.page_table.fill_(POISON)
+    runner.graphs[4].replay()
+    assert torch.equal(runner.req_pool_indices, staged[0])
+    assert torch.equal(runner.seq_lens, staged[1])
+    stale = runner.req_pool_indices.cpu().clone()
+    check_replay(runner, pool, *first, 4, stale)
+    runner.page_table.fill_(POISON)
+    runner.replay(*second)
+    check_replay(runner, pool, *second, 4, stale)
+    runner.close()
+
+
+@gpu
+def test_gpu_device_tensors_of_other_dtypes_are_refused_before_any_launch():
+    pool, runner = make(max_bs=8, ctx=512, ps=16, buckets=[8])
+    runner.capture()
+    before = runner.seq_lens.clone()
+    with pytest.raises(TypeError, match="int32 or int64"):
+        runner.replay(
+            torch.zeros(2, dtype=torch.int64, device="cuda"),
+            torch.ones(2, dtype=torch.float32, device="cuda"),
+        )
+    assert torch.equal(runner.seq_lens, before)
+    runner.replay([1, 2], [3, 4])  # posts and launches are still in step
+    assert runner.seq_lens[:2].tolist() == [3, 4]
+    runner.close()

@@ -9,11 +9,15 @@ kernels on the same addresses, so between replays only the buffers' contents may
   its module, which is illegal inside capture), then captures the largest bucket first, all
   graphs in one shared memory pool, with short lengths in the buffers: replays will then see
   longer ones, which is exactly what a width frozen at capture would get wrong.
-* ``replay()`` picks the bucket, stages the batch into the static buffers without a host sync
-  (device tensors by ``copy_``; host lists and tensors through a pinned staging ring and a
-  non-blocking copy), pads rows ``n..bucket`` by the padding policy, replays, and returns views
-  of the live rows. It first checks that no static buffer moved since capture: a buffer
-  reallocated behind the graph's back would make replays read freed memory silently.
+* ``replay()`` picks the bucket, stages the batch without a host sync, replays, and returns
+  views of the live rows. With graphs, staging is part of the graph: the host posts the batch
+  (device tensors by address, host values by value) into a pinned mailbox, and each graph's
+  first node copies it into the static inputs and pads rows ``n..bucket`` by the padding
+  policy (``pagegraph.staging``), so a replay is one graph launch and no other CUDA call.
+  Eagerly (no graphs) the batch is copied in (device tensors by ``copy_``; host values
+  through a pinned ring and a non-blocking copy) and padded by device fills. Every replay
+  first checks that no static buffer moved since capture: a buffer reallocated behind the
+  graph's back would make replays read freed memory silently.
 
 All replays are issued on the caller's current stream, one after another, so graphs that share
 the pool never run concurrently, whatever the bucket order. Without CUDA the same code path
@@ -34,6 +38,7 @@ from .contract import ERROR_KINDS, INDEX_DTYPES, cdiv
 from .kernel import build_page_table
 from .metadata import DECODE_ERROR_KINDS
 from .ranges import phase, pop, push
+from .staging import Mailbox
 
 
 class StaticBufferMoved(RuntimeError):
@@ -213,12 +218,16 @@ class GraphRunner:
                 f"{need / 2**30:.2f} GiB ({exc})"
             ) from exc
 
+        # Graphs stage from a mailbox (read by each graph's first node); eager replays copy
+        # host values through a pinned ring.
+        self._mailbox = Mailbox(max_bs, dev) if self.use_graphs else None
         pin = dev.type == "cuda"
+        rings = 0 if self.use_graphs else STAGING_RING
         self._staging = [
-            torch.zeros((2, max_bs), dtype=index_dtype, pin_memory=pin) for _ in range(STAGING_RING)
+            torch.zeros((2, max_bs), dtype=index_dtype, pin_memory=pin) for _ in range(rings)
         ]
         self._staging_np = [buf.numpy() for buf in self._staging]
-        self._staging_done: list[torch.cuda.Event | None] = [None] * STAGING_RING
+        self._staging_done: list[torch.cuda.Event | None] = [None] * rings
         self._staging_next = 0
 
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -272,6 +281,15 @@ class GraphRunner:
             self.page_size,
             **kwargs,
         )
+
+    def _graph_body(self, bs: int) -> None:
+        """What a bucket's graph runs: the stage from the mailbox (a no-op when nothing was
+        posted, as in warm-up), then the builder."""
+        self._mailbox.launch(
+            self.req_pool_indices, self.seq_lens, bs, self.padding.seq_len,
+            self.padding.req_pool_index,
+        )  # fmt: skip
+        self._build(bs)
 
     def _buffers(self) -> dict[str, torch.Tensor | None]:
         return {
@@ -341,7 +359,7 @@ class GraphRunner:
                         for bs in sizes:
                             step[1] = bs
                             with phase("warmup", bs):
-                                self._build(bs)
+                                self._graph_body(bs)
                     current.wait_stream(side)
                     torch.cuda.synchronize()
                     self.pool = torch.cuda.graph_pool_handle()
@@ -350,7 +368,7 @@ class GraphRunner:
                         step[1] = bs
                         graph = torch.cuda.CUDAGraph()
                         with phase("capture", bs), torch.cuda.graph(graph, pool=self.pool):
-                            self._build(bs)
+                            self._graph_body(bs)
                         self.graphs[bs] = graph
                     torch.cuda.synchronize()
             else:
@@ -401,8 +419,12 @@ class GraphRunner:
         return views
 
     def _stage(self, req_pool_indices, seq_lens, n: int) -> None:
-        """Copy the batch into rows ``:n`` of the static inputs, with no host sync."""
+        """Stage the batch for rows ``:n`` of the static inputs, with no host sync: with graphs,
+        post it for the next graph launch; eagerly, copy it in."""
         index = self._device_index
+        if self._mailbox is not None:
+            self._mailbox.post(req_pool_indices, seq_lens, n, index)
+            return
         if (
             isinstance(req_pool_indices, torch.Tensor)
             and isinstance(seq_lens, torch.Tensor)
@@ -444,6 +466,9 @@ class GraphRunner:
 
         Args:
             req_pool_indices: ``[n]`` request rows, a device tensor, a CPU tensor or a list.
+                With graphs, a device tensor must be 1-D int32/int64 (else ``TypeError``) and
+                is read when the graph runs on the current stream, like any kernel input;
+                host values are copied at the call.
             seq_lens: ``[n]`` lengths, same kinds.
 
         Returns:
@@ -460,16 +485,24 @@ class GraphRunner:
         # A device context costs microseconds: enter one only when the current device differs.
         switch = self.use_graphs and torch._C._cuda_getDevice() != self._device_index
         with torch.cuda.device(self.device) if switch else nullcontext():
+            mailbox = self._mailbox
+            posts = mailbox.posted if mailbox is not None else 0
             push("stage", bucket)
             try:
                 self._stage(req_pool_indices, seq_lens, n)
-                self.padding.apply(self.req_pool_indices, self.seq_lens, n, bucket)
+                if mailbox is None:  # a graph pads in its stage node
+                    self.padding.apply(self.req_pool_indices, self.seq_lens, n, bucket)
             finally:
                 pop()
             push("replay", bucket)
             try:
                 if self.use_graphs:
-                    self.graphs[bucket].replay()
+                    try:
+                        self.graphs[bucket].replay()
+                    except BaseException:
+                        if mailbox.posted > posts:  # no graph will consume this post
+                            mailbox.withdraw()
+                        raise
                 else:
                     self._build(bucket)
             finally:

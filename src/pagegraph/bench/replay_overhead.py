@@ -5,8 +5,9 @@ For one config (``decode-mid``) a single-bucket ``GraphRunner`` is captured; the
 process, host wall time per call of
 
 * ``runner.replay(req_pool_indices, seq_lens)`` from device tensors: bucket lookup, the
-  address check, staging (two device copies) and padding, then the graph replay; and
-* ``runner.graphs[bucket].replay()``: the graph replay alone.
+  address check, the mailbox post (``pagegraph.staging``), then the graph launch; and
+* ``runner.graphs[bucket].replay()``: the graph launch alone (its stage node finds nothing
+  posted and leaves the static inputs, so it rebuilds the same batch).
 
 Their ratio is the runner's overhead (target: at most 2x). The two are timed in alternating
 rounds of ``SYNC_EVERY`` calls, each round after a drained queue, so a drift of the host's

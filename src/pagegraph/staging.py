@@ -1,0 +1,232 @@
+"""Staging inside the graph: a pinned mailbox the captured graph reads its batch from.
+
+Why: staging a batch into the static inputs with torch costs the host two device copies and
+up to two fills, four launches of several microseconds each, before the graph launch that
+does the real work (``GraphRunner.replay()`` measured 7x a bare ``CUDAGraph.replay()``). Here
+the host only writes a few integers into pinned memory, and the graph stages itself.
+
+How:
+
+* ``Mailbox`` holds ``SLOTS`` slots in pinned host memory (``[SLOTS, slot_size]`` int64).
+  A slot is a 64-byte header, then room for ``2 * max_bs`` inline values::
+
+      header: rpi address, seq_lens address, rpi stride, seq_lens stride,
+              rpi is int64, seq_lens is int64, n, tag
+
+  For device tensors (int32 or int64, 1-D, any stride) the addresses are the tensors' own;
+  for host values (lists, numpy arrays, CPU tensors) the values are written into the slot
+  and the addresses point there (pinned memory is addressable from the device). A device
+  tensor is read when the graph runs, so it must stay valid until then, as any kernel input
+  must: torch's caching allocator ensures it for a tensor freed after the call, since memory
+  it hands out again on the same stream is written only by work enqueued after the graph.
+* Each captured graph starts with ``stage_inputs_kernel`` (one program). It reads a device
+  counter ``c`` (posts consumed so far), then slot ``c % SLOTS``'s header in one 64-byte
+  load. If the slot's tag is ``c``, the post is this replay's: it copies the ``n`` rows into
+  the static ``req_pool_indices`` / ``seq_lens``, pads rows ``n..bucket`` by the padding
+  policy, and advances the counter (also into pinned ``consumed``, for the host). Otherwise
+  nothing was posted for this launch (a graph replayed directly, not through the runner) and
+  the static inputs are left as they are, as a replay of a graph without the stage did.
+* ``post()`` writes post ``k`` (the ``k``-th since capture) into slot ``k % SLOTS``, tag
+  last. Posts and launches stay in step because the runner posts once before each launch and
+  withdraws a post whose launch raised. Before reusing a slot the host checks, in pinned
+  memory, that the device consumed the post it held ``SLOTS`` posts ago; if the host ran that
+  far ahead it synchronizes the stream (a visible sync, which the detectors report), and a
+  post still unconsumed after that is a broken invariant, raised.
+
+Costs: the host writes eight integers (plus the values, for host batches) and launches one
+graph: no copy, fill or event. The device pays one more node a replay: a read of the
+counter, one PCIe round trip for the header (two for host values) and the copy, a few
+microseconds ahead of the builder.
+
+The kernel is a plain Triton kernel, so it also runs (and is tested) under the Triton
+interpreter on a CPU, where the mailbox is ordinary memory.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+import triton
+import triton.language as tl
+
+from .contract import INDEX_DTYPES
+
+#: Posts the host can be ahead of the device before it waits.
+SLOTS = 16
+#: int64 fields of a slot's header (64 bytes: one load).
+HEADER = 8
+#: Header fields.
+RPI_ADDR, SL_ADDR, RPI_STRIDE, SL_STRIDE, RPI_64, SL_64, COUNT, TAG = range(HEADER)
+#: Rows the stage kernel copies per loop iteration.
+STAGE_BLOCK = 256
+
+
+@triton.jit
+def _field(header, idx, k: tl.constexpr):
+    return tl.sum(tl.where(idx == k, header, 0))
+
+
+@triton.jit
+def stage_inputs_kernel(
+    mailbox,  # [SLOTS * slot_size] int64, pinned host memory
+    counter,  # [1] int64, device: posts consumed so far
+    consumed,  # [1] int64, pinned: the same count, for the host
+    rpi_dst,  # [>= bucket] static req_pool_indices (int32 / int64)
+    sl_dst,  # [>= bucket] static seq_lens
+    bucket,  # rows of this graph
+    pad_len,  # seq_len of padded rows
+    pad_rpi,  # req_pool_index of padded rows (used when PAD_RPI)
+    slot_size,
+    PAD_RPI: tl.constexpr,
+    SLOTS: tl.constexpr,
+    HEADER: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
+    c = tl.load(counter)
+    slot = mailbox + (c % SLOTS) * slot_size
+    idx = tl.arange(0, HEADER)
+    # One 64-byte load: the tag and the fields it covers are read together.
+    header = tl.load(slot + idx, volatile=True)
+    tag = _field(header, idx, 7)
+    if tag == c:
+        rpi_addr = _field(header, idx, 0)
+        sl_addr = _field(header, idx, 1)
+        rpi_stride = _field(header, idx, 2)
+        sl_stride = _field(header, idx, 3)
+        rpi_64 = _field(header, idx, 4)
+        sl_64 = _field(header, idx, 5)
+        n = _field(header, idx, 6)
+        # A while loop: the interpreter runs range() only over host integers.
+        start = 0
+        while start < bucket:
+            rows = start + tl.arange(0, BLOCK)
+            in_bucket = rows < bucket
+            live = (rows < n) & in_bucket
+            if rpi_64 != 0:
+                r = tl.load(rpi_addr.to(tl.pointer_type(tl.int64)) + rows * rpi_stride,
+                            mask=live, other=0, volatile=True)  # fmt: skip
+            else:
+                r = tl.load(rpi_addr.to(tl.pointer_type(tl.int32)) + rows * rpi_stride,
+                            mask=live, other=0, volatile=True).to(tl.int64)  # fmt: skip
+            if sl_64 != 0:
+                s = tl.load(sl_addr.to(tl.pointer_type(tl.int64)) + rows * sl_stride,
+                            mask=live, other=0, volatile=True)  # fmt: skip
+            else:
+                s = tl.load(sl_addr.to(tl.pointer_type(tl.int32)) + rows * sl_stride,
+                            mask=live, other=0, volatile=True).to(tl.int64)  # fmt: skip
+            s = tl.where(live, s, pad_len)
+            tl.store(sl_dst + rows, s.to(sl_dst.dtype.element_ty), mask=in_bucket)
+            if PAD_RPI:
+                r = tl.where(live, r, pad_rpi)
+                tl.store(rpi_dst + rows, r.to(rpi_dst.dtype.element_ty), mask=in_bucket)
+            else:  # padded rows keep the request index they held (SGLang)
+                tl.store(rpi_dst + rows, r.to(rpi_dst.dtype.element_ty), mask=live)
+            start += BLOCK
+        # The copies above read the slot before this store says it is free again.
+        tl.debug_barrier()
+        tl.store(counter, c + 1)
+        tl.store(consumed, c + 1)
+
+
+class MailboxOutOfStep(RuntimeError):
+    """A post was never consumed: posts and graph launches are out of step."""
+
+
+class Mailbox:
+    """Pinned slots a captured graph stages its batch from (see the module docstring).
+
+    Args:
+        max_bs: rows of the static inputs.
+        device: the device of the graphs (CPU: ordinary memory, for the interpreter).
+    """
+
+    def __init__(self, max_bs: int, device: torch.device):
+        self.max_bs = max_bs
+        self.device = device
+        pin = device.type == "cuda"
+        # Slots 64-byte aligned: the header is one load.
+        self.slot_size = -(-(HEADER + 2 * max_bs) // HEADER) * HEADER
+        self.slots = torch.zeros(SLOTS * self.slot_size, dtype=torch.int64, pin_memory=pin)
+        self.consumed = torch.zeros(1, dtype=torch.int64, pin_memory=pin)
+        self.counter = torch.zeros(1, dtype=torch.int64, device=device)
+        self._np = self.slots.numpy()
+        self._np.reshape(SLOTS, self.slot_size)[:, TAG] = -1
+        # memoryview item writes cost a third less than numpy's.
+        self._mv = memoryview(self._np).cast("B").cast("q")
+        self._consumed = memoryview(self.consumed.numpy()).cast("B").cast("q")
+        self._base = self.slots.data_ptr()
+        #: Posts written since capture (the next post's tag).
+        self.posted = 0
+
+    def launch(self, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, bucket: int,
+               pad_len: int, pad_rpi: int | None) -> None:  # fmt: skip
+        """Enqueue the stage of rows ``:bucket`` (inside a capture: record it)."""
+        stage_inputs_kernel[(1,)](
+            self.slots, self.counter, self.consumed, req_pool_indices, seq_lens,
+            bucket, pad_len, 0 if pad_rpi is None else pad_rpi, self.slot_size,
+            PAD_RPI=pad_rpi is not None, SLOTS=SLOTS, HEADER=HEADER, BLOCK=STAGE_BLOCK,
+        )  # fmt: skip
+
+    def post(self, req_pool_indices, seq_lens, n: int, device_index: int) -> None:
+        """Write the batch (``n`` rows) as the next post.
+
+        Device tensors (on ``device_index``, int32/int64, 1-D) are posted by address; anything
+        else is converted on the host and posted by value.
+        """
+        k = self.posted
+        mv = self._mv
+        if self._consumed[0] < k - SLOTS + 1:
+            self._wait(k)
+        o = (k % SLOTS) * self.slot_size
+        inline = self._base + 8 * (o + HEADER)
+        for i, values in enumerate((req_pool_indices, seq_lens)):
+            if _by_address(values, device_index):
+                mv[o + i] = values.data_ptr()
+                mv[o + RPI_STRIDE + i] = values.stride(0)
+                mv[o + RPI_64 + i] = values.dtype is torch.int64
+                continue
+            if isinstance(values, torch.Tensor):
+                if values.device.type != "cpu":
+                    raise ValueError(
+                        f"batch tensors must be on {self.device} or the CPU, got {values.device}"
+                    )
+                values = values.numpy()
+            start = o + HEADER + i * self.max_bs
+            self._np[start : start + n] = np.asarray(values)
+            mv[o + i] = inline + 8 * i * self.max_bs
+            mv[o + RPI_STRIDE + i] = 1
+            mv[o + RPI_64 + i] = 1
+        mv[o + COUNT] = n
+        mv[o + TAG] = k  # last: the tag says the slot is complete
+        self.posted = k + 1
+
+    def withdraw(self) -> None:
+        """Take the last post back (its launch failed: no graph will consume it)."""
+        k = self.posted - 1
+        self._mv[(k % SLOTS) * self.slot_size + TAG] = -1
+        self.posted = k
+
+    def _wait(self, k: int) -> None:
+        # The device is SLOTS posts behind: wait for it (a real sync, which detectors report).
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+        if self._consumed[0] < k - SLOTS + 1:
+            raise MailboxOutOfStep(
+                f"post {k - SLOTS} was never staged by a graph (device consumed "
+                f"{self._consumed[0]} of {k} posts): every post must be followed by one "
+                "graph launch"
+            )
+
+
+def _by_address(values, device_index: int) -> bool:
+    """Post ``values`` by address: a tensor on the graphs' device (on a CPU, only a 1-D
+    int32/int64 one; anything else there is converted by value)."""
+    if not isinstance(values, torch.Tensor) or values.get_device() != device_index:
+        return False
+    ok = values.dim() == 1 and values.dtype in INDEX_DTYPES
+    if device_index >= 0 and not ok:
+        raise TypeError(
+            "batch tensors on the device must be 1-D int32 or int64, got "
+            f"{values.dtype} of shape {tuple(values.shape)}"
+        )
+    return ok
