@@ -6,6 +6,7 @@ staged, and a run that stops early reports what it could not finish as incomplet
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 from hypothesis import given, settings
@@ -102,20 +103,26 @@ class Raises9th:
 # -- planted runner defects ----------------------------------------------------------------
 
 
+def _reordered(values, how):
+    """``values`` (a tensor, array or list) reversed (``"flip"``) or rotated by one row."""
+    if isinstance(values, torch.Tensor):
+        return values.flip(0) if how == "flip" else values.roll(1)
+    values = np.asarray(values)
+    return values[::-1] if how == "flip" else np.roll(values, 1)
+
+
 class ReversingRunner(GraphRunner):
     """Stages the batch's request indices in reverse order."""
 
     def _stage(self, req_pool_indices, seq_lens, n):
-        super()._stage(req_pool_indices, seq_lens, n)
-        self.req_pool_indices[:n].copy_(self.req_pool_indices[:n].flip(0))
+        super()._stage(_reordered(req_pool_indices, "flip"), seq_lens, n)
 
 
 class RotatingRunner(GraphRunner):
     """Stages the caller's seq_lens rotated by one row."""
 
     def _stage(self, req_pool_indices, seq_lens, n):
-        super()._stage(req_pool_indices, seq_lens, n)
-        self.seq_lens[:n].copy_(self.seq_lens[:n].roll(1))
+        super()._stage(req_pool_indices, _reordered(seq_lens, "roll"), n)
 
 
 class BiggerBucketRunner(GraphRunner):
@@ -261,6 +268,48 @@ def test_wrong_values_fail_correct_with_the_first_failure():
     f = correct.first_failure
     assert f.replay == 0 and f.col == 0 and f.got == f.expected + 1
     assert "expected" in report.format() and "UNSAFE" in report.format()
+
+
+@pytest.mark.skipif(CUDA, reason="the builder's Python runs at every replay only eagerly")
+@pytest.mark.parametrize("batch", [3, 16])
+def test_batched_verification_judges_each_replay_as_alone(monkeypatch, batch):
+    """Replays are verified ``batch`` at a time (``TableVerifier``): the per-bucket counts and
+    the first failure must be those of verifying each replay alone, for a builder that turns
+    wrong at replay 11, with chunks of 7 (not a multiple of 3) and a last, partial batch."""
+    import pagegraph.verify as verify
+
+    def run(max_batch: int):
+        monkeypatch.setattr(verify, "MAX_BATCH", max_batch)
+        armed = {"on": False}
+
+        def late_wrong_builder(r2t, rpi, sl, page_table, page_size, **kw):
+            build_page_table(r2t, rpi, sl, page_table, page_size, **kw)
+            if armed["on"]:  # one more on every live first page
+                first = page_table[:, 0]
+                first.copy_(torch.where(sl > 0, first + 1, first))
+
+        def progress(done, _total):
+            armed["on"] = done >= 11
+
+        cfg = SMALL.replace(steps=20, chunk=7, swa=False)
+        return check_replay_safety(late_wrong_builder, cfg, progress=progress)
+
+    alone, batched = run(1), run(batch)
+    assert batched.replays == alone.replays == 20
+    counts = lambda r: {b: (s.replays, s.mismatches, s.oob_writes) for b, s in r.buckets.items()}  # noqa: E731
+    assert counts(batched) == counts(alone)
+    assert sum(s.mismatches for s in alone.buckets.values()) > 0
+    first = batched.property("correct").first_failure
+    assert first.replay == alone.property("correct").first_failure.replay >= 11
+    assert [p.status for p in batched.properties] == [p.status for p in alone.properties]
+
+
+def test_a_run_shorter_than_one_batch_is_judged():
+    """Two replays and a batch of 16: the ring entries never written must not count."""
+    assert check_replay_safety("build_page_table", SMALL.replace(steps=2)).safe
+    report = check_replay_safety(wrong_value_builder, SMALL.replace(steps=2))
+    assert report.replays == 2
+    assert report.property("correct").first_failure.replay == 0
 
 
 def test_off_by_one_fails_bounded_writes():

@@ -44,7 +44,9 @@ from .verify import (
     BatchModel,
     ModelStep,
     TableVerifier,
+    batch_size,
     read_mask,
+    replay_bytes,
 )
 from .workload import Injection
 
@@ -739,12 +741,14 @@ def validate_config(cfg: CheckConfig) -> None:
 
 
 def table_bytes(cfg: CheckConfig) -> int:
-    """Device bytes the checker's tables, their references and masks take (an estimate of
-    the verification's working set, for the memory check before allocating)."""
+    """Device bytes the checker's tables and their verification take (an estimate of the
+    working set, for the memory check before allocating): the tables, and the snapshots and
+    intermediates of one verification batch (``pagegraph.verify.replay_bytes``)."""
     tables = 2 if cfg.swa else 1
-    entries = tables * (cfg.max_bs + 2 * CANARY_ROWS) * (cfg.width + cfg.table_pad_cols)
-    # tables + expected (int32) + diff and masks (bool, several) + the reference gather
-    return entries * (4 + 4 + 6) + cfg.max_bs * cfg.width * 8 * 3
+    rows = cfg.max_bs + 2 * CANARY_ROWS
+    padded_width = cfg.width + cfg.table_pad_cols
+    per = replay_bytes(tables, rows, padded_width, cfg.max_bs, cfg.width)
+    return tables * rows * padded_width * 4 + per * batch_size(per, min(cfg.chunk, cfg.steps))
 
 
 def check_replay_safety(
@@ -1074,6 +1078,8 @@ def _replays(cfg, runner, workload, first, steps, tables, vectors, pool, dev, wa
     pending: list[ModelStep] = []
     replay_syncs: list = []
     in_flight: list[torch.cuda.Event] = []
+    # Three events reused in turn (two in flight at most): no event is created per replay.
+    events = [torch.cuda.Event() for _ in range(3)] if graphs else []
     model_dev = verifier.model
     M = cfg.max_bs
     stopped: str | None = None
@@ -1211,7 +1217,7 @@ def _replays(cfg, runner, workload, first, steps, tables, vectors, pool, dev, wa
             with phase("verify"):
                 verifier.verify()
             if graphs:
-                event = torch.cuda.Event()
+                event = events[i % 3]
                 event.record()
                 in_flight.append(event)
             pending.append(mstep)

@@ -13,10 +13,13 @@ Two pieces, both independent of the runner and the builder under test:
   entry of the whole underlying table allocations (canary rows and columns included) with
   them, and writes one record per replay into a device ring: for each table, the count and
   the first (row, column, expected, got) of wrong live entries and of writes outside the live
-  region, the staged-input comparison, and the error counters expected and found. It then
-  poisons the tables again for the next replay. On CUDA the whole verification is one CUDA
-  graph, so a replay costs one launch to verify and nothing waits for the device until the
-  ring is read back (once per ``chunk`` replays).
+  region, the staged-input comparison, and the error counters expected and found. After each
+  replay it snapshots what the replay left (tables, vectors, staged inputs, counters, and the
+  reference's gathers from ``req_to_token`` and ``full_to_swa``, which later steps rewrite)
+  and poisons the tables again; every ``batch`` replays one launch verifies all the
+  snapshots. On CUDA both are CUDA graphs: a replay costs the host one small launch to
+  snapshot, the tens of kernels of the comparison are launched once a batch, and nothing
+  waits for the device until the records are read back (once per ``chunk`` replays).
 
 Record layout (int64, ``TableVerifier.record_size`` entries a replay)::
 
@@ -48,6 +51,10 @@ REAL, IN_BUCKET, OUT_OF_CONTRACT = 1, 2, 4
 
 #: Canary rows above and below the rows of every table allocation.
 CANARY_ROWS = 1
+#: Replays verified by one launch, at most (see ``TableVerifier``).
+MAX_BATCH = 16
+#: Device memory a batch's verification may take.
+BATCH_BYTES = 256 << 20
 
 _E = len(ERROR_KINDS)
 #: Offsets into a record.
@@ -154,6 +161,21 @@ class BatchModel:
         )
 
 
+def replay_bytes(tables: int, rows: int, padded_width: int, max_bs: int, cap: int) -> int:
+    """Device bytes the verification of one replay takes in a batch (an upper estimate): its
+    snapshot of the tables and of the reference's gathers, the expected tables, the boolean
+    masks over them, the gathers as int64 and the live mask."""
+    entries = tables * rows * padded_width
+    # + the snapshot of the gathers (at most int64) and their int64 copies in the computation
+    return entries * (4 + 4 + 12) + 2 * rows * padded_width + max_bs * cap * (16 * tables + 9)
+
+
+def batch_size(per_replay: int, chunk: int) -> int:
+    """Replays a verification launch covers: as many as ``BATCH_BYTES`` holds at
+    ``per_replay`` bytes each, at most ``MAX_BATCH`` and ``chunk``, at least one."""
+    return max(1, min(MAX_BATCH, chunk, BATCH_BYTES // max(per_replay, 1)))
+
+
 class TableVerifier:
     """Verify replays on the device (see the module docstring).
 
@@ -166,12 +188,23 @@ class TableVerifier:
         staged: the runner's static ``(req_pool_indices, seq_lens)`` ``[max_bs]``.
         errors: the runner's ``errors`` buffer, or ``None``.
         chunk: replays between two read-backs (records in the ring).
-        use_graph: capture the verification as a CUDA graph (CUDA only).
+        use_graph: capture the snapshot and the verification as CUDA graphs (CUDA only).
         vectors: for a metadata builder, ``[3, max_bs + 3]`` int32, the allocation its
             ``cache_seqlens`` (``vectors[0, 1 : 1 + max_bs]``), ``cu_seqlens_k`` and
             ``cu_seqlens_q`` (``vectors[k, 1 : 2 + max_bs]``) are views of.
         draft_tokens: the metadata builder's ``draft_tokens``.
         error_kinds: counters of the ``errors`` buffer that are checked.
+        batch: replays verified by one launch (default: as many as ``BATCH_BYTES`` holds, at
+            most ``MAX_BATCH`` and ``chunk``).
+
+    Per replay, ``verify()`` snapshots what the replay left (the tables, the vectors, the
+    staged inputs, the error counters, with the model) into ring entry ``slot % batch`` and
+    poisons the tables again: a small graph. Every ``batch`` replays, and before a read, one
+    launch of the verification graph compares all ``batch`` entries at once and writes each
+    one's record: its launch, tens of kernels, costs the host tens of microseconds, now paid
+    once a batch rather than once a replay. Entries not refreshed since the last batch are
+    verified again and rewrite their own (already judged or not yet read) records with the
+    same values; entries never written point at a scratch record.
     """
 
     def __init__(
@@ -189,6 +222,7 @@ class TableVerifier:
         vectors: torch.Tensor | None = None,
         draft_tokens: int = 0,
         error_kinds: int = _E,
+        batch: int | None = None,
     ):
         dev = tables.device
         self.vectors = vectors
@@ -212,10 +246,14 @@ class TableVerifier:
         self.errors_at = self.staged_at + 4
         self.record_size = self.errors_at + 2 * self.E
         M, cap = self.max_bs, self.cap
+        if batch is None:
+            batch = batch_size(replay_bytes(self.T, rows, self.padded_width, M, cap), chunk)
+        self.batch = K = batch
 
         # Inputs uploaded per replay: the model's state, then the record slot.
         self.model = torch.zeros(3 * M + 1, dtype=torch.int64, device=dev)
-        self.records = torch.zeros((chunk, self.record_size), dtype=torch.int64, device=dev)
+        # Records of a chunk, and a scratch row for ring entries never written.
+        self.records = torch.zeros((chunk + 1, self.record_size), dtype=torch.int64, device=dev)
         cuda = dev.type == "cuda"
         self._ring = [torch.zeros(3 * M + 1, dtype=torch.int64, pin_memory=cuda) for _ in range(4)]
         self._ring_np = [t.numpy() for t in self._ring]
@@ -223,17 +261,41 @@ class TableVerifier:
         self._host_records = torch.zeros(
             (chunk, self.record_size), dtype=torch.int64, pin_memory=cuda
         )
+        # The snapshot ring: what each of the last ``batch`` replays left.
+        self._models = torch.zeros((K, 3 * M + 1), dtype=torch.int64, device=dev)
+        self._models[:, 3 * M] = chunk  # the scratch record
+        self._snap_tables = torch.zeros((K, *tables.shape), dtype=tables.dtype, device=dev)
+        self._snap_staged = tuple(
+            torch.zeros((K, M), dtype=t.dtype, device=dev) for t in staged
+        )  # fmt: skip
+        self._snap_errors = (
+            torch.zeros((K, self.E), dtype=errors.dtype, device=dev) if errors is not None else None
+        )
+        self._snap_vectors = (
+            torch.zeros((K, *vectors.shape), dtype=vectors.dtype, device=dev)
+            if vectors is not None
+            else None
+        )
+        # The reference's gathers, taken at the replay: the workload's next steps rewrite
+        # req_to_token and full_to_swa before the batch is verified.
+        self._snap_slots = torch.zeros((K, M, cap), dtype=req_to_token.dtype, device=dev)
+        self._snap_swa = (
+            torch.zeros((K, M, cap), dtype=full_to_swa.dtype, device=dev) if self.T == 2 else None
+        )
+        self._unverified = 0
         # Constants of the computation.
         self._col_tokens = torch.arange(cap, device=dev, dtype=torch.int64) * page_size
         self._cols = torch.arange(cap, device=dev, dtype=torch.int64)
         self._mask_table = torch.arange(2 * self.T, device=dev, dtype=torch.int64) % self.T
-        self._expected = torch.empty_like(tables)
+        self._expected = torch.empty((K, *tables.shape), dtype=tables.dtype, device=dev)
         if vectors is not None:
-            self._expected_vectors = torch.empty_like(vectors)
+            self._expected_vectors = torch.empty((K, *vectors.shape), dtype=vectors.dtype,
+                                                 device=dev)  # fmt: skip
             self._vector_index = torch.arange(M + 1, device=dev, dtype=torch.int64)
-        self._live = torch.zeros((rows, self.padded_width), dtype=torch.bool, device=dev)
+        self._live = torch.zeros((K, rows, self.padded_width), dtype=torch.bool, device=dev)
         self._ooc = torch.zeros_like(self._live)
         self.graph: torch.cuda.CUDAGraph | None = None
+        self.snapshot_graph: torch.cuda.CUDAGraph | None = None
         if use_graph:
             self._capture()
 
@@ -242,6 +304,8 @@ class TableVerifier:
     def upload(self, model: BatchModel, slot: int) -> None:
         """Stage the model's state for the next verification, without a host sync (a pinned
         ring and a non-blocking copy; the caller keeps at most two replays in flight)."""
+        if not 0 <= slot < self.chunk:
+            raise ValueError(f"record slot {slot} outside 0..{self.chunk - 1}")
         i = self._ring_next
         self._ring_next = (i + 1) % len(self._ring)
         host = self._ring_np[i]
@@ -257,19 +321,33 @@ class TableVerifier:
             self.errors.zero_()
 
     def verify(self) -> None:
-        """Compare the tables with the reference, record, and poison them again."""
-        if self.graph is not None:
-            self.graph.replay()
+        """Snapshot this replay and poison the tables again; verify the batch when full.
+        Records are written in slots ``0..chunk-1`` in order, each batch of consecutive
+        slots (the caller reads them back with ``read`` before starting again at 0)."""
+        if self.snapshot_graph is not None:
+            self.snapshot_graph.replay()
         else:
-            self._compute()
+            self._snapshot()
+        self._unverified += 1
+        if self._unverified == self.batch:
+            self._verify_batch()
 
     def read(self, count: int) -> np.ndarray:
         """The records of the last ``count`` replays (slots ``0..count-1``): waits for them."""
+        if self._unverified:
+            self._verify_batch()
         if self.device.type == "cuda":
             self._host_records[:count].copy_(self.records[:count], non_blocking=True)
             torch.cuda.current_stream(self.device).synchronize()
             return self._host_records[:count].numpy().copy()
         return self.records[:count].numpy().copy()
+
+    def _verify_batch(self) -> None:
+        self._unverified = 0
+        if self.graph is not None:
+            self.graph.replay()
+        else:
+            self._compute()
 
     # -- the computation ------------------------------------------------------------------
 
@@ -283,16 +361,49 @@ class TableVerifier:
         self.graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(self.graph):
             self._compute()
+        with torch.cuda.stream(side):
+            self._snapshot()  # warm-up (it poisons the tables, as the caller does next)
+        torch.cuda.current_stream(self.device).wait_stream(side)
+        torch.cuda.synchronize(self.device)
+        self.snapshot_graph = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(self.snapshot_graph):
+            self._snapshot()
         torch.cuda.synchronize(self.device)
         self.records.zero_()
+        self._models.zero_()
+        self._models[:, 3 * self.max_bs] = self.chunk  # every entry at the scratch record
+
+    def _snapshot(self) -> None:
+        """Copy what the replay left into ring entry ``slot % batch`` (the slot is on the
+        device, in the uploaded model), with the reference's gathers from ``req_to_token``
+        and ``full_to_swa`` as they are now, then poison the tables for the next replay."""
+        M = self.max_bs
+        entry = self.model[3 * M :] % self.batch
+        self._models.index_copy_(0, entry, self.model.view(1, -1))
+        # The page start of every column of every row (request index clamped into the table).
+        rows = self.model[:M].clamp(0, self.r2t.shape[0] - 1)
+        slots = self.r2t[rows.unsqueeze(-1), self._col_tokens]  # [M, cap]
+        self._snap_slots.index_copy_(0, entry, slots.unsqueeze(0))
+        if self._snap_swa is not None:
+            swa = self.f2s[slots.clamp(0, self.f2s.shape[0] - 1)]
+            self._snap_swa.index_copy_(0, entry, swa.unsqueeze(0))
+        self._snap_tables.index_copy_(0, entry, self.tables.unsqueeze(0))
+        for snap, t in zip(self._snap_staged, self.staged):
+            snap.index_copy_(0, entry, t[:M].view(1, -1))
+        if self._snap_errors is not None:
+            self._snap_errors.index_copy_(0, entry, self.errors[: self.E].view(1, -1))
+        if self._snap_vectors is not None:
+            self._snap_vectors.index_copy_(0, entry, self.vectors.unsqueeze(0))
+        self.poison()
 
     def _compute(self) -> None:
-        M, cap, ps, W = self.max_bs, self.cap, self.page_size, self.width
+        """Verify every ring entry (``K`` replays): one record each, written at its slot."""
+        M, cap, ps, W, K = self.max_bs, self.cap, self.page_size, self.width, self.batch
         top = CANARY_ROWS
-        model = self.model
-        rpi, sl, flags = model[:M], model[M : 2 * M], model[2 * M : 3 * M]
-        slot = model[3 * M :]
-        in_bucket = (flags & IN_BUCKET) != 0
+        models = self._models
+        rpi, sl, flags = models[:, :M], models[:, M : 2 * M], models[:, 2 * M : 3 * M]
+        slot = models[:, 3 * M]
+        in_bucket = (flags & IN_BUCKET) != 0  # [K, M]
         ooc = (flags & OUT_OF_CONTRACT) != 0
 
         # The reference: n = min(cdiv(max(len, 0), ps), cap) live pages a row, each the page
@@ -300,101 +411,104 @@ class TableVerifier:
         # A metadata builder builds its tables for cache_seqlens = max(len, 0) + draft tokens.
         tokens = torch.where(in_bucket, sl.clamp(min=0) + self.draft_tokens, 0)
         n_pages = ((tokens + (ps - 1)) // ps).clamp(max=cap)
-        live = self._cols[None, :] < n_pages[:, None]  # [M, cap]
-        rows = rpi.clamp(0, self.r2t.shape[0] - 1)
-        slots = self.r2t[rows[:, None], self._col_tokens[None, :]].to(torch.int64)
+        live = self._cols < n_pages.unsqueeze(-1)  # [K, M, cap]
+        slots = self._snap_slots.to(torch.int64)  # gathered at the replay (see _snapshot)
         expected = self._expected
         expected.fill_(POISON)
-        region = expected[:, top : top + M, :cap]
-        region[0] = torch.where(live, slots // ps, POISON)
+        region = expected[:, :, top : top + M, :cap]
+        region[:, 0] = torch.where(live, slots // ps, POISON)
         if self.T == 2:
-            f2s_len = self.f2s.shape[0]
-            swa_slots = self.f2s[slots.clamp(0, f2s_len - 1)].to(torch.int64)
-            region[1] = torch.where(live, swa_slots // ps, POISON)
+            swa_slots = self._snap_swa.to(torch.int64)
+            region[:, 1] = torch.where(live, swa_slots // ps, POISON)
 
         self._live.zero_()
-        self._live[top : top + M, :cap] = live
+        self._live[:, top : top + M, :cap] = live
         self._ooc.zero_()
-        self._ooc[top : top + M, :W] = ooc[:, None]
-        diff = self.tables != expected  # [T, rows, padded width]
-        judged = diff & ~self._ooc  # an out-of-contract row may hold anything in its own row
-        wrong = judged & self._live
-        outside = judged & ~self._live
-        masks = torch.cat([wrong, outside]).view(2 * self.T, -1)
-        counts = masks.sum(1)
-        first = masks.to(torch.uint8).argmax(1)
-        flat = self._mask_table * masks.shape[1] + first
+        self._ooc[:, top : top + M, :W] = ooc.unsqueeze(-1)
+        tables = self._snap_tables
+        diff = tables != expected  # [K, T, rows, padded width]
+        judged = diff & ~self._ooc.unsqueeze(1)  # an out-of-contract row may hold anything
+        live_t = self._live.unsqueeze(1)
+        masks = torch.cat([judged & live_t, judged & ~live_t], dim=1).view(K, 2 * self.T, -1)
+        counts = masks.sum(-1)  # [K, 2T]
+        first = masks.to(torch.uint8).argmax(-1)
+        flat = self._mask_table * masks.shape[-1] + first
         mask_fields = torch.stack(
-            [counts, first, expected.view(-1)[flat].long(), self.tables.view(-1)[flat].long()],
-            dim=1,
-        ).view(-1)
+            [counts, first, expected.view(K, -1).gather(1, flat).long(),
+             tables.view(K, -1).gather(1, flat).long()],
+            dim=-1,
+        ).view(K, -1)  # fmt: skip
         if self.vectors is not None:
-            mask_fields = torch.cat([mask_fields, self._verify_vectors(sl, in_bucket)])
+            mask_fields = torch.cat([mask_fields, self._verify_vectors(sl, in_bucket)], dim=1)
 
-        got_rpi, got_sl = (t[:M].to(torch.int64) for t in self.staged)
+        got_rpi, got_sl = (t.to(torch.int64) for t in self._snap_staged)
         bad = in_bucket & ((got_rpi != rpi) | (got_sl != sl))
-        # index_select, not got[bad_row]: indexing with a 0-dim tensor reads it on the host.
-        bad_row = bad.to(torch.uint8).argmax().view(1)
+        # gather, not got[bad_row]: indexing with a 0-dim tensor reads it on the host.
+        bad_row = bad.to(torch.uint8).argmax(-1, keepdim=True)  # [K, 1]
         staged_fields = torch.cat(
-            [bad.sum().view(1), bad_row, got_rpi.index_select(0, bad_row),
-             got_sl.index_select(0, bad_row)]
+            [bad.sum(-1, keepdim=True), bad_row, got_rpi.gather(1, bad_row),
+             got_sl.gather(1, bad_row)], dim=1,
         )  # fmt: skip
 
         if self.errors is not None:
             cap_tokens = cap * ps
             r2t_rows = self.r2t.shape[0]
             parts = [
-                (in_bucket & (sl.clamp(min=0) + self.draft_tokens > cap_tokens)).sum(),
-                (in_bucket & (sl < 0)).sum(),
-                (in_bucket & ((rpi < 0) | (rpi >= r2t_rows))).sum(),
+                (in_bucket & (sl.clamp(min=0) + self.draft_tokens > cap_tokens)).sum(-1),
+                (in_bucket & (sl < 0)).sum(-1),
+                (in_bucket & ((rpi < 0) | (rpi >= r2t_rows))).sum(-1),
             ]
             if self.T == 2:
                 f2s_len = self.f2s.shape[0]
-                parts.append((live & ((slots < 0) | (slots >= f2s_len))).sum())
+                parts.append((live & ((slots < 0) | (slots >= f2s_len))).sum((-2, -1)))
             else:
-                parts.append(torch.zeros((), dtype=torch.int64, device=self.device))
+                parts.append(torch.zeros(K, dtype=torch.int64, device=self.device))
             if self.E > _E:  # cu_seqlens_k entries whose true running sum passed int32
                 overflowed = self._running_sums(sl, in_bucket) > INT32_MAX
-                parts.append((overflowed & in_bucket).sum())
-            error_fields = torch.cat([torch.stack(parts), self.errors[: self.E].to(torch.int64)])
+                parts.append((overflowed & in_bucket).sum(-1))
+            error_fields = torch.cat(
+                [torch.stack(parts, dim=1), self._snap_errors.to(torch.int64)], dim=1
+            )
         else:
-            error_fields = torch.zeros(2 * self.E, dtype=torch.int64, device=self.device)
+            error_fields = torch.zeros((K, 2 * self.E), dtype=torch.int64, device=self.device)
 
-        record = torch.cat([mask_fields, staged_fields, error_fields])
-        self.records.index_copy_(0, slot, record.view(1, -1))
-        self.poison()
+        record = torch.cat([mask_fields, staged_fields, error_fields], dim=1)
+        self.records.index_copy_(0, slot, record)
 
     def _running_sums(self, sl: torch.Tensor, in_bucket: torch.Tensor) -> torch.Tensor:
-        """``[max_bs]`` int64 true running sums of ``cache_seqlens`` over the bucket's rows."""
+        """``[K, max_bs]`` int64 true running sums of ``cache_seqlens`` over the bucket's
+        rows."""
         cache = (sl.clamp(min=0) + self.draft_tokens).clamp(max=INT32_MAX)
-        return torch.cumsum(torch.where(in_bucket, cache, 0), 0)
+        return torch.cumsum(torch.where(in_bucket, cache, 0), -1)
 
     def _verify_vectors(self, sl: torch.Tensor, in_bucket: torch.Tensor) -> torch.Tensor:
         """The metadata vectors against their reference: ``cache_seqlens[i] = min(max(len,
         0) + draft, 2^31 - 1)`` for the bucket's rows, ``cu_seqlens_k = [0, running sums]``
         (stored saturated, int32), ``cu_seqlens_q[i] = i * max(draft, 1)`` for ``i <=
-        bucket``; poison everywhere else. Two masks' fields: wrong entries inside that live
-        region, and writes outside it."""
-        M, d = self.max_bs, self.draft_tokens
+        bucket``; poison everywhere else. Two masks' fields a replay (``[K, 8]``): wrong
+        entries inside that live region, and writes outside it."""
+        M, d, K = self.max_bs, self.draft_tokens, self.batch
         exp = self._expected_vectors
         exp.fill_(POISON)
         cache = (sl.clamp(min=0) + d).clamp(max=INT32_MAX)
-        exp[0, 1 : 1 + M] = torch.where(in_bucket, cache, POISON)
-        bucket = in_bucket.sum()
-        live_k = self._vector_index <= bucket  # entries 0..bucket of the prefix sums
+        exp[:, 0, 1 : 1 + M] = torch.where(in_bucket, cache, POISON)
+        bucket = in_bucket.sum(-1, keepdim=True)  # [K, 1]
+        live_k = self._vector_index <= bucket  # [K, M + 1]: entries 0..bucket of the sums
         sums = self._running_sums(sl, in_bucket).clamp(max=INT32_MAX)
-        exp[1, 1:2].fill_(0)  # a fill: assigning a Python int would copy from the host
-        exp[1, 2 : 2 + M] = torch.where(live_k[1:], sums, POISON)
-        exp[2, 1 : 2 + M] = torch.where(live_k, self._vector_index * max(d, 1), POISON)
+        exp[:, 1, 1:2].fill_(0)  # a fill: assigning a Python int would copy from the host
+        exp[:, 1, 2 : 2 + M] = torch.where(live_k[:, 1:], sums, POISON)
+        exp[:, 2, 1 : 2 + M] = torch.where(live_k, self._vector_index * max(d, 1), POISON)
         live = exp != POISON
-        diff = self.vectors != exp
-        masks = torch.stack([diff & live, diff & ~live]).view(2, -1)
-        counts = masks.sum(1)
-        first = masks.to(torch.uint8).argmax(1)
+        vectors = self._snap_vectors
+        diff = vectors != exp
+        masks = torch.stack([diff & live, diff & ~live], dim=1).view(K, 2, -1)
+        counts = masks.sum(-1)
+        first = masks.to(torch.uint8).argmax(-1)
         return torch.stack(
-            [counts, first, exp.view(-1)[first].long(), self.vectors.view(-1)[first].long()],
-            dim=1,
-        ).view(-1)
+            [counts, first, exp.view(K, -1).gather(1, first).long(),
+             vectors.view(K, -1).gather(1, first).long()],
+            dim=-1,
+        ).view(K, -1)  # fmt: skip
 
 
 def read_mask(record: np.ndarray, mask: int) -> tuple[int, int, int, int] | None:
