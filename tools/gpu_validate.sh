@@ -15,7 +15,7 @@ export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}" PYTHONUNBUFFERED=1
 
 step() {  # name limit command...
   local name=$1 limit=$2; shift 2
-  local override="LIMIT_${name//-/_}"
+  local override="LIMIT_${name//[^A-Za-z0-9_]/_}"  # e.g. analyze_nsys_clean.sqlite
   limit=${!override:-$limit}
   local t0=$SECONDS
   timeout "$limit" "$@" >"$out/$name.log" 2>&1
