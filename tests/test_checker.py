@@ -304,11 +304,24 @@ def test_batched_verification_judges_each_replay_as_alone(monkeypatch, batch):
     assert [p.status for p in batched.properties] == [p.status for p in alone.properties]
 
 
-def test_a_run_shorter_than_one_batch_is_judged():
-    """Two replays and a batch of 16: the ring entries never written must not count."""
-    assert check_replay_safety("build_page_table", SMALL.replace(steps=2)).safe
-    report = check_replay_safety(wrong_value_builder, SMALL.replace(steps=2))
-    assert report.replays == 2
+def test_a_run_stopped_inside_its_first_batch_is_judged():
+    """A runner that raises at its fifth replay stops a run of 12 inside its first
+    verification batch (12 replays): the 4 replays made are judged, and the ring entries never
+    written (pointed at the scratch record) count for nothing."""
+    report = check_replay_safety("build_page_table", SMALL, runner_factory=RaisingRunner)
+    assert report.replays == 4
+    assert failing(report) == ["replays completed"], report.format()
+    assert report.property("correct").status == "incomplete"
+    assert report.property("bounded writes").status == "incomplete"
+    counts = [(b.mismatches, b.oob_writes, b.escaped_writes) for b in report.buckets.values()]
+    assert sum(b.replays for b in report.buckets.values()) == 4
+    assert all(c == (0, 0, 0) for c in counts), counts
+
+    class RaisingWrong(RaisingRunner):
+        pass
+
+    report = check_replay_safety(wrong_value_builder, SMALL, runner_factory=RaisingWrong)
+    assert report.replays == 4
     assert report.property("correct").first_failure.replay == 0
 
 

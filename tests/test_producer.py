@@ -249,12 +249,13 @@ def test_auto_keeps_short_and_eager_runs_in_one_process():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="sizes host memory (no CUDA here)")
 def test_memory_check_counts_the_parked_tables_of_the_streams_used(monkeypatch):
     from pagegraph import check_job
+    from pagegraph.checker import table_bytes
 
     cfg = CheckConfig(max_bs=256, max_context_len=131072, page_size=64, steps=10_000)
     r2t = (cfg.max_bs + 2) * cfg.max_context_len * 4  # 135 MB
-    # Free memory for one stream's tables and the rest (about twice r2t), not for four
-    # parked copies on top (about six times).
-    free = r2t * 4
+    # Free memory for one stream's tables, the checker's working set and the rest, not for
+    # four parked copies on top.
+    free = r2t * 4 + table_bytes(cfg)
     monkeypatch.setattr(
         check_job.os,
         "sysconf",

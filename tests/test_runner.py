@@ -286,32 +286,41 @@ def test_gpu_replay_is_sync_free_and_allocation_free():
 
 
 @gpu
-def test_gpu_replays_far_ahead_of_the_device_are_each_staged():
-    """More replays in flight than the mailbox has slots, each from a temporary device tensor
-    or a host list that is dropped at once: every replay builds its own batch (the host
-    waits for the device only when it is a whole ring of posts ahead)."""
-    from pagegraph.staging import SLOTS
+def test_gpu_replays_far_ahead_of_the_device_are_each_staged(monkeypatch):
+    """More replays in flight than the mailbox has slots (the device held back by a sleep
+    kernel), from device tensors and host lists: every replay builds its own batch, and the
+    host waits for the device only when it is a whole ring of posts ahead."""
+    from pagegraph.staging import SLOTS, Mailbox
 
+    waits = []
+    wait = Mailbox._wait
+    monkeypatch.setattr(Mailbox, "_wait", lambda self, k: (waits.append(k), wait(self, k)))
     pool, runner = make(max_bs=32, ctx=4096, ps=16, buckets="sglang")
     runner.capture()
     gen = torch.Generator().manual_seed(7)
     rows = [pool.alloc(int(n)) for n in torch.randint(1, 4000, (32,), generator=gen)]
     pool.flush()
-    asked, outputs, stale = [], [], []
-    for i in range(3 * SLOTS):
+    asked = []
+    for _ in range(3 * SLOTS):
         n = int(torch.randint(1, 33, (1,), generator=gen))
         pick = torch.randperm(32, generator=gen)[:n].tolist()
         rpi, sl = pool.batch([rows[j] for j in pick])
+        dev = (torch.tensor(rpi, device="cuda"), torch.tensor(sl, device="cuda"))
+        asked.append((rpi, sl, dev))
+    torch.cuda.synchronize()
+    outputs, stale = [], []
+    torch.cuda._sleep(200_000_000)  # hold the device back while the host posts
+    for i, (rpi, sl, dev) in enumerate(asked):
         stale.append(runner.req_pool_indices.clone())  # enqueued: the buffer before replay i
         runner.page_table.fill_(POISON)
         if i % 2:
-            runner.replay(torch.tensor(rpi, device="cuda"), torch.tensor(sl, device="cuda"))
+            runner.replay(*dev)
         else:
             runner.replay(list(rpi), list(sl))
         outputs.append(runner.page_table.clone())
-        asked.append((rpi, sl))
     torch.cuda.synchronize()
-    for i, ((rpi, sl), got, before) in enumerate(zip(asked, outputs, stale)):
+    assert waits, "the host never got a ring of posts ahead"
+    for i, ((rpi, sl, _), got, before) in enumerate(zip(asked, outputs, stale)):
         bucket = runner.buckets.bucket_for(len(sl))
         want_rpi = before[:bucket].cpu().to(torch.int64)
         want_rpi[: len(rpi)] = torch.tensor(rpi)
@@ -321,6 +330,37 @@ def test_gpu_replays_far_ahead_of_the_device_are_each_staged():
             pool.req_to_token, want_rpi.cuda(), want_sl.cuda(), runner.max_num_pages, 16
         )
         assert torch.equal(got[:bucket], want), f"replay {i}"
+    runner.close()
+
+
+@gpu
+def test_gpu_a_post_whose_launch_never_came_is_withdrawn():
+    """Staging posted the batch, then raised before the launch: the post is taken back, and
+    the next replay stages its own batch, not the one left behind."""
+
+    class InterruptedRunner(GraphRunner):
+        def _stage(self, req_pool_indices, seq_lens, n):
+            super()._stage(req_pool_indices, seq_lens, n)
+            if getattr(self, "interrupt", False):
+                raise KeyboardInterrupt
+
+    pool = KVPool(max_reqs=9, max_context_len=512, page_size=16, device=DEVICE, seed=0)
+    runner = InterruptedRunner(
+        pool.req_to_token, max_bs=8, max_context_len=512, page_size=16, buckets=[8]
+    )
+    runner.capture()
+    rows = [pool.alloc(n) for n in (40, 300, 17)]
+    pool.flush()
+    runner.interrupt = True
+    with pytest.raises(KeyboardInterrupt):
+        runner.replay([rows[0]], [40])
+    runner.interrupt = False
+    rpi, sl = pool.batch(rows[1:])
+    runner.page_table.fill_(POISON)
+    stale = runner.req_pool_indices.cpu().clone()
+    runner.replay(rpi, sl)
+    assert runner.seq_lens[:2].tolist() == list(sl)
+    check_replay(runner, pool, rpi, sl, 8, stale)
     runner.close()
 
 

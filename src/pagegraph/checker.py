@@ -741,14 +741,15 @@ def validate_config(cfg: CheckConfig) -> None:
 
 
 def table_bytes(cfg: CheckConfig) -> int:
-    """Device bytes the checker's tables and their verification take (an estimate of the
-    working set, for the memory check before allocating): the tables, and the snapshots and
-    intermediates of one verification batch (``pagegraph.verify.replay_bytes``)."""
+    """Device bytes the checker's tables and their verification take (an upper estimate of
+    the working set, for the memory check before allocating): the tables, and twice the
+    snapshots and intermediates of one verification batch (``pagegraph.verify.replay_bytes``):
+    the warm-up run before capture leaves its intermediates cached beside the graph's own."""
     tables = 2 if cfg.swa else 1
     rows = cfg.max_bs + 2 * CANARY_ROWS
     padded_width = cfg.width + cfg.table_pad_cols
     per = replay_bytes(tables, rows, padded_width, cfg.max_bs, cfg.width)
-    return tables * rows * padded_width * 4 + per * batch_size(per, min(cfg.chunk, cfg.steps))
+    return tables * rows * padded_width * 4 + 2 * per * batch_size(per, min(cfg.chunk, cfg.steps))
 
 
 def check_replay_safety(

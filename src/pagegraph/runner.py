@@ -74,7 +74,8 @@ class GraphRunner:
             otherwise.
         page_size: tokens per page.
         buckets: preset name or explicit list (see ``pagegraph.buckets.Buckets``).
-        padding: ``"sglang"``, ``"vllm"``, ``"dummy-row"`` or a ``PaddingPolicy``.
+        padding: ``"sglang"``, ``"vllm"``, ``"dummy-row"`` or a ``PaddingPolicy`` (with
+            graphs, frozen into each graph's stage node at capture).
         builder: a callable with the builder signature, a built-in name, or ``"module:fn"``.
         full_to_swa: ``[num_slots + 1]`` int32/int64 enables the SWA table.
         errors: allocate an ``errors`` counter buffer and pass it to the builder.
@@ -487,26 +488,30 @@ class GraphRunner:
         with torch.cuda.device(self.device) if switch else nullcontext():
             mailbox = self._mailbox
             posts = mailbox.posted if mailbox is not None else 0
-            push("stage", bucket)
+            launched = False
             try:
-                self._stage(req_pool_indices, seq_lens, n)
-                if mailbox is None:  # a graph pads in its stage node
-                    self.padding.apply(self.req_pool_indices, self.seq_lens, n, bucket)
-            finally:
-                pop()
-            push("replay", bucket)
-            try:
-                if self.use_graphs:
-                    try:
+                push("stage", bucket)
+                try:
+                    self._stage(req_pool_indices, seq_lens, n)
+                    if mailbox is None:  # a graph pads in its stage node
+                        self.padding.apply(self.req_pool_indices, self.seq_lens, n, bucket)
+                finally:
+                    pop()
+                push("replay", bucket)
+                try:
+                    if self.use_graphs:
                         self.graphs[bucket].replay()
-                    except BaseException:
-                        if mailbox.posted > posts:  # no graph will consume this post
-                            mailbox.withdraw()
-                        raise
-                else:
-                    self._build(bucket)
+                        launched = True
+                    else:
+                        self._build(bucket)
+                finally:
+                    pop()
             finally:
-                pop()
+                # A post no graph will consume (the launch raised, or anything before it,
+                # Ctrl-C included) is taken back: else every later graph would stage the
+                # batch posted one call before its own.
+                if mailbox is not None and not launched and mailbox.posted > posts:
+                    mailbox.withdraw()
         self.last_bucket = bucket
         _, _, page_table, swa = self._views_of(n)
         return page_table, swa

@@ -25,13 +25,19 @@ How:
   the static ``req_pool_indices`` / ``seq_lens``, pads rows ``n..bucket`` by the padding
   policy, and advances the counter (also into pinned ``consumed``, for the host). Otherwise
   nothing was posted for this launch (a graph replayed directly, not through the runner) and
-  the static inputs are left as they are, as a replay of a graph without the stage did.
+  the static inputs are left as they are, as a replay of a graph without the stage did. This
+  holds when the direct replay runs with no runner post pending: one launched while the
+  device is still behind the host's posts finds the next post's tag and stages that batch
+  (for its own bucket), leaving the runner's launch with nothing. Replay a runner's graph
+  directly only after the stream has drained, as the benchmark does.
 * ``post()`` writes post ``k`` (the ``k``-th since capture) into slot ``k % SLOTS``, tag
   last. Posts and launches stay in step because the runner posts once before each launch and
   withdraws a post whose launch raised. Before reusing a slot the host checks, in pinned
   memory, that the device consumed the post it held ``SLOTS`` posts ago; if the host ran that
   far ahead it synchronizes the stream (a visible sync, which the detectors report), and a
-  post still unconsumed after that is a broken invariant, raised.
+  post still unconsumed after that is a broken invariant, raised. One runner's replays go to
+  one stream at a time: graphs of one runner running at once on two streams would race for
+  the counter.
 
 Costs: the host writes eight integers (plus the values, for host batches) and launches one
 graph: no copy, fill or event. The device pays one more node a replay: a read of the
@@ -85,7 +91,8 @@ def stage_inputs_kernel(
     c = tl.load(counter)
     slot = mailbox + (c % SLOTS) * slot_size
     idx = tl.arange(0, HEADER)
-    # One 64-byte load: the tag and the fields it covers are read together.
+    # The header in one vector load (not atomic: the host wrote it, tag last, before the
+    # launch that posted it).
     header = tl.load(slot + idx, volatile=True)
     tag = _field(header, idx, 7)
     if tag == c:
@@ -207,9 +214,10 @@ class Mailbox:
         self.posted = k
 
     def _wait(self, k: int) -> None:
-        # The device is SLOTS posts behind: wait for it (a real sync, which detectors report).
+        # The device is SLOTS posts behind: wait for it (a real sync, which detectors report),
+        # on every stream, in case earlier replays were launched on another.
         if self.device.type == "cuda":
-            torch.cuda.current_stream(self.device).synchronize()
+            torch.cuda.synchronize(self.device)
         if self._consumed[0] < k - SLOTS + 1:
             raise MailboxOutOfStep(
                 f"post {k - SLOTS} was never staged by a graph (device consumed "

@@ -248,6 +248,8 @@ class TableVerifier:
         M, cap = self.max_bs, self.cap
         if batch is None:
             batch = batch_size(replay_bytes(self.T, rows, self.padded_width, M, cap), chunk)
+        if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
+            raise ValueError(f"batch must be a positive integer, got {batch!r}")
         self.batch = K = batch
 
         # Inputs uploaded per replay: the model's state, then the record slot.
