@@ -20,8 +20,8 @@ How:
   must: torch's caching allocator ensures it for a tensor freed after the call, since memory
   it hands out again on the same stream is written only by work enqueued after the graph.
 * Each captured graph starts with ``stage_inputs_kernel`` (one program). It reads a device
-  counter ``c`` (posts consumed so far), then slot ``c % SLOTS``'s header in one 64-byte
-  load. If the slot's tag is ``c``, the post is this replay's: it copies the ``n`` rows into
+  counter ``c`` (posts consumed so far), then slot ``c % SLOTS``'s 64-byte header in one
+  vector load. If the slot's tag is ``c``, the post is this replay's: it copies the ``n`` rows into
   the static ``req_pool_indices`` / ``seq_lens``, pads rows ``n..bucket`` by the padding
   policy, and advances the counter (also into pinned ``consumed``, for the host). Otherwise
   nothing was posted for this launch (a graph replayed directly, not through the runner) and
@@ -32,9 +32,10 @@ How:
   directly only after the stream has drained, as the benchmark does.
 * ``post()`` writes post ``k`` (the ``k``-th since capture) into slot ``k % SLOTS``, tag
   last. Posts and launches stay in step because the runner posts once before each launch and
-  withdraws a post whose launch raised. Before reusing a slot the host checks, in pinned
-  memory, that the device consumed the post it held ``SLOTS`` posts ago; if the host ran that
-  far ahead it synchronizes the stream (a visible sync, which the detectors report), and a
+  withdraws a post whose launch did not happen. Before reusing a slot the host checks, in
+  pinned memory, that the device consumed the post it held ``SLOTS`` posts ago; if the host
+  ran that far ahead it synchronizes the device (a visible sync, which the detectors report),
+  and a
   post still unconsumed after that is a broken invariant, raised. One runner's replays go to
   one stream at a time: graphs of one runner running at once on two streams would race for
   the counter.
