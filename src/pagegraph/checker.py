@@ -51,6 +51,9 @@ from .verify import (
 from .workload import Injection
 
 INDEX_DTYPES = {"int32": torch.int32, "int64": torch.int64}
+#: Values of ``CheckConfig.staging`` and ``CheckConfig.workload_process``.
+STAGING_MODES = ("mixed", "host", "device")
+WORKLOAD_PROCESS_MODES = ("auto", "on", "off")
 TABLE_NAMES = ("page_table", "swa_page_table")
 
 #: property -> (what it covers, what makes it fail). The order is the report's.
@@ -714,7 +717,7 @@ def validate_config(cfg: CheckConfig) -> None:
     for name in ("r2t_dtype", "full_to_swa_dtype", "index_dtype"):
         if getattr(cfg, name) not in INDEX_DTYPES:
             raise ValueError(f"{name} must be 'int32' or 'int64', got {getattr(cfg, name)!r}")
-    if cfg.staging not in ("mixed", "host", "device"):
+    if cfg.staging not in STAGING_MODES:
         raise ValueError(f"staging must be 'mixed', 'host' or 'device', got {cfg.staging!r}")
     if cfg.table_width is not None and cfg.table_width < 1:
         raise ValueError(f"table_width must be >= 1, got {cfg.table_width}")
@@ -730,7 +733,7 @@ def validate_config(cfg: CheckConfig) -> None:
         raise ValueError(
             f"workload_streams must be in 1..{MAX_STREAMS}, got {cfg.workload_streams}"
         )
-    if cfg.workload_process not in ("auto", "on", "off"):
+    if cfg.workload_process not in WORKLOAD_PROCESS_MODES:
         raise ValueError(
             f"workload_process must be 'auto', 'on' or 'off', got {cfg.workload_process!r}"
         )

@@ -27,6 +27,7 @@ from pathlib import Path
 
 # The check job lives in pagegraph.check_job; run_check stays importable from here.
 from .check_job import run_check, run_kernel_table
+from .checker import WORKLOAD_PROCESS_MODES
 
 __all__ = ["DEFAULT_SCENARIO", "build_parser", "main", "run_check"]
 
@@ -47,7 +48,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--detectors", help="auto (default), none, torch, cupti or torch,cupti")
     p.add_argument(
         "--workload-process",
-        choices=("auto", "on", "off"),
+        choices=WORKLOAD_PROCESS_MODES,
         help="run the workload's host models in child processes (default: the scenario's "
         "[check] workload_process, auto: for CUDA runs of 1000+ replays)",
     )

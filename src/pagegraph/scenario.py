@@ -66,7 +66,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .buckets import PADDING, PRESETS, Buckets
-from .checker import CheckConfig
+from .checker import STAGING_MODES, WORKLOAD_PROCESS_MODES, CheckConfig
 from .producer import MAX_STREAMS
 
 
@@ -283,13 +283,13 @@ def _validate(path, c: CheckConfig) -> None:
         c.detectors = parse_detectors(c.detectors)
     except ValueError as exc:
         bad("check.detectors", str(exc))
-    if c.staging not in ("mixed", "host", "device"):
+    if c.staging not in STAGING_MODES:
         bad("check.staging", f"must be 'mixed', 'host' or 'device', got {c.staging!r}")
     if c.chunk < 1:
         bad("check.chunk", f"must be >= 1, got {c.chunk}")
     if not 1 <= c.workload_streams <= MAX_STREAMS:
         bad("workload.streams", f"must be in 1..{MAX_STREAMS}, got {c.workload_streams}")
-    if c.workload_process not in ("auto", "on", "off"):
+    if c.workload_process not in WORKLOAD_PROCESS_MODES:
         bad(
             "check.workload_process",
             f"must be 'auto', 'on' or 'off', got {c.workload_process!r}",
