@@ -5,8 +5,8 @@ Layers, top to bottom (a module may import its own layer or any layer below, nev
 * the command line: ``cli`` (and ``__main__``); ``pytest_plugin``, a leaf nobody imports;
 * the jobs: ``check_job``, ``bench`` (the package), ``profile``, ``mutate``, ``trace`` (the
   trace analyzer, which needs only the bottom layer);
-* the test bed: ``pool``, ``workload``, ``producer``, ``staging``, ``runner``, ``verify``,
-  ``checker``, ``scenario``, ``mutants``, ``isolate``;
+* the test bed: ``pool``, ``workload``, ``producer``, ``batch_ring``, ``staging``, ``runner``,
+  ``verify``, ``checker``, ``scenario``, ``mutants``, ``isolate``;
 * the bottom: the kernels, the contract, the references and what they need.
 
 Every module under ``src/pagegraph`` is parsed with ``ast``; every pagegraph-internal import,
@@ -43,6 +43,7 @@ TEST_BED = {
     "pool",
     "workload",
     "producer",
+    "batch_ring",
     "staging",
     "runner",
     "verify",

@@ -9,7 +9,8 @@ more than a checked replay itself. ``ProducedWorkload`` separates it from the de
   live on the ``meta`` device (no memory, no CUDA). Its steps come in batches of
   ``BATCH_STEPS``, each step with its queued table writes (page runs, five integers a page).
   With ``processes=True`` each stream runs in a child process and sends its batches through
-  a bounded queue; else the batches are made here, on demand.
+  a bounded queue, the page runs through a shared-memory ring (``batch_ring``; the queue
+  alone where there is none); else the batches are made here, on demand.
 * **Device tables.** The caller's pool holds the live tables (those its graphs read). Each
   step's writes are applied to them with a ``WriteAhead`` just before the step is yielded, as
   ``DecodeWorkload(lookahead=...)`` does; the caller's pool model itself is never advanced.
@@ -43,8 +44,10 @@ import signal
 from collections import deque
 from collections.abc import Iterator
 
+import numpy as np
 import torch
 
+from .batch_ring import RING_BYTES, RING_SUPPORTED, ReaderGone, RingReader, RingWriter
 from .pool import KVPool, WriteAhead
 from .workload import DecodeWorkload, Step
 
@@ -116,12 +119,53 @@ def _batches(pool_kwargs: dict, workload_kwargs: dict) -> Iterator[list]:
         yield batch
 
 
-def _produce(pool_kwargs: dict, workload_kwargs: dict, out: mp.Queue, parent: int) -> None:
-    """A child's body: send ``("steps", batch)`` messages, then ``("done", None)``; on an
-    exception, ``("error", exc)``."""
+def _pack(batch: list, ring: RingWriter | None, alive) -> tuple:
+    """A child's message for ``batch``: ``("ring", (start, runs, fields, steps))`` with the
+    batch's page runs written into ``ring`` (``steps``: each step with its ``(tag, count)``
+    groups), or ``("steps", batch)`` whole when there is no ring or the runs do not fit it.
+    Raises ``ReaderGone`` if the parent went away while the ring was full."""
+    runs = [r for _, writes in batch for _, r in writes]
+    if ring is None or not runs:
+        return ("steps", batch)
+    block = np.ascontiguousarray(np.concatenate(runs), dtype=np.int64)
+    start = ring.put(block, alive)
+    if start is None:
+        return ("steps", batch)
+    steps = [(step, [(tag, len(r)) for tag, r in writes]) for step, writes in batch]
+    return ("ring", (start, block.shape[0], block.shape[1], steps))
+
+
+def _unpack(payload: tuple, ring: RingReader) -> list:
+    """The batch a ``("ring", payload)`` message stands for, its runs copied out of ``ring``
+    (which is then free for the child's next ones)."""
+    start, count, fields, steps = payload
+    block = ring.take(start, count * fields * 8).view(np.int64).reshape(count, fields)
+    batch, at = [], 0
+    for step, groups in steps:
+        writes = []
+        for tag, k in groups:
+            writes.append((tag, block[at : at + k]))
+            at += k
+        batch.append((step, writes))
+    return batch
+
+
+def _produce(
+    pool_kwargs: dict,
+    workload_kwargs: dict,
+    out: mp.Queue,
+    parent: int,
+    ring_path: str | None = None,
+    ring_bytes: int = 0,
+) -> None:
+    """A child's body: send ``("steps", batch)`` or ``("ring", ...)`` messages (see
+    ``_pack``), then ``("done", None)``; on an exception, ``("error", exc)``."""
     # Ctrl-C reaches the whole process group: the parent decides when the child stops.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
     torch.set_num_threads(1)
+
+    def alive() -> bool:
+        return os.getppid() == parent
 
     def send(item) -> bool:
         while True:
@@ -129,47 +173,84 @@ def _produce(pool_kwargs: dict, workload_kwargs: dict, out: mp.Queue, parent: in
                 out.put(item, timeout=POLL_S)
                 return True
             except queue_mod.Full:
-                if os.getppid() != parent:  # the parent is gone: nobody will read this
+                if not alive():  # the parent is gone: nobody will read this
                     return False
 
+    ring = None
     try:
+        if ring_path is not None:
+            try:
+                ring = RingWriter(ring_path, ring_bytes)
+            except (OSError, ValueError):  # no ring: every batch goes through the queue
+                ring = None
         for batch in _batches(pool_kwargs, workload_kwargs):
-            if not send(("steps", batch)):
-                return
-        send(("done", None))
+            if not send(_pack(batch, ring, alive)):
+                break
+        else:
+            send(("done", None))
+    except ReaderGone:
+        pass
     except BaseException as exc:  # noqa: BLE001 - every failure goes to the parent
         try:
             send(("error", exc))
         except Exception:  # noqa: BLE001 - an exception that does not pickle
             send(("error", RuntimeError(f"{type(exc).__name__}: {exc}")))
+    if not alive():
+        # Nobody reads the queue: exit without waiting for its feeder thread, which may be
+        # blocked on a full pipe forever.
+        out.cancel_join_thread()
 
 
 class _ChildStream:
-    """One stream's batches, from a child process."""
+    """One stream's batches, from a child process (the page runs through a ring of
+    ``ring_bytes``, if not 0 and the machine supports it)."""
 
-    def __init__(self, ctx, pool_kwargs: dict, workload_kwargs: dict, k: int):
+    def __init__(self, ctx, pool_kwargs: dict, workload_kwargs: dict, k: int, ring_bytes: int):
         self.queue = ctx.Queue(maxsize=QUEUE_BATCHES)
+        self.ring = None
+        if ring_bytes and RING_SUPPORTED:
+            try:
+                self.ring = RingReader(ring_bytes)
+            except OSError:  # no room for a ring: the queue carries everything
+                self.ring = None
         self.process = ctx.Process(
             target=_produce,
-            args=(pool_kwargs, workload_kwargs, self.queue, os.getpid()),
+            args=(
+                pool_kwargs,
+                workload_kwargs,
+                self.queue,
+                os.getpid(),
+                self.ring.path if self.ring is not None else None,
+                ring_bytes,
+            ),
             name=f"pagegraph-workload-{k}",
             daemon=True,
         )
-        self.process.start()
+        try:
+            self.process.start()
+        except BaseException:
+            if self.ring is not None:
+                self.ring.close()
+            raise
 
     def _receive(self):
         while True:
             try:
-                return self.queue.get(timeout=POLL_S)
+                item = self.queue.get(timeout=POLL_S)
+                break
             except queue_mod.Empty:
                 if not self.process.is_alive():
                     try:  # a last message may have arrived as it exited
-                        return self.queue.get(timeout=POLL_S)
+                        item = self.queue.get(timeout=POLL_S)
+                        break
                     except queue_mod.Empty:
                         raise ProducerDied(
                             f"the workload process {self.process.name} exited with code "
                             f"{self.process.exitcode} before sending every step"
                         ) from None
+        if self.ring is not None:
+            self.ring.unlink()  # the child maps the ring before it sends anything
+        return item
 
     def next_batch(self) -> list:
         kind, payload = self._receive()
@@ -177,6 +258,8 @@ class _ChildStream:
             raise payload
         if kind == "done":  # more steps asked for than the stream was made with
             raise ProducerDied(f"the workload process {self.process.name} ran out of steps")
+        if kind == "ring":
+            return _unpack(payload, self.ring)
         return payload
 
     def close(self) -> None:
@@ -189,6 +272,8 @@ class _ChildStream:
                 proc.join(5)
         self.queue.close()
         self.queue.cancel_join_thread()
+        if self.ring is not None:
+            self.ring.close()
 
 
 class _LocalStream:
@@ -218,6 +303,9 @@ class ProducedWorkload:
         processes: generate each stream in a child process.
         segment: steps of one stream before the next one's turn (a multiple of
             ``BATCH_STEPS``; default ``SEGMENT_STEPS``).
+        ring_bytes: with ``processes``, bytes of each child's shared-memory ring for its page
+            runs (0: none, everything through the queue; a batch larger than half the ring
+            goes through the queue too).
 
     Iterating yields ``Step`` objects numbered ``0..steps-1``, each after its table writes were
     applied (on the current stream); it can be iterated once. With several streams, the
@@ -234,6 +322,7 @@ class ProducedWorkload:
         streams: int = 1,
         processes: bool = False,
         segment: int | None = None,
+        ring_bytes: int = RING_BYTES,
     ):
         if "device" in pool_kwargs or "lookahead" in workload_kwargs or "pool" in workload_kwargs:
             raise ValueError("pool_kwargs takes no device, workload_kwargs no pool or lookahead")
@@ -242,6 +331,10 @@ class ProducedWorkload:
             raise ValueError(f"streams must be in 1..{MAX_STREAMS}, got {streams}")
         if segment < BATCH_STEPS or segment % BATCH_STEPS:
             raise ValueError(f"segment must be a positive multiple of {BATCH_STEPS}, got {segment}")
+        if ring_bytes and (ring_bytes < 64 or ring_bytes % 8):
+            raise ValueError(
+                f"ring_bytes must be 0 or a multiple of 8, at least 64, got {ring_bytes}"
+            )
         if pool.free_rows != pool.max_reqs:
             raise ValueError("the pool must be new: every stream starts from an empty pool")
         # Checked here, with DecodeWorkload's own errors, before anything starts (a
@@ -269,7 +362,7 @@ class ProducedWorkload:
             for k in range(self.streams):
                 pk, wk = stream_kwargs(pool_kwargs, workload_kwargs, k, counts[k])
                 self._sources.append(
-                    _ChildStream(ctx, pk, wk, k) if processes else _LocalStream(pk, wk)
+                    _ChildStream(ctx, pk, wk, k, ring_bytes) if processes else _LocalStream(pk, wk)
                 )
         except BaseException:
             self.close()

@@ -1,0 +1,183 @@
+"""A byte ring in shared memory that carries a workload child's page runs to the checker.
+
+A workload child (``producer``) sends a batch of ``BATCH_STEPS`` steps at a time, with every
+step's page runs (five int64 a page): about 2.4 MB a batch on sglang-h200 and 5.5 MB on
+swa-hybrid. Pickled onto a ``multiprocessing`` queue, a batch crosses a pipe in 64 KB pieces;
+on the H200 host that cost about 260 us a step (sglang-h200) and 660 us (swa-hybrid) between
+two batches received. Written into a ring that both processes map, a batch costs the writer one
+copy in and the reader one copy out (``tools/experiments/transport_probe.py``: 29 and 52 us a
+step). Only the runs travel this way; the small step descriptions still go through the queue,
+with where the runs lie in the ring.
+
+Layout: a file of ``HEADER_BYTES + capacity`` bytes, mapped by both processes. The header's
+first int64 is ``released``, the bytes the reader is done with (a counter that only grows;
+only the reader writes it). The writer keeps its own counter of bytes ``written``. A block of
+``n`` bytes starts at ``written`` if it fits before the ring's end, else at the next multiple
+of ``capacity`` (the tail is skipped); it may be written once its end is at most ``released +
+capacity`` ahead, so a block never overwrites bytes the reader has not copied out. The writer
+sends the block's start counter with its message; the reader copies the block out and sets
+``released`` to the block's end. Blocks are taken in the order they were written (one queue
+carries their messages), so ``released`` only grows.
+
+Ordering needs no lock on x86-64, where the ring is used (``RING_SUPPORTED``; elsewhere the
+runs go through the queue): the writer's copy precedes its queue message (put under the
+queue's lock, written to the pipe by the queue's feeder thread), and x86-64 never lets the
+reader's store of ``released`` be seen before the loads of its copy, nor tears an aligned
+8-byte load or store.
+
+The file lies in ``/dev/shm`` when that has room for it, else in the temporary folder; its
+bytes are reserved when it is made (``posix_fallocate``), so a tmpfs without room refuses the
+ring at once (the queue then carries everything) instead of ending a write with SIGBUS. The
+reader unlinks it once the writer has mapped it, and at the latest when the reader is closed,
+collected or its interpreter exits; a reader killed before its writer mapped the file leaves
+it behind (its name starts with ``pagegraph-ring-``).
+"""
+
+from __future__ import annotations
+
+import mmap
+import os
+import platform
+import shutil
+import tempfile
+import time
+import weakref
+from collections.abc import Callable
+
+import numpy as np
+
+#: Whether this machine carries runs through the ring (see the module docstring).
+RING_SUPPORTED = platform.machine().lower() in ("x86_64", "amd64")
+#: Bytes before the ring: ``released`` and room for more counters, one cache line.
+HEADER_BYTES = 64
+#: Ring bytes per writer: a segment of steps of swa-hybrid (16 batches, 87 MB) fits.
+RING_BYTES = 128 << 20
+#: Seconds a writer sleeps between two looks at ``released`` while the ring is full.
+WAIT_S = 0.0005
+#: The longest sleep of a waiting writer: its sleeps double from ``WAIT_S`` up to this, so
+#: children whose turn is far off do not wake thousands of times a second.
+MAX_WAIT_S = 0.02
+#: Seconds between two calls of the writer's ``alive()`` while it waits.
+ALIVE_EVERY_S = 1.0
+
+
+class ReaderGone(RuntimeError):
+    """A writer waited for room that its reader, now gone, will never release."""
+
+
+def ring_folder(nbytes: int) -> str:
+    """``/dev/shm`` if it has ``nbytes`` free (twice, for what others put there meanwhile),
+    else the temporary folder."""
+    try:
+        if shutil.disk_usage("/dev/shm").free >= 2 * nbytes:
+            return "/dev/shm"
+    except OSError:
+        pass
+    return tempfile.gettempdir()
+
+
+def _remove(path: str) -> None:
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        pass
+
+
+def _map(path: str, size: int) -> tuple[mmap.mmap, np.ndarray, np.ndarray]:
+    fd = os.open(path, os.O_RDWR)
+    try:
+        buf = mmap.mmap(fd, size)
+    finally:
+        os.close(fd)
+    header = np.ndarray((HEADER_BYTES // 8,), dtype=np.int64, buffer=buf)
+    data = np.ndarray((size - HEADER_BYTES,), dtype=np.uint8, buffer=buf, offset=HEADER_BYTES)
+    return buf, header, data
+
+
+class RingReader:
+    """The reader's end, which creates the ring: ``path`` goes to the writer.
+
+    Args:
+        capacity: ring bytes (a multiple of 8, at least 64).
+        folder: where the file goes (default: ``ring_folder(capacity)``).
+    """
+
+    def __init__(self, capacity: int = RING_BYTES, folder: str | None = None):
+        if capacity < 64 or capacity % 8:
+            raise ValueError(f"capacity must be a multiple of 8, at least 64, got {capacity}")
+        self.capacity = capacity
+        size = HEADER_BYTES + capacity
+        fd, self.path = tempfile.mkstemp(prefix="pagegraph-ring-", dir=folder or ring_folder(size))
+        try:
+            os.ftruncate(fd, size)
+            # Reserved now: a tmpfs without room says so here (OSError, and the caller falls
+            # back to the queue), not with a SIGBUS in the writer once the ring has wrapped.
+            os.posix_fallocate(fd, 0, size)
+        except BaseException:
+            os.close(fd)
+            _remove(self.path)
+            raise
+        os.close(fd)
+        # Removed at the latest when this reader is collected or the interpreter exits, even
+        # if no writer ever mapped it.
+        self._remove = weakref.finalize(self, _remove, self.path)
+        self._buf, self._header, self._data = _map(self.path, size)
+
+    def unlink(self) -> None:
+        """Remove the file (once the writer has mapped it; idempotent)."""
+        self._remove()
+        self.path = None
+
+    def take(self, start: int, nbytes: int) -> np.ndarray:
+        """A copy of the block of ``nbytes`` the writer put at counter ``start`` (``[nbytes]``
+        uint8), released to the writer."""
+        at = start % self.capacity
+        if at + nbytes > self.capacity or start < int(self._header[0]):
+            raise ValueError(f"no block of {nbytes} bytes at {start} in a ring of {self.capacity}")
+        block = self._data[at : at + nbytes].copy()
+        self._header[0] = start + nbytes
+        return block
+
+    def close(self) -> None:
+        self.unlink()
+        self._header = self._data = None
+        self._buf.close()
+
+
+class RingWriter:
+    """The writer's end: maps the ring the reader made at ``path``."""
+
+    def __init__(self, path: str, capacity: int):
+        self.capacity = capacity
+        self._buf, self._header, self._data = _map(path, HEADER_BYTES + capacity)
+        self.written = 0
+
+    def put(self, block: np.ndarray, alive: Callable[[], bool]) -> int | None:
+        """Write ``block``'s bytes (any C-contiguous array) into the ring, waiting while the
+        reader has not released enough; its start counter, for the reader's ``take``. ``None``
+        if the block is larger than half the ring (send it another way). Raises
+        ``ReaderGone`` if ``alive()`` turned false while waiting."""
+        raw = block.reshape(-1).view(np.uint8)
+        n = raw.nbytes
+        if 2 * n > self.capacity:
+            return None
+        start = self.written
+        if start % self.capacity + n > self.capacity:  # no room before the end: wrap
+            start += self.capacity - start % self.capacity
+        next_check = time.monotonic() + ALIVE_EVERY_S
+        wait = WAIT_S
+        while start + n - int(self._header[0]) > self.capacity:
+            time.sleep(wait)
+            wait = min(2 * wait, MAX_WAIT_S)
+            if time.monotonic() >= next_check:
+                if not alive():
+                    raise ReaderGone("the ring's reader is gone")
+                next_check = time.monotonic() + ALIVE_EVERY_S
+        at = start % self.capacity
+        self._data[at : at + n] = raw
+        self.written = start + n
+        return start
+
+    def close(self) -> None:
+        self._header = self._data = None
+        self._buf.close()

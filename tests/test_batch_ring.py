@@ -1,0 +1,181 @@
+"""Invariant: a block taken from the ring holds exactly the bytes its writer put, whatever the
+sizes, wraps and waits; a writer never overwrites a block the reader has not taken; a block
+too large for the ring is refused (and goes through the queue instead); a workload child's
+batches arrive through the ring as the same runs, step for step."""
+
+from __future__ import annotations
+
+import os
+
+import numpy as np
+import pytest
+import torch
+
+from pagegraph import batch_ring, producer
+from pagegraph.batch_ring import RingReader, RingWriter
+from pagegraph.pool import KVPool
+from pagegraph.producer import ProducedWorkload, _batches, _pack, _unpack
+from pagegraph.workload import DecodeWorkload
+from test_producer import CASES, tables
+
+
+@pytest.fixture
+def ring(tmp_path):
+    reader = RingReader(1024, folder=str(tmp_path))
+    writer = RingWriter(reader.path, 1024)
+    yield reader, writer
+    writer.close()
+    reader.close()
+
+
+def test_blocks_come_back_exact_across_many_wraps(ring):
+    reader, writer = ring
+    rng = np.random.default_rng(7)
+    for i in range(300):
+        block = rng.integers(-(2**62), 2**62, size=int(rng.integers(1, 64)), dtype=np.int64)
+        start = writer.put(block, alive=lambda: True)
+        assert start is not None and start % 1024 + block.nbytes <= 1024
+        got = reader.take(start, block.nbytes).view(np.int64)
+        assert np.array_equal(got, block), f"block {i}"
+    assert writer.written > 20 * 1024  # wrapped many times
+
+
+def test_a_full_ring_holds_the_writer_until_the_reader_takes(ring, monkeypatch):
+    reader, writer = ring
+    monkeypatch.setattr(batch_ring, "ALIVE_EVERY_S", 0.0)
+    a = np.arange(64, dtype=np.int64)  # 512 bytes: two fill the ring
+    b = a + 1000
+    starts = [writer.put(a, alive=lambda: True), writer.put(b, alive=lambda: True)]
+    assert starts == [0, 512]
+    # A third block must wait for the first to be taken: given up when the reader is gone.
+    with pytest.raises(batch_ring.ReaderGone):
+        writer.put(a + 2000, alive=lambda: False)
+    assert np.array_equal(reader.take(0, 512).view(np.int64), a)  # not overwritten
+    c = a + 2000
+    assert writer.put(c, alive=lambda: True) == 1024  # where a was
+    tries = []
+
+    def alive():  # the reader takes b while the writer waits
+        tries.append(1)
+        if len(tries) == 3:
+            assert np.array_equal(reader.take(512, 512).view(np.int64), b)
+        return True
+
+    d = a + 3000
+    assert writer.put(d, alive=alive) == 1536 and len(tries) >= 3
+    assert np.array_equal(reader.take(1024, 512).view(np.int64), c)
+    assert np.array_equal(reader.take(1536, 512).view(np.int64), d)
+
+
+def test_blocks_larger_than_half_the_ring_are_refused(ring):
+    reader, writer = ring
+    assert writer.put(np.zeros(65, dtype=np.int64), alive=lambda: True) is None
+    assert writer.put(np.zeros(64, dtype=np.int64), alive=lambda: True) == 0
+
+
+def test_taking_a_block_that_is_not_there_is_an_error(ring):
+    reader, writer = ring
+    start = writer.put(np.arange(8, dtype=np.int64), alive=lambda: True)
+    reader.take(start, 64)
+    with pytest.raises(ValueError, match="no block"):
+        reader.take(start, 64)  # already released
+    with pytest.raises(ValueError, match="no block"):
+        reader.take(1000, 64)  # past the ring's end
+
+
+@pytest.mark.parametrize("capacity", [0, 60, 100])
+def test_bad_capacities_are_refused(capacity, tmp_path):
+    with pytest.raises(ValueError, match="capacity"):
+        RingReader(capacity, folder=str(tmp_path))
+
+
+def test_the_file_is_removed_once_mapped_and_the_map_lives_on(tmp_path):
+    reader = RingReader(256, folder=str(tmp_path))
+    path = reader.path
+    writer = RingWriter(path, 256)
+    reader.unlink()
+    reader.unlink()  # idempotent
+    assert not os.path.exists(path) and not list(tmp_path.iterdir())
+    start = writer.put(np.arange(4, dtype=np.int64), alive=lambda: True)
+    assert np.array_equal(reader.take(start, 32).view(np.int64), np.arange(4))
+    writer.close()
+    reader.close()
+
+
+def test_a_reader_dropped_unclosed_leaves_no_file(tmp_path):
+    reader = RingReader(256, folder=str(tmp_path))
+    assert list(tmp_path.iterdir())
+    del reader
+    assert not list(tmp_path.iterdir())
+
+
+def test_a_ring_without_room_is_refused_when_made(tmp_path, monkeypatch):
+    def no_room(fd, offset, size):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(batch_ring.os, "posix_fallocate", no_room)
+    with pytest.raises(OSError):
+        RingReader(1024, folder=str(tmp_path))
+    assert not list(tmp_path.iterdir())  # nothing left behind
+
+
+def test_a_small_dev_shm_is_not_used(monkeypatch):
+    class Usage:
+        free = 10 << 20
+
+    monkeypatch.setattr(batch_ring.shutil, "disk_usage", lambda path: Usage)
+    assert batch_ring.ring_folder(8 << 20) != "/dev/shm"
+    assert batch_ring.ring_folder(4 << 20) == "/dev/shm"
+
+
+@pytest.mark.parametrize("capacity", [1 << 20, 16 << 10, 1 << 10])
+@pytest.mark.parametrize("case", list(CASES))
+def test_a_batch_packed_through_a_ring_unpacks_to_the_same_runs(case, capacity, tmp_path):
+    """Every batch of the case, through rings where all, some or none of them fit: the same
+    steps, the same writer tags and the same runs, in order."""
+    pool_kwargs, workload_kwargs = CASES[case]
+    reader = RingReader(capacity, folder=str(tmp_path))
+    writer = RingWriter(reader.path, capacity)
+    kinds = set()
+    for batch in _batches(pool_kwargs, workload_kwargs):
+        kind, payload = _pack(batch, writer, alive=lambda: True)
+        kinds.add(kind)
+        got = _unpack(payload, reader) if kind == "ring" else payload
+        assert len(got) == len(batch)
+        for (want_step, want_writes), (got_step, got_writes) in zip(batch, got):
+            assert got_step == want_step
+            assert [t for t, _ in got_writes] == [t for t, _ in want_writes]
+            for (_, w), (_, g) in zip(want_writes, got_writes):
+                assert g.dtype == np.int64 and np.array_equal(g, w)
+    sizes = {1 << 20: {"ring"}, 1 << 10: {"steps"}}
+    assert kinds == sizes.get(capacity, {"ring", "steps"}), kinds
+    writer.close()
+    reader.close()
+
+
+@pytest.mark.parametrize("ring_bytes", [0, 32 << 10], ids=["queue", "small-ring"])
+def test_a_child_through_a_small_ring_gives_the_same_steps_and_tables(ring_bytes, monkeypatch):
+    """A ring that holds a few batches only (it wraps every few; the child, running ahead,
+    waits for room), or none: the steps and tables of ``DecodeWorkload``."""
+    unpacked = []
+
+    def counting_unpack(payload, ring):
+        unpacked.append(payload[0])
+        return _unpack(payload, ring)
+
+    monkeypatch.setattr(producer, "_unpack", counting_unpack)
+    pool_kwargs, workload_kwargs = CASES["swa-injections-int64"]
+    workload_kwargs = dict(workload_kwargs, steps=320)
+    here, there = KVPool(**pool_kwargs), KVPool(**pool_kwargs)
+    expected = DecodeWorkload(here, **workload_kwargs, lookahead=16)
+    produced = ProducedWorkload(
+        there, pool_kwargs, workload_kwargs, processes=True, ring_bytes=ring_bytes
+    )
+    for want, got in zip(expected, produced, strict=True):
+        assert (got.req_pool_indices, got.seq_lens) == (want.req_pool_indices, want.seq_lens)
+        for a, b in zip(tables(here), tables(there)):
+            assert torch.equal(a, b), f"tables differ after step {got.index}"
+    if ring_bytes and batch_ring.RING_SUPPORTED:
+        assert len(unpacked) == 20 and max(unpacked) > 3 * ring_bytes  # wrapped thrice
+    else:
+        assert not unpacked
