@@ -167,45 +167,74 @@ def compile_stage(rpi: str, sl: str, pad_rpi: bool) -> dict:
     }
 
 
-def compile_all() -> dict:
+#: The compiles in parts, each one a fixture call: a parallel run (make test on a GPU) gives
+#: each part's tests to one worker (``xdist_group``), so the parts compile at once.
+PARTS = ("kernel-0", "kernel-1", "kernel-2", "mutants-stage")
+
+
+def kernel_part(variant) -> str:
+    return f"kernel-{VARIANTS.index(variant) % 3}"
+
+
+def _jobs(part: str) -> list:
+    """``(key, compile function, arguments)`` of one part."""
+    if part.startswith("kernel-"):
+        return [(variant_id(v), compile_variant, v) for v in VARIANTS if kernel_part(v) == part]
+    mutants = [
+        (f"mutant-{bug}-{'swa' if swa else 'full'}", compile_mutant, (bug, swa))
+        for bug in MUTANT_BUGS
+        for swa in (False, True)
+    ]
+    return mutants + [(stage_id(v), compile_stage, v) for v in STAGE_VARIANTS]
+
+
+def compile_part(part: str) -> dict:
     results = {}
-    for v in VARIANTS:
+    for key, fn, args in _jobs(part):
         try:
-            results[variant_id(v)] = compile_variant(*v)
+            results[key] = fn(*args)
         except Exception as exc:  # reported per variant by the test
-            results[variant_id(v)] = {"error": f"{type(exc).__name__}: {exc}"}
-    for bug in MUTANT_BUGS:
-        for swa in (False, True):
-            key = f"mutant-{bug}-{'swa' if swa else 'full'}"
-            try:
-                results[key] = compile_mutant(bug, swa)
-            except Exception as exc:
-                results[key] = {"error": f"{type(exc).__name__}: {exc}"}
-    for v in STAGE_VARIANTS:
-        try:
-            results[stage_id(v)] = compile_stage(*v)
-        except Exception as exc:
-            results[stage_id(v)] = {"error": f"{type(exc).__name__}: {exc}"}
+            results[key] = {"error": f"{type(exc).__name__}: {exc}"}
     return results
 
 
-@pytest.fixture(scope="module")
-def compiled():
+_compiled: dict[str, dict] = {}
+
+
+def compiled(part: str) -> dict:
+    """One part's results, compiled once a process."""
     from pagegraph.contract import interpreter_active
 
-    if not interpreter_active():
-        return compile_all()
-    env = dict(os.environ, TRITON_INTERPRET="0")
-    proc = subprocess.run(
-        [sys.executable, __file__], env=env, capture_output=True, text=True, timeout=600
-    )
-    assert proc.returncode == 0, proc.stderr[-4000:]
-    return json.loads(proc.stdout.strip().splitlines()[-1])
+    if part not in _compiled:
+        if not interpreter_active():
+            _compiled[part] = compile_part(part)
+        else:
+            # Triton's library functions are in interpreter form once TRITON_INTERPRET=1 is
+            # set: compile in a child process with it unset.
+            env = dict(os.environ, TRITON_INTERPRET="0")
+            proc = subprocess.run(
+                [sys.executable, __file__, part],
+                env=env,
+                capture_output=True,
+                text=True,
+                timeout=600,
+            )
+            assert proc.returncode == 0, proc.stderr[-4000:]
+            _compiled[part] = json.loads(proc.stdout.strip().splitlines()[-1])
+    return _compiled[part]
 
 
-@pytest.mark.parametrize("variant", VARIANTS, ids=variant_id)
-def test_compiles_for_sm90(compiled, variant):
-    result = compiled[variant_id(variant)]
+def in_part(values, part_of, ids) -> list:
+    """``values`` as ``pytest.param``s, each in its part's ``xdist_group``."""
+    return [
+        pytest.param(v, id=ids(v), marks=pytest.mark.xdist_group(f"sm90-{part_of(v)}"))
+        for v in values
+    ]
+
+
+@pytest.mark.parametrize("variant", in_part(VARIANTS, kernel_part, variant_id))
+def test_compiles_for_sm90(variant):
+    result = compiled(kernel_part(variant))[variant_id(variant)]
     assert "error" not in result, result.get("error")
     assert result["sm90"] and result["cubin_bytes"] > 0
     has_swa, has_errors, has_work = variant[3] is not None, variant[4], variant[6]
@@ -220,15 +249,17 @@ def test_compiles_for_sm90(compiled, variant):
 
 @pytest.mark.parametrize("bug", MUTANT_BUGS)
 @pytest.mark.parametrize("swa", [False, True], ids=["full", "swa"])
-def test_mutant_kernel_compiles_for_sm90(compiled, bug, swa):
-    result = compiled[f"mutant-{bug}-{'swa' if swa else 'full'}"]
+@pytest.mark.xdist_group("sm90-mutants-stage")
+def test_mutant_kernel_compiles_for_sm90(bug, swa):
+    result = compiled("mutants-stage")[f"mutant-{bug}-{'swa' if swa else 'full'}"]
     assert "error" not in result, result.get("error")
     assert result["sm90"] and result["cubin_bytes"] > 0
 
 
 @pytest.mark.parametrize("variant", STAGE_VARIANTS, ids=stage_id)
-def test_stage_kernel_compiles_for_sm90(compiled, variant):
-    result = compiled[stage_id(variant)]
+@pytest.mark.xdist_group("sm90-mutants-stage")
+def test_stage_kernel_compiles_for_sm90(variant):
+    result = compiled("mutants-stage")[stage_id(variant)]
     assert "error" not in result, result.get("error")
     assert result["sm90"] and result["cubin_bytes"] > 0
     # The mailbox is written by the host between replays: its reads must not be cached.
@@ -236,7 +267,7 @@ def test_stage_kernel_compiles_for_sm90(compiled, variant):
 
 
 if __name__ == "__main__":
-    print(json.dumps(compile_all()))
+    print(json.dumps(compile_part(sys.argv[1])))
 
 
 def test_every_dtype_and_flag_combination_is_compiled():
@@ -248,3 +279,8 @@ def test_every_dtype_and_flag_combination_is_compiled():
     )
     assert want <= have, sorted(want - have)[:5]
     assert {v[7] for v in VARIANTS} == set(PAGE_SIZES) and any(v[6] for v in VARIANTS)
+    # Every compile belongs to a part, and every part has compiles.
+    assert {kernel_part(v) for v in VARIANTS} | {"mutants-stage"} == set(PARTS)
+    assert sum(len(_jobs(p)) for p in PARTS) == len(VARIANTS) + 2 * len(MUTANT_BUGS) + len(
+        STAGE_VARIANTS
+    )

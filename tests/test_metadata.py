@@ -717,6 +717,8 @@ def test_variants_cover_every_pair():
             assert any(v[a] == va and v[b] == vb for v in VARIANTS), (a, va, b, vb)
 
 
+# The fixture compiles every variant at once: one worker of a parallel run does it for all.
+@pytest.mark.xdist_group("metadata-sm90-compile")
 @pytest.mark.parametrize("variant", VARIANTS, ids=variant_id)
 def test_compiles_for_sm90(compiled, variant):
     result = compiled[variant_id(variant)]
