@@ -209,6 +209,8 @@ def test_sections_run_and_report(tmp_path):
     variants = [name for name, _, _, _ in decode.DECODE_VARIANTS]
     assert [r["variant"] for r in result["decode_metadata"]] == variants * 2
     assert all(r["exact"] for r in result["decode_metadata"])
+    # Every variant's eager time, taken in the shared alternating rounds.
+    assert all(r["eager_us"] > 0 for r in result["decode_metadata"])
     assert [s["config"] for s in result["decode_metadata_summary"]] == ["decode-small", "swa"]
     assert result["replay_overhead"]["exact"] is True
     saved = json.loads((tmp_path / "bench.json").read_text())

@@ -35,7 +35,15 @@ from ..reference import reference_decode_metadata, unfused_decode_metadata
 from .configs import BenchConfig
 from .inputs import BenchInputs, Rotation, make_inputs, rotate_out_of_l2
 from .rows import eager_calls, eager_warmup
-from .timing import Settings, device_time_us, error, recover, sync, wall_time_us
+from .timing import (
+    Settings,
+    device_time_us,
+    error,
+    interleaved_wall_us,
+    recover,
+    sync,
+    wall_time_us,
+)
 
 #: Speculative draft tokens of the second ``build_decode_metadata`` variant.
 DRAFT = 4
@@ -189,7 +197,9 @@ def _calls(inp: BenchInputs, key: str, draft: int, out: DecodeOutputs):
 
 def _bench_variant(
     inp: BenchInputs, key: str, draft: int, graphs: bool, want: dict, s: Settings, row: dict
-) -> None:
+) -> Callable[[], object] | None:
+    """Check one variant and time it on the device; returns its eager call, which
+    ``bench_decode_config`` times beside the others' (``None`` if the check raised)."""
     out = DecodeOutputs.like(inp)
     # build_page_table writes the page tables only: those are what it is checked on.
     names = ["page_table", "swa_page_table"] if key == "build_page_table" else None
@@ -205,6 +215,7 @@ def _bench_variant(
         row["mismatch"] = mismatch
     except Exception as exc:  # noqa: BLE001
         errors.append(f"check: {error(exc)}")
+    runs = not errors
 
     if s.cuda and graphs and not errors:
         graph = None
@@ -229,13 +240,9 @@ def _bench_variant(
             del graph
             recover(s.cuda)
 
-    try:
-        row["eager_us"] = wall_time_us(call, eager_calls(s), eager_warmup(s), cuda=s.cuda)
-    except Exception as exc:  # noqa: BLE001
-        errors.append(f"eager: {error(exc)}")
-        recover(s.cuda)
     if errors:
         row["error"] = "; ".join(errors)
+    return call if runs else None
 
 
 def bench_decode_config(cfg: BenchConfig, s: Settings) -> list[dict]:
@@ -254,13 +261,39 @@ def bench_decode_config(cfg: BenchConfig, s: Settings) -> list[dict]:
         return rows
     if s.cuda:
         rotate_out_of_l2(inp, s.l2_bytes, s.builds)
-    for row, (_, key, draft, graphs) in zip(rows, DECODE_VARIANTS):
+    calls = {}
+    for i, (row, (_, key, draft, graphs)) in enumerate(zip(rows, DECODE_VARIANTS)):
         with phase("bench", cfg.bs):
             try:
-                _bench_variant(inp, key, draft, graphs, wants[draft], s, row)
+                call = _bench_variant(inp, key, draft, graphs, wants[draft], s, row)
+                if call is not None:
+                    calls[i] = call
             except Exception as exc:  # noqa: BLE001
                 row["error"] = error(exc)
-    del inp
+    # Eager host times in alternating rounds, every variant in each: the targets are ratios
+    # between variants, which a host that drifts between two separate timings would skew
+    # (in one H200 run, build_page_table's eager median ranged from 10.1 to 19.7 us over
+    # configs whose host path is the same). Not enough on a noisy host: in rounds of 50
+    # calls, two variants with one host path (draft tokens 0 and 4) still differed by 4 us in
+    # one config of one H200 run (profiles/bench/NOTES.md).
+    try:
+        with phase("bench", cfg.bs):
+            eager = interleaved_wall_us(calls, eager_calls(s), warmup=eager_warmup(s), cuda=s.cuda)
+        for i, us in eager.items():
+            rows[i]["eager_us"] = us
+    except Exception:  # noqa: BLE001 - then each variant alone, so a failure stays its own
+        recover(s.cuda)
+        for i, call in calls.items():
+            try:
+                rows[i]["eager_us"] = wall_time_us(
+                    call, eager_calls(s), eager_warmup(s), cuda=s.cuda
+                )
+            except Exception as exc:  # noqa: BLE001
+                rows[i]["error"] = "; ".join(
+                    filter(None, [rows[i].get("error"), f"eager: {error(exc)}"])
+                )
+                recover(s.cuda)
+    del calls, inp
     recover(s.cuda)
     return rows
 

@@ -20,44 +20,15 @@ taken.
 
 from __future__ import annotations
 
-import statistics
-from collections.abc import Callable
-
 from ..ranges import phase
 from .configs import get_config, smoke_config
 from .inputs import Check, make_inputs, poison
 from .rows import single_bucket_runner
-from .timing import SYNC_EVERY, Settings, error, recover, sync, wall_times_ns
+from .timing import Settings, error, interleaved_wall_us, recover, sync
 
 REPLAY_OVERHEAD_CONFIG = "decode-mid"
 #: Target: a runner replay costs the host at most this many bare graph replays.
 REPLAY_OVERHEAD_TARGET = 2.0
-
-
-def interleaved_wall_us(
-    fns: dict[str, Callable[[], object]],
-    calls: int,
-    *,
-    round_calls: int = SYNC_EVERY,
-    warmup: int = 20,
-    cuda: bool = True,
-) -> dict[str, float]:
-    """Median host microseconds per call of each of ``fns``, ``calls`` timed calls each,
-    taken in alternating rounds of ``round_calls`` calls (``fns`` in order, round after
-    round). Each round starts after a drained queue, outside the timed region."""
-    for fn in fns.values():  # warm every path up before any timing
-        for _ in range(warmup):
-            fn()
-    sync(cuda)
-    times: dict[str, list[int]] = {name: [] for name in fns}
-    rounds = max(1, -(-calls // round_calls))
-    for r in range(rounds):
-        n = min(round_calls, calls - r * round_calls)
-        if n <= 0:
-            break
-        for name, fn in fns.items():
-            times[name] += wall_times_ns(fn, n, warmup=0, cuda=cuda, sync_every=n + 1)
-    return {name: statistics.median(ts) / 1e3 for name, ts in times.items()}
 
 
 def overhead_row(config: str, bs: int) -> dict:

@@ -466,7 +466,8 @@ def format_decode_markdown(decode: list[dict], cuda: bool) -> list[str]:
             )
         lines.append("")
     lines += [
-        "Eager host us per call (median, as the builder rows"
+        "Eager host us per call (median of the calls, every variant of a config timed in "
+        "alternating rounds with the queue drained between rounds"
         + ("" if cuda else "; the interpreter's")
         + f"); targets: fused / bpt <= {FUSED_RATIO_TARGET:g}x, unfused / fused >= "
         f"{UNFUSED_RATIO_TARGET:g}x.",

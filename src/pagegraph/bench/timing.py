@@ -181,6 +181,32 @@ def wall_time_us(
     return statistics.median(wall_times_ns(fn, calls, warmup, cuda, sync_every)) / 1e3
 
 
+def interleaved_wall_us(
+    fns: dict,
+    calls: int,
+    *,
+    round_calls: int = SYNC_EVERY,
+    warmup: int = 20,
+    cuda: bool = True,
+) -> dict[str, float]:
+    """Median host microseconds per call of each of ``fns`` (by key), ``calls`` timed calls each,
+    taken in alternating rounds of ``round_calls`` calls (``fns`` in order, round after
+    round). Each round starts after a drained queue, outside the timed region."""
+    for fn in fns.values():  # warm every path up before any timing
+        for _ in range(warmup):
+            fn()
+    sync(cuda)
+    times: dict = {name: [] for name in fns}
+    rounds = max(1, -(-calls // round_calls))
+    for r in range(rounds):
+        n = min(round_calls, calls - r * round_calls)
+        if n <= 0:
+            break
+        for name, fn in fns.items():
+            times[name] += wall_times_ns(fn, n, warmup=0, cuda=cuda, sync_every=n + 1)
+    return {name: statistics.median(ts) / 1e3 for name, ts in times.items()}
+
+
 def error(exc: BaseException) -> str:
     """``Type: message at file:line`` of the innermost frame, at most ~500 characters."""
     where = traceback.extract_tb(exc.__traceback__)
