@@ -28,9 +28,20 @@ FIELDS = 8  # rpi address, sl address, rpi stride, sl stride, rpi is int64, sl i
 
 
 @triton.jit
-def stage_kernel(mail, counter, consumed, rpi_dst, sl_dst, bucket, pad_len, pad_rpi,
-                 PAD_RPI: tl.constexpr, SLOTS: tl.constexpr, FIELDS: tl.constexpr,
-                 BLOCK: tl.constexpr):
+def stage_kernel(
+    mail,
+    counter,
+    consumed,
+    rpi_dst,
+    sl_dst,
+    bucket,
+    pad_len,
+    pad_rpi,
+    PAD_RPI: tl.constexpr,
+    SLOTS: tl.constexpr,
+    FIELDS: tl.constexpr,
+    BLOCK: tl.constexpr,
+):
     k = tl.load(counter)
     slot = k % SLOTS
     hdr = mail + slot * FIELDS
@@ -48,13 +59,15 @@ def stage_kernel(mail, counter, consumed, rpi_dst, sl_dst, bucket, pad_len, pad_
         if rpi_64 != 0:
             r = tl.load(rpi_addr.to(tl.pointer_type(tl.int64)) + rows * rpi_stride, mask=live)
         else:
-            r = tl.load(rpi_addr.to(tl.pointer_type(tl.int32)) + rows * rpi_stride,
-                        mask=live).to(tl.int64)
+            r = tl.load(rpi_addr.to(tl.pointer_type(tl.int32)) + rows * rpi_stride, mask=live).to(
+                tl.int64
+            )
         if sl_64 != 0:
             s = tl.load(sl_addr.to(tl.pointer_type(tl.int64)) + rows * sl_stride, mask=live)
         else:
-            s = tl.load(sl_addr.to(tl.pointer_type(tl.int32)) + rows * sl_stride,
-                        mask=live).to(tl.int64)
+            s = tl.load(sl_addr.to(tl.pointer_type(tl.int32)) + rows * sl_stride, mask=live).to(
+                tl.int64
+            )
         s = tl.where(live, s, pad_len)
         tl.store(sl_dst + rows, s.to(sl_dst.dtype.element_ty), mask=inb)
         if PAD_RPI:
@@ -105,8 +118,20 @@ def main() -> None:
         host_count[0] = k + 1
 
     def body() -> None:
-        stage_kernel[(1,)](mail, counter, consumed, rpi_dst, sl_dst, bucket, 1, 0,
-                           PAD_RPI=False, SLOTS=SLOTS, FIELDS=FIELDS, BLOCK=256)
+        stage_kernel[(1,)](
+            mail,
+            counter,
+            consumed,
+            rpi_dst,
+            sl_dst,
+            bucket,
+            1,
+            0,
+            PAD_RPI=False,
+            SLOTS=SLOTS,
+            FIELDS=FIELDS,
+            BLOCK=256,
+        )
         gather_kernel[(bucket,)](r2t, rpi_dst, sl_dst, out, width, BLOCK=width)
 
     g0 = torch.Generator(device=dev).manual_seed(1)
@@ -140,8 +165,9 @@ def main() -> None:
         exp_sl = torch.ones(bucket, dtype=torch.int64, device=dev)
         exp_sl[:n] = sl.to(torch.int64)
         exp_rpi = rpi_dst[:bucket].clone()  # padded rows keep what they held
-        pending.append((n, rpi.clone(), exp_sl, out[:bucket].clone(), sl_dst[:bucket].clone(),
-                        exp_rpi))
+        pending.append(
+            (n, rpi.clone(), exp_sl, out[:bucket].clone(), sl_dst[:bucket].clone(), exp_rpi)
+        )
     torch.cuda.synchronize()
     for n, rpi, exp_sl, got, got_sl, got_rpi in pending:
         if not torch.equal(got_sl.to(torch.int64), exp_sl):
@@ -152,8 +178,9 @@ def main() -> None:
             cols = torch.arange(width, device=dev)
             ref = torch.where(cols[None] < exp_sl[:, None], r2t[got_rpi], -1)
             bad += not torch.equal(got, ref.to(torch.int32))
-    print(f"exact: {400 - bad}/400 replays (consumed {int(consumed_np[0])}, "
-          f"posted {host_count[0]})")
+    print(
+        f"exact: {400 - bad}/400 replays (consumed {int(consumed_np[0])}, posted {host_count[0]})"
+    )
 
     rpi = torch.randint(0, rows, (bucket - 3,), device=dev)
     sl = torch.randint(1, width, (bucket - 3,), device=dev, dtype=torch.int32)
@@ -181,11 +208,15 @@ def main() -> None:
 
     for fn in (mailbox, g.replay, eager):
         timed(fn, 50, 2)
-    res = {name: timed(fn) for name, fn in (("bare", g.replay), ("mailbox", mailbox),
-                                           ("eager staging", eager))}
+    res = {
+        name: timed(fn)
+        for name, fn in (("bare", g.replay), ("mailbox", mailbox), ("eager staging", eager))
+    }
     print("host us per call: " + ", ".join(f"{k} {v:.2f}" for k, v in res.items()))
-    print(f"mailbox / bare {res['mailbox'] / res['bare']:.2f}x, eager / bare "
-          f"{res['eager staging'] / res['bare']:.2f}x")
+    print(
+        f"mailbox / bare {res['mailbox'] / res['bare']:.2f}x, eager / bare "
+        f"{res['eager staging'] / res['bare']:.2f}x"
+    )
     print(f"counter {int(counter.item())}, posted {host_count[0]}")
     assert np.all(consumed_np >= 0)
 
