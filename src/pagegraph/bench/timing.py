@@ -188,7 +188,7 @@ def interleaved_wall_us(
     round_calls: int = SYNC_EVERY,
     warmup: int = 20,
     cuda: bool = True,
-) -> dict[str, float]:
+) -> dict:
     """Median host microseconds per call of each of ``fns`` (by key), ``calls`` timed calls each,
     taken in alternating rounds of ``round_calls`` calls (``fns`` in order, round after
     round). Each round starts after a drained queue, outside the timed region."""
