@@ -172,6 +172,48 @@ def test_interleaved_wall_times_alternate_rounds():
     assert "".join(order) == "ab" + "aabb" + "aabb" + "ab"
 
 
+def test_interleaved_rounds_give_paired_ratios():
+    """Each round's median per function; the paired ratio is the median of the per-round
+    ratios, so a host that slows down for some rounds does not move it."""
+    per_round: dict = {}
+    times = bench.interleaved_wall_us(
+        {"a": lambda: None, "b": lambda: None},
+        6,
+        round_calls=2,
+        warmup=0,
+        cuda=False,
+        per_round=per_round,
+    )
+    assert set(per_round) == {"a", "b"} and [len(v) for v in per_round.values()] == [3, 3]
+    assert all(t >= 0 for t in times.values())
+    # a = 1.1 b in every round while the host's speed changes fourfold between rounds
+    b = [10.0, 40.0, 12.0, 39.0, 11.0]
+    a = [1.1 * x for x in b]
+    assert bench.timing.paired_ratio(a, b) == pytest.approx(1.1)
+    assert a[0] / b[1] < 1.0 < a[1] / b[0]  # pairs across rounds could say anything
+    assert bench.timing.paired_ratio(a, b[:-1]) is None
+    assert bench.timing.paired_ratio(None, b) is None
+    assert bench.timing.paired_ratio(a, [0.0] * 5) is None
+
+
+def test_decode_summary_prefers_paired_rounds():
+    rows = _decode_rows(
+        "decode-mid",
+        {
+            "build_page_table": (2.0, 1.5, 10.0),
+            "build_decode_metadata": (2.5, 2.0, 14.0),
+            "unfused_decode_metadata": (6.0, 5.0, 44.0),
+        },
+    )
+    by = {r["variant"]: r for r in rows}
+    by["build_page_table"]["eager_round_us"] = [10.0, 20.0, 30.0]
+    by["build_decode_metadata"]["eager_round_us"] = [11.0, 22.0, 36.0]
+    (mid,) = bench.decode_summary(rows)
+    assert mid["fused_over_bpt"] == pytest.approx(1.1)  # not 14 / 10
+    # without rounds on both sides: the ratio of the medians
+    assert mid["unfused_over_fused"] == pytest.approx(44.0 / 14.0)
+
+
 def test_checker_helpers(tmp_path, monkeypatch):
     assert checker_rate.finite_or_none(float("nan")) is None
     assert checker_rate.finite_or_none(12.5) == 12.5

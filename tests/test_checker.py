@@ -674,3 +674,35 @@ def test_gpu_decode_metadata_builder_passes_every_property():
 def test_decode_metadata_builder_passes_here():
     report = check_replay_safety("build_decode_metadata", HOSTILE, steps=6, draft_tokens=2)
     assert report.safe, report.format()
+
+
+@pytest.mark.parametrize("draft_tokens, len_limit", [(0, 1000), (3, 1000), (8, 5)])
+def test_batch_model_flags_exactly_the_rows_out_of_the_contract(draft_tokens, len_limit):
+    """The model's out-of-contract rows against the contract written out: a negative length,
+    tables (built for max(len, 0) + draft tokens) past len_limit, a request index outside
+    req_to_token; padded rows included. With more draft tokens than len_limit, every row."""
+    from pagegraph.verify import IN_BUCKET, OUT_OF_CONTRACT, REAL, BatchModel
+
+    rng = np.random.default_rng(draft_tokens * 7 + len_limit)
+    rows, sizes = 50, [4, 8, 16]
+    model = BatchModel(sizes=sizes, max_bs=16, pad_seq_len=1, pad_req_pool_index=None,
+                       initial_req_pool_indices=rng.integers(0, rows, 16), len_limit=len_limit,
+                       r2t_rows=rows, capture_pages=1, page_size=4,
+                       draft_tokens=draft_tokens)  # fmt: skip
+    edges = [-(2**62), -1, 0, 1, len_limit - draft_tokens, len_limit - draft_tokens + 1, 2**40]
+    for index in range(200):
+        n = int(rng.integers(1, 17))
+        sl = rng.choice(edges + list(rng.integers(-5, len_limit + 5, 8)), n)
+        rpi = rng.choice([-(2**40), -1, 0, rows - 1, rows, 2**40, *rng.integers(0, rows, 8)], n)
+        step = model.stage(index, rpi.tolist(), sl.tolist())
+        b_rpi, b_sl = step.asked_rpi, step.asked_sl
+        want = (b_sl < 0) | (np.maximum(b_sl, 0) + draft_tokens > len_limit)
+        want |= (b_rpi < 0) | (b_rpi >= rows)
+        assert np.array_equal(step.ooc_rows, want), f"step {index}"
+        assert step.out_of_contract == bool(want.any())
+        flags = model.flags
+        assert np.array_equal((flags[: step.bucket] & OUT_OF_CONTRACT) != 0, want)
+        assert ((flags[: step.bucket] & IN_BUCKET) != 0).all() and not flags[step.bucket :].any()
+        assert ((flags & REAL) != 0).sum() == n
+    if draft_tokens > len_limit:
+        assert step.ooc_rows.all()

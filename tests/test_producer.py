@@ -122,6 +122,8 @@ def test_streams_take_turns_each_with_its_own_tables(streams, steps, processes):
         for a, b in zip(tables(pool), tables(live)):
             assert torch.equal(a, b), f"stream {k}: tables differ after step {index}"
     assert index == steps - 1
+    # Every batch after the first was received (or made) and timed: 100 steps are 7 batches.
+    assert (produced.receive_s > 0) == (steps > BATCH_STEPS)
     for _, rest in refs:  # every stream's steps were used, no more
         assert rest is None or next(rest, None) is None
 
@@ -236,6 +238,9 @@ def test_a_verdict_does_not_depend_on_where_the_workload_ran(builder, streams, m
     inline = check_replay_safety(builder, cfg.replace(workload_process="off"))
     produced = check_replay_safety(builder, cfg.replace(workload_process="on"))
     assert not inline.workload_in_process and produced.workload_in_process
+    # Both report the time spent getting the workload's batches, within the workload phase.
+    for report in (inline, produced):
+        assert 0 < report.phase_us["workload receive"] <= report.phase_us["workload"]
     assert _summary(produced) == _summary(inline)
     assert "child process" in produced.format()
     assert Report.from_dict(produced.to_dict()).workload_in_process

@@ -365,6 +365,43 @@ def test_gpu_a_post_whose_launch_never_came_is_withdrawn():
 
 
 @gpu
+def test_gpu_an_interrupt_after_the_launch_keeps_the_post(monkeypatch):
+    """Ctrl-C lands as the replay range closes, after the graph was launched: the graph
+    consumes its post, so the post must stay (withdrawing it would leave the device one post
+    ahead, and the next replay would stage nothing)."""
+    import pagegraph.runner as runner_mod
+
+    pool = KVPool(max_reqs=9, max_context_len=512, page_size=16, device=DEVICE, seed=0)
+    runner = GraphRunner(pool.req_to_token, max_bs=8, max_context_len=512, page_size=16,
+                         buckets=[8])  # fmt: skip
+    runner.capture()
+    rows = [pool.alloc(n) for n in (40, 300, 17)]
+    pool.flush()
+    real_pop = runner_mod.pop
+
+    def pop_then_interrupt():
+        name = real_pop()
+        if name.startswith("replay/"):
+            raise KeyboardInterrupt
+        return name
+
+    monkeypatch.setattr(runner_mod, "pop", pop_then_interrupt)
+    with pytest.raises(KeyboardInterrupt):
+        runner.replay([rows[0]], [40])
+    monkeypatch.setattr(runner_mod, "pop", real_pop)
+    assert runner._mailbox.posted == 1
+    torch.cuda.synchronize()
+    assert runner._mailbox.consumed.item() == 1  # the launched graph took it
+    rpi, sl = pool.batch(rows[1:])
+    runner.page_table.fill_(POISON)
+    stale = runner.req_pool_indices.cpu().clone()
+    runner.replay(rpi, sl)
+    assert runner.seq_lens[:2].tolist() == list(sl)
+    check_replay(runner, pool, rpi, sl, 8, stale)
+    runner.close()
+
+
+@gpu
 def test_gpu_a_graph_replayed_directly_rebuilds_the_last_batch():
     """``runner.graphs[b].replay()`` (no post for it) stages nothing: it rebuilds from the
     static inputs as they are, and the next ``runner.replay()`` stages its own batch."""

@@ -304,7 +304,9 @@ class Report:
     #: generates its steps in batches, and the rate follows the mean): the workload step
     #: (pool model and its device writes), the runner's replay() (staging + graph launch),
     #: and the checker's own work (model, upload, verification launch, bookkeeping; the
-    #: read-back once a chunk is not in it)
+    #: read-back once a chunk is not in it); "workload receive" is the part of the workload
+    #: step spent getting batches of steps (from the child processes: when it nears the
+    #: whole workload step, the children's generation limits the rate)
     phase_us: dict = field(default_factory=dict)
     #: whether the workload's host models ran in child processes (``workload_process``)
     workload_in_process: bool = False
@@ -1072,7 +1074,10 @@ def _replays(cfg, runner, workload, first, steps, tables, vectors, pool, dev, wa
         "full_to_swa": runner.full_to_swa,
         **{name: getattr(runner, name, None) for name in VECTOR_NAMES},
     }
-    addresses = {k: (t.data_ptr() if t is not None else None) for k, t in watched.items()}
+    # Checked after every replay: each buffer there at capture still at its address, and
+    # none of those absent at capture (None) now set.
+    watched_live = [(k, t.data_ptr()) for k, t in watched.items() if t is not None]
+    watched_absent = [k for k, t in watched.items() if t is None]
 
     moved = props["static buffers unmoved"]
     staged_prop = props["staged inputs"]
@@ -1195,7 +1200,9 @@ def _replays(cfg, runner, workload, first, steps, tables, vectors, pool, dev, wa
                     f"replay {i} (bucket {mstep.bucket}): {counter.count} allocation(s) "
                     f"({', '.join(sorted(set(counter.ops))[:4])})"
                 )
-            stats = report.buckets.setdefault(mstep.bucket, BucketStats(mstep.bucket))
+            stats = report.buckets.get(mstep.bucket)
+            if stats is None:
+                stats = report.buckets[mstep.bucket] = BucketStats(mstep.bucket)
             stats.replay_us.append(dt)
             if rec is not None and len(rec.events) > before:
                 new = [
@@ -1211,12 +1218,14 @@ def _replays(cfg, runner, workload, first, steps, tables, vectors, pool, dev, wa
                             + ", ".join(sorted({f"{e.name} in {e.range}" for e in new}))
                         )
                     replay_syncs.extend(new)
-            for name, t_ in watched.items():
-                if t_ is not None and getattr(runner, name, None) is not None:
-                    now = getattr(runner, name).data_ptr()
-                    if now != addresses[name] and moved.status == "pass":
-                        moved.fail(f"replay {i}: {name} moved ({addresses[name]:#x} -> {now:#x})")
-                elif (getattr(runner, name, None) is None) != (t_ is None):
+            for name, address in watched_live:
+                now = getattr(runner, name, None)
+                if now is None:
+                    moved.fail(f"replay {i}: {name} replaced")
+                elif now.data_ptr() != address and moved.status == "pass":
+                    moved.fail(f"replay {i}: {name} moved ({address:#x} -> {now.data_ptr():#x})")
+            for name in watched_absent:
+                if getattr(runner, name, None) is not None:
                     moved.fail(f"replay {i}: {name} replaced")
             with phase("verify"):
                 verifier.verify()
@@ -1261,6 +1270,10 @@ def _replays(cfg, runner, workload, first, steps, tables, vectors, pool, dev, wa
     for name, xs in (("workload", workload_us), ("replay", replay_us), ("checker", checker_us)):
         if xs:
             report.phase_us[name] = round(float(np.mean(xs)), 1)
+    receive_s = getattr(workload, "receive_s", None)
+    if workload_us and receive_s is not None:
+        # The part of the workload phase spent getting the steps' batches (ProducedWorkload)
+        report.phase_us["workload receive"] = round(receive_s / len(workload_us) * 1e6, 1)
     memory_after = torch.cuda.memory_allocated(dev) if graphs and stopped is None else None
 
     # -- summaries ----------------------------------------------------------------------------

@@ -85,7 +85,7 @@ def writer_bytes(numel: int, page_size: int, itemsize: int) -> int:
     ``itemsize`` bytes (for a memory check before anything is allocated)."""
     n = writer_capacity(numel, page_size)
     entries = n * page_size
-    return 5 * n * 8 + entries * (3 * 8 + (0 if itemsize == 8 else itemsize)) + page_size * 8
+    return 6 * n * 8 + entries * (3 * 8 + (0 if itemsize == 8 else itemsize)) + page_size * 8
 
 
 class _PageWriter:
@@ -99,7 +99,8 @@ class _PageWriter:
     ``out=``); ``apply(lo, hi)`` writes runs ``lo:hi`` of it with one ``index_copy_``. Lanes
     outside ``[lo, hi)`` are clamped into it, so they write an entry of their own run again
     with its own value: the expansion is rectangular and never writes an entry it was not
-    given.
+    given. The runs go up row by row, as the pool made them (one memory copy a group of runs,
+    no transposition on the host); the device reads each field as a strided column.
     """
 
     def __init__(self, table: torch.Tensor, page_size: int):
@@ -116,6 +117,7 @@ class _PageWriter:
         self.done: list = [None] * len(self.host)
         self.next = 0
         self.runs = torch.empty(5 * n, dtype=torch.int64, device=dev)
+        self.last = torch.empty((n, 1), dtype=torch.int64, device=dev)
         self.lane = torch.arange(ps, dtype=torch.int64, device=dev)[None, :]
         self.eff = torch.empty((n, ps), dtype=torch.int64, device=dev)
         self.index = torch.empty((n, ps), dtype=torch.int64, device=dev)
@@ -123,20 +125,29 @@ class _PageWriter:
         self.cast = self.value if dtype == torch.int64 else torch.empty((n, ps), dtype=dtype,
                                                                         device=dev)  # fmt: skip
 
-    def stage(self, runs: np.ndarray) -> None:
-        """Upload and expand ``runs`` (``[k, 5]`` int64 rows of base, value, step, lo, hi;
-        ``k <= capacity``) into scratch rows ``:k``, replacing what was staged before."""
-        k = len(runs)
+    def stage(self, runs: np.ndarray | list[np.ndarray]) -> None:
+        """Upload and expand ``runs`` (``[k, 5]`` int64 rows of base, value, step, lo, hi, or a
+        list of such arrays taken in order as if concatenated; ``k <= capacity`` in all) into
+        scratch rows ``:k``, replacing what was staged before."""
+        parts = runs if isinstance(runs, list) else [runs]
+        k = sum(len(part) for part in parts)
+        if k > self.capacity:
+            raise ValueError(f"{k} runs staged at once, capacity {self.capacity}")
         slot = self.next
         self.next = (slot + 1) % len(self.host)
         if self.done[slot] is not None:
             self.done[slot].synchronize()  # outside any replay; practically never waits
         host = self.host_np[slot]
-        for c in range(4):  # column-major: each field a contiguous [k] vector
-            host[c * k : (c + 1) * k] = runs[:, c]
-        host[4 * k : 5 * k] = runs[:, 4] - 1  # the last lane, for the clamp
+        at = 0
+        for part in parts:
+            end = at + 5 * len(part)
+            host[at:end] = part.reshape(-1)
+            at = end
         self.runs[: 5 * k].copy_(self.host[slot][: 5 * k], non_blocking=self.cuda)
-        base, value, step, lo, last = (self.runs[c * k : (c + 1) * k, None] for c in range(5))
+        rows = self.runs[: 5 * k].view(k, 5)
+        base, value, step, lo, hi = (rows[:, c : c + 1] for c in range(5))
+        last = self.last[:k]
+        torch.sub(hi, 1, out=last)  # the last lane, for the clamp
         eff, val = self.eff[:k], self.value[:k]
         torch.clamp(self.lane, lo, last, out=eff)
         torch.add(base, eff, out=self.index[:k])
@@ -600,7 +611,7 @@ class WriteAhead:
                 plan.append((writer, lo, lo + len(runs)))
             plans.append(plan)
         for writer, runs in parts.items():
-            writer.stage(np.concatenate(runs) if len(runs) > 1 else runs[0])
+            writer.stage(runs)
         # Steps past the first that did not fit wait for the next stage; a first step too
         # large for any stage is written in parts (plan None).
         self._staged = plans or [None]

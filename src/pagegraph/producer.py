@@ -41,6 +41,7 @@ import multiprocessing as mp
 import os
 import queue as queue_mod
 import signal
+import time
 from collections import deque
 from collections.abc import Iterator
 
@@ -357,6 +358,11 @@ class ProducedWorkload:
         self._sources: list = []
         self._closed = False
         self._iterated = False
+        #: Seconds the iteration spent getting batches after the first one: waiting for a
+        #: child and taking its runs out of the ring (with ``processes``), or generating
+        #: them (without). Where it nears the consumer's time a step, the workload is what
+        #: limits the rate.
+        self.receive_s = 0.0
         ctx = mp.get_context("spawn") if processes else None
         try:
             for k in range(self.streams):
@@ -399,7 +405,11 @@ class ProducedWorkload:
                     if k != active:
                         self._switch(active, k)
                         active = k
-                    for step, writes in self._sources[k].next_batch():
+                    t0 = time.perf_counter()
+                    batch = self._sources[k].next_batch()
+                    if index:  # the first batch waits for the children's start-up
+                        self.receive_s += time.perf_counter() - t0
+                    for step, writes in batch:
                         ahead.add([(writers[tag], runs) for tag, runs in writes])
                         ready.append(step)
                 ahead.next()  # this step's table writes, before the consumer's work

@@ -37,8 +37,16 @@ from .builders import builder_kind, resolve_builder
 from .contract import ERROR_KINDS, INDEX_DTYPES, cdiv
 from .kernel import build_page_table
 from .metadata import DECODE_ERROR_KINDS
-from .ranges import phase, pop, push
+from .ranges import phase, pop, push, range_name
 from .staging import Mailbox
+
+
+def _count(values) -> int:
+    """Entries of a batch argument: ``shape[0]`` of a 1-D tensor (a third of ``len()``'s
+    cost), else ``len()`` (which raises for a 0-d tensor or a non-sequence)."""
+    if type(values) is torch.Tensor and values.dim() == 1:
+        return values.shape[0]
+    return len(values)
 
 
 class StaticBufferMoved(RuntimeError):
@@ -386,6 +394,10 @@ class GraphRunner:
             if t is not None
         ]
         self._views: dict[int, tuple] = {}
+        # The NVTX range names of every bucket, built once (a replay pushes two).
+        self._range_names = {
+            bs: (range_name("stage", bs), range_name("replay", bs)) for bs in self.buckets.sizes
+        }
 
     def _oom_message(self, what: str, bucket: int, exc: BaseException) -> str:
         tables = 2 if self.swa_page_table is not None else 1
@@ -476,42 +488,54 @@ class GraphRunner:
             ``(page_table[:n], swa_page_table[:n] or None)``: views of the static buffers,
             valid until the next replay.
         """
-        n = len(seq_lens)
-        if len(req_pool_indices) != n:
+        n = _count(seq_lens)
+        if _count(req_pool_indices) != n:
             raise ValueError(
-                f"req_pool_indices has {len(req_pool_indices)} entries, seq_lens has {n}"
+                f"req_pool_indices has {_count(req_pool_indices)} entries, seq_lens has {n}"
             )
         bucket = self.buckets.bucket_for(n)  # raises before any buffer is touched
         self.check_addresses()
-        # A device context costs microseconds: enter one only when the current device differs.
-        switch = self.use_graphs and torch._C._cuda_getDevice() != self._device_index
-        with torch.cuda.device(self.device) if switch else nullcontext():
-            mailbox = self._mailbox
-            posts = mailbox.posted if mailbox is not None else 0
-            launched = False
+        stage_range, replay_range = self._range_names[bucket]
+        mailbox = self._mailbox
+        if mailbox is None:
+            push(stage_range)
             try:
-                push("stage", bucket)
+                self._stage(req_pool_indices, seq_lens, n)
+                self.padding.apply(self.req_pool_indices, self.seq_lens, n, bucket)
+            finally:
+                pop()
+            push(replay_range)
+            try:
+                self._build(bucket)
+            finally:
+                pop()
+        else:
+            # A device context costs microseconds: enter one only when the current device
+            # differs.
+            switch = torch._C._cuda_getDevice() != self._device_index
+            with torch.cuda.device(self.device) if switch else nullcontext():
+                posts = mailbox.posted
+                launched = False
                 try:
-                    self._stage(req_pool_indices, seq_lens, n)
-                    if mailbox is None:  # a graph pads in its stage node
-                        self.padding.apply(self.req_pool_indices, self.seq_lens, n, bucket)
-                finally:
-                    pop()
-                push("replay", bucket)
-                try:
-                    if self.use_graphs:
+                    push(stage_range)
+                    try:
+                        self._stage(req_pool_indices, seq_lens, n)
+                    finally:
+                        pop()
+                    push(replay_range)
+                    try:
                         self.graphs[bucket].replay()
                         launched = True
-                    else:
-                        self._build(bucket)
-                finally:
-                    pop()
-            finally:
-                # A post no graph will consume (the launch raised, or anything before it,
-                # Ctrl-C included) is taken back: else every later graph would stage the
-                # batch posted one call before its own.
-                if mailbox is not None and not launched and mailbox.posted > posts:
-                    mailbox.withdraw()
+                    finally:
+                        pop()
+                except BaseException:
+                    # A post no graph will consume (the launch raised, or anything between
+                    # the post and the launch, Ctrl-C included) is taken back: else every
+                    # later graph would stage the batch posted one call before its own. A
+                    # launched graph consumes its post, whatever is raised after the launch.
+                    if not launched and mailbox.posted > posts:
+                        mailbox.withdraw()
+                    raise
         self.last_bucket = bucket
         _, _, page_table, swa = self._views_of(n)
         return page_table, swa

@@ -56,8 +56,6 @@ import torch
 import triton
 import triton.language as tl
 
-from .contract import INDEX_DTYPES
-
 #: Posts the host can be ahead of the device before it waits.
 SLOTS = 16
 #: int64 fields of a slot's header (64 bytes: one load).
@@ -182,31 +180,44 @@ class Mailbox:
         else is converted on the host and posted by value.
         """
         k = self.posted
-        mv = self._mv
         if self._consumed[0] < k - SLOTS + 1:
             self._wait(k)
         o = (k % SLOTS) * self.slot_size
-        inline = self._base + 8 * (o + HEADER)
-        for i, values in enumerate((req_pool_indices, seq_lens)):
-            if _by_address(values, device_index):
-                mv[o + i] = values.data_ptr()
-                mv[o + RPI_STRIDE + i] = values.stride(0)
-                mv[o + RPI_64 + i] = values.dtype is torch.int64
-                continue
-            if isinstance(values, torch.Tensor):
-                if values.device.type != "cpu":
-                    raise ValueError(
-                        f"batch tensors must be on {self.device} or the CPU, got {values.device}"
-                    )
-                values = values.numpy()
-            start = o + HEADER + i * self.max_bs
-            self._np[start : start + n] = np.asarray(values)
-            mv[o + i] = inline + 8 * i * self.max_bs
-            mv[o + RPI_STRIDE + i] = 1
-            mv[o + RPI_64 + i] = 1
+        self._put(o, 0, req_pool_indices, n, device_index)
+        self._put(o, 1, seq_lens, n, device_index)
+        mv = self._mv
         mv[o + COUNT] = n
         mv[o + TAG] = k  # last: the tag says the slot is complete
         self.posted = k + 1
+
+    def _put(self, o: int, i: int, values, n: int, device_index: int) -> None:
+        """Field ``i`` (0: request indices, 1: lengths) of the post at slot offset ``o``."""
+        mv = self._mv
+        if isinstance(values, torch.Tensor) and values.get_device() == device_index:
+            # Posted by address: a tensor on the graphs' device (on a CPU, only a 1-D
+            # int32/int64 one; anything else there is converted by value).
+            dtype = values.dtype
+            if values.dim() == 1 and (dtype is torch.int64 or dtype is torch.int32):
+                mv[o + i] = values.data_ptr()
+                mv[o + RPI_STRIDE + i] = values.stride(0)
+                mv[o + RPI_64 + i] = dtype is torch.int64
+                return
+            if device_index >= 0:
+                raise TypeError(
+                    "batch tensors on the device must be 1-D int32 or int64, got "
+                    f"{dtype} of shape {tuple(values.shape)}"
+                )
+        if isinstance(values, torch.Tensor):
+            if values.device.type != "cpu":
+                raise ValueError(
+                    f"batch tensors must be on {self.device} or the CPU, got {values.device}"
+                )
+            values = values.numpy()
+        start = o + HEADER + i * self.max_bs
+        self._np[start : start + n] = np.asarray(values)
+        mv[o + i] = self._base + 8 * start
+        mv[o + RPI_STRIDE + i] = 1
+        mv[o + RPI_64 + i] = 1
 
     def withdraw(self) -> None:
         """Take the last post back (its launch failed: no graph will consume it)."""
@@ -225,17 +236,3 @@ class Mailbox:
                 f"{self._consumed[0]} of {k} posts): every post must be followed by one "
                 "graph launch"
             )
-
-
-def _by_address(values, device_index: int) -> bool:
-    """Post ``values`` by address: a tensor on the graphs' device (on a CPU, only a 1-D
-    int32/int64 one; anything else there is converted by value)."""
-    if not isinstance(values, torch.Tensor) or values.get_device() != device_index:
-        return False
-    ok = values.dim() == 1 and values.dtype in INDEX_DTYPES
-    if device_index >= 0 and not ok:
-        raise TypeError(
-            "batch tensors on the device must be 1-D int32 or int64, got "
-            f"{values.dtype} of shape {tuple(values.shape)}"
-        )
-    return ok

@@ -126,6 +126,9 @@ class BatchModel:
         self.seq_lens = self.state[max_bs : 2 * max_bs]
         self.flags = self.state[2 * max_bs :]
         self.req_pool_indices[:] = initial_req_pool_indices
+        # The longest in-contract length: its tables, len + draft_tokens, reach len_limit.
+        # None when the draft tokens alone pass len_limit: every row is out of the contract.
+        self._sl_limit = np.uint64(len_limit - draft_tokens) if len_limit >= draft_tokens else None
 
     def bucket_for(self, n: int) -> int:
         for size in self.sizes:
@@ -143,18 +146,23 @@ class BatchModel:
         if self.pad_req_pool_index is not None:
             rpi[n:bucket] = self.pad_req_pool_index
         b_rpi, b_sl = rpi[:bucket], sl[:bucket]
-        built = np.maximum(b_sl, 0) + self.draft_tokens  # the lengths the tables are built for
-        ooc = (b_sl < 0) | (built > self.len_limit) | (b_rpi < 0) | (b_rpi >= self.r2t_rows)
-        flags[:] = 0
-        flags[:bucket] = IN_BUCKET | np.where(ooc, OUT_OF_CONTRACT, 0)
+        # Out of the contract: a negative length, a length whose tables (built for
+        # max(len, 0) + draft_tokens) pass len_limit, a request index outside req_to_token.
+        # Seen as unsigned, a negative value is larger than any limit: one comparison a field.
+        if self._sl_limit is None:
+            ooc = np.ones(bucket, dtype=bool)
+        else:
+            ooc = (b_sl.view(np.uint64) > self._sl_limit) | (b_rpi.view(np.uint64) >= self.r2t_rows)
+        flags[bucket:] = 0
+        flags[:bucket] = np.where(ooc, IN_BUCKET | OUT_OF_CONTRACT, IN_BUCKET)
         flags[:n] |= REAL
-        longest = int(built[:n].max()) if n else 0
+        longest = max(int(sl[:n].max()), 0) + self.draft_tokens if n else 0
         return ModelStep(
             index=index,
             n=n,
             bucket=bucket,
             out_of_contract=bool(ooc.any()),
-            longer_than_capture=cdiv(max(longest, 0), self.page_size) > self.capture_pages,
+            longer_than_capture=cdiv(longest, self.page_size) > self.capture_pages,
             ooc_rows=ooc,
             asked_rpi=b_rpi.copy(),
             asked_sl=b_sl.copy(),

@@ -40,6 +40,7 @@ from .timing import (
     device_time_us,
     error,
     interleaved_wall_us,
+    paired_ratio,
     recover,
     sync,
     wall_time_us,
@@ -55,6 +56,9 @@ DECODE_VARIANTS: tuple[tuple[str, str, int, bool], ...] = (
     ("PreparedDecodeMetadata", "prepared", 0, False),
     ("unfused_decode_metadata", "unfused", 0, True),
 )
+#: Calls of each variant in one round of the eager timing.
+EAGER_ROUND_CALLS = 20
+
 #: Targets: device time above build_page_table, and eager ratios.
 DIFF_TARGET_US = 1.0
 FUSED_RATIO_TARGET = 1.2
@@ -157,6 +161,7 @@ def decode_row(cfg: BenchConfig, variant: str, draft: int) -> dict:
         "device_warm_us": None,
         "input_sets": None,
         "eager_us": None,
+        "eager_round_us": None,
         "exact": None,
         "graph_exact": None,
         "mismatch": None,
@@ -276,11 +281,18 @@ def bench_decode_config(cfg: BenchConfig, s: Settings) -> list[dict]:
     # configs whose host path is the same). Not enough on a noisy host: in rounds of 50
     # calls, two variants with one host path (draft tokens 0 and 4) still differed by 4 us in
     # one config of one H200 run (profiles/bench/NOTES.md).
+    # Rounds of EAGER_ROUND_CALLS: the ratios are taken round by round (paired_ratio in
+    # decode_summary), so short rounds give many pairs, each within one state of the host.
     try:
+        rounds: dict = {}
         with phase("bench", cfg.bs):
-            eager = interleaved_wall_us(calls, eager_calls(s), warmup=eager_warmup(s), cuda=s.cuda)
+            eager = interleaved_wall_us(
+                calls, eager_calls(s), round_calls=EAGER_ROUND_CALLS,
+                warmup=eager_warmup(s), cuda=s.cuda, per_round=rounds,
+            )  # fmt: skip
         for i, us in eager.items():
             rows[i]["eager_us"] = us
+            rows[i]["eager_round_us"] = rounds[i]
     except Exception:  # noqa: BLE001 - then each variant alone, so a failure stays its own
         recover(s.cuda)
         for i, call in calls.items():
@@ -315,6 +327,14 @@ def difference(a: float | None, b: float | None) -> float | None:
     return a - b
 
 
+def eager_ratio(get, a: str, b: str) -> float | None:
+    """Eager host time of variant ``a`` over ``b``: the median of the per-round ratios when
+    both were timed in the same rounds (``timing.paired_ratio``), else the ratio of their
+    medians (each timed alone after a failed round)."""
+    paired = paired_ratio(get(a, "eager_round_us"), get(b, "eager_round_us"))
+    return paired if paired is not None else ratio(get(a, "eager_us"), get(b, "eager_us"))
+
+
 def decode_summary(rows: list[dict]) -> list[dict]:
     """Per config, from its metadata rows: ``diff_us`` / ``diff_warm_us`` (fused, draft 0,
     minus ``build_page_table``, rotated / L2-warm device us), the same with draft tokens
@@ -346,9 +366,9 @@ def decode_summary(rows: list[dict]) -> list[dict]:
                 "diff_draft_warm_us": difference(
                     get(draft, "device_warm_us"), get(bpt, "device_warm_us")
                 ),
-                "fused_over_bpt": ratio(get(fused, "eager_us"), get(bpt, "eager_us")),
-                "prepared_over_bpt": ratio(get(prep, "eager_us"), get(bpt, "eager_us")),
-                "unfused_over_fused": ratio(get(unfused, "eager_us"), get(fused, "eager_us")),
+                "fused_over_bpt": eager_ratio(get, fused, bpt),
+                "prepared_over_bpt": eager_ratio(get, prep, bpt),
+                "unfused_over_fused": eager_ratio(get, unfused, fused),
                 "unfused_over_fused_device": ratio(
                     get(unfused, "device_us"), get(fused, "device_us")
                 ),

@@ -12,7 +12,13 @@ import math
 from pathlib import Path
 
 from .configs import SMOKE_BS, SMOKE_CONTEXT, tokens
-from .decode import DIFF_TARGET_US, FUSED_RATIO_TARGET, UNFUSED_RATIO_TARGET, decode_summary
+from .decode import (
+    DIFF_TARGET_US,
+    EAGER_ROUND_CALLS,
+    FUSED_RATIO_TARGET,
+    UNFUSED_RATIO_TARGET,
+    decode_summary,
+)
 from .floors import COPY_BYTES
 from .replay_overhead import REPLAY_OVERHEAD_TARGET
 from .rows import GRAPH_SAFE
@@ -467,10 +473,12 @@ def format_decode_markdown(decode: list[dict], cuda: bool) -> list[str]:
         lines.append("")
     lines += [
         "Eager host us per call (median of the calls, every variant of a config timed in "
-        "alternating rounds with the queue drained between rounds"
+        f"alternating rounds of {EAGER_ROUND_CALLS} calls with the queue drained between rounds"
         + ("" if cuda else "; the interpreter's")
-        + f"); targets: fused / bpt <= {FUSED_RATIO_TARGET:g}x, unfused / fused >= "
-        f"{UNFUSED_RATIO_TARGET:g}x.",
+        + "); the ratios are medians over the rounds of each round's ratio of medians, so a "
+        "host whose speed drifts between rounds moves both sides of each pair (the ratio of "
+        "the medians where a round failed and each variant was timed alone); targets: "
+        f"fused / bpt <= {FUSED_RATIO_TARGET:g}x, unfused / fused >= {UNFUSED_RATIO_TARGET:g}x.",
         "",
         "| config | build_page_table | build_decode_metadata | PreparedDecodeMetadata "
         "| unfused chain | fused / bpt | prepared / bpt | unfused / fused | exact |",

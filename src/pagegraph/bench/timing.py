@@ -188,10 +188,13 @@ def interleaved_wall_us(
     round_calls: int = SYNC_EVERY,
     warmup: int = 20,
     cuda: bool = True,
+    per_round: dict | None = None,
 ) -> dict:
     """Median host microseconds per call of each of ``fns`` (by key), ``calls`` timed calls each,
     taken in alternating rounds of ``round_calls`` calls (``fns`` in order, round after
-    round). Each round starts after a drained queue, outside the timed region."""
+    round). Each round starts after a drained queue, outside the timed region. With
+    ``per_round`` (a dict), ``per_round[key]`` gets each round's median microseconds, in round
+    order: the pairs a ratio between two of ``fns`` can be taken over (``paired_ratio``)."""
     for fn in fns.values():  # warm every path up before any timing
         for _ in range(warmup):
             fn()
@@ -203,8 +206,23 @@ def interleaved_wall_us(
         if n <= 0:
             break
         for name, fn in fns.items():
-            times[name] += wall_times_ns(fn, n, warmup=0, cuda=cuda, sync_every=n + 1)
+            ts = wall_times_ns(fn, n, warmup=0, cuda=cuda, sync_every=n + 1)
+            times[name] += ts
+            if per_round is not None:
+                per_round.setdefault(name, []).append(statistics.median(ts) / 1e3)
     return {name: statistics.median(ts) / 1e3 for name, ts in times.items()}
+
+
+def paired_ratio(a_rounds: list | None, b_rounds: list | None) -> float | None:
+    """The median over rounds of ``a / b`` within each round (``interleaved_wall_us``'s
+    ``per_round`` lists of two of its functions): a drift of the host's speed from round to
+    round moves both sides of a pair, so it cancels, where a ratio of two overall medians
+    keeps it. ``None`` without two equally long lists of positive times."""
+    if not a_rounds or not b_rounds or len(a_rounds) != len(b_rounds):
+        return None
+    if min(b_rounds) <= 0:
+        return None
+    return statistics.median(a / b for a, b in zip(a_rounds, b_rounds))
 
 
 def error(exc: BaseException) -> str:

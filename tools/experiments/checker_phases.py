@@ -1,0 +1,100 @@
+"""Where a checked replay's host time goes, piece by piece, with the workload in child processes.
+
+Wraps the pieces the checker calls once a replay (or once a batch) with a timer, runs one
+``check_replay_safety`` over a scenario (detectors off by default, as the 5,000/s target is
+stated), and prints each piece's mean microseconds per replay next to the report's own
+``replays_per_s`` and ``phase_us``. The timers cost a fraction of a microsecond each; the
+remainder (``checker us`` minus the wrapped checker pieces) is the loop's own Python.
+
+Usage: PYTHONPATH=src python tools/experiments/checker_phases.py
+       [--scenario graphs/sglang-h200.toml] [--replays 5000] [--detectors none|cupti]
+       [--streams K] [--json OUT]
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from collections import defaultdict
+
+import torch
+
+from pagegraph import checker, producer, runner, verify
+from pagegraph import pool as pool_mod
+from pagegraph.scenario import load_scenario
+
+#: Seconds of every call of each piece; the first call (start-up: a child's first batch, the
+#: graphs' first launch) is left out of the means.
+TIMES: dict[str, list[float]] = defaultdict(list)
+
+
+def timed(owner, attr: str, label: str) -> None:
+    fn = getattr(owner, attr)
+
+    def wrapper(*args, **kwargs):
+        t0 = time.perf_counter()
+        try:
+            return fn(*args, **kwargs)
+        finally:
+            TIMES[label].append(time.perf_counter() - t0)
+
+    setattr(owner, attr, wrapper)
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--scenario", default="graphs/sglang-h200.toml")
+    ap.add_argument("--replays", type=int, default=5000)
+    ap.add_argument("--detectors", default="none", choices=["none", "cupti", "torch"])
+    ap.add_argument("--streams", type=int, help="workload streams (default: the scenario's)")
+    ap.add_argument("--json")
+    args = ap.parse_args()
+    pieces = [
+        (verify.BatchModel, "stage", "checker: model.stage"),
+        (verify.TableVerifier, "upload", "checker: verifier.upload"),
+        (verify.TableVerifier, "verify", "checker: verifier.verify"),
+        (verify.TableVerifier, "read", "checker: verifier.read (per chunk)"),
+        (checker, "_judge_records", "checker: judge records (per chunk)"),
+        (torch.cuda.Event, "synchronize", "checker: in-flight event wait"),
+        (runner.GraphRunner, "replay", "replay: runner.replay"),
+        (producer._ChildStream, "next_batch", "workload: next_batch (wait + unpack)"),
+        (producer.ProducedWorkload, "_switch", "workload: stream switch"),
+        (pool_mod.WriteAhead, "_stage", "workload: WriteAhead stage (per batch)"),
+        (pool_mod._PageWriter, "apply", "workload: writer apply"),
+    ]
+    for owner, attr, label in pieces:
+        timed(owner, attr, label)
+    sc = load_scenario(args.scenario)
+    cfg = sc.config
+    if args.streams:
+        cfg = cfg.replace(workload_streams=args.streams)
+    report = checker.check_replay_safety(
+        sc.builder,
+        cfg,
+        steps=args.replays,
+        detectors=[args.detectors] if args.detectors != "none" else [],
+        workload_process="on",
+    )
+    n = report.replays
+    per_replay = {k: round(sum(TIMES[k][1:]) / n * 1e6, 1) for k in sorted(TIMES)}
+    first_s = {k: round(TIMES[k][0], 4) for k in sorted(TIMES)}
+    out = {
+        "scenario": sc.name,
+        "streams": cfg.workload_streams,
+        "verdict": report.verdict,
+        "replays": n,
+        "replays_per_s": round(report.replays_per_s),
+        "phase_us": report.phase_us,
+        "pieces_us_per_replay": per_replay,
+        "calls": {k: len(v) for k, v in TIMES.items()},
+        "first_call_s": first_s,
+    }
+    print(json.dumps(out, indent=1))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(out, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
