@@ -333,6 +333,29 @@ def test_gpu_replays_far_ahead_of_the_device_are_each_staged(monkeypatch):
     runner.close()
 
 
+def _interrupt_bed(runner_cls):
+    """A captured one-bucket runner of ``runner_cls`` and three requests, for the tests of a
+    replay interrupted around its launch (the first request is the interrupted batch)."""
+    pool = KVPool(max_reqs=9, max_context_len=512, page_size=16, device=DEVICE, seed=0)
+    runner = runner_cls(pool.req_to_token, max_bs=8, max_context_len=512, page_size=16, buckets=[8])
+    runner.capture()
+    rows = [pool.alloc(n) for n in (40, 300, 17)]
+    pool.flush()
+    return pool, runner, rows
+
+
+def _next_replay_stages_its_own_batch(runner, pool, rows):
+    """After the interrupted replay, the next one (``rows[1:]``) stages its own batch, not
+    the interrupted one: its inputs and tables exact."""
+    rpi, sl = pool.batch(rows[1:])
+    runner.page_table.fill_(POISON)
+    stale = runner.req_pool_indices.cpu().clone()
+    runner.replay(rpi, sl)
+    assert runner.seq_lens[:2].tolist() == list(sl)
+    check_replay(runner, pool, rpi, sl, 8, stale)
+    runner.close()
+
+
 @gpu
 def test_gpu_a_post_whose_launch_never_came_is_withdrawn():
     """Staging posted the batch, then raised before the launch: the post is taken back, and
@@ -344,24 +367,12 @@ def test_gpu_a_post_whose_launch_never_came_is_withdrawn():
             if getattr(self, "interrupt", False):
                 raise KeyboardInterrupt
 
-    pool = KVPool(max_reqs=9, max_context_len=512, page_size=16, device=DEVICE, seed=0)
-    runner = InterruptedRunner(
-        pool.req_to_token, max_bs=8, max_context_len=512, page_size=16, buckets=[8]
-    )
-    runner.capture()
-    rows = [pool.alloc(n) for n in (40, 300, 17)]
-    pool.flush()
+    pool, runner, rows = _interrupt_bed(InterruptedRunner)
     runner.interrupt = True
     with pytest.raises(KeyboardInterrupt):
         runner.replay([rows[0]], [40])
     runner.interrupt = False
-    rpi, sl = pool.batch(rows[1:])
-    runner.page_table.fill_(POISON)
-    stale = runner.req_pool_indices.cpu().clone()
-    runner.replay(rpi, sl)
-    assert runner.seq_lens[:2].tolist() == list(sl)
-    check_replay(runner, pool, rpi, sl, 8, stale)
-    runner.close()
+    _next_replay_stages_its_own_batch(runner, pool, rows)
 
 
 @gpu
@@ -371,12 +382,7 @@ def test_gpu_an_interrupt_after_the_launch_keeps_the_post(monkeypatch):
     ahead, and the next replay would stage nothing)."""
     import pagegraph.runner as runner_mod
 
-    pool = KVPool(max_reqs=9, max_context_len=512, page_size=16, device=DEVICE, seed=0)
-    runner = GraphRunner(pool.req_to_token, max_bs=8, max_context_len=512, page_size=16,
-                         buckets=[8])  # fmt: skip
-    runner.capture()
-    rows = [pool.alloc(n) for n in (40, 300, 17)]
-    pool.flush()
+    pool, runner, rows = _interrupt_bed(GraphRunner)
     real_pop = runner_mod.pop
 
     def pop_then_interrupt():
@@ -392,13 +398,7 @@ def test_gpu_an_interrupt_after_the_launch_keeps_the_post(monkeypatch):
     assert runner._mailbox.posted == 1
     torch.cuda.synchronize()
     assert runner._mailbox.consumed.item() == 1  # the launched graph took it
-    rpi, sl = pool.batch(rows[1:])
-    runner.page_table.fill_(POISON)
-    stale = runner.req_pool_indices.cpu().clone()
-    runner.replay(rpi, sl)
-    assert runner.seq_lens[:2].tolist() == list(sl)
-    check_replay(runner, pool, rpi, sl, 8, stale)
-    runner.close()
+    _next_replay_stages_its_own_batch(runner, pool, rows)
 
 
 @gpu
