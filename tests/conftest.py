@@ -23,8 +23,16 @@ def pytest_configure(config):
 def pytest_collection_modifyitems(session, config, items):
     # torch.profiler (Kineto) holds CUPTI's one subscription for the rest of the process once
     # started, which would turn every CUPTI-detector test after it into a skip: run those
-    # tests last.
-    items.sort(key=lambda item: item.get_closest_marker("torch_profiler") is not None)
+    # tests last. Before them, the heavy tests (child processes, compiles, long property runs:
+    # 4 to 16 s each on the H200 host, most of the suite's time) come first, so that a parallel
+    # run hands them out at its start and does not end waiting for one. The sort is stable:
+    # a module's tests keep their order, and its module-scoped fixtures are made once.
+    items.sort(
+        key=lambda item: (
+            item.get_closest_marker("torch_profiler") is not None,
+            item.get_closest_marker("heavy") is None,
+        )
+    )
 
 
 def pytest_sessionstart(session):

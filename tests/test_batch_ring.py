@@ -14,9 +14,13 @@ import torch
 from pagegraph import batch_ring, producer
 from pagegraph.batch_ring import RingReader, RingWriter
 from pagegraph.pool import KVPool
+from pagegraph.pool import _PageWriter as PageWriter
 from pagegraph.producer import ProducedWorkload, _batches, _pack, _unpack
 from pagegraph.workload import DecodeWorkload
-from test_producer import CASES, tables
+from test_producer import CASES, produced_batch, tables
+
+# Starts child processes: scheduled first in a parallel run (see conftest.py).
+pytestmark = pytest.mark.heavy
 
 
 @pytest.fixture
@@ -65,6 +69,31 @@ def test_a_full_ring_holds_the_writer_until_the_reader_takes(ring, monkeypatch):
     assert writer.put(d, alive=alive) == 1536 and len(tries) >= 3
     assert np.array_equal(reader.take(1024, 512).view(np.int64), c)
     assert np.array_equal(reader.take(1536, 512).view(np.int64), d)
+
+
+def test_a_borrowed_block_is_read_in_place_and_held_until_released(ring, monkeypatch):
+    """``borrow`` hands out the block without a copy and without giving its bytes back: the
+    writer cannot overwrite it until ``release`` passes its end."""
+    reader, writer = ring
+    monkeypatch.setattr(batch_ring, "ALIVE_EVERY_S", 0.0)
+    a = np.arange(64, dtype=np.int64)  # 512 bytes: two fill the ring
+    assert writer.put(a, alive=lambda: True) == 0
+    view = reader.borrow(0, 512).view(np.int64)
+    assert np.array_equal(view, a) and not view.flags.writeable
+    assert writer.put(a + 1, alive=lambda: True) == 512
+    # Borrowed, not released: a third block would overwrite it, so the writer waits.
+    with pytest.raises(batch_ring.ReaderGone):
+        writer.put(a + 2, alive=lambda: False)
+    assert np.array_equal(view, a)
+    second = reader.borrow(512, 512).view(np.int64)
+    reader.release(1024)  # done with both
+    with pytest.raises(ValueError, match="released to 1024"):
+        reader.release(512)  # never backwards
+    assert writer.put(a + 2, alive=lambda: True) == 1024
+    assert np.array_equal(view, a + 2)  # the old view now shows the writer's new bytes
+    assert np.array_equal(second, a + 1)
+    with pytest.raises(ValueError, match="no block"):
+        reader.borrow(0, 512)  # released
 
 
 def test_blocks_larger_than_half_the_ring_are_refused(ring):
@@ -153,29 +182,51 @@ def test_a_batch_packed_through_a_ring_unpacks_to_the_same_runs(case, capacity, 
     reader.close()
 
 
+@pytest.mark.parametrize(
+    "device",
+    ["cpu", pytest.param("cuda", marks=pytest.mark.gpu)],
+)
 @pytest.mark.parametrize("ring_bytes", [0, 32 << 10], ids=["queue", "small-ring"])
-def test_a_child_through_a_small_ring_gives_the_same_steps_and_tables(ring_bytes, monkeypatch):
+def test_a_child_through_a_small_ring_gives_the_same_steps_and_tables(
+    ring_bytes, device, monkeypatch
+):
     """A ring that holds a few batches only (it wraps every few; the child, running ahead,
-    waits for room), or none: the steps and tables of ``DecodeWorkload``."""
-    unpacked = []
+    waits for room), or none: the steps and tables of ``DecodeWorkload``. With the tables on a
+    GPU the ring is registered with CUDA and the runs go to the device straight from it, each
+    block given back only once those copies are done (else the child would overwrite runs
+    a copy has yet to read, and the tables would differ)."""
+    if device == "cuda" and not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    unpacked, uploads = [], []
 
-    def counting_unpack(payload, ring):
+    def counting_unpack(payload, ring, **kwargs):
         unpacked.append(payload[0])
-        return _unpack(payload, ring)
+        return _unpack(payload, ring, **kwargs)
+
+    upload = PageWriter._upload
+
+    def counting_upload(self, lo, hi, first, pinned):
+        uploads.append(first is not None and hi > lo)
+        return upload(self, lo, hi, first, pinned)
 
     monkeypatch.setattr(producer, "_unpack", counting_unpack)
+    monkeypatch.setattr(PageWriter, "_upload", counting_upload)
     pool_kwargs, workload_kwargs = CASES["swa-injections-int64"]
     workload_kwargs = dict(workload_kwargs, steps=320)
-    here, there = KVPool(**pool_kwargs), KVPool(**pool_kwargs)
+    here, there = KVPool(**pool_kwargs), KVPool(**pool_kwargs, device=device)
     expected = DecodeWorkload(here, **workload_kwargs, lookahead=16)
     produced = ProducedWorkload(
         there, pool_kwargs, workload_kwargs, processes=True, ring_bytes=ring_bytes
     )
+    ring = ring_bytes and batch_ring.RING_SUPPORTED
+    assert produced._pinned == bool(ring and device == "cuda")
     for want, got in zip(expected, produced, strict=True):
-        assert (got.req_pool_indices, got.seq_lens) == (want.req_pool_indices, want.seq_lens)
+        assert produced_batch(got) == (want.req_pool_indices, want.seq_lens)
         for a, b in zip(tables(here), tables(there)):
-            assert torch.equal(a, b), f"tables differ after step {got.index}"
-    if ring_bytes and batch_ring.RING_SUPPORTED:
+            assert torch.equal(a, b.cpu()), f"tables differ after step {got.index}"
+    if ring:
         assert len(unpacked) == 20 and max(unpacked) > 3 * ring_bytes  # wrapped thrice
     else:
         assert not unpacked
+    # Runs read in place from the ring: only where it is registered with CUDA.
+    assert any(uploads) == produced._pinned

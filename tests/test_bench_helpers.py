@@ -226,10 +226,10 @@ def test_checker_helpers(tmp_path, monkeypatch):
     cfg = load_scenario(found).config.replace(
         steps=checker_rate.CHECKER_REPLAYS, detectors=checker_rate.CHECKER_RUNS[1][1]
     )
-    assert cfg.steps == 2000 and cfg.detectors == ("cupti",)
+    assert cfg.steps == 5000 and cfg.detectors == ("cupti",)
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU smoke path (a GPU runs 2000)")
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU smoke path (a GPU runs 5000)")
 def test_checker_section_smoke():
     rows = bench.bench_checker(cuda=False)
     assert [r["detectors"] for r in rows] == ["none", "cupti"]

@@ -631,6 +631,7 @@ def test_gpu_graph_runner_fixture(graph_runner):
     assert torch.equal(pt[:, :n], want[:, :n]) and torch.equal(swa[:, :n], want_swa[:, :n])
 
 
+@pytest.mark.heavy
 def test_graph_runner_fixture_releases_its_runners_when_the_test_fails(tmp_path):
     """The plugin's fixture closes every runner it made, also after a failing test."""
     import subprocess
@@ -706,3 +707,11 @@ def test_batch_model_flags_exactly_the_rows_out_of_the_contract(draft_tokens, le
         assert ((flags & REAL) != 0).sum() == n
     if draft_tokens > len_limit:
         assert step.ooc_rows.all()
+
+
+def test_the_upload_ring_outlasts_the_replays_in_flight():
+    """The checker keeps IN_FLIGHT replays in flight; the verifier refills an upload buffer
+    UPLOAD_RING uploads later, which must be after the copy reading it was waited for."""
+    from pagegraph import checker, verify
+
+    assert checker.IN_FLIGHT >= 1 and verify.UPLOAD_RING >= checker.IN_FLIGHT + 1

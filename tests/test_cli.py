@@ -44,6 +44,7 @@ def test_check_default_scenario(tmp_path, capsys):
     assert "# pagegraph check" in out_md.read_text()
 
 
+@pytest.mark.heavy
 def test_workload_process_flag_overrides_the_scenario(tmp_path, capsys):
     out_json = tmp_path / "r.json"
     argv = ["check", DEFAULT, "--replays", "3", "--workload-process", "on", "--json"]
@@ -95,6 +96,7 @@ def test_a_scenario_that_does_not_fit_exits_2_before_allocating(tmp_path, capsys
     assert "does not fit" in err and "GiB" in err and "available" in err
 
 
+@pytest.mark.heavy
 def test_python_dash_m_entry_point():
     proc = subprocess.run(
         [sys.executable, "-m", "pagegraph", "--help"], capture_output=True, text=True, timeout=120
@@ -118,6 +120,7 @@ def _env() -> dict:
     return env
 
 
+@pytest.mark.heavy
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_an_interrupted_check_writes_its_reports_marked_incomplete(tmp_path, sig, code):
     out_json, out_md = tmp_path / "r.json", tmp_path / "r.md"

@@ -20,6 +20,9 @@ import sys
 
 import pytest
 
+# Compiles in child processes: scheduled first in a parallel run (see conftest.py).
+pytestmark = pytest.mark.heavy
+
 INT = {"int32": "i32", "int64": "i64"}
 PAGE_SIZES = [1, 3, 16, 64, 256]
 # (req_to_token, req_pool_indices, seq_lens, full_to_swa or None, errors, 32-bit offsets,

@@ -21,6 +21,9 @@ from pagegraph.contract import cdiv
 
 from helpers import assert_equal_tables, framed
 
+# Seconds of examples a test: scheduled first in a parallel run (see conftest.py).
+pytestmark = pytest.mark.heavy
+
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 GPU_PROFILE = os.environ.get("HYPOTHESIS_PROFILE") == "gpu"
 # Under the interpreter (CI) 1,000 kernel examples; the compiled kernel on a GPU gets 300 in

@@ -14,6 +14,9 @@ from pagegraph.cli import main
 from pagegraph.isolate import IsolatedError, Job, builder_spec, run_isolated
 from pagegraph.pytest_plugin import assert_replay_safe
 
+# Starts child processes: scheduled first in a parallel run (see conftest.py).
+pytestmark = pytest.mark.heavy
+
 SMALL = CheckConfig(max_bs=6, max_context_len=128, page_size=16, steps=10, buckets="pow2",
                     chunk=2)  # fmt: skip
 

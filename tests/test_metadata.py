@@ -718,6 +718,7 @@ def test_variants_cover_every_pair():
 
 
 # The fixture compiles every variant at once: one worker of a parallel run does it for all.
+@pytest.mark.heavy
 @pytest.mark.xdist_group("metadata-sm90-compile")
 @pytest.mark.parametrize("variant", VARIANTS, ids=variant_id)
 def test_compiles_for_sm90(compiled, variant):

@@ -8,6 +8,7 @@ import numpy as np
 import pytest
 import torch
 
+from pagegraph import pool as pool_mod
 from pagegraph.pool import KVPool, PoolExhausted
 from pagegraph.workload import DecodeWorkload, Injection
 
@@ -287,3 +288,64 @@ def test_a_step_writes_each_swa_page_once():
             writer.write(runs)
         check_pool(pool)
     assert written < touched  # the workload did touch pages twice
+
+
+def test_runs_staged_from_tensors_in_place_write_what_arrays_write(monkeypatch):
+    """``_PageWriter.stage`` takes parts as numpy arrays (through its staging slot) or as CPU
+    tensors (copied in place, adjacent ones at once, as a workload child's ring is): any mix
+    writes the same table, and adjacent tensor parts go up in one copy."""
+    rng = np.random.default_rng(4)
+    page, rows, cols = 4, 6, 32
+    runs = []
+    for _ in range(40):  # whole pages and partial ones, anywhere in the table
+        row, col = int(rng.integers(rows)), int(rng.integers(cols // page)) * page
+        lo = int(rng.integers(page))
+        hi = int(rng.integers(lo + 1, page + 1))
+        runs.append([row * cols + col, int(rng.integers(1, 1000)), 1, lo, hi])
+    runs = np.array(runs, dtype=np.int64)
+    # Later runs may rewrite an entry of an earlier one: keep one run a page, so that no entry
+    # is written twice (a scatter has no defined winner).
+    _, first = np.unique(runs[:, 0], return_index=True)
+    runs = runs[np.sort(first)]
+    k = len(runs)
+    whole = torch.from_numpy(runs.copy())  # the tensor parts are views of one buffer
+    mixes = {
+        "arrays": [runs[: k // 3], runs[k // 3 : k // 2], runs[k // 2 :]],
+        "adjacent tensors": [whole[: k // 3], whole[k // 3 : k // 2], whole[k // 2 :]],
+        "mixed": [whole[: k // 3], runs[k // 3 : k // 2], whole[k // 2 : -2], whole[-2:]],
+        "gapped tensors": [whole[: k // 3], whole[k // 2 :]],
+    }
+    uploads = []
+    original = pool_mod._PageWriter._upload
+
+    def counting(self, lo, hi, first, pinned):
+        if hi > lo:
+            uploads.append("tensor" if first is not None else "slot")
+        return original(self, lo, hi, first, pinned)
+
+    monkeypatch.setattr(pool_mod._PageWriter, "_upload", counting)
+    tables = {}
+    for name, parts in mixes.items():
+        table = torch.full((rows, cols), -7, dtype=torch.int32)
+        writer = pool_mod._PageWriter(table, page)
+        uploads.clear()
+        writer.stage(parts)
+        n = sum(len(p) for p in parts)
+        writer.apply(0, n)
+        tables[name] = (table, list(uploads))
+    want = torch.full((rows, cols), -7, dtype=torch.int32)
+    for base, value, step, lo, hi in runs.tolist():
+        for j in range(lo, hi):
+            want.view(-1)[base + j] = value + j * step
+    for name in ("arrays", "adjacent tensors", "mixed"):
+        assert torch.equal(tables[name][0], want), name
+    assert tables["arrays"][1] == ["slot"]
+    assert tables["adjacent tensors"][1] == ["tensor"]  # three adjacent parts, one copy
+    assert tables["mixed"][1] == ["tensor", "slot", "tensor"]
+    gapped = want.clone()
+    for base, _, _, lo, hi in runs[k // 3 : k // 2].tolist():  # the runs left out
+        gapped.view(-1)[base + lo : base + hi] = -7
+    assert torch.equal(tables["gapped tensors"][0], gapped)
+    assert tables["gapped tensors"][1] == ["tensor", "tensor"]
+    with pytest.raises(ValueError, match="contiguous int64"):
+        pool_mod._PageWriter(want, page).stage([whole[:, :5:2]])

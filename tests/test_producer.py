@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 import signal
 
+import numpy as np
 import pytest
 import torch
 
@@ -24,6 +25,9 @@ from pagegraph.producer import (
     stream_steps,
 )
 from pagegraph.workload import DecodeWorkload, Injection
+
+# Starts child processes: scheduled first in a parallel run (see conftest.py).
+pytestmark = pytest.mark.heavy
 
 CASES = {
     "plain": (
@@ -64,6 +68,15 @@ def tables(pool: KVPool) -> list[torch.Tensor]:
     return out
 
 
+def produced_batch(step) -> tuple[list[int], list[int]]:
+    """A ``ProducedWorkload`` step's batch as lists, after checking it comes as two ``[bs]``
+    int64 arrays."""
+    for values in (step.req_pool_indices, step.seq_lens):
+        assert isinstance(values, np.ndarray) and values.dtype == np.int64 and values.ndim == 1
+    assert len(step.req_pool_indices) == len(step.seq_lens)
+    return step.req_pool_indices.tolist(), step.seq_lens.tolist()
+
+
 # Every case here; the richest one (SWA, injections, int64) in a child process too: a child
 # costs an interpreter start and a torch import.
 @pytest.mark.parametrize(
@@ -79,7 +92,7 @@ def test_same_steps_and_tables_as_decode_workload(case, processes):
     produced = ProducedWorkload(there, pool_kwargs, workload_kwargs, processes=processes)
     n = 0
     for want, got in zip(expected, produced, strict=True):
-        assert (got.index, got.req_pool_indices, got.seq_lens) == (
+        assert (got.index, *produced_batch(got)) == (
             want.index,
             want.req_pool_indices,
             want.seq_lens,
@@ -118,7 +131,7 @@ def test_streams_take_turns_each_with_its_own_tables(streams, steps, processes):
         pool, steps_k = refs[k]
         want = next(steps_k)
         assert got.index == index
-        assert (got.req_pool_indices, got.seq_lens) == (want.req_pool_indices, want.seq_lens)
+        assert produced_batch(got) == (want.req_pool_indices, want.seq_lens)
         for a, b in zip(tables(pool), tables(live)):
             assert torch.equal(a, b), f"stream {k}: tables differ after step {index}"
     assert index == steps - 1

@@ -555,6 +555,7 @@ with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]):
 
 @pytest.mark.gpu
 @needs_cuda
+@pytest.mark.heavy
 def test_cupti_next_to_torch_profiler_is_reported_not_hidden():
     # In a subprocess: Kineto may keep CUPTI for the rest of its process.
     _require("cupti")

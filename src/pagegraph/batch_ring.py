@@ -2,12 +2,12 @@
 
 A workload child (``producer``) sends a batch of ``BATCH_STEPS`` steps at a time, with every
 step's page runs (five int64 a page): about 2.4 MB a batch on sglang-h200 and 5.5 MB on
-swa-hybrid. Pickled onto a ``multiprocessing`` queue, a batch crosses a pipe in 64 KB pieces;
-on the H200 host that cost about 260 us a step (sglang-h200) and 660 us (swa-hybrid) between
-two batches received. Written into a ring that both processes map, a batch costs the writer one
+swa-hybrid. Pickled onto a ``multiprocessing`` queue, a batch crosses a pipe in 64 KB pieces; on
+the H200 host that cost about 260 us a step (sglang-h200) and 660 us (swa-hybrid) between two
+batches received. Written into a ring that both processes map, a batch costs the writer one
 copy in and the reader one copy out (``tools/experiments/transport_probe.py``: 29 and 52 us a
-step). Only the runs travel this way; the small step descriptions still go through the queue,
-with where the runs lie in the ring.
+step), or none where the device reads the ring in place (below). Only the runs travel this way;
+the small step descriptions still go through the queue, with where the runs lie in the ring.
 
 Layout: a file of ``HEADER_BYTES + capacity`` bytes, mapped by both processes. The header's
 first int64 is ``released``, the bytes the reader is done with (a counter that only grows;
@@ -15,9 +15,12 @@ only the reader writes it). The writer keeps its own counter of bytes ``written`
 ``n`` bytes starts at ``written`` if it fits before the ring's end, else at the next multiple
 of ``capacity`` (the tail is skipped); it may be written once its end is at most ``released +
 capacity`` ahead, so a block never overwrites bytes the reader has not copied out. The writer
-sends the block's start counter with its message; the reader copies the block out and sets
-``released`` to the block's end. Blocks are taken in the order they were written (one queue
-carries their messages), so ``released`` only grows.
+sends the block's start counter with its message; the reader copies the block out (``take``),
+or reads it in place (``borrow``) until it is done with it, then sets ``released`` to the
+block's end. A reader that feeds a GPU registers the ring's pages with CUDA (``pin_for_cuda``):
+the device then copies borrowed runs straight out of the ring, with no host copy at all, and
+the reader releases a block once those copies have completed. Blocks are taken in the order
+they were written (one queue carries their messages), so ``released`` only grows.
 
 Ordering needs no lock on x86-64, where the ring is used (``RING_SUPPORTED``; elsewhere the
 runs go through the queue): the writer's copy precedes its queue message (put under the
@@ -122,6 +125,27 @@ class RingReader:
         # if no writer ever mapped it.
         self._remove = weakref.finalize(self, _remove, self.path)
         self._buf, self._header, self._data = _map(self.path, size)
+        self._registered: int | None = None  # the map's address, while registered with CUDA
+        #: ``[capacity]`` uint8 torch view of the ring's bytes, once ``pin_for_cuda`` succeeded:
+        #: page-locked, so device copies read blocks in place.
+        self.tensor = None
+
+    def pin_for_cuda(self) -> bool:
+        """Register the ring's pages with CUDA (page-locked, as pinned memory is) and make
+        ``tensor``; False if the driver refuses (the caller then copies blocks out). Call it
+        once, before blocks are borrowed; ``close`` unregisters."""
+        import torch
+
+        base = self._header.ctypes.data  # the map's first byte: page-aligned
+        try:
+            err = torch.cuda.cudart().cudaHostRegister(base, HEADER_BYTES + self.capacity, 0)
+        except (AttributeError, RuntimeError):  # no CUDA runtime bindings in this build
+            return False
+        if int(err) != 0:
+            return False
+        self._registered = base
+        self.tensor = torch.from_numpy(self._data)
+        return True
 
     def unlink(self) -> None:
         """Remove the file (once the writer has mapped it; idempotent)."""
@@ -131,17 +155,47 @@ class RingReader:
     def take(self, start: int, nbytes: int) -> np.ndarray:
         """A copy of the block of ``nbytes`` the writer put at counter ``start`` (``[nbytes]``
         uint8), released to the writer."""
+        block = self.borrow(start, nbytes).copy()
+        self.release(start + nbytes)
+        return block
+
+    def borrow(self, start: int, nbytes: int) -> np.ndarray:
+        """The block of ``nbytes`` at counter ``start`` in place (``[nbytes]`` uint8, read-only,
+        no copy). It stays the reader's until ``release`` passes its end: using the view after
+        that reads whatever the writer put there since."""
         at = start % self.capacity
         if at + nbytes > self.capacity or start < int(self._header[0]):
             raise ValueError(f"no block of {nbytes} bytes at {start} in a ring of {self.capacity}")
-        block = self._data[at : at + nbytes].copy()
-        self._header[0] = start + nbytes
+        block = self._data[at : at + nbytes]
+        block.flags.writeable = False
         return block
 
+    def release(self, end: int) -> None:
+        """Give every byte before counter ``end`` back to the writer (``end`` of the last block
+        the reader is done with; blocks are released in the order they were written)."""
+        if end < int(self._header[0]):
+            raise ValueError(f"release to {end}: the ring was released to {int(self._header[0])}")
+        self._header[0] = end
+
     def close(self) -> None:
+        """Remove the file, unregister the pages, unmap the ring (the caller has waited for any
+        device copy still reading a borrowed block)."""
         self.unlink()
+        if self._registered is not None:
+            import torch
+
+            try:
+                torch.cuda.cudart().cudaHostUnregister(self._registered)
+            except Exception:  # noqa: BLE001 - a broken CUDA context: the process is ending
+                pass
+            self._registered = None
+        self.tensor = None
         self._header = self._data = None
-        self._buf.close()
+        try:
+            self._buf.close()
+        except BufferError:
+            # Borrowed views are still alive (a run stopped mid-batch): the map goes with them.
+            pass
 
 
 class RingWriter:

@@ -1087,9 +1087,10 @@ def _replays(cfg, runner, workload, first, steps, tables, vectors, pool, dev, wa
     pending: list[ModelStep] = []
     replay_syncs: list = []
     in_flight: list[torch.cuda.Event] = []
-    # Three events reused in turn (two in flight at most): no event is created per replay.
-    events = [torch.cuda.Event() for _ in range(3)] if graphs else []
+    # Events reused in turn (one more than can be in flight): none is created per replay.
+    events = [torch.cuda.Event() for _ in range(IN_FLIGHT + 1)] if graphs else []
     model_dev = verifier.model
+    device_batches: dict[int, tuple[torch.Tensor, torch.Tensor]] = {}
     M = cfg.max_bs
     stopped: str | None = None
     interrupted: int | None = None
@@ -1157,14 +1158,19 @@ def _replays(cfg, runner, workload, first, steps, tables, vectors, pool, dev, wa
             mstep = model.stage(i, step.req_pool_indices, step.seq_lens)
             slot = len(pending)
             verifier.upload(model, slot)
-            if graphs and len(in_flight) >= 2:
-                # Two replays in flight at most: the staging rings never wait (outside the
-                # replay path, so this wait is not one of the replay's syncs).
+            if graphs and len(in_flight) >= IN_FLIGHT:
+                # IN_FLIGHT replays at most: the staging rings never wait (outside the replay
+                # path, so this wait is not one of the replay's syncs).
                 with phase("verify"):
                     in_flight.pop(0).synchronize()
             use_device = cfg.staging == "device" or (cfg.staging == "mixed" and i % 2 == 1)
             if use_device:
-                args = (model_dev[: mstep.n], model_dev[M : M + mstep.n])
+                args = device_batches.get(mstep.n)
+                if args is None:  # views made once per batch size (a slice costs a microsecond)
+                    args = device_batches[mstep.n] = (
+                        model_dev[: mstep.n],
+                        model_dev[M : M + mstep.n],
+                    )
             else:
                 args = (step.req_pool_indices, step.seq_lens)
             before = len(rec.events) if rec is not None else 0
@@ -1230,7 +1236,7 @@ def _replays(cfg, runner, workload, first, steps, tables, vectors, pool, dev, wa
             with phase("verify"):
                 verifier.verify()
             if graphs:
-                event = events[i % 3]
+                event = events[i % len(events)]
                 event.record()
                 in_flight.append(event)
             pending.append(mstep)
@@ -1366,6 +1372,13 @@ def _replays(cfg, runner, workload, first, steps, tables, vectors, pool, dev, wa
 
 #: Replays whose allocations are measured one by one before the checker trusts chunks.
 ALLOCATION_PROBES = 8
+
+#: Replays the host may be ahead of the device (checked, then waited for before the next
+#: replay). Three, not two: the verification of a whole batch (``TableVerifier``) runs on
+#: the device after every ``batch`` replays, a burst longer than one replay's host work, and
+#: with two in flight the host waited for it. The verifier's upload ring must hold one more
+#: entry than this (``verify.UPLOAD_RING``).
+IN_FLIGHT = 3
 
 #: Replays from which ``workload_process = "auto"`` runs the workload in a child process.
 PRODUCER_MIN_STEPS = 1000

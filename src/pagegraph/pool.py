@@ -59,7 +59,7 @@ class Request:
 #: Table entries one upload expands at most (per table); larger writes go in parts.
 FLUSH_CHUNK = 1 << 21
 #: Pinned staging buffers per table. A buffer is refilled only once the copy that last read
-#: it has completed; with this many, a checker that keeps two replays in flight never waits.
+#: it has completed; with this many, a checker that keeps three replays in flight never waits.
 FLUSH_RING = 4
 
 
@@ -86,6 +86,11 @@ def writer_bytes(numel: int, page_size: int, itemsize: int) -> int:
     n = writer_capacity(numel, page_size)
     entries = n * page_size
     return 6 * n * 8 + entries * (3 * 8 + (0 if itemsize == 8 else itemsize)) + page_size * 8
+
+
+#: A group of page runs, ``[k, 5]`` int64: a numpy array, or a contiguous CPU tensor in
+#: page-locked memory (see ``_PageWriter.stage``).
+Runs = np.ndarray | torch.Tensor
 
 
 class _PageWriter:
@@ -124,11 +129,20 @@ class _PageWriter:
         self.value = torch.empty((n, ps), dtype=torch.int64, device=dev)
         self.cast = self.value if dtype == torch.int64 else torch.empty((n, ps), dtype=dtype,
                                                                         device=dev)  # fmt: skip
+        # Flat views made once: ``apply`` slices them (a slice and a view per call cost more).
+        self.page_size = ps
+        self._index_flat = self.index.view(-1)
+        self._cast_flat = self.cast.view(-1)
 
-    def stage(self, runs: np.ndarray | list[np.ndarray]) -> None:
+    def stage(self, runs: Runs | list[Runs]) -> None:
         """Upload and expand ``runs`` (``[k, 5]`` int64 rows of base, value, step, lo, hi, or a
         list of such arrays taken in order as if concatenated; ``k <= capacity`` in all) into
-        scratch rows ``:k``, replacing what was staged before."""
+        scratch rows ``:k``, replacing what was staged before.
+
+        A part may be a numpy array (copied into this writer's pinned staging) or a C-contiguous
+        CPU tensor in page-locked memory (copied to the device in place, adjacent such parts in
+        one copy: a workload child's ring, see ``producer``). The caller keeps a tensor part's
+        memory unchanged until the copy has completed (an event recorded after this call)."""
         parts = runs if isinstance(runs, list) else [runs]
         k = sum(len(part) for part in parts)
         if k > self.capacity:
@@ -137,13 +151,27 @@ class _PageWriter:
         self.next = (slot + 1) % len(self.host)
         if self.done[slot] is not None:
             self.done[slot].synchronize()  # outside any replay; practically never waits
-        host = self.host_np[slot]
+        host, pinned = self.host_np[slot], self.host[slot]
         at = 0
+        # Scratch entries [lo, at) not uploaded yet: from the staging slot (tensor None), or
+        # from adjacent tensor parts (first, the first of them).
+        lo, first, end_ptr = 0, None, -1
         for part in parts:
             end = at + 5 * len(part)
-            host[at:end] = part.reshape(-1)
+            if isinstance(part, torch.Tensor):
+                if part.dtype != torch.int64 or not part.is_contiguous() or part.is_cuda:
+                    raise ValueError("tensor runs must be contiguous int64 on the CPU")
+                if first is None or part.data_ptr() != end_ptr:
+                    self._upload(lo, at, first, pinned)
+                    lo, first = at, part
+                end_ptr = part.data_ptr() + 8 * part.numel()
+            else:
+                if first is not None:
+                    self._upload(lo, at, first, pinned)
+                    lo, first = at, None
+                host[at:end] = part.reshape(-1)
             at = end
-        self.runs[: 5 * k].copy_(self.host[slot][: 5 * k], non_blocking=self.cuda)
+        self._upload(lo, at, first, pinned)
         rows = self.runs[: 5 * k].view(k, 5)
         base, value, step, lo, hi = (rows[:, c : c + 1] for c in range(5))
         last = self.last[:k]
@@ -161,10 +189,24 @@ class _PageWriter:
             event.record()
             self.done[slot] = event
 
+    def _upload(self, lo: int, hi: int, first: torch.Tensor | None, pinned: torch.Tensor) -> None:
+        """Copy scratch entries ``[lo, hi)`` to the device: from ``first`` onwards in its memory
+        (adjacent tensor parts), or from the same entries of the pinned staging slot."""
+        if hi == lo:
+            return
+        if first is None:
+            src = pinned[lo:hi]
+        else:
+            src = first.as_strided((hi - lo,), (1,), first.storage_offset())
+        self.runs[lo:hi].copy_(src, non_blocking=self.cuda)
+
     def apply(self, lo: int, hi: int) -> None:
         """Write staged runs ``lo:hi``. Entries written twice by them must get equal values
         (a scatter has no defined winner)."""
-        self.flat.index_copy_(0, self.index[lo:hi].view(-1), self.cast[lo:hi].view(-1))
+        ps = self.page_size
+        self.flat.index_copy_(
+            0, self._index_flat[lo * ps : hi * ps], self._cast_flat[lo * ps : hi * ps]
+        )
 
     def write(self, runs: np.ndarray) -> None:
         """Stage and apply ``runs`` now, in parts of ``capacity`` runs."""

@@ -14,6 +14,10 @@ more than a checked replay itself. ``ProducedWorkload`` separates it from the de
 * **Device tables.** The caller's pool holds the live tables (those its graphs read). Each
   step's writes are applied to them with a ``WriteAhead`` just before the step is yielded, as
   ``DecodeWorkload(lookahead=...)`` does; the caller's pool model itself is never advanced.
+  With children and tables on a GPU, each child's ring is registered with CUDA: the uploads
+  read the runs straight out of it (no host copy), and a ring block goes back to its child
+  once the copies that read it have completed (an event; before waiting for a child, a
+  wait for the device).
 * **Streams.** With ``streams=K > 1``, K independently seeded workloads (stream ``k``: pool
   seed and workload seed each ``+ k * STREAM_SEED_STRIDE``; stream 0 is the one-stream
   workload) take turns: ``segment`` steps of stream 0, then of stream 1, and so on, round
@@ -67,6 +71,7 @@ POLL_S = 1.0
 
 # Writer tags in a batch: which of the pool's tables a group of runs goes to.
 _R2T, _SWA = 0, 1
+_TAGS = (_R2T, _SWA)
 
 
 class ProducerDied(RuntimeError):
@@ -96,9 +101,9 @@ def streams_with_steps(steps: int, streams: int, segment: int) -> int:
 
 
 def _batches(pool_kwargs: dict, workload_kwargs: dict) -> Iterator[list]:
-    """One stream's steps in batches of ``BATCH_STEPS``: ``(Step, [(tag, runs), ...])`` each.
-    A failure is raised after the batch of the steps made before it, so that it surfaces at
-    its own step."""
+    """One stream's steps in batches of ``BATCH_STEPS``: ``(Step, [(tag, runs), ...])`` each,
+    the step's batch as two ``[bs]`` int64 arrays. A failure is raised after the batch of the
+    steps made before it, so that it surfaces at its own step."""
     pool = KVPool(**pool_kwargs, device="meta")
     workload = DecodeWorkload(pool, **workload_kwargs)
     tags = {id(pool._r2t_writer): _R2T}
@@ -108,6 +113,11 @@ def _batches(pool_kwargs: dict, workload_kwargs: dict) -> Iterator[list]:
     try:
         for i in range(workload.steps):
             step = workload._advance(i)
+            # Arrays, converted here rather than by the consumer: they pickle as one buffer,
+            # and the checker's model and the runner's post copy them without a Python loop
+            # (a list of 256 lengths costs the consumer about 5 us each time).
+            step = Step(i, np.asarray(step.req_pool_indices, dtype=np.int64),
+                        np.asarray(step.seq_lens, dtype=np.int64))  # fmt: skip
             batch.append((step, [(tags[id(w)], runs) for w, runs in pool.take_writes()]))
             if len(batch) == BATCH_STEPS:
                 yield batch
@@ -124,8 +134,10 @@ def _pack(batch: list, ring: RingWriter | None, alive) -> tuple:
     """A child's message for ``batch``: ``("ring", (start, runs, fields, steps))`` with the
     batch's page runs written into ``ring`` (``steps``: each step with its ``(tag, count)``
     groups), or ``("steps", batch)`` whole when there is no ring or the runs do not fit it.
+    In the ring the runs go table by table (every step's ``req_to_token`` runs, then every
+    step's ``full_to_swa`` runs), so that the runs a stage uploads to one table are adjacent.
     Raises ``ReaderGone`` if the parent went away while the ring was full."""
-    runs = [r for _, writes in batch for _, r in writes]
+    runs = [r for tag in _TAGS for _, writes in batch for t, r in writes if t == tag]
     if ring is None or not runs:
         return ("steps", batch)
     block = np.ascontiguousarray(np.concatenate(runs), dtype=np.int64)
@@ -136,19 +148,46 @@ def _pack(batch: list, ring: RingWriter | None, alive) -> tuple:
     return ("ring", (start, block.shape[0], block.shape[1], steps))
 
 
-def _unpack(payload: tuple, ring: RingReader) -> list:
+def _unpack(payload: tuple, ring: RingReader, borrow: bool = False) -> list:
     """The batch a ``("ring", payload)`` message stands for, its runs copied out of ``ring``
-    (which is then free for the child's next ones)."""
+    (which is then free for the child's next ones), or with ``borrow`` read in place: the
+    caller then releases the block (``ring.release(_block_end(payload))``) once it has no more
+    use for the runs (once the device copies reading them completed). Borrowed from a ring
+    registered with CUDA (``ring.tensor``), the runs are ``[k, 5]`` int64 CPU tensors over the
+    ring's page-locked bytes; else numpy arrays."""
     start, count, fields, steps = payload
-    block = ring.take(start, count * fields * 8).view(np.int64).reshape(count, fields)
-    batch, at = [], 0
+    nbytes = count * fields * 8
+    if borrow and ring.tensor is not None:
+        ring.borrow(start, nbytes)  # the checks: the block is there and not released
+        at = start % ring.capacity
+        block = ring.tensor[at : at + nbytes].view(torch.int64).view(count, fields)
+    else:
+        raw = ring.borrow(start, nbytes) if borrow else ring.take(start, nbytes)
+        block = raw.view(np.int64).reshape(count, fields)
+    # Where each table's runs begin in the block (table by table, see _pack).
+    totals = dict.fromkeys(_TAGS, 0)
+    for _, groups in steps:
+        for tag, k in groups:
+            totals[tag] += k
+    at, offsets = 0, {}
+    for tag in _TAGS:
+        offsets[tag] = at
+        at += totals[tag]
+    batch = []
     for step, groups in steps:
         writes = []
         for tag, k in groups:
-            writes.append((tag, block[at : at + k]))
-            at += k
+            o = offsets[tag]
+            writes.append((tag, block[o : o + k]))
+            offsets[tag] = o + k
         batch.append((step, writes))
     return batch
+
+
+def _block_end(payload: tuple) -> int:
+    """The ring counter just past the runs of a ``("ring", payload)`` message."""
+    start, count, fields, _ = payload
+    return start + count * fields * 8
 
 
 def _produce(
@@ -209,6 +248,7 @@ class _ChildStream:
     def __init__(self, ctx, pool_kwargs: dict, workload_kwargs: dict, k: int, ring_bytes: int):
         self.queue = ctx.Queue(maxsize=QUEUE_BATCHES)
         self.ring = None
+        self._borrowed: int | None = None  # ring counter past the last batch read in place
         if ring_bytes and RING_SUPPORTED:
             try:
                 self.ring = RingReader(ring_bytes)
@@ -234,7 +274,15 @@ class _ChildStream:
                 self.ring.close()
             raise
 
-    def _receive(self):
+    def _receive(self, before_wait=None):
+        try:
+            item = self.queue.get(block=False)
+        except queue_mod.Empty:
+            item = None
+        if item is not None:
+            return item
+        if before_wait is not None:
+            before_wait()  # e.g. give back ring space the child may be waiting for
         while True:
             try:
                 item = self.queue.get(timeout=POLL_S)
@@ -253,15 +301,26 @@ class _ChildStream:
             self.ring.unlink()  # the child maps the ring before it sends anything
         return item
 
-    def next_batch(self) -> list:
-        kind, payload = self._receive()
+    def next_batch(self, before_wait=None) -> list:
+        """The next batch (``before_wait()`` is called first if the child has not sent it
+        yet). Its runs may lie in the ring, read in place (borrowed): they stay valid until
+        the caller gives their space back (``take_borrowed``, then ``ring.release``)."""
+        kind, payload = self._receive(before_wait)
         if kind == "error":
             raise payload
         if kind == "done":  # more steps asked for than the stream was made with
             raise ProducerDied(f"the workload process {self.process.name} ran out of steps")
         if kind == "ring":
-            return _unpack(payload, self.ring)
+            batch = _unpack(payload, self.ring, borrow=True)
+            self._borrowed = _block_end(payload)
+            return batch
         return payload
+
+    def take_borrowed(self) -> int | None:
+        """The ring counter past the runs of the batches returned since the last call (to
+        release once nothing reads them any more), or None if none lay in the ring."""
+        end, self._borrowed = self._borrowed, None
+        return end
 
     def close(self) -> None:
         proc = self.process
@@ -283,8 +342,11 @@ class _LocalStream:
     def __init__(self, pool_kwargs: dict, workload_kwargs: dict):
         self.batches = _batches(pool_kwargs, workload_kwargs)
 
-    def next_batch(self) -> list:
+    def next_batch(self, before_wait=None) -> list:
         return next(self.batches)
+
+    def take_borrowed(self) -> None:
+        return None
 
     def close(self) -> None:
         self.batches.close()
@@ -309,9 +371,10 @@ class ProducedWorkload:
             goes through the queue too).
 
     Iterating yields ``Step`` objects numbered ``0..steps-1``, each after its table writes were
-    applied (on the current stream); it can be iterated once. With several streams, the
-    parked tables take ``streams`` times the pool's ``req_to_token`` and ``full_to_swa``,
-    allocated here.
+    applied (on the current stream); it can be iterated once. A step's ``req_pool_indices``
+    and ``seq_lens`` are ``[bs]`` int64 numpy arrays (``DecodeWorkload``'s values, as
+    arrays). With several streams, the parked tables take ``streams`` times the pool's
+    ``req_to_token`` and ``full_to_swa``, allocated here.
     """
 
     def __init__(
@@ -363,6 +426,12 @@ class ProducedWorkload:
         #: them (without). Where it nears the consumer's time a step, the workload is what
         #: limits the rate.
         self.receive_s = 0.0
+        # Ring blocks given back once the device copies reading them complete.
+        self._held: deque = deque()
+        self._device = pool.req_to_token.device
+        #: Whether some child's ring is registered with CUDA (its runs are copied to the device
+        #: straight from the ring).
+        self._pinned = False
         ctx = mp.get_context("spawn") if processes else None
         try:
             for k in range(self.streams):
@@ -370,6 +439,12 @@ class ProducedWorkload:
                 self._sources.append(
                     _ChildStream(ctx, pk, wk, k, ring_bytes) if processes else _LocalStream(pk, wk)
                 )
+            if self._device.type == "cuda":
+                with torch.cuda.device(self._device):
+                    for source in self._sources:
+                        ring = getattr(source, "ring", None)
+                        if ring is not None and ring.pin_for_cuda():
+                            self._pinned = True
         except BaseException:
             self.close()
             raise
@@ -399,6 +474,10 @@ class ProducedWorkload:
         try:
             for index in range(self.steps):
                 if not ready:
+                    # Every step received so far was applied: the ring space of its runs goes
+                    # back to the children once the device copies reading it have completed.
+                    self._hold_borrowed()
+                    self._release_held(wait=False)
                     # Batches never straddle a segment, so every write staged before a
                     # switch was applied: the switch moves whole, current tables.
                     k = (index // self.segment) % self.streams
@@ -406,7 +485,7 @@ class ProducedWorkload:
                         self._switch(active, k)
                         active = k
                     t0 = time.perf_counter()
-                    batch = self._sources[k].next_batch()
+                    batch = self._sources[k].next_batch(before_wait=self._release_all)
                     if index:  # the first batch waits for the children's start-up
                         self.receive_s += time.perf_counter() - t0
                     for step, writes in batch:
@@ -418,11 +497,50 @@ class ProducedWorkload:
         finally:
             self.close()
 
+    def _hold_borrowed(self) -> None:
+        """Hold the ring blocks of the batches received so far (all their steps applied)
+        until the device copies that read them complete: an event on the current stream,
+        where those copies were enqueued."""
+        blocks = [(s, end) for s in self._sources if (end := s.take_borrowed()) is not None]
+        if not blocks:
+            return
+        event = None
+        if self._pinned:
+            event = torch.cuda.Event()
+            event.record()
+        self._held.append((event, blocks))
+
+    def _release_held(self, wait: bool) -> None:
+        """Give held ring blocks back to their children: those whose copies are done, or (with
+        ``wait``) all of them, waiting for the device (outside any replay)."""
+        held = self._held
+        while held:
+            event, blocks = held[0]
+            if event is not None and not event.query():
+                if not wait:
+                    return
+                event.synchronize()
+            held.popleft()
+            for source, end in blocks:
+                source.ring.release(end)
+
+    def _release_all(self) -> None:
+        # About to wait for a child, which may itself wait for ring space: give it all back.
+        self._hold_borrowed()
+        self._release_held(wait=True)
+
     def close(self) -> None:
         """Stop the child processes (if any still run); idempotent."""
         if self._closed:
             return
         self._closed = True
+        if self._pinned:
+            # Copies still reading a ring (steps staged, not yet applied) end before the rings
+            # are unregistered and unmapped.
+            try:
+                torch.cuda.synchronize(self._device)
+            except Exception:  # noqa: BLE001 - a CUDA context a builder broke: nothing runs
+                pass
         for source in self._sources:
             source.close()
 

@@ -27,7 +27,6 @@ runs the builder eagerly (no graph), so buckets, padding and staging are exercis
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from contextlib import nullcontext
 
 import numpy as np
 import torch
@@ -495,9 +494,9 @@ class GraphRunner:
             )
         bucket = self.buckets.bucket_for(n)  # raises before any buffer is touched
         self.check_addresses()
-        stage_range, replay_range = self._range_names[bucket]
         mailbox = self._mailbox
         if mailbox is None:
+            stage_range, replay_range = self._range_names[bucket]
             push(stage_range)
             try:
                 self._stage(req_pool_indices, seq_lens, n)
@@ -509,36 +508,42 @@ class GraphRunner:
                 self._build(bucket)
             finally:
                 pop()
+        elif torch._C._cuda_getDevice() == self._device_index:
+            self._post_and_launch(mailbox, req_pool_indices, seq_lens, n, bucket)
         else:
-            # A device context costs microseconds: enter one only when the current device
-            # differs.
-            switch = torch._C._cuda_getDevice() != self._device_index
-            with torch.cuda.device(self.device) if switch else nullcontext():
-                posts = mailbox.posted
-                launched = False
-                try:
-                    push(stage_range)
-                    try:
-                        self._stage(req_pool_indices, seq_lens, n)
-                    finally:
-                        pop()
-                    push(replay_range)
-                    try:
-                        self.graphs[bucket].replay()
-                        launched = True
-                    finally:
-                        pop()
-                except BaseException:
-                    # A post no graph will consume (the launch raised, or anything between
-                    # the post and the launch, Ctrl-C included) is taken back: else every
-                    # later graph would stage the batch posted one call before its own. A
-                    # launched graph consumes its post, whatever is raised after the launch.
-                    if not launched and mailbox.posted > posts:
-                        mailbox.withdraw()
-                    raise
+            # A device context costs microseconds: entered only when the current device differs.
+            with torch.cuda.device(self.device):
+                self._post_and_launch(mailbox, req_pool_indices, seq_lens, n, bucket)
         self.last_bucket = bucket
         _, _, page_table, swa = self._views_of(n)
         return page_table, swa
+
+    def _post_and_launch(self, mailbox: Mailbox, req_pool_indices, seq_lens, n: int,
+                         bucket: int) -> None:  # fmt: skip
+        """The graph path of ``replay``: post the batch, launch the bucket's graph."""
+        stage_range, replay_range = self._range_names[bucket]
+        posts = mailbox.posted
+        launched = False
+        try:
+            push(stage_range)
+            try:
+                self._stage(req_pool_indices, seq_lens, n)
+            finally:
+                pop()
+            push(replay_range)
+            try:
+                self.graphs[bucket].replay()
+                launched = True
+            finally:
+                pop()
+        except BaseException:
+            # A post no graph will consume (the launch raised, or anything between the post
+            # and the launch, Ctrl-C included) is taken back: else every later graph would
+            # stage the batch posted one call before its own. A launched graph consumes its
+            # post, whatever is raised after the launch.
+            if not launched and mailbox.posted > posts:
+                mailbox.withdraw()
+            raise
 
     # -- errors and teardown --------------------------------------------------------------
 

@@ -55,6 +55,10 @@ CANARY_ROWS = 1
 MAX_BATCH = 16
 #: Device memory a batch's verification may take.
 BATCH_BYTES = 256 << 20
+#: Pinned buffers ``upload`` fills in turn: a buffer is refilled ``UPLOAD_RING`` uploads later,
+#: so a caller that keeps at most ``UPLOAD_RING - 1`` replays in flight never overwrites one a
+#: pending copy still reads.
+UPLOAD_RING = 4
 
 _E = len(ERROR_KINDS)
 #: Offsets into a record.
@@ -265,7 +269,9 @@ class TableVerifier:
         # Records of a chunk, and a scratch row for ring entries never written.
         self.records = torch.zeros((chunk + 1, self.record_size), dtype=torch.int64, device=dev)
         cuda = dev.type == "cuda"
-        self._ring = [torch.zeros(3 * M + 1, dtype=torch.int64, pin_memory=cuda) for _ in range(4)]
+        self._ring = [
+            torch.zeros(3 * M + 1, dtype=torch.int64, pin_memory=cuda) for _ in range(UPLOAD_RING)
+        ]
         self._ring_np = [t.numpy() for t in self._ring]
         self._ring_next = 0
         self._host_records = torch.zeros(
@@ -313,7 +319,8 @@ class TableVerifier:
 
     def upload(self, model: BatchModel, slot: int) -> None:
         """Stage the model's state for the next verification, without a host sync (a pinned
-        ring and a non-blocking copy; the caller keeps at most two replays in flight)."""
+        ring and a non-blocking copy; the caller keeps at most ``UPLOAD_RING - 1`` replays in
+        flight)."""
         if not 0 <= slot < self.chunk:
             raise ValueError(f"record slot {slot} outside 0..{self.chunk - 1}")
         i = self._ring_next

@@ -37,11 +37,12 @@ from .pool import KVPool, WriteAhead
 
 @dataclass
 class Step:
-    """One decode batch: ``req_pool_indices[i]`` and ``seq_lens[i]`` of each batch row."""
+    """One decode batch: ``req_pool_indices[i]`` and ``seq_lens[i]`` of each batch row, as
+    host lists (``DecodeWorkload``) or ``[bs]`` int64 numpy arrays (``ProducedWorkload``)."""
 
     index: int
-    req_pool_indices: list[int]
-    seq_lens: list[int]
+    req_pool_indices: list[int] | np.ndarray
+    seq_lens: list[int] | np.ndarray
 
     @property
     def bs(self) -> int:
