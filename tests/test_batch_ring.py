@@ -6,6 +6,7 @@ batches arrive through the ring as the same runs, step for step."""
 from __future__ import annotations
 
 import os
+import time
 
 import numpy as np
 import pytest
@@ -230,3 +231,71 @@ def test_a_child_through_a_small_ring_gives_the_same_steps_and_tables(
         assert not unpacked
     # Runs read in place from the ring: only where it is registered with CUDA.
     assert any(uploads) == produced._pinned
+
+
+@pytest.mark.skipif(not batch_ring.RING_SUPPORTED, reason="no ring on this machine")
+def test_a_rings_file_is_gone_once_its_child_sent_a_batch():
+    """The child maps its ring before it sends anything: the first batch received (whether it
+    was waited for or already there) removes the file, so a parent killed later leaves none."""
+    pool_kwargs, workload_kwargs = CASES["plain"]
+    produced = ProducedWorkload(
+        KVPool(**pool_kwargs),
+        pool_kwargs,
+        dict(workload_kwargs, steps=40),
+        processes=True,
+        ring_bytes=1 << 20,
+    )
+    paths = [source.ring.path for source in produced._sources]
+    assert all(os.path.exists(path) for path in paths)
+    with produced:
+        # The batch already there when asked for (no wait): the path that missed the removal.
+        deadline = time.monotonic() + 60
+        while produced._sources[0].queue.empty() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        assert not produced._sources[0].queue.empty()
+        steps = iter(produced)
+        next(steps)
+        assert not any(os.path.exists(path) for path in paths)
+        assert [source.ring.path for source in produced._sources] == [None]
+
+
+@pytest.mark.gpu
+def test_gpu_a_refused_registration_leaves_no_cuda_error():
+    """A ring registered twice is refused the second time; the refusal must not stay behind
+    as CUDA's last error, which the next kernel launch in the process would report as its own.
+    Closing unregisters: a new registration of the same kind succeeds. (The rings go where the
+    workload's go, /dev/shm when it has room: on the H200 host, a file in the temporary folder
+    is refused registration, and the runs are then copied out instead.)"""
+    if not torch.cuda.is_available():
+        pytest.skip("needs CUDA")
+    reader = RingReader(1 << 20)
+    try:
+        assert reader.pin_for_cuda()
+        assert reader.tensor is not None and reader.tensor.numel() == 1 << 20
+        assert not reader.pin_for_cuda()  # already registered
+        x = torch.arange(4, device="cuda") * 2  # a launch after the refusal
+        torch.cuda.synchronize()
+        assert x.tolist() == [0, 2, 4, 6]
+    finally:
+        reader.close()
+    again = RingReader(1 << 20)
+    try:
+        assert again.pin_for_cuda()
+    finally:
+        again.close()
+
+
+def test_only_a_ring_in_shared_memory_is_registered_with_cuda(tmp_path):
+    """A ring in an ordinary folder is never registered (no call that could fail and leave an
+    error behind); without CUDA, none is."""
+    reader = RingReader(1 << 10, folder=str(tmp_path))
+    try:
+        assert not reader.pin_for_cuda() and reader.tensor is None
+    finally:
+        reader.close()
+    if not torch.cuda.is_available():
+        shm = RingReader(1 << 10)
+        try:
+            assert not shm.pin_for_cuda() and shm.tensor is None
+        finally:
+            shm.close()

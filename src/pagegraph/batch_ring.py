@@ -38,6 +38,7 @@ it behind (its name starts with ``pagegraph-ring-``).
 
 from __future__ import annotations
 
+import ctypes
 import mmap
 import os
 import platform
@@ -62,6 +63,8 @@ WAIT_S = 0.0005
 MAX_WAIT_S = 0.02
 #: Seconds between two calls of the writer's ``alive()`` while it waits.
 ALIVE_EVERY_S = 1.0
+#: ``cudaHostRegisterPortable``.
+HOST_REGISTER_PORTABLE = 1
 
 
 class ReaderGone(RuntimeError):
@@ -83,6 +86,27 @@ def _remove(path: str) -> None:
     try:
         os.unlink(path)
     except FileNotFoundError:
+        pass
+
+
+def _cuda_unregister(base: int) -> None:
+    import torch
+
+    try:
+        torch.cuda.cudart().cudaHostUnregister(base)
+    except Exception:  # noqa: BLE001 - a broken CUDA context: the process is ending
+        pass
+
+
+def _clear_cuda_runtime_error() -> None:
+    """Reset the CUDA runtime's last error (``cudaGetLastError``), through the libcudart this
+    process has loaded (torch's bindings do not offer the call)."""
+    try:
+        with open("/proc/self/maps") as maps:
+            path = next((ln.split()[-1] for ln in maps if "libcudart" in ln and "/" in ln), None)
+        if path is not None:
+            ctypes.CDLL(path).cudaGetLastError()
+    except OSError:
         pass
 
 
@@ -110,7 +134,9 @@ class RingReader:
             raise ValueError(f"capacity must be a multiple of 8, at least 64, got {capacity}")
         self.capacity = capacity
         size = HEADER_BYTES + capacity
-        fd, self.path = tempfile.mkstemp(prefix="pagegraph-ring-", dir=folder or ring_folder(size))
+        where = folder or ring_folder(size)
+        fd, self.path = tempfile.mkstemp(prefix="pagegraph-ring-", dir=where)
+        self._in_shm = os.path.realpath(where) == "/dev/shm"
         try:
             os.ftruncate(fd, size)
             # Reserved now: a tmpfs without room says so here (OSError, and the caller falls
@@ -132,18 +158,32 @@ class RingReader:
 
     def pin_for_cuda(self) -> bool:
         """Register the ring's pages with CUDA (page-locked, as pinned memory is) and make
-        ``tensor``; False if the driver refuses (the caller then copies blocks out). Call it
-        once, before blocks are borrowed; ``close`` unregisters."""
+        ``tensor``; False if the ring is not in ``/dev/shm`` or the driver refuses (the caller
+        then copies blocks out). Call it once, before blocks are borrowed; ``close``
+        unregisters."""
         import torch
 
+        if not self._in_shm:
+            # A file on an ordinary filesystem: the H200 host's driver refused to register one
+            # (the runs are then copied out, as without a GPU).
+            return False
         base = self._header.ctypes.data  # the map's first byte: page-aligned
         try:
-            err = torch.cuda.cudart().cudaHostRegister(base, HEADER_BYTES + self.capacity, 0)
-        except (AttributeError, RuntimeError):  # no CUDA runtime bindings in this build
+            # Portable: page-locked for every device's context, not only the current one's.
+            err = torch.cuda.cudart().cudaHostRegister(
+                base, HEADER_BYTES + self.capacity, HOST_REGISTER_PORTABLE
+            )
+        except (AttributeError, AssertionError, RuntimeError):  # no CUDA in this build
             return False
         if int(err) != 0:
+            # torch's binding returns the error without clearing it: left set, the next kernel
+            # launch anywhere in the process would report it as its own.
+            _clear_cuda_runtime_error()
             return False
         self._registered = base
+        # Unregistered at close, or when this reader is collected unclosed (before its map
+        # goes: weakref callbacks run before the object's attributes are released).
+        self._unregister = weakref.finalize(self, _cuda_unregister, base)
         self.tensor = torch.from_numpy(self._data)
         return True
 
@@ -182,12 +222,7 @@ class RingReader:
         device copy still reading a borrowed block)."""
         self.unlink()
         if self._registered is not None:
-            import torch
-
-            try:
-                torch.cuda.cudart().cudaHostUnregister(self._registered)
-            except Exception:  # noqa: BLE001 - a broken CUDA context: the process is ending
-                pass
+            self._unregister()
             self._registered = None
         self.tensor = None
         self._header = self._data = None

@@ -155,15 +155,20 @@ class _PageWriter:
         at = 0
         # Scratch entries [lo, at) not uploaded yet: from the staging slot (tensor None), or
         # from adjacent tensor parts (first, the first of them).
-        lo, first, end_ptr = 0, None, -1
+        lo, first, end_ptr, storage = 0, None, -1, None
         for part in parts:
+            if not len(part):
+                continue
             end = at + 5 * len(part)
             if isinstance(part, torch.Tensor):
                 if part.dtype != torch.int64 or not part.is_contiguous() or part.is_cuda:
                     raise ValueError("tensor runs must be contiguous int64 on the CPU")
-                if first is None or part.data_ptr() != end_ptr:
+                # One copy for parts that follow each other in one storage (as_strided below
+                # reads the first part's storage).
+                here = part.untyped_storage().data_ptr()
+                if first is None or part.data_ptr() != end_ptr or here != storage:
                     self._upload(lo, at, first, pinned)
-                    lo, first = at, part
+                    lo, first, storage = at, part, here
                 end_ptr = part.data_ptr() + 8 * part.numel()
             else:
                 if first is not None:

@@ -278,28 +278,26 @@ class _ChildStream:
         try:
             item = self.queue.get(block=False)
         except queue_mod.Empty:
-            item = None
-        if item is not None:
-            return item
-        if before_wait is not None:
-            before_wait()  # e.g. give back ring space the child may be waiting for
+            if before_wait is not None:
+                before_wait()  # e.g. give back ring space the child may be waiting for
+            item = self._wait_for_item()
+        if self.ring is not None:
+            self.ring.unlink()  # the child maps the ring before it sends anything
+        return item
+
+    def _wait_for_item(self):
         while True:
             try:
-                item = self.queue.get(timeout=POLL_S)
-                break
+                return self.queue.get(timeout=POLL_S)
             except queue_mod.Empty:
                 if not self.process.is_alive():
                     try:  # a last message may have arrived as it exited
-                        item = self.queue.get(timeout=POLL_S)
-                        break
+                        return self.queue.get(timeout=POLL_S)
                     except queue_mod.Empty:
                         raise ProducerDied(
                             f"the workload process {self.process.name} exited with code "
                             f"{self.process.exitcode} before sending every step"
                         ) from None
-        if self.ring is not None:
-            self.ring.unlink()  # the child maps the ring before it sends anything
-        return item
 
     def next_batch(self, before_wait=None) -> list:
         """The next batch (``before_wait()`` is called first if the child has not sent it
@@ -507,7 +505,7 @@ class ProducedWorkload:
         event = None
         if self._pinned:
             event = torch.cuda.Event()
-            event.record()
+            event.record(torch.cuda.current_stream(self._device))
         self._held.append((event, blocks))
 
     def _release_held(self, wait: bool) -> None:
