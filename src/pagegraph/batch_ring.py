@@ -136,7 +136,7 @@ class RingReader:
         size = HEADER_BYTES + capacity
         where = folder or ring_folder(size)
         fd, self.path = tempfile.mkstemp(prefix="pagegraph-ring-", dir=where)
-        self._in_shm = os.path.realpath(where) == "/dev/shm"
+        self._in_shm = os.path.realpath(where) == os.path.realpath("/dev/shm")
         try:
             os.ftruncate(fd, size)
             # Reserved now: a tmpfs without room says so here (OSError, and the caller falls
