@@ -299,3 +299,29 @@ def test_only_a_ring_in_shared_memory_is_registered_with_cuda(tmp_path):
             assert not shm.pin_for_cuda() and shm.tensor is None
         finally:
             shm.close()
+
+
+@pytest.mark.parametrize("case", list(CASES))
+def test_runs_borrowed_as_tensors_are_the_packed_runs_and_stay_until_released(case, tmp_path):
+    """``_unpack(borrow=True)`` from a ring with a tensor view (what ``pin_for_cuda`` makes;
+    here without CUDA): the runs as int64 tensors over the ring's bytes, table by table as
+    packed, equal to the batch's; the block stays unreleased until the reader releases it."""
+    pool_kwargs, workload_kwargs = CASES[case]
+    reader = RingReader(1 << 20, folder=str(tmp_path))
+    writer = RingWriter(reader.path, 1 << 20)
+    reader.tensor = torch.from_numpy(reader._data)
+    for batch in _batches(pool_kwargs, workload_kwargs):
+        kind, payload = _pack(batch, writer, alive=lambda: True)
+        assert kind == "ring"
+        got = producer._unpack(payload, reader, borrow=True)
+        for (_, want_writes), (_, got_writes) in zip(batch, got, strict=True):
+            assert [t for t, _ in got_writes] == [t for t, _ in want_writes]
+            for (_, w), (_, g) in zip(want_writes, got_writes):
+                assert isinstance(g, torch.Tensor) and g.dtype == torch.int64
+                assert np.array_equal(g.numpy(), w)
+        end = producer._block_end(payload)
+        assert int(reader._header[0]) < end  # borrowed, not released
+        reader.release(end)
+    reader.tensor = None
+    writer.close()
+    reader.close()

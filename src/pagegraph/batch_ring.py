@@ -203,12 +203,18 @@ class RingReader:
         """The block of ``nbytes`` at counter ``start`` in place (``[nbytes]`` uint8, read-only,
         no copy). It stays the reader's until ``release`` passes its end: using the view after
         that reads whatever the writer put there since."""
-        at = start % self.capacity
-        if at + nbytes > self.capacity or start < int(self._header[0]):
-            raise ValueError(f"no block of {nbytes} bytes at {start} in a ring of {self.capacity}")
+        at = self.offset(start, nbytes)
         block = self._data[at : at + nbytes]
         block.flags.writeable = False
         return block
+
+    def offset(self, start: int, nbytes: int) -> int:
+        """Where in the ring's bytes (``tensor`` included) the block of ``nbytes`` at counter
+        ``start`` lies; ``ValueError`` if there is no such block (released or past the end)."""
+        at = start % self.capacity
+        if at + nbytes > self.capacity or start < int(self._header[0]):
+            raise ValueError(f"no block of {nbytes} bytes at {start} in a ring of {self.capacity}")
+        return at
 
     def release(self, end: int) -> None:
         """Give every byte before counter ``end`` back to the writer (``end`` of the last block

@@ -158,8 +158,7 @@ def _unpack(payload: tuple, ring: RingReader, borrow: bool = False) -> list:
     start, count, fields, steps = payload
     nbytes = count * fields * 8
     if borrow and ring.tensor is not None:
-        ring.borrow(start, nbytes)  # the checks: the block is there and not released
-        at = start % ring.capacity
+        at = ring.offset(start, nbytes)
         block = ring.tensor[at : at + nbytes].view(torch.int64).view(count, fields)
     else:
         raw = ring.borrow(start, nbytes) if borrow else ring.take(start, nbytes)
