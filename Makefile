@@ -33,14 +33,15 @@ setup: $(SETUP)
 	touch $@
 
 # With CUDA and pytest-xdist: several workers (at least one per GPU, tests/conftest.py pins
-# each worker to one; else one per two CPU cores, at most TEST_WORKERS, which the suite's small
-# kernels share: on the H200's 16 cores, 8 workers ran the suite in 60 s, 4 in 133 s). The
-# sm_90 compile tests come in parts, one fixture each: --dist loadgroup keeps a part in one
-# worker.
-TEST_WORKERS ?= 8
+# each worker to one; else one per CPU core, at most TEST_WORKERS, which the suite's small
+# kernels share). Many tests mostly wait for child processes, so a worker a core pays: on the
+# H200's 16 cores, 12 workers took 65 s and 16 took 58 s on one lease, 76 s and 64 s on
+# another. The sm_90 compile tests come in parts, one fixture each: --dist loadgroup keeps a
+# part in one worker.
+TEST_WORKERS ?= 16
 test: $(SETUP)
 	@g=$(if $(SYSTEM_GPUS),$(SYSTEM_GPUS),$$($(PY) -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)); \
-	c=$$(nproc 2>/dev/null || echo 2); w=$$(( c / 2 < $(TEST_WORKERS) ? c / 2 : $(TEST_WORKERS) )); \
+	c=$$(nproc 2>/dev/null || echo 2); w=$$(( c < $(TEST_WORKERS) ? c : $(TEST_WORKERS) )); \
 	w=$$(( w > g ? w : g )); x=""; \
 	if [ "$${g:-0}" -ge 1 ] && $(PY) -c "import xdist" 2>/dev/null; then x="-n $$w --dist loadgroup"; fi; \
 	echo "$(PYTEST) tests $$x"; $(PYTEST) tests $$x

@@ -30,6 +30,8 @@ PACKAGE = "pagegraph"
 BOTTOM = {
     "contract",
     "kernel",
+    "page_writes",
+    "cudart",
     "metadata",
     "reference",
     "baselines",

@@ -9,6 +9,7 @@ import pytest
 import torch
 
 from pagegraph import pool as pool_mod
+from pagegraph.contract import interpreter_active
 from pagegraph.pool import KVPool, PoolExhausted
 from pagegraph.workload import DecodeWorkload, Injection
 
@@ -349,3 +350,95 @@ def test_runs_staged_from_tensors_in_place_write_what_arrays_write(monkeypatch):
     assert tables["gapped tensors"][1] == ["tensor", "tensor"]
     with pytest.raises(ValueError, match="contiguous int64"):
         pool_mod._PageWriter(want, page).stage([whole[:, :5:2]])
+
+
+def _random_runs(rng, numel: int, page: int, k: int) -> np.ndarray:
+    """``k`` runs at distinct pages of a ``numel``-entry table (no entry written twice: a
+    scatter has no defined winner): whole and partial lanes, steps 0 (an unmapped SWA page), 1
+    (token slots) and others, the last page of the table among them."""
+    last = numel // page - 1  # the table's last page is always one of them
+    pages = np.concatenate([[last], rng.choice(last, size=k - 1, replace=False)])
+    lo = rng.integers(0, page, size=k)
+    hi = np.minimum(lo + rng.integers(1, page + 1, size=k), page)
+    step = rng.choice([0, 1, 1, 1, 7], size=k)
+    value = rng.integers(1, 1 << 20, size=k)
+    return np.stack([pages * page, value, step, lo, hi], axis=1).astype(np.int64)
+
+
+# The kernel on CPU tensors runs under the Triton interpreter only (set where there is no CUDA).
+_KERNEL_DEVICES = [
+    pytest.param("cpu", marks=pytest.mark.skipif(not interpreter_active(),
+                                                 reason="CPU tensors need the interpreter")),
+    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                  reason="needs CUDA")),
+]  # fmt: skip
+
+
+@pytest.mark.parametrize("device", _KERNEL_DEVICES)
+@pytest.mark.parametrize("page,dtype", [(1, torch.int32), (3, torch.int64), (16, torch.int32)])
+def test_the_write_kernel_writes_what_the_operators_write(device, page, dtype):
+    """``_PageWriter(kernel=True)`` (the Triton kernel; on a CPU under the interpreter) and the
+    operator chain write the same entries, step by step, and nothing else: the table is a
+    slice of a larger buffer whose other entries stay as they were."""
+    rng = np.random.default_rng(page)
+    rows, cols, canary = 5, 6 * page, 37
+    numel = rows * cols
+    runs = _random_runs(rng, numel, page, 20)
+    steps = [(0, 7), (7, 8), (8, 20)]  # applied in this order, like a WriteAhead
+    got = {}
+    for kernel in (True, False):
+        dev = device if kernel else "cpu"
+        buf = torch.full((numel + 2 * canary,), -5, dtype=dtype, device=dev)
+        table = buf[canary : canary + numel].view(rows, cols)
+        writer = pool_mod._PageWriter(table, page, kernel=kernel)
+        assert (writer._kernel is not None) == kernel
+        writer.stage([runs[:10], runs[10:]])
+        snapshots = []
+        for lo, hi in steps:
+            writer.apply(lo, hi)
+            snapshots.append(buf.cpu().clone())
+        got[kernel] = snapshots
+    want = torch.full((numel + 2 * canary,), -5, dtype=dtype)
+    for (lo, hi), kernel_buf, operator_buf in zip(steps, got[True], got[False]):
+        for base, value, step, a, b in runs[lo:hi].tolist():
+            for j in range(a, b):
+                want[canary + base + j] = value + j * step
+        assert torch.equal(operator_buf, want)
+        assert torch.equal(kernel_buf, want)
+
+
+@pytest.mark.parametrize("device", _KERNEL_DEVICES)
+def test_the_write_kernel_writes_nothing_outside_its_table(device):
+    """Runs that reach outside the table (before it, past its end, lanes past the page) write
+    only their entries inside it: the kernel guards every store."""
+    from pagegraph.page_writes import RunWriter
+
+    page, numel, canary = 3, 24, 8  # a page size under its power of two: lane 3 exists
+    buf = torch.full((numel + 2 * canary,), -5, dtype=torch.int64, device=device)
+    table = buf[canary : canary + numel]
+    runs = torch.tensor(
+        [[-3, 100, 1, 0, 3],  # the page before the table
+         [numel - 2, 200, 1, 0, 3],  # straddles the end: two entries inside
+         [6, 300, 1, 1, 9],  # hi past the page: lanes 1, 2 only
+         [12, 400, 1, 2, 2]],  # empty
+        dtype=torch.int64,
+        device=device,
+    ).view(-1)  # fmt: skip
+    RunWriter(runs, table, page)(0, 4)
+    want = torch.full((numel + 2 * canary,), -5, dtype=torch.int64)
+    want[canary + numel - 2 : canary + numel] = torch.tensor([200, 201])
+    want[canary + 7 : canary + 9] = torch.tensor([301, 302])
+    assert torch.equal(buf.cpu(), want)
+    with pytest.raises(ValueError, match="outside"):
+        RunWriter(runs, table, page)(2, 3)
+    with pytest.raises(ValueError, match="int32 or int64"):
+        RunWriter(runs, table.to(torch.float32), page)
+    with pytest.raises(ValueError, match="contiguous 1-D int64"):
+        RunWriter(runs.view(4, 5), table, page)
+
+
+def test_random_runs_never_write_an_entry_twice():
+    for page in (1, 3, 16):
+        runs = _random_runs(np.random.default_rng(page), 5 * 6 * page, page, 20)
+        assert len(np.unique(runs[:, 0])) == len(runs)
+        assert runs[0, 0] == (5 * 6 - 1) * page

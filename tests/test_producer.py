@@ -7,6 +7,7 @@ children; a checker's verdict does not depend on where its workload ran."""
 
 from __future__ import annotations
 
+import itertools
 import os
 import signal
 
@@ -126,7 +127,16 @@ def test_streams_take_turns_each_with_its_own_tables(streams, steps, processes):
         live, pool_kwargs, workload_kwargs, streams=streams, processes=processes, segment=segment
     )
     assert produced.streams == sum(1 for n in counts if n)
-    for index, got in enumerate(produced):
+    # As a checker does after its capture: the first step, then every child's start-up waited
+    # for (its first batch received and kept, handed out at its stream's first turn).
+    steps_iter = iter(produced)
+    first = next(steps_iter)
+    assert produced.wait_started() >= 0
+    children = [s for s in produced._sources if hasattr(s, "wait_first")]
+    assert len(children) == (produced.streams if processes else 0)
+    assert all(s._received for s in children)
+    assert all(s._first is not None for s in children[1:])  # kept for their first turn
+    for index, got in enumerate(itertools.chain([first], steps_iter)):
         k = (index // segment) % produced.streams
         pool, steps_k = refs[k]
         want = next(steps_k)
@@ -257,6 +267,11 @@ def test_a_verdict_does_not_depend_on_where_the_workload_ran(builder, streams, m
     assert _summary(produced) == _summary(inline)
     assert "child process" in produced.format()
     assert Report.from_dict(produced.to_dict()).workload_in_process
+    # The children's start-up is waited for after capture, outside the steady state, and said.
+    assert inline.workload_start_ms == 0 and produced.workload_start_ms >= 0
+    assert "start-up waited" in produced.format()
+    again = Report.from_dict(produced.to_dict())
+    assert again.workload_start_ms == produced.workload_start_ms
 
 
 def test_auto_keeps_short_and_eager_runs_in_one_process():

@@ -38,7 +38,6 @@ it behind (its name starts with ``pagegraph-ring-``).
 
 from __future__ import annotations
 
-import ctypes
 import mmap
 import os
 import platform
@@ -49,6 +48,8 @@ import weakref
 from collections.abc import Callable
 
 import numpy as np
+
+from .cudart import clear_last_error
 
 #: Whether this machine carries runs through the ring (see the module docstring).
 RING_SUPPORTED = platform.machine().lower() in ("x86_64", "amd64")
@@ -95,18 +96,6 @@ def _cuda_unregister(base: int) -> None:
     try:
         torch.cuda.cudart().cudaHostUnregister(base)
     except Exception:  # noqa: BLE001 - a broken CUDA context: the process is ending
-        pass
-
-
-def _clear_cuda_runtime_error() -> None:
-    """Reset the CUDA runtime's last error (``cudaGetLastError``), through the libcudart this
-    process has loaded (torch's bindings do not offer the call)."""
-    try:
-        with open("/proc/self/maps") as maps:
-            path = next((ln.split()[-1] for ln in maps if "libcudart" in ln and "/" in ln), None)
-        if path is not None:
-            ctypes.CDLL(path).cudaGetLastError()
-    except OSError:
         pass
 
 
@@ -178,7 +167,7 @@ class RingReader:
         if int(err) != 0:
             # torch's binding returns the error without clearing it: left set, the next kernel
             # launch anywhere in the process would report it as its own.
-            _clear_cuda_runtime_error()
+            clear_last_error()
             return False
         self._registered = base
         # Unregistered at close, or when this reader is collected unclosed (before its map

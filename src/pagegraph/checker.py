@@ -310,6 +310,9 @@ class Report:
     phase_us: dict = field(default_factory=dict)
     #: whether the workload's host models ran in child processes (``workload_process``)
     workload_in_process: bool = False
+    #: milliseconds the replays waited, after capture, for every workload child's first
+    #: batch (the children's start-up, outside the steady state; 0 without children)
+    workload_start_ms: float = 0.0
 
     @property
     def safe(self) -> bool:
@@ -352,6 +355,7 @@ class Report:
             "long_replays": self.long_replays,
             "phase_us": self.phase_us,
             "workload_in_process": self.workload_in_process,
+            "workload_start_ms": self.workload_start_ms,
             "detectors": list(self.detectors),
             "errors": self.errors,
             "properties": [
@@ -406,6 +410,7 @@ class Report:
         report.long_replays = d.get("long_replays", 0)
         report.phase_us = dict(d.get("phase_us", {}))
         report.workload_in_process = bool(d.get("workload_in_process", False))
+        report.workload_start_ms = float(d.get("workload_start_ms", 0.0))
         return report
 
     def format(self) -> str:
@@ -425,7 +430,12 @@ class Report:
                 if self.phase_us
                 else ""
             )
-            + ("; workload in child processes" if self.workload_in_process else ""),
+            + (
+                f"; workload in child processes (their start-up waited {self.workload_start_ms:.0f}"
+                " ms after capture)"
+                if self.workload_in_process
+                else ""
+            ),
             "",
             "| bucket | replays | out of contract | mismatches | oob writes | escaped writes "
             "| syncs | replay us (median) |",
@@ -1136,6 +1146,10 @@ def _replays(cfg, runner, workload, first, steps, tables, vectors, pool, dev, wa
         # detector on the workload's and the verification's driver calls only costs time.
         rec.pause()
     try:
+        if cfg.steps > 1:
+            # Every workload child's start-up is over before the steady state begins (its
+            # first turn would otherwise stall the replays in the middle of the measurement).
+            report.workload_start_ms = workload.wait_started() * 1e3
         step = first
         for i in range(cfg.steps):
             if _STOP.signum is not None:  # a signal asked for a stop (see stop_on_signals)

@@ -17,13 +17,14 @@ whole batch are a few vectorised operations, not a Python loop over requests. Wr
 device tables are queued page by page (a run of consecutive slots, five integers, whatever the
 page size):
 
-* ``flush()`` applies them now: one non-blocking copy from a pinned staging ring, a few
-  operators that expand the runs on the device into scratch allocated once, and one
-  ``index_copy_``, so a flush neither allocates device memory nor waits for the device, and
-  its host cost follows the pages touched, not the tokens.
-* ``take_writes()`` hands them over unapplied, for a ``WriteAhead`` that uploads and expands
-  the writes of many steps at once and applies each step's with one ``index_copy_`` a table
-  (a workload generated ahead of its replays: see ``DecodeWorkload(lookahead=...)``).
+* ``flush()`` applies them now: one non-blocking copy from a pinned staging ring, then on a
+  GPU one Triton kernel that writes the runs' entries (``page_writes``), on a CPU a few
+  operators that expand the runs into scratch allocated once and one ``index_copy_``. A flush
+  neither allocates device memory nor waits for the device, and its host cost follows the
+  pages touched, not the tokens.
+* ``take_writes()`` hands them over unapplied, for a ``WriteAhead`` that uploads the writes of
+  many steps at once and applies each step's with one launch a table (a workload generated
+  ahead of its replays: see ``DecodeWorkload(lookahead=...)``).
 
 Freed rows keep their old entries (engines do not clear them): a reused row with a shorter
 length has a stale tail.
@@ -37,6 +38,7 @@ import numpy as np
 import torch
 
 from .contract import cdiv
+from .page_writes import RunWriter
 
 
 class PoolExhausted(RuntimeError):
@@ -82,7 +84,8 @@ def writer_capacity(numel: int, page_size: int) -> int:
 
 def writer_bytes(numel: int, page_size: int, itemsize: int) -> int:
     """Device bytes of a ``_PageWriter``'s scratch for a table of ``numel`` entries of
-    ``itemsize`` bytes (for a memory check before anything is allocated)."""
+    ``itemsize`` bytes, at most (for a memory check before anything is allocated): the
+    operators' expansion scratch, which a writer on a GPU, with the kernel, does not need."""
     n = writer_capacity(numel, page_size)
     entries = n * page_size
     return 6 * n * 8 + entries * (3 * 8 + (0 if itemsize == 8 else itemsize)) + page_size * 8
@@ -106,9 +109,14 @@ class _PageWriter:
     with its own value: the expansion is rectangular and never writes an entry it was not
     given. The runs go up row by row, as the pool made them (one memory copy a group of runs,
     no transposition on the host); the device reads each field as a strided column.
+
+    On a GPU (or with ``kernel=True``) no expansion happens: ``apply`` launches a Triton
+    kernel (``page_writes.RunWriter``) that reads the uploaded runs and writes their entries,
+    one launch a step instead of five operators a staging and an ``index_copy_`` a step. Both
+    paths write the same entries with the same values (``tests/test_pool.py``).
     """
 
-    def __init__(self, table: torch.Tensor, page_size: int):
+    def __init__(self, table: torch.Tensor, page_size: int, kernel: bool | None = None):
         self.flat = table.view(-1)
         dev, dtype = table.device, table.dtype
         self.cuda = table.is_cuda
@@ -119,9 +127,16 @@ class _PageWriter:
             for _ in range(FLUSH_RING if self.cuda else 1)
         ]
         self.host_np = [h.numpy() for h in self.host]
-        self.done: list = [None] * len(self.host)
+        # One event a staging slot, made once and recorded again at each use of the slot (a
+        # never-recorded event's synchronize() returns at once).
+        self.done = [torch.cuda.Event() for _ in self.host] if self.cuda else None
         self.next = 0
         self.runs = torch.empty(5 * n, dtype=torch.int64, device=dev)
+        self.page_size = ps
+        use_kernel = self.cuda if kernel is None else kernel
+        self._kernel = RunWriter(self.runs, self.flat, ps) if use_kernel else None
+        if self._kernel is not None:
+            return
         self.last = torch.empty((n, 1), dtype=torch.int64, device=dev)
         self.lane = torch.arange(ps, dtype=torch.int64, device=dev)[None, :]
         self.eff = torch.empty((n, ps), dtype=torch.int64, device=dev)
@@ -130,7 +145,6 @@ class _PageWriter:
         self.cast = self.value if dtype == torch.int64 else torch.empty((n, ps), dtype=dtype,
                                                                         device=dev)  # fmt: skip
         # Flat views made once: ``apply`` slices them (a slice and a view per call cost more).
-        self.page_size = ps
         self._index_flat = self.index.view(-1)
         self._cast_flat = self.cast.view(-1)
 
@@ -149,7 +163,7 @@ class _PageWriter:
             raise ValueError(f"{k} runs staged at once, capacity {self.capacity}")
         slot = self.next
         self.next = (slot + 1) % len(self.host)
-        if self.done[slot] is not None:
+        if self.done is not None:
             self.done[slot].synchronize()  # outside any replay; practically never waits
         host, pinned = self.host_np[slot], self.host[slot]
         at = 0
@@ -177,6 +191,10 @@ class _PageWriter:
                 host[at:end] = part.reshape(-1)
             at = end
         self._upload(lo, at, first, pinned)
+        if self.done is not None:
+            self.done[slot].record()
+        if self._kernel is not None:
+            return  # apply() reads the runs as uploaded
         rows = self.runs[: 5 * k].view(k, 5)
         base, value, step, lo, hi = (rows[:, c : c + 1] for c in range(5))
         last = self.last[:k]
@@ -189,10 +207,6 @@ class _PageWriter:
         cast = self.cast[:k]
         if cast is not val:
             cast.copy_(val)
-        if self.cuda:
-            event = torch.cuda.Event()
-            event.record()
-            self.done[slot] = event
 
     def _upload(self, lo: int, hi: int, first: torch.Tensor | None, pinned: torch.Tensor) -> None:
         """Copy scratch entries ``[lo, hi)`` to the device: from ``first`` onwards in its memory
@@ -208,6 +222,9 @@ class _PageWriter:
     def apply(self, lo: int, hi: int) -> None:
         """Write staged runs ``lo:hi``. Entries written twice by them must get equal values
         (a scatter has no defined winner)."""
+        if self._kernel is not None:
+            self._kernel(lo, hi - lo)
+            return
         ps = self.page_size
         self.flat.index_copy_(
             0, self._index_flat[lo * ps : hi * ps], self._cast_flat[lo * ps : hi * ps]
@@ -621,8 +638,8 @@ class KVPool:
 
 class WriteAhead:
     """Applies the writes of steps generated ahead of their replays: the writes of as many
-    steps as fit are uploaded and expanded at once (``stage``), then each step's are applied
-    with one ``index_copy_`` a table (``apply``), in step order, on the current stream.
+    steps as fit are uploaded at once (``stage``; on a CPU also expanded), then each step's are
+    applied with one launch a table (``apply``), in step order, on the current stream.
 
     A step is staged only after every step staged before it was applied (the scratch is
     reused), which ``next()`` ensures by staging when it reaches a step that is not staged.

@@ -248,6 +248,8 @@ class _ChildStream:
         self.queue = ctx.Queue(maxsize=QUEUE_BATCHES)
         self.ring = None
         self._borrowed: int | None = None  # ring counter past the last batch read in place
+        self._received = False  # whether anything came from the child yet
+        self._first = None  # its first message, once wait_first() took it
         if ring_bytes and RING_SUPPORTED:
             try:
                 self.ring = RingReader(ring_bytes)
@@ -273,7 +275,16 @@ class _ChildStream:
                 self.ring.close()
             raise
 
+    def wait_first(self) -> None:
+        """Wait for the child's first message (its start-up), kept for ``next_batch``."""
+        if not self._received:
+            self._first = self._receive()
+
     def _receive(self, before_wait=None):
+        if self._first is not None:
+            item, self._first = self._first, None
+            return item
+        self._received = True
         try:
             item = self.queue.get(block=False)
         except queue_mod.Empty:
@@ -454,6 +465,22 @@ class ProducedWorkload:
 
     def __exit__(self, *exc) -> None:
         self.close()
+
+    def wait_started(self) -> float:
+        """Wait until every child has sent its first batch; returns the seconds waited.
+
+        A child's start-up (an interpreter, ``torch``, its first steps) takes seconds, and the
+        children start together with the caller's own start-up (a capture, say), which may end
+        first. A consumer that measures a steady rate calls this before it starts the clock,
+        so that no child's start-up lands inside the measurement as a stall at that stream's
+        first turn. Without children it returns at once."""
+        children = [s for s in self._sources if isinstance(s, _ChildStream)]
+        if not children:
+            return 0.0
+        t0 = time.perf_counter()
+        for child in children:
+            child.wait_first()
+        return time.perf_counter() - t0
 
     def _switch(self, old: int, new: int) -> None:
         """Park the live tables as stream ``old``'s and bring stream ``new``'s in."""

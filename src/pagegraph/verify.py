@@ -33,12 +33,14 @@ Record layout (int64, ``TableVerifier.record_size`` entries a replay)::
 
 from __future__ import annotations
 
+import bisect
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from .contract import ERROR_KINDS, cdiv
+from .cudart import HostToDevice
 
 #: Value the tables are filled with before each replay; no builder writes it.
 POISON = -0x5A5A5A5
@@ -130,46 +132,67 @@ class BatchModel:
         self.seq_lens = self.state[max_bs : 2 * max_bs]
         self.flags = self.state[2 * max_bs :]
         self.req_pool_indices[:] = initial_req_pool_indices
+        # The same fields seen as unsigned: a negative value is larger than any limit.
+        self._rpi_u = self.req_pool_indices.view(np.uint64)
+        self._sl_u = self.seq_lens.view(np.uint64)
+        self._rows_u = np.uint64(r2t_rows)
         # The longest in-contract length: its tables, len + draft_tokens, reach len_limit.
         # None when the draft tokens alone pass len_limit: every row is out of the contract.
         self._sl_limit = np.uint64(len_limit - draft_tokens) if len_limit >= draft_tokens else None
+        # A real row is longer than at capture when its length passes this (its tables, for
+        # max(len, 0) + draft_tokens, have more pages than capture_pages).
+        self._long_from = capture_pages * page_size - draft_tokens
+        #: ``n -> (flags, flags of out-of-contract rows)`` of a batch of ``n``, made once each.
+        self._flag_templates: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     def bucket_for(self, n: int) -> int:
-        for size in self.sizes:
-            if size >= n:
-                return size
-        raise ValueError(f"batch of {n} requests exceeds the largest bucket {self.sizes[-1]}")
+        at = bisect.bisect_left(self.sizes, n)
+        if at == len(self.sizes):
+            raise ValueError(f"batch of {n} requests exceeds the largest bucket {self.sizes[-1]}")
+        return self.sizes[at]
+
+    def _templates(self, n: int, bucket: int) -> tuple[np.ndarray, np.ndarray]:
+        found = self._flag_templates.get(n)
+        if found is None:
+            flags = np.zeros(self.max_bs, dtype=np.int64)
+            flags[:bucket] = IN_BUCKET
+            flags[:n] |= REAL
+            found = self._flag_templates[n] = (flags, flags | OUT_OF_CONTRACT)
+        return found
 
     def stage(self, index: int, req_pool_indices, seq_lens) -> ModelStep:
+        # Called once a replay: each line is one numpy call on at most max_bs values, and
+        # the row flags are copied from templates made once per batch size.
         n = len(seq_lens)
         bucket = self.bucket_for(n)
-        rpi, sl, flags = self.req_pool_indices, self.seq_lens, self.flags
+        rpi, sl = self.req_pool_indices, self.seq_lens
         rpi[:n] = req_pool_indices
         sl[:n] = seq_lens
-        sl[n:bucket] = self.pad_seq_len
-        if self.pad_req_pool_index is not None:
-            rpi[n:bucket] = self.pad_req_pool_index
-        b_rpi, b_sl = rpi[:bucket], sl[:bucket]
+        if bucket > n:
+            sl[n:bucket] = self.pad_seq_len
+            if self.pad_req_pool_index is not None:
+                rpi[n:bucket] = self.pad_req_pool_index
         # Out of the contract: a negative length, a length whose tables (built for
         # max(len, 0) + draft_tokens) pass len_limit, a request index outside req_to_token.
-        # Seen as unsigned, a negative value is larger than any limit: one comparison a field.
         if self._sl_limit is None:
             ooc = np.ones(bucket, dtype=bool)
         else:
-            ooc = (b_sl.view(np.uint64) > self._sl_limit) | (b_rpi.view(np.uint64) >= self.r2t_rows)
-        flags[bucket:] = 0
-        flags[:bucket] = np.where(ooc, IN_BUCKET | OUT_OF_CONTRACT, IN_BUCKET)
-        flags[:n] |= REAL
-        longest = max(int(sl[:n].max()), 0) + self.draft_tokens if n else 0
+            ooc = self._sl_u[:bucket] > self._sl_limit
+            ooc |= self._rpi_u[:bucket] >= self._rows_u
+        plain, marked = self._templates(n, bucket)
+        flags = self.flags
+        flags[:] = plain
+        np.copyto(flags[:bucket], marked[:bucket], where=ooc)
         return ModelStep(
             index=index,
             n=n,
             bucket=bucket,
-            out_of_contract=bool(ooc.any()),
-            longer_than_capture=cdiv(longest, self.page_size) > self.capture_pages,
+            out_of_contract=np.count_nonzero(ooc) > 0,
+            longer_than_capture=n > 0
+            and (self._long_from < 0 or bool(sl[:n].max() > self._long_from)),
             ooc_rows=ooc,
-            asked_rpi=b_rpi.copy(),
-            asked_sl=b_sl.copy(),
+            asked_rpi=rpi[:bucket].copy(),
+            asked_sl=sl[:bucket].copy(),
         )
 
 
@@ -273,7 +296,10 @@ class TableVerifier:
             torch.zeros(3 * M + 1, dtype=torch.int64, pin_memory=cuda) for _ in range(UPLOAD_RING)
         ]
         self._ring_np = [t.numpy() for t in self._ring]
+        self._ring_ptrs = [t.data_ptr() for t in self._ring]
         self._ring_next = 0
+        # The upload as one cudaMemcpyAsync (no torch dispatch; see cudart), or None.
+        self._upload_copy = HostToDevice.make(self.model) if cuda else None
         self._host_records = torch.zeros(
             (chunk, self.record_size), dtype=torch.int64, pin_memory=cuda
         )
@@ -328,7 +354,10 @@ class TableVerifier:
         host = self._ring_np[i]
         host[:-1] = model.state
         host[-1] = slot
-        self.model.copy_(self._ring[i], non_blocking=self.device.type == "cuda")
+        if self._upload_copy is not None:
+            self._upload_copy(self._ring_ptrs[i])
+        else:
+            self.model.copy_(self._ring[i], non_blocking=self.device.type == "cuda")
 
     def poison(self) -> None:
         self.tables.fill_(POISON)

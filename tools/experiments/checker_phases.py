@@ -8,7 +8,11 @@ remainder (``checker us`` minus the wrapped checker pieces) is the loop's own Py
 
 Usage: PYTHONPATH=src python tools/experiments/checker_phases.py
        [--scenario graphs/sglang-h200.toml] [--replays 5000] [--detectors none|cupti]
-       [--streams K] [--json OUT]
+       [--streams K] [--window N] [--json OUT]
+
+The timeline splits the run into windows of ``--window`` replays and gives each window's
+rate and the time it spent waiting for the workload's batches: a slow first window says the
+children were still getting ahead when the replays began.
 """
 
 from __future__ import annotations
@@ -27,6 +31,8 @@ from pagegraph.scenario import load_scenario
 #: Seconds of every call of each piece; the first call (start-up: a child's first batch, the
 #: graphs' first launch) is left out of the means.
 TIMES: dict[str, list[float]] = defaultdict(list)
+#: ``perf_counter()`` at the start of every call of each piece (for the timeline).
+STARTS: dict[str, list[float]] = defaultdict(list)
 
 
 def timed(owner, attr: str, label: str) -> None:
@@ -34,6 +40,7 @@ def timed(owner, attr: str, label: str) -> None:
 
     def wrapper(*args, **kwargs):
         t0 = time.perf_counter()
+        STARTS[label].append(t0)
         try:
             return fn(*args, **kwargs)
         finally:
@@ -42,12 +49,27 @@ def timed(owner, attr: str, label: str) -> None:
     setattr(owner, attr, wrapper)
 
 
+def timeline(window: int) -> list[dict]:
+    """Per window of ``window`` replays: its rate and the milliseconds spent in next_batch."""
+    starts = STARTS["replay: runner.replay"]
+    waits = list(zip(STARTS["workload: next_batch (wait + unpack)"],
+                     TIMES["workload: next_batch (wait + unpack)"]))  # fmt: skip
+    rows = []
+    for a in range(1, len(starts) - window, window):
+        t0, t1 = starts[a], starts[a + window]
+        wait = sum(d for s, d in waits if t0 <= s < t1)
+        rate = round(window / (t1 - t0))
+        rows.append({"from": a, "per_s": rate, "wait_ms": round(wait * 1e3, 1)})
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--scenario", default="graphs/sglang-h200.toml")
     ap.add_argument("--replays", type=int, default=5000)
     ap.add_argument("--detectors", default="none", choices=["none", "cupti", "torch"])
     ap.add_argument("--streams", type=int, help="workload streams (default: the scenario's)")
+    ap.add_argument("--window", type=int, default=500, help="replays per timeline window")
     ap.add_argument("--json")
     args = ap.parse_args()
     pieces = [
@@ -89,6 +111,7 @@ def main() -> None:
         "pieces_us_per_replay": per_replay,
         "calls": {k: len(v) for k, v in TIMES.items()},
         "first_call_s": first_s,
+        "timeline": timeline(args.window),
     }
     print(json.dumps(out, indent=1))
     if args.json:

@@ -1,0 +1,90 @@
+"""CUDA runtime calls that torch's bindings do not offer, made through the ``libcudart`` this
+process has loaded (torch's own, found in ``/proc/self/maps``; ``None`` where there is none,
+and callers then fall back to torch).
+
+* ``clear_last_error``: a refused ``cudaHostRegister`` (through ``torch.cuda.cudart()``)
+  leaves the runtime's last error set, and the next kernel launch anywhere in the process would
+  report it as its own.
+* ``HostToDevice``: a non-blocking copy from page-locked host memory, without torch's
+  ``copy_`` (its dispatch, checks and pinned-allocator bookkeeping). With it the checker's
+  upload of its model (6 KB a replay) went from 20-30 to 12-21 us a replay on the H200's host
+  (``tools/experiments/checker_phases.py``, alternating runs). The caller passes page-locked
+  memory only: from pageable memory ``cudaMemcpyAsync`` would copy synchronously.
+"""
+
+from __future__ import annotations
+
+import ctypes
+
+import torch
+
+#: ``cudaMemcpyHostToDevice``.
+_HOST_TO_DEVICE = 1
+_UNRESOLVED = object()
+_runtime = _UNRESOLVED
+
+
+def runtime() -> ctypes.CDLL | None:
+    """The loaded ``libcudart`` (looked up once it has been found), or ``None``."""
+    global _runtime
+    if _runtime is not _UNRESOLVED:
+        return _runtime
+    try:
+        with open("/proc/self/maps") as maps:
+            path = next((ln.split()[-1] for ln in maps if "libcudart" in ln and "/" in ln), None)
+        lib = ctypes.CDLL(path) if path is not None else None
+    except OSError:
+        lib = None
+    if lib is None:
+        return None  # not loaded yet, perhaps: looked up again next time
+    lib.cudaMemcpyAsync.argtypes = [
+        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p
+    ]  # fmt: skip
+    lib.cudaMemcpyAsync.restype = ctypes.c_int
+    _runtime = lib
+    return lib
+
+
+def clear_last_error() -> None:
+    """Reset the runtime's last error (``cudaGetLastError``); nothing without a runtime."""
+    lib = runtime()
+    if lib is not None:
+        lib.cudaGetLastError()
+
+
+class HostToDevice:
+    """Copies ``nbytes`` from page-locked host memory into ``dst`` (a contiguous CUDA tensor)
+    on its device's current stream, without waiting.
+
+    ``HostToDevice.make(dst)`` is ``None`` where no runtime is loaded or ``dst`` is not a
+    contiguous CUDA tensor: the caller copies with torch then. The caller keeps the host
+    memory unchanged until the copy has completed (an event recorded after the call).
+    """
+
+    def __init__(self, dst: torch.Tensor, lib: ctypes.CDLL):
+        self.dst = dst.data_ptr()
+        self.nbytes = dst.numel() * dst.element_size()
+        self.index = dst.get_device()
+        self._memcpy = lib.cudaMemcpyAsync
+        self._stream = torch._C._cuda_getCurrentRawStream
+
+    @classmethod
+    def make(cls, dst: torch.Tensor) -> HostToDevice | None:
+        if not dst.is_cuda or not dst.is_contiguous():
+            return None
+        lib = runtime()
+        return None if lib is None else cls(dst, lib)
+
+    def __call__(self, src: int) -> None:
+        """Copy from host address ``src`` (page-locked, ``nbytes`` long)."""
+        if self.index != torch._C._cuda_getDevice():
+            with torch.cuda.device(self.index):
+                self._copy(src)
+            return
+        self._copy(src)
+
+    def _copy(self, src: int) -> None:
+        err = self._memcpy(self.dst, src, self.nbytes, _HOST_TO_DEVICE, self._stream(self.index))
+        if err:
+            clear_last_error()
+            raise RuntimeError(f"cudaMemcpyAsync failed with CUDA error {err}")

@@ -1,0 +1,137 @@
+"""The Triton kernel that writes a pool's page runs into its table on a GPU.
+
+A page run is five int64 ``(base, value, step, lo, hi)``: entries ``base + j`` of the table
+for lanes ``lo <= j < hi`` get ``value + j * step`` (``pool._PageWriter``). On a CPU the
+pool expands runs with torch operators and writes them with ``index_copy_``. On a GPU that
+chain cost the host five operator launches a staging and an ``index_copy_`` a step, the
+largest part of a checked replay's workload phase. This kernel reads the runs where they were
+uploaded and writes their entries itself: one launch a step, through Triton's compiled
+launcher (``kernel._launch_entry``). On the H200's host (sglang-h200, 5,000 checked replays,
+``tools/experiments/checker_phases.py``) the apply went from 30-45 to 13-22 us a step and the
+staging of 16 steps' runs from 40-53 to 20-29 us a step.
+
+It writes only entries ``0 <= base + j < numel`` and lanes ``j < page_size``: whatever the
+runs say, nothing lands outside the table.
+"""
+
+from __future__ import annotations
+
+from contextlib import nullcontext
+
+import torch
+import triton
+import triton.language as tl
+
+from .kernel import _current_stream, _hooks_active, _launch_entry, _raw_stream
+
+#: Entries a program writes at most (``runs_per_program * page_block``).
+PROGRAM_ENTRIES = 1024
+NUM_WARPS = 4
+
+
+@triton.jit(do_not_specialize=["first", "count", "numel"])
+def _write_runs_kernel(
+    runs,  # [capacity * 5] int64: base, value, step, lo, hi of each run
+    table,  # flat int32 / int64 table
+    first,  # first run to write
+    count,  # runs to write
+    numel,  # entries of the table
+    PAGE_SIZE: tl.constexpr,
+    PAGE_BLOCK: tl.constexpr,  # PAGE_SIZE rounded up to a power of two
+    RUNS: tl.constexpr,  # runs a program
+):
+    r = tl.program_id(0) * RUNS + tl.arange(0, RUNS)
+    live = r < count
+    at = (first + r).to(tl.int64) * 5
+    base = tl.load(runs + at, mask=live, other=0)
+    value = tl.load(runs + at + 1, mask=live, other=0)
+    step = tl.load(runs + at + 2, mask=live, other=0)
+    lo = tl.load(runs + at + 3, mask=live, other=0)
+    hi = tl.load(runs + at + 4, mask=live, other=0)
+    j = tl.arange(0, PAGE_BLOCK)[None, :].to(tl.int64)
+    index = base[:, None] + j
+    mask = (
+        live[:, None]
+        & (j < PAGE_SIZE)
+        & (j >= lo[:, None])
+        & (j < hi[:, None])
+        & (index >= 0)
+        & (index < numel)
+    )
+    entries = value[:, None] + j * step[:, None]
+    tl.store(table + index, entries.to(table.dtype.element_ty), mask=mask)
+
+
+class RunWriter:
+    """Writes runs of one fixed upload buffer into one fixed table (both on one GPU, or on
+    the CPU under the Triton interpreter).
+
+    Args:
+        runs: ``[capacity * 5]`` int64, contiguous: the runs, as uploaded.
+        table: the flat table (``[numel]`` int32 or int64, contiguous).
+        page_size: entries a page (lanes a run).
+    """
+
+    def __init__(self, runs: torch.Tensor, table: torch.Tensor, page_size: int):
+        if runs.dtype != torch.int64 or runs.dim() != 1 or not runs.is_contiguous():
+            raise ValueError("runs must be a contiguous 1-D int64 tensor")
+        if table.dim() != 1 or not table.is_contiguous():
+            raise ValueError("table must be a contiguous 1-D tensor")
+        if table.dtype not in (torch.int32, torch.int64):
+            raise ValueError(f"table must be int32 or int64, got {table.dtype}")
+        if runs.device != table.device:
+            raise ValueError(f"runs on {runs.device}, table on {table.device}")
+        if page_size < 1:
+            raise ValueError(f"page_size must be positive, got {page_size}")
+        self.runs, self.table = runs, table
+        self.capacity = runs.numel() // 5
+        block = triton.next_power_of_2(page_size)
+        self.runs_per_program = max(1, PROGRAM_ENTRIES // block)
+        self._constexprs = (page_size, block, self.runs_per_program)
+        self._index = table.get_device()
+        # The compiled kernel's launcher, once Triton's own path has compiled it (GPU only).
+        self._entry = None
+        self._ptrs = (runs.data_ptr(), table.data_ptr())
+
+    def __call__(self, first: int, count: int) -> None:
+        """Write runs ``first .. first + count - 1`` on the current stream."""
+        if first < 0 or count < 0 or first + count > self.capacity:
+            raise ValueError(
+                f"runs {first}..{first + count} outside the {self.capacity} of the buffer"
+            )
+        if not count:
+            return
+        programs = -(-count // self.runs_per_program)
+        index = self._index
+        entry = self._entry
+        if entry is None or _hooks_active():
+            # Triton's own path: compiles on first use (and runs under the interpreter).
+            switch = index >= 0 and index != torch.cuda.current_device()
+            with torch.cuda.device(index) if switch else nullcontext():
+                kernel = self._jit_launch(programs, first, count)
+            if entry is None and index >= 0:
+                self._entry = _launch_entry(kernel)
+            return
+        function, leading = entry
+        ints = (first, count, self.table.numel())
+        if index != torch._C._cuda_getDevice():
+            with torch.cuda.device(index):
+                stream = _current_stream(index)
+                function(programs, 1, 1, stream, *leading, *self._ptrs, *ints, *self._constexprs)
+            return
+        stream = _raw_stream(index) if _raw_stream is not None else _current_stream(index)
+        function(programs, 1, 1, stream, *leading, *self._ptrs, *ints, *self._constexprs)
+
+    def _jit_launch(self, programs: int, first: int, count: int):
+        page_size, block, runs = self._constexprs
+        return _write_runs_kernel[(programs,)](
+            self.runs,
+            self.table,
+            first,
+            count,
+            self.table.numel(),
+            PAGE_SIZE=page_size,
+            PAGE_BLOCK=block,
+            RUNS=runs,
+            num_warps=NUM_WARPS,
+        )
