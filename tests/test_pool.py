@@ -355,9 +355,10 @@ def test_runs_staged_from_tensors_in_place_write_what_arrays_write(monkeypatch):
 def _random_runs(rng, numel: int, page: int, k: int) -> np.ndarray:
     """``k`` runs at distinct pages of a ``numel``-entry table (no entry written twice: a
     scatter has no defined winner): whole and partial lanes, steps 0 (an unmapped SWA page), 1
-    (token slots) and others, the last page of the table among them."""
-    last = numel // page - 1  # the table's last page is always one of them
-    pages = np.concatenate([[last], rng.choice(last, size=k - 1, replace=False)])
+    (token slots) and others, the table's last page last (a GPU writes it through the compiled
+    launcher, the first launch being Triton's own)."""
+    last = numel // page - 1  # the table's last page is always the last run
+    pages = np.concatenate([rng.choice(last, size=k - 1, replace=False), [last]])
     lo = rng.integers(0, page, size=k)
     hi = np.minimum(lo + rng.integers(1, page + 1, size=k), page)
     step = rng.choice([0, 1, 1, 1, 7], size=k)
@@ -424,7 +425,9 @@ def test_the_write_kernel_writes_nothing_outside_its_table(device):
         dtype=torch.int64,
         device=device,
     ).view(-1)  # fmt: skip
-    RunWriter(runs, table, page)(0, 4)
+    writer = RunWriter(runs, table, page)
+    writer(0, 1)  # on a GPU: Triton's own launch, which compiles
+    writer(1, 3)  # then the compiled launcher
     want = torch.full((numel + 2 * canary,), -5, dtype=torch.int64)
     want[canary + numel - 2 : canary + numel] = torch.tensor([200, 201])
     want[canary + 7 : canary + 9] = torch.tensor([301, 302])
@@ -435,10 +438,12 @@ def test_the_write_kernel_writes_nothing_outside_its_table(device):
         RunWriter(runs, table.to(torch.float32), page)
     with pytest.raises(ValueError, match="contiguous 1-D int64"):
         RunWriter(runs.view(4, 5), table, page)
+    with pytest.raises(ValueError, match="page_size must be in"):
+        RunWriter(runs, table, (1 << 20) + 1)
 
 
 def test_random_runs_never_write_an_entry_twice():
     for page in (1, 3, 16):
         runs = _random_runs(np.random.default_rng(page), 5 * 6 * page, page, 20)
         assert len(np.unique(runs[:, 0])) == len(runs)
-        assert runs[0, 0] == (5 * 6 - 1) * page
+        assert runs[-1, 0] == (5 * 6 - 1) * page

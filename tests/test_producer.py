@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import os
 import signal
+import time
 
 import numpy as np
 import pytest
@@ -199,8 +200,16 @@ def test_stopping_early_stops_the_child():
         streams=2,
     )
     assert len(produced._processes) == 2
+    # A stop asked for while waiting for the children's start-up is honoured at once (a child
+    # just spawned has sent nothing yet), and leaves the workload as it was.
+    t0 = time.perf_counter()
+    with pytest.raises(KeyboardInterrupt):
+        produced.wait_started(should_stop=lambda: True)
+    assert time.perf_counter() - t0 < producer.POLL_S
     for step in produced:
         if step.index == 3:
+            assert produced.wait_started() >= 0  # stream 1's first batch, kept for its turn
+            assert all(s._received for s in produced._sources)
             break
     produced.close()
     assert not any(p.is_alive() for p in produced._processes)

@@ -1149,7 +1149,9 @@ def _replays(cfg, runner, workload, first, steps, tables, vectors, pool, dev, wa
         if cfg.steps > 1:
             # Every workload child's start-up is over before the steady state begins (its
             # first turn would otherwise stall the replays in the middle of the measurement).
-            report.workload_start_ms = workload.wait_started() * 1e3
+            report.workload_start_ms = (
+                workload.wait_started(should_stop=lambda: _STOP.signum is not None) * 1e3
+            )
         step = first
         for i in range(cfg.steps):
             if _STOP.signum is not None:  # a signal asked for a stop (see stop_on_signals)

@@ -24,19 +24,52 @@ _UNRESOLVED = object()
 _runtime = _UNRESOLVED
 
 
+def runtime_paths(maps_lines) -> list[str]:
+    """Paths of the ``libcudart`` files in lines of ``/proc/<pid>/maps``, once each, in order."""
+    paths: list[str] = []
+    for line in maps_lines:
+        fields = line.split(maxsplit=5)
+        path = fields[5].strip() if len(fields) == 6 else ""
+        # A file replaced on disk since it was loaded shows as "... (deleted)".
+        if "libcudart" in path and path.startswith("/") and not path.endswith("(deleted)"):
+            if path not in paths:
+                paths.append(path)
+    return paths
+
+
+def _loaded_runtimes() -> list[str]:
+    with open("/proc/self/maps") as maps:
+        return runtime_paths(maps)
+
+
+def _major(version: int) -> int:
+    return version // 1000  # cudaRuntimeGetVersion: 1000 * major + 10 * minor
+
+
 def runtime() -> ctypes.CDLL | None:
-    """The loaded ``libcudart`` (looked up once it has been found), or ``None``."""
+    """The loaded ``libcudart`` (looked up until one is found, then kept), or ``None``.
+    Where several are loaded, the one of torch's CUDA major version."""
     global _runtime
     if _runtime is not _UNRESOLVED:
         return _runtime
+    libs = []
     try:
-        with open("/proc/self/maps") as maps:
-            path = next((ln.split()[-1] for ln in maps if "libcudart" in ln and "/" in ln), None)
-        lib = ctypes.CDLL(path) if path is not None else None
+        for path in _loaded_runtimes():
+            libs.append(ctypes.CDLL(path))
     except OSError:
-        lib = None
-    if lib is None:
+        pass
+    if not libs:
         return None  # not loaded yet, perhaps: looked up again next time
+    lib = libs[0]
+    wanted = (torch.version.cuda or "").split(".")[0]
+    for candidate in libs:
+        version = ctypes.c_int(0)
+        if (
+            candidate.cudaRuntimeGetVersion(ctypes.byref(version)) == 0
+            and str(_major(version.value)) == wanted
+        ):
+            lib = candidate
+            break
     lib.cudaMemcpyAsync.argtypes = [
         ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p
     ]  # fmt: skip
@@ -50,6 +83,10 @@ def clear_last_error() -> None:
     lib = runtime()
     if lib is not None:
         lib.cudaGetLastError()
+
+
+def _current_stream(index: int) -> int:
+    return torch.cuda.current_stream(index).cuda_stream
 
 
 class HostToDevice:
@@ -66,7 +103,8 @@ class HostToDevice:
         self.nbytes = dst.numel() * dst.element_size()
         self.index = dst.get_device()
         self._memcpy = lib.cudaMemcpyAsync
-        self._stream = torch._C._cuda_getCurrentRawStream
+        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
+        self._stream = raw if raw is not None else _current_stream
 
     @classmethod
     def make(cls, dst: torch.Tensor) -> HostToDevice | None:

@@ -24,8 +24,12 @@ import triton.language as tl
 
 from .kernel import _current_stream, _hooks_active, _launch_entry, _raw_stream
 
-#: Entries a program writes at most (``runs_per_program * page_block``).
+#: Entries a program covers: as many runs as fit, at least one (a page wider than this
+#: takes a program of its own).
 PROGRAM_ENTRIES = 1024
+#: Widest page the kernel takes: one run's lanes are one block, and Triton's blocks hold
+#: at most 2**20 elements (wider pages are written by the operators, ``pool._PageWriter``).
+MAX_PAGE_SIZE = 1 << 20
 NUM_WARPS = 4
 
 
@@ -81,8 +85,8 @@ class RunWriter:
             raise ValueError(f"table must be int32 or int64, got {table.dtype}")
         if runs.device != table.device:
             raise ValueError(f"runs on {runs.device}, table on {table.device}")
-        if page_size < 1:
-            raise ValueError(f"page_size must be positive, got {page_size}")
+        if not 1 <= page_size <= MAX_PAGE_SIZE:
+            raise ValueError(f"page_size must be in 1..{MAX_PAGE_SIZE}, got {page_size}")
         self.runs, self.table = runs, table
         self.capacity = runs.numel() // 5
         block = triton.next_power_of_2(page_size)

@@ -38,7 +38,7 @@ import numpy as np
 import torch
 
 from .contract import cdiv
-from .page_writes import RunWriter
+from .page_writes import MAX_PAGE_SIZE, RunWriter
 
 
 class PoolExhausted(RuntimeError):
@@ -110,7 +110,8 @@ class _PageWriter:
     given. The runs go up row by row, as the pool made them (one memory copy a group of runs,
     no transposition on the host); the device reads each field as a strided column.
 
-    On a GPU (or with ``kernel=True``) no expansion happens: ``apply`` launches a Triton
+    On a GPU (pages up to ``page_writes.MAX_PAGE_SIZE``; or with ``kernel=True``) no
+    expansion happens: ``apply`` launches a Triton
     kernel (``page_writes.RunWriter``) that reads the uploaded runs and writes their entries,
     one launch a step instead of five operators a staging and an ``index_copy_`` a step. Both
     paths write the same entries with the same values (``tests/test_pool.py``).
@@ -133,7 +134,7 @@ class _PageWriter:
         self.next = 0
         self.runs = torch.empty(5 * n, dtype=torch.int64, device=dev)
         self.page_size = ps
-        use_kernel = self.cuda if kernel is None else kernel
+        use_kernel = (self.cuda and ps <= MAX_PAGE_SIZE) if kernel is None else kernel
         self._kernel = RunWriter(self.runs, self.flat, ps) if use_kernel else None
         if self._kernel is not None:
             return
@@ -192,7 +193,8 @@ class _PageWriter:
             at = end
         self._upload(lo, at, first, pinned)
         if self.done is not None:
-            self.done[slot].record()
+            # On the stream the copy went to: the table's device's (whatever device is current).
+            self.done[slot].record(torch.cuda.current_stream(self.flat.device))
         if self._kernel is not None:
             return  # apply() reads the runs as uploaded
         rows = self.runs[: 5 * k].view(k, 5)

@@ -275,28 +275,31 @@ class _ChildStream:
                 self.ring.close()
             raise
 
-    def wait_first(self) -> None:
-        """Wait for the child's first message (its start-up), kept for ``next_batch``."""
+    def wait_first(self, should_stop=None) -> None:
+        """Wait for the child's first message (its start-up), kept for ``next_batch``: a batch,
+        or the child's exception, raised there as ever (at its stream's first step)."""
         if not self._received:
-            self._first = self._receive()
+            self._first = self._receive(should_stop=should_stop)
 
-    def _receive(self, before_wait=None):
+    def _receive(self, before_wait=None, should_stop=None):
         if self._first is not None:
             item, self._first = self._first, None
             return item
-        self._received = True
         try:
             item = self.queue.get(block=False)
         except queue_mod.Empty:
             if before_wait is not None:
                 before_wait()  # e.g. give back ring space the child may be waiting for
-            item = self._wait_for_item()
+            item = self._wait_for_item(should_stop)
+        self._received = True
         if self.ring is not None:
             self.ring.unlink()  # the child maps the ring before it sends anything
         return item
 
-    def _wait_for_item(self):
+    def _wait_for_item(self, should_stop=None):
         while True:
+            if should_stop is not None and should_stop():
+                raise KeyboardInterrupt("stopped while waiting for a workload process")
             try:
                 return self.queue.get(timeout=POLL_S)
             except queue_mod.Empty:
@@ -466,20 +469,22 @@ class ProducedWorkload:
     def __exit__(self, *exc) -> None:
         self.close()
 
-    def wait_started(self) -> float:
+    def wait_started(self, should_stop=None) -> float:
         """Wait until every child has sent its first batch; returns the seconds waited.
 
         A child's start-up (an interpreter, ``torch``, its first steps) takes seconds, and the
         children start together with the caller's own start-up (a capture, say), which may end
         first. A consumer that measures a steady rate calls this before it starts the clock,
         so that no child's start-up lands inside the measurement as a stall at that stream's
-        first turn. Without children it returns at once."""
+        first turn. Without children it returns at once. ``should_stop()`` is asked before
+        each wait of up to ``POLL_S`` seconds; when it says so, ``KeyboardInterrupt`` is raised
+        (a stop asked for by a signal, say)."""
         children = [s for s in self._sources if isinstance(s, _ChildStream)]
         if not children:
             return 0.0
         t0 = time.perf_counter()
         for child in children:
-            child.wait_first()
+            child.wait_first(should_stop)
         return time.perf_counter() - t0
 
     def _switch(self, old: int, new: int) -> None:

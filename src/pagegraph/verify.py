@@ -142,8 +142,6 @@ class BatchModel:
         # A real row is longer than at capture when its length passes this (its tables, for
         # max(len, 0) + draft_tokens, have more pages than capture_pages).
         self._long_from = capture_pages * page_size - draft_tokens
-        #: ``n -> (flags, flags of out-of-contract rows)`` of a batch of ``n``, made once each.
-        self._flag_templates: dict[int, tuple[np.ndarray, np.ndarray]] = {}
 
     def bucket_for(self, n: int) -> int:
         at = bisect.bisect_left(self.sizes, n)
@@ -151,18 +149,8 @@ class BatchModel:
             raise ValueError(f"batch of {n} requests exceeds the largest bucket {self.sizes[-1]}")
         return self.sizes[at]
 
-    def _templates(self, n: int, bucket: int) -> tuple[np.ndarray, np.ndarray]:
-        found = self._flag_templates.get(n)
-        if found is None:
-            flags = np.zeros(self.max_bs, dtype=np.int64)
-            flags[:bucket] = IN_BUCKET
-            flags[:n] |= REAL
-            found = self._flag_templates[n] = (flags, flags | OUT_OF_CONTRACT)
-        return found
-
     def stage(self, index: int, req_pool_indices, seq_lens) -> ModelStep:
-        # Called once a replay: each line is one numpy call on at most max_bs values, and
-        # the row flags are copied from templates made once per batch size.
+        # Called once a replay: each line is one numpy call on at most max_bs values.
         n = len(seq_lens)
         bucket = self.bucket_for(n)
         rpi, sl = self.req_pool_indices, self.seq_lens
@@ -179,15 +167,17 @@ class BatchModel:
         else:
             ooc = self._sl_u[:bucket] > self._sl_limit
             ooc |= self._rpi_u[:bucket] >= self._rows_u
-        plain, marked = self._templates(n, bucket)
         flags = self.flags
-        flags[:] = plain
-        np.copyto(flags[:bucket], marked[:bucket], where=ooc)
+        flags[:n] = REAL | IN_BUCKET
+        flags[n:bucket] = IN_BUCKET
+        flags[bucket:] = 0
+        in_bucket = flags[:bucket]
+        np.bitwise_or(in_bucket, OUT_OF_CONTRACT, out=in_bucket, where=ooc)
         return ModelStep(
             index=index,
             n=n,
             bucket=bucket,
-            out_of_contract=np.count_nonzero(ooc) > 0,
+            out_of_contract=bool(np.count_nonzero(ooc)),
             longer_than_capture=n > 0
             and (self._long_from < 0 or bool(sl[:n].max() > self._long_from)),
             ooc_rows=ooc,
