@@ -333,6 +333,49 @@ def test_off_by_one_fails_bounded_writes():
     assert report.property("correct").passed is True
 
 
+def _torch_page_table(req_to_token, req_pool_indices, seq_lens, page_table, page_size, *,
+                      lane=0, skip_len_one=False, **kw):  # fmt: skip
+    """A page table in plain torch (allocates: a test builder only), reading each page's slot
+    ``lane`` instead of its first, or leaving rows of length 1 alone, when asked."""
+    width = page_table.shape[1]
+    pages = (seq_lens.to(torch.int64).clamp(min=0) + page_size - 1) // page_size
+    if skip_len_one:
+        pages = torch.where(seq_lens == 1, torch.zeros_like(pages), pages)
+    p = torch.arange(width, device=page_table.device)
+    live = p[None, :] < pages[:, None]
+    rows = req_pool_indices.to(torch.int64).clamp(0, req_to_token.shape[0] - 1)
+    cols = (p * page_size + lane).clamp(max=req_to_token.shape[1] - 1)
+    values = (req_to_token[rows][:, cols].to(torch.int64) // page_size).to(page_table.dtype)
+    page_table.copy_(torch.where(live, values, page_table))
+
+
+def _second_slot_builder(*args, **kw):
+    """Reads each page's second slot: the same page wherever the page holds two tokens."""
+    _torch_page_table(*args, lane=1, **kw)
+
+
+def _length_one_as_padding_builder(*args, **kw):
+    """Leaves rows of length 1 unwritten, as if such a row could only be padding (SGLang pads
+    with length 1, but a request of one token has that length too)."""
+    _torch_page_table(*args, skip_len_one=True, **kw)
+
+
+@pytest.mark.parametrize(
+    "builder", [_second_slot_builder, _length_one_as_padding_builder], ids=lambda f: f.__name__
+)
+def test_bugs_that_show_on_a_few_rows_fail_correct(builder):
+    """Bugs that change only some rows (a last page holding one token, a row of length 1 or a
+    padded row) are found; the same plain-torch builder without the bug passes ``correct`` and
+    ``bounded writes``, so the failure is the bug's."""
+    cfg = SMALL.replace(swa=False, steps=40, detectors="none")
+    control = check_replay_safety(_torch_page_table, cfg)
+    assert control.property("correct").passed and control.property("bounded writes").passed
+    report = check_replay_safety(builder, cfg)
+    assert report.property("correct").passed is False
+    assert report.property("bounded writes").passed
+    assert not report.safe
+
+
 def test_raising_builder_fails_capture_and_nothing_passes_unreached():
     report = check_replay_safety(raising_builder, SMALL)
     assert report.verdict == "UNSAFE"
