@@ -18,6 +18,8 @@ import ctypes
 
 import torch
 
+from .kernel import _current_stream, _raw_stream
+
 #: ``cudaMemcpyHostToDevice``.
 _HOST_TO_DEVICE = 1
 _UNRESOLVED = object()
@@ -85,10 +87,6 @@ def clear_last_error() -> None:
         lib.cudaGetLastError()
 
 
-def _current_stream(index: int) -> int:
-    return torch.cuda.current_stream(index).cuda_stream
-
-
 class HostToDevice:
     """Copies ``nbytes`` from page-locked host memory into ``dst`` (a contiguous CUDA tensor)
     on its device's current stream, without waiting.
@@ -103,8 +101,7 @@ class HostToDevice:
         self.nbytes = dst.numel() * dst.element_size()
         self.index = dst.get_device()
         self._memcpy = lib.cudaMemcpyAsync
-        raw = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-        self._stream = raw if raw is not None else _current_stream
+        self._stream = _raw_stream if _raw_stream is not None else _current_stream
 
     @classmethod
     def make(cls, dst: torch.Tensor) -> HostToDevice | None:

@@ -111,10 +111,10 @@ class _PageWriter:
     no transposition on the host); the device reads each field as a strided column.
 
     On a GPU (pages up to ``page_writes.MAX_PAGE_SIZE``; or with ``kernel=True``) no
-    expansion happens: ``apply`` launches a Triton
-    kernel (``page_writes.RunWriter``) that reads the uploaded runs and writes their entries,
-    one launch a step instead of five operators a staging and an ``index_copy_`` a step. Both
-    paths write the same entries with the same values (``tests/test_pool.py``).
+    expansion happens: ``apply`` launches a Triton kernel (``page_writes.RunWriter``) that
+    reads the uploaded runs and writes their entries, one launch a step instead of five
+    operators a staging and an ``index_copy_`` a step. Both paths write the same entries with
+    the same values (``tests/test_pool.py``).
     """
 
     def __init__(self, table: torch.Tensor, page_size: int, kernel: bool | None = None):
