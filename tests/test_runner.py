@@ -128,25 +128,36 @@ def test_batch_over_max_bs_raises_before_touching_buffers():
     assert all(torch.equal(a, b) for a, b in zip(before, after))
 
 
+def one_request(kind: str):
+    """A batch of one request as host lists or as device tensors (with graphs, the runner's
+    short path for the engine's usual call)."""
+    if kind == "list":
+        return [1], [3]
+    return torch.tensor([1], device=DEVICE), torch.tensor([3], device=DEVICE)
+
+
+@pytest.mark.parametrize("kind", ["list", "device"])
 @pytest.mark.parametrize("what", ["page_table", "seq_lens", "req_pool_indices", "swa_page_table"])
-def test_replaced_static_buffer_is_detected(what):
+def test_replaced_static_buffer_is_detected(what, kind):
     pool, runner = make(swa=True)
     runner.capture()
     setattr(runner, what, getattr(runner, what).clone())
     with pytest.raises(StaticBufferMoved, match=what):
-        runner.replay([1], [3])
+        runner.replay(*one_request(kind))
 
 
-def test_req_to_token_reallocated_in_place_is_detected():
+@pytest.mark.parametrize("kind", ["list", "device"])
+def test_req_to_token_reallocated_in_place_is_detected(kind):
     pool, runner = make()
     runner.capture()
     pool.req_to_token.set_(torch.zeros_like(pool.req_to_token))  # same object, new storage
     with pytest.raises(StaticBufferMoved, match="req_to_token"):
-        runner.replay([1], [3])
+        runner.replay(*one_request(kind))
 
 
+@pytest.mark.parametrize("kind", ["list", "device"])
 @pytest.mark.parametrize("how", ["resize_", "as_strided_"])
-def test_static_buffer_reshaped_in_place_is_detected(how):
+def test_static_buffer_reshaped_in_place_is_detected(how, kind):
     """Same tensor, same address, other shape or strides: the graphs still write the extent
     they were captured with, so the replay must refuse."""
     pool, runner = make()
@@ -159,7 +170,7 @@ def test_static_buffer_reshaped_in_place_is_detected(how):
         pt.as_strided_((pt.shape[0] // 2, pt.shape[1]), (2 * pt.stride(0), 1))
     assert runner.page_table.data_ptr() == ptr
     with pytest.raises(StaticBufferMoved, match="page_table"):
-        runner.replay([1], [3])
+        runner.replay(*one_request(kind))
 
 
 def test_invalid_runner_arguments():
@@ -361,17 +372,23 @@ def test_gpu_a_post_whose_launch_never_came_is_withdrawn():
     """Staging posted the batch, then raised before the launch: the post is taken back, and
     the next replay stages its own batch, not the one left behind."""
 
-    class InterruptedRunner(GraphRunner):
-        def _stage(self, req_pool_indices, seq_lens, n):
-            super()._stage(req_pool_indices, seq_lens, n)
-            if getattr(self, "interrupt", False):
-                raise KeyboardInterrupt
+    pool, runner, rows = _interrupt_bed(GraphRunner)
+    mailbox = runner._mailbox
+    for name in ("post", "try_post_tensors"):  # the general path and the short one
+        real = getattr(mailbox, name)
 
-    pool, runner, rows = _interrupt_bed(InterruptedRunner)
-    runner.interrupt = True
-    with pytest.raises(KeyboardInterrupt):
-        runner.replay([rows[0]], [40])
-    runner.interrupt = False
+        def post_then_interrupt(*args, real=real):
+            real(*args)
+            raise KeyboardInterrupt
+
+        setattr(mailbox, name, post_then_interrupt)
+        batch = ([rows[0]], [40])
+        if name == "try_post_tensors":
+            batch = tuple(torch.tensor(v, device="cuda") for v in batch)
+        with pytest.raises(KeyboardInterrupt):
+            runner.replay(*batch)
+        delattr(mailbox, name)
+        assert mailbox.posted == 0, f"{name}: the post was not taken back"
     _next_replay_stages_its_own_batch(runner, pool, rows)
 
 
@@ -437,4 +454,48 @@ def test_gpu_device_tensors_of_other_dtypes_are_refused_before_any_launch():
     assert torch.equal(runner.seq_lens, before)
     runner.replay([1, 2], [3, 4])  # posts and launches are still in step
     assert runner.seq_lens[:2].tolist() == [3, 4]
+    runner.close()
+
+
+@gpu
+def test_gpu_device_tensors_take_the_short_path_and_fall_back_exactly(monkeypatch):
+    """Two 1-D int32/int64 device tensors (strided too) are posted by the short path, never
+    through ``Mailbox.post``, and build exact tables; a batch the short path cannot take (a
+    host tensor next to a device one, an empty or oversized batch) goes the general way,
+    with the same result or the same error."""
+    from pagegraph.staging import Mailbox
+
+    pool, runner = make(max_bs=16, ctx=2048, ps=16, buckets=[4, 8, 16])
+    runner.capture()
+    rows = [pool.alloc(n) for n in (30, 700, 1500, 64, 2000, 5)]
+    pool.flush()
+    rpi, sl = pool.batch(rows)
+    general = []
+    real_post = Mailbox.post
+    monkeypatch.setattr(Mailbox, "post", lambda *a: (general.append(1), real_post(*a)))
+    wide = torch.full((2 * len(rpi),), -9, dtype=torch.int32, device="cuda")
+    wide[::2] = torch.tensor(rpi, dtype=torch.int32)
+    batches = {
+        "int32": (torch.tensor(rpi, dtype=torch.int32, device="cuda"),
+                  torch.tensor(sl, dtype=torch.int32, device="cuda")),
+        "int64": (torch.tensor(rpi, device="cuda"), torch.tensor(sl, device="cuda")),
+        "strided": (wide[::2], torch.tensor(sl, device="cuda")),
+        "host-and-device": (torch.tensor(rpi), torch.tensor(sl, device="cuda")),
+    }  # fmt: skip
+    for kind, batch in batches.items():
+        runner.page_table.fill_(POISON)
+        stale = runner.req_pool_indices.cpu().clone()
+        general.clear()
+        runner.replay(*batch)
+        assert bool(general) == (kind == "host-and-device"), kind
+        check_replay(runner, pool, rpi, sl, 8, stale)
+    empty = torch.zeros(0, dtype=torch.int32, device="cuda")
+    with pytest.raises(ValueError, match="at least 1"):
+        runner.replay(empty, empty)
+    over = torch.ones(17, dtype=torch.int32, device="cuda")
+    with pytest.raises(ValueError, match="exceeds max_bs=16"):
+        runner.replay(over, over)
+    with pytest.raises(ValueError, match="entries"):
+        runner.replay(over[:2], over[:3])
+    assert runner._mailbox.posted == len(batches)
     runner.close()

@@ -181,3 +181,36 @@ def test_host_values_of_other_dtypes_are_converted():
     bed.mailbox.post(np.array([3, 2], dtype=np.int16), torch.tensor([9.0, 4.0]), 2, INDEX)
     bed.launch(4)
     assert bed.rpi[:2].tolist() == [3, 2] and bed.sl[:2].tolist() == [9, 4]
+
+
+@pytest.mark.parametrize("kind", ["device-int32", "device-int64", "device-strided"])
+def test_the_short_post_writes_what_post_writes(kind):
+    """``try_post_tensors`` (the runner's path for two device tensors) leaves the slot
+    exactly as ``post`` leaves it, and the launch stages that batch."""
+    rpi, sl = batch(6, seed=len(kind))
+    posted = (as_kind(rpi, kind), as_kind(sl, "device-int64"))
+    by_post, by_short = Bed(8, seed=1), Bed(8, seed=1)
+    by_post.mailbox.post(*posted, 6, INDEX)
+    assert by_short.mailbox.try_post_tensors(*posted, 6, INDEX)
+    header = slice(0, by_post.mailbox.slot_size)  # the first post's slot
+    assert torch.equal(by_short.mailbox.slots[header], by_post.mailbox.slots[header])
+    assert by_short.mailbox.posted == by_post.mailbox.posted == 1
+    by_short.launch(8, pad_len=3)
+    assert by_short.sl[:6].cpu().tolist() == sl.tolist()
+    assert by_short.rpi[:6].cpu().tolist() == rpi.tolist()
+    assert (by_short.sl[6:8] == 3).all() and by_short.canaries_intact()
+
+
+def test_the_short_post_refuses_what_it_cannot_post_and_writes_nothing():
+    """Another dtype, or tensors not on the mailbox's device index: ``False``, with the
+    slots and the post count untouched (the caller then takes ``post``)."""
+    bed = Bed(4)
+    before = bed.mailbox.slots.clone()
+    ok = torch.ones(2, dtype=torch.int32, device=DEVICE)
+    for rpi, sl, index in [
+        (torch.ones(2, dtype=torch.int16, device=DEVICE), ok, INDEX),
+        (ok, torch.ones(2, dtype=torch.float32, device=DEVICE), INDEX),
+        (ok, ok, INDEX + 1),  # the tensors are on another device than the graphs
+    ]:
+        assert not bed.mailbox.try_post_tensors(rpi, sl, 2, index)
+    assert bed.mailbox.posted == 0 and torch.equal(bed.mailbox.slots, before)

@@ -266,7 +266,9 @@ class PreparedBuild:
             _launch(parts, rows, t, self._ints, self._constexprs)
             self._entry = _compiled.get(self._key) if self._index >= 0 else None
             return
-        _launch_compiled(entry, self._index, parts, rows, ptrs, self._ints, self._constexprs)
+        launch_compiled(
+            entry, self._index, parts, row_groups(rows), ptrs, self._ints, (rows, *self._constexprs)
+        )
 
 
 def prepare_build(
@@ -421,26 +423,31 @@ def _launch(parts: int, bs: int, tensors: tuple, ints: tuple, constexprs: tuple)
                 _compiled.clear()
             _compiled[key] = _launch_entry(kernel)
         return
-    _launch_compiled(entry, index, parts, bs, ptrs, ints, constexprs)
+    launch_compiled(entry, index, parts, row_groups(bs), ptrs, ints, (bs, *constexprs))
 
 
-def _launch_compiled(
-    entry: tuple, index: int, parts: int, bs: int, ptrs: list, ints: tuple, constexprs: tuple
+def launch_compiled(
+    entry: tuple, index: int, grid_x: int, grid_y: int, ptrs: list | tuple, ints: tuple, tail: tuple
 ) -> None:
-    """Launch a compiled kernel's entry (``_launch_entry``) for ``bs`` rows on the grid
-    ``(parts, row_groups(bs))`` of device ``index``, on that device's current stream."""
+    """Launch a compiled kernel's entry (``_launch_entry``) on the grid ``(grid_x, grid_y)`` of
+    device ``index``, on that device's current stream.
+
+    The kernel's arguments, in signature order, are ``ptrs`` (raw pointers, which spare the
+    launcher a ``data_ptr()`` call and a driver pointer query per tensor), then ``ints``, then
+    ``tail`` (the rest, constexprs included). Given as three sequences, not one: building one
+    argument tuple per call would cost the hot path more. Shared by every kernel of the
+    package launched this way (the page-table builder, the decode-metadata builder, the run
+    writer).
+    """
     function, leading = entry
-    groups = row_groups(bs)
     if index != torch._C._cuda_getDevice():
         # Launch on the tensors' device; a device context costs host time, so only here.
         with torch.cuda.device(index):
             stream = _current_stream(index)
-            function(parts, groups, 1, stream, *leading, *ptrs, *ints, bs, *constexprs)
+            function(grid_x, grid_y, 1, stream, *leading, *ptrs, *ints, *tail)
         return
     stream = _raw_stream(index) if _raw_stream is not None else _current_stream(index)
-    # Every argument in signature order, constexprs included; raw pointers instead of
-    # tensors spare the launcher a data_ptr() call and a driver pointer query per tensor.
-    function(parts, groups, 1, stream, *leading, *ptrs, *ints, bs, *constexprs)
+    function(grid_x, grid_y, 1, stream, *leading, *ptrs, *ints, *tail)
 
 
 def _launch_key(index: int, tensors: tuple, ptrs: list, ints: tuple, constexprs: tuple) -> tuple:

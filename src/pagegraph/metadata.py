@@ -102,10 +102,9 @@ from .kernel import (
     ROWS_PER_PROGRAM,
     UNROLL,
     BuffersChanged,
-    _current_stream,
     _hooks_active,
     _launch_entry,
-    _raw_stream,
+    launch_compiled,
     programs_per_row,
     row_fits_int32,
     row_groups,
@@ -297,9 +296,10 @@ class PreparedDecodeMetadata:
             _launch(grid, rows, self._draft, self._tensors, self._ints, self._constexprs)
             self._entry = _compiled.get(self._key) if self._index >= 0 else None
             return
-        _launch_compiled(
-            entry, self._index, grid, rows, self._draft, self._ptrs, self._ints, self._constexprs
-        )
+        launch_compiled(
+            entry, self._index, grid[0], grid[1], self._ptrs, self._ints,
+            (rows, self._draft, *self._constexprs),
+        )  # fmt: skip
 
 
 def prepare_decode_metadata(
@@ -576,33 +576,7 @@ def _launch(grid: tuple, bs: int, draft: int, tensors: tuple, ints: tuple, const
                 _compiled.clear()
             _compiled[key] = _launch_entry(kernel)
         return
-    _launch_compiled(entry, index, grid, bs, draft, ptrs, ints, constexprs)
-
-
-def _launch_compiled(
-    entry: tuple,
-    index: int,
-    grid: tuple,
-    bs: int,
-    draft: int,
-    ptrs: list,
-    ints: tuple,
-    constexprs: tuple,
-) -> None:
-    """Launch a compiled entry (``kernel._launch_entry``) on ``grid`` of device ``index``, on
-    that device's current stream."""
-    function, leading = entry
-    parts, groups = grid
-    if index != torch._C._cuda_getDevice():
-        # Launch on the tensors' device; a device context costs microseconds, so only here.
-        with torch.cuda.device(index):
-            stream = _current_stream(index)
-            function(parts, groups, 1, stream, *leading, *ptrs, *ints, bs, draft, *constexprs)
-        return
-    stream = _raw_stream(index) if _raw_stream is not None else _current_stream(index)
-    # Every argument in signature order, constexprs included; raw pointers instead of tensors
-    # spare the launcher a data_ptr() call and a driver pointer query per tensor.
-    function(parts, groups, 1, stream, *leading, *ptrs, *ints, bs, draft, *constexprs)
+    launch_compiled(entry, index, grid[0], grid[1], ptrs, ints, (bs, draft, *constexprs))
 
 
 def _launch_key(index: int, tensors: tuple, ptrs: list, ints: tuple, constexprs: tuple) -> tuple:

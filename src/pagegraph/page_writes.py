@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .kernel import _current_stream, _hooks_active, _launch_entry, _raw_stream
+from .kernel import _hooks_active, _launch_entry, launch_compiled
 
 #: Entries a program covers: as many runs as fit, at least one (a page wider than this
 #: takes a program of its own).
@@ -96,6 +96,7 @@ class RunWriter:
         # The compiled kernel's launcher, once Triton's own path has compiled it (GPU only).
         self._entry = None
         self._ptrs = (runs.data_ptr(), table.data_ptr())
+        self._numel = table.numel()
 
     def __call__(self, first: int, count: int) -> None:
         """Write runs ``first .. first + count - 1`` on the current stream."""
@@ -116,15 +117,9 @@ class RunWriter:
             if entry is None and index >= 0:
                 self._entry = _launch_entry(kernel)
             return
-        function, leading = entry
-        ints = (first, count, self.table.numel())
-        if index != torch._C._cuda_getDevice():
-            with torch.cuda.device(index):
-                stream = _current_stream(index)
-                function(programs, 1, 1, stream, *leading, *self._ptrs, *ints, *self._constexprs)
-            return
-        stream = _raw_stream(index) if _raw_stream is not None else _current_stream(index)
-        function(programs, 1, 1, stream, *leading, *self._ptrs, *ints, *self._constexprs)
+        launch_compiled(
+            entry, index, programs, 1, self._ptrs, (first, count, self._numel), self._constexprs
+        )
 
     def _jit_launch(self, programs: int, first: int, count: int):
         page_size, block, runs = self._constexprs

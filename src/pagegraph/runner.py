@@ -13,11 +13,16 @@ kernels on the same addresses, so between replays only the buffers' contents may
   views of the live rows. With graphs, staging is part of the graph: the host posts the batch
   (device tensors by address, host values by value) into a pinned mailbox, and each graph's
   first node copies it into the static inputs and pads rows ``n..bucket`` by the padding
-  policy (``pagegraph.staging``), so a replay is one graph launch and no other CUDA call.
-  Eagerly (no graphs) the batch is copied in (device tensors by ``copy_``; host values
-  through a pinned ring and a non-blocking copy) and padded by device fills. Every replay
-  first checks that no static buffer moved since capture: a buffer reallocated behind the
-  graph's back would make replays read freed memory silently.
+  policy (``pagegraph.staging``), so a replay is one graph launch and no other CUDA call,
+  inside one NVTX range ``replay/bs=N``. Eagerly (no graphs) the batch is copied in (device
+  tensors by ``copy_``; host values through a pinned ring and a non-blocking copy) and padded
+  by device fills, in a ``stage/bs=N`` range, then built in a ``replay/bs=N`` range. Every
+  replay first checks that no static buffer moved since capture: a buffer reallocated behind
+  the graph's back would make replays read freed memory silently.
+* The engine's usual call, two 1-D device tensors with graphs on the current device, takes a
+  short path: batch size and bucket from the tensors' shape and a table, the post's header
+  in one write. A replay costs about 3x a bare ``CUDAGraph.replay()`` of host time; the rest
+  is the address check and the post, which read each tensor's attributes once a call.
 
 All replays are issued on the caller's current stream, one after another, so graphs that share
 the pool never run concurrently, whatever the bucket order. Without CUDA the same code path
@@ -241,6 +246,9 @@ class GraphRunner:
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
         self.pool = None
         self._addresses: dict[str, tuple] | None = None
+        # With graphs captured: the bucket of each batch size 0..max_bs (None for 0), which
+        # also says that replay() may take its short path.
+        self._bucket_of: list[int | None] | None = None
         self.last_bucket: int | None = None
 
     def _check_output_buffer(self, name: str, buf: torch.Tensor, max_bs: int) -> None:
@@ -393,10 +401,19 @@ class GraphRunner:
             if t is not None
         ]
         self._views: dict[int, tuple] = {}
-        # The NVTX range names of every bucket, built once (a replay pushes two).
-        self._range_names = {
-            bs: (range_name("stage", bs), range_name("replay", bs)) for bs in self.buckets.sizes
-        }
+        if self.use_graphs:
+            self._bucket_of = [None] + [
+                self.buckets.bucket_for(n) for n in range(1, self.max_bs + 1)
+            ]
+        # The NVTX range names of every bucket, built once: with graphs a replay opens one
+        # (``replay/bs=N``: the post and the launch), eagerly two (``stage/bs=N``, then
+        # ``replay/bs=N`` around the builder).
+        if self.use_graphs:
+            self._range_names = {bs: range_name("replay", bs) for bs in self.buckets.sizes}
+        else:
+            self._range_names = {
+                bs: (range_name("stage", bs), range_name("replay", bs)) for bs in self.buckets.sizes
+            }
 
     def _oom_message(self, what: str, bucket: int, exc: BaseException) -> str:
         tables = 2 if self.swa_page_table is not None else 1
@@ -432,10 +449,18 @@ class GraphRunner:
 
     def _stage(self, req_pool_indices, seq_lens, n: int) -> None:
         """Stage the batch for rows ``:n`` of the static inputs, with no host sync: with graphs,
-        post it for the next graph launch; eagerly, copy it in."""
+        post it for the next graph launch (two device tensors by address, in one write:
+        ``Mailbox.try_post_tensors``; anything else through ``Mailbox.post``, which converts
+        or raises); eagerly, copy it in."""
         index = self._device_index
-        if self._mailbox is not None:
-            self._mailbox.post(req_pool_indices, seq_lens, n, index)
+        mailbox = self._mailbox
+        if mailbox is not None:
+            if not (
+                type(req_pool_indices) is torch.Tensor
+                and type(seq_lens) is torch.Tensor
+                and mailbox.try_post_tensors(req_pool_indices, seq_lens, n, index)
+            ):
+                mailbox.post(req_pool_indices, seq_lens, n, index)
             return
         if (
             isinstance(req_pool_indices, torch.Tensor)
@@ -487,6 +512,30 @@ class GraphRunner:
             ``(page_table[:n], swa_page_table[:n] or None)``: views of the static buffers,
             valid until the next replay.
         """
+        # The engine's usual call, two 1-D device tensors into captured graphs on the current
+        # device, takes the short path: each check of the general one costs a tenth of a bare
+        # graph launch, so here each is done once, from the shape. Anything else, errors
+        # included, takes the general path.
+        bucket_of = self._bucket_of
+        if (
+            bucket_of is not None
+            and type(seq_lens) is torch.Tensor
+            and type(req_pool_indices) is torch.Tensor
+        ):
+            shape = seq_lens.shape
+            if len(shape) == 1 and req_pool_indices.shape == shape:
+                n = shape[0]
+                if 0 < n < len(bucket_of) and torch._C._cuda_getDevice() == self._device_index:
+                    bucket = bucket_of[n]
+                    self.check_addresses()
+                    self._post_and_launch(req_pool_indices, seq_lens, n, bucket)
+                    self.last_bucket = bucket
+                    _, _, page_table, swa = self._views_of(n)
+                    return page_table, swa
+        return self._replay(req_pool_indices, seq_lens)
+
+    def _replay(self, req_pool_indices, seq_lens) -> tuple[torch.Tensor, torch.Tensor | None]:
+        """``replay()`` for any batch: lists, host tensors, eager mode, another device."""
         n = _count(seq_lens)
         if _count(req_pool_indices) != n:
             raise ValueError(
@@ -494,8 +543,7 @@ class GraphRunner:
             )
         bucket = self.buckets.bucket_for(n)  # raises before any buffer is touched
         self.check_addresses()
-        mailbox = self._mailbox
-        if mailbox is None:
+        if self._mailbox is None:
             stage_range, replay_range = self._range_names[bucket]
             push(stage_range)
             try:
@@ -509,33 +557,27 @@ class GraphRunner:
             finally:
                 pop()
         elif torch._C._cuda_getDevice() == self._device_index:
-            self._post_and_launch(mailbox, req_pool_indices, seq_lens, n, bucket)
+            self._post_and_launch(req_pool_indices, seq_lens, n, bucket)
         else:
             # A device context costs microseconds: entered only when the current device differs.
             with torch.cuda.device(self.device):
-                self._post_and_launch(mailbox, req_pool_indices, seq_lens, n, bucket)
+                self._post_and_launch(req_pool_indices, seq_lens, n, bucket)
         self.last_bucket = bucket
         _, _, page_table, swa = self._views_of(n)
         return page_table, swa
 
-    def _post_and_launch(self, mailbox: Mailbox, req_pool_indices, seq_lens, n: int,
-                         bucket: int) -> None:  # fmt: skip
-        """The graph path of ``replay``: post the batch, launch the bucket's graph."""
-        stage_range, replay_range = self._range_names[bucket]
+    def _post_and_launch(self, req_pool_indices, seq_lens, n: int, bucket: int) -> None:
+        """The graph path of ``replay``: post the batch, launch the bucket's graph, both in
+        the bucket's ``replay`` range (the post writes pinned memory and makes no CUDA call
+        unless the device is ``staging.SLOTS`` posts behind, a wait the detectors report)."""
+        mailbox = self._mailbox
         posts = mailbox.posted
         launched = False
+        push(self._range_names[bucket])
         try:
-            push(stage_range)
-            try:
-                self._stage(req_pool_indices, seq_lens, n)
-            finally:
-                pop()
-            push(replay_range)
-            try:
-                self.graphs[bucket].replay()
-                launched = True
-            finally:
-                pop()
+            self._stage(req_pool_indices, seq_lens, n)
+            self.graphs[bucket].replay()
+            launched = True
         except BaseException:
             # A post no graph will consume (the launch raised, or anything between the post
             # and the launch, Ctrl-C included) is taken back: else every later graph would
@@ -544,6 +586,8 @@ class GraphRunner:
             if not launched and mailbox.posted > posts:
                 mailbox.withdraw()
             raise
+        finally:
+            pop()
 
     # -- errors and teardown --------------------------------------------------------------
 
@@ -569,3 +613,4 @@ class GraphRunner:
             self.graphs.clear()
             self.pool = None
             self._addresses = None
+            self._bucket_of = None

@@ -8,7 +8,8 @@ Questions:
 2. What does the device take per replay (events around a burst of back-to-back replays)?
    If it is more than the host's per-call time, a long burst is device-bound.
 3. What do the runner's pieces cost the host, each alone: the address check, a post (taken
-   back), an NVTX push/pop pair, the bucket lookup, the views.
+   back; the short path replay() takes for device tensors, and the general one), an NVTX
+   push/pop pair, the bucket lookup, the views, the batch's shapes.
 
 Run from the repository root on a GPU:
 ``PYTHONPATH=src python tools/experiments/replay_breakdown.py`` (``--json OUT`` keeps the figures).
@@ -87,6 +88,10 @@ def measure(inp, slots: int, waits: list, result: dict) -> dict:
     if slots == 1024:
         mb = runner._mailbox
 
+        def short_post_withdraw():
+            mb.try_post_tensors(rpi, lens, cfg.bs, runner._device_index)
+            mb.withdraw()
+
         def post_withdraw():
             mb.post(rpi, lens, cfg.bs, runner._device_index)
             mb.withdraw()
@@ -97,11 +102,12 @@ def measure(inp, slots: int, waits: list, result: dict) -> dict:
 
         pieces = {
             "check_addresses": runner.check_addresses,
-            "post+withdraw": post_withdraw,
+            "short post+withdraw": short_post_withdraw,
+            "general post+withdraw": post_withdraw,
             "push+pop": push_pop,
-            "bucket_for": lambda: runner.buckets.bucket_for(cfg.bs),
+            "bucket lookup": lambda: runner._bucket_of[cfg.bs],
             "views_of": lambda: runner._views_of(cfg.bs),
-            "len x2": lambda: (len(rpi), len(lens)),
+            "shapes": lambda: (rpi.shape == lens.shape, lens.shape[0]),
             "getDevice": torch._C._cuda_getDevice,
         }
         result["pieces_us"] = {k: round(per_call_us(f), 3) for k, f in pieces.items()}
