@@ -5,14 +5,16 @@
 # with the CPU build of torch 2.13.0 (found on local disk) unless a torch is already there.
 
 SHELL := /bin/bash
-# One probe: whether python3 has torch, triton and pytest, and how many GPUs it sees.
-SYSTEM_GPUS := $(shell python3 -c "import torch, triton, pytest; print(torch.cuda.device_count())" 2>/dev/null)
-ifeq ($(SYSTEM_GPUS),)
-PY := .venv/bin/python
-SETUP := .venv/.installed
-else
+# One probe, at every make: whether python3 has torch, triton and pytest. It finds them
+# without importing them (a torch import costs seconds on a fresh machine), so a torch that
+# is installed but cannot be imported is found too: the tests then fail on it, loudly.
+SYSTEM_STACK := $(shell python3 -c "from importlib.util import find_spec as f; print(all(f(m) for m in ('torch', 'triton', 'pytest')))" 2>/dev/null)
+ifeq ($(SYSTEM_STACK),True)
 PY := python3
 SETUP :=
+else
+PY := .venv/bin/python
+SETUP := .venv/.installed
 endif
 export PYTHONPATH := $(CURDIR)/src$(if $(PYTHONPATH),:$(PYTHONPATH))
 export PYTHONUNBUFFERED := 1
@@ -32,15 +34,18 @@ setup: $(SETUP)
 	.venv/bin/python -m pip install -q numpy nvtx pytest pytest-benchmark hypothesis matplotlib ruff
 	touch $@
 
-# With CUDA and pytest-xdist: several workers (at least one per GPU, tests/conftest.py pins
-# each worker to one; else one per CPU core, at most TEST_WORKERS, which the suite's small
-# kernels share). Many tests mostly wait for child processes, so a worker a core pays: on the
-# H200's 16 cores, 12 workers took 65 s and 16 took 58 s on one lease, 76 s and 64 s on
-# another. The sm_90 compile tests come in parts, one fixture each: --dist loadgroup keeps a
+# With a GPU and pytest-xdist: several workers, one per CPU core (at most TEST_WORKERS, the
+# suite's small kernels share a GPU) and at least one per GPU (tests/conftest.py pins each
+# worker to one). The GPUs are counted from CUDA_VISIBLE_DEVICES when it is set, else by
+# nvidia-smi, else by torch. Many tests mostly wait for child processes, so a worker a core
+# pays: on the H200's 16 cores, 12 workers took 65 s and 16 took 58 s on one lease, 76 s and
+# 64 s on another. The sm_90 compile tests come in parts, one fixture each: --dist loadgroup keeps a
 # part in one worker.
 TEST_WORKERS ?= 16
 test: $(SETUP)
-	@g=$(if $(SYSTEM_GPUS),$(SYSTEM_GPUS),$$($(PY) -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0)); \
+	@if [ -n "$${CUDA_VISIBLE_DEVICES+set}" ]; then g=$$(tr ',' '\n' <<< "$$CUDA_VISIBLE_DEVICES" | grep -c '^[^-]'); \
+	elif command -v nvidia-smi >/dev/null; then g=$$(nvidia-smi -L 2>/dev/null | grep -c '^GPU'); \
+	else g=$$($(PY) -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0); fi; \
 	c=$$(nproc 2>/dev/null || echo 2); w=$$(( c < $(TEST_WORKERS) ? c : $(TEST_WORKERS) )); \
 	w=$$(( w > g ? w : g )); x=""; \
 	if [ "$${g:-0}" -ge 1 ] && $(PY) -c "import xdist" 2>/dev/null; then x="-n $$w --dist loadgroup"; fi; \

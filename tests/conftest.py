@@ -37,7 +37,7 @@ def pytest_collection_modifyitems(session, config, items):
 
 def pytest_sessionstart(session):
     # Under pytest-xdist with several GPUs, pin each worker to its own device, so "cuda" in a
-    # test means that worker's GPU (make test starts one worker per visible GPU).
+    # test means that worker's GPU (make test starts at least one worker per visible GPU).
     worker = os.environ.get("PYTEST_XDIST_WORKER", "")
     if worker.startswith("gw"):
         import torch

@@ -459,10 +459,11 @@ def test_gpu_device_tensors_of_other_dtypes_are_refused_before_any_launch():
 
 @gpu
 def test_gpu_device_tensors_take_the_short_path_and_fall_back_exactly(monkeypatch):
-    """Two 1-D int32/int64 device tensors (strided too) are posted by the short path, never
-    through ``Mailbox.post``, and build exact tables; a batch the short path cannot take (a
-    host tensor next to a device one, an empty or oversized batch) goes the general way,
-    with the same result or the same error."""
+    """Two 1-D int32/int64 device tensors (strided too) take ``replay()``'s short path (never
+    ``_replay``) and are posted by address (never through ``Mailbox.post``), with exact
+    tables. Tensors of one shape that cannot be posted by address (a host tensor next to a
+    device one) take the short path to ``Mailbox.post``, which converts them; an empty,
+    oversized or mismatched batch goes the general way, to the general path's errors."""
     from pagegraph.staging import Mailbox
 
     pool, runner = make(max_bs=16, ctx=2048, ps=16, buckets=[4, 8, 16])
@@ -470,9 +471,12 @@ def test_gpu_device_tensors_take_the_short_path_and_fall_back_exactly(monkeypatc
     rows = [pool.alloc(n) for n in (30, 700, 1500, 64, 2000, 5)]
     pool.flush()
     rpi, sl = pool.batch(rows)
-    general = []
-    real_post = Mailbox.post
-    monkeypatch.setattr(Mailbox, "post", lambda *a: (general.append(1), real_post(*a)))
+    general_posts, general_replays = [], []
+    real_post, real_replay = Mailbox.post, GraphRunner._replay
+    monkeypatch.setattr(Mailbox, "post", lambda *a: (general_posts.append(1), real_post(*a)))
+    monkeypatch.setattr(
+        GraphRunner, "_replay", lambda *a: (general_replays.append(1), real_replay(*a))[1]
+    )
     wide = torch.full((2 * len(rpi),), -9, dtype=torch.int32, device="cuda")
     wide[::2] = torch.tensor(rpi, dtype=torch.int32)
     batches = {
@@ -485,17 +489,22 @@ def test_gpu_device_tensors_take_the_short_path_and_fall_back_exactly(monkeypatc
     for kind, batch in batches.items():
         runner.page_table.fill_(POISON)
         stale = runner.req_pool_indices.cpu().clone()
-        general.clear()
-        runner.replay(*batch)
-        assert bool(general) == (kind == "host-and-device"), kind
+        general_posts.clear()
+        pt, _ = runner.replay(*batch)
+        assert not general_replays, f"{kind}: the general path was taken"
+        assert bool(general_posts) == (kind == "host-and-device"), kind
+        assert pt.shape[0] == len(sl)
         check_replay(runner, pool, rpi, sl, 8, stale)
     empty = torch.zeros(0, dtype=torch.int32, device="cuda")
-    with pytest.raises(ValueError, match="at least 1"):
-        runner.replay(empty, empty)
     over = torch.ones(17, dtype=torch.int32, device="cuda")
-    with pytest.raises(ValueError, match="exceeds max_bs=16"):
-        runner.replay(over, over)
-    with pytest.raises(ValueError, match="entries"):
-        runner.replay(over[:2], over[:3])
+    for batch, error in [
+        ((empty, empty), "at least 1"),
+        ((over, over), "exceeds max_bs=16"),
+        ((over[:2], over[:3]), "entries"),
+    ]:
+        general_replays.clear()
+        with pytest.raises(ValueError, match=error):
+            runner.replay(*batch)
+        assert general_replays, f"{error}: the short path took a batch it cannot"
     assert runner._mailbox.posted == len(batches)
     runner.close()

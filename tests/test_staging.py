@@ -183,12 +183,14 @@ def test_host_values_of_other_dtypes_are_converted():
     assert bed.rpi[:2].tolist() == [3, 2] and bed.sl[:2].tolist() == [9, 4]
 
 
+@pytest.mark.parametrize("sl_kind", ["device-int32", "device-int64"])
 @pytest.mark.parametrize("kind", ["device-int32", "device-int64", "device-strided"])
-def test_the_short_post_writes_what_post_writes(kind):
+def test_the_short_post_writes_what_post_writes(kind, sl_kind):
     """``try_post_tensors`` (the runner's path for two device tensors) leaves the slot
     exactly as ``post`` leaves it, and the launch stages that batch."""
-    rpi, sl = batch(6, seed=len(kind))
-    posted = (as_kind(rpi, kind), as_kind(sl, "device-int64"))
+    rpi, sl = batch(6, seed=len(kind + sl_kind))
+    sl = sl.abs()  # representable as int32 too
+    posted = (as_kind(rpi, kind), as_kind(sl, sl_kind))
     by_post, by_short = Bed(8, seed=1), Bed(8, seed=1)
     by_post.mailbox.post(*posted, 6, INDEX)
     assert by_short.mailbox.try_post_tensors(*posted, 6, INDEX)
@@ -202,14 +204,17 @@ def test_the_short_post_writes_what_post_writes(kind):
 
 
 def test_the_short_post_refuses_what_it_cannot_post_and_writes_nothing():
-    """Another dtype, or tensors not on the mailbox's device index: ``False``, with the
-    slots and the post count untouched (the caller then takes ``post``)."""
+    """Another dtype, a tensor that is not 1-D, or tensors not on the mailbox's device
+    index: ``False``, with the slots and the post count untouched (the caller then takes
+    ``post``)."""
     bed = Bed(4)
     before = bed.mailbox.slots.clone()
     ok = torch.ones(2, dtype=torch.int32, device=DEVICE)
     for rpi, sl, index in [
         (torch.ones(2, dtype=torch.int16, device=DEVICE), ok, INDEX),
         (ok, torch.ones(2, dtype=torch.float32, device=DEVICE), INDEX),
+        (ok, torch.ones(2, 1, dtype=torch.int32, device=DEVICE), INDEX),
+        (torch.ones(2, 1, dtype=torch.int64, device=DEVICE), ok, INDEX),
         (ok, ok, INDEX + 1),  # the tensors are on another device than the graphs
     ]:
         assert not bed.mailbox.try_post_tensors(rpi, sl, 2, index)

@@ -434,8 +434,9 @@ def launch_compiled(
 
     The kernel's arguments, in signature order, are ``ptrs`` (raw pointers, which spare the
     launcher a ``data_ptr()`` call and a driver pointer query per tensor), then ``ints``, then
-    ``tail`` (the rest, constexprs included). Given as three sequences, not one: building one
-    argument tuple per call would cost the hot path more. Shared by every kernel of the
+    ``tail`` (the rest, constexprs included). Given as sequences the callers mostly hold
+    already (only ``tail`` is built a call): a single argument tuple would be built again
+    inside, which measured 0.15 us more a launch. Shared by every kernel of the
     package launched this way (the page-table builder, the decode-metadata builder, the run
     writer).
     """

@@ -512,10 +512,12 @@ class GraphRunner:
             ``(page_table[:n], swa_page_table[:n] or None)``: views of the static buffers,
             valid until the next replay.
         """
-        # The engine's usual call, two 1-D device tensors into captured graphs on the current
-        # device, takes the short path: each check of the general one costs a tenth of a bare
-        # graph launch, so here each is done once, from the shape. Anything else, errors
-        # included, takes the general path.
+        # The engine's usual call, two 1-D tensors of one shape into captured graphs on the
+        # current device, takes the short path: each check of the general one costs a tenth of
+        # a bare graph launch, so here the count and the bucket come from the shape once. What
+        # the shape does not settle (dtype, device, moved buffers) raises from the same calls
+        # as on the general path; anything else (lists, other shapes, an empty or oversized
+        # batch, eager mode, another current device) takes the general path.
         bucket_of = self._bucket_of
         if (
             bucket_of is not None

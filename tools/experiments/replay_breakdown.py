@@ -89,7 +89,7 @@ def measure(inp, slots: int, waits: list, result: dict) -> dict:
         mb = runner._mailbox
 
         def short_post_withdraw():
-            mb.try_post_tensors(rpi, lens, cfg.bs, runner._device_index)
+            assert mb.try_post_tensors(rpi, lens, cfg.bs, runner._device_index)
             mb.withdraw()
 
         def post_withdraw():
