@@ -39,8 +39,8 @@ setup: $(SETUP)
 # worker to one). The GPUs are counted from CUDA_VISIBLE_DEVICES when it is set, else by
 # nvidia-smi, else by torch. Many tests mostly wait for child processes, so a worker a core
 # pays: on the H200's 16 cores, 12 workers took 65 s and 16 took 58 s on one lease, 76 s and
-# 64 s on another. The sm_90 compile tests come in parts, one fixture each: --dist loadgroup keeps a
-# part in one worker.
+# 64 s on another. The sm_90 compile tests come in parts, one fixture each: --dist loadgroup
+# keeps a part in one worker.
 TEST_WORKERS ?= 16
 test: $(SETUP)
 	@if [ -n "$${CUDA_VISIBLE_DEVICES+set}" ]; then g=$$(tr ',' '\n' <<< "$$CUDA_VISIBLE_DEVICES" | grep -c '^[^-]'); \

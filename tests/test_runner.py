@@ -460,9 +460,10 @@ def test_gpu_device_tensors_of_other_dtypes_are_refused_before_any_launch():
 @gpu
 def test_gpu_device_tensors_take_the_short_path_and_fall_back_exactly(monkeypatch):
     """Two 1-D int32/int64 device tensors (strided too) take ``replay()``'s short path (never
-    ``_replay``) and are posted by address (never through ``Mailbox.post``), with exact
-    tables. Tensors of one shape that cannot be posted by address (a host tensor next to a
-    device one) take the short path to ``Mailbox.post``, which converts them; an empty,
+    ``_replay``) and are posted by address in one write (never field by field, through
+    ``Mailbox.post_each``), with exact tables. Tensors of one shape that cannot be posted so
+    (a host tensor next to a device one) take the short path to ``Mailbox.post_each``, which
+    converts them; an empty,
     oversized or mismatched batch goes the general way, to the general path's errors."""
     from pagegraph.staging import Mailbox
 
@@ -472,8 +473,8 @@ def test_gpu_device_tensors_take_the_short_path_and_fall_back_exactly(monkeypatc
     pool.flush()
     rpi, sl = pool.batch(rows)
     general_posts, general_replays = [], []
-    real_post, real_replay = Mailbox.post, GraphRunner._replay
-    monkeypatch.setattr(Mailbox, "post", lambda *a: (general_posts.append(1), real_post(*a)))
+    real_post, real_replay = Mailbox.post_each, GraphRunner._replay
+    monkeypatch.setattr(Mailbox, "post_each", lambda *a: (general_posts.append(1), real_post(*a)))
     monkeypatch.setattr(
         GraphRunner, "_replay", lambda *a: (general_replays.append(1), real_replay(*a))[1]
     )

@@ -186,13 +186,14 @@ def test_host_values_of_other_dtypes_are_converted():
 @pytest.mark.parametrize("sl_kind", ["device-int32", "device-int64"])
 @pytest.mark.parametrize("kind", ["device-int32", "device-int64", "device-strided"])
 def test_the_short_post_writes_what_post_writes(kind, sl_kind):
-    """``try_post_tensors`` (the runner's path for two device tensors) leaves the slot
-    exactly as ``post`` leaves it, and the launch stages that batch."""
+    """``try_post_tensors`` (``post()``'s path for two device tensors) leaves the slot
+    exactly as the field-by-field path (``post_each``) leaves it, and the launch stages that
+    batch."""
     rpi, sl = batch(6, seed=len(kind + sl_kind))
     sl = sl.abs()  # representable as int32 too
     posted = (as_kind(rpi, kind), as_kind(sl, sl_kind))
     by_post, by_short = Bed(8, seed=1), Bed(8, seed=1)
-    by_post.mailbox.post(*posted, 6, INDEX)
+    by_post.mailbox.post_each(*posted, 6, INDEX)
     assert by_short.mailbox.try_post_tensors(*posted, 6, INDEX)
     header = slice(0, by_post.mailbox.slot_size)  # the first post's slot
     assert torch.equal(by_short.mailbox.slots[header], by_post.mailbox.slots[header])

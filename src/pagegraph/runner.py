@@ -401,14 +401,13 @@ class GraphRunner:
             if t is not None
         ]
         self._views: dict[int, tuple] = {}
-        if self.use_graphs:
-            self._bucket_of = [None] + [
-                self.buckets.bucket_for(n) for n in range(1, self.max_bs + 1)
-            ]
         # The NVTX range names of every bucket, built once: with graphs a replay opens one
         # (``replay/bs=N``: the post and the launch), eagerly two (``stage/bs=N``, then
         # ``replay/bs=N`` around the builder).
         if self.use_graphs:
+            self._bucket_of = [None] + [
+                self.buckets.bucket_for(n) for n in range(1, self.max_bs + 1)
+            ]
             self._range_names = {bs: range_name("replay", bs) for bs in self.buckets.sizes}
         else:
             self._range_names = {
@@ -449,18 +448,10 @@ class GraphRunner:
 
     def _stage(self, req_pool_indices, seq_lens, n: int) -> None:
         """Stage the batch for rows ``:n`` of the static inputs, with no host sync: with graphs,
-        post it for the next graph launch (two device tensors by address, in one write:
-        ``Mailbox.try_post_tensors``; anything else through ``Mailbox.post``, which converts
-        or raises); eagerly, copy it in."""
+        post it for the next graph launch; eagerly, copy it in."""
         index = self._device_index
-        mailbox = self._mailbox
-        if mailbox is not None:
-            if not (
-                type(req_pool_indices) is torch.Tensor
-                and type(seq_lens) is torch.Tensor
-                and mailbox.try_post_tensors(req_pool_indices, seq_lens, n, index)
-            ):
-                mailbox.post(req_pool_indices, seq_lens, n, index)
+        if self._mailbox is not None:
+            self._mailbox.post(req_pool_indices, seq_lens, n, index)
             return
         if (
             isinstance(req_pool_indices, torch.Tensor)

@@ -37,8 +37,8 @@ How:
   ran that far ahead it synchronizes the device (a visible sync, which the detectors report),
   and a post still unconsumed after that is a broken invariant, raised. One runner's replays
   go to one stream at a time: graphs of one runner running at once on two streams would race
-  for the counter. ``try_post_tensors()`` is the same post for two device tensors, the
-  engine's usual batch, with the header before the tag written in one ``pack_into``.
+  for the counter. For two device tensors, the engine's usual batch, ``post()`` writes the
+  header before the tag in one ``pack_into`` (``try_post_tensors``).
 
 Costs: the host writes eight integers (plus the values, for host batches) and launches one
 graph: no copy, fill or event. The device pays one more node a replay: a read of the
@@ -187,8 +187,19 @@ class Mailbox:
         """Write the batch (``n`` rows) as the next post.
 
         Device tensors (on ``device_index``, int32/int64, 1-D) are posted by address; anything
-        else is converted on the host and posted by value.
+        else is converted on the host and posted by value. Two such tensors, the engine's usual
+        batch, take ``try_post_tensors``; the rest ``post_each``.
         """
+        if (
+            type(req_pool_indices) is torch.Tensor
+            and type(seq_lens) is torch.Tensor
+            and self.try_post_tensors(req_pool_indices, seq_lens, n, device_index)
+        ):
+            return
+        self.post_each(req_pool_indices, seq_lens, n, device_index)
+
+    def post_each(self, req_pool_indices, seq_lens, n: int, device_index: int) -> None:
+        """``post()`` field by field: each argument by address or by value (``_put``)."""
         k = self.posted
         if self._consumed[0] < k - SLOTS + 1:
             self._wait(k)
@@ -205,8 +216,8 @@ class Mailbox:
         """``post()``'s path for the usual batch, two 1-D int32/int64 tensors of ``n`` rows on
         ``device_index``, both posted by address with one write for the header before the tag.
 
-        Returns ``False``, having written nothing, for any other pair of tensors (the caller
-        then takes ``post()``, which converts or raises).
+        Returns ``False``, having written nothing, for any other pair of tensors (``post()``
+        then takes ``post_each``, which converts or raises).
         """
         rpi_64 = _IS_INT64.get(req_pool_indices.dtype)
         sl_64 = _IS_INT64.get(seq_lens.dtype)

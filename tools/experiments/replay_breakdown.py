@@ -93,7 +93,7 @@ def measure(inp, slots: int, waits: list, result: dict) -> dict:
             mb.withdraw()
 
         def post_withdraw():
-            mb.post(rpi, lens, cfg.bs, runner._device_index)
+            mb.post_each(rpi, lens, cfg.bs, runner._device_index)
             mb.withdraw()
 
         def push_pop():
