@@ -12,12 +12,12 @@ import numpy as np
 import pytest
 import torch
 
-from pagegraph import batch_ring, producer
-from pagegraph.batch_ring import RingReader, RingWriter
-from pagegraph.pool import KVPool
-from pagegraph.pool import _PageWriter as PageWriter
-from pagegraph.producer import ProducedWorkload, _batches, _pack, _unpack
-from pagegraph.workload import DecodeWorkload
+from pagegraph.workload import batch_ring, producer
+from pagegraph.workload.batch_ring import RingReader, RingWriter
+from pagegraph.workload.decode import DecodeWorkload
+from pagegraph.workload.pool import KVPool
+from pagegraph.workload.pool import _PageWriter as PageWriter
+from pagegraph.workload.producer import ProducedWorkload, _batches, _pack, _unpack
 from test_producer import CASES, produced_batch, tables
 
 # Starts child processes: scheduled first in a parallel run (see conftest.py).

@@ -14,8 +14,8 @@ import torch
 
 from pagegraph import bench
 from pagegraph.bench import checker_rate, decode, replay_overhead, report
-from pagegraph.checker import POISON, expected_tables
-from pagegraph.scenario import load_scenario
+from pagegraph.check.checker import POISON, expected_tables
+from pagegraph.check.scenario import load_scenario
 
 
 def test_rotation_count_divides_builds_and_covers_l2():
@@ -53,7 +53,7 @@ def test_floor_bytes():
 
 
 def test_block_grid_baseline_is_exact_and_registered():
-    from pagegraph.builders import BUILDERS, resolve_builder
+    from pagegraph.kernels.registry import BUILDERS, resolve_builder
 
     assert resolve_builder("block_grid") is BUILDERS["block_grid"] is bench.block_grid
     for name in ("skewed", "swa"):

@@ -8,7 +8,7 @@ import bisect
 import pytest
 import torch
 
-from pagegraph.buckets import PADDING, Buckets, PaddingPolicy, resolve_padding
+from pagegraph.graph.buckets import PADDING, Buckets, PaddingPolicy, resolve_padding
 
 
 def test_sglang_default_list():

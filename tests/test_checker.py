@@ -13,8 +13,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pagegraph import GraphRunner, build_page_table, check_replay_safety, reference_page_table
-from pagegraph.buckets import resolve_padding
-from pagegraph.checker import (
+from pagegraph.check.checker import (
     POISON,
     PROPERTIES,
     REPLAY_PROPERTIES,
@@ -23,9 +22,10 @@ from pagegraph.checker import (
     _Compiles,
     expected_tables,
 )
-from pagegraph.mutants import reset_caches
+from pagegraph.check.mutants import reset_caches
+from pagegraph.detect.sync import DetectorUnavailable, parse_detectors
+from pagegraph.graph.buckets import resolve_padding
 from pagegraph.pytest_plugin import assert_replay_safe
-from pagegraph.sync import DetectorUnavailable, parse_detectors
 
 from helpers import assert_equal_tables
 
@@ -276,7 +276,7 @@ def test_batched_verification_judges_each_replay_as_alone(monkeypatch, batch):
     """Replays are verified ``batch`` at a time (``TableVerifier``): the per-bucket counts and
     the first failure must be those of verifying each replay alone, for a builder that turns
     wrong at replay 11, with chunks of 7 (not a multiple of 3) and a last, partial batch."""
-    import pagegraph.verify as verify
+    import pagegraph.check.verify as verify
 
     def run(max_batch: int):
         monkeypatch.setattr(verify, "MAX_BATCH", max_batch)
@@ -422,7 +422,7 @@ def test_allocating_builder_fails_no_allocation_in_builder():
 
 
 def test_width_frozen_per_bucket_fails_graph_safe():
-    from pagegraph.mutants import width_frozen_per_batch_size
+    from pagegraph.check.mutants import width_frozen_per_batch_size
 
     reset_caches()
     report = check_replay_safety(width_frozen_per_batch_size, SMALL)
@@ -635,7 +635,7 @@ def test_gpu_planted_runner_defects_are_caught(runner, expect):
 
 def bs_specialised_builder(req_to_token, req_pool_indices, seq_lens, page_table, page_size, **kw):
     """The plain kernel with the batch size baked in as a constexpr: a compilation a bucket."""
-    from pagegraph.mutants import plain_page_table
+    from pagegraph.check.mutants import plain_page_table
 
     plain_page_table(req_to_token, req_pool_indices, seq_lens, page_table, page_size,
                      bug=100 + page_table.shape[0], **kw)  # fmt: skip
@@ -649,7 +649,7 @@ def test_gpu_per_bucket_compilation_fails_its_property():
 
 @gpu
 def test_gpu_syncing_builder_fails_sync_free_builder_call():
-    from pagegraph.mutants import debug_sync_outside_capture
+    from pagegraph.check.mutants import debug_sync_outside_capture
 
     report = check_replay_safety(debug_sync_outside_capture, SMALL, steps=4)
     assert report.property("sync-free builder call").passed is False, report.format()
@@ -683,7 +683,7 @@ def test_graph_runner_fixture_releases_its_runners_when_the_test_fails(tmp_path)
 
     marker = tmp_path / "closed"
     (tmp_path / "test_inner.py").write_text(
-        "import pagegraph.runner as r\n"
+        "import pagegraph.graph.runner as r\n"
         "original = r.GraphRunner.close\n"
         "def close(self):\n"
         f"    open({str(marker)!r}, 'a').write('x')\n"
@@ -725,7 +725,7 @@ def test_batch_model_flags_exactly_the_rows_out_of_the_contract(draft_tokens, le
     """The model's out-of-contract rows against the contract written out: a negative length,
     tables (built for max(len, 0) + draft tokens) past len_limit, a request index outside
     req_to_token; padded rows included. With more draft tokens than len_limit, every row."""
-    from pagegraph.verify import IN_BUCKET, OUT_OF_CONTRACT, REAL, BatchModel
+    from pagegraph.check.verify import IN_BUCKET, OUT_OF_CONTRACT, REAL, BatchModel
 
     rng = np.random.default_rng(draft_tokens * 7 + len_limit)
     rows, sizes = 50, [4, 8, 16]
@@ -755,6 +755,6 @@ def test_batch_model_flags_exactly_the_rows_out_of_the_contract(draft_tokens, le
 def test_the_upload_ring_outlasts_the_replays_in_flight():
     """The checker keeps IN_FLIGHT replays in flight; the verifier refills an upload buffer
     UPLOAD_RING uploads later, which must be after the copy reading it was waited for."""
-    from pagegraph import checker, verify
+    from pagegraph.check import checker, verify
 
     assert checker.IN_FLIGHT >= 1 and verify.UPLOAD_RING >= checker.IN_FLIGHT + 1

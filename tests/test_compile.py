@@ -50,7 +50,7 @@ def compile_variant(r2t, rpi, sl, f2s, has_errors, row_i32, has_work, page_size)
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from pagegraph.kernel import (
+    from pagegraph.kernels.page_table import (
         BLOCK_PAGES,
         NUM_WARPS,
         ROWS_PER_PROGRAM,
@@ -113,7 +113,7 @@ def compile_mutant(bug: int, swa: bool) -> dict:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from pagegraph.mutants import BLOCK, HARD_CODED, _mutant_kernel
+    from pagegraph.check.mutants import BLOCK, HARD_CODED, _mutant_kernel
 
     sig = {
         "req_to_token_ptr": "*i64", "req_pool_indices_ptr": "*i64", "seq_lens_ptr": "*i64",
@@ -144,12 +144,12 @@ def stage_id(v) -> str:
 
 
 def compile_stage(rpi: str, sl: str, pad_rpi: bool) -> dict:
-    """The graph's stage node (``pagegraph.staging``), which reads pinned host memory."""
+    """The graph's stage node (``pagegraph.graph.staging``), which reads pinned host memory."""
     import triton
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from pagegraph.staging import HEADER, SLOTS, STAGE_BLOCK, stage_inputs_kernel
+    from pagegraph.graph.staging import HEADER, SLOTS, STAGE_BLOCK, stage_inputs_kernel
 
     sig = {
         "mailbox": "*i64", "counter": "*i64", "consumed": "*i64", "rpi_dst": "*" + INT[rpi],
@@ -206,7 +206,7 @@ _compiled: dict[str, dict] = {}
 
 def compiled(part: str) -> dict:
     """One part's results, compiled once a process."""
-    from pagegraph.contract import interpreter_active
+    from pagegraph.kernels.contract import interpreter_active
 
     if part not in _compiled:
         if not interpreter_active():

@@ -1,4 +1,4 @@
-"""The CUDA runtime calls made without torch (``pagegraph.cudart``): the upload copy lands
+"""The CUDA runtime calls made without torch (``pagegraph.kernels.cudart``): the upload copy lands
 exactly, in stream order, and is refused (``None``) where it cannot work."""
 
 from __future__ import annotations
@@ -6,7 +6,7 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pagegraph.cudart import HostToDevice, runtime_paths
+from pagegraph.kernels.cudart import HostToDevice, runtime_paths
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 

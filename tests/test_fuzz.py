@@ -16,8 +16,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pagegraph import ERROR_KINDS, build_page_table, check_replay_safety, reference_page_table
-from pagegraph.checker import CheckConfig
-from pagegraph.contract import cdiv
+from pagegraph.check.checker import CheckConfig
+from pagegraph.kernels.contract import cdiv
 
 from helpers import assert_equal_tables, framed
 

@@ -7,7 +7,7 @@ import pytest
 import torch
 
 from pagegraph import GraphRunner, KVPool, build_page_table
-from pagegraph.runner import BufferAllocationError, NotCaptured
+from pagegraph.graph.runner import BufferAllocationError, NotCaptured
 
 CUDA = torch.cuda.is_available()
 DEV = "cuda" if CUDA else "cpu"
@@ -117,7 +117,7 @@ def test_fast_metadata_path_never_accepts_a_mistake(arg, make_bad, exc, text):
     """The one-pass check that eager calls take must hand every mistake to the full checks,
     which must then raise it (on a CPU the fast path declines every call, and the full
     checks must still raise)."""
-    from pagegraph.contract import check_builder_args, cuda_call_metadata
+    from pagegraph.kernels.contract import check_builder_args, cuda_call_metadata
 
     args, kw = good_args()
     kw["errors"] = torch.zeros(4, dtype=torch.int32, device=DEV)
@@ -132,7 +132,7 @@ def test_fast_metadata_path_never_accepts_a_mistake(arg, make_bad, exc, text):
 @pytest.mark.parametrize("swa", [False, True])
 @pytest.mark.parametrize("layout", ["plain", "row_slice", "size_one_dims"])
 def test_gpu_fast_metadata_path_reads_what_the_tensors_say(swa, layout):
-    from pagegraph.contract import cuda_call_metadata
+    from pagegraph.kernels.contract import cuda_call_metadata
 
     args, kw = good_args(swa=swa)
     r2t, rpi, sl, pt, ps = args
@@ -166,7 +166,7 @@ def test_gpu_fast_metadata_path_reads_what_the_tensors_say(swa, layout):
 
 
 def test_batch_past_the_grid_limit_raises_before_writing():
-    from pagegraph.kernel import MAX_BATCH
+    from pagegraph.kernels.page_table import MAX_BATCH
 
     bs = MAX_BATCH + 1
     r2t = torch.arange(1, 65, dtype=torch.int32, device=DEV)[None, :]
@@ -236,7 +236,7 @@ def test_gpu_two_runners_replay_concurrently_on_two_streams():
     between, so their replays really overlap on the device; each replay's tables (both, for
     the SWA runner) are snapshotted on its own stream and compared with the asked batches
     only at the end."""
-    from pagegraph.checker import POISON, expected_tables
+    from pagegraph.check.checker import POISON, expected_tables
 
     runners = []
     for seed in (1, 2):
@@ -296,7 +296,7 @@ def test_gpu_two_runners_replay_concurrently_on_two_streams():
 
 def test_out_of_memory_during_capture_names_the_bucket_and_sizes():
     from pagegraph import check_replay_safety
-    from pagegraph.runner import CaptureOutOfMemory
+    from pagegraph.graph.runner import CaptureOutOfMemory
 
     def oom_builder(req_to_token, req_pool_indices, seq_lens, page_table, page_size, **kw):
         if page_table.shape[0] == 4:

@@ -9,9 +9,9 @@ import textwrap
 import pytest
 import torch
 
-from pagegraph.checker import CheckConfig
+from pagegraph.check.checker import CheckConfig
+from pagegraph.check.isolate import IsolatedError, Job, builder_spec, run_isolated
 from pagegraph.cli import main
-from pagegraph.isolate import IsolatedError, Job, builder_spec, run_isolated
 from pagegraph.pytest_plugin import assert_replay_safe
 
 # Starts child processes: scheduled first in a parallel run (see conftest.py).
@@ -101,7 +101,7 @@ def test_gpu_a_kernel_that_breaks_its_cuda_context_is_reported():
     address, which poisons the CUDA context. The child's report says so; the run goes on."""
     cfg = SMALL.replace(overlong=1.0, steps=16)
     bad, fine = run_isolated(
-        [Job("pagegraph.mutants:no_row_clamp", cfg, stop_on_failure=False),
+        [Job("pagegraph.check.mutants:no_row_clamp", cfg, stop_on_failure=False),
          Job("build_page_table", cfg)], timeout=120,
     )  # fmt: skip
     assert bad.verdict == "UNSAFE", bad.format()

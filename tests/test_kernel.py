@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pagegraph import ERROR_KINDS, build_page_table, reference_page_table
-from pagegraph.contract import cdiv
+from pagegraph.kernels.contract import cdiv
 
 from helpers import assert_equal_tables, edge_lengths, framed, random_inputs
 
@@ -274,7 +274,7 @@ def test_gpu_no_sync_under_sync_debug_error():
 def test_gpu_one_compile_across_batch_sizes():
     """The batch size is the grid: new batch sizes (and the cached fast launch path) must not
     compile new variants, and the fast path must give the same result as the first call."""
-    from pagegraph.kernel import compiled_variants
+    from pagegraph.kernels.page_table import compiled_variants
 
     gen = torch.Generator().manual_seed(8)
     r2t, rpi, sl, _ = random_inputs(
@@ -306,7 +306,7 @@ def test_gpu_eager_call_allocates_nothing_and_syncs_for_no_detector(swa):
     detector that runs here (torch's sync-debug mode is blind to Triton's launcher and to
     driver calls; CUPTI sees those), after the first, compiling call."""
     from pagegraph import prepare_build
-    from pagegraph.sync import available_detectors, no_device_sync
+    from pagegraph.detect.sync import available_detectors, no_device_sync
 
     detectors = tuple(name for name, why in available_detectors().items() if why is None)
     assert "torch" in detectors

@@ -1,13 +1,16 @@
-"""Invariant: pagegraph's imports flow one way, with no cycle.
+"""Invariant: pagegraph's imports flow one way, with no cycle, and the layers are the folders.
 
-Layers, top to bottom (a module may import its own layer or any layer below, never above):
+Each subpackage of ``src/pagegraph`` is a layer, and its layer number is written once, below:
+a module may import its own subpackage or any subpackage of a lower layer, never a higher one,
+and across subpackages only public names (no leading underscore).
 
-* the command line: ``cli`` (and ``__main__``); ``pytest_plugin``, a leaf nobody imports;
-* the jobs: ``check_job``, ``bench`` (the package), ``profile``, ``mutate``, ``trace`` (the
-  trace analyzer, which needs only the bottom layer);
-* the test bed: ``pool``, ``workload``, ``producer``, ``batch_ring``, ``staging``, ``runner``,
-  ``verify``, ``checker``, ``scenario``, ``mutants``, ``isolate``;
-* the bottom: the kernels, the contract, the references and what they need.
+* 0, the bottom: ``kernels`` (the Triton builders, their contract, references, launcher) and
+  ``detect`` (sync detectors, NVTX ranges, the trace analyzer);
+* 1, the graph bed's parts: ``graph`` (buckets, staging, the runner) and ``workload`` (the
+  pool, its writes, the decode workload and its producers);
+* 2, the checker: ``check``;
+* 3, the jobs: ``jobs`` (check, profile, mutate) and ``bench``;
+* 4, the front: ``cli``, ``__main__`` and ``pytest_plugin``, modules at the package's top.
 
 Every module under ``src/pagegraph`` is parsed with ``ast``; every pagegraph-internal import,
 at module level or inside a function, is an edge. The package ``__init__`` re-exports the
@@ -27,38 +30,24 @@ import pagegraph
 SRC = Path(pagegraph.__file__).resolve().parent
 PACKAGE = "pagegraph"
 
-BOTTOM = {
-    "contract",
-    "kernel",
-    "page_writes",
-    "cudart",
-    "metadata",
-    "reference",
-    "baselines",
-    "ranges",
-    "sync",
-    "environment",
-    "builders",
-    "buckets",
-}
-TEST_BED = {
-    "pool",
-    "workload",
-    "producer",
-    "batch_ring",
-    "staging",
-    "runner",
-    "verify",
-    "checker",
-    "scenario",
-    "mutants",
-    "isolate",
-}
-JOBS = {"check_job", "bench", "profile", "mutate", "trace"}
-TOP = {"cli", "__main__", "pytest_plugin"}
-LAYERS = {name: 0 for name in BOTTOM} | {name: 1 for name in TEST_BED}
-LAYERS |= {name: 2 for name in JOBS} | {name: 3 for name in TOP}
-LAYER_NAMES = ("bottom", "test bed", "jobs", "command line")
+SUBPACKAGE_LAYERS = {"kernels": 0, "detect": 0, "graph": 1, "workload": 1, "check": 2,
+                     "jobs": 3, "bench": 3}  # fmt: skip
+TOP_LAYER = 4
+LAYER_NAMES = ("bottom", "graph bed", "checker", "jobs", "front")
+
+
+def layers() -> dict[str, int]:
+    """The layering unit (a subpackage, or a top-level module) to its layer, from the tree."""
+    found: dict[str, int] = {}
+    for path in sorted(SRC.iterdir()):
+        if path.is_dir() and (path / "__init__.py").exists():
+            found[path.name] = SUBPACKAGE_LAYERS.get(path.name, -1)
+        elif path.suffix == ".py" and path.name != "__init__.py":
+            found[path.stem] = TOP_LAYER
+    return found
+
+
+LAYERS = layers()
 
 
 def module_name(path: Path) -> str:
@@ -150,11 +139,13 @@ def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
 def test_the_graph_sees_every_kind_of_import():
     graph = import_graph()
     # module level, function level, "from . import x", relative imports inside a package
-    assert "pagegraph.contract" in graph["pagegraph.kernel"]
-    assert "pagegraph.metadata" in graph["pagegraph.reference"]  # inside a function
-    assert "pagegraph.trace" in graph["pagegraph.profile"]  # from . import trace as _trace
+    assert "pagegraph.kernels.contract" in graph["pagegraph.kernels.page_table"]
+    # inside a function
+    assert "pagegraph.kernels.decode_metadata" in graph["pagegraph.kernels.reference"]
+    # from ..detect import trace as _trace
+    assert "pagegraph.detect.trace" in graph["pagegraph.jobs.profile"]
     assert "pagegraph.bench.timing" in graph["pagegraph.bench.floors"]
-    assert "pagegraph.checker" in graph["pagegraph.bench.inputs"]  # from ..checker import
+    assert "pagegraph.check.checker" in graph["pagegraph.bench.inputs"]  # from ..checker import
     assert "pagegraph.bench.runner" in graph["pagegraph.bench"]
 
 
@@ -163,10 +154,14 @@ def test_no_import_cycle():
     assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
-def test_every_module_has_a_layer():
-    units = {top_module(name) for name in modules()} - {"", "__init__"}
-    missing = sorted(units - set(LAYERS))
-    assert not missing, f"modules with no layer in tests/test_layering.py: {missing}"
+def test_every_subpackage_has_a_layer():
+    missing = sorted(name for name, layer in LAYERS.items() if layer < 0)
+    assert not missing, f"subpackages with no layer in tests/test_layering.py: {missing}"
+
+
+def test_no_module_but_the_front_sits_at_the_top():
+    top = sorted(name for name, layer in LAYERS.items() if layer == TOP_LAYER)
+    assert top == ["__main__", "cli", "pytest_plugin"], top
 
 
 def test_imports_flow_downwards():
@@ -189,10 +184,46 @@ def test_imports_flow_downwards():
     assert not bad, "\n".join(bad)
 
 
+def private_cross_imports() -> list[str]:
+    """``from ..other import _name`` across subpackages, and ``other._name`` on a module of
+    another subpackage imported as a module."""
+    mods = modules()
+    known = set(mods)
+    bad = []
+    for name, path in mods.items():
+        is_package = path.name == "__init__.py"
+        tree = ast.parse(path.read_text(), str(path))
+        module_aliases: dict[str, str] = {}
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.ImportFrom):
+                continue
+            base = resolve(node, name, is_package)
+            for alias in node.names:
+                full = f"{base}.{alias.name}"
+                if full in known:
+                    module_aliases[alias.asname or alias.name] = full
+                elif (alias.name.startswith("_") and base.startswith(PACKAGE)
+                      and top_module(base) != top_module(name)):
+                    bad.append(f"{name} imports {base}.{alias.name}")
+        for node in ast.walk(tree):
+            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
+                    and node.value.id in module_aliases and node.attr.startswith("_")
+                    and not node.attr.startswith("__")):  # fmt: skip
+                target = module_aliases[node.value.id]
+                if top_module(target) != top_module(name):
+                    bad.append(f"{name} reads {target}.{node.attr}")
+    return sorted(set(bad))
+
+
+def test_only_public_names_cross_subpackages():
+    bad = private_cross_imports()
+    assert not bad, "\n".join(bad)
+
+
 def test_trace_analyzer_needs_only_the_bottom_layer():
     graph = import_graph()
-    above = sorted(t for t in graph["pagegraph.trace"] if LAYERS[top_module(t)] > 0)
-    assert not above, f"pagegraph.trace imports {above}"
+    above = sorted(t for t in graph["pagegraph.detect.trace"] if LAYERS[top_module(t)] > 0)
+    assert not above, f"pagegraph.detect.trace imports {above}"
 
 
 @pytest.mark.parametrize("leaf", ["pytest_plugin", "cli"])

@@ -22,16 +22,16 @@ import zlib
 import pytest
 import torch
 
-from pagegraph import metadata
-from pagegraph.contract import cdiv
-from pagegraph.kernel import MAX_BATCH, BuffersChanged
-from pagegraph.metadata import (
+from pagegraph.kernels import decode_metadata as metadata
+from pagegraph.kernels.contract import cdiv
+from pagegraph.kernels.decode_metadata import (
     DECODE_ERROR_KINDS,
     MAX_DRAFT_TOKENS,
     build_decode_metadata,
     prepare_decode_metadata,
 )
-from pagegraph.reference import reference_decode_metadata, unfused_decode_metadata
+from pagegraph.kernels.page_table import MAX_BATCH, BuffersChanged
+from pagegraph.kernels.reference import reference_decode_metadata, unfused_decode_metadata
 
 from helpers import CANARY, MARGIN, assert_equal_tables, framed, random_inputs
 
@@ -633,7 +633,7 @@ def compile_variant(v: dict) -> dict:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from pagegraph.kernel import BLOCK_PAGES, NUM_WARPS, ROWS_PER_PROGRAM, UNROLL
+    from pagegraph.kernels.page_table import BLOCK_PAGES, NUM_WARPS, ROWS_PER_PROGRAM, UNROLL
 
     big = "i64" if v["big_ints"] else "i32"
     sig = {
@@ -696,7 +696,7 @@ def compile_all() -> dict:
 
 @pytest.fixture(scope="module")
 def compiled():
-    from pagegraph.contract import interpreter_active
+    from pagegraph.kernels.contract import interpreter_active
 
     if not interpreter_active():
         return compile_all()

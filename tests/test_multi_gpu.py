@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from pagegraph import GraphRunner, KVPool, build_page_table
-from pagegraph.checker import POISON, expected_tables
+from pagegraph.check.checker import POISON, expected_tables
 
 pytestmark = [
     pytest.mark.gpu,
@@ -71,7 +71,7 @@ def test_runner_on_cuda1_never_touches_cuda0():
 
 
 def test_one_runner_per_device_from_two_threads():
-    from pagegraph.sync import record_device_syncs
+    from pagegraph.detect.sync import record_device_syncs
 
     setups = [make_runner(f"cuda:{d}", seed=d) for d in (0, 1)]
     failures = []

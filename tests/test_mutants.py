@@ -12,9 +12,9 @@ from pathlib import Path
 import pytest
 import torch
 
-from pagegraph.checker import PROPERTIES
-from pagegraph.mutants import CONTROLS, MUTANTS
-from pagegraph.mutate import Outcome, run_mutate, smallest_killing_set
+from pagegraph.check.checker import PROPERTIES
+from pagegraph.check.mutants import CONTROLS, MUTANTS
+from pagegraph.jobs.mutate import Outcome, run_mutate, smallest_killing_set
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT = str(ROOT / "graphs" / "default.toml")

@@ -8,10 +8,10 @@ import numpy as np
 import pytest
 import torch
 
-from pagegraph import pool as pool_mod
-from pagegraph.contract import interpreter_active
-from pagegraph.pool import KVPool, PoolExhausted
-from pagegraph.workload import DecodeWorkload, Injection
+from pagegraph.kernels.contract import interpreter_active
+from pagegraph.workload import pool as pool_mod
+from pagegraph.workload.decode import DecodeWorkload, Injection
+from pagegraph.workload.pool import KVPool, PoolExhausted
 
 
 def check_pool(pool: KVPool) -> None:
@@ -202,7 +202,7 @@ def test_lookahead_shows_each_step_the_tables_of_that_step(monkeypatch, chunk, s
     """Steps generated ahead, their writes staged together and applied one step at a time,
     give at every yielded step the very tables a flush per step gives. With a small scratch
     some stages hold a few steps, and some steps do not fit one stage (written in parts)."""
-    import pagegraph.pool as pool_module
+    import pagegraph.workload.pool as pool_module
 
     monkeypatch.setattr(pool_module, "FLUSH_CHUNK", chunk)
 
@@ -231,7 +231,7 @@ def test_lookahead_shows_each_step_the_tables_of_that_step(monkeypatch, chunk, s
 
 
 def test_write_ahead_applies_in_order_and_refuses_an_empty_queue():
-    from pagegraph.pool import WriteAhead
+    from pagegraph.workload.pool import WriteAhead
 
     pool = KVPool(max_reqs=3, max_context_len=32, page_size=4, seed=1)
     ahead = WriteAhead()
@@ -412,7 +412,7 @@ def test_the_write_kernel_writes_what_the_operators_write(device, page, dtype):
 def test_the_write_kernel_writes_nothing_outside_its_table(device):
     """Runs that reach outside the table (before it, past its end, lanes past the page) write
     only their entries inside it: the kernel guards every store."""
-    from pagegraph.page_writes import RunWriter
+    from pagegraph.workload.page_writes import RunWriter
 
     page, numel, canary = 3, 24, 8  # a page size under its power of two: lane 3 exists
     buf = torch.full((numel + 2 * canary,), -5, dtype=torch.int64, device=device)

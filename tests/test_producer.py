@@ -16,17 +16,18 @@ import numpy as np
 import pytest
 import torch
 
-from pagegraph import build_page_table, check_replay_safety, producer
-from pagegraph.checker import CheckConfig, Report
-from pagegraph.pool import KVPool, PoolExhausted
-from pagegraph.producer import (
+from pagegraph import build_page_table, check_replay_safety
+from pagegraph.check.checker import CheckConfig, Report
+from pagegraph.workload import producer
+from pagegraph.workload.decode import DecodeWorkload, Injection
+from pagegraph.workload.pool import KVPool, PoolExhausted
+from pagegraph.workload.producer import (
     BATCH_STEPS,
     ProducedWorkload,
     ProducerDied,
     stream_kwargs,
     stream_steps,
 )
-from pagegraph.workload import DecodeWorkload, Injection
 
 # Starts child processes: scheduled first in a parallel run (see conftest.py).
 pytestmark = pytest.mark.heavy
@@ -290,8 +291,8 @@ def test_auto_keeps_short_and_eager_runs_in_one_process():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="sizes host memory (no CUDA here)")
 def test_memory_check_counts_the_parked_tables_of_the_streams_used(monkeypatch):
-    from pagegraph import check_job
-    from pagegraph.checker import table_bytes
+    from pagegraph.check.checker import table_bytes
+    from pagegraph.jobs import check_job
 
     cfg = CheckConfig(max_bs=256, max_context_len=131072, page_size=64, steps=10_000)
     r2t = (cfg.max_bs + 2) * cfg.max_context_len * 4  # 135 MB

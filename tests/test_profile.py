@@ -16,7 +16,7 @@ import pytest
 import torch
 from torch.profiler import record_function
 
-from pagegraph import profile as pr
+from pagegraph.jobs import profile as pr
 
 # The fallback path starts torch.profiler in-process: these run last (tests/conftest.py).
 pytestmark = pytest.mark.torch_profiler

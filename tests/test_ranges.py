@@ -7,7 +7,7 @@ import threading
 import pytest
 import torch
 
-from pagegraph import ranges
+from pagegraph.detect import ranges
 
 
 @pytest.fixture(autouse=True)

@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from pagegraph import GraphRunner, KVPool, NotCaptured, StaticBufferMoved
-from pagegraph.checker import POISON, expected_tables
-from pagegraph.workload import DecodeWorkload
+from pagegraph.check.checker import POISON, expected_tables
+from pagegraph.workload.decode import DecodeWorkload
 
 from helpers import assert_equal_tables
 
@@ -301,7 +301,7 @@ def test_gpu_replays_far_ahead_of_the_device_are_each_staged(monkeypatch):
     """More replays in flight than the mailbox has slots (the device held back by a sleep
     kernel), from device tensors and host lists: every replay builds its own batch, and the
     host waits for the device only when it is a whole ring of posts ahead."""
-    from pagegraph.staging import SLOTS, Mailbox
+    from pagegraph.graph.staging import SLOTS, Mailbox
 
     waits = []
     wait = Mailbox._wait
@@ -397,7 +397,7 @@ def test_gpu_an_interrupt_after_the_launch_keeps_the_post(monkeypatch):
     """Ctrl-C lands as the replay range closes, after the graph was launched: the graph
     consumes its post, so the post must stay (withdrawing it would leave the device one post
     ahead, and the next replay would stage nothing)."""
-    import pagegraph.runner as runner_mod
+    import pagegraph.graph.runner as runner_mod
 
     pool, runner, rows = _interrupt_bed(GraphRunner)
     real_pop = runner_mod.pop
@@ -465,7 +465,7 @@ def test_gpu_device_tensors_take_the_short_path_and_fall_back_exactly(monkeypatc
     (a host tensor next to a device one) take the short path to ``Mailbox.post_each``, which
     converts them; an empty,
     oversized or mismatched batch goes the general way, to the general path's errors."""
-    from pagegraph.staging import Mailbox
+    from pagegraph.graph.staging import Mailbox
 
     pool, runner = make(max_bs=16, ctx=2048, ps=16, buckets=[4, 8, 16])
     runner.capture()

@@ -7,8 +7,8 @@ from pathlib import Path
 
 import pytest
 
+from pagegraph.check.scenario import ScenarioError, load_scenario
 from pagegraph.cli import main
-from pagegraph.scenario import ScenarioError, load_scenario
 
 GRAPHS = sorted(Path(__file__).resolve().parent.parent.joinpath("graphs").glob("*.toml"))
 REQUIRED = {

@@ -1,4 +1,4 @@
-"""The graph's stage node and its mailbox (``pagegraph.staging``).
+"""The graph's stage node and its mailbox (``pagegraph.graph.staging``).
 
 On a CPU the kernel runs under the Triton interpreter with the mailbox in ordinary memory, so
 everything but pinned memory and graph capture is exercised here; on a GPU the runner's
@@ -12,7 +12,7 @@ import numpy as np
 import pytest
 import torch
 
-from pagegraph.staging import SLOTS, STAGE_BLOCK, Mailbox, MailboxOutOfStep
+from pagegraph.graph.staging import SLOTS, STAGE_BLOCK, Mailbox, MailboxOutOfStep
 
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
 #: The device index posts are made for (-1: the CPU).

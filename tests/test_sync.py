@@ -12,8 +12,8 @@ import pytest
 import torch
 from torch.cuda import _gpu_trace
 
-from pagegraph import ranges, sync
-from pagegraph.sync import (
+from pagegraph.detect import ranges, sync
+from pagegraph.detect.sync import (
     DetectorUnavailable,
     DeviceSyncError,
     SyncEvent,
@@ -538,7 +538,7 @@ def test_nested_cupti_recorders_share_the_subscription():
 _PROFILER_CONFLICT = """
 import torch
 from torch.profiler import ProfilerActivity, profile
-from pagegraph.sync import DetectorUnavailable, available_detectors, record_device_syncs
+from pagegraph.detect.sync import DetectorUnavailable, available_detectors, record_device_syncs
 torch.ones(1, device="cuda").add_(1)
 with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]):
     torch.ones(1, device="cuda").add_(1)
@@ -652,14 +652,14 @@ def test_gpu_a_paused_recorder_sees_nothing_and_a_resumed_one_everything():
     """The checker watches only its stage/replay ranges by pausing the detectors elsewhere:
     a planted .item() while paused is not seen, the same one after resume() is, by every
     detector that runs here."""
-    from pagegraph.sync import available_detectors, record_device_syncs
+    from pagegraph.detect.sync import available_detectors, record_device_syncs
 
     names = tuple(n for n, why in available_detectors().items() if why is None)
     t = torch.arange(4, device="cuda")
     t.sum().item()  # warm-up outside the recording
     with record_device_syncs(names) as rec:
         if "cupti" in names:
-            from pagegraph.sync import _CUPTI_HUB
+            from pagegraph.detect.sync import _CUPTI_HUB
 
             assert _CUPTI_HUB.selective, "CUPTI subscribed the whole driver domain"
         rec.pause()
@@ -676,7 +676,7 @@ def test_cupti_subscribes_the_sync_calls_alone():
     import enum
     import types
 
-    from pagegraph.sync import _sync_callback_ids
+    from pagegraph.detect.sync import _sync_callback_ids
 
     table = enum.IntEnum(
         "driver_api_trace_cbid",

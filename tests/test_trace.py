@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from pagegraph import trace as tr
+from pagegraph.detect import trace as tr
 
 PID = 4123
 MAIN, OTHER = 4123, 4200

@@ -14,8 +14,8 @@ import pytest
 import torch
 
 from pagegraph import build_page_table
-from pagegraph.contract import cdiv
-from pagegraph.kernel import (
+from pagegraph.kernels.contract import cdiv
+from pagegraph.kernels.page_table import (
     BLOCK_PAGES,
     ROWS_PER_PROGRAM,
     UNROLL,

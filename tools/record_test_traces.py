@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 
 from pagegraph import GraphRunner, KVPool
-from pagegraph.ranges import phase, set_record_function
-from pagegraph.workload import DecodeWorkload
+from pagegraph.detect.ranges import phase, set_record_function
+from pagegraph.workload.decode import DecodeWorkload
 
 
 def replays(planted: bool, steps: int = 20) -> None:

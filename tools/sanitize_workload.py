@@ -20,7 +20,7 @@ import sys
 import torch
 
 from pagegraph import ERROR_KINDS, build_page_table
-from pagegraph.checker import CheckConfig, check_replay_safety, expected_tables
+from pagegraph.check.checker import CheckConfig, check_replay_safety, expected_tables
 
 
 def kernel_cases() -> int:

@@ -13,19 +13,19 @@ if "TRITON_INTERPRET" not in os.environ:
     if not torch.cuda.is_available():
         os.environ["TRITON_INTERPRET"] = "1"
 
-from .buckets import Buckets, PaddingPolicy  # noqa: E402
-from .checker import CheckConfig, Report, check_replay_safety  # noqa: E402
-from .contract import ERROR_KINDS  # noqa: E402
-from .kernel import BuffersChanged, PreparedBuild, build_page_table, prepare_build  # noqa: E402
-from .pool import KVPool  # noqa: E402
-from .reference import (  # noqa: E402
+from .check.checker import CheckConfig, Report, check_replay_safety  # noqa: E402
+from .detect.sync import DetectorUnavailable, DeviceSyncError, no_device_sync  # noqa: E402
+from .graph.buckets import Buckets, PaddingPolicy  # noqa: E402
+from .graph.runner import GraphRunner, NotCaptured, StaticBufferMoved  # noqa: E402
+from .kernels.contract import ERROR_KINDS  # noqa: E402
+from .kernels.page_table import BuffersChanged, PreparedBuild, build_page_table, prepare_build  # noqa: E402
+from .kernels.reference import (  # noqa: E402
     host_max_gather,
     reference_page_table,
     static_width_gather,
 )
-from .runner import GraphRunner, NotCaptured, StaticBufferMoved  # noqa: E402
-from .sync import DetectorUnavailable, DeviceSyncError, no_device_sync  # noqa: E402
-from .workload import DecodeWorkload  # noqa: E402
+from .workload.decode import DecodeWorkload  # noqa: E402
+from .workload.pool import KVPool  # noqa: E402
 
 __all__ = [
     "ERROR_KINDS",

@@ -25,9 +25,10 @@ import json
 import sys
 from pathlib import Path
 
+from .check.checker import WORKLOAD_PROCESS_MODES
+
 # The check job lives in pagegraph.check_job; run_check stays importable from here.
-from .check_job import run_check, run_kernel_table
-from .checker import WORKLOAD_PROCESS_MODES
+from .jobs.check_job import run_check, run_kernel_table
 
 __all__ = ["DEFAULT_SCENARIO", "build_parser", "main", "run_check"]
 
@@ -71,12 +72,14 @@ def build_parser() -> argparse.ArgumentParser:
     )
     iso.add_argument("--no-isolate", dest="isolate", action="store_false")
 
-    from . import mutate
+    from .jobs import mutate
 
     mutate.add_arguments(sub.add_parser("mutate", help="kill table of the mutant zoo"))
     sub.add_parser("kernel-table", help="kernel vs reference over default shapes")
 
-    from . import bench, profile, trace
+    from . import bench
+    from .detect import trace
+    from .jobs import profile
 
     bench.add_arguments(sub.add_parser("bench", help="benchmark suite"))
     profile.add_arguments(sub.add_parser("profile", help="Nsight Systems profile of a scenario"))
@@ -102,20 +105,22 @@ def main(argv: list[str] | None = None) -> int:
             isolate=args.isolate,
         )
     if args.command == "mutate":
-        from . import mutate
+        from .jobs import mutate
 
         return mutate.run(args)
     if args.command == "kernel-table":
         return run_kernel_table()
     if args.command == "sync-table":
-        from .sync import detector_matrix, format_detector_matrix
+        from .detect.sync import detector_matrix, format_detector_matrix
 
         rows = detector_matrix()
         print(format_detector_matrix(rows))
         if args.json_path:
             Path(args.json_path).write_text(json.dumps(rows, indent=2, default=str))
         return 0
-    from . import bench, profile, trace
+    from . import bench
+    from .detect import trace
+    from .jobs import profile
 
     module = {"bench": bench, "profile": profile, "trace": trace}[args.command]
     return module.run(args)

@@ -43,10 +43,10 @@ def assert_replay_safe(builder, config=None, *, isolate: bool = False, **shape):
     (``pagegraph.isolate``): a builder that crashes its process or its CUDA context is then
     reported UNSAFE instead of taking the test session down; the builder must be a name or
     an importable ``module:function``. Returns the report."""
-    from .checker import CheckConfig, check_replay_safety
+    from .check.checker import CheckConfig, check_replay_safety
 
     if isolate:
-        from .isolate import Job, builder_spec, run_isolated
+        from .check.isolate import Job, builder_spec, run_isolated
 
         cfg = (config or CheckConfig()).replace(**shape)
         (report,) = run_isolated([Job(builder_spec(builder), cfg)])
@@ -63,8 +63,8 @@ def graph_runner():
     swa=False, buckets=..., padding=..., seed=0)`` returns a captured ``GraphRunner`` over a
     fresh ``KVPool`` (``runner.pool_model``). Every runner made, captured or not, has its
     graphs released at teardown, also when the test failed or the capture raised."""
-    from .pool import KVPool
-    from .runner import GraphRunner
+    from .graph.runner import GraphRunner
+    from .workload.pool import KVPool
 
     made = []
 

@@ -24,9 +24,11 @@ from collections import defaultdict
 
 import torch
 
-from pagegraph import checker, producer, runner, verify
-from pagegraph import pool as pool_mod
-from pagegraph.scenario import load_scenario
+from pagegraph.check import checker, verify
+from pagegraph.check.scenario import load_scenario
+from pagegraph.graph import runner
+from pagegraph.workload import pool as pool_mod
+from pagegraph.workload import producer
 
 #: Seconds of every call of each piece; the first call (start-up: a child's first batch, the
 #: graphs' first launch) is left out of the means.

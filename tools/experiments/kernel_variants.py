@@ -5,7 +5,7 @@ against the reference first, with the bench's own timing (a CUDA graph of builds
 event-timed replays; ``rot`` cycles over tables rotated out of L2, ``warm`` reads one table):
 
 * ``current``: ``pagegraph.build_page_table`` as committed; ``block_grid``: the baseline
-  (``pagegraph.baselines``).
+  (``pagegraph.kernels.baselines``).
 * ``v:...``: one generic variant kernel with these switches:
   ``swap`` (row on grid axis 1, so the programs of all rows interleave across SMs instead of
   row-major), ``ps`` (page size a constexpr: divisions become shifts), ``i32`` (in-row page
@@ -46,7 +46,7 @@ import triton.language as tl
 
 from pagegraph import bench as B
 from pagegraph import build_page_table
-from pagegraph.contract import cdiv
+from pagegraph.kernels.contract import cdiv
 
 
 @triton.jit

@@ -17,8 +17,8 @@ import time
 import torch
 
 from pagegraph import build_page_table
-from pagegraph import kernel as k
-from pagegraph.contract import check_builder_args
+from pagegraph.kernels import page_table as k
+from pagegraph.kernels.contract import check_builder_args
 
 
 def median_us(fn, n=2000):

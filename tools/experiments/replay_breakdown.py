@@ -24,12 +24,12 @@ import time
 
 import torch
 
-from pagegraph import staging
 from pagegraph.bench.configs import get_config
 from pagegraph.bench.inputs import make_inputs
 from pagegraph.bench.rows import single_bucket_runner
 from pagegraph.bench.timing import interleaved_wall_us
-from pagegraph.ranges import pop, push
+from pagegraph.detect.ranges import pop, push
+from pagegraph.graph import staging
 
 
 def per_call_us(fn, calls: int = 2000) -> float:

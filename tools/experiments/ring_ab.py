@@ -15,10 +15,10 @@ import argparse
 import json
 import statistics
 
-from pagegraph.batch_ring import RING_BYTES
-from pagegraph.checker import check_replay_safety
-from pagegraph.producer import ProducedWorkload
-from pagegraph.scenario import load_scenario
+from pagegraph.check.checker import check_replay_safety
+from pagegraph.check.scenario import load_scenario
+from pagegraph.workload.batch_ring import RING_BYTES
+from pagegraph.workload.producer import ProducedWorkload
 
 SCENARIOS = ("graphs/sglang-h200.toml", "graphs/swa-hybrid.toml")
 

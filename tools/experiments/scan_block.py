@@ -27,10 +27,10 @@ import sys
 
 import torch
 
-from pagegraph import metadata
 from pagegraph.bench import CONFIGS, BenchConfig, K, bench_decode_config, decode_summary
 from pagegraph.bench.floors import DEFAULT_L2_BYTES
 from pagegraph.bench.timing import GRAPH_BUILDS, GRAPH_REPLAYS, Settings
+from pagegraph.kernels import decode_metadata as metadata
 
 WIDE = (
     BenchConfig("bs1024", 1024, 64, 8 * K, ("uniform", 1, 8 * K)),

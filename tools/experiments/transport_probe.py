@@ -25,7 +25,7 @@ from multiprocessing import shared_memory
 
 import numpy as np
 
-from pagegraph.producer import BATCH_STEPS
+from pagegraph.workload.producer import BATCH_STEPS
 
 SLOTS = 8
 MESSAGES = 60
@@ -99,9 +99,9 @@ def shared_interval(ctx, size: int) -> float:
 
 def batch_sizes() -> list[tuple[str, int, float]]:
     """``(scenario, pickled bytes of a batch, page runs a step)`` of the soak scenarios."""
-    from pagegraph import checker
-    from pagegraph.producer import _batches
-    from pagegraph.scenario import load_scenario
+    from pagegraph.check import checker
+    from pagegraph.check.scenario import load_scenario
+    from pagegraph.workload.producer import _batches
 
     found = []
     for path in ("graphs/sglang-h200.toml", "graphs/swa-hybrid.toml"):

@@ -51,8 +51,8 @@ is the public surface.
 
 from __future__ import annotations
 
-from ..baselines import BLOCK_GRID_PAGES, BLOCK_GRID_WARPS, block_grid
-from ..kernel import build_page_table
+from ..kernels.baselines import BLOCK_GRID_PAGES, BLOCK_GRID_WARPS, block_grid
+from ..kernels.page_table import build_page_table
 from .checker_rate import bench_checker
 from .configs import (
     CONFIG_NAMES,

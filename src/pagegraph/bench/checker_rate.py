@@ -21,10 +21,10 @@ import math
 import time
 from pathlib import Path
 
-from ..checker import check_replay_safety
-from ..ranges import phase
-from ..scenario import load_scenario
-from ..sync import available_detectors
+from ..check.checker import check_replay_safety
+from ..check.scenario import load_scenario
+from ..detect.ranges import phase
+from ..detect.sync import available_detectors
 from .timing import error, recover
 
 CHECKER_SCENARIO = "graphs/sglang-h200.toml"

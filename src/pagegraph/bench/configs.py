@@ -9,7 +9,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from ..contract import cdiv
+from ..kernels.contract import cdiv
 
 K = 1024
 

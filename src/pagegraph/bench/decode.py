@@ -27,11 +27,11 @@ from dataclasses import dataclass
 
 import torch
 
-from ..checker import POISON
-from ..kernel import build_page_table
-from ..metadata import build_decode_metadata, prepare_decode_metadata
-from ..ranges import phase
-from ..reference import reference_decode_metadata, unfused_decode_metadata
+from ..check.checker import POISON
+from ..detect.ranges import phase
+from ..kernels.decode_metadata import build_decode_metadata, prepare_decode_metadata
+from ..kernels.page_table import build_page_table
+from ..kernels.reference import reference_decode_metadata, unfused_decode_metadata
 from .configs import BenchConfig
 from .inputs import BenchInputs, Rotation, make_inputs, rotate_out_of_l2
 from .rows import eager_calls, eager_warmup

@@ -16,7 +16,7 @@ from collections.abc import Sequence
 import torch
 import triton
 
-from ..contract import cdiv
+from ..kernels.contract import cdiv
 from .configs import BenchConfig
 from .timing import GRAPH_BUILDS, GRAPH_REPLAYS, device_time_us
 

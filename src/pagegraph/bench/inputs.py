@@ -20,8 +20,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..checker import POISON, expected_tables
-from ..contract import cdiv
+from ..check.checker import POISON, expected_tables
+from ..kernels.contract import cdiv
 from .configs import BenchConfig
 from .floors import floor_bytes, live_pages
 from .timing import recover

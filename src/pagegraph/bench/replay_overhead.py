@@ -20,7 +20,7 @@ taken.
 
 from __future__ import annotations
 
-from ..ranges import phase
+from ..detect.ranges import phase
 from .configs import get_config, smoke_config
 from .inputs import Check, make_inputs, poison
 from .rows import single_bucket_runner

@@ -14,11 +14,11 @@ from collections.abc import Callable, Sequence
 
 import torch
 
-from ..baselines import block_grid
-from ..kernel import build_page_table, prepare_build
-from ..ranges import phase
-from ..reference import host_max_gather, static_width_gather
-from ..runner import GraphRunner
+from ..detect.ranges import phase
+from ..graph.runner import GraphRunner
+from ..kernels.baselines import block_grid
+from ..kernels.page_table import build_page_table, prepare_build
+from ..kernels.reference import host_max_gather, static_width_gather
 from .configs import BenchConfig
 from .floors import floor_bytes, live_pages
 from .inputs import (

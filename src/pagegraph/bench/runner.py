@@ -17,7 +17,7 @@ from pathlib import Path
 
 import torch
 
-from ..ranges import phase
+from ..detect.ranges import phase
 from .checker_rate import bench_checker
 from .configs import CONFIG_NAMES, TUNE_CONFIGS, get_config, smoke_config
 from .decode import bench_decode_config, decode_summary

@@ -15,10 +15,10 @@ from pathlib import Path
 
 import torch
 
-from .. import kernel as _kernel
-from ..contract import cdiv
-from ..kernel import build_page_table
-from ..ranges import phase
+from ..detect.ranges import phase
+from ..kernels import page_table as _kernel
+from ..kernels.contract import cdiv
+from ..kernels.page_table import build_page_table
 from .configs import TUNE_CONFIGS, BenchConfig, K, get_config, smoke_config, tokens
 from .floors import DEFAULT_L2_BYTES
 from .inputs import Check, Rotation, make_inputs, make_outputs, rotate_out_of_l2

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import torch
 
-from ..environment import environment
+from ..jobs.environment import environment
 
 #: Builds per captured graph, and replays of it, for the device time.
 GRAPH_BUILDS = 20

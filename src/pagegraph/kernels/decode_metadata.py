@@ -95,7 +95,7 @@ from .contract import (
     cuda_call_metadata,
     interpreter_active,
 )
-from .kernel import (
+from .page_table import (
     BLOCK_PAGES,
     MAX_BATCH,
     NUM_WARPS,

@@ -65,9 +65,9 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from .buckets import PADDING, PRESETS, Buckets
+from ..graph.buckets import PADDING, PRESETS, Buckets
+from ..workload.producer import MAX_STREAMS
 from .checker import STAGING_MODES, WORKLOAD_PROCESS_MODES, CheckConfig
-from .producer import MAX_STREAMS
 
 
 class ScenarioError(ValueError):
@@ -277,7 +277,7 @@ def _validate(path, c: CheckConfig) -> None:
         )
     if c.swa_window is not None and c.swa_window < 1:
         bad("workload.swa_window", f"must be >= 1, got {c.swa_window}")
-    from .sync import parse_detectors
+    from ..detect.sync import parse_detectors
 
     try:
         c.detectors = parse_detectors(c.detectors)

@@ -49,7 +49,7 @@ from collections.abc import Callable
 
 import numpy as np
 
-from .cudart import clear_last_error
+from ..kernels.cudart import clear_last_error
 
 #: Whether this machine carries runs through the ring (see the module docstring).
 RING_SUPPORTED = platform.machine().lower() in ("x86_64", "amd64")

@@ -84,7 +84,7 @@ def child_env() -> dict[str, str]:
 def builder_spec(builder) -> str:
     """A builder as a string a child process can resolve: a built-in name, or
     ``module:function`` for a function importable at module level."""
-    from .builders import BUILDERS, builder_name
+    from ..kernels.registry import BUILDERS, builder_name
 
     if isinstance(builder, str):
         return builder
@@ -181,7 +181,7 @@ def run_isolated(
             spec_path = tmp / f"spec-{next_job}.json"
             spec_path.write_text(json.dumps(spec, default=str))
             (tmp / "progress").write_bytes(b" " * PROGRESS_BYTES)
-            cmd = [sys.executable, "-m", "pagegraph.isolate", str(spec_path)]
+            cmd = [sys.executable, "-m", "pagegraph.check.isolate", str(spec_path)]
             err_path = tmp / f"stderr-{next_job}.txt"
             interrupted = None
             timed_out = False
@@ -262,9 +262,9 @@ def _child(spec_path: str) -> int:
     spec = json.loads(Path(spec_path).read_text())
     with open(spec["progress"], "r+b") as f:
         progress = mmap.mmap(f.fileno(), PROGRESS_BYTES)
-    from .builders import resolve_builder
+    from ..detect.sync import DetectorUnavailable
+    from ..kernels.registry import resolve_builder
     from .checker import CheckInterrupted, check_replay_safety, stop_on_signals
-    from .sync import DetectorUnavailable
 
     stop = stop_on_signals()  # SIGINT/SIGTERM: stop between two replays, keep the report
     stop.__enter__()

@@ -26,9 +26,9 @@ import torch
 import triton
 import triton.language as tl
 
-from .contract import ERROR_KINDS, cdiv, check_builder_args
-from .kernel import build_page_table
-from .metadata import build_decode_metadata
+from ..kernels.contract import ERROR_KINDS, cdiv, check_builder_args
+from ..kernels.decode_metadata import build_decode_metadata
+from ..kernels.page_table import build_page_table
 
 # Bug codes of _mutant_kernel (0: none, the plain kernel is correct).
 CORRECT = 0
@@ -535,7 +535,7 @@ MUTANTS: dict[str, Mutant] = {
     ]
 }  # fmt: skip
 
-# Every mutant is a module attribute too, so "pagegraph.mutants:NAME" resolves anywhere (a
+# Every mutant is a module attribute too, so "pagegraph.check.mutants:NAME" resolves anywhere (a
 # child process of ``pagegraph mutate`` gets its builder that way).
 globals().update({name: m.builder for name, m in MUTANTS.items()})
 

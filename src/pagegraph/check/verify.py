@@ -39,8 +39,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from .contract import ERROR_KINDS, cdiv
-from .cudart import HostToDevice
+from ..kernels.contract import ERROR_KINDS, cdiv
+from ..kernels.cudart import HostToDevice
 
 #: Value the tables are filled with before each replay; no builder writes it.
 POISON = -0x5A5A5A5

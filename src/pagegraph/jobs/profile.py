@@ -25,9 +25,9 @@ import sys
 import traceback
 from pathlib import Path
 
-from . import trace as _trace
+from ..check.isolate import child_env
+from ..detect import trace as _trace
 from .check_job import run_check_for_profile
-from .isolate import child_env
 
 __all__ = [
     "DEFAULT_SCENARIO",
@@ -131,7 +131,7 @@ def _run_check_hook():
 
 def _set_record_function(enabled: bool) -> bool:
     """Switch record_function ranges; returns the previous setting."""
-    from . import ranges
+    from ..detect import ranges
 
     get = getattr(ranges, "record_function_enabled", None)
     previous = bool(get()) if get is not None else False

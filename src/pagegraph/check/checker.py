@@ -29,14 +29,15 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .buckets import Buckets, resolve_padding
-from .builders import OUTPUT_KINDS, builder_kind, builder_name, resolve_builder
-from .contract import ERROR_KINDS, cdiv
-from .metadata import DECODE_ERROR_KINDS
-from .pool import KVPool
-from .producer import MAX_STREAMS, ProducedWorkload
-from .ranges import current_range, phase
-from .runner import GraphRunner
+from ..detect.ranges import current_range, phase
+from ..graph.buckets import Buckets, resolve_padding
+from ..graph.runner import GraphRunner
+from ..kernels.contract import ERROR_KINDS, cdiv
+from ..kernels.decode_metadata import DECODE_ERROR_KINDS
+from ..kernels.registry import OUTPUT_KINDS, builder_kind, builder_name, resolve_builder
+from ..workload.decode import Injection
+from ..workload.pool import KVPool
+from ..workload.producer import MAX_STREAMS, ProducedWorkload
 from .verify import (
     CANARY_ROWS,
     POISON,
@@ -48,7 +49,6 @@ from .verify import (
     read_mask,
     replay_bytes,
 )
-from .workload import Injection
 
 INDEX_DTYPES = {"int32": torch.int32, "int64": torch.int64}
 #: Values of ``CheckConfig.staging`` and ``CheckConfig.workload_process``.
@@ -595,7 +595,7 @@ class _Compiles:
     """Counts Triton JIT compilations (any kernel) through Triton's post-compile hook."""
 
     def __init__(self):
-        from .contract import interpreter_active
+        from ..kernels.contract import interpreter_active
 
         self.count = 0
         self.reason: str | None = None
@@ -672,7 +672,7 @@ class _BuilderProbe:
 
 def _resolve_detectors(spec) -> tuple[tuple[str, ...], str | None]:
     """The detectors to run and, when none runs, why (for the skipped properties)."""
-    from . import sync
+    from ..detect import sync
 
     choice = sync.parse_detectors(spec)
     status = sync.available_detectors()
@@ -937,7 +937,7 @@ def _not_reached(props: dict[str, PropertyResult], why: str) -> None:
 def _eager_call(cfg, fn, pool, first, views, vector_views, dev, wanted, no_detector_reason,
                 props, report):  # fmt: skip
     """The builder's own eager call on the first real batch: no sync, no allocation."""
-    from . import sync
+    from ..detect import sync
 
     rpi = torch.tensor(first.req_pool_indices, dtype=INDEX_DTYPES[cfg.index_dtype], device=dev)
     sl = torch.tensor(first.seq_lens, dtype=INDEX_DTYPES[cfg.index_dtype], device=dev)
@@ -1035,7 +1035,7 @@ def _replays(cfg, runner, workload, first, steps, tables, vectors, pool, dev, wa
              no_detector_reason, props, report, progress, note, len_limit,
              on_chunk=None, stop_on_failure=False) -> None:  # fmt: skip
     """Replay the workload and judge every replay (see the module docstring)."""
-    from . import sync
+    from ..detect import sync
 
     graphs = dev.type == "cuda"
     width = cfg.width

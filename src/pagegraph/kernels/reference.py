@@ -197,7 +197,7 @@ def reference_decode_metadata(
     it adds the counts the kernel adds (``pagegraph.metadata.DECODE_ERROR_KINDS``). Shapes and
     dtypes as ``build_decode_metadata``; reads values on the host (syncs).
     """
-    from .metadata import check_decode_args
+    from .decode_metadata import check_decode_args
 
     check_decode_args(
         req_to_token, req_pool_indices, seq_lens, page_size, cache_seqlens, cu_seqlens_k,
@@ -273,8 +273,8 @@ def unfused_decode_metadata(
     lengths are clamped before it sees them, and no ``cu_seqlens_k_overflow`` is counted).
     Shapes and dtypes as ``build_decode_metadata``.
     """
-    from .kernel import build_page_table
-    from .metadata import check_decode_args
+    from .decode_metadata import check_decode_args
+    from .page_table import build_page_table
 
     check_decode_args(
         req_to_token, req_pool_indices, seq_lens, page_size, cache_seqlens, cu_seqlens_k,

@@ -37,7 +37,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from .contract import cdiv
+from ..kernels.contract import cdiv
 from .page_writes import MAX_PAGE_SIZE, RunWriter
 
 

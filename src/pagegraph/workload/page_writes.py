@@ -22,7 +22,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .kernel import _hooks_active, _launch_entry, launch_compiled
+from ..kernels.page_table import _hooks_active, _launch_entry, launch_compiled
 
 #: Entries a program covers: as many runs as fit, at least one (a page wider than this
 #: takes a program of its own).

@@ -53,8 +53,8 @@ import numpy as np
 import torch
 
 from .batch_ring import RING_BYTES, RING_SUPPORTED, ReaderGone, RingReader, RingWriter
+from .decode import DecodeWorkload, Step
 from .pool import KVPool, WriteAhead
-from .workload import DecodeWorkload, Step
 
 #: Steps per batch (a child's message): also how far ``WriteAhead`` stages at once.
 BATCH_STEPS = 16

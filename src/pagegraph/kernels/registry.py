@@ -17,8 +17,8 @@ import importlib
 from collections.abc import Callable
 
 from .baselines import block_grid
-from .kernel import build_page_table
-from .metadata import build_decode_metadata
+from .decode_metadata import build_decode_metadata
+from .page_table import build_page_table
 from .reference import (
     host_max_gather,
     reference_decode_metadata,

@@ -23,10 +23,10 @@ from pathlib import Path
 
 import torch
 
-from .checker import PROPERTIES, Report
-from .isolate import IsolatedError, Job, run_isolated, write_json_atomic
-from .mutants import CONTROLS, MUTANTS
-from .scenario import ScenarioError, load_scenario
+from ..check.checker import PROPERTIES, Report
+from ..check.isolate import IsolatedError, Job, run_isolated, write_json_atomic
+from ..check.mutants import CONTROLS, MUTANTS
+from ..check.scenario import ScenarioError, load_scenario
 
 #: Replays between two read-backs in mutation runs: small, so a mutant that will crash the
 #: process later is usually caught by a property first.
@@ -180,10 +180,10 @@ def run_mutate(
         return out
 
     def spec_of(o: Outcome) -> str:
-        from .builders import BUILDERS, METADATA_BUILDERS
+        from ..kernels.registry import BUILDERS, METADATA_BUILDERS
 
         builtin = o.name in BUILDERS or o.name in METADATA_BUILDERS
-        return o.name if builtin else f"pagegraph.mutants:{o.name}"
+        return o.name if builtin else f"pagegraph.check.mutants:{o.name}"
 
     def run_one(o: Outcome) -> Outcome:
         if o.skipped:

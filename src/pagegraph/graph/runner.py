@@ -36,12 +36,12 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
+from ..detect.ranges import phase, pop, push, range_name
+from ..kernels.contract import ERROR_KINDS, INDEX_DTYPES, cdiv
+from ..kernels.decode_metadata import DECODE_ERROR_KINDS
+from ..kernels.page_table import build_page_table
+from ..kernels.registry import builder_kind, resolve_builder
 from .buckets import Buckets, PaddingPolicy, resolve_padding
-from .builders import builder_kind, resolve_builder
-from .contract import ERROR_KINDS, INDEX_DTYPES, cdiv
-from .kernel import build_page_table
-from .metadata import DECODE_ERROR_KINDS
-from .ranges import phase, pop, push, range_name
 from .staging import Mailbox
 
 

@@ -23,8 +23,7 @@ from pathlib import Path
 
 import torch
 
-from .builders import BUILDERS, resolve_builder
-from .checker import (
+from ..check.checker import (
     POISON,
     CheckInterrupted,
     check_replay_safety,
@@ -33,14 +32,15 @@ from .checker import (
     stop_requested,
     table_bytes,
 )
-from .contract import cdiv
+from ..check.isolate import IsolatedError, Job, run_isolated, write_json_atomic
+from ..check.scenario import ScenarioError, load_scenario
+from ..detect.sync import DetectorUnavailable, parse_detectors
+from ..kernels.contract import cdiv
+from ..kernels.page_table import build_page_table
+from ..kernels.registry import BUILDERS, resolve_builder
+from ..workload.pool import writer_bytes
+from ..workload.producer import SEGMENT_STEPS, streams_with_steps
 from .environment import environment
-from .isolate import IsolatedError, Job, run_isolated, write_json_atomic
-from .kernel import build_page_table
-from .pool import writer_bytes
-from .producer import SEGMENT_STEPS, streams_with_steps
-from .scenario import ScenarioError, load_scenario
-from .sync import DetectorUnavailable, parse_detectors
 
 __all__ = [
     "run_check",

@@ -18,7 +18,7 @@ import ctypes
 
 import torch
 
-from .kernel import _current_stream, _raw_stream
+from .page_table import _current_stream, _raw_stream
 
 #: ``cudaMemcpyHostToDevice``.
 _HOST_TO_DEVICE = 1
