@@ -12,20 +12,22 @@ import pytest
 import torch
 from torch.cuda import _gpu_trace
 
-from pagegraph.detect import ranges, sync
+import pagegraph
+from pagegraph.detect import ranges, sync_cupti, sync_hub, sync_record, sync_torch, trace
 from pagegraph.detect.sync import (
     DetectorUnavailable,
     DeviceSyncError,
     SyncEvent,
     available_detectors,
-    detector_matrix,
-    format_detector_matrix,
+    is_d2h_copy_api,
+    is_forbidden_api,
     is_sync_api,
     no_device_sync,
-    planted_syncs,
+    parse_detectors,
     record_device_syncs,
     summarize,
 )
+from pagegraph.jobs.sync_table import detector_matrix, format_detector_matrix, planted_syncs
 
 needs_cuda = pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 cpu_only = pytest.mark.skipif(
@@ -80,9 +82,38 @@ def test_auto_with_nothing_available_records_nothing_but_never_passes_silently()
 
 
 def test_unknown_detector_is_rejected():
-    with pytest.raises(ValueError, match="unknown detector"):
+    with pytest.raises(ValueError, match="unknown detector 'nsight'"):
         with record_device_syncs(("torch", "nsight")):
             pass
+
+
+@pytest.mark.parametrize(
+    "spec, want",
+    [
+        ("auto", "auto"),
+        (" auto ", "auto"),
+        ("none", ()),
+        ("", ()),
+        (None, ()),
+        ((), ()),
+        ([], ()),
+        ("torch", ("torch",)),
+        ("cupti", ("cupti",)),
+        ("torch,cupti", ("torch", "cupti")),
+        (" cupti , torch ", ("cupti", "torch")),
+        ("torch,torch", ("torch",)),
+        (("torch", "cupti"), ("torch", "cupti")),
+        (["cupti"], ("cupti",)),
+    ],
+)
+def test_every_detector_spelling_parses(spec, want):
+    assert parse_detectors(spec) == want
+
+
+@pytest.mark.parametrize("spec", ["strace", "torch,gdb", ("torch", 3), ("auto",), 7])
+def test_bad_detector_spellings_name_the_bad_one(spec):
+    with pytest.raises(ValueError, match="unknown detector|must be a string or a sequence"):
+        parse_detectors(spec)
 
 
 # --------------------------------------------------------------------------- CPU: CUPTI names
@@ -109,8 +140,10 @@ def test_unknown_detector_is_rejected():
         ("cuMemcpyPeer", True),
         ("cuMemFree_v2", True),
         ("cuMemFreeHost", True),
-        ("cuMemsetD8_v2", True),
-        ("cuMemsetD2D32_v2", True),
+        # Host-async unless the target is pinned or managed memory: not flagged by name.
+        ("cuMemsetD8_v2", False),
+        ("cuMemsetD32_v2", False),
+        ("cuMemsetD2D32_v2", False),
         ("cuMemcpyHtoDAsync_v2", False),
         ("cuMemcpyDtoDAsync_v2", False),
         ("cuMemcpyAsync", False),
@@ -130,7 +163,28 @@ def test_unknown_detector_is_rejected():
     ],
 )
 def test_cupti_name_classification(name, flagged):
-    assert is_sync_api(name) is flagged
+    assert is_forbidden_api(name) is flagged
+
+
+@pytest.mark.parametrize(
+    "name, waits, reads",
+    [
+        ("cuStreamSynchronize", True, False),
+        ("cuMemcpyDtoH_v2", True, True),
+        ("cuMemFree_v2", True, False),
+        ("cuMemcpyDtoHAsync_v2", False, True),  # a host read, not a wait
+        ("cuMemcpyAtoHAsync_v2", False, True),
+        ("cuMemsetD32_v2", False, False),
+    ],
+)
+def test_sync_api_is_the_waits_alone(name, waits, reads):
+    assert is_sync_api(name) is waits
+    assert is_d2h_copy_api(name) is reads
+    assert is_forbidden_api(name) is (waits or reads)
+
+
+def test_detector_and_trace_analyzer_share_one_sync_list():
+    assert trace.is_sync_api is is_sync_api
 
 
 # --------------------------------------------------------------------------- CPU: reports
@@ -205,7 +259,7 @@ class FakeHub:
 @pytest.fixture
 def fake(monkeypatch):
     hub = FakeHub()
-    monkeypatch.setitem(sync._HUBS, "fake", hub)
+    monkeypatch.setitem(sync_record.HUBS, "fake", hub)
     return hub
 
 
@@ -275,7 +329,7 @@ def test_torch_sync_debug_error_becomes_device_sync_error(fake):
 
 def test_auto_skips_unavailable_and_records_why(monkeypatch):
     ok, gone = FakeHub("ok"), FakeHub("gone", reason="not here")
-    monkeypatch.setattr(sync, "_HUBS", {"ok": ok, "gone": gone})
+    monkeypatch.setattr(sync_record, "HUBS", {"ok": ok, "gone": gone})
     with record_device_syncs("auto") as rec:
         ok.fire("cuCtxSynchronize")
     assert rec.detectors == ("ok",)
@@ -285,6 +339,13 @@ def test_auto_skips_unavailable_and_records_why(monkeypatch):
         with record_device_syncs(("ok", "gone")):
             pass
     assert ok.releases == 1  # nothing was started by the refused request
+    # Every spelling parse_detectors takes: a comma-separated string, "none".
+    with pytest.raises(DetectorUnavailable, match="gone: not here"):
+        with record_device_syncs("ok,gone"):
+            pass
+    with record_device_syncs("none") as rec:
+        ok.fire("cuCtxSynchronize")
+    assert rec.detectors == () and rec.events == []
 
 
 def test_a_detector_that_fails_to_start_is_skipped_by_auto(monkeypatch):
@@ -293,7 +354,7 @@ def test_a_detector_that_fails_to_start_is_skipped_by_auto(monkeypatch):
             raise DetectorUnavailable("cupti: another CUPTI client is attached")
 
     ok, taken = FakeHub("ok"), Taken("taken")
-    monkeypatch.setattr(sync, "_HUBS", {"ok": ok, "taken": taken})
+    monkeypatch.setattr(sync_record, "HUBS", {"ok": ok, "taken": taken})
     with record_device_syncs("auto") as rec:
         pass
     assert rec.detectors == ("ok",)
@@ -318,8 +379,8 @@ def fake_torch_cuda(monkeypatch):
         state["sets"].append(mode)
         state["mode"] = modes.get(mode, mode)
 
-    monkeypatch.setattr(sync, "_cuda_available", lambda: True)
-    monkeypatch.setattr(sync, "_gpu_trace_active", True)  # never activate it on this CPU
+    monkeypatch.setattr(sync_hub, "cuda_available", lambda: True)
+    monkeypatch.setattr(sync_torch, "_gpu_trace_active", True)  # never activate it on this CPU
     monkeypatch.setattr(torch.cuda, "get_sync_debug_mode", lambda: state["mode"])
     monkeypatch.setattr(torch.cuda, "set_sync_debug_mode", set_mode)
     return state
@@ -331,11 +392,11 @@ def _our_trace_callbacks():
         _gpu_trace.StreamSynchronizationCallbacks,
         _gpu_trace.EventSynchronizationCallbacks,
     )
-    return [cb for reg in registries for cb in reg.callback_list if "_TorchHub" in repr(cb)]
+    return [cb for reg in registries for cb in reg.callback_list if "TorchHub" in repr(cb)]
 
 
 def test_torch_detector_records_warnings_and_trace_callbacks(fake_torch_cuda):
-    assert sync._TorchHub.unavailable_reason() is None
+    assert sync_torch.TorchHub.unavailable_reason() is None
     showwarning_before = warnings.showwarning
     with warnings.catch_warnings(record=True) as shown:
         warnings.simplefilter("default")
@@ -366,7 +427,7 @@ def test_torch_detector_records_warnings_and_trace_callbacks(fake_torch_cuda):
     first = rec.events[0]
     assert first.range == "replay/bs=4"
     assert "test_torch_detector_records_warnings_and_trace_callbacks" in first.stack
-    assert "pagegraph/sync.py" not in first.stack  # detector frames are left out
+    assert "pagegraph/detect/" not in first.stack  # detector frames are left out
     assert rec.events[1].stack is None
     assert rec.events[3].range is None
 
@@ -559,7 +620,7 @@ with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]):
 def test_cupti_next_to_torch_profiler_is_reported_not_hidden():
     # In a subprocess: Kineto may keep CUPTI for the rest of its process.
     _require("cupti")
-    src = os.path.dirname(os.path.dirname(sync.__file__))
+    src = os.path.dirname(os.path.dirname(pagegraph.__file__))
     env = {**os.environ, "PYTHONPATH": os.pathsep.join([src, os.environ.get("PYTHONPATH", "")])}
     out = subprocess.run(
         [sys.executable, "-c", _PROFILER_CONFLICT],
@@ -659,9 +720,7 @@ def test_gpu_a_paused_recorder_sees_nothing_and_a_resumed_one_everything():
     t.sum().item()  # warm-up outside the recording
     with record_device_syncs(names) as rec:
         if "cupti" in names:
-            from pagegraph.detect.sync import _CUPTI_HUB
-
-            assert _CUPTI_HUB.selective, "CUPTI subscribed the whole driver domain"
+            assert sync_record.HUBS["cupti"].selective, "CUPTI subscribed the whole domain"
         rec.pause()
         t.sum().item()
         assert rec.events == [], rec.events
@@ -675,8 +734,6 @@ def test_cupti_subscribes_the_sync_calls_alone():
     and graph launches cost no callback; the ids come from the release's table, by name."""
     import enum
     import types
-
-    from pagegraph.detect.sync import _sync_callback_ids
 
     table = enum.IntEnum(
         "driver_api_trace_cbid",
@@ -692,7 +749,7 @@ def test_cupti_subscribes_the_sync_calls_alone():
             "cuMemFree_v2": 246,
         },
     )
-    assert _sync_callback_ids(types.SimpleNamespace(driver_api_trace_cbid=table)) == [
+    assert sync_cupti.sync_callback_ids(types.SimpleNamespace(driver_api_trace_cbid=table)) == [
         17, 131, 141, 246, 279,
     ]  # fmt: skip
-    assert _sync_callback_ids(types.SimpleNamespace()) == [], "no table: the whole domain"
+    assert sync_cupti.sync_callback_ids(types.SimpleNamespace()) == [], "no table: the whole domain"

@@ -17,6 +17,7 @@ from pathlib import Path
 import pytest
 
 from pagegraph.detect import trace as tr
+from pagegraph.detect import trace_loaders
 
 PID = 4123
 MAIN, OTHER = 4123, 4200
@@ -604,7 +605,7 @@ def test_missing_file_exit_2(tmp_path):
 def test_nsys_report_needs_export(tmp_path, monkeypatch):
     rep = tmp_path / "run.nsys-rep"
     rep.write_bytes(b"\x00" * 64)
-    monkeypatch.setattr(tr.shutil, "which", lambda name: None)
+    monkeypatch.setattr(trace_loaders.shutil, "which", lambda name: None)
     with pytest.raises(tr.TraceError, match="nsys export --type sqlite -o .*run.sqlite"):
         tr.analyze(rep)
 
@@ -665,6 +666,8 @@ def test_api_base_name(name, base):
         ("cuMemcpyDtoH_v2", True),
         ("cudaMemcpyAsync_v3020", False),
         ("cuMemcpyDtoHAsync_v2", False),  # counted as a D2H copy instead
+        ("cuMemsetD32_v2", False),  # host-async unless the target is pinned or managed
+        ("cudaMemset_v3020", False),
         ("cudaStreamWaitEvent", False),
         ("cudaEventQuery", False),
         ("cudaGraphLaunch_v10000", False),
@@ -694,7 +697,7 @@ def test_d2h_async_driver_call_without_copy_record(fmt, tmp_path):
     ],
 )
 def test_copy_kind(text, kind):
-    assert tr._copy_kind(text) == kind
+    assert trace_loaders._copy_kind(text) == kind
 
 
 @pytest.mark.parametrize(
@@ -711,7 +714,7 @@ def test_copy_kind(text, kind):
     ],
 )
 def test_sync_kind(text, kind):
-    assert tr._sync_kind(text) == kind
+    assert trace_loaders._sync_kind(text) == kind
 
 
 # --------------------------------------------------------------------------------------------

@@ -111,7 +111,7 @@ def main(argv: list[str] | None = None) -> int:
     if args.command == "kernel-table":
         return run_kernel_table()
     if args.command == "sync-table":
-        from .detect.sync import detector_matrix, format_detector_matrix
+        from .jobs.sync_table import detector_matrix, format_detector_matrix
 
         rows = detector_matrix()
         print(format_detector_matrix(rows))

@@ -8,7 +8,7 @@ replay, verification, eager builder calls, benchmarks) runs inside a named range
 - NVTX, in the ``"pagegraph"`` domain with one colour per phase, so an Nsight Systems
   timeline shows the phases and the CUDA API calls inside them;
 - a thread-local stack kept here, which the in-process sync detectors
-  (:mod:`pagegraph.sync`) read at the moment of each offending call and report the
+  (:mod:`pagegraph.detect.sync`) read at the moment of each offending call and report the
   innermost range. In-process reports and Nsight therefore name the same range.
 
 NVTX ranges opened while a CUDA graph is being captured are recorded once, at capture: a
@@ -17,9 +17,9 @@ the timeline the caller wraps every ``graph.replay()`` in its own ``phase("repla
 
 Cost: attributes (registered message + colour) are built once per distinct range name, so a
 push + pop is a dict lookup, a list append/pop and two NVTX calls; with no profiler attached
-the NVTX domain is a no-op and a range costs well under a microsecond
-(:func:`measure_range_cost` reports the figure). Without the ``nvtx`` package the stack is
-still kept, so sync reports keep their range names; only the NVTX emission is skipped.
+the NVTX domain is a no-op (:func:`measure_range_cost` measures what a range costs). Without
+the ``nvtx`` package the stack is still kept, so sync reports keep their range names; only
+the NVTX emission is skipped.
 
 ``set_record_function(True)`` also opens a ``torch.profiler.record_function`` of the same
 name for every range, for traces taken with torch.profiler (which shows ``record_function``

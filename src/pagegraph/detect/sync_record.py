@@ -1,0 +1,133 @@
+"""Recording a region: the registry of detectors, ``record_device_syncs`` and
+``no_device_sync``."""
+
+from __future__ import annotations
+
+import contextlib
+import fnmatch
+import os
+import traceback
+from collections.abc import Iterable, Iterator
+
+from .detector_spec import DETECTORS, parse_detectors
+from .sync_cupti import CuptiHub
+from .sync_events import DetectorUnavailable, DeviceSyncError, SyncEvent, format_sync_report
+from .sync_hub import Hub, SyncRecorder
+from .sync_stacks import STACK_FRAMES, TORCH_DIR
+from .sync_torch import TorchHub, is_torch_sync_error
+
+__all__ = ["HUBS", "available_detectors", "no_device_sync", "record_device_syncs"]
+
+#: Detector name -> its hub, in the order they are started; tests swap in fakes.
+HUBS: dict[str, Hub] = {"torch": TorchHub(), "cupti": CuptiHub()}
+assert tuple(HUBS) == DETECTORS
+
+
+def available_detectors() -> dict[str, str | None]:
+    """Detector name -> ``None`` if it can run now, else the reason it cannot."""
+    return {name: hub.unavailable_reason() for name, hub in HUBS.items()}
+
+
+def _refuse_unavailable(names: tuple[str, ...]) -> None:
+    # Cheap checks only (package, device): a subscription that is taken surfaces when the
+    # detector starts, which saves a trial subscribe on every call.
+    reasons = {n: r for n in names if (r := HUBS[n].unavailable_reason(probe=False)) is not None}
+    if reasons:
+        raise DetectorUnavailable(
+            "requested detector(s) cannot run: "
+            + "; ".join(f"{n}: {r}" for n, r in reasons.items())
+        )
+
+
+def _start(recorder: SyncRecorder, names: tuple[str, ...], auto: bool) -> None:
+    """Start each detector for ``recorder``; with ``auto``, skip (and note why) those that
+    cannot run. What was started is in ``recorder._hubs`` even when this raises."""
+    for name in names:
+        hub = HUBS[name]
+        if auto:
+            reason = hub.unavailable_reason(probe=False)
+            if reason is not None:
+                recorder.unavailable[name] = reason
+                continue
+        try:
+            hub.acquire(recorder)
+        except DetectorUnavailable as e:
+            if not auto:
+                raise
+            recorder.unavailable[name] = str(e)
+            continue
+        recorder._hubs[name] = hub
+
+
+@contextlib.contextmanager
+def record_device_syncs(detectors="auto") -> Iterator[SyncRecorder]:
+    """Record every synchronizing call made while the body runs; never raises on syncs.
+
+    ``detectors``: ``"auto"`` (every detector that can run here; check ``.detectors`` for
+    which did), or any spelling :func:`~pagegraph.detect.detector_spec.parse_detectors`
+    takes (``"torch"``, ``"torch,cupti"``, ``("cupti",)``, ``"none"``). A named detector
+    that cannot run raises :class:`DetectorUnavailable` before the body runs.
+    """
+    choice = parse_detectors(detectors, known=HUBS)
+    auto = choice == "auto"
+    names = tuple(HUBS) if auto else choice
+    recorder = SyncRecorder(names)
+    if not auto:
+        _refuse_unavailable(names)
+    try:
+        _start(recorder, names, auto)
+        recorder.detectors = tuple(recorder._hubs)
+        yield recorder
+    finally:
+        for hub in reversed(recorder._hubs.values()):
+            hub.release(recorder)
+
+
+def _event_from_torch_error(exc: BaseException) -> SyncEvent:
+    tb = traceback.extract_tb(exc.__traceback__)
+    where = f"{os.path.basename(tb[-1].filename)}:{tb[-1].lineno}" if tb else "?"
+    for entry in reversed(tb):  # innermost frame outside torch names the call
+        if not entry.filename.startswith(TORCH_DIR) and entry.line:
+            where = entry.line.strip()
+            break
+    stack = "".join(traceback.format_list(tb[-STACK_FRAMES:])) if tb else None
+    return SyncEvent(
+        "torch", f"sync_debug error: {where}", getattr(exc, "pagegraph_range", None), stack
+    )
+
+
+@contextlib.contextmanager
+def no_device_sync(detectors=DETECTORS, *, allow: Iterable[str] = ()) -> Iterator[SyncRecorder]:
+    """Assert that the body makes no synchronizing call; yields the recorder.
+
+    On normal exit, raises :class:`DeviceSyncError` listing every offending call (so the body
+    runs to its end and all of them are reported, not just the first). ``allow``: glob
+    patterns of call names that are tolerated (``"cuMemFree*"``). If the body raises, its
+    exception propagates unchanged (a note lists the syncs seen, on Python 3.11+), except
+    torch's sync-debug ``RuntimeError``, which becomes a :class:`DeviceSyncError`.
+
+    ``detectors="auto"`` uses whatever can run here, but raises :class:`DetectorUnavailable`
+    when nothing can: an assertion that checked nothing must not pass.
+    """
+    patterns = tuple(allow)
+
+    def offending(events: list[SyncEvent]) -> list[SyncEvent]:
+        return [e for e in events if not any(fnmatch.fnmatchcase(e.name, p) for p in patterns)]
+
+    with record_device_syncs(detectors) as recorder:
+        if not recorder.detectors:
+            why = "; ".join(f"{n}: {r}" for n, r in recorder.unavailable.items()) or "none given"
+            raise DetectorUnavailable(f"no_device_sync: no detector available ({why})")
+        try:
+            yield recorder
+        except Exception as e:
+            if is_torch_sync_error(e):
+                events = offending(recorder.events) + [_event_from_torch_error(e)]
+                raise DeviceSyncError(events, recorder.detectors) from e
+            seen = offending(recorder.events)
+            if seen and hasattr(e, "add_note"):
+                e.add_note(format_sync_report(seen, recorder.detectors, title="while raising"))
+            raise
+    events = offending(recorder.events)
+    if events:
+        raise DeviceSyncError(events, recorder.detectors)

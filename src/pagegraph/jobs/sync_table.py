@@ -1,0 +1,353 @@
+"""``pagegraph sync-table``: which sync detector catches which planted sync.
+
+A demonstration of the detectors of :mod:`pagegraph.detect.sync`, not part of them: known
+syncs (and known clean operations) are planted inside ``phase("replay", bs=1)`` and each is
+run under each detector alone. ``clean`` and ``clean_graph_replay`` must stay silent.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+
+import torch
+
+from ..detect import ranges
+from ..detect.sync import available_detectors, record_device_syncs
+
+__all__ = ["PlantedSync", "detector_matrix", "format_detector_matrix", "planted_syncs"]
+
+
+def _no_requirement() -> str | None:
+    return None
+
+
+def _cuda_python_reason() -> str | None:
+    try:
+        from cuda.bindings import driver  # noqa: F401
+    except ImportError as e:
+        return f"cuda-python is not installed (pip install cuda-python): {e}"
+    return None
+
+
+@dataclass(frozen=True)
+class PlantedSync:
+    """A known sync (or a known clean operation) for checking the detectors.
+
+    Calling it with a device prepares and runs it; :meth:`prepare` splits the two so that
+    set-up (allocation, warm-up, graph capture, which do sync) stays outside the recording.
+    ``expected``: detectors that should catch it; empty means it must stay silent.
+    """
+
+    name: str
+    description: str
+    expected: frozenset
+    setup: Callable[[torch.device], Callable[[], object]] = field(repr=False)
+    requires: Callable[[], str | None] = field(default=_no_requirement, repr=False)
+
+    def unavailable_reason(self) -> str | None:
+        return self.requires()
+
+    def prepare(self, device="cuda") -> Callable[[], object]:
+        """Set up on ``device`` (then wait for the device); return the planted action."""
+        reason = self.requires()
+        if reason is not None:
+            raise RuntimeError(f"planted sync {self.name!r} cannot run: {reason}")
+        action = self.setup(torch.device(device))
+        torch.cuda.synchronize(device)
+        return action
+
+    def __call__(self, device="cuda") -> None:
+        self.prepare(device)()
+
+
+def _vec(device: torch.device) -> torch.Tensor:
+    t = torch.arange(1, 65, dtype=torch.float32, device=device)
+    t.sum()  # warm up the reduction's module load outside the recording
+    t.add_(0)
+    return t
+
+
+def _setup_item(device):
+    t = _vec(device)
+
+    def run():
+        with ranges.phase("replay", bs=1):
+            return t.sum().item()
+
+    return run
+
+
+def _setup_bool(device):
+    t = _vec(device)
+
+    def run():
+        with ranges.phase("replay", bs=1):
+            return bool(t.sum() > 0)
+
+    return run
+
+
+def _setup_cpu(device):
+    t = _vec(device)
+
+    def run():
+        with ranges.phase("replay", bs=1):
+            return t.cpu()
+
+    return run
+
+
+def _setup_tolist(device):
+    t = _vec(device)
+
+    def run():
+        with ranges.phase("replay", bs=1):
+            return t.tolist()
+
+    return run
+
+
+def _setup_copy_to_host(device):
+    t = _vec(device)
+    host = torch.empty(t.shape, dtype=t.dtype)
+
+    def run():
+        with ranges.phase("replay", bs=1):
+            host.copy_(t)
+
+    return run
+
+
+def _setup_nonblocking_pageable(device):
+    t = _vec(device)
+    host = torch.empty(t.shape, dtype=t.dtype)  # pageable: not pin_memory()
+    assert not host.is_pinned()
+
+    def run():
+        with ranges.phase("replay", bs=1):
+            # non_blocking only helps with pinned memory: into pageable memory the driver
+            # stages the copy and returns once it is done, and torch calls no sync for it.
+            host.copy_(t, non_blocking=True)
+
+    return run
+
+
+def _setup_cuda_synchronize(device):
+    t = _vec(device)
+
+    def run():
+        with ranges.phase("replay", bs=1):
+            t.add_(1)
+            torch.cuda.synchronize(device)
+
+    return run
+
+
+def _setup_event_synchronize(device):
+    t = _vec(device)
+    event = torch.cuda.Event()
+
+    def run():
+        with ranges.phase("replay", bs=1):
+            t.add_(1)
+            event.record()
+            event.synchronize()
+
+    return run
+
+
+def _setup_stream_synchronize(device):
+    t = _vec(device)
+
+    def run():
+        with ranges.phase("replay", bs=1):
+            t.add_(1)
+            torch.cuda.current_stream(device).synchronize()
+
+    return run
+
+
+def _setup_cu_stream_synchronize(device):
+    from cuda.bindings import driver
+
+    t = _vec(device)
+
+    def run():
+        with ranges.phase("replay", bs=1):
+            t.add_(1)
+            stream = driver.CUstream(torch.cuda.current_stream(device).cuda_stream)
+            (err,) = driver.cuStreamSynchronize(stream)
+            if err != driver.CUresult.CUDA_SUCCESS:
+                raise RuntimeError(f"cuStreamSynchronize failed: {err}")
+
+    return run
+
+
+def _setup_clean(device):
+    t = _vec(device)
+    t.mul_(1)
+
+    def run():
+        with ranges.phase("replay", bs=1):
+            t.add_(1)
+            t.mul_(1)
+
+    return run
+
+
+def _setup_clean_graph_replay(device):
+    static = torch.zeros(64, dtype=torch.float32, device=device)
+    # Warm up on a side stream, then capture: the capture itself synchronizes (torch.cuda.graph
+    # calls synchronize() around it), which is why it happens here, outside the recording.
+    side = torch.cuda.Stream(device)
+    side.wait_stream(torch.cuda.current_stream(device))
+    with torch.cuda.stream(side):
+        for _ in range(3):
+            static.add_(1)
+    torch.cuda.current_stream(device).wait_stream(side)
+    graph = torch.cuda.CUDAGraph()
+    with torch.cuda.graph(graph):
+        static.add_(1)
+    graph.replay()
+
+    def run():
+        with ranges.phase("replay", bs=1):
+            graph.replay()
+
+    run.graph = graph  # keeps the graph (and its pool) alive as long as the action
+    run.static = static
+    return run
+
+
+_BOTH = frozenset({"torch", "cupti"})
+_CUPTI_ONLY = frozenset({"cupti"})
+_NONE = frozenset()
+
+_PLANTED = {
+    p.name: p
+    for p in (
+        PlantedSync("item", "t.sum().item()", _BOTH, _setup_item),
+        PlantedSync("bool", "bool(t.sum() > 0)", _BOTH, _setup_bool),
+        PlantedSync("cpu", "t.cpu()", _BOTH, _setup_cpu),
+        PlantedSync("tolist", "t.tolist()", _BOTH, _setup_tolist),
+        PlantedSync("copy_to_host", "host.copy_(t)", _BOTH, _setup_copy_to_host),
+        PlantedSync(
+            "nonblocking_pageable",
+            "host_pageable.copy_(t, non_blocking=True)",
+            _CUPTI_ONLY,
+            _setup_nonblocking_pageable,
+        ),
+        PlantedSync("cuda_synchronize", "torch.cuda.synchronize()", _BOTH, _setup_cuda_synchronize),
+        PlantedSync(
+            "event_synchronize",
+            "event.record(); event.synchronize()",
+            _BOTH,
+            _setup_event_synchronize,
+        ),
+        PlantedSync(
+            "stream_synchronize",
+            "torch.cuda.current_stream().synchronize()",
+            _BOTH,
+            _setup_stream_synchronize,
+        ),
+        PlantedSync(
+            "cu_stream_synchronize",
+            "cuda.bindings.driver.cuStreamSynchronize(current stream)",
+            _CUPTI_ONLY,
+            _setup_cu_stream_synchronize,
+            requires=_cuda_python_reason,
+        ),
+        PlantedSync("clean", "t.add_(1); t.mul_(1) (no sync)", _NONE, _setup_clean),
+        PlantedSync(
+            "clean_graph_replay",
+            "graph.replay() of a captured t.add_(1) (no sync)",
+            _NONE,
+            _setup_clean_graph_replay,
+        ),
+    )
+}
+
+
+def planted_syncs() -> dict[str, PlantedSync]:
+    """Name -> planted sync; each is ``callable(device)`` and does its device work inside
+    ``phase("replay", bs=1)``. ``clean`` and ``clean_graph_replay`` must stay silent."""
+    return dict(_PLANTED)
+
+
+def detector_matrix(device="cuda") -> list[dict]:
+    """Run every planted sync under each detector alone; one row per (planted, detector).
+
+    Row keys: ``planted``, ``detector``, ``status`` (``"caught"``, ``"missed"``, ``"n/a"``
+    or ``"error"``), ``names`` (distinct call names recorded), ``count``, ``expected``
+    (whether the detector should catch it), ``reason`` (for n/a and error).
+    """
+    available = available_detectors()
+    rows = []
+    for planted in planted_syncs().values():
+        planted_reason = planted.unavailable_reason()
+        for det in available:  # every detector, in the order they are started
+            row = {
+                "planted": planted.name,
+                "detector": det,
+                "status": "n/a",
+                "names": [],
+                "count": 0,
+                "expected": det in planted.expected,
+                "reason": available.get(det) or planted_reason,
+            }
+            if row["reason"] is None:
+                try:
+                    action = planted.prepare(device)
+                    with record_device_syncs((det,)) as recorder:
+                        action()
+                except Exception as e:
+                    row.update(status="error", reason=f"{type(e).__name__}: {e}")
+                else:
+                    row.update(
+                        status="caught" if recorder.events else "missed",
+                        names=recorder.names(),
+                        count=len(recorder.events),
+                    )
+            rows.append(row)
+    return rows
+
+
+def _md(text: str) -> str:
+    return text.replace("|", "\\|").replace("\n", " ")
+
+
+def format_detector_matrix(rows: Iterable[dict]) -> str:
+    """Markdown table: one row per planted sync, one column per detector.
+
+    A cell that contradicts the expectation is marked ``(unexpected)``.
+    """
+    rows = list(rows)
+    detectors = list(dict.fromkeys(r["detector"] for r in rows))
+    planted = list(dict.fromkeys(r["planted"] for r in rows))
+    cells = {(r["planted"], r["detector"]): r for r in rows}
+    expected: dict[str, list[str]] = {p: [] for p in planted}
+    for r in rows:
+        if r["expected"]:
+            expected[r["planted"]].append(r["detector"])
+    header = ["planted sync", *detectors, "expected to catch it"]
+    lines = ["| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+    for p in planted:
+        line = [f"`{p}`"]
+        for det in detectors:
+            r = cells.get((p, det))
+            if r is None:
+                line.append("")
+                continue
+            if r["status"] == "caught":
+                cell = f"caught ({', '.join(r['names'])})"
+            elif r["status"] == "missed":
+                cell = "missed"
+            else:
+                cell = f"{r['status']}: {r['reason']}"
+            if r["status"] in ("caught", "missed") and (r["status"] == "caught") != r["expected"]:
+                cell += " **(unexpected)**"
+            line.append(_md(cell))
+        line.append(", ".join(expected[p]) or "none (must stay silent)")
+        lines.append("| " + " | ".join(line) + " |")
+    return "\n".join(lines)
