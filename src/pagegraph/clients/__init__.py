@@ -1,0 +1,10 @@
+"""Real engines' metadata builders behind pagegraph's builder contracts.
+
+Each client module loads an engine's own kernel files (never a copy of them) and exposes thin
+adapters with pagegraph's signatures, so the checker and the tests can run the engine's code
+exactly as its serving stack does. An engine that is not installed makes its adapters raise
+its ``*Unavailable`` error with the reason; importing the client module never fails.
+
+* ``pagegraph.clients.sglang``: SGLang's trtllm_mha page-table and fused graph-metadata
+  kernels, and its CSR (FlashInfer) and FlashMLA index builders.
+"""
