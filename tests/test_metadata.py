@@ -24,6 +24,7 @@ import torch
 
 from pagegraph.kernels import decode_metadata as metadata
 from pagegraph.kernels.contract import cdiv
+from pagegraph.kernels.decode_contract import fast_decode_checks
 from pagegraph.kernels.decode_metadata import (
     DECODE_ERROR_KINDS,
     MAX_DRAFT_TOKENS,
@@ -483,8 +484,8 @@ def test_fast_checks_refuse_every_output_mistake():
     k = out.kwargs
     dev = k["page_table"].get_device()
     good = (k["cache_seqlens"], k["cu_seqlens_k"], k["cu_seqlens_q"], 1, k["errors"])
-    assert metadata._fast_checks(dev, bs, *good)
-    assert metadata._fast_checks(dev, bs, good[0], good[1], None, 0, None)
+    assert fast_decode_checks(dev, bs, *good)
+    assert fast_decode_checks(dev, bs, good[0], good[1], None, 0, None)
     names = ("cache_seqlens", "cu_seqlens_k", "cu_seqlens_q", "draft_tokens", "errors")
     seen = 0
     for overrides, _, _ in _mistakes(bs):
@@ -495,10 +496,10 @@ def test_fast_checks_refuse_every_output_mistake():
             continue  # the errors tensor's dtype and layout are cuda_call_metadata's to check
         args = list(good)
         args[names.index(name)] = value
-        assert not metadata._fast_checks(dev, bs, *args), name
+        assert not fast_decode_checks(dev, bs, *args), name
         seen += 1
     assert seen == 16
-    assert not metadata._fast_checks(dev, MAX_BATCH + 1, *good)
+    assert not fast_decode_checks(dev, MAX_BATCH + 1, *good)
 
 
 def test_batch_over_max_batch_is_refused():
@@ -796,7 +797,7 @@ def test_gpu_eager_fast_path_matches_and_compiles_once(monkeypatch):
     )  # fmt: skip
     run_against_reference(r2t, rpi, sl, width, ps, f2s, draft=1)  # compiles, caches the entry
     before = metadata.compiled_variants()
-    keys = len(metadata._compiled)
+    keys = len(metadata.launch_cache)
     jit_calls = []
     real_jit = metadata._jit_launch
     monkeypatch.setattr(
@@ -806,7 +807,7 @@ def test_gpu_eager_fast_path_matches_and_compiles_once(monkeypatch):
         run_against_reference(r2t, rpi[:bs], sl[:bs], width, ps, f2s, draft=draft)
     assert jit_calls == [], "a call after the first went through Triton's JIT path"
     assert metadata.compiled_variants() == before
-    assert len(metadata._compiled) == keys
+    assert len(metadata.launch_cache) == keys
 
 
 @gpu

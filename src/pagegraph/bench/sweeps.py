@@ -140,7 +140,7 @@ def sweep_kernel_params(
 
     The kernel module's globals are patched and restored afterwards (``programs_per_row``
     reads them, so the programs per row follow the block being tried), and its fast-launch
-    cache (``pagegraph.kernel._compiled``) is cleared at every change. ``UNROLL`` stays at the
+    cache (``page_table.launch_cache``) is cleared at every change. ``UNROLL`` stays at the
     kernel's value. Each combination is checked exactly.
     """
     out = Path(out_dir)
@@ -174,7 +174,7 @@ def sweep_kernel_params(
                     _kernel.BLOCK_PAGES = block
                     _kernel.TARGET_PROGRAMS = target
                     _kernel.NUM_WARPS = warps
-                    _kernel._compiled.clear()
+                    _kernel.launch_cache.clear()
                     for cfg in cfgs:
                         results.append(
                             _tune_one(
@@ -191,7 +191,7 @@ def sweep_kernel_params(
                         )
     finally:
         _kernel.BLOCK_PAGES, _kernel.TARGET_PROGRAMS, _kernel.NUM_WARPS = saved
-        _kernel._compiled.clear()
+        _kernel.launch_cache.clear()
     elapsed = time.perf_counter() - t_start
     prepared.clear()
     recover(cuda)

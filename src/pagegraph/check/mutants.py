@@ -8,9 +8,10 @@ SAFE everywhere.
 
 Two families:
 
-* device bugs, in ``_mutant_kernel``: a plain one-program-per-row Triton page-table kernel
-  (simpler than ``pagegraph.kernel``, on purpose) whose ``BUG`` constexpr switches one
-  mistake in: arithmetic, clamping, strides, indirection, SWA translation, counters;
+* device bugs, in ``_mutant_kernel`` and its device functions: a plain one-program-per-row
+  Triton page-table kernel (simpler than ``pagegraph.kernels.page_table``, on purpose) whose
+  ``BUG`` constexpr switches one mistake in: arithmetic, clamping, strides, indirection, SWA
+  translation, counters;
 * host bugs around the correct kernel: syncs, frozen or stale host values, caches, streams.
 
 ``MUTANTS`` maps each name to a ``Mutant``: the builder, the bug, whether it can die on a
@@ -76,6 +77,78 @@ SWA_EVICTED_AS_FULL_C = tl.constexpr(SWA_EVICTED_AS_FULL)
 R2T_AS_INT32_C = tl.constexpr(R2T_AS_INT32)
 
 
+@triton.jit
+def _mutant_lengths(seq_lens_ptr, req_pool_indices_ptr, row, bs, BUG: tl.constexpr,
+                    BLOCK: tl.constexpr):  # fmt: skip
+    """Batch row ``row``'s length and request index, both int64 and unclamped, read as bug
+    ``BUG`` reads them."""
+    if BUG == LENGTHS_AS_INT32_C:
+        seq = tl.load(seq_lens_ptr.to(tl.pointer_type(tl.int32)) + row).to(tl.int64)
+        req = tl.load(req_pool_indices_ptr.to(tl.pointer_type(tl.int32)) + row).to(tl.int64)
+    else:
+        seq = tl.load(seq_lens_ptr + row).to(tl.int64)
+        req = tl.load(req_pool_indices_ptr + row).to(tl.int64)
+    if BUG == NO_INDIRECTION_C:
+        req = row.to(tl.int64)
+    if BUG == ROWS_TO_LONGEST_C:
+        # Every row to the batch's longest length (a device max: no sync, but wrong).
+        longest = seq
+        start = 0
+        while start < bs:
+            idx = start + tl.arange(0, BLOCK)
+            lens = tl.load(seq_lens_ptr + idx, mask=idx < bs, other=0).to(tl.int64)
+            longest = tl.maximum(longest, tl.max(lens, axis=0))
+            start += BLOCK
+        seq = longest
+    return seq, req
+
+
+@triton.jit
+def _mutant_pages(seq, PS: tl.constexpr, BUG: tl.constexpr):
+    """Pages of a row of ``seq`` tokens (int64) of ``PS`` tokens a page, as bug ``BUG``
+    counts them."""
+    tokens = tl.maximum(seq, 0)
+    if BUG == FLOOR_LAST_PAGE_C:
+        n = tokens // PS
+    elif BUG == EXTRA_LAST_PAGE_C:
+        n = tokens // PS + (tokens > 0).to(tl.int64)
+    else:
+        n = (tokens + PS - 1) // PS
+    if BUG == ZERO_LEN_WRITES_C:
+        n = tl.maximum(n, 1)
+    return n
+
+
+@triton.jit
+def _mutant_clear_tail(pt_row, n_full, width, BLOCK: tl.constexpr):
+    """CLEARS_TAIL's bug: pages ``n_full .. width - 1`` of the row at ``pt_row`` set to 0."""
+    p = n_full
+    while p < width:
+        pages = p + tl.arange(0, BLOCK).to(tl.int64)
+        tl.store(pt_row + pages, tl.zeros([BLOCK], dtype=tl.int32), mask=pages < width)
+        p += BLOCK
+
+
+@triton.jit
+def _mutant_errors(errors_ptr, req_pool_indices_ptr, row, seq, cap, r2t_rows,
+                   PAGE_SIZE: tl.constexpr, BUG: tl.constexpr):  # fmt: skip
+    """Row ``row``'s out-of-contract values added to (ERRORS_STORED: stored into) the first
+    three counters of ``errors_ptr`` (``[len(ERROR_KINDS)]`` int32)."""
+    over = (seq > cap * PAGE_SIZE).to(tl.int32)
+    negative = (seq < 0).to(tl.int32)
+    bad = tl.load(req_pool_indices_ptr + row).to(tl.int64)
+    bad_req = ((bad < 0) | (bad >= r2t_rows)).to(tl.int32)
+    if BUG == ERRORS_STORED_C:
+        # A store, not an add: rows overwrite each other's counts.
+        tl.store(errors_ptr + 0, over)
+        tl.store(errors_ptr + 1, negative)
+        tl.store(errors_ptr + 2, bad_req)
+    else:
+        tl.atomic_add(errors_ptr + 0, over)
+        tl.atomic_add(errors_ptr + 1, negative)
+        tl.atomic_add(errors_ptr + 2, bad_req)
+
+
 @triton.jit(do_not_specialize=["bs"])
 def _mutant_kernel(
     req_to_token_ptr,  # [r2t_rows, r2t_stride] int32|int64
@@ -101,38 +174,13 @@ def _mutant_kernel(
     BLOCK: tl.constexpr,
 ):
     row = tl.program_id(0)
-    if BUG == LENGTHS_AS_INT32_C:
-        seq = tl.load(seq_lens_ptr.to(tl.pointer_type(tl.int32)) + row).to(tl.int64)
-        req = tl.load(req_pool_indices_ptr.to(tl.pointer_type(tl.int32)) + row).to(tl.int64)
-    else:
-        seq = tl.load(seq_lens_ptr + row).to(tl.int64)
-        req = tl.load(req_pool_indices_ptr + row).to(tl.int64)
-    if BUG == NO_INDIRECTION_C:
-        req = row.to(tl.int64)
-    if BUG == ROWS_TO_LONGEST_C:
-        # Every row to the batch's longest length (a device max: no sync, but wrong).
-        longest = seq
-        start = 0
-        while start < bs:
-            idx = start + tl.arange(0, BLOCK)
-            lens = tl.load(seq_lens_ptr + idx, mask=idx < bs, other=0).to(tl.int64)
-            longest = tl.maximum(longest, tl.max(lens, axis=0))
-            start += BLOCK
-        seq = longest
+    seq, req = _mutant_lengths(seq_lens_ptr, req_pool_indices_ptr, row, bs, BUG, BLOCK)
     req = tl.minimum(tl.maximum(req, 0), r2t_rows - 1)
     if BUG == HARD_CODED_PAGE_SIZE_C:
         ps = HARD_PS
     else:
         ps = PAGE_SIZE
-    tokens = tl.maximum(seq, 0)
-    if BUG == FLOOR_LAST_PAGE_C:
-        n = tokens // ps
-    elif BUG == EXTRA_LAST_PAGE_C:
-        n = tokens // ps + (tokens > 0).to(tl.int64)
-    else:
-        n = (tokens + ps - 1) // ps
-    if BUG == ZERO_LEN_WRITES_C:
-        n = tl.maximum(n, 1)
+    n = _mutant_pages(seq, ps, BUG)
     cap = tl.minimum(width, r2t_pages)
     n_full = tl.minimum(n, cap)
     n_swa = tl.minimum(n, cap)
@@ -184,25 +232,9 @@ def _mutant_kernel(
             tl.store(swa_row + pages, value.to(tl.int32), mask=live_swa)
         p += BLOCK
     if BUG == CLEARS_TAIL_C:
-        p = n_full
-        while p < width:
-            pages = p + tl.arange(0, BLOCK).to(tl.int64)
-            tl.store(pt_row + pages, tl.zeros([BLOCK], dtype=tl.int32), mask=pages < width)
-            p += BLOCK
+        _mutant_clear_tail(pt_row, n_full, width, BLOCK)
     if HAS_ERRORS:
-        over = (seq > cap * PAGE_SIZE).to(tl.int32)
-        negative = (seq < 0).to(tl.int32)
-        bad = tl.load(req_pool_indices_ptr + row).to(tl.int64)
-        bad_req = ((bad < 0) | (bad >= r2t_rows)).to(tl.int32)
-        if BUG == ERRORS_STORED_C:
-            # A store, not an add: rows overwrite each other's counts.
-            tl.store(errors_ptr + 0, over)
-            tl.store(errors_ptr + 1, negative)
-            tl.store(errors_ptr + 2, bad_req)
-        else:
-            tl.atomic_add(errors_ptr + 0, over)
-            tl.atomic_add(errors_ptr + 1, negative)
-            tl.atomic_add(errors_ptr + 2, bad_req)
+        _mutant_errors(errors_ptr, req_pool_indices_ptr, row, seq, cap, r2t_rows, PAGE_SIZE, BUG)
 
 
 def plain_page_table(

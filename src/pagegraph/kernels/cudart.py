@@ -6,10 +6,10 @@ and callers then fall back to torch).
   leaves the runtime's last error set, and the next kernel launch anywhere in the process would
   report it as its own.
 * ``HostToDevice``: a non-blocking copy from page-locked host memory, without torch's
-  ``copy_`` (its dispatch, checks and pinned-allocator bookkeeping). With it the checker's
-  upload of its model (6 KB a replay) went from 20-30 to 12-21 us a replay on the H200's host
-  (``tools/experiments/checker_phases.py``, alternating runs). The caller passes page-locked
-  memory only: from pageable memory ``cudaMemcpyAsync`` would copy synchronously.
+  ``copy_`` (its dispatch, checks and pinned-allocator bookkeeping), for the checker's upload
+  of its model every replay (``tools/experiments/checker_phases.py`` times both). The caller
+  passes page-locked memory only: from pageable memory ``cudaMemcpyAsync`` would copy
+  synchronously.
 """
 
 from __future__ import annotations
@@ -18,7 +18,7 @@ import ctypes
 
 import torch
 
-from .page_table import _current_stream, _raw_stream
+from .launch import current_stream, raw_stream
 
 #: ``cudaMemcpyHostToDevice``.
 _HOST_TO_DEVICE = 1
@@ -101,7 +101,7 @@ class HostToDevice:
         self.nbytes = dst.numel() * dst.element_size()
         self.index = dst.get_device()
         self._memcpy = lib.cudaMemcpyAsync
-        self._stream = _raw_stream if _raw_stream is not None else _current_stream
+        self._stream = raw_stream if raw_stream is not None else current_stream
 
     @classmethod
     def make(cls, dst: torch.Tensor) -> HostToDevice | None:

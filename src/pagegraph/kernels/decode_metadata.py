@@ -37,15 +37,13 @@ tiles of ``SCAN_BLOCK`` rows with a running carry (``tl.cumsum`` inside a tile),
   and each next tile's load before the current tile's scan, so load latencies overlap, and a
   tile is scanned as ``[SCAN_BLOCK / 8, 8]`` (eight rows in a thread, then across row
   totals).
-* Why 128 rows a step: a kernel's register count is the maximum over all its code paths, so
-  what the scan tile holds is paid for by every program of the grid, in occupancy, whether it
-  scans or not. On an H200 (``profiles/bench/NOTES.md``, "The decode-metadata scan tile"): a
-  128-row tile keeps the kernel at 40 registers a thread and every bench config within
-  0.6 us of ``build_page_table``; a 1,024-row tile needs 64 and costs ps1 (page size 1, 8,192
-  programs of latency-bound gathers) 4.3 us; compiling both tiles in, picked by ``bs`` at run
-  time, still needs 56 and costs ps1 3.3 us. The price is paid by large batches instead:
-  each further 128 rows adds a step of about 0.33 us (+2.7 us at 1,024 rows, +11.9 us at
-  4,096, against +0.2 us and +2.2 us with the 1,024-row tile).
+* Why a small scan tile: a kernel's register count is the maximum over all its code paths,
+  so what the scan tile holds is paid for by every program of the grid, in occupancy, whether
+  it scans or not. A larger tile (or two tiles compiled in, picked by ``bs`` at run time)
+  raises the registers of every program and slows the latency-bound gathers of small page
+  sizes; the small tile's price is paid by large batches instead, one more scan step every
+  ``SCAN_BLOCK`` rows (figures in ``profiles/bench/NOTES.md``, "The decode-metadata scan
+  tile").
 
 ``cache_seqlens[i]`` is written once, by the part-0 program of row ``i``'s group, from the
 same value that bounds that row's pages, so the two can never disagree.
@@ -76,35 +74,34 @@ specialisation. ``bs`` and ``draft_tokens`` are not specialised (both always fit
 every CUDA-graph bucket and every draft count share one compiled kernel, and neither is part
 of the launch key.
 
-Eager launch cost: as in ``pagegraph.kernel``, the first call of a launch key goes through
-Triton's JIT path (which compiles), and later calls go straight into the compiled C launcher
-with raw pointers; ``prepare_decode_metadata`` also does the host checks only once.
+The page gather is ``gather.gather_row_pages``, shared with ``build_page_table``'s kernel.
+Eager launches go through ``pagegraph.kernels.launch``, as ``build_page_table``'s do: the
+first call of a launch key goes through Triton's JIT path (which compiles), and later calls
+go straight into the compiled C launcher with raw pointers; ``prepare_decode_metadata`` also
+does the host checks only once (they live in ``decode_contract``).
 """
 
 from __future__ import annotations
-
-from contextlib import nullcontext
 
 import torch
 import triton
 import triton.language as tl
 
-from .contract import (
-    ERROR_KINDS,
-    check_builder_args,
-    cuda_call_metadata,
-    interpreter_active,
+from .contract import cuda_call_metadata, interpreter_active
+from .decode_contract import (
+    DECODE_ERROR_KINDS,
+    MAX_DRAFT_TOKENS,
+    check_decode_args,
+    fast_decode_checks,
 )
+from .gather import count_group_errors, gather_row_pages
+from .launch import MAX_KEYS, LaunchCache, hooks_active, launch_compiled, launch_key
 from .page_table import (
     BLOCK_PAGES,
-    MAX_BATCH,
     NUM_WARPS,
     ROWS_PER_PROGRAM,
     UNROLL,
     BuffersChanged,
-    _hooks_active,
-    _launch_entry,
-    launch_compiled,
     programs_per_row,
     row_fits_int32,
     row_groups,
@@ -121,27 +118,14 @@ __all__ = [
     "prepare_decode_metadata",
 ]
 
-#: Counters of the ``errors`` buffer of ``build_decode_metadata``, in order: those of
-#: ``build_page_table`` (``seq_len_over_capacity`` compares ``cache_seqlens``, draft tokens
-#: included, with the row's capacity) plus the entries of an int32 ``cu_seqlens_k`` whose
-#: true running sum passed 2^31 - 1 (stored saturated).
-DECODE_ERROR_KINDS = ERROR_KINDS + ("cu_seqlens_k_overflow",)
-
 #: Rows per step of the ``cu_seqlens_k`` scan (a power of two, at least ``SCAN_WIDTH``): small,
 #: so that the scan does not raise the kernel's registers a thread (module docstring).
 SCAN_BLOCK = 128
 
-#: Largest ``draft_tokens``: ``MAX_BATCH * MAX_DRAFT_TOKENS`` < 2^31, so every entry of
-#: ``cu_seqlens_q`` fits its int32 (and ``draft_tokens`` stays an i32 kernel argument).
-MAX_DRAFT_TOKENS = (2**31 - 1) // MAX_BATCH
-
 _INT32_MAX = 2**31 - 1
 
-# Counter positions, as constexpr globals the kernel can read.
-ERR_OVER_CAPACITY = tl.constexpr(DECODE_ERROR_KINDS.index("seq_len_over_capacity"))
-ERR_NEGATIVE = tl.constexpr(DECODE_ERROR_KINDS.index("negative_seq_len"))
-ERR_BAD_REQ_INDEX = tl.constexpr(DECODE_ERROR_KINDS.index("req_pool_index_out_of_range"))
-ERR_BAD_SWA_INDEX = tl.constexpr(DECODE_ERROR_KINDS.index("full_to_swa_index_out_of_range"))
+# The counter position the scan needs, as a constexpr global the kernel can read (the others
+# are ``gather``'s: ``DECODE_ERROR_KINDS`` starts with ``ERROR_KINDS``).
 ERR_CU_K_OVERFLOW = tl.constexpr(DECODE_ERROR_KINDS.index("cu_seqlens_k_overflow"))
 INT32_MAX = tl.constexpr(_INT32_MAX)
 #: Rows a thread scans sequentially in a scan tile (``_scan_tile``).
@@ -292,9 +276,9 @@ class PreparedDecodeMetadata:
         if grid is None:
             grid = self._grids[rows] = _geometry(rows, self._max_pages, self._constexprs[0])[0]
         entry = self._entry
-        if entry is None or _hooks_active():
+        if entry is None or hooks_active():
             _launch(grid, rows, self._draft, self._tensors, self._ints, self._constexprs)
-            self._entry = _compiled.get(self._key) if self._index >= 0 else None
+            self._entry = launch_cache.get(self._key) if self._index >= 0 else None
             return
         launch_compiled(
             entry, self._index, grid[0], grid[1], self._ptrs, self._ints,
@@ -328,131 +312,6 @@ def prepare_decode_metadata(
     return PreparedDecodeMetadata(*plan)
 
 
-# -- host checks ------------------------------------------------------------------------------
-
-
-def check_decode_args(
-    req_to_token, req_pool_indices, seq_lens, page_size, cache_seqlens, cu_seqlens_k,
-    page_table, draft_tokens=0, cu_seqlens_q=None, swa_page_table=None, full_to_swa=None,
-    errors=None, *, caller: str = "build_decode_metadata", cpu_ok: bool = True,
-) -> None:  # fmt: skip
-    """Validate a decode-metadata call from metadata only (no device value is read); each
-    mistake raises a ``TypeError``/``ValueError`` naming the argument. ``cpu_ok=False`` is
-    for the kernel: CPU tensors only under the Triton interpreter. The torch references use
-    this too, so every implementation accepts and refuses the same calls."""
-    if errors is not None:
-        _check_errors(errors)
-    if cuda_call_metadata(
-        req_to_token, req_pool_indices, seq_lens, page_table, page_size,
-        swa_page_table, full_to_swa, errors,
-    ) is None:  # fmt: skip
-        check_builder_args(
-            req_to_token, req_pool_indices, seq_lens, page_table, page_size,
-            swa_page_table, full_to_swa, errors, builder=caller, cpu_ok=cpu_ok,
-        )  # fmt: skip
-    _check_draft_tokens(draft_tokens)
-    _check_outputs(cache_seqlens, cu_seqlens_k, cu_seqlens_q, page_table)
-    if page_table.shape[0] > MAX_BATCH:
-        raise ValueError(f"{caller}: batch size {page_table.shape[0]} exceeds {MAX_BATCH} rows")
-
-
-def _check_draft_tokens(draft_tokens) -> None:
-    if type(draft_tokens) is not int:
-        if isinstance(draft_tokens, bool) or not isinstance(draft_tokens, int):
-            raise TypeError(f"draft_tokens must be an int, got {type(draft_tokens).__name__}")
-    if not 0 <= draft_tokens <= MAX_DRAFT_TOKENS:
-        raise ValueError(f"draft_tokens must be in 0..{MAX_DRAFT_TOKENS}, got {draft_tokens}")
-
-
-def _check_errors(errors) -> None:
-    # Before the builder checks, which accept the four counters build_page_table needs.
-    if isinstance(errors, torch.Tensor) and errors.dim() == 1:
-        if errors.dtype is torch.int32 and errors.shape[0] < len(DECODE_ERROR_KINDS):
-            raise ValueError(
-                f"errors must hold at least {len(DECODE_ERROR_KINDS)} int32 counters "
-                f"(DECODE_ERROR_KINDS), got {errors.shape[0]}"
-            )
-
-
-def _check_outputs(cache_seqlens, cu_seqlens_k, cu_seqlens_q, page_table) -> None:
-    """The metadata outputs: shapes against ``page_table``'s batch, dtypes, contiguity and
-    device, each mistake named (``_fast_checks`` is the passing path of eager calls)."""
-    bs = page_table.shape[0]
-    device = page_table.get_device()
-    _check_vector("cache_seqlens", cache_seqlens, bs, _I32, device, page_table)
-    _check_vector("cu_seqlens_k", cu_seqlens_k, bs + 1, _I32_I64, device, page_table)
-    if cu_seqlens_q is not None:
-        _check_vector("cu_seqlens_q", cu_seqlens_q, bs + 1, _I32, device, page_table)
-
-
-_I32 = (torch.int32,)
-_I32_I64 = (torch.int32, torch.int64)
-# Module globals: one lookup each on the eager path instead of torch's attributes.
-_INT32, _INT64, _Tensor = torch.int32, torch.int64, torch.Tensor
-
-
-def _check_vector(name: str, t, length: int, dtypes: tuple, device: int, page_table) -> None:
-    if not isinstance(t, torch.Tensor):
-        raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
-    if t.dtype not in dtypes:
-        allowed = " or ".join(str(d).removeprefix("torch.") for d in dtypes)
-        raise TypeError(f"{name} must be {allowed}, got {str(t.dtype).removeprefix('torch.')}")
-    shape = t.shape
-    if len(shape) != 1 or shape[0] != length:
-        raise ValueError(f"{name} must have shape [{length}], got {tuple(shape)}")
-    if length > 1 and t.stride(0) != 1:
-        raise ValueError(f"{name} must be contiguous, got stride {t.stride(0)}")
-    index = t.get_device()
-    # -1 is every non-CUDA device (cpu, meta, ...): those need their type compared too.
-    if index != device or (index < 0 and t.device.type != page_table.device.type):
-        raise ValueError(
-            f"{name} is on {t.device} but page_table is on {page_table.device}: "
-            "all tensors must be on one device"
-        )
-
-
-def _fast_checks(device, bs, cache_seqlens, cu_seqlens_k, cu_seqlens_q, draft_tokens, errors):
-    """Whether the arguments ``cuda_call_metadata`` does not see are in contract, for the
-    common all-CUDA call: a handful of attribute reads (this runs on every eager call). False
-    sends the call to ``check_decode_args``, which names what is wrong."""
-    if type(draft_tokens) is not int or not 0 <= draft_tokens <= MAX_DRAFT_TOKENS:
-        return False
-    i32 = _INT32
-    try:
-        if bs > MAX_BATCH or (errors is not None and errors.shape[0] < len(DECODE_ERROR_KINDS)):
-            return False
-        # is_contiguous() of a 1-D tensor is exactly "inner stride 1 or at most one entry".
-        t = cache_seqlens
-        if not (
-            isinstance(t, _Tensor)
-            and t.dtype is i32
-            and t.shape == (bs,)
-            and t.get_device() == device
-            and t.is_contiguous()
-        ):
-            return False
-        t, n = cu_seqlens_k, (bs + 1,)
-        dtype = t.dtype
-        if not (
-            isinstance(t, _Tensor)
-            and (dtype is i32 or dtype is _INT64)
-            and t.shape == n
-            and t.get_device() == device
-            and t.is_contiguous()
-        ):
-            return False
-        t = cu_seqlens_q
-        return t is None or (
-            isinstance(t, _Tensor)
-            and t.dtype is i32
-            and t.shape == n
-            and t.get_device() == device
-            and t.is_contiguous()
-        )
-    except (AttributeError, TypeError):
-        return False
-
-
 def _plan(
     req_to_token, req_pool_indices, seq_lens, page_size, cache_seqlens, cu_seqlens_k,
     page_table, draft_tokens, cu_seqlens_q, swa_page_table, full_to_swa, errors, caller: str,
@@ -464,7 +323,7 @@ def _plan(
         swa_page_table, full_to_swa, errors,
     )  # fmt: skip
     has_swa = full_to_swa is not None
-    if meta is None or not _fast_checks(
+    if meta is None or not fast_decode_checks(
         meta[0], meta[1], cache_seqlens, cu_seqlens_k, cu_seqlens_q, draft_tokens, errors
     ):
         # Not the common case: the full checks name what is wrong (or accept what the fast
@@ -533,15 +392,11 @@ def _plan(
 
 # -- launcher ---------------------------------------------------------------------------------
 
-#: Launch entries by launch key (see ``_launch_key``): ``(function, leading arguments)``.
-_compiled: dict[tuple, tuple] = {}
-#: Beyond this many keys the cache starts over (keys hold exact int values, so a caller that
-#: kept changing strides could otherwise grow it without bound).
-_MAX_KEYS = 4096
-
+#: Launch entries of ``_decode_metadata_kernel`` by launch key (``_launch_key``).
+launch_cache = LaunchCache()
 
 #: ``(bs, max_pages, page_size)`` -> ``(grid, row_i32)``: host arithmetic that every eager call
-#: would otherwise repeat (most of a microsecond of Python), kept per shape.
+#: would otherwise repeat, kept per shape.
 _geometries: dict[tuple, tuple] = {}
 
 
@@ -550,7 +405,7 @@ def _geometry(bs: int, max_pages: int, page_size: int) -> tuple:
     for ``bs == 0``: program (0, 0) still writes ``cu_seqlens_k[0]``."""
     geometry = _geometries.get((bs, max_pages, page_size))
     if geometry is None:
-        if len(_geometries) >= _MAX_KEYS:
+        if len(_geometries) >= MAX_KEYS:
             _geometries.clear()
         grid = (programs_per_row(bs, max_pages), row_groups(bs) if bs else 1)
         geometry = (grid, row_fits_int32(max_pages, page_size))
@@ -565,43 +420,20 @@ def _launch(grid: tuple, bs: int, draft: int, tensors: tuple, ints: tuple, const
         return
     ptrs = [t.data_ptr() for t in tensors]
     key = _launch_key(index, tensors, ptrs, ints, constexprs)
-    entry = _compiled.get(key)
-    if entry is None or _hooks_active():
-        # Triton's own path: compiles on first use, and returns the compiled kernel.
-        switch = index != torch.cuda.current_device()
-        with torch.cuda.device(index) if switch else nullcontext():
-            kernel = _jit_launch(grid, bs, draft, tensors, ints, constexprs)
-        if entry is None:
-            if len(_compiled) >= _MAX_KEYS:
-                _compiled.clear()
-            _compiled[key] = _launch_entry(kernel)
+    entry = launch_cache.get(key)
+    if entry is None or hooks_active():
+        launch_cache.first_launch(
+            key, index, _jit_launch, grid, bs, draft, tensors, ints, constexprs
+        )
         return
     launch_compiled(entry, index, grid[0], grid[1], ptrs, ints, (bs, draft, *constexprs))
 
 
 def _launch_key(index: int, tensors: tuple, ptrs: list, ints: tuple, constexprs: tuple) -> tuple:
-    """At least as fine as Triton's own specialisation (the ints by value, not by class), so
-    one key never maps to two compiled kernels (``cu_seqlens_k``'s dtype is the constexpr
-    ``CU_K_I32``). ``bs`` and ``draft_tokens`` are not in it: neither is specialised, so one
-    key serves every bucket and every draft count."""
-    p = ptrs
-    # 16-byte alignment is part of Triton's specialisation: one flag when every pointer is
-    # aligned (the usual case), the full pattern otherwise.
-    if (p[0] | p[1] | p[2] | p[3] | p[4] | p[5] | p[6] | p[7] | p[8] | p[9]) & 15 == 0:
-        aligned = True
-    else:
-        aligned = tuple(q & 15 == 0 for q in p)
-    return (
-        index,
-        tensors[0].dtype,
-        tensors[1].dtype,
-        tensors[2].dtype,
-        tensors[8].dtype,
-        aligned,
-        ints,
-        constexprs,
-        NUM_WARPS,
-    )
+    """``cu_seqlens_k``'s dtype is the constexpr ``CU_K_I32``. ``bs`` and ``draft_tokens`` are
+    not in it: neither is specialised, so one key serves every bucket and every draft count."""
+    dtypes = (tensors[0].dtype, tensors[1].dtype, tensors[2].dtype, tensors[8].dtype)
+    return launch_key(index, dtypes, ptrs, ints, constexprs, NUM_WARPS)
 
 
 def _jit_launch(grid: tuple, bs: int, draft: int, tensors: tuple, ints: tuple, constexprs: tuple):
@@ -733,7 +565,6 @@ def _build_rows(
     """Program ``(part, first // ROWS)``'s share of rows ``first .. first + ROWS - 1``: their
     ``cache_seqlens`` and error counts (part 0), and their pages ``part, part + C, ...``:
     ``build_page_table``'s algorithm with the length ``cache_seqlens``."""
-    parts = tl.num_programs(0)
     # The group's rows as [ROWS] vectors: cache_seqlens and the error counts (each row once,
     # in part 0) and the loop bound (the longest row). Rows past bs read as empty.
     group = first + tl.arange(0, ROWS)
@@ -753,68 +584,26 @@ def _build_rows(
     if part == 0:
         tl.store(cache_seqlens_ptr + group, group_cache.to(tl.int32), mask=in_batch)
         if HAS_ERRORS:
-            group_reqs = tl.load(req_pool_indices_ptr + group, mask=in_batch, other=0)
-            over = (in_batch & (group_cache > capacity)).to(tl.int32)
-            negative = (group_lens < 0).to(tl.int32)
-            bad_req = ((group_reqs < 0) | (group_reqs >= r2t_rows)).to(tl.int32)
-            tl.atomic_add(errors_ptr + ERR_OVER_CAPACITY, tl.sum(over, axis=0))
-            tl.atomic_add(errors_ptr + ERR_NEGATIVE, tl.sum(negative, axis=0))
-            tl.atomic_add(errors_ptr + ERR_BAD_REQ_INDEX, tl.sum(bad_req, axis=0))
+            over = in_batch & (group_cache > capacity)
+            count_group_errors(
+                errors_ptr, req_pool_indices_ptr, group, in_batch, group_lens, over, r2t_rows
+            )
 
-    # One tile per pass, as in build_page_table: for each of the ROWS rows, blocks blk,
-    # blk + C, ..., blk + (UNROLL - 1) C, all loads issued before the first store. Kept 1-D
-    # so the gather and the store share a register layout. Each lane loads its own row's
-    # length and request (lanes of one row read one address: one transaction).
-    flat = tl.arange(0, ROWS * UNROLL * BLOCK)
-    row = first + flat // (UNROLL * BLOCK)
-    pos = flat % (UNROLL * BLOCK)
-    tile = (pos // BLOCK) * (parts * BLOCK) + pos % BLOCK
-    lane_in_batch = row < bs
-    seq_len = tl.load(seq_lens_ptr + row, mask=lane_in_batch, other=0)
-    req = tl.load(req_pool_indices_ptr + row, mask=lane_in_batch, other=0).to(tl.int64)
-    # Clamp, never trust: an index outside req_to_token would read another allocation.
-    req = tl.minimum(tl.maximum(req, 0), r2t_rows - 1)
-    # The row's cache_seqlens clamped to its capacity: clamping the length before adding the
-    # draft tokens gives the same count (both are non-negative) and keeps the add in range.
-    # Lanes of rows past bs get no draft tokens: with them they would write the row after the
-    # batch's last one.
-    draft = tl.where(lane_in_batch, draft_tokens, 0)
-    tokens = tl.minimum(tl.maximum(seq_len, 0), capacity)
-    if ROW_I32:
-        tokens = tl.minimum(tokens.to(tl.int32) + draft, capacity)
-        blk = part
-    else:
-        tokens = tl.minimum(tokens.to(tl.int64) + draft, capacity)
-        tile = tile.to(tl.int64)
-        blk = part.to(tl.int64)
-    n_pages = (tokens + PAGE_SIZE - 1) // PAGE_SIZE
-
-    r2t_row = req_to_token_ptr + req * r2t_stride
-    pt_row = page_table_ptr + row.to(tl.int64) * pt_stride
-    swa_row = swa_page_table_ptr + row.to(tl.int64) * swa_stride
-    # A while loop rather than range(): the bound is a loaded value, and the interpreter
-    # accepts only the while form for that.
-    while blk < n_blocks:
-        pages = blk * BLOCK + tile
-        live = pages < n_pages
-        slot = tl.load(r2t_row + pages * PAGE_SIZE, mask=live, other=0)
-        tl.store(pt_row + pages, (slot // PAGE_SIZE).to(tl.int32), mask=live)
-        if HAS_SWA:
-            idx = slot.to(tl.int64)
-            idx_clamped = tl.minimum(tl.maximum(idx, 0), f2s_len - 1)
-            swa_slot = tl.load(full_to_swa_ptr + idx_clamped, mask=live, other=0)
-            tl.store(swa_row + pages, (swa_slot // PAGE_SIZE).to(tl.int32), mask=live)
-            if HAS_ERRORS:
-                bad = tl.sum((live & (idx != idx_clamped)).to(tl.int32), axis=0)
-                tl.atomic_add(errors_ptr + ERR_BAD_SWA_INDEX, bad)
-        blk += parts * UNROLL
+    # Each lane's pages follow its row's cache_seqlens clamped to the capacity, the value
+    # stored above. There is no work counter here: page_table_ptr stands in for it.
+    gather_row_pages(
+        req_to_token_ptr, req_pool_indices_ptr, seq_lens_ptr, page_table_ptr,
+        swa_page_table_ptr, full_to_swa_ptr, errors_ptr, page_table_ptr, r2t_stride, r2t_rows,
+        pt_stride, swa_stride, capacity, f2s_len, bs, draft_tokens, part, first, n_blocks,
+        PAGE_SIZE, HAS_SWA, HAS_ERRORS, ROW_I32, BLOCK, UNROLL, ROWS, True, False,
+    )  # fmt: skip
 
 
 @triton.jit
 def _scan_tile(SCAN_BLOCK: tl.constexpr):
     """Row offsets of one scan tile as ``[SCAN_BLOCK // SCAN_WIDTH, SCAN_WIDTH]``, row-major:
-    a scan along rows of SCAN_WIDTH within each thread, then one across the row totals, beat
-    a single 1-D scan over the tile (~40% less time a tile on an H200)."""
+    a scan along rows of SCAN_WIDTH within each thread, then one across the row totals, is
+    faster than a single 1-D scan over the tile."""
     rows = tl.arange(0, SCAN_BLOCK // SCAN_WIDTH)[:, None] * SCAN_WIDTH
     return rows + tl.arange(0, SCAN_WIDTH)[None, :]
 

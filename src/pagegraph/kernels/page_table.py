@@ -55,38 +55,38 @@ whole row times the page size fits (``row_fits_int32``), 64-bit otherwise.
 Out-of-contract values are clamped on the device, never trusted: a ``req_pool_index`` outside
 ``req_to_token`` is clamped into it, a slot outside ``full_to_swa`` is clamped to its ends, and
 a negative ``seq_len`` writes nothing. With the optional ``errors`` buffer the kernel also
-counts them (see ``pagegraph.contract.ERROR_KINDS``); without it that code is compiled out.
+counts them (see ``pagegraph.kernels.contract.ERROR_KINDS``); without it that code is compiled
+out.
+
+The per-row gather (tile, clamps, SWA translation, counters) is ``gather.gather_row_pages``,
+shared with the decode-metadata kernel; this module's kernel adds the row group's prologue.
 
 What is specialised (and so compiled separately)
 ------------------------------------------------
 ``PAGE_SIZE`` (an engine uses one, and a constant divisor turns every ``// page_size`` into a
-shift), ``HAS_SWA``, ``HAS_ERRORS``, ``ROW_I32``, ``BLOCK``, ``UNROLL`` and ``ROWS`` are
-constexprs; the
-dtypes of the index tensors are part of the signature; Triton's default integer and pointer
-specialisation applies (an int argument equal to 1 or divisible by 16; a pointer 16-byte
-aligned). Nothing depends on the batch size or on any length: the batch size is the grid and
-an argument Triton is told not to specialise, so every CUDA graph bucket of one static
-buffer reuses one compiled kernel.
+shift), ``HAS_SWA``, ``HAS_ERRORS``, ``ROW_I32``, ``BLOCK``, ``UNROLL``, ``ROWS`` and
+``HAS_WORK`` are constexprs; the dtypes of the index tensors are part of the signature;
+Triton's default integer and pointer specialisation applies (an int argument equal to 1 or
+divisible by 16; a pointer 16-byte aligned). Nothing depends on the batch size or on any
+length: the batch size is the grid and an argument Triton is told not to specialise, so every
+CUDA graph bucket of one static buffer reuses one compiled kernel.
 
 Launch cost
 -----------
-``kernel[grid](...)`` spends several times the launch itself in Python, binding and hashing
-arguments (see profiles/bench/NOTES.md). The launcher keeps each compiled kernel under a key
-at least as fine as Triton's own specialisation (dtypes, constexprs, every int by value,
-16-byte alignment of the pointers) and on later calls goes straight to the compiled C launcher
-with raw pointers; the first call of each key goes through the normal JIT path, which compiles
-and returns the kernel.
+Eager calls go through ``pagegraph.kernels.launch``: the first call of each launch key takes
+Triton's JIT path (which compiles), later ones go straight into the compiled C launcher with
+raw pointers; ``prepare_build`` also does the host checks only once.
 """
 
 from __future__ import annotations
-
-from contextlib import nullcontext
 
 import torch
 import triton
 import triton.language as tl
 
-from .contract import ERROR_KINDS, check_builder_args, cuda_call_metadata, interpreter_active
+from .contract import check_builder_args, cuda_call_metadata, interpreter_active
+from .gather import count_group_errors, gather_row_pages
+from .launch import LaunchCache, hooks_active, launch_compiled, launch_key
 
 #: Pages per block, blocks of each row per loop iteration, the cap on the grid
 #: (``C * row_groups(bs)``) when choosing programs per row group, and warps per program.
@@ -109,12 +109,6 @@ ROWS_PER_PROGRAM = 2
 #: CUDA's limit on grid axis 1, which carries the batch rows (kept on rows, though they go
 #: there ROWS_PER_PROGRAM to a program).
 MAX_BATCH = 65535
-
-# Positions of the error counters, as constexpr globals the kernel can read.
-ERR_OVER_CAPACITY = tl.constexpr(ERROR_KINDS.index("seq_len_over_capacity"))
-ERR_NEGATIVE = tl.constexpr(ERROR_KINDS.index("negative_seq_len"))
-ERR_BAD_REQ_INDEX = tl.constexpr(ERROR_KINDS.index("req_pool_index_out_of_range"))
-ERR_BAD_SWA_INDEX = tl.constexpr(ERROR_KINDS.index("full_to_swa_index_out_of_range"))
 
 
 def row_groups(bs: int) -> int:
@@ -161,7 +155,7 @@ def build_page_table(
         swa_page_table: ``[bs, width]`` int32, given together with ``full_to_swa``.
         full_to_swa: ``[num_slots + 1]`` int32/int64, SWA slot of each full slot.
         errors: optional ``[len(ERROR_KINDS)]`` int32 counters, incremented (never reset) on
-            the device for out-of-contract values; see ``pagegraph.contract.ERROR_KINDS``.
+            the device for out-of-contract values; see ``pagegraph.kernels.contract.ERROR_KINDS``.
         work_counter: a testing hook, optional ``[row_groups(bs)]`` int32, incremented by one
             for every pass of the page loop each program of a row group makes (compiled out
             without it). Tests use it to show the work follows the lengths, not the width.
@@ -262,9 +256,9 @@ class PreparedBuild:
         if parts is None:
             parts = self._parts[rows] = programs_per_row(rows, self._max_pages)
         entry = self._entry
-        if entry is None or _hooks_active():
+        if entry is None or hooks_active():
             _launch(parts, rows, t, self._ints, self._constexprs)
-            self._entry = _compiled.get(self._key) if self._index >= 0 else None
+            self._entry = launch_cache.get(self._key) if self._index >= 0 else None
             return
         launch_compiled(
             entry, self._index, parts, row_groups(rows), ptrs, self._ints, (rows, *self._constexprs)
@@ -386,23 +380,9 @@ def _check_work_counter(work_counter, page_table, bs: int) -> None:
 
 # -- launcher ---------------------------------------------------------------------------------
 
-#: Launch entries by launch key (see ``_launch``): ``(function, leading arguments)``.
-_compiled: dict[tuple, tuple] = {}
-#: Beyond this many keys the cache starts over (keys hold exact int values, so a caller that
-#: kept changing strides could otherwise grow it without bound).
-_MAX_KEYS = 4096
-
-_raw_stream = getattr(torch._C, "_cuda_getCurrentRawStream", None)
-
-
-def _hooks_active() -> bool:
-    """Whether Triton launch hooks are installed (a profiler, say): then the normal launch
-    path runs, so they see every launch. Triton 3.6 keeps them in (possibly empty) chains."""
-    runtime = triton.knobs.runtime
-    for hook in (runtime.launch_enter_hook, runtime.launch_exit_hook):
-        if hook is not None and getattr(hook, "calls", True):
-            return True
-    return False
+#: Launch entries of ``_page_table_kernel`` by launch key (``_launch_key``); cleared by whoever
+#: changes the module's tunables (``BLOCK_PAGES``, ``NUM_WARPS``, ...) between launches.
+launch_cache = LaunchCache()
 
 
 def _launch(parts: int, bs: int, tensors: tuple, ints: tuple, constexprs: tuple) -> None:
@@ -412,98 +392,18 @@ def _launch(parts: int, bs: int, tensors: tuple, ints: tuple, constexprs: tuple)
         return
     ptrs = [t.data_ptr() for t in tensors]
     key = _launch_key(index, tensors, ptrs, ints, constexprs)
-    entry = _compiled.get(key)
-    if entry is None or _hooks_active():
-        # Triton's own path: compiles on first use, and returns the compiled kernel.
-        switch = index != torch.cuda.current_device()
-        with torch.cuda.device(index) if switch else nullcontext():
-            kernel = _jit_launch(parts, bs, tensors, ints, constexprs)
-        if entry is None:
-            if len(_compiled) >= _MAX_KEYS:
-                _compiled.clear()
-            _compiled[key] = _launch_entry(kernel)
+    entry = launch_cache.get(key)
+    if entry is None or hooks_active():
+        launch_cache.first_launch(key, index, _jit_launch, parts, bs, tensors, ints, constexprs)
         return
     launch_compiled(entry, index, parts, row_groups(bs), ptrs, ints, (bs, *constexprs))
 
 
-def launch_compiled(
-    entry: tuple, index: int, grid_x: int, grid_y: int, ptrs: list | tuple, ints: tuple, tail: tuple
-) -> None:
-    """Launch a compiled kernel's entry (``_launch_entry``) on the grid ``(grid_x, grid_y)`` of
-    device ``index``, on that device's current stream.
-
-    The kernel's arguments, in signature order, are ``ptrs`` (raw pointers, which spare the
-    launcher a ``data_ptr()`` call and a driver pointer query per tensor), then ``ints``, then
-    ``tail`` (the rest, constexprs included). Given as sequences the callers mostly hold
-    already (only ``tail`` is built a call): a single argument tuple would be built again
-    inside, which measured 0.15 us more a launch. Shared by every kernel of the
-    package launched this way (the page-table builder, the decode-metadata builder, the run
-    writer).
-    """
-    function, leading = entry
-    if index != torch._C._cuda_getDevice():
-        # Launch on the tensors' device; a device context costs host time, so only here.
-        with torch.cuda.device(index):
-            stream = _current_stream(index)
-            function(grid_x, grid_y, 1, stream, *leading, *ptrs, *ints, *tail)
-        return
-    stream = _raw_stream(index) if _raw_stream is not None else _current_stream(index)
-    function(grid_x, grid_y, 1, stream, *leading, *ptrs, *ints, *tail)
-
-
 def _launch_key(index: int, tensors: tuple, ptrs: list, ints: tuple, constexprs: tuple) -> tuple:
-    """Finer than Triton's own specialisation (the ints by value, not by class), so one key
-    never maps to two compiled kernels. The batch size is not in it: that argument is not
-    specialised, so one key serves every bucket."""
-    p = ptrs
-    # 16-byte alignment is part of Triton's specialisation: one flag when every pointer is
-    # aligned (the usual case), the full pattern otherwise.
-    if (p[0] | p[1] | p[2] | p[3] | p[4] | p[5] | p[6] | p[7]) & 15 == 0:
-        aligned = True
-    else:
-        aligned = tuple(q & 15 == 0 for q in p)
-    return (
-        index,
-        tensors[0].dtype,
-        tensors[1].dtype,
-        tensors[2].dtype,
-        tensors[5].dtype,
-        aligned,
-        ints,
-        constexprs,
-        NUM_WARPS,
-    )
-
-
-def _launch_entry(kernel) -> tuple:
-    """How later launches of ``kernel`` go: straight into the compiled C launcher when the
-    kernel needs no scratch memory (true of this one), else through ``kernel.run``."""
-    run = kernel.run
-    launch = getattr(run, "launch", None)
-    direct = (
-        launch is not None
-        and getattr(run, "global_scratch_size", 1) == 0
-        and getattr(run, "profile_scratch_size", 1) == 0
-        and getattr(run, "num_ctas", 0) == 1
-        and hasattr(run, "launch_cooperative_grid")
-        and hasattr(run, "launch_pdl")
-    )
-    if direct:
-        # The C launcher's own order: function, cooperative, pdl, the two scratch buffers,
-        # then what CompiledKernel.run passes on (metadata, launch metadata, two hooks).
-        leading = (
-            kernel.function,
-            run.launch_cooperative_grid,
-            run.launch_pdl,
-            None,
-            None,
-            kernel.packed_metadata,
-            None,
-            None,
-            None,
-        )
-        return launch, leading
-    return run, (kernel.function, kernel.packed_metadata, None, None, None)
+    """The batch size is not in it: that argument is not specialised, so one key serves every
+    bucket."""
+    dtypes = (tensors[0].dtype, tensors[1].dtype, tensors[2].dtype, tensors[5].dtype)
+    return launch_key(index, dtypes, ptrs, ints, constexprs, NUM_WARPS)
 
 
 def _jit_launch(parts: int, bs: int, tensors: tuple, ints: tuple, constexprs: tuple):
@@ -525,10 +425,6 @@ def _jit_launch(parts: int, bs: int, tensors: tuple, ints: tuple, constexprs: tu
         HAS_WORK=has_work,
         num_warps=NUM_WARPS,
     )
-
-
-def _current_stream(index: int) -> int:
-    return torch.cuda.current_stream(index).cuda_stream
 
 
 def compiled_variants() -> int:
@@ -574,7 +470,6 @@ def _page_table_kernel(
     # Grid (C, cdiv(bs, ROWS)): the C programs of one row group are C apart in launch order,
     # so the live programs of a long row spread over many SMs instead of filling a few.
     part = tl.program_id(0)
-    parts = tl.num_programs(0)
     first = tl.program_id(1) * ROWS
 
     # The group's rows as [ROWS] vectors: the loop bound is the longest of them, and the
@@ -593,55 +488,14 @@ def _page_table_kernel(
 
     if HAS_ERRORS:
         if part == 0:
-            group_reqs = tl.load(req_pool_indices_ptr + group, mask=in_batch, other=0)
-            over = (group_lens > capacity).to(tl.int32)
-            negative = (group_lens < 0).to(tl.int32)
-            bad_req = ((group_reqs < 0) | (group_reqs >= r2t_rows)).to(tl.int32)
-            tl.atomic_add(errors_ptr + ERR_OVER_CAPACITY, tl.sum(over, axis=0))
-            tl.atomic_add(errors_ptr + ERR_NEGATIVE, tl.sum(negative, axis=0))
-            tl.atomic_add(errors_ptr + ERR_BAD_REQ_INDEX, tl.sum(bad_req, axis=0))
+            over = group_lens > capacity
+            count_group_errors(
+                errors_ptr, req_pool_indices_ptr, group, in_batch, group_lens, over, r2t_rows
+            )
 
-    # One tile per pass: for each of the ROWS rows, blocks blk, blk + C, ...,
-    # blk + (UNROLL - 1) C, whose loads are all issued before the first store. Kept
-    # one-dimensional so that the gather and the store share a register layout (a 2-D tile
-    # gets two, and a shared-memory shuffle with barriers between them). Each lane loads its
-    # own row's length and request: lanes of one row read one address, one transaction.
-    flat = tl.arange(0, ROWS * UNROLL * BLOCK)
-    row = first + flat // (UNROLL * BLOCK)
-    pos = flat % (UNROLL * BLOCK)
-    tile = (pos // BLOCK) * (parts * BLOCK) + pos % BLOCK
-    lane_in_batch = row < bs
-    seq_len = tl.load(seq_lens_ptr + row, mask=lane_in_batch, other=0)
-    req = tl.load(req_pool_indices_ptr + row, mask=lane_in_batch, other=0).to(tl.int64)
-    # Clamp, never trust: an index outside req_to_token would read another allocation.
-    req = tl.minimum(tl.maximum(req, 0), r2t_rows - 1)
-    tokens = tl.minimum(tl.maximum(seq_len, 0), capacity)
-    if ROW_I32:
-        n_pages = (tokens.to(tl.int32) + PAGE_SIZE - 1) // PAGE_SIZE
-        blk = part
-    else:
-        n_pages = (tokens.to(tl.int64) + PAGE_SIZE - 1) // PAGE_SIZE
-        tile = tile.to(tl.int64)
-        blk = part.to(tl.int64)
-
-    r2t_row = req_to_token_ptr + req * r2t_stride
-    pt_row = page_table_ptr + row.to(tl.int64) * pt_stride
-    swa_row = swa_page_table_ptr + row.to(tl.int64) * swa_stride
-    # A while loop rather than range(): the bound is a loaded value, and the interpreter
-    # accepts only the while form for that.
-    while blk < n_blocks:
-        pages = blk * BLOCK + tile
-        live = pages < n_pages
-        slot = tl.load(r2t_row + pages * PAGE_SIZE, mask=live, other=0)
-        tl.store(pt_row + pages, (slot // PAGE_SIZE).to(tl.int32), mask=live)
-        if HAS_SWA:
-            idx = slot.to(tl.int64)
-            idx_clamped = tl.minimum(tl.maximum(idx, 0), f2s_len - 1)
-            swa_slot = tl.load(full_to_swa_ptr + idx_clamped, mask=live, other=0)
-            tl.store(swa_row + pages, (swa_slot // PAGE_SIZE).to(tl.int32), mask=live)
-            if HAS_ERRORS:
-                bad = tl.sum((live & (idx != idx_clamped)).to(tl.int32), axis=0)
-                tl.atomic_add(errors_ptr + ERR_BAD_SWA_INDEX, bad)
-        if HAS_WORK:
-            tl.atomic_add(work_ptr + tl.program_id(1), 1)
-        blk += parts * UNROLL
+    gather_row_pages(
+        req_to_token_ptr, req_pool_indices_ptr, seq_lens_ptr, page_table_ptr,
+        swa_page_table_ptr, full_to_swa_ptr, errors_ptr, work_ptr, r2t_stride, r2t_rows,
+        pt_stride, swa_stride, capacity, f2s_len, bs, 0, part, first, n_blocks,
+        PAGE_SIZE, HAS_SWA, HAS_ERRORS, ROW_I32, BLOCK, UNROLL, ROWS, False, HAS_WORK,
+    )  # fmt: skip

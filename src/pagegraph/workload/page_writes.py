@@ -3,12 +3,11 @@
 A page run is five int64 ``(base, value, step, lo, hi)``: entries ``base + j`` of the table
 for lanes ``lo <= j < hi`` get ``value + j * step`` (``pool._PageWriter``). On a CPU the
 pool expands runs with torch operators and writes them with ``index_copy_``. On a GPU that
-chain cost the host five operator launches a staging and an ``index_copy_`` a step, the
+chain costs the host five operator launches a staging and an ``index_copy_`` a step, the
 largest part of a checked replay's workload phase. This kernel reads the runs where they were
 uploaded and writes their entries itself: one launch a step, through Triton's compiled
-launcher (``kernel._launch_entry``). On the H200's host (sglang-h200, 5,000 checked replays,
-``tools/experiments/checker_phases.py``) the apply went from 30-45 to 13-22 us a step and the
-staging of 16 steps' runs from 40-53 to 20-29 us a step.
+launcher (``pagegraph.kernels.launch``; ``tools/experiments/checker_phases.py`` times both
+ways).
 
 It writes only entries ``0 <= base + j < numel`` and lanes ``j < page_size``: whatever the
 runs say, nothing lands outside the table.
@@ -16,13 +15,11 @@ runs say, nothing lands outside the table.
 
 from __future__ import annotations
 
-from contextlib import nullcontext
-
 import torch
 import triton
 import triton.language as tl
 
-from ..kernels.page_table import _hooks_active, _launch_entry, launch_compiled
+from ..kernels.launch import device_context, hooks_active, launch_compiled, launch_entry
 
 #: Entries a program covers: as many runs as fit, at least one (a page wider than this
 #: takes a program of its own).
@@ -109,13 +106,12 @@ class RunWriter:
         programs = -(-count // self.runs_per_program)
         index = self._index
         entry = self._entry
-        if entry is None or _hooks_active():
+        if entry is None or hooks_active():
             # Triton's own path: compiles on first use (and runs under the interpreter).
-            switch = index >= 0 and index != torch.cuda.current_device()
-            with torch.cuda.device(index) if switch else nullcontext():
+            with device_context(index):
                 kernel = self._jit_launch(programs, first, count)
             if entry is None and index >= 0:
-                self._entry = _launch_entry(kernel)
+                self._entry = launch_entry(kernel)
             return
         launch_compiled(
             entry, index, programs, 1, self._ptrs, (first, count, self._numel), self._constexprs
