@@ -264,8 +264,8 @@ def test_gpu_a_refused_registration_leaves_no_cuda_error():
     """A ring registered twice is refused the second time; the refusal must not stay behind
     as CUDA's last error, which the next kernel launch in the process would report as its own.
     Closing unregisters: a new registration of the same kind succeeds. (The rings go where the
-    workload's go, /dev/shm when it has room: on the H200 host, a file in the temporary folder
-    is refused registration, and the runs are then copied out instead.)"""
+    workload's go, /dev/shm when it has room: a file in the temporary folder may be refused
+    registration, and the runs are then copied out instead.)"""
     if not torch.cuda.is_available():
         pytest.skip("needs CUDA")
     reader = RingReader(1 << 20)

@@ -27,10 +27,10 @@ sweep. Sections, in the order they run (``runner.SECTIONS``):
     lists.
 
   ``host_max_gather`` cannot be captured correctly (its ``.item()`` freezes the width at
-  capture), so it has eager wall time only. ``block_grid`` (``pagegraph.baselines``) is the
+  capture), so it has eager wall time only. ``block_grid`` (``pagegraph.kernels.baselines``) is the
   rejected design, kept as a baseline: a fixed ``(bs, cdiv(width, 64))`` grid of page
   blocks over the whole static width. Before timing, every builder's output is checked
-  once, exactly, against ``pagegraph.checker.expected_tables`` on the live entries
+  once, exactly, against ``pagegraph.check.checker.expected_tables`` on the live entries
   (``exact``), and again after a graph replay (``graph_exact``).
 * ``replay``: ``GraphRunner.replay()`` host time against a bare ``CUDAGraph.replay()``
   (``replay_overhead``).
@@ -45,8 +45,9 @@ wall times of the interpreter, exactness, and ``None`` for every device field.
 Modules: ``configs`` (shapes), ``inputs`` (inputs, L2 rotation, outputs and the exactness
 check), ``floors``, ``timing`` (graph and wall-clock timing, settings), ``rows``, ``decode``,
 ``replay_overhead``, ``checker_rate``, ``sweeps`` (and ``--tune``), ``report`` (targets,
-Markdown, plots) and ``runner`` (``run_bench`` and the command line). What is imported here
-is the public surface.
+Markdown, plots), ``runner`` (``run_bench`` and the command line) and ``pytest_bench`` (the
+pytest-benchmark timings that ``benchmarks/test_bench.py`` runs). What is imported here is
+the public surface.
 """
 
 from __future__ import annotations
@@ -88,6 +89,16 @@ from .inputs import (
     rotated_copies,
     rotation_count,
 )
+from .pytest_bench import (
+    PYTEST_CONFIGS,
+    PYTEST_EAGER_BUILDERS,
+    PYTEST_REPLAY_CONFIG,
+    PYTEST_ROUNDS,
+    PYTEST_WARMUP_ROUNDS,
+    InputCache,
+    time_eager,
+    time_replay,
+)
 from .replay_overhead import bench_replay_overhead, interleaved_wall_us
 from .report import format_markdown, format_tune_markdown, targets
 from .rows import BUILDERS, GRAPH_SAFE, bench_config, single_bucket_runner
@@ -105,8 +116,8 @@ from .timing import (
     wall_time_us,
 )
 
-# The names scripts used before the package split (benchmarks/ and tools/experiments/ now use
-# the public ones above).
+# Aliases of the public names above under their older private spellings, for scripts that
+# still use those.
 _Check = Check
 _outputs = make_outputs
 _poison = poison
@@ -125,6 +136,11 @@ __all__ = [
     "GRAPH_REPLAYS",
     "GRAPH_SAFE",
     "K",
+    "PYTEST_CONFIGS",
+    "PYTEST_EAGER_BUILDERS",
+    "PYTEST_REPLAY_CONFIG",
+    "PYTEST_ROUNDS",
+    "PYTEST_WARMUP_ROUNDS",
     "REPLAY_CALLS",
     "SECTIONS",
     "SECTOR",
@@ -138,6 +154,7 @@ __all__ = [
     "BenchConfig",
     "BenchInputs",
     "Check",
+    "InputCache",
     "Rotation",
     "Settings",
     "add_arguments",
@@ -176,5 +193,7 @@ __all__ = [
     "smoke_config",
     "sweep_kernel_params",
     "targets",
+    "time_eager",
+    "time_replay",
     "wall_time_us",
 ]

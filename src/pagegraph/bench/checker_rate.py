@@ -1,6 +1,6 @@
 """The "checker" section (issue #15): how many replays per second the checker verifies.
 
-``pagegraph.checker.check_replay_safety("build_page_table", ...)`` runs a scenario's workload
+``pagegraph.check.checker.check_replay_safety("build_page_table", ...)`` runs a scenario's workload
 through captured graphs and checks every replay; its report carries ``replays_per_s``, the
 steady-state rate of checked replays (start-up and capture excluded). The bench runs it four
 times on one scenario: with no sync detector and with the CUPTI detector (skipped, with the

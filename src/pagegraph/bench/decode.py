@@ -277,10 +277,8 @@ def bench_decode_config(cfg: BenchConfig, s: Settings) -> list[dict]:
                 row["error"] = error(exc)
     # Eager host times in alternating rounds, every variant in each: the targets are ratios
     # between variants, which a host that drifts between two separate timings would skew
-    # (in one H200 run, build_page_table's eager median ranged from 10.1 to 19.7 us over
-    # configs whose host path is the same). Not enough on a noisy host: in rounds of 50
-    # calls, two variants with one host path (draft tokens 0 and 4) still differed by 4 us in
-    # one config of one H200 run (profiles/bench/NOTES.md).
+    # (configs whose host path is the same can differ widely). Long rounds are not enough on
+    # a noisy host: two variants with one host path (draft tokens 0 and 4) can still differ.
     # Rounds of EAGER_ROUND_CALLS: the ratios are taken round by round (paired_ratio in
     # decode_summary), so short rounds give many pairs, each within one state of the host.
     try:

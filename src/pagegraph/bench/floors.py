@@ -24,7 +24,8 @@ from .timing import GRAPH_BUILDS, GRAPH_REPLAYS, device_time_us
 SECTOR = 32
 #: Bytes per copy buffer for the bandwidth measurement.
 COPY_BYTES = 2 * 2**30
-#: Footprints below this are taken as L2-resident across the builds of one graph (H200: 60 MB).
+#: Footprints below this are taken as L2-resident across the builds of one graph (the H200's
+#: L2 size; used when the device does not report its own).
 DEFAULT_L2_BYTES = 60 * 10**6
 
 

@@ -9,7 +9,7 @@
   builder over them, as a serving engine's forward pass between two decode steps would have
   evicted the previous step's reads.
 * ``make_outputs`` / ``poison`` / ``Check``: output tables filled with ``POISON`` and an exact
-  comparison of their live entries with ``pagegraph.checker.expected_tables``.
+  comparison of their live entries with ``pagegraph.check.checker.expected_tables``.
 """
 
 from __future__ import annotations

@@ -5,7 +5,7 @@ For one config (``decode-mid``) a single-bucket ``GraphRunner`` is captured; the
 process, host wall time per call of
 
 * ``runner.replay(req_pool_indices, seq_lens)`` from device tensors: bucket lookup, the
-  address check, the mailbox post (``pagegraph.staging``), then the graph launch; and
+  address check, the mailbox post (``pagegraph.graph.staging``), then the graph launch; and
 * ``runner.graphs[bucket].replay()``: the graph launch alone (its stage node finds nothing
   posted and leaves the static inputs, so it rebuilds the same batch).
 

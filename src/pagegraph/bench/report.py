@@ -255,6 +255,32 @@ def format_markdown(result: dict) -> str:
     rows = result["rows"]
     cuda = env.get("cuda_available")
     lines = ["# pagegraph bench", ""]
+    lines += _environment_markdown(env, cuda)
+    for note in result.get("notes", []):
+        lines.append(f"> {note}")
+    if result.get("notes"):
+        lines.append("")
+    configs = _config_names(rows)
+    for config in configs:
+        lines += _config_markdown(rows, config)
+    if rows:
+        lines += _speedup_markdown(rows, configs)
+    if result.get("decode_metadata"):
+        lines += format_decode_markdown(result["decode_metadata"], cuda)
+    if result.get("replay_overhead"):
+        lines += format_replay_markdown(result["replay_overhead"])
+    if result.get("checker"):
+        lines += format_checker_markdown(result["checker"], cuda)
+    lines += _targets_markdown(result, cuda)
+    lines += _sweeps_markdown(result.get("sweeps") or {}, cuda)
+    for png in result.get("plots", []):
+        lines.append(f"![{png}]({png})")
+    return "\n".join(lines).rstrip() + "\n"
+
+
+def _environment_markdown(env: dict, cuda: bool) -> list[str]:
+    """The smoke-run warning (without CUDA), the environment table and how things are timed."""
+    lines = []
     if not cuda:
         lines += [
             "**No CUDA device: this is a smoke run under the Triton interpreter** with tiny "
@@ -266,119 +292,129 @@ def format_markdown(result: dict) -> str:
     lines += ["## Environment", "", "| key | value |", "|---|---|"]
     for key in ("device", "date", "torch", "triton", "cuda", "python", "sm_count", "l2_bytes"):
         lines.append(f"| {key} | {_f(env.get(key))} |")
-    bw = env.get("bandwidth_bytes_per_s")
     lines.append("")
     if cuda:
-        builds, replays = env.get("graph_builds"), env.get("graph_replays")
-        lines += [
-            f"- Device-to-device bandwidth: {_f(bw / 1e9 if bw else None, 0)} GB/s (read + "
-            f"write, a {COPY_BYTES // 2**30} GiB copy_, median of event-timed copies).",
-            f"- Launch floor: {_f(env.get('launch_floor_us'))} us per graph node (an empty "
-            f"one-program Triton kernel, {builds} per graph).",
-            f"- Device time: a CUDA graph of {builds} builds, median of {replays} event-timed "
-            f"replays, / {builds}. `device us`: the builds of one graph cycle over several "
-            "`req_to_token` tables with the same requests on other pages, so page starts come "
-            "from DRAM, as after a forward pass has flushed L2. `L2-warm us`: every build "
-            "reads the same inputs, as a back-to-back microbenchmark sees them.",
-            f"- Eager: host wall time of one call, median of {env.get('eager_calls')}; in "
-            "square brackets the same build through a `PreparedBuild` (`prepare_build`: checks "
-            "done once, per call only the address checks and the launch). Replay: "
-            "host wall time of one `GraphRunner.replay()` including staging, median of "
-            f"{env.get('replay_calls')}, from device tensors and (in brackets) from host lists.",
-            "- host_max_gather cannot be captured correctly (its `.item()` freezes the width at "
-            "capture): eager time only.",
-            "",
-        ]
-    else:
-        lines += [
-            f"- Eager: interpreter wall time of one call, median of {env.get('eager_calls')}.",
-            "- exact: the output checked once against `expected_tables` on the live entries "
-            "(replay: through `GraphRunner`, eagerly).",
-            "",
-        ]
-    for note in result.get("notes", []):
-        lines.append(f"> {note}")
-    if result.get("notes"):
-        lines.append("")
+        return lines + _gpu_method_notes(env)
+    return lines + [
+        f"- Eager: interpreter wall time of one call, median of {env.get('eager_calls')}.",
+        "- exact: the output checked once against `expected_tables` on the live entries "
+        "(replay: through `GraphRunner`, eagerly).",
+        "",
+    ]
 
-    configs = []
+
+def _gpu_method_notes(env: dict) -> list[str]:
+    """The bullet list that says how each GPU figure of the tables is taken."""
+    bw = env.get("bandwidth_bytes_per_s")
+    builds, replays = env.get("graph_builds"), env.get("graph_replays")
+    return [
+        f"- Device-to-device bandwidth: {_f(bw / 1e9 if bw else None, 0)} GB/s (read + "
+        f"write, a {COPY_BYTES // 2**30} GiB copy_, median of event-timed copies).",
+        f"- Launch floor: {_f(env.get('launch_floor_us'))} us per graph node (an empty "
+        f"one-program Triton kernel, {builds} per graph).",
+        f"- Device time: a CUDA graph of {builds} builds, median of {replays} event-timed "
+        f"replays, / {builds}. `device us`: the builds of one graph cycle over several "
+        "`req_to_token` tables with the same requests on other pages, so page starts come "
+        "from DRAM, as after a forward pass has flushed L2. `L2-warm us`: every build "
+        "reads the same inputs, as a back-to-back microbenchmark sees them.",
+        f"- Eager: host wall time of one call, median of {env.get('eager_calls')}; in "
+        "square brackets the same build through a `PreparedBuild` (`prepare_build`: checks "
+        "done once, per call only the address checks and the launch). Replay: "
+        "host wall time of one `GraphRunner.replay()` including staging, median of "
+        f"{env.get('replay_calls')}, from device tensors and (in brackets) from host lists.",
+        "- host_max_gather cannot be captured correctly (its `.item()` freezes the width at "
+        "capture): eager time only.",
+        "",
+    ]
+
+
+def _config_names(rows: list[dict]) -> list[str]:
+    """The configs of ``rows``, in the order they first appear."""
+    configs: list[str] = []
     for row in rows:
         if row["config"] not in configs:
             configs.append(row["config"])
-    for config in configs:
-        first = next(r for r in rows if r["config"] == config)
-        mb = first["bytes"] / 1e6 if first["bytes"] is not None else None
-        lines += [
-            f"## {config}",
-            "",
-            f"bs {first['bs']}, page size {first['page_size']}, max context "
-            f"{tokens(first['max_context_len'])} (width {first['width']} pages), lengths "
-            f"{first['lengths']}, SWA {'on' if first['swa'] else 'off'}; live pages "
-            f"{_f(first['live_pages'])}, floor bytes {_f(first['bytes'])} ({_f(mb, 2)} MB"
-            f"{', fits in L2' if first['l2_resident'] else ''}; device time cycles over "
-            f"{_f(first.get('input_sets'))} input tables).",
-            "",
-            "| builder | device us | L2-warm us | floor us | % of floor | eager us | replay us "
-            "| exact |",
-            "|---|---:|---:|---:|---:|---:|---:|:---:|",
-        ]
-        errors = []
-        for row in (r for r in rows if r["config"] == config):
-            pct = row["fraction_of_floor"] * 100 if row["fraction_of_floor"] is not None else None
-            replay = _f(row["replay_us"])
-            if row["replay_host_us"] is not None:
-                replay += f" ({_f(row['replay_host_us'])})"
-            if row["builder"] != "build_page_table":
-                replay = "-"
-            device = _f(row["device_us"], 2)
-            if row["builder"] not in GRAPH_SAFE:
-                device = "n/a (no graph)"
-            exact = _f(row["exact"])
-            eager = _f(row["eager_us"], 1)
-            if row.get("eager_prepared_us") is not None:
-                eager += f" [{_f(row['eager_prepared_us'], 1)}]"
-            if row["graph_exact"] is False or row["replay_exact"] is False:
-                exact += " (graph: NO)"
-            lines.append(
-                f"| {row['builder']} | {device} | {_f(row.get('device_warm_us'), 2)} | "
-                f"{_f(row['floor_us'], 3)} | {_f(pct, 1)} | "
-                f"{eager} | {replay} | {exact} |"
-            )
-            if row["error"] or row["mismatch"]:
-                errors.append(f"- {row['builder']}: {row['error'] or row['mismatch']}")
-        lines.append("")
-        if errors:
-            lines += ["Errors:", "", *errors, ""]
+    return configs
 
-    if rows:
-        lines += [
-            "## build_page_table speed-up (device time)",
-            "",
-            "| config | vs static_width_gather | vs block_grid |",
-            "|---|---:|---:|",
-        ]
-        for config in configs:
-            a = _speedup(rows, config, "static_width_gather")
-            b = _speedup(rows, config, "block_grid")
-            lines.append(
-                f"| {config} | {_f(a, 2)}{'x' if a else ''} | {_f(b, 2)}{'x' if b else ''} |"
-            )
-        lines.append("")
-    if result.get("decode_metadata"):
-        lines += format_decode_markdown(result["decode_metadata"], cuda)
-    if result.get("replay_overhead"):
-        lines += format_replay_markdown(result["replay_overhead"])
-    if result.get("checker"):
-        lines += format_checker_markdown(result["checker"], cuda)
-    lines += ["## Targets (H200)", ""]
+
+def _config_markdown(rows: list[dict], config: str) -> list[str]:
+    """One config's section: its shape, then a line per builder, then its errors."""
+    first = next(r for r in rows if r["config"] == config)
+    mb = first["bytes"] / 1e6 if first["bytes"] is not None else None
+    lines = [
+        f"## {config}",
+        "",
+        f"bs {first['bs']}, page size {first['page_size']}, max context "
+        f"{tokens(first['max_context_len'])} (width {first['width']} pages), lengths "
+        f"{first['lengths']}, SWA {'on' if first['swa'] else 'off'}; live pages "
+        f"{_f(first['live_pages'])}, floor bytes {_f(first['bytes'])} ({_f(mb, 2)} MB"
+        f"{', fits in L2' if first['l2_resident'] else ''}; device time cycles over "
+        f"{_f(first.get('input_sets'))} input tables).",
+        "",
+        "| builder | device us | L2-warm us | floor us | % of floor | eager us | replay us "
+        "| exact |",
+        "|---|---:|---:|---:|---:|---:|---:|:---:|",
+    ]
+    errors = []
+    for row in (r for r in rows if r["config"] == config):
+        lines.append(_builder_line(row))
+        if row["error"] or row["mismatch"]:
+            errors.append(f"- {row['builder']}: {row['error'] or row['mismatch']}")
+    lines.append("")
+    if errors:
+        lines += ["Errors:", "", *errors, ""]
+    return lines
+
+
+def _builder_line(row: dict) -> str:
+    """A builder's line of its config's table."""
+    pct = row["fraction_of_floor"] * 100 if row["fraction_of_floor"] is not None else None
+    replay = _f(row["replay_us"])
+    if row["replay_host_us"] is not None:
+        replay += f" ({_f(row['replay_host_us'])})"
+    if row["builder"] != "build_page_table":
+        replay = "-"
+    device = _f(row["device_us"], 2)
+    if row["builder"] not in GRAPH_SAFE:
+        device = "n/a (no graph)"
+    exact = _f(row["exact"])
+    eager = _f(row["eager_us"], 1)
+    if row.get("eager_prepared_us") is not None:
+        eager += f" [{_f(row['eager_prepared_us'], 1)}]"
+    if row["graph_exact"] is False or row["replay_exact"] is False:
+        exact += " (graph: NO)"
+    return (
+        f"| {row['builder']} | {device} | {_f(row.get('device_warm_us'), 2)} | "
+        f"{_f(row['floor_us'], 3)} | {_f(pct, 1)} | "
+        f"{eager} | {replay} | {exact} |"
+    )
+
+
+def _speedup_markdown(rows: list[dict], configs: list[str]) -> list[str]:
+    """``build_page_table``'s device-time speed-up over the two baselines, per config."""
+    lines = [
+        "## build_page_table speed-up (device time)",
+        "",
+        "| config | vs static_width_gather | vs block_grid |",
+        "|---|---:|---:|",
+    ]
+    for config in configs:
+        a = _speedup(rows, config, "static_width_gather")
+        b = _speedup(rows, config, "block_grid")
+        lines.append(f"| {config} | {_f(a, 2)}{'x' if a else ''} | {_f(b, 2)}{'x' if b else ''} |")
+    lines.append("")
+    return lines
+
+
+def _targets_markdown(result: dict, cuda: bool) -> list[str]:
+    """The targets, rotated and L2-warm (without CUDA: a line saying they were not checked)."""
+    lines = ["## Targets (H200)", ""]
     if not cuda:
-        lines += ["Not checked: the targets are device and GPU wall times.", ""]
+        return lines + ["Not checked: the targets are device and GPU wall times.", ""]
     for title, key in (
         ("inputs rotated out of L2 (`device_us`)", "targets"),
         ("same inputs every build, L2-warm (`device_warm_us`)", "targets_warm"),
     ):
-        if not cuda:
-            break
         lines += [f"### {title}", "", "| target | measured | met |", "|---|---:|:---:|"]
         for t in result.get(key, []):
             measured = _f(t["measured"], 2)
@@ -387,37 +423,42 @@ def format_markdown(result: dict) -> str:
             met = "n/a" if t["met"] is None else ("yes" if t["met"] else "no")
             lines.append(f"| {t['target']} | {measured} | {met} |")
         lines.append("")
+    return lines
 
-    sweeps = result.get("sweeps") or {}
-    if sweeps:
-        lines += ["## Sweeps", ""]
-        for sweep in sweeps.values():
-            if "series" not in sweep:
-                lines += [f"- {sweep['name']}: {sweep.get('error')}", ""]
-                continue
-            xs = sweep["x"]
-            label = tokens if sweep["x_name"] == "max_context_len" else str
-            lines += [
-                f"### {sweep['name']} (device us per build)",
-                "",
-                f"| builder | {' | '.join(label(x) for x in xs)} |",
-                f"|---|{'---:|' * len(xs)}",
-            ]
-            for builder, ys in sweep["series"].items():
-                cells = []
-                for y, ok in zip(ys, sweep["exact"][builder]):
-                    cells.append(_f(y, 2) + (" (inexact)" if ok is False else ""))
-                lines.append(f"| {builder} | {' | '.join(cells)} |")
-            lines.append("")
-            for err in sweep["errors"]:
-                lines.append(f"- error: {err}")
-            if sweep["errors"]:
-                lines.append("")
-    elif not cuda:
-        lines += ["## Sweeps", "", "Not run: device-time sweeps need a GPU.", ""]
-    for png in result.get("plots", []):
-        lines.append(f"![{png}]({png})")
-    return "\n".join(lines).rstrip() + "\n"
+
+def _sweeps_markdown(sweeps: dict, cuda: bool) -> list[str]:
+    """A table per sweep (device us per build against its x), with its errors."""
+    if not sweeps:
+        return [] if cuda else ["## Sweeps", "", "Not run: device-time sweeps need a GPU.", ""]
+    lines = ["## Sweeps", ""]
+    for sweep in sweeps.values():
+        if "series" not in sweep:
+            lines += [f"- {sweep['name']}: {sweep.get('error')}", ""]
+            continue
+        lines += _sweep_table(sweep)
+    return lines
+
+
+def _sweep_table(sweep: dict) -> list[str]:
+    xs = sweep["x"]
+    label = tokens if sweep["x_name"] == "max_context_len" else str
+    lines = [
+        f"### {sweep['name']} (device us per build)",
+        "",
+        f"| builder | {' | '.join(label(x) for x in xs)} |",
+        f"|---|{'---:|' * len(xs)}",
+    ]
+    for builder, ys in sweep["series"].items():
+        cells = []
+        for y, ok in zip(ys, sweep["exact"][builder]):
+            cells.append(_f(y, 2) + (" (inexact)" if ok is False else ""))
+        lines.append(f"| {builder} | {' | '.join(cells)} |")
+    lines.append("")
+    for err in sweep["errors"]:
+        lines.append(f"- error: {err}")
+    if sweep["errors"]:
+        lines.append("")
+    return lines
 
 
 def _pair(a: float | None, b: float | None, digits: int = 2) -> str:

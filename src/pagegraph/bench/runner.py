@@ -1,6 +1,6 @@
 """Running the suite: ``run_bench`` and the ``pagegraph bench`` command line.
 
-(Not to be confused with ``pagegraph.runner``, the ``GraphRunner`` under test: this module
+(Not to be confused with ``pagegraph.graph.runner``, the ``GraphRunner`` under test: this module
 runs the benchmark sections.) ``run_bench`` measures the floors, runs the chosen sections in
 order (``SECTIONS``), computes the targets, and writes ``bench.json``, ``bench.md`` and the
 sweep PNGs. ``add_arguments`` / ``run`` are what ``pagegraph.cli`` plugs in; ``main`` is
@@ -19,14 +19,14 @@ import torch
 
 from ..detect.ranges import phase
 from .checker_rate import bench_checker
-from .configs import CONFIG_NAMES, TUNE_CONFIGS, get_config, smoke_config
+from .configs import CONFIG_NAMES, TUNE_CONFIGS, BenchConfig, get_config, smoke_config
 from .decode import bench_decode_config, decode_summary
 from .floors import DEFAULT_L2_BYTES, measure_bandwidth, measure_launch_floor
 from .replay_overhead import bench_replay_overhead
 from .report import format_markdown, plot, targets
 from .rows import bench_config
 from .sweeps import run_sweeps, sweep_kernel_params
-from .timing import bench_environment, error, make_settings, recover
+from .timing import Settings, bench_environment, error, make_settings, recover
 
 #: Sections of a run, in the order they run. ``builders``: a row per (config, builder);
 #: ``replay``: runner replay vs bare graph replay; ``metadata``: decode metadata per config;
@@ -56,10 +56,7 @@ def run_bench(
     replays. ``sweeps=False`` drops the sweeps; ``only``: run just these ``SECTIONS``.
     Without CUDA: a tiny smoke run under the interpreter.
     """
-    unknown = sorted(set(only or ()) - set(SECTIONS))
-    if unknown:
-        raise ValueError(f"unknown bench section(s) {unknown}: use {', '.join(SECTIONS)}")
-    sections = [x for x in SECTIONS if (not only or x in only) and (sweeps or x != "sweeps")]
+    sections = _chosen_sections(only, sweeps)
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     cuda = torch.cuda.is_available()
@@ -67,31 +64,10 @@ def run_bench(
     env = bench_environment(cuda)
     s = make_settings(cuda, quick, env.get("l2_bytes") or DEFAULT_L2_BYTES)
     notes: list[str] = []
-    env["bandwidth_bytes_per_s"] = None
-    env["launch_floor_us"] = None
-    if cuda and ("builders" in sections or "sweeps" in sections):
-        try:
-            with phase("bench"):
-                env["bandwidth_bytes_per_s"] = s.bandwidth = measure_bandwidth()
-        except Exception as exc:  # noqa: BLE001
-            notes.append(f"bandwidth not measured ({error(exc)}): floor_us is n/a")
-            recover(True)
-        try:
-            with phase("bench"):
-                env["launch_floor_us"] = measure_launch_floor(s.builds, s.replays)
-        except Exception as exc:  # noqa: BLE001
-            notes.append(f"launch floor not measured: {error(exc)}")
-            recover(True)
+    _measure_floors(env, s, cuda and ("builders" in sections or "sweeps" in sections), notes)
     if not cuda:
         chosen = [smoke_config(c) for c in chosen]
-        notes.append(
-            "CPU smoke run (Triton interpreter): device fields are None; run on a GPU for "
-            "device times, floors, replay times and sweeps."
-        )
-    if quick:
-        notes.append("quick run: fewer calls and replays, three points per sweep")
-    if only:
-        notes.append(f"sections run: {', '.join(sections)} (--only)")
+    notes += _run_notes(cuda, quick, only, sections)
     env.update(
         graph_builds=s.builds if cuda else None,
         graph_replays=s.replays if cuda else None,
@@ -99,42 +75,9 @@ def run_bench(
         replay_calls=s.replay_calls if cuda else None,
         quick=quick,
     )
-
-    rows: list[dict] = []
-    decode: list[dict] = []
-    replay: dict | None = None
-    checker: list[dict] = []
     result: dict = {"env": env, "sections": sections}
-    if "builders" in sections:
-        for cfg in chosen:
-            _progress(f"{cfg.name} ...")
-            rows += bench_config(cfg, s, env, env["launch_floor_us"])
-    if "replay" in sections:
-        _progress("runner replay vs bare graph replay ...")
-        replay = bench_replay_overhead(s)
-    if "metadata" in sections:
-        for cfg in chosen:
-            _progress(f"decode metadata {cfg.name} ...")
-            decode += bench_decode_config(cfg, s)
-    sweep_results: dict = {}
-    plot_names: list[str] = []
-    if cuda and "sweeps" in sections:
-        _progress("sweeps ...")
-        sweep_results = run_sweeps(s, quick)
-        if plots:
-            for key, sweep in sweep_results.items():
-                if "series" not in sweep:
-                    continue
-                name = f"{key}.png"
-                err = plot(sweep, out / name, env["device"], env["launch_floor_us"])
-                if err:
-                    notes.append(err)
-                else:
-                    plot_names.append(name)
-    if "checker" in sections:
-        _progress("checker throughput ...")
-        checker = bench_checker(cuda, quick)
-
+    measured = _run_sections(sections, chosen, s, env, quick, (out if plots else None), notes)
+    rows, decode, replay = measured["rows"], measured["decode"], measured["replay"]
     lf = env["launch_floor_us"]
     result.update(
         rows=rows,
@@ -145,16 +88,119 @@ def run_bench(
         decode_metadata=decode,
         decode_metadata_summary=decode_summary(decode),
         replay_overhead=replay,
-        checker=checker,
-        sweeps=sweep_results,
+        checker=measured["checker"],
+        sweeps=measured["sweeps"],
         notes=notes,
-        plots=plot_names,
+        plots=measured["plots"],
     )
+    _write_outputs(result, out)
+    return result
+
+
+def _chosen_sections(only: Sequence[str] | None, sweeps: bool) -> list[str]:
+    """The ``SECTIONS`` to run, in order; ``ValueError`` for a name that is not one."""
+    unknown = sorted(set(only or ()) - set(SECTIONS))
+    if unknown:
+        raise ValueError(f"unknown bench section(s) {unknown}: use {', '.join(SECTIONS)}")
+    return [x for x in SECTIONS if (not only or x in only) and (sweeps or x != "sweeps")]
+
+
+def _measure_floors(env: dict, s: Settings, wanted: bool, notes: list[str]) -> None:
+    """Set ``env``'s bandwidth and launch floor (``None`` unless ``wanted`` and measured; a
+    failed measurement adds a note and leaves the device usable)."""
+    env["bandwidth_bytes_per_s"] = None
+    env["launch_floor_us"] = None
+    if not wanted:
+        return
+    try:
+        with phase("bench"):
+            env["bandwidth_bytes_per_s"] = s.bandwidth = measure_bandwidth()
+    except Exception as exc:  # noqa: BLE001
+        notes.append(f"bandwidth not measured ({error(exc)}): floor_us is n/a")
+        recover(True)
+    try:
+        with phase("bench"):
+            env["launch_floor_us"] = measure_launch_floor(s.builds, s.replays)
+    except Exception as exc:  # noqa: BLE001
+        notes.append(f"launch floor not measured: {error(exc)}")
+        recover(True)
+
+
+def _run_notes(
+    cuda: bool, quick: bool, only: Sequence[str] | None, sections: list[str]
+) -> list[str]:
+    """The report's notes on what kind of run this is."""
+    notes = []
+    if not cuda:
+        notes.append(
+            "CPU smoke run (Triton interpreter): device fields are None; run on a GPU for "
+            "device times, floors, replay times and sweeps."
+        )
+    if quick:
+        notes.append("quick run: fewer calls and replays, three points per sweep")
+    if only:
+        notes.append(f"sections run: {', '.join(sections)} (--only)")
+    return notes
+
+
+def _run_sections(
+    sections: list[str],
+    chosen: list[BenchConfig],
+    s: Settings,
+    env: dict,
+    quick: bool,
+    plot_dir: Path | None,
+    notes: list[str],
+) -> dict:
+    """Run the chosen sections in order: ``rows``, ``replay``, ``decode``, ``sweeps`` (and
+    their ``plots``, drawn into ``plot_dir`` unless it is ``None``) and ``checker``, each
+    empty (``None`` for ``replay``) when its section is not run."""
+    cuda = s.cuda
+    measured: dict = {"rows": [], "replay": None, "decode": [], "sweeps": {}, "plots": []}
+    measured["checker"] = []
+    if "builders" in sections:
+        for cfg in chosen:
+            _progress(f"{cfg.name} ...")
+            measured["rows"] += bench_config(cfg, s, env, env["launch_floor_us"])
+    if "replay" in sections:
+        _progress("runner replay vs bare graph replay ...")
+        measured["replay"] = bench_replay_overhead(s)
+    if "metadata" in sections:
+        for cfg in chosen:
+            _progress(f"decode metadata {cfg.name} ...")
+            measured["decode"] += bench_decode_config(cfg, s)
+    if cuda and "sweeps" in sections:
+        _progress("sweeps ...")
+        measured["sweeps"] = run_sweeps(s, quick)
+        if plot_dir is not None:
+            measured["plots"] = _plot_sweeps(measured["sweeps"], plot_dir, env, notes)
+    if "checker" in sections:
+        _progress("checker throughput ...")
+        measured["checker"] = bench_checker(cuda, quick)
+    return measured
+
+
+def _plot_sweeps(sweeps: dict, out: Path, env: dict, notes: list[str]) -> list[str]:
+    """Draw each sweep that has series into ``out``; the PNGs' names (a failure: a note)."""
+    plot_names: list[str] = []
+    for key, sweep in sweeps.items():
+        if "series" not in sweep:
+            continue
+        name = f"{key}.png"
+        err = plot(sweep, out / name, env["device"], env["launch_floor_us"])
+        if err:
+            notes.append(err)
+        else:
+            plot_names.append(name)
+    return plot_names
+
+
+def _write_outputs(result: dict, out: Path) -> None:
+    """Write ``bench.json`` and ``bench.md`` and print the markdown."""
     markdown = format_markdown(result)
     (out / "bench.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
     (out / "bench.md").write_text(markdown)
     print(markdown)
-    return result
 
 
 def _progress(what: str) -> None:

@@ -13,7 +13,7 @@ kernels on the same addresses, so between replays only the buffers' contents may
   views of the live rows. With graphs, staging is part of the graph: the host posts the batch
   (device tensors by address, host values by value) into a pinned mailbox, and each graph's
   first node copies it into the static inputs and pads rows ``n..bucket`` by the padding
-  policy (``pagegraph.staging``), so a replay is one graph launch and no other CUDA call,
+  policy (``pagegraph.graph.staging``), so a replay is one graph launch and no other CUDA call,
   inside one NVTX range ``replay/bs=N``. Eagerly (no graphs) the batch is copied in (device
   tensors by ``copy_``; host values through a pinned ring and a non-blocking copy) and padded
   by device fills, in a ``stage/bs=N`` range, then built in a ``replay/bs=N`` range. Every
@@ -21,8 +21,8 @@ kernels on the same addresses, so between replays only the buffers' contents may
   the graph's back would make replays read freed memory silently.
 * The engine's usual call, two 1-D device tensors with graphs on the current device, takes a
   short path: batch size and bucket from the tensors' shape and a table, the post's header
-  in one write. A replay costs about 3x a bare ``CUDAGraph.replay()`` of host time; the rest
-  is the address check and the post, which read each tensor's attributes once a call.
+  in one write. Beyond a bare ``CUDAGraph.replay()``, a replay's host time is the address
+  check and the post, which read each tensor's attributes once a call.
 
 All replays are issued on the caller's current stream, one after another, so graphs that share
 the pool never run concurrently, whatever the bucket order. Without CUDA the same code path
@@ -46,8 +46,8 @@ from .staging import Mailbox
 
 
 def _count(values) -> int:
-    """Entries of a batch argument: ``shape[0]`` of a 1-D tensor (a third of ``len()``'s
-    cost), else ``len()`` (which raises for a 0-d tensor or a non-sequence)."""
+    """Entries of a batch argument: ``shape[0]`` of a 1-D tensor (cheaper than ``len()``),
+    else ``len()`` (which raises for a 0-d tensor or a non-sequence)."""
     if type(values) is torch.Tensor and values.dim() == 1:
         return values.shape[0]
     return len(values)
@@ -70,6 +70,27 @@ class BufferAllocationError(MemoryError):
     """The static buffers do not fit on the device; the message names the sizes asked for."""
 
 
+def _check_arguments(req_to_token, page_size, max_context_len, index_dtype, full_to_swa) -> None:
+    """``ValueError`` for a ``GraphRunner`` argument that no setting can make work."""
+    if not isinstance(req_to_token, torch.Tensor) or req_to_token.dim() != 2:
+        raise ValueError("req_to_token must be a 2-D tensor [max_reqs, max_context_len]")
+    if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
+        raise ValueError(f"page_size must be a positive integer, got {page_size!r}")
+    if max_context_len < 1:
+        raise ValueError(f"max_context_len must be >= 1, got {max_context_len}")
+    if req_to_token.shape[1] < max_context_len:
+        raise ValueError(
+            f"req_to_token has {req_to_token.shape[1]} columns, fewer than "
+            f"max_context_len={max_context_len}"
+        )
+    if index_dtype not in INDEX_DTYPES:
+        raise ValueError(f"index_dtype must be int32 or int64, got {index_dtype}")
+    if full_to_swa is not None and full_to_swa.device != req_to_token.device:
+        raise ValueError(
+            f"full_to_swa is on {full_to_swa.device}, req_to_token on {req_to_token.device}"
+        )
+
+
 #: Pinned staging buffers in the ring. A buffer is rewritten only after the copy that last
 #: read it has completed; with this many in flight the wait practically never happens.
 STAGING_RING = 4
@@ -85,7 +106,7 @@ class GraphRunner:
             page_size)`` is the width of the page tables unless ``table_width`` says
             otherwise.
         page_size: tokens per page.
-        buckets: preset name or explicit list (see ``pagegraph.buckets.Buckets``).
+        buckets: preset name or explicit list (see ``pagegraph.graph.buckets.Buckets``).
         padding: ``"sglang"``, ``"vllm"``, ``"dummy-row"`` or a ``PaddingPolicy`` (with
             graphs, frozen into each graph's stage node at capture).
         builder: a callable with the builder signature, a built-in name, or ``"module:fn"``.
@@ -100,7 +121,7 @@ class GraphRunner:
             ``cdiv(max_context_len, page_size)`` (longer rows then stop at the width).
         outputs: ``"page_table"`` or ``"decode_metadata"`` (a builder with
             ``build_decode_metadata``'s signature; default: what the builder says, see
-            ``pagegraph.builders.builder_kind``). A metadata builder also gets static
+            ``pagegraph.kernels.registry.builder_kind``). A metadata builder also gets static
             ``cache_seqlens`` ``[max_bs]``, ``cu_seqlens_k`` and ``cu_seqlens_q``
             ``[max_bs + 1]`` int32 buffers (or the engine's own, passed by name), and
             ``draft_tokens``, a host value frozen into the graphs like ``page_size``.
@@ -129,23 +150,34 @@ class GraphRunner:
         cu_seqlens_k: torch.Tensor | None = None,
         cu_seqlens_q: torch.Tensor | None = None,
     ):
-        if not isinstance(req_to_token, torch.Tensor) or req_to_token.dim() != 2:
-            raise ValueError("req_to_token must be a 2-D tensor [max_reqs, max_context_len]")
-        if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
-            raise ValueError(f"page_size must be a positive integer, got {page_size!r}")
-        if max_context_len < 1:
-            raise ValueError(f"max_context_len must be >= 1, got {max_context_len}")
-        if req_to_token.shape[1] < max_context_len:
-            raise ValueError(
-                f"req_to_token has {req_to_token.shape[1]} columns, fewer than "
-                f"max_context_len={max_context_len}"
-            )
-        if index_dtype not in INDEX_DTYPES:
-            raise ValueError(f"index_dtype must be int32 or int64, got {index_dtype}")
-        if full_to_swa is not None and full_to_swa.device != req_to_token.device:
-            raise ValueError(
-                f"full_to_swa is on {full_to_swa.device}, req_to_token on {req_to_token.device}"
-            )
+        _check_arguments(req_to_token, page_size, max_context_len, index_dtype, full_to_swa)
+        self._configure(
+            req_to_token, full_to_swa, max_bs=max_bs, max_context_len=max_context_len,
+            page_size=page_size, buckets=buckets, padding=padding, builder=builder,
+            outputs=outputs, draft_tokens=draft_tokens, table_width=table_width,
+            use_graphs=use_graphs,
+        )  # fmt: skip
+        metadata_given = {"cache_seqlens": cache_seqlens, "cu_seqlens_k": cu_seqlens_k,
+                          "cu_seqlens_q": cu_seqlens_q}  # fmt: skip
+        self._allocate_buffers(
+            max_bs, index_dtype, errors, page_table, swa_page_table, metadata_given
+        )
+        self._init_staging(max_bs, index_dtype)
+
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.pool = None
+        self._addresses: dict[str, tuple] | None = None
+        # With graphs captured: the bucket of each batch size 0..max_bs (None for 0), which
+        # also says that replay() may take its short path.
+        self._bucket_of: list[int | None] | None = None
+        self.last_bucket: int | None = None
+
+    def _configure(
+        self, req_to_token, full_to_swa, *, max_bs, max_context_len, page_size, buckets,
+        padding, builder, outputs, draft_tokens, table_width, use_graphs,
+    ) -> None:  # fmt: skip
+        """The runner's settings: device, buckets, padding, builder and what it outputs, the
+        table width and whether to capture graphs (``ValueError`` for a bad one)."""
         self.device = req_to_token.device
         self._device_index = req_to_token.get_device()  # -1 for the CPU
         self.req_to_token = req_to_token
@@ -173,13 +205,25 @@ class GraphRunner:
         if self.use_graphs and self.device.type != "cuda":
             raise ValueError("use_graphs=True needs req_to_token on a CUDA device")
 
+    def _allocate_buffers(
+        self,
+        max_bs: int,
+        index_dtype: torch.dtype,
+        errors: bool,
+        page_table: torch.Tensor | None,
+        swa_page_table: torch.Tensor | None,
+        metadata_given: dict[str, torch.Tensor | None],
+    ) -> None:
+        """The static buffers: inputs, page tables (the engine's own where given), the
+        ``errors`` counters and, for a metadata builder, the metadata outputs. Running out of
+        device memory raises ``BufferAllocationError`` with the sizes asked for."""
         dev = self.device
-        if swa_page_table is not None and full_to_swa is None:
+        if swa_page_table is not None and self.full_to_swa is None:
             raise ValueError("swa_page_table was given without full_to_swa")
         for name, buf in (("page_table", page_table), ("swa_page_table", swa_page_table)):
             if buf is not None:
                 self._check_output_buffer(name, buf, max_bs)
-        tables = 2 if full_to_swa is not None else 1
+        tables = 2 if self.full_to_swa is not None else 1
         try:
             self.req_pool_indices = torch.zeros(max_bs, dtype=index_dtype, device=dev)
             self.seq_lens = torch.zeros(max_bs, dtype=index_dtype, device=dev)
@@ -189,7 +233,7 @@ class GraphRunner:
                 else torch.zeros((max_bs, self.max_num_pages), dtype=torch.int32, device=dev)
             )
             self.swa_page_table = None
-            if full_to_swa is not None:
+            if self.full_to_swa is not None:
                 self.swa_page_table = (
                     swa_page_table[:max_bs, : self.max_num_pages]
                     if swa_page_table is not None
@@ -202,25 +246,7 @@ class GraphRunner:
             )
             self.cache_seqlens = self.cu_seqlens_k = self.cu_seqlens_q = None
             if self.metadata:
-                given = {"cache_seqlens": (cache_seqlens, max_bs),
-                         "cu_seqlens_k": (cu_seqlens_k, max_bs + 1),
-                         "cu_seqlens_q": (cu_seqlens_q, max_bs + 1)}  # fmt: skip
-                for name, (buf, length) in given.items():
-                    if buf is None:
-                        buf = torch.zeros(length, dtype=torch.int32, device=dev)
-                    elif (
-                        not isinstance(buf, torch.Tensor)
-                        or buf.dim() != 1
-                        or buf.dtype != torch.int32
-                        or buf.shape[0] < length
-                        or buf.device != dev
-                        or (length > 1 and buf.stride(0) != 1)
-                    ):
-                        raise ValueError(
-                            f"{name} must be a contiguous 1-D int32 tensor of >= {length} "
-                            f"entries on {dev}"
-                        )
-                    setattr(self, name, buf[:length])
+                self._metadata_buffers(max_bs, metadata_given)
         except (torch.OutOfMemoryError, RuntimeError) as exc:
             if not isinstance(exc, torch.OutOfMemoryError) and "memory" not in str(exc):
                 raise
@@ -231,8 +257,32 @@ class GraphRunner:
                 f"{need / 2**30:.2f} GiB ({exc})"
             ) from exc
 
-        # Graphs stage from a mailbox (read by each graph's first node); eager replays copy
-        # host values through a pinned ring.
+    def _metadata_buffers(self, max_bs: int, given: dict[str, torch.Tensor | None]) -> None:
+        """``cache_seqlens`` ``[max_bs]``, ``cu_seqlens_k`` and ``cu_seqlens_q``
+        ``[max_bs + 1]`` int32: the engine's own where ``given``, else new ones."""
+        dev = self.device
+        lengths = {"cache_seqlens": max_bs, "cu_seqlens_k": max_bs + 1, "cu_seqlens_q": max_bs + 1}
+        for name, length in lengths.items():
+            buf = given[name]
+            if buf is None:
+                buf = torch.zeros(length, dtype=torch.int32, device=dev)
+            elif (
+                not isinstance(buf, torch.Tensor)
+                or buf.dim() != 1
+                or buf.dtype != torch.int32
+                or buf.shape[0] < length
+                or buf.device != dev
+                or (length > 1 and buf.stride(0) != 1)
+            ):
+                raise ValueError(
+                    f"{name} must be a contiguous 1-D int32 tensor of >= {length} entries on {dev}"
+                )
+            setattr(self, name, buf[:length])
+
+    def _init_staging(self, max_bs: int, index_dtype: torch.dtype) -> None:
+        """Graphs stage from a mailbox (read by each graph's first node); eager replays copy
+        host values through a pinned ring."""
+        dev = self.device
         self._mailbox = Mailbox(max_bs, dev) if self.use_graphs else None
         pin = dev.type == "cuda"
         rings = 0 if self.use_graphs else STAGING_RING
@@ -242,14 +292,6 @@ class GraphRunner:
         self._staging_np = [buf.numpy() for buf in self._staging]
         self._staging_done: list[torch.cuda.Event | None] = [None] * rings
         self._staging_next = 0
-
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.pool = None
-        self._addresses: dict[str, tuple] | None = None
-        # With graphs captured: the bucket of each batch size 0..max_bs (None for 0), which
-        # also says that replay() may take its short path.
-        self._bucket_of: list[int | None] | None = None
-        self.last_bucket: int | None = None
 
     def _check_output_buffer(self, name: str, buf: torch.Tensor, max_bs: int) -> None:
         if not isinstance(buf, torch.Tensor) or buf.dim() != 2 or buf.dtype != torch.int32:
@@ -438,7 +480,7 @@ class GraphRunner:
 
     def _views_of(self, n: int) -> tuple:
         """Rows ``:n`` of the static buffers (inputs, tables), made once per ``n``: slicing
-        costs a microsecond a view, and every replay needs four."""
+        is not free, and every replay needs four."""
         views = self._views.get(n)
         if views is None:
             swa = self.swa_page_table[:n] if self.swa_page_table is not None else None
@@ -504,8 +546,9 @@ class GraphRunner:
             valid until the next replay.
         """
         # The engine's usual call, two 1-D tensors of one shape into captured graphs on the
-        # current device, takes the short path: each check of the general one costs a tenth of
-        # a bare graph launch, so here the count and the bucket come from the shape once. What
+        # current device, takes the short path: the general one's checks add up to a sizeable
+        # part of a bare graph launch, so here the count and the bucket come from the shape
+        # once. What
         # the shape does not settle (dtype, device, moved buffers) raises from the same calls
         # as on the general path; anything else (lists, other shapes, an empty or oversized
         # batch, eager mode, another current device) takes the general path.
@@ -552,7 +595,7 @@ class GraphRunner:
         elif torch._C._cuda_getDevice() == self._device_index:
             self._post_and_launch(req_pool_indices, seq_lens, n, bucket)
         else:
-            # A device context costs microseconds: entered only when the current device differs.
+            # A device context is not free: entered only when the current device differs.
             with torch.cuda.device(self.device):
                 self._post_and_launch(req_pool_indices, seq_lens, n, bucket)
         self.last_bucket = bucket

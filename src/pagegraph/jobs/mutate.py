@@ -1,8 +1,8 @@
 """``pagegraph mutate``: the checker against the mutant zoo, and the kill table.
 
-Every builder of ``pagegraph.mutants.MUTANTS`` (one realistic bug each) and every control (the
+Every builder of ``pagegraph.check.mutants.MUTANTS`` (one realistic bug each) and every control (the
 correct builders) is checked over the given scenarios, each builder in its own child process
-(``pagegraph.isolate``), several at a time. A mutant is killed when some scenario reports it
+(``pagegraph.check.isolate``), several at a time. A mutant is killed when some scenario reports it
 UNSAFE: a property failed, or its process died (a crash counts, with its cause). Each mutant
 stops at its first failing chunk in each scenario (one failure decides the verdict); controls
 run every replay. The result is a kill table (mutant, bug, first scenario and property that
@@ -143,64 +143,17 @@ def run_mutate(
     """Run the kill table; see the module docstring. ``gpu_mutants``: also run the mutants
     that can only die on a GPU (default: when CUDA is present)."""
     try:
-        loaded = [load_scenario(p) for p in scenarios]
-        names = list(MUTANTS) if mutants is None else list(mutants)
-        unknown = [n for n in names if n not in MUTANTS]
-        if unknown:
-            raise ValueError(f"unknown mutant(s) {unknown}: known are {', '.join(MUTANTS)}")
-        if replays is not None and replays < 1:
-            raise ValueError("--replays must be >= 1")
-        if jobs < 1:
-            raise ValueError("--jobs must be >= 1")
+        loaded, names = _load_and_validate(scenarios, mutants, replays, jobs)
     except (ScenarioError, ValueError) as exc:
         print(f"pagegraph mutate: {exc}", file=sys.stderr)
         return 2
     if gpu_mutants is None:
         gpu_mutants = torch.cuda.is_available()
     labels = [s.name for s in loaded]
-
-    outcomes = [Outcome(name, fn.__doc__.strip().splitlines()[0] if fn.__doc__ else "", True)
-                for name, fn in CONTROLS.items()]  # fmt: skip
-    for name in names:
-        m = MUTANTS[name]
-        o = Outcome(name, m.bug, False)
-        if not m.cpu and not gpu_mutants:
-            o.skipped = "can only die on a GPU"
-        outcomes.append(o)
-
-    def configs(control: bool) -> list[Job]:
-        out = []
-        for s in loaded:
-            cfg = s.config
-            if replays is not None:
-                cfg = cfg.replace(steps=replays)
-            if not control:
-                cfg = cfg.replace(chunk=min(cfg.chunk, MUTATION_CHUNK))
-            out.append(Job("", cfg, s.name, stop_on_failure=not control))
-        return out
-
-    def spec_of(o: Outcome) -> str:
-        from ..kernels.registry import BUILDERS, METADATA_BUILDERS
-
-        builtin = o.name in BUILDERS or o.name in METADATA_BUILDERS
-        return o.name if builtin else f"pagegraph.check.mutants:{o.name}"
+    outcomes = _initial_outcomes(names, gpu_mutants)
 
     def run_one(o: Outcome) -> Outcome:
-        if o.skipped:
-            return o
-        js = [Job(spec_of(o), j.config, j.label, j.stop_on_failure) for j in configs(o.control)]
-        t0 = time.monotonic()
-        for label, report in zip(labels, run_isolated(js, timeout=timeout)):
-            o.reports[label] = report
-        if not quiet:
-            state = (
-                ("SAFE everywhere" if o.safe_everywhere else "NOT SAFE")
-                if o.control
-                else ("killed: " + ", ".join(f"{s} ({p})" for s, p in o.killers().items())
-                      if o.killed else "SURVIVED")
-            )  # fmt: skip
-            print(f"{o.name}: {state} ({time.monotonic() - t0:.1f} s)", file=sys.stderr)
-        return o
+        return _check_builder(o, loaded, replays, timeout, quiet)
 
     t0 = time.monotonic()
     try:
@@ -222,6 +175,94 @@ def run_mutate(
     )
     table = format_kill_table(outcomes, labels)
     matrix = format_matrix(outcomes, labels)
+    _print_results(table, matrix, survivors, bad_controls, summary)
+    if json_path:
+        _write_json(json_path, loaded, outcomes, smallest, survivors, bad_controls, elapsed)
+    if markdown_path:
+        _write_markdown(markdown_path, summary, table, matrix)
+    return 1 if survivors or bad_controls else 0
+
+
+def _load_and_validate(
+    scenarios: list[str], mutants: list[str] | None, replays: int | None, jobs: int
+) -> tuple[list, list[str]]:
+    """The loaded scenarios and the mutant names to run; ``ScenarioError`` or ``ValueError``
+    for bad usage."""
+    loaded = [load_scenario(p) for p in scenarios]
+    names = list(MUTANTS) if mutants is None else list(mutants)
+    unknown = [n for n in names if n not in MUTANTS]
+    if unknown:
+        raise ValueError(f"unknown mutant(s) {unknown}: known are {', '.join(MUTANTS)}")
+    if replays is not None and replays < 1:
+        raise ValueError("--replays must be >= 1")
+    if jobs < 1:
+        raise ValueError("--jobs must be >= 1")
+    return loaded, names
+
+
+def _initial_outcomes(names: list[str], gpu_mutants: bool) -> list[Outcome]:
+    """An empty outcome per control, then per mutant (skipped: a GPU-only mutant without
+    ``gpu_mutants``)."""
+    outcomes = [Outcome(name, fn.__doc__.strip().splitlines()[0] if fn.__doc__ else "", True)
+                for name, fn in CONTROLS.items()]  # fmt: skip
+    for name in names:
+        m = MUTANTS[name]
+        o = Outcome(name, m.bug, False)
+        if not m.cpu and not gpu_mutants:
+            o.skipped = "can only die on a GPU"
+        outcomes.append(o)
+    return outcomes
+
+
+def _scenario_jobs(loaded: list, replays: int | None, control: bool) -> list[Job]:
+    """A job per scenario (builder spec left empty): a mutant stops at its first failing
+    chunk, in chunks of at most ``MUTATION_CHUNK`` replays; a control runs every replay."""
+    out = []
+    for s in loaded:
+        cfg = s.config
+        if replays is not None:
+            cfg = cfg.replace(steps=replays)
+        if not control:
+            cfg = cfg.replace(chunk=min(cfg.chunk, MUTATION_CHUNK))
+        out.append(Job("", cfg, s.name, stop_on_failure=not control))
+    return out
+
+
+def _builder_spec(o: Outcome) -> str:
+    """How a child process finds the builder: a registry name, else the mutant's path."""
+    from ..kernels.registry import BUILDERS, METADATA_BUILDERS
+
+    builtin = o.name in BUILDERS or o.name in METADATA_BUILDERS
+    return o.name if builtin else f"pagegraph.check.mutants:{o.name}"
+
+
+def _check_builder(
+    o: Outcome, loaded: list, replays: int | None, timeout: float | None, quiet: bool
+) -> Outcome:
+    """Check one builder over every scenario, each in a child process, into ``o.reports``
+    (a skipped one is left as it is); unless ``quiet``, one progress line on stderr."""
+    if o.skipped:
+        return o
+    spec = _builder_spec(o)
+    scenario_jobs = _scenario_jobs(loaded, replays, o.control)
+    js = [Job(spec, j.config, j.label, j.stop_on_failure) for j in scenario_jobs]
+    t0 = time.monotonic()
+    for label, report in zip([s.name for s in loaded], run_isolated(js, timeout=timeout)):
+        o.reports[label] = report
+    if not quiet:
+        state = (
+            ("SAFE everywhere" if o.safe_everywhere else "NOT SAFE")
+            if o.control
+            else ("killed: " + ", ".join(f"{s} ({p})" for s, p in o.killers().items())
+                  if o.killed else "SURVIVED")
+        )  # fmt: skip
+        print(f"{o.name}: {state} ({time.monotonic() - t0:.1f} s)", file=sys.stderr)
+    return o
+
+
+def _print_results(
+    table: str, matrix: str, survivors: list[str], bad_controls: list[str], summary: str
+) -> None:
     print(table)
     print()
     print(matrix)
@@ -231,60 +272,72 @@ def run_mutate(
     if bad_controls:
         print(f"controls not SAFE everywhere: {', '.join(bad_controls)}")
     print(summary)
-    if json_path:
-        from .environment import environment
 
-        write_json_atomic(
-            json_path,
-            {
-                "environment": environment(),
-                "scenarios": [{"name": s.name, "path": s.path} for s in loaded],
-                "smallest_killing_set": smallest,
-                "survivors": survivors,
-                "bad_controls": bad_controls,
-                "seconds": elapsed,
-                "builders": [
-                    {
-                        "name": o.name,
-                        "bug": o.bug,
-                        "control": o.control,
-                        "skipped": o.skipped,
-                        "killed": o.killed if not o.control else None,
-                        "killers": o.killers(),
-                        "reports": {s: r.to_dict() for s, r in o.reports.items()},
-                    }
-                    for o in outcomes
-                ],
-            },
-        )
-    if markdown_path:
-        from .environment import environment
 
-        env = environment()
-        path = Path(markdown_path)
-        path.parent.mkdir(parents=True, exist_ok=True)
-        path.write_text(
-            "\n".join(
-                [
-                    "# pagegraph mutate",
-                    "",
-                    f"{env['date']} on {env['device']} (torch {env['torch']}, "
-                    f"triton {env['triton']})",
-                    "",
-                    summary,
-                    "",
-                    "## Kill table",
-                    "",
-                    table,
-                    "",
-                    "## Which scenario kills which mutant (first failing property)",
-                    "",
-                    matrix,
-                    "",
-                ]
-            )
+def _write_json(
+    json_path: str,
+    loaded: list,
+    outcomes: list[Outcome],
+    smallest: list[str],
+    survivors: list[str],
+    bad_controls: list[str],
+    elapsed: float,
+) -> None:
+    """The whole run as JSON: environment, scenarios, verdicts and every report."""
+    from .environment import environment
+
+    write_json_atomic(
+        json_path,
+        {
+            "environment": environment(),
+            "scenarios": [{"name": s.name, "path": s.path} for s in loaded],
+            "smallest_killing_set": smallest,
+            "survivors": survivors,
+            "bad_controls": bad_controls,
+            "seconds": elapsed,
+            "builders": [
+                {
+                    "name": o.name,
+                    "bug": o.bug,
+                    "control": o.control,
+                    "skipped": o.skipped,
+                    "killed": o.killed if not o.control else None,
+                    "killers": o.killers(),
+                    "reports": {s: r.to_dict() for s, r in o.reports.items()},
+                }
+                for o in outcomes
+            ],
+        },
+    )
+
+
+def _write_markdown(markdown_path: str, summary: str, table: str, matrix: str) -> None:
+    """The summary, the kill table and the matrix as Markdown."""
+    from .environment import environment
+
+    env = environment()
+    path = Path(markdown_path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(
+        "\n".join(
+            [
+                "# pagegraph mutate",
+                "",
+                f"{env['date']} on {env['device']} (torch {env['torch']}, triton {env['triton']})",
+                "",
+                summary,
+                "",
+                "## Kill table",
+                "",
+                table,
+                "",
+                "## Which scenario kills which mutant (first failing property)",
+                "",
+                matrix,
+                "",
+            ]
         )
-    return 1 if survivors or bad_controls else 0
+    )
 
 
 def add_arguments(parser):

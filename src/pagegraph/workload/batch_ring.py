@@ -1,13 +1,12 @@
 """A byte ring in shared memory that carries a workload child's page runs to the checker.
 
 A workload child (``producer``) sends a batch of ``BATCH_STEPS`` steps at a time, with every
-step's page runs (five int64 a page): about 2.4 MB a batch on sglang-h200 and 5.5 MB on
-swa-hybrid. Pickled onto a ``multiprocessing`` queue, a batch crosses a pipe in 64 KB pieces; on
-the H200 host that cost about 260 us a step (sglang-h200) and 660 us (swa-hybrid) between two
-batches received. Written into a ring that both processes map, a batch costs the writer one
-copy in and the reader one copy out (``tools/experiments/transport_probe.py``: 29 and 52 us a
-step), or none where the device reads the ring in place (below). Only the runs travel this way;
-the small step descriptions still go through the queue, with where the runs lie in the ring.
+step's page runs (five int64 a page): megabytes a batch. Pickled onto a ``multiprocessing``
+queue, a batch crosses a pipe in small pieces, each a system call and a copy on both sides.
+Written into a ring that both processes map, a batch costs the writer one copy in and the
+reader one copy out, or none where the device reads the ring in place (below). Only the runs
+travel this way; the small step descriptions still go through the queue, with where the runs
+lie in the ring.
 
 Layout: a file of ``HEADER_BYTES + capacity`` bytes, mapped by both processes. The header's
 first int64 is ``released``, the bytes the reader is done with (a counter that only grows;
@@ -55,7 +54,8 @@ from ..kernels.cudart import clear_last_error
 RING_SUPPORTED = platform.machine().lower() in ("x86_64", "amd64")
 #: Bytes before the ring: ``released`` and room for more counters, one cache line.
 HEADER_BYTES = 64
-#: Ring bytes per writer: a segment of steps of swa-hybrid (16 batches, 87 MB) fits.
+#: Ring bytes per writer: sized so a segment of steps of the largest shipped scenario
+#: (swa-hybrid) fits.
 RING_BYTES = 128 << 20
 #: Seconds a writer sleeps between two looks at ``released`` while the ring is full.
 WAIT_S = 0.0005
@@ -153,8 +153,8 @@ class RingReader:
         import torch
 
         if not self._in_shm:
-            # A file on an ordinary filesystem: the H200 host's driver refused to register one
-            # (the runs are then copied out, as without a GPU).
+            # A file on an ordinary filesystem: a driver may refuse to register one, so it is
+            # not tried (the runs are then copied out, as without a GPU).
             return False
         base = self._header.ctypes.data  # the map's first byte: page-aligned
         try:

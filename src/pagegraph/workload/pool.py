@@ -600,9 +600,8 @@ class KVPool:
         if self._swa_touched:
             # Each page once, in its final state. A step touches many pages twice (a finished
             # request's pages unmapped, then mapped again for an arrival that takes them; an
-            # arrival's pages mapped, then those behind its window evicted): about 45% of the
-            # touches on swa-hybrid, whose every run would otherwise be sent, staged and
-            # scattered again.
+            # arrival's pages mapped, then those behind its window evicted), and each touch's
+            # run would otherwise be sent, staged and scattered again.
             pages = np.concatenate(self._swa_touched)
             # Linear, not a sort: each position writes its index into the page's slot (of
             # duplicates, one write stands), and the positions whose write stood are kept.

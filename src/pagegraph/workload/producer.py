@@ -2,8 +2,8 @@
 streams.
 
 A ``DecodeWorkload``'s host side (the pool model: finishes, arrivals, page allocation, growth,
-SWA eviction, out-of-contract injections) costs a few hundred microseconds of Python a step,
-more than a checked replay itself. ``ProducedWorkload`` separates it from the device tables:
+SWA eviction, out-of-contract injections) is Python that takes longer a step than
+a checked replay itself. ``ProducedWorkload`` separates it from the device tables:
 
 * **Host models.** Each stream is a ``DecodeWorkload`` over its own ``KVPool`` whose tables
   live on the ``meta`` device (no memory, no CUDA). Its steps come in batches of
@@ -32,7 +32,7 @@ write (same seeds, same code; ``tests/test_producer.py`` compares them with
 ``DecodeWorkload``), so a verdict does not depend on where the workload ran.
 
 Child processes are started with ``spawn`` (never ``fork``: the parent may hold a CUDA
-context), so each costs an interpreter start and a ``torch`` import (a second or two); they
+context), so each costs an interpreter start and a ``torch`` import; they
 start generating at construction, while the caller captures its graphs. A child that fails
 sends its exception, which is raised at the step where it happened; a child that dies without
 a word (killed, out of memory) is reported with its exit code; a child whose parent is gone
@@ -115,7 +115,7 @@ def _batches(pool_kwargs: dict, workload_kwargs: dict) -> Iterator[list]:
             step = workload._advance(i)
             # Arrays, converted here rather than by the consumer: they pickle as one buffer,
             # and the checker's model and the runner's post copy them without a Python loop
-            # (a list of 256 lengths costs the consumer about 5 us each time).
+            # (a list would cost the consumer a Python loop each time).
             step = Step(i, np.asarray(step.req_pool_indices, dtype=np.int64),
                         np.asarray(step.seq_lens, dtype=np.int64))  # fmt: skip
             batch.append((step, [(tags[id(w)], runs) for w, runs in pool.take_writes()]))
