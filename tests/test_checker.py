@@ -13,16 +13,12 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pagegraph import GraphRunner, build_page_table, check_replay_safety, reference_page_table
-from pagegraph.check.checker import (
-    POISON,
-    PROPERTIES,
-    REPLAY_PROPERTIES,
-    CheckConfig,
-    Report,
-    _Compiles,
-    expected_tables,
-)
+from pagegraph.check.config import PROPERTIES, REPLAY_PROPERTIES, CheckConfig
 from pagegraph.check.mutants import reset_caches
+from pagegraph.check.probes import CompileCounter
+from pagegraph.check.reference import expected_tables
+from pagegraph.check.report import Report
+from pagegraph.check.verify import POISON
 from pagegraph.detect.sync import DetectorUnavailable, parse_detectors
 from pagegraph.graph.buckets import resolve_padding
 from pagegraph.pytest_plugin import assert_replay_safe
@@ -466,7 +462,7 @@ def test_missing_compile_hook_is_a_skip_with_its_reason(monkeypatch):
 
     monkeypatch.setenv("TRITON_INTERPRET", "0")
     monkeypatch.setattr(triton.knobs, "runtime", object())
-    compiles = _Compiles()
+    compiles = CompileCounter()
     assert compiles.reason and "jit_post_compile_hook" in compiles.reason
 
 
@@ -755,6 +751,6 @@ def test_batch_model_flags_exactly_the_rows_out_of_the_contract(draft_tokens, le
 def test_the_upload_ring_outlasts_the_replays_in_flight():
     """The checker keeps IN_FLIGHT replays in flight; the verifier refills an upload buffer
     UPLOAD_RING uploads later, which must be after the copy reading it was waited for."""
-    from pagegraph.check import checker, verify
+    from pagegraph.check import state, verify
 
-    assert checker.IN_FLIGHT >= 1 and verify.UPLOAD_RING >= checker.IN_FLIGHT + 1
+    assert state.IN_FLIGHT >= 1 and verify.UPLOAD_RING >= state.IN_FLIGHT + 1

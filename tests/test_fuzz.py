@@ -16,7 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from pagegraph import ERROR_KINDS, build_page_table, check_replay_safety, reference_page_table
-from pagegraph.check.checker import CheckConfig
+from pagegraph.check.config import CheckConfig
 from pagegraph.kernels.contract import cdiv
 
 from helpers import assert_equal_tables, framed

@@ -9,7 +9,7 @@ import textwrap
 import pytest
 import torch
 
-from pagegraph.check.checker import CheckConfig
+from pagegraph.check.config import CheckConfig
 from pagegraph.check.isolate import IsolatedError, Job, builder_spec, run_isolated
 from pagegraph.cli import main
 from pagegraph.pytest_plugin import assert_replay_safe

@@ -29,15 +29,9 @@ import tempfile
 import time
 from pathlib import Path
 
-from .checker import (
-    PROPERTIES,
-    REPLAY_PROPERTIES,
-    CheckConfig,
-    PropertyResult,
-    Report,
-    request_stop,
-    stop_requested,
-)
+from .config import PROPERTIES, REPLAY_PROPERTIES, CheckConfig
+from .report import PropertyResult, Report
+from .signals import request_stop, stop_requested
 
 #: Seconds a child may run one check before it is killed as hung (None: no limit).
 DEFAULT_TIMEOUT = None
@@ -73,7 +67,7 @@ def child_env() -> dict[str, str]:
     # From a source checkout (PYTHONPATH=src, nothing installed) the child python must still
     # find this very pagegraph.
     env = dict(os.environ)
-    root = str(Path(__file__).resolve().parent.parent)
+    root = str(Path(__file__).resolve().parents[2])  # the folder that holds pagegraph/
     parts = [p for p in env.get("PYTHONPATH", "").split(os.pathsep) if p]
     if root not in parts:
         env["PYTHONPATH"] = os.pathsep.join([root, *parts])
@@ -165,90 +159,125 @@ def run_isolated(
     with tempfile.TemporaryDirectory(prefix="pagegraph-isolate-") as tmp:
         tmp = Path(tmp)
         while next_job < len(jobs):
-            spec = {
-                "jobs": [
-                    {
-                        "builder": j.builder,
-                        "config": dataclasses.asdict(j.config),
-                        "stop_on_failure": j.stop_on_failure,
-                        "result": str(tmp / f"result-{k}.json"),
-                    }
-                    for k, j in enumerate(jobs)
-                ][next_job:],
-                "progress": str(tmp / "progress"),
-                "first": next_job,
-            }
-            spec_path = tmp / f"spec-{next_job}.json"
-            spec_path.write_text(json.dumps(spec, default=str))
-            (tmp / "progress").write_bytes(b" " * PROGRESS_BYTES)
+            spec_path = _write_spec(jobs, next_job, tmp)
             cmd = [sys.executable, "-m", "pagegraph.check.isolate", str(spec_path)]
             err_path = tmp / f"stderr-{next_job}.txt"
-            interrupted = None
-            timed_out = False
+            limit = None if timeout is None else timeout * (len(jobs) - next_job)
             with open(err_path, "w") as err:
                 proc = subprocess.Popen(cmd, env=child_env(), stderr=err, stdout=subprocess.DEVNULL)
-                limit = None if timeout is None else timeout * (len(jobs) - next_job)
-                deadline = None if limit is None else time.monotonic() + limit
-                forwarded = False
-                while True:
-                    try:
-                        proc.wait(timeout=0.2)
-                        break
-                    except subprocess.TimeoutExpired:
-                        pass
-                    except KeyboardInterrupt as exc:  # no stop_on_signals in the caller
-                        interrupted = interrupted or exc
-                        request_stop(getattr(exc, "signum", signal.SIGINT))
-                    signum = stop_requested()
-                    if signum is not None and not forwarded:
-                        # Ctrl-C reaches the whole process group, SIGTERM only us: make sure
-                        # the child stops too, and let it write its partial report.
-                        forwarded = True
-                        interrupted = interrupted or KeyboardInterrupt()
-                        interrupted.signum = signum
-                        deadline = time.monotonic() + 60
-                        try:
-                            proc.send_signal(signum)
-                        except ProcessLookupError:
-                            pass
-                    if deadline is not None and time.monotonic() > deadline:
-                        timed_out = not forwarded
-                        proc.kill()
-                        proc.wait()
-                        break
-            stderr = err_path.read_text(errors="replace")
-            progress = (tmp / "progress").read_bytes().decode(errors="replace").strip()
-            progress = progress.split("\t")
-            # Which jobs finished: each wrote a final report (marked "final").
-            for k in range(next_job, len(jobs)):
-                path = tmp / f"result-{k}.json"
-                doc = json.loads(path.read_text()) if path.exists() else None
-                if doc is not None and doc.get("final"):
-                    if doc.get("error"):
-                        raise IsolatedError(doc["error"])
-                    reports[k] = Report.from_dict(doc["report"])
-                    if on_report is not None:
-                        on_report(k, reports[k])
-                    next_job = k + 1
-                    continue
-                if interrupted is not None:
-                    if doc is not None:
-                        reports[k] = Report.from_dict(doc["report"])
-                    break
-                # The child died in job k (or was stopped there): report it, go on after it.
-                cause = _death(proc.returncode, timed_out)
-                phase = progress[1] if len(progress) > 1 and progress[0] == str(k) else ""
-                reports[k] = _crash_report(
-                    jobs[k], doc["report"] if doc else None, cause, phase, stderr or ""
-                )
-                if on_report is not None:
-                    on_report(k, reports[k])
-                next_job = k + 1
-                break
-            if interrupted is not None:
-                interrupted.reports = [r for r in reports if r is not None]
-                raise interrupted
+                ended = _wait_for_child(proc, limit)
+            ended.stderr = err_path.read_text(errors="replace")
+            ended.progress = (tmp / "progress").read_bytes().decode(errors="replace").strip()
+            next_job = _collect_reports(jobs, next_job, tmp, ended, reports, on_report)
+            if ended.interrupted is not None:
+                ended.interrupted.reports = [r for r in reports if r is not None]
+                raise ended.interrupted
     return [r for r in reports if r is not None]
+
+
+def _write_spec(jobs: list[Job], first: int, tmp: Path) -> Path:
+    """The spec of a child running ``jobs[first:]``, and its progress file, blank."""
+    spec = {
+        "jobs": [
+            {
+                "builder": j.builder,
+                "config": dataclasses.asdict(j.config),
+                "stop_on_failure": j.stop_on_failure,
+                "result": str(tmp / f"result-{k}.json"),
+            }
+            for k, j in enumerate(jobs)
+        ][first:],
+        "progress": str(tmp / "progress"),
+        "first": first,
+    }
+    spec_path = tmp / f"spec-{first}.json"
+    spec_path.write_text(json.dumps(spec, default=str))
+    (tmp / "progress").write_bytes(b" " * PROGRESS_BYTES)
+    return spec_path
+
+
+@dataclasses.dataclass
+class _ChildEnd:
+    """How a child ended: its exit status, killed for its time limit or stopped by a signal
+    to the parent (the ``KeyboardInterrupt`` to raise once its reports are read)."""
+
+    returncode: int | None
+    timed_out: bool = False
+    interrupted: KeyboardInterrupt | None = None
+    stderr: str = ""
+    #: the job index and the last phase the child noted, tab-separated
+    progress: str = ""
+
+
+def _wait_for_child(proc: subprocess.Popen, limit: float | None) -> _ChildEnd:
+    """Wait for the child, forwarding a stop request to it; kill it past ``limit`` seconds
+    (or 60 s after a forwarded stop)."""
+    interrupted = None
+    timed_out = False
+    deadline = None if limit is None else time.monotonic() + limit
+    forwarded = False
+    while True:
+        try:
+            proc.wait(timeout=0.2)
+            break
+        except subprocess.TimeoutExpired:
+            pass
+        except KeyboardInterrupt as exc:  # no stop_on_signals in the caller
+            interrupted = interrupted or exc
+            request_stop(getattr(exc, "signum", signal.SIGINT))
+        signum = stop_requested()
+        if signum is not None and not forwarded:
+            # Ctrl-C reaches the whole process group, SIGTERM only us: make sure the child
+            # stops too, and let it write its partial report.
+            forwarded = True
+            interrupted = interrupted or KeyboardInterrupt()
+            interrupted.signum = signum
+            deadline = time.monotonic() + 60
+            try:
+                proc.send_signal(signum)
+            except ProcessLookupError:
+                pass
+        if deadline is not None and time.monotonic() > deadline:
+            timed_out = not forwarded
+            proc.kill()
+            proc.wait()
+            break
+    return _ChildEnd(proc.returncode, timed_out, interrupted)
+
+
+def _collect_reports(jobs: list[Job], first: int, tmp: Path, ended: _ChildEnd,
+                     reports: list[Report | None], on_report) -> int:  # fmt: skip
+    """The reports of the jobs a child ran from ``first``, into ``reports``; returns the next
+    job to run (after the one it died in, if it died)."""
+    progress = ended.progress.split("\t")
+    next_job = first
+    # Which jobs finished: each wrote a final report (marked "final").
+    for k in range(first, len(jobs)):
+        path = tmp / f"result-{k}.json"
+        doc = json.loads(path.read_text()) if path.exists() else None
+        if doc is not None and doc.get("final"):
+            if doc.get("error"):
+                raise IsolatedError(doc["error"])
+            reports[k] = Report.from_dict(doc["report"])
+            if on_report is not None:
+                on_report(k, reports[k])
+            next_job = k + 1
+            continue
+        if ended.interrupted is not None:
+            if doc is not None:
+                reports[k] = Report.from_dict(doc["report"])
+            break
+        # The child died in job k (or was stopped there): report it, go on after it.
+        cause = _death(ended.returncode, ended.timed_out)
+        phase = progress[1] if len(progress) > 1 and progress[0] == str(k) else ""
+        reports[k] = _crash_report(
+            jobs[k], doc["report"] if doc else None, cause, phase, ended.stderr or ""
+        )
+        if on_report is not None:
+            on_report(k, reports[k])
+        next_job = k + 1
+        break
+    return next_job
 
 
 # -- the child ---------------------------------------------------------------------------------
@@ -264,7 +293,8 @@ def _child(spec_path: str) -> int:
         progress = mmap.mmap(f.fileno(), PROGRESS_BYTES)
     from ..detect.sync import DetectorUnavailable
     from ..kernels.registry import resolve_builder
-    from .checker import CheckInterrupted, check_replay_safety, stop_on_signals
+    from .checker import check_replay_safety
+    from .signals import CheckInterrupted, stop_on_signals
 
     stop = stop_on_signals()  # SIGINT/SIGTERM: stop between two replays, keep the report
     stop.__enter__()

@@ -65,9 +65,7 @@ import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from ..graph.buckets import PADDING, PRESETS, Buckets
-from ..workload.producer import MAX_STREAMS
-from .checker import STAGING_MODES, WORKLOAD_PROCESS_MODES, CheckConfig
+from .config import CheckConfig, ConfigError, validate_config
 
 
 class ScenarioError(ValueError):
@@ -143,7 +141,6 @@ _SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], str | None]]] = {
     },
 }
 _REQUIRED = {"graph": ("max_bs", "max_context_len", "page_size")}
-_DETECTORS = ("torch", "cupti")
 
 
 def _type_name(types: tuple[type, ...]) -> str:
@@ -221,81 +218,15 @@ def _take(path, table: str, key: str, value, out: dict) -> None:
 
 
 def _validate(path, c: CheckConfig) -> None:
-    def bad(key: str, problem: str):
-        raise ScenarioError(path, key, problem)
-
-    if c.max_bs < 1:
-        bad("graph.max_bs", f"must be >= 1, got {c.max_bs}")
-    if c.max_context_len < 1:
-        bad("graph.max_context_len", f"must be >= 1, got {c.max_context_len}")
-    if not 1 <= c.page_size <= 1024:
-        bad("graph.page_size", f"must be in 1..1024, got {c.page_size}")
-    if isinstance(c.buckets, str) and c.buckets not in PRESETS:
-        bad("graph.buckets", f"unknown preset {c.buckets!r} (known: {', '.join(PRESETS)})")
-    try:
-        Buckets(c.buckets, c.max_bs)
-    except ValueError as exc:
-        bad("graph.buckets", str(exc))
-    if c.padding not in PADDING:
-        bad("graph.padding", f"unknown policy {c.padding!r} (known: {', '.join(PADDING)})")
-    for fld in ("index_dtype", "r2t_dtype", "full_to_swa_dtype"):
-        if getattr(c, fld) not in ("int32", "int64"):
-            bad(_KEY_OF[fld], f"must be 'int32' or 'int64', got {getattr(c, fld)!r}")
-    if c.table_width is not None and c.table_width < 1:
-        bad("layout.table_width", f"must be >= 1, got {c.table_width}")
-    for fld in ("table_pad_cols", "r2t_extra_cols", "r2t_offset"):
-        if getattr(c, fld) < 0:
-            bad(_KEY_OF[fld], f"must be >= 0, got {getattr(c, fld)}")
-    if c.full_to_swa_dtype != "int64" and not c.swa:
-        bad("layout.full_to_swa_dtype", "needs graph.swa = true")
-    if c.max_reqs is not None and c.max_reqs < c.max_bs:
-        bad("pool.max_reqs", f"must be >= graph.max_bs ({c.max_bs}), got {c.max_reqs}")
-    if c.num_pages is not None and c.num_pages < 2:
-        bad("pool.num_pages", f"must be >= 2 (page 0 is reserved), got {c.num_pages}")
-    if c.row_order not in ("low-first", "high-first"):
-        bad("pool.row_order", f"must be 'low-first' or 'high-first', got {c.row_order!r}")
-    if c.steps < 1:
-        bad("workload.steps", f"must be >= 1, got {c.steps}")
-    for key in ("finish_rate", "near_capacity", "swa_churn", "overlong", "negative", "zero_len",
-                "bad_index"):  # fmt: skip
-        v = getattr(c, key)
-        if not 0 <= v <= 1:
-            bad(f"workload.{key}", f"must be in [0, 1], got {v}")
-    if not 0 <= c.draft_tokens <= 64:
-        bad("workload.draft_tokens", f"must be in 0..64, got {c.draft_tokens}")
-    if c.initial_len is not None:
-        il = c.initial_len
-        if len(il) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in il):
-            bad("workload.initial_len", f"must be [lo, hi] integers, got {il!r}")
-        if not 1 <= il[0] <= il[1] <= c.max_context_len:
-            bad("workload.initial_len", f"must satisfy 1 <= lo <= hi <= max_context_len, got {il}")
-        c.initial_len = (il[0], il[1])
-    if not c.swa and (c.swa_window is not None or c.swa_churn):
-        bad(
-            "workload.swa_window" if c.swa_window is not None else "workload.swa_churn",
-            "needs graph.swa = true",
-        )
-    if c.swa_window is not None and c.swa_window < 1:
-        bad("workload.swa_window", f"must be >= 1, got {c.swa_window}")
+    """The one config validator (``pagegraph.check.config.validate_config``), its messages
+    naming this file's keys; then the TOML-specific normalisation (lists to tuples, the
+    detectors to their canonical form)."""
     from ..detect.sync import parse_detectors
 
     try:
-        c.detectors = parse_detectors(c.detectors)
-    except ValueError as exc:
-        bad("check.detectors", str(exc))
-    if c.staging not in STAGING_MODES:
-        bad("check.staging", f"must be 'mixed', 'host' or 'device', got {c.staging!r}")
-    if c.chunk < 1:
-        bad("check.chunk", f"must be >= 1, got {c.chunk}")
-    if not 1 <= c.workload_streams <= MAX_STREAMS:
-        bad("workload.streams", f"must be in 1..{MAX_STREAMS}, got {c.workload_streams}")
-    if c.workload_process not in WORKLOAD_PROCESS_MODES:
-        bad(
-            "check.workload_process",
-            f"must be 'auto', 'on' or 'off', got {c.workload_process!r}",
-        )
-    if c.outputs not in ("auto", "page_table", "decode_metadata"):
-        bad(
-            "check.outputs",
-            f"outputs must be 'auto', 'page_table' or 'decode_metadata', got {c.outputs!r}",
-        )
+        validate_config(c, name=_KEY_OF.__getitem__, strict=True)
+    except ConfigError as exc:
+        raise ScenarioError(path, _KEY_OF[exc.field], exc.problem) from None
+    if c.initial_len is not None:
+        c.initial_len = (c.initial_len[0], c.initial_len[1])
+    c.detectors = parse_detectors(c.detectors)

@@ -1,0 +1,110 @@
+"""The checker's own output buffers, handed to the runner under test: the tables inside one
+poisoned allocation with canary rows and pad columns, and a metadata builder's vectors with a
+canary entry on both sides. The checker compares the whole allocations after every replay, so
+a write anywhere outside the live region is seen."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import torch
+
+from ..workload.decode import Step
+from ..workload.pool import KVPool
+from .config import INDEX_DTYPES, CheckConfig
+from .verify import CANARY_ROWS, POISON, batch_size, replay_bytes
+
+
+@dataclass
+class CheckBuffers:
+    """The tables and vectors of one check, and the views the runner gets of them."""
+
+    #: ``[T, max_bs + 2 * CANARY_ROWS, width + table_pad_cols]`` int32, T = 2 with SWA else 1
+    tables: torch.Tensor
+    #: per table, the ``[max_bs, width]`` int32 view the builder fills (page_table, then SWA)
+    views: list[torch.Tensor]
+    #: a metadata builder's ``[3, max_bs + 3]`` int32 vectors, or None for a table builder
+    vectors: torch.Tensor | None = None
+    #: ``cache_seqlens`` ``[max_bs]``, ``cu_seqlens_k`` and ``cu_seqlens_q`` ``[max_bs + 1]``
+    #: views of ``vectors`` (int32), or None
+    vector_views: dict[str, torch.Tensor] | None = None
+
+    def runner_kwargs(self, cfg: CheckConfig) -> dict:
+        """The runner's output arguments: tables, and a metadata builder's vectors."""
+        kwargs = dict(
+            page_table=self.views[0], swa_page_table=self.views[1] if len(self.views) == 2 else None
+        )
+        if self.vector_views is not None:
+            kwargs.update(self.vector_views, outputs="decode_metadata",
+                          draft_tokens=cfg.draft_tokens)  # fmt: skip
+        return kwargs
+
+    def eager_call(self, fn: Callable, cfg: CheckConfig, pool: KVPool, batch: Step,
+                   device: torch.device) -> Callable[[], None]:  # fmt: skip
+        """The builder's call on one workload batch (its ``bs`` request indices and lengths,
+        staged here as ``[bs]`` tensors of ``cfg.index_dtype``), into the first ``bs`` rows of
+        the buffers, as a callable of no argument."""
+        dtype = INDEX_DTYPES[cfg.index_dtype]
+        rpi = torch.tensor(batch.req_pool_indices, dtype=dtype, device=device)
+        sl = torch.tensor(batch.seq_lens, dtype=dtype, device=device)
+        bs = batch.bs
+        req_to_token, full_to_swa = pool.req_to_token, pool.full_to_swa
+        views = self.views
+        kwargs = {}
+        if full_to_swa is not None:
+            kwargs = {"swa_page_table": views[1][:bs], "full_to_swa": full_to_swa}
+        if self.vector_views is not None:
+            # build_decode_metadata's signature: page_size fourth, the outputs by keyword.
+            meta_fn, page_table = fn, views[0][:bs]
+            kwargs.update(
+                cache_seqlens=self.vector_views["cache_seqlens"][:bs],
+                cu_seqlens_k=self.vector_views["cu_seqlens_k"][: bs + 1],
+                cu_seqlens_q=self.vector_views["cu_seqlens_q"][: bs + 1],
+                draft_tokens=cfg.draft_tokens,
+            )
+
+            def fn(r2t, rpi, sl, _table, page_size, **kw):
+                meta_fn(r2t, rpi, sl, page_size, page_table=page_table, **kw)
+
+        def call() -> None:
+            fn(req_to_token, rpi, sl, views[0][:bs], cfg.page_size, **kwargs)
+
+        return call
+
+
+def allocate_check_buffers(cfg: CheckConfig, metadata: bool, device: torch.device) -> CheckBuffers:
+    """Poisoned buffers for ``cfg`` (with vectors when ``metadata``: a decode-metadata builder)."""
+    T = 2 if cfg.swa else 1
+    width = cfg.width
+    # The tables live in one allocation with a canary row above and below and the layout's
+    # pad columns: the checker poisons and compares all of it.
+    tables = torch.full(
+        (T, cfg.max_bs + 2 * CANARY_ROWS, width + cfg.table_pad_cols),
+        POISON,
+        dtype=torch.int32,
+        device=device,
+    )
+    views = [tables[t, CANARY_ROWS : CANARY_ROWS + cfg.max_bs, :width] for t in range(T)]
+    if not metadata:
+        return CheckBuffers(tables, views)
+    # A metadata builder's vectors, each with a canary entry on both sides.
+    vectors = torch.full((3, cfg.max_bs + 3), POISON, dtype=torch.int32, device=device)
+    vector_views = {
+        "cache_seqlens": vectors[0, 1 : 1 + cfg.max_bs],
+        "cu_seqlens_k": vectors[1, 1 : 2 + cfg.max_bs],
+        "cu_seqlens_q": vectors[2, 1 : 2 + cfg.max_bs],
+    }
+    return CheckBuffers(tables, views, vectors, vector_views)
+
+
+def table_bytes(cfg: CheckConfig) -> int:
+    """Device bytes the checker's tables and their verification take (an upper estimate of
+    the working set, for the memory check before allocating): the tables, and twice the
+    snapshots and intermediates of one verification batch (``pagegraph.verify.replay_bytes``):
+    the warm-up run before capture leaves its intermediates cached beside the graph's own."""
+    tables = 2 if cfg.swa else 1
+    rows = cfg.max_bs + 2 * CANARY_ROWS
+    padded_width = cfg.width + cfg.table_pad_cols
+    per = replay_bytes(tables, rows, padded_width, cfg.max_bs, cfg.width)
+    return tables * rows * padded_width * 4 + 2 * per * batch_size(per, min(cfg.chunk, cfg.steps))

@@ -1,0 +1,332 @@
+"""What a check runs and what it judges: ``CheckConfig``, its one validator, and the property
+table (``PROPERTIES``) every report lists in order.
+
+``validate_config`` is the only place that says which configs can run: the Python API calls
+it as is, and scenario files (``pagegraph.check.scenario``) call it with ``strict=True`` (the
+rules a file must also follow) and their own key names for the messages, after their
+TOML-specific checks (unknown tables and keys, types, required keys).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import NoReturn
+
+import torch
+
+from ..graph.buckets import PADDING, PRESETS, Buckets
+from ..kernels.contract import cdiv
+from ..kernels.registry import OUTPUT_KINDS
+from ..workload.decode import Injection
+from ..workload.producer import MAX_STREAMS
+
+#: ``CheckConfig`` dtype names -> torch dtypes (index buffers, ``req_to_token``,
+#: ``full_to_swa``).
+INDEX_DTYPES = {"int32": torch.int32, "int64": torch.int64}
+#: Values of ``CheckConfig.staging`` and ``CheckConfig.workload_process``.
+STAGING_MODES = ("mixed", "host", "device")
+WORKLOAD_PROCESS_MODES = ("auto", "on", "off")
+ROW_ORDERS = ("low-first", "high-first")
+#: Replays from which ``workload_process = "auto"`` runs the workload in a child process.
+PRODUCER_MIN_STEPS = 1000
+
+#: property -> (what it covers, what makes it fail). The order is the report's.
+PROPERTIES: dict[str, tuple[str, str]] = {
+    "sync-free builder call": (
+        "builder",
+        "a host sync in one eager call of the builder, seen by any detector that runs here",
+    ),
+    "no allocation in builder": (
+        "builder",
+        "a memory allocation in the eager call or in any bucket's warm-up call",
+    ),
+    "one compilation for all buckets": (
+        "builder",
+        "a Triton compilation after the first bucket's warm-up (a kernel specialised per "
+        "batch size), or during capture",
+    ),
+    "capture": ("builder + runner", "warm-up or capture raising"),
+    "replays completed": ("builder + runner", "a replay raising, or the run interrupted"),
+    "staged inputs": (
+        "runner",
+        "static inputs after staging and padding that differ from the batch asked for, padded "
+        "by the policy into the right bucket",
+    ),
+    "correct": (
+        "builder + runner",
+        "a live entry (real or padded row) that differs from the reference, on a replay "
+        "whose values are all in the contract",
+    ),
+    "bounded writes": (
+        "builder + runner",
+        "any entry outside the live region (stale tail, rows past the bucket, canary rows and "
+        "columns) that is not the poison written before the replay, on in-contract replays",
+    ),
+    "graph-safe (captured short, replayed long)": (
+        "builder",
+        "a wrong live entry on a replay with rows longer than at capture (a width frozen at "
+        "capture)",
+    ),
+    "row containment": (
+        "builder",
+        "on a replay with out-of-contract values, any write outside an out-of-contract row's "
+        "own [0, width) region, or any change to another row or a canary",
+    ),
+    "error counters": (
+        "builder",
+        "an errors counter that differs from the count of out-of-contract values the replay held",
+    ),
+    "static buffers unmoved": (
+        "runner",
+        "a static buffer (inputs, tables, errors, req_to_token, full_to_swa) whose address "
+        "differs from capture's",
+    ),
+    "no allocation in replay": (
+        "runner (with graphs); runner + builder (eager)",
+        "a memory allocation while staging or replaying",
+    ),
+    "no memory growth": (
+        "runner (with graphs); runner + builder (eager)",
+        "more device memory allocated after the replays than before",
+    ),
+    "sync-free replay path": (
+        "runner (with graphs); runner + builder (eager)",
+        "a host sync inside a stage/* or replay/* range, seen by any detector that runs here",
+    ),
+}
+
+#: Properties judged over the replays (incomplete when the run stops early).
+REPLAY_PROPERTIES = (
+    "staged inputs",
+    "correct",
+    "bounded writes",
+    "graph-safe (captured short, replayed long)",
+    "row containment",
+    "error counters",
+    "static buffers unmoved",
+    "no allocation in replay",
+    "no memory growth",
+    "sync-free replay path",
+)
+
+
+@dataclass
+class CheckConfig:
+    """One graph setup, its buffer layout and its workload (what a scenario file describes)."""
+
+    max_bs: int = 16
+    max_context_len: int = 512
+    page_size: int = 16
+    buckets: str | list[int] = "sglang"
+    padding: str = "sglang"
+    swa: bool = False
+    steps: int = 40
+    seed: int = 0
+    finish_rate: float = 0.05
+    draft_tokens: int = 0
+    initial_len: tuple[int, int] | None = None
+    swa_window: int | None = None
+    swa_churn: float = 0.0
+    near_capacity: float = 0.1
+    max_reqs: int | None = None
+    num_pages: int | None = None
+    row_order: str = "low-first"
+    index_dtype: str = "int32"
+    errors: bool = False
+    detectors: str | tuple[str, ...] = "auto"
+    # -- layout: buffers as engines hand them over --
+    #: pages per table row (default ``cdiv(max_context_len, page_size)``; narrower caps pages
+    #: per request, so long rows must stop at the width)
+    table_width: int | None = None
+    #: extra columns in the tables' allocation: the tables are column slices of wider
+    #: buffers (row stride = width + pad), as attention backends slice ``[:, :max_pages]``
+    table_pad_cols: int = 0
+    #: ``req_to_token`` rows this much longer than ``max_context_len``
+    r2t_extra_cols: int = 0
+    #: ``req_to_token`` starts this many elements into a larger allocation
+    r2t_offset: int = 0
+    r2t_dtype: str = "int32"
+    full_to_swa_dtype: str = "int64"
+    # -- out-of-contract and edge values in the batches (probabilities per step) --
+    overlong: float = 0.0
+    negative: float = 0.0
+    zero_len: float = 0.0
+    bad_index: float = 0.0
+    #: independently seeded workload streams taking turns, ``SEGMENT_STEPS`` replays each
+    #: (``ProducedWorkload``): with child processes, that many pool models generate steps at
+    #: once; a run shorter than one segment replays stream 0 alone
+    workload_streams: int = 1
+    # -- how the checker drives the runner --
+    #: "mixed" alternates host lists and device tensors; "host" or "device" uses one
+    staging: str = "mixed"
+    #: replays between two read-backs of the device records
+    chunk: int = 256
+    #: "auto" (what the builder says), "page_table" or "decode_metadata"
+    outputs: str = "auto"
+    #: where the workload's host models run: "on": a child process a stream
+    #: (``ProducedWorkload``), "off": in this one, "auto": in children for CUDA-graph runs of
+    #: at least ``PRODUCER_MIN_STEPS`` replays, where their start-up (a second or two) pays off
+    workload_process: str = "auto"
+
+    def replace(self, **changes) -> CheckConfig:
+        return dataclasses.replace(self, **changes)
+
+    @classmethod
+    def from_dict(cls, d: dict) -> CheckConfig:
+        """The config ``dataclasses.asdict`` made (through JSON: lists become tuples again)."""
+        names = {f.name for f in dataclasses.fields(cls)}
+        config = cls(**{k: v for k, v in d.items() if k in names})
+        if isinstance(config.initial_len, list):
+            config.initial_len = tuple(config.initial_len)
+        if isinstance(config.detectors, list):
+            config.detectors = tuple(config.detectors)
+        return config
+
+    @property
+    def width(self) -> int:
+        return self.table_width or cdiv(self.max_context_len, self.page_size)
+
+    def injection(self) -> Injection:
+        return Injection(self.overlong, self.negative, self.zero_len, self.bad_index)
+
+
+# -- the one validator ---------------------------------------------------------------------------
+
+
+class ConfigError(ValueError):
+    """A config that cannot run: ``field`` is the ``CheckConfig`` field at fault, ``problem``
+    says why (without the field's name, so a scenario file can name its own key)."""
+
+    def __init__(self, field: str, problem: str, shown_as: str | None = None):
+        self.field, self.problem = field, problem
+        super().__init__(f"{shown_as or field} {problem}")
+
+
+#: A field's name as the caller shows it (the field itself, or a scenario file's key).
+FieldNamer = Callable[[str], str]
+
+
+def validate_config(cfg: CheckConfig, name: FieldNamer = str, *, strict: bool = False) -> None:
+    """Raise ``ConfigError`` (a ``ValueError``) for the first field of ``cfg`` that cannot run.
+
+    Every caller gets the checks of values the checker cannot run with (dtypes, layout
+    offsets, injection rates, how the checker drives the runner). ``strict`` (scenario
+    files) adds the rules a file must also follow, which the Python API leaves to the parts
+    that use the values: graph and pool sizes, buckets and padding names, workload rates and
+    lengths, detector names, and no SWA setting without ``swa``. ``name`` maps a field to
+    the name the messages use (scenario files pass their key names). Nothing in ``cfg`` is
+    changed."""
+    checks = [_check_layout, _check_injection, _check_driving]
+    if strict:
+        checks += [_check_graph, _check_pool, _check_workload, _check_swa_settings,
+                   _check_detectors]  # fmt: skip
+    for check in checks:
+        check(cfg, name)
+
+
+def _fail(field: str, problem: str, name: FieldNamer) -> NoReturn:
+    raise ConfigError(field, problem, name(field))
+
+
+def _check_layout(c: CheckConfig, name: FieldNamer) -> None:
+    for field in ("index_dtype", "r2t_dtype", "full_to_swa_dtype"):
+        if getattr(c, field) not in INDEX_DTYPES:
+            _fail(field, f"must be 'int32' or 'int64', got {getattr(c, field)!r}", name)
+    if c.table_width is not None and c.table_width < 1:
+        _fail("table_width", f"must be >= 1, got {c.table_width}", name)
+    for field in ("table_pad_cols", "r2t_extra_cols", "r2t_offset"):
+        if getattr(c, field) < 0:
+            _fail(field, f"must be >= 0, got {getattr(c, field)}", name)
+
+
+def _check_probabilities(c: CheckConfig, fields: tuple[str, ...], name: FieldNamer) -> None:
+    for field in fields:
+        value = getattr(c, field)
+        if not 0 <= value <= 1:
+            _fail(field, f"must be a probability in [0, 1], got {value}", name)
+
+
+def _check_injection(c: CheckConfig, name: FieldNamer) -> None:
+    _check_probabilities(c, ("overlong", "negative", "zero_len", "bad_index"), name)
+
+
+def _check_driving(c: CheckConfig, name: FieldNamer) -> None:
+    if c.steps < 1:
+        _fail("steps", f"must be >= 1, got {c.steps}", name)
+    if c.staging not in STAGING_MODES:
+        _fail("staging", f"must be 'mixed', 'host' or 'device', got {c.staging!r}", name)
+    if c.chunk < 1:
+        _fail("chunk", f"must be >= 1, got {c.chunk}", name)
+    if not 1 <= c.workload_streams <= MAX_STREAMS:
+        _fail("workload_streams", f"must be in 1..{MAX_STREAMS}, got {c.workload_streams}", name)
+    if c.workload_process not in WORKLOAD_PROCESS_MODES:
+        _fail("workload_process", f"must be 'auto', 'on' or 'off', got {c.workload_process!r}",
+              name)  # fmt: skip
+    if c.outputs not in ("auto", *OUTPUT_KINDS):
+        kinds = ", ".join(f"'{k}'" for k in ("auto", *OUTPUT_KINDS))
+        _fail("outputs", f"must be one of {kinds}, got {c.outputs!r}", name)
+
+
+# -- strict: scenario files ----------------------------------------------------------------------
+
+
+def _check_graph(c: CheckConfig, name: FieldNamer) -> None:
+    if c.max_bs < 1:
+        _fail("max_bs", f"must be >= 1, got {c.max_bs}", name)
+    if c.max_context_len < 1:
+        _fail("max_context_len", f"must be >= 1, got {c.max_context_len}", name)
+    if not 1 <= c.page_size <= 1024:
+        _fail("page_size", f"must be in 1..1024, got {c.page_size}", name)
+    if isinstance(c.buckets, str) and c.buckets not in PRESETS:
+        _fail("buckets", f"unknown preset {c.buckets!r} (known: {', '.join(PRESETS)})", name)
+    try:
+        Buckets(c.buckets, c.max_bs)
+    except ValueError as exc:
+        _fail("buckets", str(exc), name)
+    if c.padding not in PADDING:
+        _fail("padding", f"unknown policy {c.padding!r} (known: {', '.join(PADDING)})", name)
+
+
+def _check_pool(c: CheckConfig, name: FieldNamer) -> None:
+    if c.max_reqs is not None and c.max_reqs < c.max_bs:
+        _fail("max_reqs", f"must be >= {name('max_bs')} ({c.max_bs}), got {c.max_reqs}", name)
+    if c.num_pages is not None and c.num_pages < 2:
+        _fail("num_pages", f"must be >= 2 (page 0 is reserved), got {c.num_pages}", name)
+    if c.row_order not in ROW_ORDERS:
+        _fail("row_order", f"must be 'low-first' or 'high-first', got {c.row_order!r}", name)
+
+
+def _check_workload(c: CheckConfig, name: FieldNamer) -> None:
+    _check_probabilities(c, ("finish_rate", "near_capacity", "swa_churn"), name)
+    if not 0 <= c.draft_tokens <= 64:
+        _fail("draft_tokens", f"must be in 0..64, got {c.draft_tokens}", name)
+    if c.initial_len is not None:
+        il = c.initial_len
+        if len(il) != 2 or not all(isinstance(x, int) and not isinstance(x, bool) for x in il):
+            _fail("initial_len", f"must be [lo, hi] integers, got {il!r}", name)
+        if not 1 <= il[0] <= il[1] <= c.max_context_len:
+            _fail("initial_len", f"must satisfy 1 <= lo <= hi <= max_context_len, got {il}", name)
+    if c.swa_window is not None and c.swa_window < 1:
+        _fail("swa_window", f"must be >= 1, got {c.swa_window}", name)
+
+
+def _check_swa_settings(c: CheckConfig, name: FieldNamer) -> None:
+    """SWA settings have no effect without ``swa``: in a file, that is a mistake."""
+    if c.swa:
+        return
+    if c.full_to_swa_dtype != "int64":
+        _fail("full_to_swa_dtype", f"needs {name('swa')} = true", name)
+    if c.swa_window is not None or c.swa_churn:
+        field = "swa_window" if c.swa_window is not None else "swa_churn"
+        _fail(field, f"needs {name('swa')} = true", name)
+
+
+def _check_detectors(c: CheckConfig, name: FieldNamer) -> None:
+    from ..detect.sync import parse_detectors
+
+    try:
+        parse_detectors(c.detectors)
+    except ValueError as exc:
+        _fail("detectors", str(exc), name)

@@ -1,0 +1,178 @@
+"""Measuring the builder and the runner: allocations (``AllocationCounter`` on the CPU, the
+allocator's statistics on CUDA), Triton compilations (``CompileCounter``), and the builder as
+the runner calls it (``BuilderProbe``) or as the checker calls it once, eagerly
+(``measure_eager_call``). These only measure; ``pagegraph.check.judge`` turns the figures into
+verdicts."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import torch
+
+from ..detect.ranges import current_range, phase
+
+
+class AllocationCounter:
+    """Counts tensor allocations by torch operators while active (a dispatch mode): the way
+    to see allocations on a CPU, where torch keeps no allocator statistics. An operator
+    output that shares storage with no input (and every tensor made from Python data)
+    counts as one allocation. Triton launches allocate nothing it can see."""
+
+    def __init__(self):
+        from torch.utils._python_dispatch import TorchDispatchMode
+        from torch.utils._pytree import tree_flatten
+
+        counter = self
+
+        class _Mode(TorchDispatchMode):
+            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+                out = func(*args, **(kwargs or {}))
+                if func is torch.ops.aten.lift_fresh.default:
+                    counter.count += 1
+                    counter.ops.append(str(func))
+                    return out
+                inputs = {
+                    t.untyped_storage().data_ptr()
+                    for t in tree_flatten((args, kwargs))[0]
+                    if isinstance(t, torch.Tensor)
+                }
+                for o in tree_flatten(out)[0]:
+                    if (
+                        isinstance(o, torch.Tensor)
+                        and o.numel()
+                        and o.untyped_storage().data_ptr() not in inputs
+                    ):
+                        counter.count += 1
+                        counter.ops.append(str(func))
+                return out
+
+        self.count = 0
+        self.ops: list[str] = []
+        self._mode = _Mode()
+
+    def __enter__(self) -> AllocationCounter:
+        self._mode.__enter__()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._mode.__exit__(*exc)
+
+
+def cuda_allocations(device: torch.device) -> int:
+    """Allocator events so far on a CUDA ``device`` (allocations and new segments): a
+    difference of two readings counts the allocations between them."""
+    stats = torch.cuda.memory_stats(device)
+    return stats.get("allocation.all.allocated", 0) + stats.get("segment.all.allocated", 0)
+
+
+class CompileCounter:
+    """Counts Triton JIT compilations (any kernel) through Triton's post-compile hook, from
+    construction to ``stop()``; ``reason`` says why it cannot count (then ``count`` stays 0)."""
+
+    def __init__(self):
+        from ..kernels.contract import interpreter_active
+
+        self.count = 0
+        self.reason: str | None = None
+        self._knobs = None
+        if interpreter_active():
+            self.reason = "the Triton interpreter compiles nothing (no GPU here)"
+            return
+        try:
+            import triton
+
+            knobs = triton.knobs.runtime
+            self._previous = knobs.jit_post_compile_hook
+        except (ImportError, AttributeError):
+            self.reason = "this Triton has no jit_post_compile_hook to count compilations"
+            return
+        self._knobs = knobs
+
+        def hook(*args, **kwargs):
+            self.count += 1
+            if self._previous is not None:
+                return self._previous(*args, **kwargs)
+            return None
+
+        knobs.jit_post_compile_hook = hook
+
+    def stop(self) -> None:
+        if self._knobs is not None:
+            self._knobs.jit_post_compile_hook = self._previous
+            self._knobs = None
+
+
+@dataclass
+class BuilderCall:
+    """One call of the builder by the runner: its NVTX phase (``warmup/...``, ``capture/...``),
+    the batch size of its table, and what it allocated and compiled."""
+
+    phase: str
+    bs: int
+    allocations: int
+    compiles: int
+    allocation_ops: list[str]
+
+
+class BuilderProbe:
+    """The builder as the runner sees it: each call (warm-up, capture, eager replay) is
+    measured for allocations and compilations and recorded with its NVTX phase, while
+    ``measure`` is set (graph replays never call it; eager replays do)."""
+
+    def __init__(self, fn: Callable, device: torch.device, compiles: CompileCounter):
+        self.fn = fn
+        self.cuda = device.type == "cuda"
+        self.device = device
+        self.compiles = compiles
+        self.calls: list[BuilderCall] = []
+        self.measure = True
+
+    def __call__(self, *args, **kwargs):
+        if not self.measure:
+            return self.fn(*args, **kwargs)
+        where = current_range() or "?"
+        table = kwargs.get("page_table", args[3] if len(args) > 3 else None)
+        bs = table.shape[0] if hasattr(table, "shape") else -1
+        c0 = self.compiles.count
+        if self.cuda:
+            a0 = cuda_allocations(self.device)
+            result = self.fn(*args, **kwargs)
+            allocations, ops = cuda_allocations(self.device) - a0, []
+        else:
+            with AllocationCounter() as counter:
+                result = self.fn(*args, **kwargs)
+            allocations, ops = counter.count, counter.ops
+        self.calls.append(BuilderCall(where, bs, allocations, self.compiles.count - c0, ops))
+        return result
+
+
+@dataclass
+class EagerCall:
+    """What the builder's second eager call on a batch of ``bs`` rows did."""
+
+    bs: int
+    allocations: int
+    allocation_ops: list[str] = field(default_factory=list)
+    #: host syncs the detectors saw (events with a ``name``)
+    sync_events: list = field(default_factory=list)
+
+
+def measure_eager_call(call: Callable[[], None], bs: int, device: torch.device,
+                       detectors: tuple[str, ...]) -> EagerCall:  # fmt: skip
+    """Call the builder twice, measuring the second call: compiling and loading a kernel may
+    sync and allocate, once. Whatever the builder raises propagates."""
+    from ..detect import sync
+
+    with phase("build", bs):
+        call()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+        a0 = cuda_allocations(device)
+        with sync.record_device_syncs(detectors) as rec, phase("build", bs):
+            call()
+        return EagerCall(bs, cuda_allocations(device) - a0, [], rec.events if detectors else [])
+    with AllocationCounter() as counter, phase("build", bs):
+        call()
+    return EagerCall(bs, counter.count, counter.ops, [])

@@ -1,0 +1,260 @@
+"""The replay loop: replay the workload through the captured runner and judge every replay.
+
+Each replay goes through five steps over one ``ReplayState``:
+
+1. generate: the workload's next batch (the first one was taken for the eager call);
+2. stage: the checker's own model of the static inputs (``BatchModel.stage``), uploaded to
+   the verifier, and the batch in the form the run hands to the runner (host lists or
+   device tensors, alternating with ``staging = "mixed"``);
+3. replay: ``runner.replay`` with the sync recorder running and allocations counted;
+4. verify: the host-side judgments of the replay (allocations, syncs, addresses), then the
+   verifier's device snapshot and comparison, queued with no sync;
+5. judge: every ``chunk`` replays, the verifier's records are read back and judged.
+
+A stop requested by a signal (``pagegraph.check.signals``) ends the loop between two
+replays; the replays already run are judged, and ``CheckInterrupted`` carries the report.
+"""
+
+from __future__ import annotations
+
+import signal
+import time
+
+import numpy as np
+import torch
+
+from ..detect.ranges import phase
+from ..workload.decode import Step
+from .judge import (
+    judge_chunk_allocations,
+    judge_records,
+    judge_replay,
+    summarise_replays,
+)
+from .probes import AllocationCounter
+from .signals import CheckInterrupted, stop_requested
+from .state import ALLOCATION_PROBES, IN_FLIGHT, ReplayMeasure, ReplayState
+from .verify import ModelStep
+
+
+def run_replays(state: ReplayState) -> None:
+    """Replay ``state.cfg.steps`` batches (the first is ``state.step``), judge each, and fill
+    the report's replay properties, rates and host times; raise ``CheckInterrupted`` after
+    judging when a signal stopped the loop."""
+    from ..detect import sync
+
+    detectors = state.run.detectors
+    recorder = sync.record_device_syncs(detectors) if detectors else None
+    state.recorder = recorder.__enter__() if recorder is not None else None
+    if state.recorder is not None:
+        # Watched while staging and replaying only: the property judges those ranges, and a
+        # detector on the workload's and the verification's driver calls only costs time.
+        state.recorder.pause()
+    try:
+        _wait_for_workload(state)
+        for i in range(state.cfg.steps):
+            if not _replay_one(state, i):
+                break
+    except KeyboardInterrupt as exc:
+        _note_interrupt(state, exc)
+    finally:
+        if recorder is not None:
+            recorder.__exit__(None, None, None)
+    _judge_last_chunk(state)
+    _record_rates(state)
+    after = None
+    if state.graphs and state.stopped is None:
+        after = torch.cuda.memory_allocated(state.run.device)
+    summarise_replays(state, after)
+    if state.interrupted is not None:
+        raise CheckInterrupted(state.report, state.interrupted)
+
+
+def _wait_for_workload(state: ReplayState) -> None:
+    if state.cfg.steps > 1:
+        # Every workload child's start-up is over before the steady state begins (its first
+        # turn would otherwise stall the replays in the middle of the measurement).
+        waited_s = state.run.workload.wait_started(should_stop=lambda: stop_requested() is not None)
+        state.report.workload_start_ms = waited_s * 1e3
+
+
+def _replay_one(state: ReplayState, i: int) -> bool:
+    """Replay ``i`` through all five steps; False when the loop must stop (``state.stopped``
+    says why)."""
+    if stop_requested() is not None:  # a signal asked for a stop (see stop_on_signals)
+        raise KeyboardInterrupt()
+    if i == 1:
+        state.times.t_start, state.times.steady_from = time.perf_counter(), 1
+    _measure_by_chunk_once_trusted(state, i)
+    _generate(state, i)
+    t_step = time.perf_counter()
+    state.run.hooks.note(f"replay {i}")
+    mstep, args = _stage(state, i)
+    measured = _replay(state, i, mstep, args)
+    if measured is None:
+        return False
+    _verify(state, i, mstep, measured)
+    state.times.checker_us.append((time.perf_counter() - t_step) * 1e6 - measured.dt_us)
+    if len(state.pending) == state.chunk and not _judge_full_chunk(state, i):
+        return False
+    if state.run.hooks.progress is not None:
+        state.run.hooks.progress(i + 1, state.cfg.steps)
+    return True
+
+
+def _measure_by_chunk_once_trusted(state: ReplayState, i: int) -> None:
+    """After ``ALLOCATION_PROBES`` replays, measure allocations a chunk at a time if the
+    workload step between replays allocated nothing (see ``AllocationTally``)."""
+    tally = state.allocations
+    if state.graphs and tally.per_replay and i == ALLOCATION_PROBES and not tally.workload:
+        tally.per_replay = False
+        tally.base = tally.read()
+
+
+def _generate(state: ReplayState, i: int) -> None:
+    """Step 1: the workload's batch for replay ``i`` into ``state.step``."""
+    t_step = time.perf_counter()
+    if i == 0:
+        return  # the first batch, already taken for the eager call
+    tally = state.allocations
+    a0 = tally.read() if tally.per_replay else 0
+    with phase("workload"):
+        state.step = next(state.run.steps)
+    if tally.per_replay:
+        tally.workload += tally.read() - a0
+    state.times.workload_us.append((time.perf_counter() - t_step) * 1e6)
+
+
+def _stage(state: ReplayState, i: int) -> tuple[ModelStep, tuple]:
+    """Step 2: the model's expected inputs of replay ``i``, uploaded for the verifier, and the
+    runner's arguments (host lists, or ``[n]`` device views of the model's inputs)."""
+    step: Step = state.step
+    mstep = state.model.stage(i, step.req_pool_indices, step.seq_lens)
+    state.verifier.upload(state.model, len(state.pending))
+    if state.graphs and len(state.in_flight) >= IN_FLIGHT:
+        # IN_FLIGHT replays at most: the staging rings never wait (outside the replay path,
+        # so this wait is not one of the replay's syncs).
+        with phase("verify"):
+            state.in_flight.pop(0).synchronize()
+    staging = state.cfg.staging
+    if staging == "device" or (staging == "mixed" and i % 2 == 1):
+        return mstep, _device_batch(state, mstep.n)
+    return mstep, (step.req_pool_indices, step.seq_lens)
+
+
+def _device_batch(state: ReplayState, n: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """``[n]`` views of the verifier's device copy of the model's request indices and
+    lengths, made once per batch size (a slice costs a microsecond)."""
+    args = state.device_batches.get(n)
+    if args is None:
+        model_dev, M = state.verifier.model, state.cfg.max_bs
+        args = state.device_batches[n] = (model_dev[:n], model_dev[M : M + n])
+    return args
+
+
+def _replay(state: ReplayState, i: int, mstep: ModelStep, args: tuple) -> ReplayMeasure | None:
+    """Step 3: ``runner.replay(*args)``, measured; None when it raised (reported in
+    "replays completed", and the loop stops)."""
+    rec = state.recorder
+    before = len(rec.events) if rec is not None else 0
+    counter = None if state.graphs else AllocationCounter()
+    tally = state.allocations
+    a0 = tally.read() if tally.per_replay else 0
+    t = time.perf_counter()
+    if rec is not None:
+        rec.resume()
+    try:
+        if counter is not None:
+            with counter:
+                state.runner.replay(*args)
+        else:
+            state.runner.replay(*args)
+    except Exception as exc:  # noqa: BLE001 - reported, then the run stops
+        state.stopped = f"replay {i} (bucket {mstep.bucket}) raised {exc!r}"
+        state.props["replays completed"].fail(state.stopped)
+        return None
+    finally:
+        if rec is not None:
+            rec.pause()
+    dt = (time.perf_counter() - t) * 1e6
+    allocations = tally.read() - a0 if tally.per_replay else 0
+    return ReplayMeasure(dt, allocations, counter, before)
+
+
+def _verify(state: ReplayState, i: int, mstep: ModelStep, measured: ReplayMeasure) -> None:
+    """Step 4: judge what the replay did on the host, then queue the verifier's snapshot and
+    comparison on the device (an event marks it in flight)."""
+    judge_replay(state, i, mstep, measured)
+    with phase("verify"):
+        state.verifier.verify()
+    if state.graphs:
+        event = state.events[i % len(state.events)]
+        event.record()
+        state.in_flight.append(event)
+    state.pending.append(mstep)
+
+
+def _judge_full_chunk(state: ReplayState, i: int) -> bool:
+    """Step 5, once ``chunk`` replays are pending; False when the loop must stop."""
+    try:
+        _judge_chunk(state)
+    except Exception as exc:  # noqa: BLE001 - e.g. a CUDA context a builder broke
+        state.stopped = f"reading the records after replay {i} raised {exc!r}"
+        state.props["replays completed"].fail(state.stopped)
+        state.pending.clear()
+        return False
+    if state.run.hooks.stop_on_failure and any(p.status == "FAIL" for p in state.props.values()):
+        state.stopped = f"stopped at the first failure, after {state.report.replays} replays"
+        return False
+    return True
+
+
+def _judge_chunk(state: ReplayState) -> None:
+    """Read back the pending replays' records and judge them; tell the caller (``on_chunk``)."""
+    if not state.pending:
+        return
+    with phase("verify"):
+        records = state.verifier.read(len(state.pending))
+    judge_records(records, list(state.pending), state.verifier, state.props, state.report,
+                  state.cfg)  # fmt: skip
+    if state.graphs and not state.allocations.per_replay:
+        judge_chunk_allocations(state)
+    state.pending.clear()
+    if state.run.hooks.on_chunk is not None:
+        state.run.hooks.on_chunk(state.report)
+
+
+def _judge_last_chunk(state: ReplayState) -> None:
+    try:
+        _judge_chunk(state)
+    except Exception as exc:  # noqa: BLE001 - e.g. a CUDA context a builder broke
+        state.stopped = state.stopped or f"reading the records raised {exc!r}"
+        state.props["replays completed"].fail(state.stopped)
+        state.pending.clear()
+
+
+def _note_interrupt(state: ReplayState, exc: KeyboardInterrupt) -> None:
+    state.interrupted = stop_requested() or getattr(exc, "signum", signal.SIGINT)
+    state.stopped = (
+        "interrupted by "
+        + ("SIGTERM" if state.interrupted == signal.SIGTERM else "SIGINT")
+        + f" after {state.report.replays + len(state.pending)} replays"
+    )
+
+
+def _record_rates(state: ReplayState) -> None:
+    """The steady-state rate and the mean host time per replay of each phase."""
+    report, times = state.report, state.times
+    if times.t_start is not None and report.replays > times.steady_from:
+        elapsed = time.perf_counter() - times.t_start
+        report.replays_per_s = (report.replays - times.steady_from) / elapsed
+    replay_us = [u for b in report.buckets.values() for u in b.replay_us]
+    phases = (("workload", times.workload_us), ("replay", replay_us),
+              ("checker", times.checker_us))  # fmt: skip
+    for name, xs in phases:
+        if xs:
+            report.phase_us[name] = round(float(np.mean(xs)), 1)
+    receive_s = getattr(state.run.workload, "receive_s", None)
+    if times.workload_us and receive_s is not None:
+        # The part of the workload phase spent getting the steps' batches (ProducedWorkload)
+        report.phase_us["workload receive"] = round(receive_s / len(times.workload_us) * 1e6, 1)

@@ -1,0 +1,280 @@
+"""What a check found: ``Report`` (the verdict, the property table, the per-bucket table),
+its text (``format``) and its JSON (``to_dict`` / ``from_dict``, for a child process's
+report), and the ``Failure`` a property names first."""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass, field
+
+from .config import PROPERTIES, CheckConfig
+
+
+@dataclass
+class Failure:
+    """The first failing entry of a property."""
+
+    replay: int
+    bucket: int
+    row: int
+    col: int
+    expected: int
+    got: int
+    table: str = "page_table"
+    max_bs: int | None = None
+    width: int | None = None
+
+    vector: bool = False
+
+    def where(self) -> str:
+        if self.vector:
+            return f"{self.table}[{self.row}]" + (" (canary)" if self.row < 0 else "")
+        if self.max_bs is not None and not 0 <= self.row < self.max_bs:
+            return f"{self.table} canary row {'above' if self.row < 0 else 'below'}, col {self.col}"
+        cell = f"{self.table}[{self.row}, {self.col}]"
+        if self.width is not None and self.col >= self.width:
+            cell += " (canary column past the width)"
+        return cell
+
+    def __str__(self) -> str:
+        return (
+            f"replay {self.replay} (bucket {self.bucket}): {self.where()} "
+            f"expected {self.expected}, got {self.got}"
+        )
+
+
+#: A property's status: only "pass" counts as passed; "skip" says why it could not run,
+#: "incomplete" that the run stopped before judging it.
+STATUSES = ("pass", "FAIL", "skip", "incomplete")
+
+
+@dataclass
+class PropertyResult:
+    """One property's result: its status (``STATUSES``), what was judged, its first failure."""
+
+    name: str
+    status: str = "pass"
+    detail: str = ""
+    first_failure: Failure | str | None = None
+
+    @property
+    def passed(self) -> bool | None:
+        """True: passed; False: failed; None: skipped or incomplete."""
+        return {"pass": True, "FAIL": False}.get(self.status)
+
+    @property
+    def covers(self) -> str:
+        return PROPERTIES.get(self.name, ("?", ""))[0]
+
+    def fail(self, failure: Failure | str | None = None) -> None:
+        self.status = "FAIL"
+        if failure is not None and self.first_failure is None:
+            self.first_failure = failure
+
+    def skip(self, reason: str) -> None:
+        self.status = "skip"
+        self.detail = reason
+
+
+@dataclass
+class BucketStats:
+    """One bucket's row of the report: replays, entries wrong or written out of bounds, syncs,
+    and the host time of each replay (us)."""
+
+    bucket: int
+    replays: int = 0
+    out_of_contract: int = 0
+    mismatches: int = 0
+    oob_writes: int = 0
+    escaped_writes: int = 0
+    syncs: int = 0
+    replay_us: list[float] = field(default_factory=list)
+
+    @property
+    def median_replay_us(self) -> float:
+        xs = sorted(self.replay_us)
+        return xs[len(xs) // 2] if xs else float("nan")
+
+
+@dataclass
+class Report:
+    """Everything one check found: the properties in ``PROPERTIES`` order, the per-bucket
+    table, rates and host times; ``verdict`` is SAFE, UNSAFE or INCOMPLETE."""
+
+    builder: str
+    config: CheckConfig
+    device: str
+    graphs: bool
+    properties: list[PropertyResult] = field(default_factory=list)
+    buckets: dict[int, BucketStats] = field(default_factory=dict)
+    replays: int = 0
+    out_of_contract_replays: list[int] = field(default_factory=list)
+    capture_ms: float = float("nan")
+    detectors: tuple[str, ...] = ()
+    errors: dict[str, int] = field(default_factory=dict)
+    #: why the run stopped before its last replay, or None
+    stopped: str | None = None
+    #: checked replays per second, steady state (start-up and capture excluded)
+    replays_per_s: float = float("nan")
+    #: in-contract replays with a row longer than at capture
+    long_replays: int = 0
+    #: host time per replay by phase, means in us (a mean, not a median: the workload
+    #: generates its steps in batches, and the rate follows the mean): the workload step
+    #: (pool model and its device writes), the runner's replay() (staging + graph launch),
+    #: and the checker's own work (model, upload, verification launch, bookkeeping; the
+    #: read-back once a chunk is not in it); "workload receive" is the part of the workload
+    #: step spent getting batches of steps (from the child processes: when it nears the
+    #: whole workload step, the children's generation limits the rate)
+    phase_us: dict = field(default_factory=dict)
+    #: whether the workload's host models ran in child processes (``workload_process``)
+    workload_in_process: bool = False
+    #: milliseconds the replays waited, after capture, for every workload child's first
+    #: batch (the children's start-up, outside the steady state; 0 without children)
+    workload_start_ms: float = 0.0
+
+    @property
+    def safe(self) -> bool:
+        """No property failed and none is incomplete (skipped ones are listed in
+        ``skipped`` and do not count as passed)."""
+        return all(p.status in ("pass", "skip") for p in self.properties)
+
+    @property
+    def verdict(self) -> str:
+        if any(p.status == "FAIL" for p in self.properties):
+            return "UNSAFE"
+        return "SAFE" if self.safe else "INCOMPLETE"
+
+    @property
+    def skipped(self) -> list[str]:
+        return [p.name for p in self.properties if p.status == "skip"]
+
+    @property
+    def incomplete(self) -> list[str]:
+        return [p.name for p in self.properties if p.status == "incomplete"]
+
+    def property(self, name: str) -> PropertyResult:
+        return next(p for p in self.properties if p.name == name)
+
+    def to_dict(self) -> dict:
+        return {
+            "builder": self.builder,
+            "config": dataclasses.asdict(self.config),
+            "device": self.device,
+            "graphs": self.graphs,
+            "verdict": self.verdict,
+            "safe": self.safe,
+            "complete": self.stopped is None,
+            "stopped": self.stopped,
+            "replays": self.replays,
+            "out_of_contract_replays": len(self.out_of_contract_replays),
+            "out_of_contract_replay_indices": self.out_of_contract_replays,
+            "capture_ms": self.capture_ms,
+            "replays_per_s": self.replays_per_s,
+            "long_replays": self.long_replays,
+            "phase_us": self.phase_us,
+            "workload_in_process": self.workload_in_process,
+            "workload_start_ms": self.workload_start_ms,
+            "detectors": list(self.detectors),
+            "errors": self.errors,
+            "properties": [
+                {
+                    "name": p.name,
+                    "covers": p.covers,
+                    "status": p.status,
+                    "detail": p.detail,
+                    "first_failure": None if p.first_failure is None else str(p.first_failure),
+                }
+                for p in self.properties
+            ],
+            "buckets": [
+                {
+                    "bucket": b.bucket,
+                    "replays": b.replays,
+                    "out_of_contract": b.out_of_contract,
+                    "mismatches": b.mismatches,
+                    "oob_writes": b.oob_writes,
+                    "escaped_writes": b.escaped_writes,
+                    "syncs": b.syncs,
+                    "median_replay_us": b.median_replay_us,
+                }
+                for b in sorted(self.buckets.values(), key=lambda b: b.bucket)
+            ],
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Report:
+        """The report ``to_dict`` wrote (a child process's, say); per-replay times and the
+        first failures come back as text."""
+        report = cls(d["builder"], CheckConfig.from_dict(d["config"]), d["device"], d["graphs"])
+        report.properties = [
+            PropertyResult(p["name"], p["status"], p["detail"], p["first_failure"])
+            for p in d["properties"]
+        ]
+        for b in d["buckets"]:
+            stats = BucketStats(
+                b["bucket"], b["replays"], b["out_of_contract"], b["mismatches"],
+                b["oob_writes"], b["escaped_writes"], b["syncs"],
+            )  # fmt: skip
+            if b["median_replay_us"] == b["median_replay_us"]:
+                stats.replay_us = [b["median_replay_us"]]
+            report.buckets[b["bucket"]] = stats
+        report.replays = d["replays"]
+        report.out_of_contract_replays = list(d.get("out_of_contract_replay_indices", []))
+        report.capture_ms = d["capture_ms"]
+        report.replays_per_s = d.get("replays_per_s", float("nan"))
+        report.detectors = tuple(d["detectors"])
+        report.errors = dict(d["errors"])
+        report.stopped = d.get("stopped")
+        report.long_replays = d.get("long_replays", 0)
+        report.phase_us = dict(d.get("phase_us", {}))
+        report.workload_in_process = bool(d.get("workload_in_process", False))
+        report.workload_start_ms = float(d.get("workload_start_ms", 0.0))
+        return report
+
+    def format(self) -> str:
+        rate = (
+            ""
+            if self.replays_per_s != self.replays_per_s
+            else (f", {self.replays_per_s:.0f} checked replays/s")
+        )
+        lines = [
+            f"builder {self.builder} on {self.device} ({'CUDA graphs' if self.graphs else 'eager'})"
+            f", {self.replays} replays ({len(self.out_of_contract_replays)} out of contract)"
+            f", capture {self.capture_ms:.1f} ms{rate}, detectors: "
+            f"{', '.join(self.detectors) or 'none'}"
+            + (
+                "; host us a replay (mean): "
+                + ", ".join(f"{k} {v:.0f}" for k, v in self.phase_us.items())
+                if self.phase_us
+                else ""
+            )
+            + (
+                f"; workload in child processes (their start-up waited {self.workload_start_ms:.0f}"
+                " ms after capture)"
+                if self.workload_in_process
+                else ""
+            ),
+            "",
+            "| bucket | replays | out of contract | mismatches | oob writes | escaped writes "
+            "| syncs | replay us (median) |",
+            "|---:|---:|---:|---:|---:|---:|---:|---:|",
+        ]
+        for b in sorted(self.buckets.values(), key=lambda b: b.bucket):
+            lines.append(
+                f"| {b.bucket} | {b.replays} | {b.out_of_contract} | {b.mismatches} | "
+                f"{b.oob_writes} | {b.escaped_writes} | {b.syncs} | {b.median_replay_us:.1f} |"
+            )
+        lines += ["", "| property | covers | status | detail |", "|---|---|---|---|"]
+        for p in self.properties:
+            detail = p.detail + (f"; first: {p.first_failure}" if p.first_failure else "")
+            lines.append(f"| {p.name} | {p.covers} | {p.status} | {detail} |")
+        verdict = self.verdict
+        if self.stopped:
+            verdict += f" (stopped early: {self.stopped})"
+        elif verdict == "SAFE" and self.skipped:
+            reasons = "; ".join(
+                f"{p.name}: {p.detail}" for p in self.properties if p.status == "skip"
+            )
+            verdict += f" (skipped: {reasons})"
+        lines += ["", f"verdict: {verdict}"]
+        return "\n".join(lines)

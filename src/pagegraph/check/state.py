@@ -1,0 +1,283 @@
+"""The state one check shares between its phases: ``CheckRun`` (set-up to report, what
+``check_replay_safety``'s phases pass along) and ``ReplayState`` (the replay loop's, built
+from a run after capture: the checker's model and verifier, and the tallies it keeps between
+two replays)."""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+
+import torch
+
+from ..graph.buckets import Buckets, resolve_padding
+from ..graph.runner import GraphRunner
+from ..kernels.contract import ERROR_KINDS, cdiv
+from ..kernels.decode_metadata import DECODE_ERROR_KINDS
+from ..workload.decode import Step
+from ..workload.pool import KVPool
+from ..workload.producer import ProducedWorkload
+from .buffers import CheckBuffers
+from .config import CheckConfig
+from .probes import AllocationCounter, BuilderProbe, CompileCounter, cuda_allocations
+from .report import PropertyResult, Report
+from .verify import VECTOR_NAMES, BatchModel, ModelStep, TableVerifier
+
+#: Replays whose allocations are measured one by one before the checker trusts chunks.
+ALLOCATION_PROBES = 8
+
+#: Replays the host may be ahead of the device (checked, then waited for before the next
+#: replay). Three, not two: the verification of a whole batch (``TableVerifier``) runs on
+#: the device after every ``batch`` replays, a burst longer than one replay's host work, and
+#: with two in flight the host waited for it. The verifier's upload ring must hold one more
+#: entry than this (``verify.UPLOAD_RING``).
+IN_FLIGHT = 3
+
+
+@dataclass
+class CheckHooks:
+    """The caller's callbacks and options (see ``check_replay_safety``)."""
+
+    progress: Callable[[int, int], None] | None = None
+    on_phase: Callable[[str], None] | None = None
+    on_chunk: Callable[[Report], None] | None = None
+    stop_on_failure: bool = False
+
+    def note(self, phase: str) -> None:
+        """Tell the caller the phase reached (``"capture"``, ``"replay 17"``, ...)."""
+        if self.on_phase is not None:
+            self.on_phase(phase)
+
+
+@dataclass
+class CheckRun:
+    """One check, from set-up to its report. The set-up phase fills the parts below
+    ``runner_factory``; every phase judges into ``props`` (the report's own results)."""
+
+    cfg: CheckConfig
+    #: the builder under test, resolved
+    builder: Callable
+    #: a decode-metadata builder (vectors beside the tables), not a page-table builder
+    metadata: bool
+    device: torch.device
+    report: Report
+    props: dict[str, PropertyResult]
+    #: the sync detectors that run, and why none does when there are none
+    detectors: tuple[str, ...]
+    no_detector_reason: str | None
+    hooks: CheckHooks
+    runner_factory: Callable[..., GraphRunner]
+    pool: KVPool | None = None
+    buffers: CheckBuffers | None = None
+    compiles: CompileCounter | None = None
+    probe: BuilderProbe | None = None
+    workload: ProducedWorkload | None = None
+    runner: GraphRunner | None = None
+    #: the workload's batches, the first already taken by the eager call
+    steps: Iterator[Step] | None = None
+
+    @property
+    def graphs(self) -> bool:
+        """Whether the runner captures CUDA graphs (on CUDA) or replays eagerly."""
+        return self.device.type == "cuda"
+
+    @property
+    def len_limit(self) -> int:
+        """The longest in-contract row: past it a length is out of the contract."""
+        return max(self.cfg.max_context_len, self.cfg.width * self.cfg.page_size)
+
+
+@dataclass
+class AllocationTally:
+    """Allocator events while staging and replaying, on CUDA.
+
+    Allocator statistics cost tens of microseconds to read: the first ``ALLOCATION_PROBES``
+    replays are measured one by one (the workload step apart from the replay); if the
+    checker's own work between replays allocated nothing there, later replays are measured a
+    chunk at a time (any allocation in a chunk is then the runner's), else every replay stays
+    measured on its own."""
+
+    device: torch.device
+    #: measured replay by replay (else a chunk at a time)
+    per_replay: bool
+    #: the reading at the start of the current chunk (chunk at a time)
+    base: int = 0
+    #: allocations during staging + replay so far
+    total: int = 0
+    #: allocations by the workload step between replays, while measured replay by replay
+    workload: int = 0
+
+    def read(self) -> int:
+        return cuda_allocations(self.device)
+
+
+@dataclass
+class WatchedBuffers:
+    """The checker's own record of every static buffer's address after capture. Checked
+    after every replay: each buffer there at capture still at its address, and none of those
+    absent at capture (None) now set."""
+
+    #: (attribute of the runner, its data_ptr at capture)
+    live: list[tuple[str, int]]
+    absent: list[str]
+
+    @classmethod
+    def of(cls, runner: GraphRunner) -> WatchedBuffers:
+        watched = {
+            "req_pool_indices": runner.req_pool_indices,
+            "seq_lens": runner.seq_lens,
+            "page_table": runner.page_table,
+            "swa_page_table": runner.swa_page_table,
+            "errors": runner.errors,
+            "req_to_token": runner.req_to_token,
+            "full_to_swa": runner.full_to_swa,
+            **{name: getattr(runner, name, None) for name in VECTOR_NAMES},
+        }
+        return cls(
+            [(k, t.data_ptr()) for k, t in watched.items() if t is not None],
+            [k for k, t in watched.items() if t is None],
+        )
+
+
+@dataclass
+class ReplayTimes:
+    """Host time of the replays: the steady state's start, and per-replay phases in us."""
+
+    #: perf_counter at the steady state's start (the second replay), or None
+    t_start: float | None = None
+    #: replays before the steady state
+    steady_from: int = 0
+    workload_us: list[float] = field(default_factory=list)
+    checker_us: list[float] = field(default_factory=list)
+
+
+@dataclass
+class ReplayMeasure:
+    """What the replay step measured of one replay (staging included)."""
+
+    #: host time of ``runner.replay``, in us
+    dt_us: float
+    #: allocator events, when measured replay by replay (else 0)
+    allocations: int
+    #: the torch operators' allocations, on an eager run (else None)
+    counter: AllocationCounter | None
+    #: the sync recorder's event count before the replay
+    syncs_before: int
+
+
+@dataclass
+class ReplayState:
+    """Everything the replay loop's steps share (``pagegraph.check.replay_loop``)."""
+
+    run: CheckRun
+    #: the checker's model of the static inputs each replay must see
+    model: BatchModel
+    #: exact device verification of every replay's tables, vectors, inputs and counters
+    verifier: TableVerifier
+    #: replays between two read-backs of the verifier's records
+    chunk: int
+    watched: WatchedBuffers
+    allocations: AllocationTally
+    #: ``torch.cuda.memory_allocated`` before the replays (CUDA), else None
+    memory_before: int | None
+    #: the workload batch of the current replay
+    step: Step
+    times: ReplayTimes = field(default_factory=ReplayTimes)
+    #: model steps replayed whose records are not read yet
+    pending: list[ModelStep] = field(default_factory=list)
+    #: syncs seen in a stage/* or replay/* range so far
+    replay_syncs: list = field(default_factory=list)
+    #: events recorded after replays the host has not waited for (CUDA)
+    in_flight: list[torch.cuda.Event] = field(default_factory=list)
+    #: events reused in turn (one more than can be in flight): none is created per replay
+    events: list[torch.cuda.Event] = field(default_factory=list)
+    #: batch size -> device views of the model's staged inputs, made once per size
+    device_batches: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
+    #: the running sync recorder (paused outside staging and replay), or None
+    recorder: object | None = None
+    #: why the loop stopped before its last replay, or None
+    stopped: str | None = None
+    #: the signal that interrupted the loop, or None
+    interrupted: int | None = None
+
+    @property
+    def cfg(self) -> CheckConfig:
+        return self.run.cfg
+
+    @property
+    def props(self) -> dict[str, PropertyResult]:
+        return self.run.props
+
+    @property
+    def report(self) -> Report:
+        return self.run.report
+
+    @property
+    def runner(self) -> GraphRunner:
+        return self.run.runner
+
+    @property
+    def graphs(self) -> bool:
+        return self.run.graphs
+
+    @classmethod
+    def after_capture(cls, run: CheckRun, first: Step) -> ReplayState:
+        """The loop's state once ``run``'s runner has captured, the tables poisoned."""
+        graphs, dev = run.graphs, run.device
+        model = _batch_model(run)
+        chunk = min(run.cfg.chunk, run.cfg.steps)
+        verifier = _table_verifier(run, chunk)
+        verifier.poison()
+        state = cls(
+            run=run,
+            model=model,
+            verifier=verifier,
+            chunk=chunk,
+            watched=WatchedBuffers.of(run.runner),
+            allocations=AllocationTally(dev, per_replay=graphs),
+            memory_before=None,
+            step=first,
+            events=[torch.cuda.Event() for _ in range(IN_FLIGHT + 1)] if graphs else [],
+        )
+        if graphs:
+            state.allocations.base = state.allocations.read()
+            state.memory_before = torch.cuda.memory_allocated(dev)
+        return state
+
+
+def _batch_model(run: CheckRun) -> BatchModel:
+    """The model of the static inputs, starting from what the runner holds after capture."""
+    cfg, runner = run.cfg, run.runner
+    policy = resolve_padding(cfg.padding)
+    draft_tokens = cfg.draft_tokens if run.metadata else 0
+    capture_lens = runner.seq_lens[: cfg.max_bs].to(torch.int64).cpu().numpy()
+    return BatchModel(
+        sizes=Buckets(cfg.buckets, cfg.max_bs).sizes,
+        max_bs=cfg.max_bs,
+        pad_seq_len=policy.seq_len,
+        pad_req_pool_index=policy.req_pool_index,
+        initial_req_pool_indices=runner.req_pool_indices[: cfg.max_bs].cpu().numpy(),
+        len_limit=run.len_limit,
+        r2t_rows=run.pool.req_to_token.shape[0],
+        capture_pages=cdiv(int(max(capture_lens.max(), 0)) + draft_tokens, cfg.page_size),
+        page_size=cfg.page_size,
+        draft_tokens=draft_tokens,
+    )
+
+
+def _table_verifier(run: CheckRun, chunk: int) -> TableVerifier:
+    cfg, runner = run.cfg, run.runner
+    return TableVerifier(
+        tables=run.buffers.tables,
+        width=cfg.width,
+        req_to_token=run.pool.req_to_token,
+        full_to_swa=run.pool.full_to_swa,
+        page_size=cfg.page_size,
+        staged=(runner.req_pool_indices, runner.seq_lens),
+        errors=runner.errors,
+        chunk=chunk,
+        use_graph=run.graphs,
+        vectors=run.buffers.vectors,
+        draft_tokens=cfg.draft_tokens if run.metadata else 0,
+        error_kinds=len(DECODE_ERROR_KINDS if run.metadata else ERROR_KINDS),
+    )
