@@ -1,8 +1,10 @@
 # pagegraph: make test | run | lint | bench | profile | soak | fuzz | mutate | sanitize
 #
 # With an interpreter that already has torch, triton and pytest (a GPU machine), everything
-# runs with it and nothing is installed. Otherwise a virtual environment is made in .venv,
-# with the CPU build of torch 2.13.0 (found on local disk) unless a torch is already there.
+# runs with it from src/ and nothing is installed. Otherwise a virtual environment is made in
+# .venv, with the CPU build of torch 2.13.0 (found on local disk) unless a torch is already
+# there, and pagegraph installed into it in place (pip install -e .): .venv/bin/pagegraph and
+# the pytest plugin then work from any folder.
 
 SHELL := /bin/bash
 # One probe, at every make: whether python3 has torch, triton and pytest. It finds them
@@ -20,6 +22,9 @@ export PYTHONPATH := $(CURDIR)/src$(if $(PYTHONPATH),:$(PYTHONPATH))
 export PYTHONUNBUFFERED := 1
 
 SCENARIO ?= graphs/default.toml
+# SGLang's metadata kernels, the real clients (pagegraph.clients.sglang): installed without
+# its serving stack, which the kernel files do not need.
+SGLANG_WHEEL ?= sglang==0.5.23
 PYTEST := $(PY) -m pytest -p no:cacheprovider --durations=15
 
 .PHONY: test run lint format bench profile soak fuzz mutate sanitize clean setup
@@ -32,15 +37,16 @@ setup: $(SETUP)
 	.venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/python -m pip install -q torch==2.13.0
 	.venv/bin/python -c "import triton" 2>/dev/null || .venv/bin/python -m pip install -q triton==3.6.0
 	.venv/bin/python -m pip install -q numpy nvtx pytest pytest-benchmark hypothesis matplotlib ruff
+	.venv/bin/python -m pip install -q --no-deps $(SGLANG_WHEEL) || echo "sglang not installed: its client tests will skip"
+	.venv/bin/python -m pip install -q --no-deps --no-build-isolation -e .
 	touch $@
 
 # With a GPU and pytest-xdist: several workers, one per CPU core (at most TEST_WORKERS, the
 # suite's small kernels share a GPU) and at least one per GPU (tests/conftest.py pins each
 # worker to one). The GPUs are counted from CUDA_VISIBLE_DEVICES when it is set, else by
 # nvidia-smi, else by torch. Many tests mostly wait for child processes, so a worker a core
-# pays: on the H200's 16 cores, 12 workers took 65 s and 16 took 58 s on one lease, 76 s and
-# 64 s on another. The sm_90 compile tests come in parts, one fixture each: --dist loadgroup
-# keeps a part in one worker.
+# pays (profiles/gpu-test.log). The sm_90 compile tests come in parts, one fixture each:
+# --dist loadgroup keeps a part in one worker.
 TEST_WORKERS ?= 16
 test: $(SETUP)
 	@if [ -n "$${CUDA_VISIBLE_DEVICES+set}" ]; then g=$$(tr ',' '\n' <<< "$$CUDA_VISIBLE_DEVICES" | grep -c '^[^-]'); \

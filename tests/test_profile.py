@@ -175,7 +175,7 @@ def test_with_nsys_profiles_exports_and_checks(planted, want, monkeypatch, tmp_p
         "graphs/h200.toml", tmp_path / "h200", replays=2, nsys="/opt/nsys/bin/nsys"
     )
     # The child must import this pagegraph even from an uninstalled source tree.
-    assert str(Path(pr.__file__).resolve().parent.parent) in env["PYTHONPATH"].split(":")
+    assert str(Path(pr.__file__).resolve().parents[2]) in env["PYTHONPATH"].split(":")
     assert export == pr.nsys_export_command(
         tmp_path / "h200.nsys-rep", tmp_path / "h200.sqlite", nsys="/opt/nsys/bin/nsys"
     )

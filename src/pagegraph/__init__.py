@@ -17,6 +17,7 @@ from .check.checker import CheckConfig, Report, check_replay_safety  # noqa: E40
 from .detect.sync import DetectorUnavailable, DeviceSyncError, no_device_sync  # noqa: E402
 from .graph.buckets import Buckets, PaddingPolicy  # noqa: E402
 from .graph.runner import GraphRunner, NotCaptured, StaticBufferMoved  # noqa: E402
+from .jobs.environment import PAGEGRAPH_VERSION  # noqa: E402
 from .kernels.contract import ERROR_KINDS  # noqa: E402
 from .kernels.page_table import BuffersChanged, PreparedBuild, build_page_table, prepare_build  # noqa: E402
 from .kernels.reference import (  # noqa: E402
@@ -50,4 +51,4 @@ __all__ = [
     "reference_page_table",
     "static_width_gather",
 ]
-__version__ = "0.1.0"
+__version__ = PAGEGRAPH_VERSION

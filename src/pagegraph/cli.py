@@ -1,21 +1,6 @@
-"""The ``pagegraph`` command line (also ``python -m pagegraph``).
-
-    pagegraph check [SCENARIO ...]   capture, replay, verify every replay, detect syncs
-    pagegraph mutate [SCENARIO ...]  the checker against the mutant zoo: the kill table
-    pagegraph kernel-table           the kernel against the reference over default shapes
-    pagegraph bench                  the benchmark suite (what ``make bench`` runs)
-    pagegraph profile [SCENARIO]     an Nsight Systems (or torch.profiler) trace, analysed
-    pagegraph trace FILE             analyse a trace; --forbid-sync fails on syncs in ranges
-    pagegraph sync-table             which detector catches which planted sync
-
-Exit codes of ``check``: 0 safe, 1 unsafe or incomplete (the first failing replay is shown),
-2 bad usage, a bad scenario file or one that does not fit the GPU (nothing is run then), 130
-after Ctrl-C and 143 after SIGTERM (the reports then hold everything checked so far, marked
-incomplete).
-
-This module only parses arguments and dispatches: the jobs are ``pagegraph.check_job``
-(``check``, ``kernel-table``), ``pagegraph.mutate``, ``pagegraph.bench``,
-``pagegraph.profile`` and ``pagegraph.trace``.
+"""The ``pagegraph`` command line (also ``python -m pagegraph``): it parses arguments and
+dispatches to the jobs (``pagegraph.jobs``, ``pagegraph.bench``, ``pagegraph.detect.trace``);
+the texts users read are ``DESCRIPTION`` and ``CHECK_DESCRIPTION`` below.
 """
 
 from __future__ import annotations
@@ -27,38 +12,101 @@ from pathlib import Path
 
 from .check.checker import WORKLOAD_PROCESS_MODES
 
-# The check job lives in pagegraph.check_job; run_check stays importable from here.
+# The check job lives in pagegraph.jobs.check_job; run_check stays importable from here.
 from .jobs.check_job import run_check, run_kernel_table
+from .jobs.environment import PAGEGRAPH_VERSION
+from .jobs.scenario_paths import DEFAULT_SCENARIO
 
 __all__ = ["DEFAULT_SCENARIO", "build_parser", "main", "run_check"]
 
-DEFAULT_SCENARIO = "graphs/default.toml"
+DESCRIPTION = """\
+pagegraph judges whether an attention-metadata builder (a page table, or a decode step's
+lengths, prefix sums and page tables) is safe to replay inside CUDA graphs: it captures the
+builder over padded batch buckets, replays an engine-like workload while lengths, indices and
+layouts change, checks every replay exactly against an independent model, and watches for
+host syncs, allocations and moved buffers.
+
+  pagegraph check [SCENARIO ...]   judge a builder's replay safety on scenarios
+  pagegraph mutate [SCENARIO ...]  the checker against the mutant zoo: the kill table
+  pagegraph kernel-table           pagegraph's kernel against the reference, default shapes
+  pagegraph bench                  the benchmark suite (what `make bench` runs)
+  pagegraph profile [SCENARIO]     an Nsight Systems (or torch.profiler) trace, analysed
+  pagegraph trace FILE             analyse a trace; --forbid-sync fails on syncs in ranges
+  pagegraph sync-table             which sync detector catches which planted sync
+"""
+
+CHECK_DESCRIPTION = """\
+Capture the builder into CUDA graphs over the scenario's batch buckets, replay the scenario's
+workload and judge every replay. The verdict is SAFE when no safety property failed and none
+is incomplete: correct, bounded writes, row containment, sync-free builder and replay path,
+no allocation in replay, static buffers unmoved, no memory growth, capture and replays
+completed, staged inputs. Advice (compilations per bucket, allocations at warm-up or capture,
+a builder without error counters) is reported with its figures but never changes the
+verdict, unless --strict promotes it.
+
+A SCENARIO is a shipped scenario's name (default, sglang-h200, swa-hybrid, ...) or a path to
+a TOML file; with none, `default` runs.
+
+exit codes: 0 every scenario SAFE; 1 a scenario UNSAFE or incomplete (the report names the
+first failing replay of each failed property); 2 bad usage: a bad option, scenario file or
+builder, or a scenario that does not fit the device's memory (nothing runs then); 130 after
+Ctrl-C and 143 after SIGTERM (the reports then hold everything checked so far, marked
+incomplete).
+"""
 
 
 # -- entry point --------------------------------------------------------------------------------
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="pagegraph", description=__doc__.split("\n")[0])
-    sub = parser.add_subparsers(dest="command", required=True)
+    parser = argparse.ArgumentParser(
+        prog="pagegraph", description=DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    parser.add_argument("--version", action="version", version=f"pagegraph {PAGEGRAPH_VERSION}")
+    sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
-    p = sub.add_parser("check", help="judge graph-replay safety of scenarios")
-    p.add_argument("scenarios", nargs="*", default=[DEFAULT_SCENARIO], metavar="SCENARIO")
+    p = sub.add_parser(
+        "check", help="judge a builder's graph-replay safety on scenarios",
+        description=CHECK_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
+    )  # fmt: skip
+    p.add_argument(
+        "scenarios", nargs="*", default=[DEFAULT_SCENARIO], metavar="SCENARIO",
+        help=f"a shipped scenario's name or a TOML file (default: {DEFAULT_SCENARIO})",
+    )  # fmt: skip
     p.add_argument("--replays", type=int, help="replays per scenario (default: its steps)")
-    p.add_argument("--builder", help="built-in builder name or module:function")
-    p.add_argument("--detectors", help="auto (default), none, torch, cupti or torch,cupti")
+    p.add_argument(
+        "--builder",
+        help="the builder to judge instead of the scenario's: a built-in name "
+        "(build_page_table, build_decode_metadata, ...), package.module:function or "
+        "path/to/file.py:function",
+    )
+    p.add_argument(
+        "--detectors",
+        help="sync detectors: auto (default: whatever this machine supports), none, torch, "
+        "cupti or torch,cupti",
+    )
+    p.add_argument(
+        "--strict", action="append", metavar="ADVICE", default=None,
+        help="treat this advice as a failure (repeatable; 'all' for every advice): "
+        "compilations, allocation at capture, error counters",
+    )  # fmt: skip
     p.add_argument(
         "--workload-process",
         choices=WORKLOAD_PROCESS_MODES,
         help="run the workload's host models in child processes (default: the scenario's "
         "[check] workload_process, auto: for CUDA runs of 1000+ replays)",
     )
-    p.add_argument("--json", dest="json_path", metavar="PATH", help="machine-readable report")
+    p.add_argument(
+        "--json", dest="json_path", metavar="PATH",
+        help="write the machine-readable report there (its folder must exist)",
+    )  # fmt: skip
     p.add_argument(
         "--markdown",
         dest="markdown_path",
         metavar="PATH",
-        help="markdown report (+ PNG plot of replay latency per bucket)",
+        help="write a Markdown report there, with a PNG of replay latency per bucket beside "
+        "it (its folder must exist)",
     )
     p.add_argument("--quiet", action="store_true", help="only the summary line")
     iso = p.add_mutually_exclusive_group()
@@ -70,12 +118,20 @@ def build_parser() -> argparse.ArgumentParser:
         help="run each scenario in a child process, so a crashing builder cannot take the run "
         "down (the default for a module:function builder)",
     )
-    iso.add_argument("--no-isolate", dest="isolate", action="store_false")
+    iso.add_argument(
+        "--no-isolate", dest="isolate", action="store_false",
+        help="check in this process, even a module:function builder",
+    )  # fmt: skip
 
     from .jobs import mutate
 
     mutate.add_arguments(sub.add_parser("mutate", help="kill table of the mutant zoo"))
-    sub.add_parser("kernel-table", help="kernel vs reference over default shapes")
+    sub.add_parser(
+        "kernel-table", help="pagegraph's kernel against the reference over default shapes",
+        description="Build page tables with pagegraph's kernel over a default set of shapes "
+        "on this machine's device (the Triton interpreter on a CPU), compare each exactly with "
+        "the reference and time the eager call. Exit 1 on any mismatch.",
+    )  # fmt: skip
 
     from . import bench
     from .detect import trace
@@ -84,8 +140,12 @@ def build_parser() -> argparse.ArgumentParser:
     bench.add_arguments(sub.add_parser("bench", help="benchmark suite"))
     profile.add_arguments(sub.add_parser("profile", help="Nsight Systems profile of a scenario"))
     trace.add_arguments(sub.add_parser("trace", help="analyse an nsys SQLite or torch trace"))
-    s = sub.add_parser("sync-table", help="which detector catches which planted sync")
-    s.add_argument("--json", dest="json_path", metavar="PATH")
+    s = sub.add_parser(
+        "sync-table", help="which detector catches which planted sync",
+        description="Run each planted sync (an .item(), a blocking copy, a synchronize, ...) "
+        "under each sync detector available here and print which caught it.",
+    )  # fmt: skip
+    s.add_argument("--json", dest="json_path", metavar="PATH", help="also write the rows there")
     return parser
 
 
@@ -103,6 +163,7 @@ def main(argv: list[str] | None = None) -> int:
             markdown_path=args.markdown_path,
             quiet=args.quiet,
             isolate=args.isolate,
+            strict=args.strict,
         )
     if args.command == "mutate":
         from .jobs import mutate

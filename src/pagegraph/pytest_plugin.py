@@ -1,11 +1,11 @@
 """pytest plugin (entry point ``pytest11``): a ``gpu`` marker, a runner fixture and
 ``assert_replay_safe`` for checking any page-table builder from another project's tests.
 
-Example::
+Example (on a GPU the builder is captured into CUDA graphs; on a CPU the same replays run
+eagerly and the GPU-only properties are reported as skipped)::
 
     from pagegraph.pytest_plugin import assert_replay_safe
 
-    @pytest.mark.gpu
     def test_my_builder_is_graph_safe():
         assert_replay_safe("my_pkg.kernels:build_block_table", max_bs=64,
                            max_context_len=32768, page_size=16, steps=200)
@@ -33,6 +33,9 @@ class ReplayUnsafe(AssertionError):
         super().__init__(f"builder is not replay-safe:\n{report.format()}")
         self.report = report
 
+    def __str__(self) -> str:  # pytest prints this, once
+        return self.args[0]
+
 
 def assert_replay_safe(builder, config=None, *, isolate: bool = False, **shape):
     """Run ``pagegraph.check_replay_safety`` and raise ``AssertionError`` (a ``ReplayUnsafe``
@@ -43,6 +46,7 @@ def assert_replay_safe(builder, config=None, *, isolate: bool = False, **shape):
     (``pagegraph.isolate``): a builder that crashes its process or its CUDA context is then
     reported UNSAFE instead of taking the test session down; the builder must be a name or
     an importable ``module:function``. Returns the report."""
+    __tracebackhide__ = True  # a failure shows the report, not this function's source
     from .check.checker import CheckConfig, check_replay_safety
 
     if isolate:

@@ -24,7 +24,7 @@ from collections import defaultdict
 
 import torch
 
-from pagegraph.check import checker, verify
+from pagegraph.check import checker, replay_loop, verify
 from pagegraph.check.scenario import load_scenario
 from pagegraph.graph import runner
 from pagegraph.workload import pool as pool_mod
@@ -79,7 +79,7 @@ def main() -> None:
         (verify.TableVerifier, "upload", "checker: verifier.upload"),
         (verify.TableVerifier, "verify", "checker: verifier.verify"),
         (verify.TableVerifier, "read", "checker: verifier.read (per chunk)"),
-        (checker, "_judge_records", "checker: judge records (per chunk)"),
+        (replay_loop, "judge_records", "checker: judge records (per chunk)"),
         (torch.cuda.Event, "synchronize", "checker: in-flight event wait"),
         (runner.GraphRunner, "replay", "replay: runner.replay"),
         (producer._ChildStream, "next_batch", "workload: next_batch (wait + unpack)"),

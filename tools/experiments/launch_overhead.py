@@ -17,6 +17,7 @@ import time
 import torch
 
 from pagegraph import build_page_table
+from pagegraph.kernels import launch
 from pagegraph.kernels import page_table as k
 from pagegraph.kernels.contract import check_builder_args
 
@@ -69,9 +70,9 @@ def main():
     pt = torch.empty((bs, ctx // ps), dtype=torch.int32, device="cuda")
     f2s = torch.arange(1 << 21, device="cuda")
     swa = torch.empty_like(pt)
-    print("launch hooks active:", k._hooks_active())
+    print("launch hooks active:", launch.hooks_active())
     build_page_table(r2t, rpi, sl, pt, ps)
-    print("fast-path entries:", len(k._compiled))
+    print("fast-path entries:", len(k.launch_cache))
     tensors, ints, constexprs, max_pages, _ = k._plan(
         r2t, rpi, sl, pt, ps, None, None, None, "build_page_table"
     )

@@ -114,7 +114,7 @@ def batch_sizes() -> list[tuple[str, int, float]]:
             near_capacity=cfg.near_capacity, inject=cfg.injection(),
             capacity=cfg.width * cfg.page_size, max_len=2**31 - 1, committed_lengths=False,
         )  # fmt: skip
-        batches = list(_batches(checker._pool_kwargs(cfg), workload))
+        batches = list(_batches(checker.pool_kwargs(cfg), workload))
         blob = sum(len(pickle.dumps(("steps", b), pickle.HIGHEST_PROTOCOL)) for b in batches)
         runs = sum(len(r) for b in batches for _, writes in b for _, r in writes)
         found.append((path, blob // len(batches), runs / cfg.steps))

@@ -19,6 +19,7 @@ import os
 import signal
 import sys
 import time
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
@@ -33,14 +34,21 @@ from ..check.checker import (
     table_bytes,
 )
 from ..check.isolate import IsolatedError, Job, run_isolated, write_json_atomic
-from ..check.scenario import ScenarioError, load_scenario
+from ..check.scenario import load_scenario
 from ..detect.sync import DetectorUnavailable, parse_detectors
 from ..kernels.contract import cdiv
 from ..kernels.page_table import build_page_table
-from ..kernels.registry import BUILDERS, resolve_builder
+from ..kernels.registry import (
+    BUILDERS,
+    builder_kind,
+    builder_spec_for_child,
+    resolve_builder,
+    signature_problem,
+)
 from ..workload.pool import writer_bytes
 from ..workload.producer import SEGMENT_STEPS, streams_with_steps
 from .environment import environment
+from .scenario_paths import scenario_path
 
 __all__ = [
     "run_check",
@@ -67,12 +75,6 @@ def _progress(label: str):
         print(f"\r{label} [{bar}] {done}/{total}", end=end, file=sys.stderr, flush=True)
 
     return show
-
-
-def _parse_detectors(value: str | None):
-    if value is None:
-        return None
-    return parse_detectors(value)
 
 
 def _memory_problem(cfg) -> str | None:
@@ -118,6 +120,63 @@ def _memory_problem(cfg) -> str | None:
     return None
 
 
+@dataclass
+class _Plan:
+    """What ``run_check`` validated before running anything: a scenario, its builder spec,
+    the resolved builder and the configuration, one entry a scenario."""
+
+    scenarios: list
+    specs: list[str]
+    builders: list
+    configs: list
+
+
+def _output_problem(option: str, path: str | None) -> str | None:
+    """Why a report cannot be written at ``path`` (its folder missing), or None."""
+    if path is None:
+        return None
+    folder = Path(path).resolve().parent
+    if not folder.is_dir():
+        return f"{option} {path}: the folder {folder} does not exist"
+    return None
+
+
+def _plan(scenarios, *, replays, builder, detectors, workload_process, strict,
+          json_path, markdown_path) -> _Plan:  # fmt: skip
+    """Load and validate every scenario, builder and option; ``ValueError`` (a
+    ``ScenarioError``, ``ScenarioNotFound`` or ``BuilderLoadError`` among them) on the first
+    problem, before anything runs."""
+    for problem in (_output_problem("--json", json_path),
+                    _output_problem("--markdown", markdown_path)):  # fmt: skip
+        if problem:
+            raise ValueError(problem)
+    if replays is not None and replays < 1:
+        raise ValueError("--replays must be >= 1")
+    loaded = [load_scenario(scenario_path(p)) for p in scenarios]
+    dets = None if detectors is None else parse_detectors(detectors)
+    specs = [builder or s.builder for s in loaded]
+    fns = [resolve_builder(spec) for spec in specs]
+    configs = []
+    for s, fn in zip(loaded, fns):
+        cfg = s.config
+        if replays is not None:
+            cfg = cfg.replace(steps=replays)
+        if dets is not None:
+            cfg = cfg.replace(detectors=dets)
+        if workload_process is not None:
+            cfg = cfg.replace(workload_process=workload_process)
+        if strict is not None:
+            cfg = cfg.replace(strict=parse_strict(strict))
+        problem = signature_problem(fn, builder_kind(fn, cfg.outputs), swa=cfg.swa)
+        if problem:
+            raise ValueError(f"{s.path}: {problem}")
+        problem = _memory_problem(cfg)
+        if problem:
+            raise ValueError(f"{s.path}: {problem}")
+        configs.append(cfg)
+    return _Plan(loaded, [builder_spec_for_child(s) for s in specs], fns, configs)
+
+
 def run_check(
     scenarios: list[str],
     *,
@@ -129,44 +188,23 @@ def run_check(
     markdown_path: str | None = None,
     quiet: bool = False,
     isolate: bool | None = None,
+    strict: list[str] | None = None,
 ) -> int:
-    """``pagegraph check``: check ``scenarios`` and return the exit code (see
-    ``pagegraph.cli``). ``isolate``: run each scenario in a child process (default: when the
-    builder is a user's ``module:function``). ``workload_process``: overrides the scenarios'
-    ``[check] workload_process``."""
-    # Load and validate everything first: a bad file must not leave a half-run.
+    """``pagegraph check``: check ``scenarios`` (names of shipped scenarios or paths) and
+    return the exit code (see ``pagegraph.cli.CHECK_DESCRIPTION``). ``isolate``: run each
+    scenario in a child process (default: when the builder is a user's ``module:function``).
+    ``workload_process``: overrides the scenarios' ``[check] workload_process``. ``strict``:
+    advice promoted to failures."""
     try:
-        loaded = [load_scenario(p) for p in scenarios]
-        dets = _parse_detectors(detectors)
-        specs = [builder or s.builder for s in loaded]
-        fns = [resolve_builder(spec) for spec in specs]
-        if replays is not None and replays < 1:
-            raise ValueError("--replays must be >= 1")
-        configs = []
-        for s in loaded:
-            cfg = s.config
-            if replays is not None:
-                cfg = cfg.replace(steps=replays)
-            if dets is not None:
-                cfg = cfg.replace(detectors=dets)
-            if workload_process is not None:
-                cfg = cfg.replace(workload_process=workload_process)
-            problem = _memory_problem(cfg)
-            if problem:
-                raise ValueError(f"{s.path}: {problem}")
-            configs.append(cfg)
-    except (ScenarioError, ValueError) as exc:
+        plan = _plan(scenarios, replays=replays, builder=builder, detectors=detectors,
+                     workload_process=workload_process, strict=strict, json_path=json_path,
+                     markdown_path=markdown_path)  # fmt: skip
+    except ValueError as exc:  # a bad file, option or builder must not leave a half-run
         print(f"pagegraph check: {exc}", file=sys.stderr)
         return 2
     if isolate is None:
-        isolate = any(spec not in BUILDERS for spec in specs)
-
-    results = []
-    exit_code = 0
-    interrupted: int | None = None
-    # SIGINT and SIGTERM ask the check to stop between two replays (stop_on_signals).
-    signals = stop_on_signals()
-    signals.__enter__()
+        isolate = any(spec not in BUILDERS for spec in plan.specs)
+    results: list = []
 
     def show(scenario, report) -> None:
         results.append((scenario, report))
@@ -178,46 +216,63 @@ def run_check(
             print(report.format())
             print()
 
+    # SIGINT and SIGTERM ask the check to stop between two replays (stop_on_signals).
+    with stop_on_signals():
+        try:
+            run = _run_isolated if isolate else _run_in_process
+            interrupted = run(plan, show, results, quiet)
+        except _UsageError as exc:
+            print(f"pagegraph check: {exc}", file=sys.stderr)
+            return 2
+        except KeyboardInterrupt as exc:  # anywhere else
+            interrupted = stop_requested() or getattr(exc, "signum", signal.SIGINT)
+    return _finish(plan, results, interrupted, json_path, markdown_path)
+
+
+class _UsageError(Exception):
+    """A problem found only once the check started (a detector that cannot run here)."""
+
+
+def _run_isolated(plan: _Plan, show, results, quiet) -> int | None:
+    """Each scenario in a child process; the signal number if interrupted, else None."""
+    jobs = [Job(spec, cfg, s.name) for s, spec, cfg in zip(plan.scenarios, plan.specs,
+                                                            plan.configs)]  # fmt: skip
     try:
-        if isolate:
-            jobs = [Job(spec, cfg, s.name) for s, spec, cfg in zip(loaded, specs, configs)]
-            try:
-                run_isolated(jobs, on_report=lambda k, r: show(loaded[k], r))
-            except IsolatedError as exc:
-                print(f"pagegraph check: {exc}", file=sys.stderr)
-                return 2
-            except KeyboardInterrupt as exc:
-                interrupted = getattr(exc, "signum", signal.SIGINT)
-                done = len(results)
-                partial = getattr(exc, "reports", [])[done:]
-                for s, r in zip(loaded[done:], partial):
-                    show(s, r)
-        else:
-            for scenario, fn, cfg in zip(loaded, fns, configs):
-                progress = None if quiet or cfg.steps < 200 else _progress(scenario.name)
-                try:
-                    report = check_replay_safety(fn, cfg, progress=progress)
-                except DetectorUnavailable as exc:
-                    print(f"pagegraph check: {scenario.path}: {exc}", file=sys.stderr)
-                    return 2
-                except CheckInterrupted as exc:
-                    show(scenario, exc.report)
-                    interrupted = exc.signum
-                    break
-                show(scenario, report)
-                if stop_requested() is not None:  # between two scenarios
-                    interrupted = stop_requested()
-                    break
-    except KeyboardInterrupt as exc:  # anywhere else
-        interrupted = stop_requested() or getattr(exc, "signum", signal.SIGINT)
-    finally:
-        signals.__exit__(None, None, None)
-    exit_code = 0 if all(r.safe for _, r in results) else 1
+        run_isolated(jobs, on_report=lambda k, r: show(plan.scenarios[k], r))
+    except IsolatedError as exc:
+        raise _UsageError(str(exc)) from None
+    except KeyboardInterrupt as exc:
+        done = len(results)
+        for s, r in zip(plan.scenarios[done:], getattr(exc, "reports", [])[done:]):
+            show(s, r)
+        return getattr(exc, "signum", signal.SIGINT)
+    return None
+
+
+def _run_in_process(plan: _Plan, show, results, quiet) -> int | None:
+    """Each scenario in this process; the signal number if interrupted, else None."""
+    for scenario, fn, cfg in zip(plan.scenarios, plan.builders, plan.configs):
+        progress = None if quiet or cfg.steps < 200 else _progress(scenario.name)
+        try:
+            report = check_replay_safety(fn, cfg, progress=progress)
+        except DetectorUnavailable as exc:
+            raise _UsageError(f"{scenario.path}: {exc}") from None
+        except CheckInterrupted as exc:
+            show(scenario, exc.report)
+            return exc.signum
+        show(scenario, report)
+        if stop_requested() is not None:  # between two scenarios
+            return stop_requested()
+    return None
+
+
+def _finish(plan: _Plan, results, interrupted, json_path, markdown_path) -> int:
+    """The summary line and the reports; the exit code."""
     safe = sum(r.safe for _, r in results)
     line = f"pagegraph check: {safe}/{len(results)} scenario(s) safe"
     if interrupted is not None:
         name = "SIGTERM" if interrupted == signal.SIGTERM else "SIGINT"
-        line += f"; interrupted by {name}: {len(loaded) - len(results)} not started"
+        line += f"; interrupted by {name}: {len(plan.scenarios) - len(results)} not started"
     print(line)
     if json_path:
         doc = {
@@ -231,14 +286,13 @@ def run_check(
         write_markdown_report(markdown_path, results, incomplete=interrupted is not None)
     if interrupted is not None:
         return 128 + int(interrupted)
-    return exit_code
+    return 0 if all(r.safe for _, r in results) else 1
 
 
 def write_markdown_report(path: str, results, incomplete: bool = False) -> None:
     """A markdown report with, where matplotlib is present, a PNG of replay latency per
     bucket beside it (``PATH`` with suffix ``.png``)."""
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
     env = environment()
     lines = ["# pagegraph check", "", f"{env['date']} on {env['device']}", ""]
     if incomplete:
@@ -282,6 +336,22 @@ def run_check_for_profile(scenario: str, replays: int | None = None) -> int:
     """``check`` as ``pagegraph profile`` runs it in-process (torch detector only: CUPTI has
     one subscriber per process, and a profiler is it)."""
     return run_check([scenario], replays=replays, detectors="torch", quiet=False)
+
+
+def parse_strict(names: list[str]) -> tuple[str, ...]:
+    """``--strict`` values as advice names (``all`` for every advice); ``ValueError`` on an
+    unknown one."""
+    from ..check.checker import ADVICE
+
+    out: list[str] = []
+    for name in names:
+        if name == "all":
+            out.extend(ADVICE)
+        elif name in ADVICE:
+            out.append(name)
+        else:
+            raise ValueError(f"--strict {name!r}: not an advice (known: all, {', '.join(ADVICE)})")
+    return tuple(dict.fromkeys(out))
 
 
 # -- kernel-table -----------------------------------------------------------------------------

@@ -7,6 +7,9 @@ import platform
 
 import torch
 
+#: pagegraph's version (``pagegraph.__version__``, ``pagegraph --version``, every report).
+PAGEGRAPH_VERSION = "0.1.0"
+
 
 def environment() -> dict:
     try:
@@ -17,6 +20,7 @@ def environment() -> dict:
         triton_version = None
     cuda = torch.cuda.is_available()
     return {
+        "pagegraph": PAGEGRAPH_VERSION,
         "date": datetime.datetime.now(datetime.UTC).isoformat(timespec="seconds"),
         "device": torch.cuda.get_device_name() if cuda else "CPU (Triton interpreter)",
         "cuda": torch.version.cuda if cuda else None,

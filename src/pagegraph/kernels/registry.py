@@ -14,7 +14,12 @@ A user's function declares the second kind with an attribute, ``fn.pagegraph_out
 from __future__ import annotations
 
 import importlib
+import importlib.util
+import inspect
+import sys
 from collections.abc import Callable
+from dataclasses import dataclass, replace
+from pathlib import Path
 
 from .baselines import block_grid
 from .decode_metadata import build_decode_metadata
@@ -46,26 +51,120 @@ METADATA_BUILDERS: dict[str, Callable] = {
 }
 
 
+class BuilderLoadError(ValueError):
+    """A builder spec that names nothing loadable; the message is one line, with the file and
+    line of a syntax error in the builder's module."""
+
+
 def resolve_builder(spec: str | Callable) -> Callable:
-    """A callable with a builder signature, from a callable, a built-in name, or
-    ``"package.module:function"``; ``ValueError`` with the known names otherwise."""
+    """A callable with a builder signature, from a callable, a built-in name,
+    ``"package.module:function"`` or ``"path/to/file.py:function"``; ``BuilderLoadError``
+    (a ``ValueError``) with the reason otherwise. A module is looked for on ``sys.path`` and
+    then in the current folder, as ``python -m`` would."""
     if callable(spec):
         return spec
     if spec in BUILDERS:
         return BUILDERS[spec]
     if spec in METADATA_BUILDERS:
         return METADATA_BUILDERS[spec]
-    if ":" in spec:
-        module_name, _, attr = spec.partition(":")
+    clients = client_builders()
+    if spec in clients:
+        return clients[spec]
+    if ":" not in spec:
+        known = ", ".join(sorted([*BUILDERS, *METADATA_BUILDERS, *clients]))
+        raise BuilderLoadError(
+            f"unknown builder {spec!r}: use one of {known}, 'module:function' or "
+            "'path/to/file.py:function'"
+        )
+    target, _, attr = spec.rpartition(":")
+    module = _load_module(spec, target)
+    fn = getattr(module, attr, None)
+    if fn is None:
+        public = sorted(n for n, v in vars(module).items() if callable(v) and n[:1] != "_")
+        raise BuilderLoadError(
+            f"cannot load builder {spec!r}: {target} has no attribute {attr!r} "
+            f"(its functions: {', '.join(public) or 'none'})"
+        )
+    if not callable(fn):
+        raise BuilderLoadError(f"builder {spec!r} is not callable")
+    return fn
+
+
+def builder_spec_for_child(spec: str) -> str:
+    """``spec`` as a child process in another folder can load it: a file path made absolute,
+    a module found only in the current folder given as its file."""
+    if ":" not in spec or spec in BUILDERS or spec in METADATA_BUILDERS:
+        return spec
+    target, _, attr = spec.rpartition(":")
+    if _is_path(target):
+        return f"{Path(target).resolve()}:{attr}"
+    local = Path.cwd() / (target.replace(".", "/") + ".py")
+    if importlib.util.find_spec(target.split(".")[0]) is None and local.is_file():
+        return f"{local}:{attr}"
+    return spec
+
+
+def _is_path(target: str) -> bool:
+    return target.endswith(".py") or "/" in target or "\\" in target
+
+
+def _load_module(spec: str, target: str):
+    """The module ``target`` names (a dotted name or a ``.py`` file), with one-line errors."""
+    try:
+        if _is_path(target):
+            path = Path(target)
+            if not path.is_file():
+                raise BuilderLoadError(f"cannot load builder {spec!r}: no such file {target}")
+            name = f"pagegraph_user_builder_{abs(hash(str(path.resolve())))}"
+            if name in sys.modules:
+                return sys.modules[name]
+            loader_spec = importlib.util.spec_from_file_location(name, path)
+            module = importlib.util.module_from_spec(loader_spec)
+            sys.modules[name] = module
+            try:
+                loader_spec.loader.exec_module(module)
+            except BaseException:
+                del sys.modules[name]
+                raise
+            return module
         try:
-            fn = getattr(importlib.import_module(module_name), attr)
-        except (ImportError, AttributeError) as exc:
-            raise ValueError(f"cannot load builder {spec!r}: {exc}") from exc
-        if not callable(fn):
-            raise ValueError(f"builder {spec!r} is not callable")
-        return fn
-    known = ", ".join(sorted([*BUILDERS, *METADATA_BUILDERS]))
-    raise ValueError(f"unknown builder {spec!r}: use one of {known} or 'module:function'")
+            return importlib.import_module(target)
+        except ModuleNotFoundError as exc:
+            if exc.name != target.split(".")[0] or str(Path.cwd()) in sys.path:
+                raise
+            sys.path.append(str(Path.cwd()))
+            return importlib.import_module(target)
+    except BuilderLoadError:
+        raise
+    except SyntaxError as exc:
+        raise BuilderLoadError(
+            f"cannot load builder {spec!r}: {type(exc).__name__} in {exc.filename}:{exc.lineno}: "
+            f"{exc.msg}"
+        ) from None
+    except ModuleNotFoundError as exc:
+        hint = ""
+        if exc.name == target.split(".")[0]:
+            hint = (
+                " (not importable from here: put its folder on PYTHONPATH, or name the file: "
+                "--builder path/to/file.py:function)"
+            )
+        raise BuilderLoadError(f"cannot load builder {spec!r}: {exc}{hint}") from None
+    except Exception as exc:
+        where = _innermost_frame(exc)
+        raise BuilderLoadError(
+            f"cannot load builder {spec!r}: importing it raised {type(exc).__name__}: {exc}"
+            f"{f' at {where}' if where else ''}"
+        ) from None
+
+
+def _innermost_frame(exc: BaseException) -> str:
+    """``file:line`` of the innermost frame of ``exc``'s traceback, or ``""``."""
+    tb = exc.__traceback__
+    if tb is None:
+        return ""
+    while tb.tb_next is not None:
+        tb = tb.tb_next
+    return f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}"
 
 
 def builder_kind(builder: Callable, declared: str = "auto") -> str:
@@ -88,3 +187,93 @@ def builder_name(builder: Callable) -> str:
         if fn is builder:
             return name
     return f"{getattr(builder, '__module__', '?')}:{getattr(builder, '__qualname__', builder)}"
+
+
+def client_builders() -> dict[str, Callable]:
+    """Real engines' builders behind pagegraph's contracts (``pagegraph.clients``), by name;
+    empty where the engine is not installed."""
+    try:
+        from ..clients.sglang import SGLANG_BUILDERS
+    except ImportError:
+        return {}
+    return dict(SGLANG_BUILDERS)
+
+
+@dataclass(frozen=True)
+class BuilderCapabilities:
+    """What a builder takes beyond the contract's required arguments.
+
+    ``errors``: it takes ``errors=`` (the device-side error counters, pagegraph's own
+    extension: most real builders have none, and without it the check skips the counters).
+    ``swa``: it takes ``swa_page_table=`` and ``full_to_swa=`` (without them, scenarios with
+    SWA cannot run it). Read from the signature (a ``**kwargs`` accepts everything) unless the
+    function declares them: ``fn.pagegraph_capabilities = {"errors": False}``.
+    """
+
+    errors: bool = True
+    swa: bool = True
+
+
+def builder_capabilities(builder: Callable) -> BuilderCapabilities:
+    try:
+        params = inspect.signature(builder).parameters
+    except (TypeError, ValueError):  # a builtin or an extension with no signature
+        found = BuilderCapabilities()
+    else:
+        var_kw = any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values())
+        found = BuilderCapabilities(
+            errors=var_kw or "errors" in params,
+            swa=var_kw or ("swa_page_table" in params and "full_to_swa" in params),
+        )
+    declared = getattr(builder, "pagegraph_capabilities", None) or {}
+    unknown = set(declared) - {"errors", "swa"}
+    if unknown:
+        raise BuilderLoadError(
+            f"{builder_name(builder)}.pagegraph_capabilities has unknown keys {sorted(unknown)} "
+            "(known: errors, swa)"
+        )
+    return replace(found, **{k: bool(v) for k, v in declared.items()})
+
+
+PAGE_TABLE_SIGNATURE = (
+    "build(req_to_token, req_pool_indices, seq_lens, page_table, page_size, *, "
+    "swa_page_table=None, full_to_swa=None, errors=None)"
+)
+DECODE_METADATA_SIGNATURE = (
+    "build(req_to_token, req_pool_indices, seq_lens, page_size, *, cache_seqlens, "
+    "cu_seqlens_k, page_table, draft_tokens=0, cu_seqlens_q=None, swa_page_table=None, "
+    "full_to_swa=None, errors=None)"
+)
+
+
+def signature_problem(builder: Callable, kind: str, *, swa: bool = False) -> str | None:
+    """Why ``builder`` cannot be called as the bed calls a builder of ``kind`` (``"page_table"``
+    or ``"decode_metadata"``), with SWA outputs when ``swa``; ``None`` when it can. Only the
+    arguments the bed always passes are required: ``errors=`` is passed only to a builder
+    that takes it."""
+    try:
+        sig = inspect.signature(builder)
+    except (TypeError, ValueError):
+        return None
+    caps = builder_capabilities(builder)
+    swa_kw = {"swa_page_table": None, "full_to_swa": None} if swa else {}
+    if kind == "decode_metadata":
+        args = (None,) * 4
+        kwargs = {"cache_seqlens": None, "cu_seqlens_k": None, "page_table": None,
+                  "draft_tokens": 0, "cu_seqlens_q": None, **swa_kw}  # fmt: skip
+        contract = DECODE_METADATA_SIGNATURE
+    else:
+        args, kwargs, contract = (None,) * 5, swa_kw, PAGE_TABLE_SIGNATURE
+    if swa and not caps.swa:
+        return (
+            f"{builder_name(builder)} takes no swa_page_table/full_to_swa, and this scenario "
+            "has SWA (swa = true)"
+        )
+    try:
+        sig.bind(*args, **kwargs)
+    except TypeError as exc:
+        return (
+            f"{builder_name(builder)}{sig} cannot be called as a {kind} builder ({exc}); "
+            f"the contract: {contract}"
+        )
+    return None
