@@ -27,7 +27,7 @@ SCENARIO ?= graphs/default.toml
 SGLANG_WHEEL ?= sglang==0.5.23
 PYTEST := $(PY) -m pytest -p no:cacheprovider --durations=15
 
-.PHONY: test run lint format bench profile soak fuzz mutate sanitize clean setup
+.PHONY: test run lint format bench profile soak fuzz mutate sanitize clean setup sglang
 
 setup: $(SETUP)
 
@@ -86,6 +86,11 @@ MUTATE_SCENARIOS ?= $(wildcard graphs/*.toml)
 MUTATE_JOBS ?= 4
 mutate: $(SETUP)
 	$(PY) -m pagegraph mutate $(MUTATE_SCENARIOS) --jobs $(MUTATE_JOBS) --json profiles/mutate.json --markdown profiles/mutate.md
+
+# SGLang's metadata kernels on every scenario that fits them, and the findings' reproducers
+# (examples/) run again: exit 0 when the job ran, whatever it found.
+sglang: $(SETUP)
+	$(PY) -m pagegraph.jobs.sglang_job --out profiles/sglang-0.5.23.md --json profiles/sglang-0.5.23.json
 
 fuzz: $(SETUP)
 	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-gpu} $(PYTEST) tests -k "property or fuzz"
