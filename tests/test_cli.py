@@ -4,6 +4,7 @@ running anything, and when interrupted still writes what it checked, marked inco
 
 from __future__ import annotations
 
+import argparse
 import json
 import os
 import signal
@@ -15,7 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pagegraph.cli import main
+from pagegraph.cli import build_parser, main
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT = str(ROOT / "graphs" / "default.toml")
@@ -150,3 +151,86 @@ def test_an_interrupted_check_writes_its_reports_marked_incomplete(tmp_path, sig
     assert "Incomplete" in out_md.read_text()
     assert "interrupted by" in out
     assert not list(tmp_path.glob(".*.tmp")), "no temporary file left behind"
+
+
+# -- what a first-time user reads: --version, --help and every option's help ------------------
+
+
+def test_version_prints_the_version(capsys):
+    from pagegraph import __version__
+
+    with pytest.raises(SystemExit) as exc:
+        main(["--version"])
+    assert exc.value.code == 0
+    assert capsys.readouterr().out.strip() == f"pagegraph {__version__}"
+
+
+def test_help_says_what_the_tool_does(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["--help"])
+    out = capsys.readouterr().out
+    assert exc.value.code == 0
+    assert "The pagegraph command line" not in out
+    assert "safe to replay inside CUDA graphs" in " ".join(out.split())
+    for sub in ("check", "mutate", "bench", "trace", "profile", "kernel-table", "sync-table"):
+        assert f"pagegraph {sub}" in out
+
+
+def test_check_help_gives_the_verdict_and_exit_codes(capsys):
+    with pytest.raises(SystemExit) as exc:
+        main(["check", "--help"])
+    out = " ".join(capsys.readouterr().out.split())
+    assert exc.value.code == 0
+    assert "exit codes" in out and "SAFE" in out
+    for code in ("0 every scenario SAFE", "1 a scenario UNSAFE", "2 bad usage", "130", "143"):
+        assert code in out, code
+
+
+def _subcommands(parser: argparse.ArgumentParser) -> dict[str, argparse.ArgumentParser]:
+    actions = [a for a in parser._actions if isinstance(a, argparse._SubParsersAction)]
+    return {name: sub for a in actions for name, sub in a.choices.items()}
+
+
+def undocumented(parser: argparse.ArgumentParser) -> list[str]:
+    """``COMMAND OPTION`` of every option or positional of ``parser``'s subcommands without a
+    help string, and ``COMMAND (description)`` of every subcommand without a description
+    (argparse's own -h excepted)."""
+    found = []
+    for name, sub in _subcommands(parser).items():
+        if not (sub.description or "").strip():
+            found.append(f"{name} (description)")
+        for action in sub._actions:
+            if isinstance(action, argparse._HelpAction):
+                continue
+            if not (action.help or "").strip():
+                found.append(f"{name} {'/'.join(action.option_strings) or action.metavar}")
+    return found
+
+
+def test_undocumented_finds_a_missing_help_and_description():
+    parser = argparse.ArgumentParser(prog="x")
+    sub = parser.add_subparsers()
+    sub.add_parser("good", description="does good").add_argument("--a", help="the a")
+    bad = sub.add_parser("bad")
+    bad.add_argument("--b")
+    bad.add_argument("thing", metavar="THING", help="")
+    assert undocumented(parser) == ["bad (description)", "bad --b", "bad THING"]
+
+
+def test_every_command_and_option_is_documented():
+    parser = build_parser()
+    names = set(_subcommands(parser))
+    want = {"check", "mutate", "profile", "trace", "sync-table", "kernel-table", "bench"}
+    assert want <= names, f"missing commands: {want - names}"
+    assert undocumented(parser) == []
+    top = [a for a in parser._actions if a.option_strings and a.dest != "help"]
+    assert top and all(a.help for a in top)
+
+
+def test_profile_names_its_positional_scenario_like_check_and_mutate():
+    metavars = {
+        name: [a.metavar for a in sub._actions if not a.option_strings]
+        for name, sub in _subcommands(build_parser()).items()
+        if name in ("check", "mutate", "profile")
+    }
+    assert metavars == {"check": ["SCENARIO"], "mutate": ["SCENARIO"], "profile": ["SCENARIO"]}

@@ -232,6 +232,10 @@ def failures(result: dict) -> list[str]:
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     """Arguments of ``pagegraph bench``."""
+    parser.description = parser.description or (
+        "Benchmark suite: the page-table builders against the two floors they cannot beat, "
+        "replay overhead, decode metadata and the checker's rate, into the output folder."
+    )
     parser.add_argument("--out", default="profiles/bench", help="output folder")
     parser.add_argument(
         "--configs",

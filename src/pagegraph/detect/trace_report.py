@@ -75,6 +75,11 @@ def format_markdown(summary: TraceSummary, result: CheckResult | None = None) ->
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.description = parser.description or (
+        "Summarize a trace by NVTX range and check ranges for host syncs. Exit 0 clean, 1 "
+        "when a sync or device-to-host copy falls inside a --forbid-sync range, 2 when the "
+        "trace is unreadable or a matching range holds no CUDA activity."
+    )
     parser.add_argument("file", help="Nsight Systems SQLite export or torch.profiler JSON trace")
     parser.add_argument(
         "--forbid-sync",

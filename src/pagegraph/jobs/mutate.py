@@ -341,15 +341,26 @@ def _write_markdown(markdown_path: str, summary: str, table: str, matrix: str) -
 
 
 def add_arguments(parser):
-    parser.add_argument("scenarios", nargs="*", default=None, metavar="SCENARIO")
+    parser.description = parser.description or (
+        "Check every mutant of the zoo (one realistic builder bug each) and the correct "
+        "controls over the scenarios, each builder in a child process, and print the kill "
+        "table: which scenario and property caught each mutant. Exit 0 when every mutant that "
+        "ran was killed and every control is SAFE, 1 otherwise, 2 for bad usage."
+    )
+    parser.add_argument("scenarios", nargs="*", default=None, metavar="SCENARIO",
+                        help="scenario TOML files (default: every graphs/*.toml in the "
+                        "current folder)")  # fmt: skip
     parser.add_argument("--mutant", action="append", dest="mutants", metavar="NAME",
                         help="run only this mutant (repeatable)")  # fmt: skip
     parser.add_argument("--replays", type=int, help="replays per scenario (default: its steps)")
     parser.add_argument("--jobs", "-j", type=int, default=1, help="builders checked at once")
     parser.add_argument("--timeout", type=float, help="seconds one check may take")
-    parser.add_argument("--json", dest="json_path", metavar="PATH")
-    parser.add_argument("--markdown", dest="markdown_path", metavar="PATH")
-    parser.add_argument("--quiet", action="store_true")
+    parser.add_argument("--json", dest="json_path", metavar="PATH",
+                        help="write the kill table and every outcome there as JSON")  # fmt: skip
+    parser.add_argument("--markdown", dest="markdown_path", metavar="PATH",
+                        help="write the summary, kill table and scenario matrix there as "
+                        "Markdown")  # fmt: skip
+    parser.add_argument("--quiet", action="store_true", help="only the summary line")
     return parser
 
 

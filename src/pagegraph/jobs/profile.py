@@ -294,15 +294,22 @@ def profile(
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
+    parser.description = parser.description or (
+        "Record a check of the scenario under Nsight Systems (nsys on PATH; otherwise "
+        "torch.profiler) and analyse the trace: syncs and device-to-host copies per NVTX range."
+    )
     parser.add_argument(
         "scenario",
         nargs="?",
         default=DEFAULT_SCENARIO,
-        help=f"scenario file (default {DEFAULT_SCENARIO})",
+        metavar="SCENARIO",
+        help=f"a shipped scenario's name or a TOML file (default: {DEFAULT_SCENARIO})",
     )
     parser.add_argument("--out", default="profiles", help="output folder (default profiles)")
     parser.add_argument("--name", default=None, help="file stem (default: the scenario's)")
-    parser.add_argument("--replays", type=int, default=None, help="replays per bucket")
+    parser.add_argument(
+        "--replays", type=int, default=None, help="replays of the check (default: its steps)"
+    )
     return parser
 
 
