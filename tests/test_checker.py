@@ -409,12 +409,17 @@ def test_miscounted_errors_fail_error_counters():
     assert "negative_seq_len expected" in str(report.property("error counters").first_failure)
 
 
-def test_allocating_builder_fails_no_allocation_in_builder():
+def test_allocating_builder_gets_allocation_advice():
     report = check_replay_safety("static_width_gather", SMALL)
     assert report.property("correct").passed is True
     assert report.property("bounded writes").passed is False
-    assert report.property("no allocation in builder").passed is False
+    assert report.property("no allocation in builder").status == "advice"
     assert "allocation" in str(report.property("no allocation in builder").first_failure)
+
+
+def test_allocating_builder_fails_no_allocation_in_builder_when_strict():
+    report = check_replay_safety("static_width_gather", SMALL, strict=("allocations",))
+    assert report.property("no allocation in builder").passed is False
 
 
 def test_width_frozen_per_bucket_fails_graph_safe():
@@ -583,7 +588,8 @@ def test_gpu_static_width_gather_is_correct_and_sync_free_but_allocates():
                "no allocation in replay", "graph-safe (captured short, replayed long)")  # fmt: skip
     for name in passing:
         assert report.property(name).passed is True, report.format()
-    assert report.property("no allocation in builder").passed is False
+    # Its allocations at warm-up and capture come from the graph's pool: advice only.
+    assert report.property("no allocation in builder").status == "advice"
 
 
 @gpu
@@ -638,9 +644,13 @@ def bs_specialised_builder(req_to_token, req_pool_indices, seq_lens, page_table,
 
 
 @gpu
-def test_gpu_per_bucket_compilation_fails_its_property():
+def test_gpu_per_bucket_compilation_is_advice_unless_strict():
     report = check_replay_safety(bs_specialised_builder, SMALL, steps=4)
-    assert report.property("one compilation for all buckets").passed is False, report.format()
+    prop = report.property("one compilation for all buckets")
+    assert prop.status == "advice" and report.safe, report.format()
+    assert "after the first bucket" in str(prop.first_failure)
+    strict = check_replay_safety(bs_specialised_builder, SMALL, steps=4, strict=("compilations",))
+    assert strict.property("one compilation for all buckets").passed is False
 
 
 @gpu

@@ -60,7 +60,7 @@ def test_workload_process_flag_overrides_the_scenario(tmp_path, capsys):
 def test_check_unsafe_builder_exits_1(capsys):
     code = main(["check", DEFAULT, "--replays", "4", "--builder", "static_width_gather"])
     out = capsys.readouterr().out
-    assert code == 1 and "UNSAFE" in out and "first: replay" in out
+    assert code == 1 and "UNSAFE" in out and "first failure: replay" in out
 
 
 @pytest.mark.parametrize(

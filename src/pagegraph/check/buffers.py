@@ -13,7 +13,7 @@ import torch
 from ..workload.decode import Step
 from ..workload.pool import KVPool
 from .config import INDEX_DTYPES, CheckConfig
-from .verify import CANARY_ROWS, POISON, batch_size, replay_bytes
+from .verify import CANARY_ROWS, POISON, batch_size, preset_views, replay_bytes
 
 
 @dataclass
@@ -40,14 +40,19 @@ class CheckBuffers:
                           draft_tokens=cfg.draft_tokens)  # fmt: skip
         return kwargs
 
-    def eager_call(self, fn: Callable, cfg: CheckConfig, pool: KVPool, batch: Step,
-                   device: torch.device) -> Callable[[], None]:  # fmt: skip
-        """The builder's call on one workload batch (its ``bs`` request indices and lengths,
+    def eager_calls(self, fn: Callable, cfg: CheckConfig, pool: KVPool, batch: Step,
+                    device: torch.device) -> tuple[Callable[[], None], ...]:  # fmt: skip
+        """The builder's calls on one workload batch (its ``bs`` request indices and lengths,
         staged here as ``[bs]`` tensors of ``cfg.index_dtype``), into the first ``bs`` rows of
-        the buffers, as a callable of no argument."""
+        the buffers, as callables of no argument: a warm-up with every length 1 (an engine's
+        first call is its warm-up on short dummy lengths, as the capture's are), then the
+        batch itself."""
         dtype = INDEX_DTYPES[cfg.index_dtype]
         rpi = torch.tensor(batch.req_pool_indices, dtype=dtype, device=device)
         sl = torch.tensor(batch.seq_lens, dtype=dtype, device=device)
+        short = torch.ones_like(sl)
+        # A warm-up row's request index must be a real row, as a padded row's is.
+        rpi_short = rpi.clamp(0, pool.req_to_token.shape[0] - 1)
         bs = batch.bs
         req_to_token, full_to_swa = pool.req_to_token, pool.full_to_swa
         views = self.views
@@ -67,10 +72,13 @@ class CheckBuffers:
             def fn(r2t, rpi, sl, _table, page_size, **kw):
                 meta_fn(r2t, rpi, sl, page_size, page_table=page_table, **kw)
 
+        def warm_up() -> None:
+            fn(req_to_token, rpi_short, short, views[0][:bs], cfg.page_size, **kwargs)
+
         def call() -> None:
             fn(req_to_token, rpi, sl, views[0][:bs], cfg.page_size, **kwargs)
 
-        return call
+        return warm_up, call
 
 
 def allocate_check_buffers(cfg: CheckConfig, metadata: bool, device: torch.device) -> CheckBuffers:
@@ -95,6 +103,7 @@ def allocate_check_buffers(cfg: CheckConfig, metadata: bool, device: torch.devic
         "cu_seqlens_k": vectors[1, 1 : 2 + cfg.max_bs],
         "cu_seqlens_q": vectors[2, 1 : 2 + cfg.max_bs],
     }
+    preset_views(vectors, cfg.preset_outputs)  # set at allocation, as the engine does
     return CheckBuffers(tables, views, vectors, vector_views)
 
 

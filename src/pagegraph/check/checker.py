@@ -31,13 +31,20 @@ import torch
 
 from ..detect.ranges import phase
 from ..graph.runner import GraphRunner
-from ..kernels.registry import builder_kind, builder_name, resolve_builder
+from ..kernels.registry import (
+    builder_capabilities,
+    builder_kind,
+    builder_name,
+    resolve_builder,
+    signature_problem,
+)
 from ..workload.decode import Step
 from ..workload.pool import KVPool
 from ..workload.producer import ProducedWorkload
 from .buffers import allocate_check_buffers, table_bytes
 from .config import (
     INDEX_DTYPES,
+    PRESETTABLE_OUTPUTS,
     PRODUCER_MIN_STEPS,
     PROPERTIES,
     WORKLOAD_PROCESS_MODES,
@@ -45,6 +52,7 @@ from .config import (
     validate_config,
 )
 from .judge import (
+    describe_exception,
     judge_builder_calls,
     judge_eager_call,
     judge_eager_call_raised,
@@ -85,6 +93,7 @@ def check_replay_safety(
     on_phase: Callable[[str], None] | None = None,
     on_chunk: Callable[[Report], None] | None = None,
     stop_on_failure: bool = False,
+    explain_replays: bool = False,
     **overrides,
 ) -> Report:
     """Capture ``builder`` over the config's buckets, replay the workload, check every replay.
@@ -102,22 +111,25 @@ def check_replay_safety(
             supervisor keeps it, so a crash later loses nothing already found).
         stop_on_failure: stop after the first chunk in which a property failed (mutation
             runs: one failure decides the verdict); the rest is reported incomplete.
+        explain_replays: note each replay's bucket and out-of-contract rows through
+            ``on_phase`` and wait for the device after each replay (slow), so a supervisor
+            can say which replay a crash came from.
 
     Returns a ``Report``; a misbehaving builder or runner is reported, not raised. Ctrl-C
     raises ``CheckInterrupted`` carrying the report of what was checked so far.
     """
     cfg = (config or CheckConfig()).replace(**overrides)
-    hooks = CheckHooks(progress, on_phase, on_chunk, stop_on_failure)
+    hooks = CheckHooks(progress, on_phase, on_chunk, stop_on_failure, explain_replays)
     run = _start_run(builder, cfg, device, runner_factory or GraphRunner, hooks)
     hooks.note("setup")
     _allocate(run)
     try:
         first = _start_workload_and_runner(run)
-        _probe_eager_call(run, first)
-        if _capture(run):
+        if _probe_eager_call(run, first) and _capture(run):
             run_replays(ReplayState.after_capture(run, first))
     finally:
         _release(run)
+    _judge_capabilities(run)
     return run.report
 
 
@@ -129,15 +141,23 @@ def _start_run(builder, cfg: CheckConfig, device, runner_factory, hooks: CheckHo
     report with every property passing until judged."""
     validate_config(cfg)
     fn = resolve_builder(builder)
-    metadata = builder_kind(fn, cfg.outputs) == "decode_metadata"
+    kind = builder_kind(fn, cfg.outputs)
+    metadata = kind == "decode_metadata"
+    problem = signature_problem(fn, kind, swa=cfg.swa)
+    if problem:
+        raise ValueError(problem)
+    if metadata and cfg.preset_outputs and not set(cfg.preset_outputs) <= set(PRESETTABLE_OUTPUTS):
+        raise ValueError(f"preset_outputs {cfg.preset_outputs} names no presettable output")
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     report = Report(builder_name(fn), cfg, str(dev), dev.type == "cuda")
     detectors, no_detector_reason = _resolve_detectors(cfg.detectors)
     report.detectors = detectors
     props = {name: PropertyResult(name) for name in PROPERTIES}
     report.properties = list(props.values())
-    return CheckRun(cfg, fn, metadata, dev, report, props, detectors, no_detector_reason, hooks,
-                    runner_factory)  # fmt: skip
+    run = CheckRun(cfg, fn, metadata, dev, report, props, detectors, no_detector_reason, hooks,
+                   runner_factory)  # fmt: skip
+    run.errors = cfg.errors and builder_capabilities(fn).errors
+    return run
 
 
 def _allocate(run: CheckRun) -> None:
@@ -170,7 +190,7 @@ def _start_workload_and_runner(run: CheckRun) -> Step:
         padding=cfg.padding,
         builder=run.probe,
         full_to_swa=run.pool.full_to_swa,
-        errors=cfg.errors,
+        errors=run.errors,
         index_dtype=INDEX_DTYPES[cfg.index_dtype],
         table_width=cfg.width,
         **run.buffers.runner_kwargs(cfg),
@@ -179,19 +199,22 @@ def _start_workload_and_runner(run: CheckRun) -> Step:
     return next(run.steps)
 
 
-def _probe_eager_call(run: CheckRun, first: Step) -> None:
-    """The builder's own eager call on the first real batch: no sync, no allocation."""
+def _probe_eager_call(run: CheckRun, first: Step) -> bool:
+    """The builder's own eager calls: a short one first, as an engine's warm-up is (lengths
+    of one token, the capture's), then the measured one on the first real batch: no sync
+    (safety), allocations (advice). False (the rest not reached) when the builder raised."""
     from ..detect.sync import DetectorUnavailable
 
-    call = run.buffers.eager_call(run.builder, run.cfg, run.pool, first, run.device)
+    warm_up, call = run.buffers.eager_calls(run.builder, run.cfg, run.pool, first, run.device)
     try:
-        measured = measure_eager_call(call, first.bs, run.device, run.detectors)
+        measured = measure_eager_call(warm_up, call, first.bs, run.device, run.detectors)
     except DetectorUnavailable:
         raise
     except Exception as exc:  # noqa: BLE001 - a builder that raises is reported, not fatal
-        judge_eager_call_raised(run.props, exc)
-        return
-    judge_eager_call(run.props, measured, run.detectors, run.no_detector_reason)
+        run.report.stopped = judge_eager_call_raised(run.props, exc, run.builder)
+        return False
+    judge_eager_call(run.props, measured, run.detectors, run.no_detector_reason, run.cfg.strict)
+    return True
 
 
 def _capture(run: CheckRun) -> bool:
@@ -207,19 +230,41 @@ def _capture(run: CheckRun) -> bool:
         if run.graphs:
             torch.cuda.synchronize(run.device)
     except Exception as exc:  # noqa: BLE001 - a builder that raises is reported
-        props["capture"].fail()
-        props["capture"].detail = f"capture raised {exc!r}"
-        judge_builder_calls(run.probe, run.compiles, props)
+        where = run.probe.calls[-1].phase if run.probe.calls else "capture"
+        what = f"{where} raised {describe_exception(exc, run.builder)}"
+        props["capture"].fail(what)
+        props["capture"].detail = what
+        judge_builder_calls(run.probe, run.compiles, props, run.cfg.strict)
         mark_not_reached(props, "capture failed")
-        report.stopped = f"capture raised {type(exc).__name__}"
+        report.stopped = what
         return False
     report.capture_ms = (time.perf_counter() - t0) * 1e3
     props["capture"].detail = f"{len(run.runner.buckets)} buckets" + (
         " captured" if run.graphs else " warmed up eagerly (no CUDA graphs)"
     )
-    judge_builder_calls(run.probe, run.compiles, props)
+    judge_builder_calls(run.probe, run.compiles, props, run.cfg.strict)
     run.probe.measure = not run.graphs  # eager replays run the builder: keep measuring it
+    if run.hooks.on_chunk is not None:  # a supervisor keeps what the capture found
+        run.hooks.on_chunk(report)
     return True
+
+
+def _judge_capabilities(run: CheckRun) -> None:
+    """A scenario with error counters and a builder without ``errors=``: the counters are
+    pagegraph's own extension, so they are skipped, with the reason (a failure only when
+    ``strict`` promotes that advice)."""
+    prop = run.props["error counters"]
+    if not run.cfg.errors or run.errors or prop.status == "incomplete":
+        return
+    why = (
+        "the builder takes no errors= (pagegraph's own extension, which most builders lack): "
+        "its out-of-contract counts are not checked"
+    )
+    if "error-counters" in run.cfg.strict:
+        prop.fail(why)
+        prop.detail = why
+    else:
+        prop.skip(why)
 
 
 def _release(run: CheckRun) -> None:

@@ -40,12 +40,13 @@ PROPERTIES: dict[str, tuple[str, str]] = {
     ),
     "no allocation in builder": (
         "builder",
-        "a memory allocation in the eager call or in any bucket's warm-up call",
+        "advice: a memory allocation by the builder in an eager call or a bucket's warm-up or "
+        "capture (a captured graph serves it from its private pool at no cost per replay)",
     ),
     "one compilation for all buckets": (
         "builder",
-        "a Triton compilation after the first bucket's warm-up (a kernel specialised per "
-        "batch size), or during capture",
+        "advice: a Triton compilation after the first bucket's warm-up (a kernel specialised "
+        "per batch size: start-up time, not a replay hazard), or during capture",
     ),
     "capture": ("builder + runner", "warm-up or capture raising"),
     "replays completed": ("builder + runner", "a replay raising, or the run interrupted"),
@@ -76,7 +77,8 @@ PROPERTIES: dict[str, tuple[str, str]] = {
     ),
     "error counters": (
         "builder",
-        "an errors counter that differs from the count of out-of-contract values the replay held",
+        "an errors counter that differs from the count of out-of-contract values the replay "
+        "held (only for a builder that takes errors=)",
     ),
     "static buffers unmoved": (
         "runner",
@@ -84,8 +86,9 @@ PROPERTIES: dict[str, tuple[str, str]] = {
         "differs from capture's",
     ),
     "no allocation in replay": (
-        "runner (with graphs); runner + builder (eager)",
-        "a memory allocation while staging or replaying",
+        "runner",
+        "a memory allocation while staging or replaying a graph (replaying eagerly, the "
+        "runner's staging: the builder's own allocations there are advice)",
     ),
     "no memory growth": (
         "runner (with graphs); runner + builder (eager)",
@@ -96,6 +99,29 @@ PROPERTIES: dict[str, tuple[str, str]] = {
         "a host sync inside a stage/* or replay/* range, seen by any detector that runs here",
     ),
 }
+
+#: Advice a team may promote to a failure (``CheckConfig.strict``, ``--strict``), by name ->
+#: the property that reports it. Advice is shown with its figures and never changes the
+#: verdict: it does not make a replay wrong or unsafe.
+ADVICE: dict[str, str] = {
+    "compilations": "one compilation for all buckets",
+    "allocations": "no allocation in builder",
+    "error-counters": "error counters",
+}
+#: The properties whose findings are advice, not failures (unless promoted). "error counters"
+#: is a safety property for a builder that takes ``errors=``; its advice is their absence.
+ADVICE_PROPERTIES = ("one compilation for all buckets", "no allocation in builder")
+
+#: How far out of the contract a scenario's injected values go: "engine", the values engines
+#: really send (lengths past a row's capacity, zero-length rows); "hostile", those too and
+#: values no engine should send (negative lengths, request indices outside ``req_to_token``,
+#: whose slots may fall outside ``full_to_swa``).
+INJECTION_LEVELS = ("engine", "hostile")
+#: The injection knobs only the hostile level allows.
+HOSTILE_INJECTIONS = ("negative", "bad_index")
+#: Outputs an engine may set once, at allocation, and a builder never write
+#: (``CheckConfig.preset_outputs``): the checker writes their value after each poisoning.
+PRESETTABLE_OUTPUTS = ("cu_seqlens_k[0]", "cu_seqlens_q[0]")
 
 #: Properties judged over the replays (incomplete when the run stops early).
 REPLAY_PROPERTIES = (
@@ -150,6 +176,8 @@ class CheckConfig:
     r2t_dtype: str = "int32"
     full_to_swa_dtype: str = "int64"
     # -- out-of-contract and edge values in the batches (probabilities per step) --
+    #: "engine" or "hostile" (``INJECTION_LEVELS``): which injections the scenario may ask for
+    injection_level: str = "hostile"
     overlong: float = 0.0
     negative: float = 0.0
     zero_len: float = 0.0
@@ -169,6 +197,11 @@ class CheckConfig:
     #: (``ProducedWorkload``), "off": in this one, "auto": in children for CUDA-graph runs of
     #: at least ``PRODUCER_MIN_STEPS`` replays, where their start-up (a second or two) pays off
     workload_process: str = "auto"
+    #: advice promoted to failures (names of ``ADVICE``)
+    strict: tuple[str, ...] = ()
+    #: decode-metadata entries set once at allocation that the builder never writes
+    #: (``PRESETTABLE_OUTPUTS``), as engines run some builders
+    preset_outputs: tuple[str, ...] = ()
 
     def replace(self, **changes) -> CheckConfig:
         return dataclasses.replace(self, **changes)
@@ -182,6 +215,8 @@ class CheckConfig:
             config.initial_len = tuple(config.initial_len)
         if isinstance(config.detectors, list):
             config.detectors = tuple(config.detectors)
+        config.strict = tuple(config.strict)
+        config.preset_outputs = tuple(config.preset_outputs)
         return config
 
     @property
@@ -218,7 +253,7 @@ def validate_config(cfg: CheckConfig, name: FieldNamer = str, *, strict: bool = 
     lengths, detector names, and no SWA setting without ``swa``. ``name`` maps a field to
     the name the messages use (scenario files pass their key names). Nothing in ``cfg`` is
     changed."""
-    checks = [_check_layout, _check_injection, _check_driving]
+    checks = [_check_layout, _check_injection, _check_driving, _check_advice]
     if strict:
         checks += [_check_graph, _check_pool, _check_workload, _check_swa_settings,
                    _check_detectors]  # fmt: skip
@@ -250,6 +285,24 @@ def _check_probabilities(c: CheckConfig, fields: tuple[str, ...], name: FieldNam
 
 def _check_injection(c: CheckConfig, name: FieldNamer) -> None:
     _check_probabilities(c, ("overlong", "negative", "zero_len", "bad_index"), name)
+    if c.injection_level not in INJECTION_LEVELS:
+        _fail("injection_level", f"must be 'engine' or 'hostile', got {c.injection_level!r}",
+              name)  # fmt: skip
+    if c.injection_level == "engine":
+        for field in HOSTILE_INJECTIONS:
+            if getattr(c, field):
+                _fail(field, f"is a hostile injection: needs {name('injection_level')} = "
+                      "'hostile'", name)  # fmt: skip
+
+
+def _check_advice(c: CheckConfig, name: FieldNamer) -> None:
+    unknown = [s for s in c.strict if s not in ADVICE]
+    if unknown:
+        _fail("strict", f"names no advice: {unknown} (known: {', '.join(ADVICE)})", name)
+    unknown = [s for s in c.preset_outputs if s not in PRESETTABLE_OUTPUTS]
+    if unknown:
+        _fail("preset_outputs", f"names no presettable output: {unknown} (known: "
+              f"{', '.join(PRESETTABLE_OUTPUTS)})", name)  # fmt: skip
 
 
 def _check_driving(c: CheckConfig, name: FieldNamer) -> None:

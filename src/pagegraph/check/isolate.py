@@ -22,6 +22,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -36,7 +37,7 @@ from .signals import request_stop, stop_requested
 #: Seconds a child may run one check before it is killed as hung (None: no limit).
 DEFAULT_TIMEOUT = None
 #: Size of the file in which a child notes its phase (rewritten in place, never grown).
-PROGRESS_BYTES = 128
+PROGRESS_BYTES = 2048
 
 
 class IsolatedError(RuntimeError):
@@ -50,6 +51,11 @@ def write_json_atomic(path: str | Path, doc) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
+        # mkstemp makes the file private (0600); a report gets the umask's permissions, as
+        # any file the user writes.
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
         with os.fdopen(fd, "w") as f:
             json.dump(doc, f, indent=2, default=str)
             f.flush()
@@ -102,6 +108,10 @@ class Job:
     config: CheckConfig
     label: str = ""
     stop_on_failure: bool = False
+    #: replay with launches serialised (``CUDA_LAUNCH_BLOCKING=1``, a device sync after
+    #: each replay) and each replay's bucket and out-of-contract rows noted: the re-run that
+    #: names the replay a crash came from
+    explain: bool = False
 
 
 def _death(returncode: int | None, timed_out: bool) -> str:
@@ -116,29 +126,86 @@ def _death(returncode: int | None, timed_out: bool) -> str:
     return f"exited with code {returncode} without a report"
 
 
-def _crash_report(job: Job, partial: dict | None, cause: str, phase: str, stderr: str) -> Report:
-    """The report of a check whose child died: what it had found, plus the crash."""
+#: How a CUDA error reads on a child's stderr (torch's message or the driver's text).
+_CUDA_ERROR = re.compile(
+    r"(CUDA error: [^\n]+|an illegal memory access was encountered|device-side assert "
+    r"triggered|misaligned address|unspecified launch failure|illegal instruction)"
+)
+
+
+def crash_cause(stderr: str) -> str:
+    """The error a dead child's stderr names: its CUDA error if any, else its last line that
+    is not the fault handler's list of extension modules; ``""`` when it printed nothing."""
+    found = _CUDA_ERROR.search(stderr)
+    if found:
+        text = found.group(1).strip()
+        return text if text.startswith("CUDA error") else f"CUDA error: {text}"
+    lines = [ln.strip() for ln in stderr.strip().splitlines() if ln.strip()]
+    lines = [ln for ln in lines if not ln.startswith(("Extension modules:", "File ", "Thread "))]
+    return lines[-1][:300] if lines else ""
+
+
+def _crash_report(job: Job, partial: dict | None, cause: str, phase: str, stderr: str,
+                  explained: str | None = None) -> Report:  # fmt: skip
+    """The report of a check whose child died: what it had found, plus the crash, stated
+    once (``Report.crash``); the properties it cut short point to it. ``explained``: what a
+    serialised re-run found about the crashing replay."""
     if partial is not None:
         report = Report.from_dict(partial)
     else:
         report = Report(job.builder, job.config, "?", False)
         report.properties = [PropertyResult(name, "incomplete", "") for name in PROPERTIES]
-    where = f"the check process {cause} during {phase or 'start-up'}"
-    tail = stderr.strip().splitlines()[-1:] if stderr.strip() else []
-    if tail:
-        where += f" (last error output: {tail[0][:300]})"
+    error = crash_cause(stderr)
+    if cause.startswith(("killed", "timed out")):
+        cause = f"was {cause}"
+    crash = f"the check process {cause} during {phase or 'start-up'}"
+    if error:
+        crash += f": {error}"
+    if explained:
+        if error and explained.endswith(f": {error}"):
+            explained = explained[: -len(f": {error}")]  # the same error: said once
+        crash += f". Replayed again with launches serialised, it came from {explained}"
     props = {p.name: p for p in report.properties}
     target = "capture" if phase in ("setup", "capture", "") else "replays completed"
+    short = f"the check process {cause} during {phase or 'start-up'} (see crash)"
     props[target].status = "FAIL"
-    props[target].detail = where
-    props[target].first_failure = props[target].first_failure or where
-    for name in (*REPLAY_PROPERTIES, "capture", "replays completed"):
+    props[target].detail = short
+    props[target].first_failure = props[target].first_failure or short
+    for name in (*REPLAY_PROPERTIES, "replays completed"):
         p = props[name]
         if p.status == "pass" or (p.status == "incomplete" and not p.detail):
             p.status = "incomplete"
-            p.detail = f"not finished: {where}"
-    report.stopped = where
+            p.detail = "not finished: the check process crashed (see crash)"
+    report.stopped = short
+    report.crash = crash
     return report
+
+
+def _explain_crash(job: Job, tmp: Path) -> str | None:
+    """Re-run a job whose child died of a CUDA error during its replays, with launches
+    serialised and every replay described, and say which replay the error came from and
+    what it held; None when the re-run could not tell."""
+    retry = dataclasses.replace(job, explain=True, stop_on_failure=False)
+    sub = tmp / "explain"
+    sub.mkdir(exist_ok=True)
+    spec_path = _write_spec([retry], 0, sub)
+    env = child_env()
+    env["CUDA_LAUNCH_BLOCKING"] = "1"
+    err_path = sub / "stderr.txt"
+    with open(err_path, "w") as err:
+        proc = subprocess.Popen([sys.executable, "-m", "pagegraph.check.isolate", str(spec_path)],
+                                env=env, stderr=err, stdout=subprocess.DEVNULL)  # fmt: skip
+        _wait_for_child(proc, 600)
+    progress = (sub / "progress").read_bytes().decode(errors="replace").strip().split("\t")
+    result = sub / "result-0.json"
+    doc = json.loads(result.read_text()) if result.exists() else None
+    stopped = (doc or {}).get("report", {}).get("stopped") if doc else None
+    if stopped and "raised" in stopped:
+        return stopped  # the error surfaced as an exception at the replay that caused it
+    if len(progress) > 1 and progress[1].startswith("replay"):
+        error = crash_cause(err_path.read_text(errors="replace"))
+        return f"{progress[1]}" + (f": {error}" if error else "")
+    return None
 
 
 def run_isolated(
@@ -183,6 +250,7 @@ def _write_spec(jobs: list[Job], first: int, tmp: Path) -> Path:
                 "builder": j.builder,
                 "config": dataclasses.asdict(j.config),
                 "stop_on_failure": j.stop_on_failure,
+                "explain": j.explain,
                 "result": str(tmp / f"result-{k}.json"),
             }
             for k, j in enumerate(jobs)
@@ -270,8 +338,11 @@ def _collect_reports(jobs: list[Job], first: int, tmp: Path, ended: _ChildEnd,
         # The child died in job k (or was stopped there): report it, go on after it.
         cause = _death(ended.returncode, ended.timed_out)
         phase = progress[1] if len(progress) > 1 and progress[0] == str(k) else ""
+        explained = None
+        if phase.startswith("replay") and _CUDA_ERROR.search(ended.stderr or ""):
+            explained = _explain_crash(jobs[k], tmp)
         reports[k] = _crash_report(
-            jobs[k], doc["report"] if doc else None, cause, phase, ended.stderr or ""
+            jobs[k], doc["report"] if doc else None, cause, phase, ended.stderr or "", explained
         )
         if on_report is not None:
             on_report(k, reports[k])
@@ -329,6 +400,7 @@ def _child(spec_path: str) -> int:
                 on_phase=note,
                 on_chunk=keep,
                 stop_on_failure=job["stop_on_failure"],
+                explain_replays=job.get("explain", False),
             )
         except CheckInterrupted as exc:
             write_json_atomic(result, {"final": False, "report": exc.report.to_dict()})

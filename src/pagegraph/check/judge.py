@@ -7,6 +7,8 @@ the counts of the per-bucket table."""
 
 from __future__ import annotations
 
+import collections
+
 import numpy as np
 
 from ..kernels.contract import ERROR_KINDS
@@ -15,7 +17,7 @@ from .config import REPLAY_PROPERTIES, CheckConfig
 from .probes import BuilderProbe, CompileCounter, EagerCall
 from .report import BucketStats, Failure, PropertyResult, Report
 from .state import ALLOCATION_PROBES, ReplayMeasure, ReplayState
-from .verify import CANARY_ROWS, VECTOR_NAMES, ModelStep, TableVerifier, read_mask
+from .verify import CANARY_ROWS, POISON, VECTOR_NAMES, ModelStep, TableVerifier, read_mask
 
 Props = dict[str, PropertyResult]
 
@@ -27,8 +29,10 @@ TABLE_NAMES = ("page_table", "swa_page_table")
 
 
 def judge_eager_call(props: Props, call: EagerCall, detectors: tuple[str, ...],
-                     no_detector_reason: str | None) -> None:  # fmt: skip
-    """The builder's own eager call on the first real batch: no sync, no allocation."""
+                     no_detector_reason: str | None,
+                     strict: tuple[str, ...] = ()) -> None:  # fmt: skip
+    """The builder's own eager call on the first real batch: no sync (safety); its
+    allocations are advice (``strict`` may promote them)."""
     sync_prop = props["sync-free builder call"]
     alloc_prop = props["no allocation in builder"]
     if not detectors:
@@ -45,24 +49,60 @@ def judge_eager_call(props: Props, call: EagerCall, detectors: tuple[str, ...],
     alloc_prop.detail = f"eager call: {call.allocations} allocation(s)"
     if call.allocations:
         ops = call.allocation_ops
-        alloc_prop.fail(
+        alloc_prop.advise(
             f"eager call on bs={call.bs}: {call.allocations} allocation(s)"
-            + (f" ({', '.join(sorted(set(ops))[:4])})" if ops else "")
+            + (f" ({', '.join(sorted(set(ops))[:4])})" if ops else ""),
+            strict,
         )
 
 
-def judge_eager_call_raised(props: Props, exc: Exception) -> None:
-    """The eager call raised: a builder that raises is reported, not fatal."""
-    sync_prop = props["sync-free builder call"]
-    alloc_prop = props["no allocation in builder"]
-    sync_prop.fail()
-    sync_prop.detail = f"the eager call raised {exc!r}"
-    alloc_prop.status = "incomplete"
-    alloc_prop.detail = "the eager call raised"
+def judge_eager_call_raised(props: Props, exc: BaseException, builder) -> str:
+    """The builder's first eager call raised (before any capture): "capture" fails with the
+    exception and where in the builder's code it raised; the rest is not reached. Returns
+    the text for ``Report.stopped``."""
+    what = f"the builder's eager call (before capture) raised {describe_exception(exc, builder)}"
+    props["capture"].fail(what)
+    props["capture"].detail = what
+    mark_not_reached(props, "the builder's eager call raised")
+    return what
 
 
-def judge_builder_calls(probe: BuilderProbe, compiles: CompileCounter, props: Props) -> None:
-    """Allocations and compilations of the warm-up and capture calls, per bucket."""
+def describe_exception(exc: BaseException, builder=None) -> str:
+    """``TypeName: message at file:line``, the line being the innermost frame in the
+    builder's own file (else the innermost frame outside pagegraph, torch and triton)."""
+    where = raised_at(exc, builder)
+    text = f"{type(exc).__name__}: {exc}".strip()
+    if len(text) > 300:
+        text = text[:297] + "..."
+    return text + (f" at {where}" if where else "")
+
+
+def raised_at(exc: BaseException, builder=None) -> str:
+    """``file:line`` of the innermost traceback frame in the builder's file, else of the
+    innermost frame outside pagegraph, torch and triton; ``""`` when there is none."""
+    frames = []
+    tb = exc.__traceback__
+    while tb is not None:
+        frames.append((tb.tb_frame.f_code.co_filename, tb.tb_lineno))
+        tb = tb.tb_next
+    own = getattr(getattr(builder, "__code__", None), "co_filename", None)
+    if own is None:
+        inner = getattr(builder, "fn", None)  # a probe wrapping the builder
+        own = getattr(getattr(inner, "__code__", None), "co_filename", None)
+    for filename, line in reversed(frames):
+        if own is not None and filename == own:
+            return f"{filename}:{line}"
+    library = ("/pagegraph/", "/torch/", "/triton/", "<frozen")
+    for filename, line in reversed(frames):
+        if not any(part in filename for part in library):
+            return f"{filename}:{line}"
+    return ""
+
+
+def judge_builder_calls(probe: BuilderProbe, compiles: CompileCounter, props: Props,
+                        strict: tuple[str, ...] = ()) -> None:  # fmt: skip
+    """Allocations and compilations of the warm-up and capture calls, per bucket: advice
+    (``strict`` may promote them)."""
     alloc_prop = props["no allocation in builder"]
     compile_prop = props["one compilation for all buckets"]
     calls = probe.calls
@@ -75,19 +115,27 @@ def judge_builder_calls(probe: BuilderProbe, compiles: CompileCounter, props: Pr
         if allocating:
             c = allocating[0]
             ops = f" ({', '.join(sorted(set(c.allocation_ops))[:4])})" if c.allocation_ops else ""
-            alloc_prop.fail(f"{c.phase}: {c.allocations} allocation(s){ops}")
+            alloc_prop.advise(f"{c.phase}: {c.allocations} allocation(s){ops}", strict)
     if compiles.reason is not None:
         compile_prop.skip(compiles.reason)
         return
     warmups = [c for c in calls if c.phase.startswith("warmup")]
     later = [c for c in calls if c not in warmups[:1] and c.compiles]
     total = sum(c.compiles for c in calls)
+    cold_ms = sum(c.ms for c in calls if c.compiles)
     compile_prop.detail = (
         f"{total} compilation(s) in {len(calls)} warm-up/capture call(s), "
-        f"{sum(c.compiles for c in later)} after the first bucket"
+        f"{sum(c.compiles for c in later)} after the first bucket; the calls that compiled "
+        f"took {cold_ms:.0f} ms"
     )
     if later:
-        compile_prop.fail("; ".join(f"{c.phase}: {c.compiles} compilation(s)" for c in later[:4]))
+        compile_prop.advise(
+            f"{sum(c.compiles for c in later)} compilation(s) after the first bucket ("
+            + "; ".join(f"{c.phase}: {c.compiles}" for c in later[:4])
+            + (", ..." if len(later) > 4 else "")
+            + f"): start-up time, {cold_ms:.0f} ms in the calls that compiled",
+            strict,
+        )
 
 
 def mark_not_reached(props: Props, why: str) -> None:
@@ -125,10 +173,25 @@ def _judge_replay_allocations(state: ReplayState, i: int, mstep: ModelStep,
                 "during staging + replay"
             )
     counter = measured.counter
-    if counter is not None and counter.count and alloc_prop.status == "pass":
+    if counter is None:
+        return
+    # Replaying eagerly, the builder runs inside the replay: its own allocations are advice
+    # (a captured graph serves them from its pool), the runner's staging must allocate none.
+    builder_ops = collections.Counter(op for c in measured.builder_calls for op in c.allocation_ops)
+    builder_count = sum(c.allocations for c in measured.builder_calls)
+    runner_ops = collections.Counter(counter.ops) - builder_ops
+    runner_count = counter.count - builder_count
+    if runner_count > 0 and alloc_prop.status == "pass":
         alloc_prop.fail(
-            f"replay {i} (bucket {mstep.bucket}): {counter.count} allocation(s) "
-            f"({', '.join(sorted(set(counter.ops))[:4])})"
+            f"replay {i} (bucket {mstep.bucket}): {runner_count} allocation(s) by the runner's "
+            f"staging ({', '.join(sorted(runner_ops)[:4])})"
+        )
+    if builder_count:
+        builder_prop = state.props["no allocation in builder"]
+        builder_prop.advise(
+            f"eager replay {i} (bucket {mstep.bucket}): {builder_count} allocation(s) by the "
+            f"builder ({', '.join(sorted(builder_ops)[:4])})",
+            state.cfg.strict,
         )
 
 
@@ -183,9 +246,11 @@ def judge_chunk_allocations(state: ReplayState) -> None:
 
 
 def judge_records(records: np.ndarray, steps: list[ModelStep], verifier: TableVerifier,
-                  props: Props, report: Report, cfg: CheckConfig) -> None:  # fmt: skip
+                  props: Props, report: Report, cfg: CheckConfig,
+                  describe_rows=None) -> None:  # fmt: skip
     """Fold one chunk of device records (``[len(steps), verifier.record_size]`` int64, one
-    row a replay, laid out as ``pagegraph.check.verify`` says) into the report."""
+    row a replay, laid out as ``pagegraph.check.verify`` says) into the report.
+    ``describe_rows(step)`` names a replay's out-of-contract rows for its failures."""
     kinds = DECODE_ERROR_KINDS if verifier.vectors is not None else ERROR_KINDS
     if verifier.errors is not None and not report.errors:
         report.errors = dict.fromkeys(kinds, 0)
@@ -197,16 +262,31 @@ def judge_records(records: np.ndarray, steps: list[ModelStep], verifier: TableVe
         if st.out_of_contract:
             stats.out_of_contract += 1
             report.out_of_contract_replays.append(st.index)
-        _judge_tables(rec, st, verifier, stats, props, cfg)
+        _judge_tables(rec, st, verifier, stats, props, cfg, describe_rows)
         if verifier.vectors is not None:
-            _judge_vectors(rec, st, verifier, stats, props)
+            _judge_vectors(rec, st, verifier, stats, props, describe_rows)
         _judge_staged_inputs(rec, st, verifier, props["staged inputs"])
         if verifier.errors is not None:
-            _judge_error_counters(rec, st, verifier, kinds, props["error counters"], report)
+            _judge_error_counters(rec, st, verifier, kinds, props["error counters"], report,
+                                  describe_rows)  # fmt: skip
+
+
+def _fail_with(prop: PropertyResult, failure: Failure, st: ModelStep, describe_rows) -> None:
+    """``prop`` fails; its first failure gets the row's inputs and the replay's
+    out-of-contract rows (worked out for the first failure only: they cost a few numpy
+    calls)."""
+    if prop.first_failure is None:
+        failure.poison = POISON
+        if not failure.vector and 0 <= failure.row < len(st.asked_sl):
+            failure.seq_len = int(st.asked_sl[failure.row])
+            failure.req_pool_index = int(st.asked_rpi[failure.row])
+        if st.out_of_contract and describe_rows is not None:
+            failure.injected = describe_rows(st)
+    prop.fail(failure)
 
 
 def _judge_tables(rec: np.ndarray, st: ModelStep, verifier: TableVerifier, stats: BucketStats,
-                  props: Props, cfg: CheckConfig) -> None:  # fmt: skip
+                  props: Props, cfg: CheckConfig, describe_rows=None) -> None:  # fmt: skip
     """The table masks of one record: wrong live entries fail "correct" (and "graph-safe" on a
     replay longer than at capture), writes outside the live region fail "bounded writes"; on
     an out-of-contract replay either fails "row containment" instead."""
@@ -223,19 +303,20 @@ def _judge_tables(rec: np.ndarray, st: ModelStep, verifier: TableVerifier, stats
         )  # fmt: skip
         if st.out_of_contract:
             stats.escaped_writes += count
-            props["row containment"].fail(failure)
+            _fail_with(props["row containment"], failure, st, describe_rows)
         elif mask < T:
             stats.mismatches += count
-            props["correct"].fail(failure)
+            _fail_with(props["correct"], failure, st, describe_rows)
             if st.longer_than_capture:
-                props["graph-safe (captured short, replayed long)"].fail(failure)
+                _fail_with(props["graph-safe (captured short, replayed long)"], failure, st,
+                           describe_rows)  # fmt: skip
         else:
             stats.oob_writes += count
-            props["bounded writes"].fail(failure)
+            _fail_with(props["bounded writes"], failure, st, describe_rows)
 
 
 def _judge_vectors(rec: np.ndarray, st: ModelStep, verifier: TableVerifier, stats: BucketStats,
-                   props: Props) -> None:  # fmt: skip
+                   props: Props, describe_rows=None) -> None:  # fmt: skip
     """A metadata builder's vectors: wrong entries of the live region fail "correct" (on an
     out-of-contract replay they are the out-of-contract values' own, and allowed), writes
     outside it fail "bounded writes" (or "row containment")."""
@@ -252,13 +333,13 @@ def _judge_vectors(rec: np.ndarray, st: ModelStep, verifier: TableVerifier, stat
         if st.out_of_contract:
             if k == 1:  # wrong live entries are the out-of-contract values' own
                 stats.escaped_writes += count
-                props["row containment"].fail(failure)
+                _fail_with(props["row containment"], failure, st, describe_rows)
         elif k == 0:
             stats.mismatches += count
-            props["correct"].fail(failure)
+            _fail_with(props["correct"], failure, st, describe_rows)
         else:
             stats.oob_writes += count
-            props["bounded writes"].fail(failure)
+            _fail_with(props["bounded writes"], failure, st, describe_rows)
 
 
 def _judge_staged_inputs(rec: np.ndarray, st: ModelStep, verifier: TableVerifier,
@@ -276,7 +357,7 @@ def _judge_staged_inputs(rec: np.ndarray, st: ModelStep, verifier: TableVerifier
 
 def _judge_error_counters(rec: np.ndarray, st: ModelStep, verifier: TableVerifier,
                           kinds: tuple[str, ...], err_prop: PropertyResult,
-                          report: Report) -> None:  # fmt: skip
+                          report: Report, describe_rows=None) -> None:  # fmt: skip
     E = verifier.E
     at = verifier.errors_at
     want, got = rec[at : at + E], rec[at + E : at + 2 * E]
@@ -288,7 +369,11 @@ def _judge_error_counters(rec: np.ndarray, st: ModelStep, verifier: TableVerifie
             for k in range(E)
             if want[k] != got[k]
         )
-        err_prop.fail(f"replay {st.index} (bucket {st.bucket}): {diffs}")
+        rows = describe_rows(st) if describe_rows is not None else ""
+        err_prop.fail(
+            f"replay {st.index} (bucket {st.bucket}): {diffs}"
+            + (f"; the replay's out-of-contract rows: {rows}" if rows else "")
+        )
 
 
 def _asked(values: np.ndarray, row: int) -> str:

@@ -6,6 +6,7 @@ verdicts."""
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
@@ -114,6 +115,8 @@ class BuilderCall:
     allocations: int
     compiles: int
     allocation_ops: list[str]
+    #: the call's host time (ms): a cold compilation's cost shows here
+    ms: float = 0.0
 
 
 class BuilderProbe:
@@ -136,6 +139,7 @@ class BuilderProbe:
         table = kwargs.get("page_table", args[3] if len(args) > 3 else None)
         bs = table.shape[0] if hasattr(table, "shape") else -1
         c0 = self.compiles.count
+        t0 = time.perf_counter()
         if self.cuda:
             a0 = cuda_allocations(self.device)
             result = self.fn(*args, **kwargs)
@@ -144,7 +148,8 @@ class BuilderProbe:
             with AllocationCounter() as counter:
                 result = self.fn(*args, **kwargs)
             allocations, ops = counter.count, counter.ops
-        self.calls.append(BuilderCall(where, bs, allocations, self.compiles.count - c0, ops))
+        ms = (time.perf_counter() - t0) * 1e3
+        self.calls.append(BuilderCall(where, bs, allocations, self.compiles.count - c0, ops, ms))
         return result
 
 
@@ -159,14 +164,15 @@ class EagerCall:
     sync_events: list = field(default_factory=list)
 
 
-def measure_eager_call(call: Callable[[], None], bs: int, device: torch.device,
-                       detectors: tuple[str, ...]) -> EagerCall:  # fmt: skip
-    """Call the builder twice, measuring the second call: compiling and loading a kernel may
-    sync and allocate, once. Whatever the builder raises propagates."""
+def measure_eager_call(warm_up: Callable[[], None], call: Callable[[], None], bs: int,
+                       device: torch.device, detectors: tuple[str, ...]) -> EagerCall:  # fmt: skip
+    """Call the builder's short warm-up (an engine's first call: compiling and loading a
+    kernel may sync and allocate, once), then measure ``call`` on a real batch. Whatever the
+    builder raises propagates."""
     from ..detect import sync
 
     with phase("build", bs):
-        call()
+        warm_up()
     if device.type == "cuda":
         torch.cuda.synchronize(device)
         a0 = cuda_allocations(device)

@@ -26,6 +26,7 @@ import torch
 from ..detect.ranges import phase
 from ..workload.decode import Step
 from .judge import (
+    describe_exception,
     judge_chunk_allocations,
     judge_records,
     judge_replay,
@@ -90,6 +91,9 @@ def _replay_one(state: ReplayState, i: int) -> bool:
     t_step = time.perf_counter()
     state.run.hooks.note(f"replay {i}")
     mstep, args = _stage(state, i)
+    if state.run.hooks.explain:
+        rows = state.model.describe_rows(mstep)
+        state.run.hooks.note(f"replay {i} (bucket {mstep.bucket})" + (f", {rows}" if rows else ""))
     measured = _replay(state, i, mstep, args)
     if measured is None:
         return False
@@ -158,6 +162,7 @@ def _replay(state: ReplayState, i: int, mstep: ModelStep, args: tuple) -> Replay
     rec = state.recorder
     before = len(rec.events) if rec is not None else 0
     counter = None if state.graphs else AllocationCounter()
+    calls_before = len(state.run.probe.calls)
     tally = state.allocations
     a0 = tally.read() if tally.per_replay else 0
     t = time.perf_counter()
@@ -169,8 +174,16 @@ def _replay(state: ReplayState, i: int, mstep: ModelStep, args: tuple) -> Replay
                 state.runner.replay(*args)
         else:
             state.runner.replay(*args)
+        if state.run.hooks.explain and state.graphs:
+            torch.cuda.synchronize(state.run.device)  # the error surfaces at its replay
     except Exception as exc:  # noqa: BLE001 - reported, then the run stops
-        state.stopped = f"replay {i} (bucket {mstep.bucket}) raised {exc!r}"
+        state.stopped = (
+            f"replay {i} (bucket {mstep.bucket}) raised "
+            f"{describe_exception(exc, state.run.builder)}"
+        )
+        injected = state.model.describe_rows(mstep)
+        if injected:
+            state.stopped += f"; the replay's out-of-contract rows: {injected}"
         state.props["replays completed"].fail(state.stopped)
         return None
     finally:
@@ -178,7 +191,9 @@ def _replay(state: ReplayState, i: int, mstep: ModelStep, args: tuple) -> Replay
             rec.pause()
     dt = (time.perf_counter() - t) * 1e6
     allocations = tally.read() - a0 if tally.per_replay else 0
-    return ReplayMeasure(dt, allocations, counter, before)
+    builder_calls = state.run.probe.calls[calls_before:]
+    del state.run.probe.calls[calls_before:]  # eager replays: measured here, not kept
+    return ReplayMeasure(dt, allocations, counter, before, builder_calls)
 
 
 def _verify(state: ReplayState, i: int, mstep: ModelStep, measured: ReplayMeasure) -> None:
@@ -216,7 +231,7 @@ def _judge_chunk(state: ReplayState) -> None:
     with phase("verify"):
         records = state.verifier.read(len(state.pending))
     judge_records(records, list(state.pending), state.verifier, state.props, state.report,
-                  state.cfg)  # fmt: skip
+                  state.cfg, state.model.describe_rows)  # fmt: skip
     if state.graphs and not state.allocations.per_replay:
         judge_chunk_allocations(state)
     state.pending.clear()

@@ -7,7 +7,7 @@ from __future__ import annotations
 import dataclasses
 from dataclasses import dataclass, field
 
-from .config import PROPERTIES, CheckConfig
+from .config import ADVICE, ADVICE_PROPERTIES, PROPERTIES, CheckConfig
 
 
 @dataclass
@@ -25,6 +25,14 @@ class Failure:
     width: int | None = None
 
     vector: bool = False
+    #: the poison the checker writes before each replay (an ``expected`` equal to it means
+    #: the entry must stay untouched)
+    poison: int | None = None
+    #: the failing row's inputs as staged (``seq_len``, ``req_pool_index``), when a batch row
+    seq_len: int | None = None
+    req_pool_index: int | None = None
+    #: the replay's out-of-contract rows and their values, when it had any
+    injected: str = ""
 
     def where(self) -> str:
         if self.vector:
@@ -36,16 +44,41 @@ class Failure:
             cell += " (canary column past the width)"
         return cell
 
-    def __str__(self) -> str:
+    def meaning(self) -> str:
+        """What the expected value stands for: a live entry, or the poison of an entry that
+        must stay untouched (and why it must)."""
+        if self.poison is None or self.expected != self.poison:
+            return "the live entry" if not self.vector else "the reference value"
+        if self.vector:
+            return "the poison: an entry past the batch must stay untouched"
+        if self.max_bs is not None and not 0 <= self.row < self.max_bs:
+            return "the poison: a canary row must stay untouched"
+        if self.width is not None and self.col >= self.width:
+            return "the poison: a canary column past the table's width must stay untouched"
         return (
-            f"replay {self.replay} (bucket {self.bucket}): {self.where()} "
-            f"expected {self.expected}, got {self.got}"
+            "the poison: an entry past the row's live pages (the stale tail, or a row past "
+            "the bucket) must stay untouched"
         )
 
+    def __str__(self) -> str:
+        text = (
+            f"replay {self.replay} (bucket {self.bucket}): {self.where()} "
+            f"expected {self.expected} ({self.meaning()}), got {self.got}"
+        )
+        if self.seq_len is not None:
+            text += (
+                f"; row {self.row}: seq_len {self.seq_len}, req_pool_index {self.req_pool_index}"
+            )
+        if self.injected:
+            text += f"; the replay's out-of-contract rows: {self.injected}"
+        return text
 
-#: A property's status: only "pass" counts as passed; "skip" says why it could not run,
-#: "incomplete" that the run stopped before judging it.
-STATUSES = ("pass", "FAIL", "skip", "incomplete")
+
+#: A property's status: only "pass" counts as passed; "advice" is a finding of an advice
+#: property (``ADVICE_PROPERTIES``) that does not make a replay wrong or unsafe and never
+#: changes the verdict; "skip" says why it could not run, "incomplete" that the run stopped
+#: before judging it.
+STATUSES = ("pass", "FAIL", "advice", "skip", "incomplete")
 
 
 @dataclass
@@ -66,10 +99,26 @@ class PropertyResult:
     def covers(self) -> str:
         return PROPERTIES.get(self.name, ("?", ""))[0]
 
+    @property
+    def kind(self) -> str:
+        """``"advice"`` for an advice property, else ``"safety"``."""
+        return "advice" if self.name in ADVICE_PROPERTIES else "safety"
+
     def fail(self, failure: Failure | str | None = None) -> None:
         self.status = "FAIL"
         if failure is not None and self.first_failure is None:
             self.first_failure = failure
+
+    def advise(self, finding: str, strict: tuple[str, ...] = ()) -> None:
+        """An advice finding: status "advice", or "FAIL" when ``strict`` promotes this
+        property's advice (``ADVICE`` names). A failure already recorded stays."""
+        promoted = any(ADVICE[name] == self.name for name in strict)
+        if promoted or self.status == "FAIL":
+            self.fail(finding)
+            return
+        self.status = "advice"
+        if self.first_failure is None:
+            self.first_failure = finding
 
     def skip(self, reason: str) -> None:
         self.status = "skip"
@@ -114,6 +163,8 @@ class Report:
     errors: dict[str, int] = field(default_factory=dict)
     #: why the run stopped before its last replay, or None
     stopped: str | None = None
+    #: what a crashed check process died of, where and on which inputs (stated once)
+    crash: str | None = None
     #: checked replays per second, steady state (start-up and capture excluded)
     replays_per_s: float = float("nan")
     #: in-contract replays with a row longer than at capture
@@ -135,8 +186,13 @@ class Report:
     @property
     def safe(self) -> bool:
         """No property failed and none is incomplete (skipped ones are listed in
-        ``skipped`` and do not count as passed)."""
-        return all(p.status in ("pass", "skip") for p in self.properties)
+        ``skipped`` and do not count as passed; advice never counts against it)."""
+        return all(p.status in ("pass", "skip", "advice") for p in self.properties)
+
+    @property
+    def advice(self) -> list[PropertyResult]:
+        """The advice findings (status "advice"), for the report's advice section."""
+        return [p for p in self.properties if p.status == "advice"]
 
     @property
     def verdict(self) -> str:
@@ -165,6 +221,7 @@ class Report:
             "safe": self.safe,
             "complete": self.stopped is None,
             "stopped": self.stopped,
+            "crash": self.crash,
             "replays": self.replays,
             "out_of_contract_replays": len(self.out_of_contract_replays),
             "out_of_contract_replay_indices": self.out_of_contract_replays,
@@ -179,6 +236,7 @@ class Report:
             "properties": [
                 {
                     "name": p.name,
+                    "kind": p.kind,
                     "covers": p.covers,
                     "status": p.status,
                     "detail": p.detail,
@@ -225,6 +283,7 @@ class Report:
         report.detectors = tuple(d["detectors"])
         report.errors = dict(d["errors"])
         report.stopped = d.get("stopped")
+        report.crash = d.get("crash")
         report.long_replays = d.get("long_replays", 0)
         report.phase_us = dict(d.get("phase_us", {}))
         report.workload_in_process = bool(d.get("workload_in_process", False))
@@ -239,7 +298,8 @@ class Report:
         )
         lines = [
             f"builder {self.builder} on {self.device} ({'CUDA graphs' if self.graphs else 'eager'})"
-            f", {self.replays} replays ({len(self.out_of_contract_replays)} out of contract)"
+            f", {self.replays} replays ({len(self.out_of_contract_replays)} out of contract, "
+            f"{self.config.injection_level} injections)"
             f", capture {self.capture_ms:.1f} ms{rate}, detectors: "
             f"{', '.join(self.detectors) or 'none'}"
             + (
@@ -266,11 +326,21 @@ class Report:
             )
         lines += ["", "| property | covers | status | detail |", "|---|---|---|---|"]
         for p in self.properties:
-            detail = p.detail + (f"; first: {p.first_failure}" if p.first_failure else "")
+            detail = p.detail
+            if p.first_failure and p.status == "FAIL" and str(p.first_failure) not in detail:
+                detail += ("; " if detail else "") + f"first failure: {p.first_failure}"
             lines.append(f"| {p.name} | {p.covers} | {p.status} | {detail} |")
+        if self.crash:
+            lines += ["", f"crash: {self.crash}"]
+        advice = self.advice
+        if advice:
+            lines += ["", "advice (reported, not counted against the verdict; --strict promotes):"]
+            lines += [f"- {p.name}: {p.first_failure or p.detail}" for p in advice]
         verdict = self.verdict
-        if self.stopped:
+        if self.stopped and not self.crash:
             verdict += f" (stopped early: {self.stopped})"
+        elif self.crash:
+            verdict += " (the check process crashed: see above)"
         elif verdict == "SAFE" and self.skipped:
             reasons = "; ".join(
                 f"{p.name}: {p.detail}" for p in self.properties if p.status == "skip"

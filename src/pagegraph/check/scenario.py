@@ -46,10 +46,13 @@ problem, raised before anything runs::
     negative = 0.0                        # per step: negative lengths
     zero_len = 0.0                        # per step: zero lengths (in the contract)
     bad_index = 0.0                       # per step: req_pool_indices outside req_to_token
+    injections = "hostile"                # engine: only what engines send out of contract
+                                          #   (overlong, zero_len); hostile: negative and
+                                          #   bad_index too
     streams = 1                           # seeded streams taking turns, 256 steps each
 
     [check]
-    builder = "build_page_table"          # built-in name or module:function
+    builder = "build_page_table"          # built-in name, module:function or file.py:function
     detectors = "auto"                    # auto | none | "torch,cupti" | a list of names
     staging = "mixed"                     # host lists | device tensors | mixed
     chunk = 256                           # replays between two read-backs of the records
@@ -57,6 +60,10 @@ problem, raised before anything runs::
                                           #   build_decode_metadata's signature)
     workload_process = "auto"             # on | off | auto: the workload's host model in a
                                           #   child process (auto: CUDA graphs, >= 1000 steps)
+    strict = []                           # advice promoted to failures: compilations,
+                                          #   allocations, error-counters
+    preset_outputs = []                   # entries set at allocation, never written by the
+                                          #   builder: "cu_seqlens_k[0]", "cu_seqlens_q[0]"
 """
 
 from __future__ import annotations
@@ -130,6 +137,7 @@ _SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], str | None]]] = {
         "zero_len": (_NUM, "zero_len"),
         "bad_index": (_NUM, "bad_index"),
         "streams": (_INT, "workload_streams"),
+        "injections": ((str,), "injection_level"),
     },
     "check": {
         "builder": ((str,), None),
@@ -138,6 +146,8 @@ _SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], str | None]]] = {
         "chunk": (_INT, "chunk"),
         "outputs": ((str,), "outputs"),
         "workload_process": ((str,), "workload_process"),
+        "strict": ((list,), "strict"),
+        "preset_outputs": ((list,), "preset_outputs"),
     },
 }
 _REQUIRED = {"graph": ("max_bs", "max_context_len", "page_size")}
@@ -229,4 +239,6 @@ def _validate(path, c: CheckConfig) -> None:
         raise ScenarioError(path, _KEY_OF[exc.field], exc.problem) from None
     if c.initial_len is not None:
         c.initial_len = (c.initial_len[0], c.initial_len[1])
+    c.strict = tuple(c.strict)
+    c.preset_outputs = tuple(c.preset_outputs)
     c.detectors = parse_detectors(c.detectors)

@@ -42,6 +42,9 @@ class CheckHooks:
     on_phase: Callable[[str], None] | None = None
     on_chunk: Callable[[Report], None] | None = None
     stop_on_failure: bool = False
+    #: note each replay's bucket and out-of-contract rows, and wait for the device after
+    #: each replay, so a crash is pinned to the replay that caused it (slow: a re-run's)
+    explain: bool = False
 
     def note(self, phase: str) -> None:
         """Tell the caller the phase reached (``"capture"``, ``"replay 17"``, ...)."""
@@ -75,6 +78,8 @@ class CheckRun:
     runner: GraphRunner | None = None
     #: the workload's batches, the first already taken by the eager call
     steps: Iterator[Step] | None = None
+    #: whether the runner passes ``errors=`` (the config asks and the builder takes it)
+    errors: bool = False
 
     @property
     def graphs(self) -> bool:
@@ -163,6 +168,8 @@ class ReplayMeasure:
     counter: AllocationCounter | None
     #: the sync recorder's event count before the replay
     syncs_before: int
+    #: the builder's own calls during an eager replay (their allocations are advice)
+    builder_calls: list = field(default_factory=list)
 
 
 @dataclass
@@ -279,5 +286,6 @@ def _table_verifier(run: CheckRun, chunk: int) -> TableVerifier:
         use_graph=run.graphs,
         vectors=run.buffers.vectors,
         draft_tokens=cfg.draft_tokens if run.metadata else 0,
+        preset_outputs=cfg.preset_outputs if run.metadata else (),
         error_kinds=len(DECODE_ERROR_KINDS if run.metadata else ERROR_KINDS),
     )

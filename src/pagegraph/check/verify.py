@@ -185,6 +185,44 @@ class BatchModel:
             asked_sl=sl[:bucket].copy(),
         )
 
+    def describe_rows(self, st: ModelStep, limit: int = 6) -> str:
+        """The out-of-contract and zero-length rows of replay ``st``, by kind, with their
+        values: what a failure or a crash on that replay had to deal with; ``""`` when none.
+        """
+        sl, rpi = st.asked_sl, st.asked_rpi
+        kinds = (
+            ("negative seq_len", sl < 0, sl, "seq_len"),
+            (f"seq_len past the row's capacity ({self.len_limit - self.draft_tokens} tokens)",
+             sl > self.len_limit - self.draft_tokens, sl, "seq_len"),
+            (f"req_pool_index outside req_to_token's {self.r2t_rows} rows",
+             (rpi < 0) | (rpi >= self.r2t_rows), rpi, "req_pool_index"),
+            ("zero-length (in the contract)", sl == 0, sl, "seq_len"),
+        )  # fmt: skip
+        parts = []
+        for label, mask, values, name in kinds:
+            rows = np.flatnonzero(mask)
+            if rows.size:
+                shown = ", ".join(f"{r} ({name} {int(values[r])})" for r in rows[:limit])
+                more = f", +{rows.size - limit} more" if rows.size > limit else ""
+                parts.append(f"{label}: row(s) {shown}{more}")
+        return "; ".join(parts)
+
+
+#: A presettable output (``CheckConfig.preset_outputs``) -> its (vector, entry) in the
+#: checker's ``[3, max_bs + 3]`` vectors, whose entry 0 of each vector is at column 1.
+PRESET_ENTRIES = {"cu_seqlens_k[0]": (1, 1), "cu_seqlens_q[0]": (2, 1)}
+
+
+def preset_views(vectors: torch.Tensor | None, names: tuple[str, ...]) -> list[torch.Tensor]:
+    """One-entry views of ``vectors`` for the presettable outputs ``names``, set to their
+    value (0) here, as an engine sets them at allocation; ``[]`` without vectors."""
+    if vectors is None:
+        return []
+    views = [vectors[v, e : e + 1] for v, e in (PRESET_ENTRIES[n] for n in names)]
+    for view in views:
+        view.fill_(0)
+    return views
+
 
 def replay_bytes(tables: int, rows: int, padded_width: int, max_bs: int, cap: int) -> int:
     """Device bytes the verification of one replay takes in a batch (an upper estimate): its
@@ -248,9 +286,11 @@ class TableVerifier:
         draft_tokens: int = 0,
         error_kinds: int = _E,
         batch: int | None = None,
+        preset_outputs: tuple[str, ...] = (),
     ):
         dev = tables.device
         self.vectors = vectors
+        self._preset = preset_views(vectors, preset_outputs)
         self.draft_tokens = draft_tokens
         self.E = error_kinds
         self.device = dev
@@ -353,6 +393,8 @@ class TableVerifier:
         self.tables.fill_(POISON)
         if self.vectors is not None:
             self.vectors.fill_(POISON)
+            for entry in self._preset:  # set once at allocation by the engine, kept
+                entry.fill_(0)
         if self.errors is not None:
             self.errors.zero_()
 

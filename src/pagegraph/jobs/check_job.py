@@ -166,7 +166,7 @@ def _plan(scenarios, *, replays, builder, detectors, workload_process, strict,
         if workload_process is not None:
             cfg = cfg.replace(workload_process=workload_process)
         if strict is not None:
-            cfg = cfg.replace(strict=parse_strict(strict))
+            cfg = cfg.replace(strict=tuple(dict.fromkeys((*cfg.strict, *parse_strict(strict)))))
         problem = signature_problem(fn, builder_kind(fn, cfg.outputs), swa=cfg.swa)
         if problem:
             raise ValueError(f"{s.path}: {problem}")
@@ -341,7 +341,7 @@ def run_check_for_profile(scenario: str, replays: int | None = None) -> int:
 def parse_strict(names: list[str]) -> tuple[str, ...]:
     """``--strict`` values as advice names (``all`` for every advice); ``ValueError`` on an
     unknown one."""
-    from ..check.checker import ADVICE
+    from ..check.config import ADVICE
 
     out: list[str] = []
     for name in names:

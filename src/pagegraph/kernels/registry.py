@@ -80,7 +80,10 @@ def resolve_builder(spec: str | Callable) -> Callable:
     module = _load_module(spec, target)
     fn = getattr(module, attr, None)
     if fn is None:
-        public = sorted(n for n, v in vars(module).items() if callable(v) and n[:1] != "_")
+        public = sorted(
+            n for n, v in vars(module).items()
+            if callable(v) and n[:1] != "_" and getattr(v, "__module__", None) == module.__name__
+        )  # fmt: skip
         raise BuilderLoadError(
             f"cannot load builder {spec!r}: {target} has no attribute {attr!r} "
             f"(its functions: {', '.join(public) or 'none'})"
@@ -104,6 +107,10 @@ def builder_spec_for_child(spec: str) -> str:
     return spec
 
 
+#: The module name a builder file is loaded under (``sys.modules``), before a hash of its path.
+_FILE_MODULE_PREFIX = "pagegraph_user_builder_"
+
+
 def _is_path(target: str) -> bool:
     return target.endswith(".py") or "/" in target or "\\" in target
 
@@ -115,7 +122,7 @@ def _load_module(spec: str, target: str):
             path = Path(target)
             if not path.is_file():
                 raise BuilderLoadError(f"cannot load builder {spec!r}: no such file {target}")
-            name = f"pagegraph_user_builder_{abs(hash(str(path.resolve())))}"
+            name = f"{_FILE_MODULE_PREFIX}{abs(hash(str(path.resolve())))}"
             if name in sys.modules:
                 return sys.modules[name]
             loader_spec = importlib.util.spec_from_file_location(name, path)
@@ -186,7 +193,10 @@ def builder_name(builder: Callable) -> str:
     for name, fn in (*BUILDERS.items(), *METADATA_BUILDERS.items()):
         if fn is builder:
             return name
-    return f"{getattr(builder, '__module__', '?')}:{getattr(builder, '__qualname__', builder)}"
+    module = getattr(builder, "__module__", "?") or "?"
+    if module.startswith(_FILE_MODULE_PREFIX):  # loaded from a file: name the file
+        module = getattr(getattr(builder, "__code__", None), "co_filename", module)
+    return f"{module}:{getattr(builder, '__qualname__', builder)}"
 
 
 def client_builders() -> dict[str, Callable]:
@@ -264,16 +274,16 @@ def signature_problem(builder: Callable, kind: str, *, swa: bool = False) -> str
         contract = DECODE_METADATA_SIGNATURE
     else:
         args, kwargs, contract = (None,) * 5, swa_kw, PAGE_TABLE_SIGNATURE
-    if swa and not caps.swa:
-        return (
-            f"{builder_name(builder)} takes no swa_page_table/full_to_swa, and this scenario "
-            "has SWA (swa = true)"
-        )
     try:
-        sig.bind(*args, **kwargs)
+        sig.bind(*args, **{k: v for k, v in kwargs.items() if k not in swa_kw})
     except TypeError as exc:
         return (
             f"{builder_name(builder)}{sig} cannot be called as a {kind} builder ({exc}); "
             f"the contract: {contract}"
+        )
+    if swa and not caps.swa:
+        return (
+            f"{builder_name(builder)} takes no swa_page_table/full_to_swa, and this scenario "
+            f"has SWA (swa = true); the contract: {contract}"
         )
     return None
