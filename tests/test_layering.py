@@ -204,8 +204,11 @@ def private_cross_imports() -> list[str]:
                 full = f"{base}.{alias.name}"
                 if full in known:
                     module_aliases[alias.asname or alias.name] = full
-                elif (alias.name.startswith("_") and base.startswith(PACKAGE)
-                      and top_module(base) != top_module(name)):
+                elif (
+                    alias.name.startswith("_")
+                    and base.startswith(PACKAGE)
+                    and top_module(base) != top_module(name)
+                ):
                     bad.append(f"{name} imports {base}.{alias.name}")
         for node in ast.walk(tree):
             if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)

@@ -305,6 +305,8 @@ def _run_section(doc: dict) -> list[str]:
         f"; stopped early: {report['stopped']})" if report.get("stopped") else ")"
     )
     lines.append("")
+    if report.get("crash"):
+        lines += [f"Crash: {report['crash']}", ""]
     if doc["advice"]:
         lines += ["Advice:", ""] + [f"- {a['property']}: {a['detail']}" for a in doc["advice"]]
         lines.append("")
@@ -378,7 +380,10 @@ def run_job(args: argparse.Namespace) -> int:
         print(f"sglang_job: {exc}", file=sys.stderr)
         return 2
     env = environment()
-    env["sglang"] = sglang_client.sglang_version()
+    # An install of the kernel files alone (no package metadata) is the pinned release's.
+    env["sglang"] = sglang_client.sglang_version() or (
+        f"{sglang_client.TESTED_VERSION} (kernel files only, no package metadata)"
+    )
     completed = run_checks(runs, timeout=args.timeout, quiet=args.quiet)
     found = collect_findings(runs, reproducers=completed)
     for f in found["findings"]:
