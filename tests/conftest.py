@@ -14,10 +14,10 @@ settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
 
 
 def pytest_configure(config):
-    if not config.pluginmanager.has_plugin("pagegraph"):
+    if not config.pluginmanager.has_plugin("pagegraph.pytest_plugin"):
         import pagegraph.pytest_plugin as plugin
 
-        config.pluginmanager.register(plugin, "pagegraph")
+        config.pluginmanager.register(plugin, "pagegraph.pytest_plugin")
 
 
 def pytest_collection_modifyitems(session, config, items):

@@ -84,10 +84,10 @@ def child_env() -> dict[str, str]:
 def builder_spec(builder) -> str:
     """A builder as a string a child process can resolve: a built-in name, or
     ``module:function`` for a function importable at module level."""
-    from ..kernels.registry import BUILDERS, builder_name
+    from ..kernels.registry import BUILDERS, builder_name, builder_spec_for_child
 
     if isinstance(builder, str):
-        return builder
+        return builder_spec_for_child(builder)
     name = builder_name(builder)
     if name in BUILDERS:
         return name

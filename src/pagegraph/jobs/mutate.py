@@ -27,6 +27,7 @@ from ..check.checker import PROPERTIES, Report
 from ..check.isolate import IsolatedError, Job, run_isolated, write_json_atomic
 from ..check.mutants import CONTROLS, MUTANTS
 from ..check.scenario import ScenarioError, load_scenario
+from .scenario_paths import scenario_path, shipped_scenarios
 
 #: Replays between two read-backs in mutation runs: small, so a mutant that will crash the
 #: process later is usually caught by a property first.
@@ -188,7 +189,7 @@ def _load_and_validate(
 ) -> tuple[list, list[str]]:
     """The loaded scenarios and the mutant names to run; ``ScenarioError`` or ``ValueError``
     for bad usage."""
-    loaded = [load_scenario(p) for p in scenarios]
+    loaded = [load_scenario(scenario_path(p)) for p in scenarios]
     names = list(MUTANTS) if mutants is None else list(mutants)
     unknown = [n for n in names if n not in MUTANTS]
     if unknown:
@@ -365,7 +366,7 @@ def add_arguments(parser):
 
 
 def run(args) -> int:
-    scenarios = args.scenarios or sorted(str(p) for p in Path("graphs").glob("*.toml"))
+    scenarios = args.scenarios or shipped_scenarios()
     return run_mutate(
         scenarios,
         mutants=args.mutants,

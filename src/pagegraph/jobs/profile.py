@@ -41,7 +41,7 @@ __all__ = [
     "run",
 ]
 
-DEFAULT_SCENARIO = "graphs/default.toml"
+DEFAULT_SCENARIO = "default"
 #: Ranges that must hold no host sync and no device-to-host copy.
 FORBID = ("replay/*",)
 
