@@ -31,6 +31,11 @@ WORKLOAD_PROCESS_MODES = ("auto", "on", "off")
 ROW_ORDERS = ("low-first", "high-first")
 #: Replays from which ``workload_process = "auto"`` runs the workload in a child process.
 PRODUCER_MIN_STEPS = 1000
+#: Values of ``CheckConfig.consumer``: the metadata format the decode step's attention reads
+#: (``pagegraph.check.decode_step``): a page table with ``cache_seqlens``, or FlashInfer's CSR.
+CONSUMERS = ("paged", "csr")
+#: Values of ``CheckConfig.consumer_dtype`` -> the query and KV-cache dtype.
+CONSUMER_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
 #: property -> (what it covers, what makes it fail). The order is the report's.
 PROPERTIES: dict[str, tuple[str, str]] = {
@@ -202,6 +207,17 @@ class CheckConfig:
     #: decode-metadata entries set once at allocation that the builder never writes
     #: (``PRESETTABLE_OUTPUTS``), as engines run some builders
     preset_outputs: tuple[str, ...] = ()
+    # -- the decode step: the tables consumed by paged attention in the same graph --
+    #: None (the builder alone), or the attention format that consumes the builder's tables in
+    #: the same CUDA graph (``CONSUMERS``): ``check_decode_step`` judges the step end to end
+    consumer: str | None = None
+    #: query and KV-cache dtype (``CONSUMER_DTYPES``)
+    consumer_dtype: str = "bfloat16"
+    num_q_heads: int = 32
+    num_kv_heads: int = 8
+    head_dim: int = 128
+    #: timed graph replays per bucket (CUDA only), for the medians of the step and the builder
+    timing_iters: int = 20
 
     def replace(self, **changes) -> CheckConfig:
         return dataclasses.replace(self, **changes)
@@ -253,7 +269,7 @@ def validate_config(cfg: CheckConfig, name: FieldNamer = str, *, strict: bool = 
     lengths, detector names, and no SWA setting without ``swa``. ``name`` maps a field to
     the name the messages use (scenario files pass their key names). Nothing in ``cfg`` is
     changed."""
-    checks = [_check_layout, _check_injection, _check_driving, _check_advice]
+    checks = [_check_layout, _check_injection, _check_driving, _check_advice, _check_consumer]
     if strict:
         checks += [_check_graph, _check_pool, _check_workload, _check_swa_settings,
                    _check_detectors]  # fmt: skip
@@ -320,6 +336,33 @@ def _check_driving(c: CheckConfig, name: FieldNamer) -> None:
     if c.outputs not in ("auto", *OUTPUT_KINDS):
         kinds = ", ".join(f"'{k}'" for k in ("auto", *OUTPUT_KINDS))
         _fail("outputs", f"must be one of {kinds}, got {c.outputs!r}", name)
+
+
+def _check_consumer(c: CheckConfig, name: FieldNamer) -> None:
+    """The decode step's settings; it runs plain decode batches in the contract only (its
+    reference is dense attention over each row's live tokens), so SWA, draft tokens and
+    injected out-of-contract values are refused with a consumer."""
+    if c.consumer is None:
+        return
+    if c.consumer not in CONSUMERS:
+        _fail("consumer", f"must be 'paged' or 'csr', got {c.consumer!r}", name)
+    if c.consumer_dtype not in CONSUMER_DTYPES:
+        _fail("consumer_dtype", f"must be 'bfloat16' or 'float16', got {c.consumer_dtype!r}",
+              name)  # fmt: skip
+    for field in ("num_q_heads", "num_kv_heads", "timing_iters"):
+        if getattr(c, field) < 1:
+            _fail(field, f"must be >= 1, got {getattr(c, field)}", name)
+    if c.num_q_heads % c.num_kv_heads:
+        _fail("num_q_heads", f"must be a multiple of {name('num_kv_heads')} "
+              f"({c.num_kv_heads}), got {c.num_q_heads}", name)  # fmt: skip
+    if c.head_dim < 16 or c.head_dim & (c.head_dim - 1):
+        _fail("head_dim", f"must be a power of two >= 16, got {c.head_dim}", name)
+    if c.page_size > 256:
+        _fail("page_size", f"must be <= 256 with a consumer, got {c.page_size}", name)
+    for field in ("swa", "draft_tokens", "overlong", "negative", "zero_len", "bad_index"):
+        if getattr(c, field):
+            _fail(field, f"is not supported with {name('consumer')} (the decode step runs "
+                  "plain decode batches in the contract)", name)  # fmt: skip
 
 
 # -- strict: scenario files ----------------------------------------------------------------------

@@ -1,8 +1,8 @@
 """Scenario files (``graphs/*.toml``): one graph setup and its workload, validated on load.
 
-A scenario has four tables; every key is optional except where noted, and an unknown key, a
-wrong type or an impossible value is a ``ScenarioError`` naming the file, the key and the
-problem, raised before anything runs::
+A scenario has up to five tables; every key is optional except where noted, and an unknown
+key, a wrong type or an impossible value is a ``ScenarioError`` naming the file, the key and
+the problem, raised before anything runs::
 
     name = "sglang-h200"                 # default: the file name
     description = "..."
@@ -64,6 +64,18 @@ problem, raised before anything runs::
                                           #   allocations, error-counters
     preset_outputs = []                   # entries set at allocation, never written by the
                                           #   builder: "cu_seqlens_k[0]", "cu_seqlens_q[0]"
+
+    [consumer]                            # optional: check the decode step end to end, the
+                                          #   builder's tables read by paged attention in
+                                          #   the same graph (pagegraph.check.decode_step)
+    format = "paged"                      # paged (page_table + cache_seqlens) | csr
+                                          #   (FlashInfer's kv_indptr / kv_indices /
+                                          #   kv_last_page_len, built in the graph)
+    dtype = "bfloat16"                    # bfloat16 | float16: queries and KV pages
+    num_q_heads = 32
+    num_kv_heads = 8
+    head_dim = 128                        # a power of two >= 16
+    timing_iters = 20                     # timed replays per bucket (CUDA only)
 """
 
 from __future__ import annotations
@@ -148,6 +160,14 @@ _SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], str | None]]] = {
         "workload_process": ((str,), "workload_process"),
         "strict": ((list,), "strict"),
         "preset_outputs": ((list,), "preset_outputs"),
+    },
+    "consumer": {
+        "format": ((str,), "consumer"),
+        "dtype": ((str,), "consumer_dtype"),
+        "num_q_heads": (_INT, "num_q_heads"),
+        "num_kv_heads": (_INT, "num_kv_heads"),
+        "head_dim": (_INT, "head_dim"),
+        "timing_iters": (_INT, "timing_iters"),
     },
 }
 _REQUIRED = {"graph": ("max_bs", "max_context_len", "page_size")}

@@ -33,6 +33,7 @@ from ..check.checker import (
     stop_requested,
     table_bytes,
 )
+from ..check.decode_step import check_decode_step
 from ..check.isolate import IsolatedError, Job, run_isolated, write_json_atomic
 from ..check.scenario import load_scenario
 from ..detect.sync import DetectorUnavailable, parse_detectors
@@ -204,6 +205,8 @@ def run_check(
         return 2
     if isolate is None:
         isolate = any(spec not in BUILDERS for spec in plan.specs)
+    if any(cfg.consumer for cfg in plan.configs):
+        isolate = False  # the decode step (a [consumer] table) runs in this process
     results: list = []
 
     def show(scenario, report) -> None:
@@ -254,7 +257,10 @@ def _run_in_process(plan: _Plan, show, results, quiet) -> int | None:
     for scenario, fn, cfg in zip(plan.scenarios, plan.builders, plan.configs):
         progress = None if quiet or cfg.steps < 200 else _progress(scenario.name)
         try:
-            report = check_replay_safety(fn, cfg, progress=progress)
+            if cfg.consumer:
+                report = check_decode_step(fn, cfg, progress=progress)
+            else:
+                report = check_replay_safety(fn, cfg, progress=progress)
         except DetectorUnavailable as exc:
             raise _UsageError(f"{scenario.path}: {exc}") from None
         except CheckInterrupted as exc:

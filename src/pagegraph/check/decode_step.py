@@ -1,0 +1,538 @@
+"""The decode step end to end: a builder's tables consumed by paged attention in one CUDA graph.
+
+``check_decode_step(builder, cfg)`` captures, per bucket, the builder then the consumer
+(``cfg.consumer``: ``"paged"``, the page table + ``cache_seqlens`` of TensorRT-LLM's MHA and
+FlashAttention-3, or ``"csr"``, FlashInfer's ``kv_indptr`` / ``kv_indices`` /
+``kv_last_page_len`` built in the graph from the builder's outputs; see
+``pagegraph.check.decode_step_graph``), drives it with the engine-like workload of
+``check_replay_safety`` (a ``KVPool`` and a ``DecodeWorkload``: lengths that grow, requests
+that finish and arrive, batches padded by the bucket's padding policy) and judges the
+attention's output, not the tables. The builder's own properties (exact tables, bounded
+writes, syncs, allocations) are ``pagegraph check`` on a scenario without a consumer; this
+report lists only the step's.
+
+Every replay of a batch of ``n`` real rows padded to bucket ``b`` runs up to three times on
+the same live data:
+
+A. the whole table (and, for CSR, ``kv_indices``) is first filled with ids of other live
+   pages, so each row's stale tail names real data; padded rows' queries are NaN and Inf;
+B. the tails get other live page ids again, and each real row's last page gets new values in
+   its slots past the length: a consumer that reads only within ``cache_seqlens`` gives
+   bit-identical real rows;
+C. (when ``n < b``) the padded rows' queries are finite: real rows must again be
+   bit-identical.
+
+Properties (``STEP_PROPERTIES``): "output correct through the consumer" (A's real rows finite
+and within ``pagegraph.consumers.reference``'s tolerance of dense fp32 attention over the
+pages the host model gives each row, up to its length), "consumer reads only within
+cache_seqlens" (A = B), "padded rows contained" (B = C, real rows finite), "sentinel page
+untouched" (the KV page past every allocated one keeps its values after capture and each
+replay). The first failing row of each is named with its replay, bucket and inputs.
+
+On CUDA the report also times each bucket: the median device time of a replay of the step's
+graph and of a graph of the builder alone (CUDA events), the consumer's part as their
+difference and the builder's share of the step. Without CUDA the graphs run eagerly under
+the Triton interpreter, on shapes shrunk to fit (``CPU_LIMITS``; the report says which), and
+timing is skipped.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+
+import numpy as np
+import torch
+
+from ..consumers.reference import attend, live_kv, tolerances
+from ..graph.buckets import Buckets, resolve_padding
+from ..kernels.contract import cdiv
+from ..kernels.registry import builder_kind, builder_name, resolve_builder, signature_problem
+from ..workload.decode import DecodeWorkload, Injection
+from ..workload.pool import KVPool
+from .checker import pool_kwargs, workload_kwargs
+from .config import CONSUMER_DTYPES, INDEX_DTYPES, CheckConfig, validate_config
+from .decode_step_graph import StepGraphs, StepShape, default_consumer
+from .report import BucketStats, PropertyResult, Report
+
+__all__ = ["CPU_LIMITS", "STEP_PROPERTIES", "DecodeStepReport", "check_decode_step"]
+
+#: property -> (what it covers, what makes it fail). The order is the report's.
+STEP_PROPERTIES: dict[str, tuple[str, str]] = {
+    "capture": ("builder + consumer", "warm-up or capture of a bucket's step raised"),
+    "output correct through the consumer": (
+        "builder + consumer",
+        "a real row's output non-finite or outside the reference's tolerance (dense fp32 "
+        "attention over the host model's pages, up to its length)",
+    ),
+    "consumer reads only within cache_seqlens": (
+        "consumer (+ builder)",
+        "a real row's output that changes when only entries past its length change (the "
+        "table's stale tail, other live pages' ids; its last page's slots past the length)",
+    ),
+    "padded rows contained": (
+        "builder + consumer",
+        "a real row non-finite, or changed, when the padded rows' queries go from NaN/Inf to "
+        "finite values",
+    ),
+    "sentinel page untouched": (
+        "builder + consumer",
+        "the KV page past every allocated page changed after capture or a replay",
+    ),
+}
+#: Caps on the shapes without CUDA (the Triton interpreter runs every program on the CPU).
+CPU_LIMITS = {"num_q_heads": 4, "num_kv_heads": 2, "head_dim": 16, "max_bs": 4,
+              "max_context_len": 64}  # fmt: skip
+#: Pages a row can hold at least after shrinking, so stale tails stay in the table.
+CPU_MIN_PAGES = 4
+_NAMES = list(STEP_PROPERTIES)
+
+
+class StepProperty(PropertyResult):
+    """A property of the decode step: what it covers comes from ``STEP_PROPERTIES``."""
+
+    @property
+    def covers(self) -> str:
+        return STEP_PROPERTIES.get(self.name, ("?", ""))[0]
+
+
+@dataclass
+class DecodeStepReport(Report):
+    """A ``Report`` of the step's properties, with the consumer, a note on shrunk shapes and
+    per-bucket timing: ``bucket -> (step us, builder us)`` medians (CUDA only)."""
+
+    consumer: str = "paged"
+    shrunk: str | None = None
+    timing: dict[int, tuple[float, float]] = field(default_factory=dict)
+    timing_skipped: str | None = None
+    rows_checked: int = 0
+
+    def to_dict(self) -> dict:
+        d = super().to_dict()
+        d["decode_step"] = {
+            "consumer": self.consumer,
+            "shrunk": self.shrunk,
+            "rows_checked": self.rows_checked,
+            "timing_skipped": self.timing_skipped,
+            "timing": [
+                {
+                    "bucket": b,
+                    "step_us": s,
+                    "builder_us": u,
+                    "consumer_us": s - u,
+                    "builder_share": u / s if s > 0 else float("nan"),
+                }
+                for b, (s, u) in sorted(self.timing.items())
+            ],  # fmt: skip
+        }
+        return d
+
+    def format(self) -> str:
+        c = self.config
+        lines = [
+            f"decode step: builder {self.builder} + {self.consumer} attention "
+            f"({c.consumer_dtype}, {c.num_q_heads} q heads over {c.num_kv_heads} kv heads, "
+            f"head_dim {c.head_dim}, page size {c.page_size}, max_bs {c.max_bs}, context "
+            f"{c.max_context_len}) on {self.device} "
+            f"({'CUDA graphs' if self.graphs else 'eager'}), {self.replays} replays, "
+            f"{self.rows_checked} real rows checked, capture {self.capture_ms:.1f} ms",
+        ]
+        if self.shrunk:
+            lines.append(self.shrunk)
+        lines += ["", "| bucket | replays | wrong rows | step us | builder us | consumer us | "
+                  "builder share |", "|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+        for b in sorted(self.buckets.values(), key=lambda b: b.bucket):
+            step, build = self.timing.get(b.bucket, (float("nan"), float("nan")))
+            share = f"{100 * build / step:.0f}%" if step == step and step > 0 else "-"
+            times = " | ".join("-" if t != t else f"{t:.1f}" for t in (step, build, step - build))
+            lines.append(f"| {b.bucket} | {b.replays} | {b.mismatches} | {times} | {share} |")
+        if self.timing_skipped:
+            lines.append(f"(timing skipped: {self.timing_skipped})")
+        lines += ["", "| property | covers | status | detail |", "|---|---|---|---|"]
+        for p in self.properties:
+            detail = p.detail
+            if p.first_failure and p.status == "FAIL" and str(p.first_failure) not in detail:
+                detail += ("; " if detail else "") + f"first failure: {p.first_failure}"
+            lines.append(f"| {p.name} | {p.covers} | {p.status} | {detail} |")
+        verdict = self.verdict
+        if self.stopped:
+            verdict += f" (stopped early: {self.stopped})"
+        return "\n".join([*lines, "", f"verdict: {verdict}"])
+
+
+def shrink_for_cpu(cfg: CheckConfig) -> tuple[CheckConfig, str | None]:
+    """``cfg`` with its shapes capped by ``CPU_LIMITS`` (the context to at least
+    ``CPU_MIN_PAGES`` pages), and a note of what changed (None when nothing did)."""
+    lim = CPU_LIMITS
+    kv = min(cfg.num_kv_heads, lim["num_kv_heads"])
+    q = max(kv, min(cfg.num_q_heads, lim["num_q_heads"]) // kv * kv)
+    ctx = min(cfg.max_context_len, max(lim["max_context_len"], CPU_MIN_PAGES * cfg.page_size))
+    bs = min(cfg.max_bs, lim["max_bs"])
+    new = dict(num_q_heads=q, num_kv_heads=kv, head_dim=min(cfg.head_dim, lim["head_dim"]),
+               max_bs=bs, max_context_len=ctx)  # fmt: skip
+    changed = {k: (getattr(cfg, k), v) for k, v in new.items() if getattr(cfg, k) != v}
+    if not changed:
+        return cfg, None
+    extra: dict = {}
+    if cfg.initial_len is not None:
+        extra["initial_len"] = (min(cfg.initial_len[0], ctx), min(cfg.initial_len[1], ctx))
+    if not isinstance(cfg.buckets, str):
+        extra["buckets"] = [b for b in cfg.buckets if b <= bs] or [bs]
+    if cfg.table_width is not None:
+        extra["table_width"] = min(cfg.table_width, cdiv(ctx, cfg.page_size))
+    if cfg.max_reqs is not None:
+        extra["max_reqs"] = min(cfg.max_reqs, 4 * bs)
+    if cfg.num_pages is not None:
+        extra["num_pages"] = None
+    what = ", ".join(f"{k} {a} -> {b}" for k, (a, b) in changed.items())
+    note = f"no CUDA: shapes shrunk for the Triton interpreter ({what})"
+    return cfg.replace(**new, **extra), note
+
+
+@dataclass
+class _Run:
+    """One decode-step check: its settings, parts and tallies."""
+
+    cfg: CheckConfig
+    graphs: StepGraphs
+    pool: KVPool
+    report: DecodeStepReport
+    props: dict[str, StepProperty]
+    padding: object
+    buckets: Buckets
+    gen: torch.Generator
+    padded_replays: int = 0
+
+
+def check_decode_step(
+    builder: Callable | str,
+    cfg: CheckConfig,
+    *,
+    device: str | torch.device | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    consumer: Callable | None = None,
+) -> DecodeStepReport:
+    """Capture ``builder`` + the consumer over the config's buckets, replay the workload and
+    judge the attention's output (see the module docstring).
+
+    Args:
+        builder: a page-table or decode-metadata builder (callable, built-in name or
+            ``module:fn``).
+        cfg: the setup; ``cfg.consumer`` ("paged" or "csr") picks the format (default
+            "paged"), ``cfg.steps`` the replays.
+        device: default CUDA when present, else the CPU (eager, shapes shrunk).
+        progress: called as ``progress(done, total)`` after each replay.
+        consumer: the attention call (``paged_decode_attention``'s or
+            ``csr_decode_attention``'s signature; default: pagegraph's kernel of the format).
+
+    Returns a ``DecodeStepReport``; a builder or consumer that raises is reported, not raised.
+    """
+    cfg = cfg.replace(consumer=cfg.consumer or "paged")
+    validate_config(cfg)
+    fn = resolve_builder(builder)
+    kind = builder_kind(fn, cfg.outputs)
+    problem = signature_problem(fn, kind, swa=False)
+    if problem:
+        raise ValueError(problem)
+    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    note = None
+    if dev.type != "cuda":
+        cfg, note = shrink_for_cpu(cfg)
+    report = DecodeStepReport(builder_name(fn), cfg, str(dev), dev.type == "cuda",
+                              consumer=cfg.consumer, shrunk=note)  # fmt: skip
+    props = {name: StepProperty(name) for name in _NAMES}
+    report.properties = list(props.values())
+    run = _setup(fn, kind == "decode_metadata", consumer, cfg, dev, report, props)
+    try:
+        if _capture(run):
+            _replays(run, progress)
+            _timing(run)
+    finally:
+        run.graphs.close()
+    return report
+
+
+def _setup(fn, metadata: bool, consumer, cfg: CheckConfig, dev, report, props) -> _Run:
+    pool = KVPool(**pool_kwargs(cfg), device=dev)
+    shape = StepShape(
+        max_bs=cfg.max_bs, width=cfg.width, page_size=cfg.page_size, num_pages=pool.num_pages,
+        num_q_heads=cfg.num_q_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
+        dtype=CONSUMER_DTYPES[cfg.consumer_dtype], fmt=cfg.consumer,
+        index_dtype=INDEX_DTYPES[cfg.index_dtype],
+    )  # fmt: skip
+    buckets = Buckets(cfg.buckets, cfg.max_bs)
+    graphs = StepGraphs(fn, metadata, consumer or default_consumer(cfg.consumer), shape,
+                        pool.req_to_token, buckets.sizes, cfg.seed + 2)  # fmt: skip
+    gen = torch.Generator().manual_seed(cfg.seed + 3)
+    return _Run(cfg, graphs, pool, report, props, resolve_padding(cfg.padding), buckets, gen)
+
+
+def _capture(run: _Run) -> bool:
+    """Warm up and capture every bucket; False (the rest incomplete) when that raised."""
+    t0 = time.perf_counter()
+    try:
+        run.graphs.capture()
+    except Exception as exc:  # noqa: BLE001 - a builder or consumer that raises is reported
+        what = f"capture raised {type(exc).__name__}: {exc}"
+        run.props["capture"].fail(what)
+        _incomplete(run, "capture failed")
+        run.report.stopped = what
+        return False
+    run.report.capture_ms = (time.perf_counter() - t0) * 1e3
+    run.props["capture"].detail = f"{len(run.buckets)} buckets" + (
+        " captured" if run.graphs.use_graphs else " warmed up eagerly (no CUDA graphs)"
+    )
+    if not run.graphs.sentinel_intact():
+        run.props["sentinel page untouched"].fail("the sentinel page changed during capture")
+    return True
+
+
+def _incomplete(run: _Run, why: str) -> None:
+    for p in run.props.values():
+        if p.status == "pass" and p.name != "capture":
+            p.status, p.detail = "incomplete", why
+
+
+def _replays(run: _Run, progress) -> None:
+    """The workload's steps, each replayed and judged; a step that raises stops the run."""
+    cfg = run.cfg
+    kwargs = workload_kwargs(cfg, run.graphs.metadata, cfg.max_context_len)
+    kwargs.update(inject=Injection(), draft_tokens=0)
+    workload = DecodeWorkload(run.pool, **kwargs)
+    for k, step in enumerate(workload):
+        try:
+            _one_step(run, k, step)
+        except Exception as exc:  # noqa: BLE001 - reported with the replay it came from
+            run.report.stopped = f"replay {k} raised {type(exc).__name__}: {exc}"
+            _incomplete(run, run.report.stopped)
+            return
+        run.report.replays = k + 1
+        if progress is not None:
+            progress(k + 1, cfg.steps)
+    _details(run)
+
+
+# -- one step ------------------------------------------------------------------------------------
+
+
+@dataclass
+class _Batch:
+    """A step's batch and the host model's view of it."""
+
+    index: int
+    bucket: int
+    rpi: list[int]
+    lens: list[int]
+    #: each real row's ``(page ids up to its length, length)``
+    rows: list[tuple[list[int], int]]
+    #: every page a running request holds
+    live: torch.Tensor
+
+
+def _model(run: _Run, k: int, step) -> _Batch:
+    reqs = run.pool.requests
+    rpi = [int(r) for r in step.req_pool_indices]
+    lens = [int(n) for n in step.seq_lens]
+    ps = run.cfg.page_size
+    rows = [(reqs[r].pages[: cdiv(n, ps)], n) for r, n in zip(rpi, lens)]
+    live = torch.tensor(sorted({p for r in reqs.values() for p in r.pages}), dtype=torch.int32)
+    return _Batch(k, run.buckets.bucket_for(len(rpi)), rpi, lens, rows, live)
+
+
+def _one_step(run: _Run, k: int, step) -> None:
+    """Stage, replay A/B/C (module docstring) and judge one step."""
+    g, b = run.graphs, _model(run, k, step)
+    n, bucket = len(b.rpi), b.bucket
+    g.req_pool_indices[:n].copy_(torch.tensor(b.rpi))
+    g.seq_lens[:n].copy_(torch.tensor(b.lens))
+    run.padding.apply(g.req_pool_indices, g.seq_lens, n, bucket)
+    dims = (n, run.cfg.num_q_heads, run.cfg.head_dim)
+    g.q[:n].copy_(torch.randn(dims, generator=run.gen).to(g.q.dtype))
+    _padded_queries(g, n, bucket, finite=None)
+
+    _poison_tails(run, b)
+    g.replay(bucket)
+    out_a = g.out[:n].clone()
+    sentinel = g.sentinel_intact()
+    _poison_tails(run, b)
+    _renew_past_length(run, b)
+    g.replay(bucket)
+    out_b = g.out[:n].clone()
+    sentinel = sentinel and g.sentinel_intact()
+    _judge_output(run, b, out_a)
+    changed = _changed_rows(out_a, out_b)
+    if changed:
+        i = changed[0]
+        run.props["consumer reads only within cache_seqlens"].fail(
+            f"{_where(b, i)}: the output changed when only entries past the length changed "
+            f"(the table's stale tail, the last page's slots past the length); "
+            f"{len(changed)} row(s) changed"
+        )  # fmt: skip
+    if n < bucket:
+        run.padded_replays += 1
+        _padded_queries(g, n, bucket, finite=run.gen)
+        g.replay(bucket)
+        sentinel = sentinel and g.sentinel_intact()
+        _judge_padded(run, b, out_b, g.out[:n].clone())
+    if not sentinel:
+        run.props["sentinel page untouched"].fail(
+            f"replay {k} (bucket {bucket}): page {g.sentinel} of the KV cache, which no "
+            "request holds, changed"
+        )  # fmt: skip
+    stats = run.report.buckets.setdefault(bucket, BucketStats(bucket))
+    stats.replays += 1
+
+
+def _where(b: _Batch, i: int) -> str:
+    return (
+        f"replay {b.index} (bucket {b.bucket}): row {i} (req_pool_index {b.rpi[i]}, "
+        f"seq_len {b.lens[i]}, {len(b.rpi)} real rows)"
+    )
+
+
+def _padded_queries(g: StepGraphs, n: int, bucket: int, finite) -> None:
+    """Rows ``n:bucket`` of ``q``: NaN and +Inf by turns, or seeded finite values."""
+    if bucket <= n:
+        return
+    pad = g.q[n:bucket]
+    if finite is not None:
+        pad.copy_(torch.randn(tuple(pad.shape), generator=finite).to(pad.dtype))
+        return
+    pad[0::2] = float("nan")
+    pad[1::2] = float("inf")
+
+
+def _poison_tails(run: _Run, b: _Batch) -> None:
+    """Fill the whole table of the bucket (and CSR's ``kv_indices``) with ids of live pages
+    drawn at random: the builder overwrites the live entries, and a stale tail then names
+    real data, so reading it changes the output (-1 or 0 might be skipped or read as
+    padding's page)."""
+    g = run.graphs
+    pick = torch.randint(len(b.live), (b.bucket, g.shape.width), generator=run.gen)
+    g.page_table[: b.bucket].copy_(b.live[pick])
+    if g.shape.fmt == "csr":
+        pick = torch.randint(len(b.live), (g.kv_indices.shape[0],), generator=run.gen)
+        g.kv_indices.copy_(b.live[pick])
+
+
+def _renew_past_length(run: _Run, b: _Batch) -> None:
+    """New random K and V in each real row's last page past its length (tokens that row
+    does not hold yet; no other request owns them)."""
+    ps, pages, slots = run.cfg.page_size, [], []
+    for row_pages, n in b.rows:
+        if n % ps and row_pages:
+            pages += [row_pages[-1]] * (ps - n % ps)
+            slots += list(range(n % ps, ps))
+    if not pages:
+        return
+    g = run.graphs
+    idx = (torch.tensor(pages, device=g.device), torch.tensor(slots, device=g.device))
+    dims = (len(pages), g.shape.num_kv_heads, g.shape.head_dim)
+    for cache in (g.k_cache, g.v_cache):
+        cache[idx] = torch.randn(dims, generator=run.gen).to(cache.dtype).to(g.device)
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int16) if t.element_size() == 2 else t.view(torch.int32)
+
+
+def _changed_rows(a: torch.Tensor, b: torch.Tensor) -> list[int]:
+    """Rows whose bits differ (NaN included: a NaN row that stays NaN is unchanged)."""
+    diff = (_bits(a) != _bits(b)).flatten(1).any(1)
+    return np.flatnonzero(diff.cpu().numpy()).tolist()
+
+
+def _judge_output(run: _Run, b: _Batch, out: torch.Tensor) -> None:
+    """Real rows finite and within the reference's tolerance."""
+    g = run.graphs
+    q = g.q[: len(b.rpi)]
+    kv = live_kv(g.k_cache, g.v_cache, b.rows, run.cfg.page_size)
+    ref = attend(q, kv)
+    atol, rtol = tolerances(q, kv)
+    err = (out.float() - ref.float()).abs().flatten(1)
+    allowed = atol.to(out.device)[:, None] + rtol * ref.float().abs().flatten(1)
+    finite = torch.isfinite(out.float()).flatten(1).all(1)
+    bad_rows = (~finite | (err > allowed).any(1)).cpu()
+    run.report.rows_checked += len(b.rpi)
+    wrong = np.flatnonzero(bad_rows.numpy()).tolist()
+    run.report.buckets.setdefault(b.bucket, BucketStats(b.bucket)).mismatches += len(wrong)
+    if not wrong:
+        return
+    i = wrong[0]
+    what = (
+        "non-finite output"
+        if not bool(finite[i])
+        else f"max |out - ref| {float(err[i].max()):.4g} > allowed "
+        f"{float(allowed[i][err[i].argmax()]):.4g} (atol {float(atol[i]):.3g}, rtol {rtol:.3g})"
+    )
+    run.props["output correct through the consumer"].fail(
+        f"{_where(b, i)}: {what}; {len(wrong)} wrong row(s) in this replay"
+    )
+
+
+def _judge_padded(run: _Run, b: _Batch, nan_pads: torch.Tensor, finite_pads: torch.Tensor):
+    """Real rows finite with NaN/Inf padded queries, and unchanged when those turn finite."""
+    finite = torch.isfinite(nan_pads.float()).flatten(1).all(1).cpu().numpy()
+    bad = sorted(set(np.flatnonzero(~finite).tolist()) | set(_changed_rows(nan_pads, finite_pads)))
+    if bad:
+        i = bad[0]
+        what = "is non-finite" if not finite[i] else "changed"
+        run.props["padded rows contained"].fail(
+            f"{_where(b, i)} {what} with NaN/Inf queries in padded rows "
+            f"{len(b.rpi)}..{b.bucket - 1}; {len(bad)} real row(s) affected"
+        )
+
+
+def _details(run: _Run) -> None:
+    """What each passed property covered."""
+    p, r, ps = run.props, run.report, run.cfg.page_size
+    ok = {k: v for k, v in p.items() if v.status == "pass"}
+    text = {
+        "output correct through the consumer": (
+            f"{r.rows_checked} real rows over {r.replays} replays within tolerance of dense fp32 "
+            "attention over the host model's pages (consumers/reference.py)"
+        ),
+        "consumer reads only within cache_seqlens": (
+            f"{r.replays} replays re-run with other live pages' ids in every stale tail and new "
+            f"values past each length in the last page (page size {ps}): real rows bit-identical"
+        ),
+        "padded rows contained": (
+            f"{run.padded_replays} replays with padded rows ({run.cfg.padding} padding, NaN/Inf "
+            "queries, NaN in page 0): real rows finite and bit-identical with finite padded "
+            "queries"
+            if run.padded_replays
+            else "no replay had padded rows"
+        ),
+        "sentinel page untouched": (
+            f"page {run.graphs.sentinel} of K and V (no request holds it) unchanged after "
+            "capture and every replay"
+        ),
+    }
+    for name, detail in text.items():
+        if name in ok:
+            ok[name].detail = detail
+
+
+def _timing(run: _Run) -> None:
+    """Per bucket, the step's and the builder's median device time (CUDA graphs only)."""
+    r, g = run.report, run.graphs
+    if not g.use_graphs:
+        r.timing_skipped = "needs a GPU (CUDA events around graph replays)"
+        return
+    if r.stopped:
+        r.timing_skipped = "the run stopped early"
+        return
+    reqs = run.pool.requests
+    if not reqs:
+        r.timing_skipped = "no running request left to time"
+        return
+    rows = list(reqs.values())
+    g.capture_builder_only()
+    for bucket in run.buckets.sizes:
+        batch = [rows[i % len(rows)] for i in range(bucket)]
+        g.req_pool_indices[:bucket].copy_(torch.tensor([q.row for q in batch]))
+        g.seq_lens[:bucket].copy_(torch.tensor([q.length for q in batch]))
+        g.q[:bucket].normal_()
+        r.buckets.setdefault(bucket, BucketStats(bucket))
+        r.timing[bucket] = g.time_bucket(bucket, run.cfg.timing_iters)

@@ -1,0 +1,295 @@
+"""The decode step's graphs: a builder's tables consumed by paged attention in the same graph.
+
+``StepGraphs`` owns every buffer of one decode step as a static buffer allocated once at the
+largest batch, as an engine's attention backend does:
+
+* inputs ``req_pool_indices`` and ``seq_lens`` ``[max_bs]`` (the config's index dtype);
+* the builder's outputs: ``page_table`` ``[max_bs, width]`` int32 and ``cache_seqlens``
+  ``[max_bs]`` int32 (a page-table builder's step copies ``seq_lens`` into it, a graph node of
+  its own; a decode-metadata builder writes it, with ``cu_seqlens_k`` / ``cu_seqlens_q``
+  ``[max_bs + 1]``);
+* for the CSR format, FlashInfer's metadata built in the graph from those outputs by torch
+  ops: ``kv_indptr`` ``[max_bs + 1]`` (``kv_indptr[0] = 0`` at allocation, then a cumsum of
+  each row's page count), ``kv_indices`` ``[max_bs * width]`` and ``kv_last_page_len``
+  ``[max_bs]`` int32;
+* the attention's ``q`` and ``out`` ``[max_bs, Hq, D]``, the KV pages ``k_cache`` / ``v_cache``
+  ``[num_pages + 1, page_size, Hkv, D]`` and the split-K workspace, prepared once.
+
+Page ``num_pages`` of the KV cache (``sentinel``) is past every page the pool allocates, so no
+table may name it and no kernel may write it. Page 0, which the pool never allocates either
+(slot 0 is padding's), holds NaN: only padded rows pointed at a request's zeroed entries read
+it.
+
+``capture()`` warms every bucket up on a side stream (a Triton kernel's first launch loads its
+module, illegal inside a capture), then captures one graph per bucket, largest first, all in
+one memory pool, with lengths of one token in the inputs. ``replay(bucket)`` launches the
+bucket's graph; without CUDA the same body runs eagerly (Triton interpreter). Graphs of the
+builder alone, captured in a pool of their own, give the builder's share of the step
+(``time_bucket``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import statistics
+import warnings
+from collections.abc import Callable
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..consumers import csr_decode_attention, paged_decode_attention, prepare_decode_attention
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """The static shapes of one decode step."""
+
+    max_bs: int
+    width: int
+    page_size: int
+    #: pages the pool allocates from (page 0 included); the cache holds one more, the sentinel
+    num_pages: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+    #: "paged" or "csr"
+    fmt: str
+    index_dtype: torch.dtype = torch.int32
+
+
+def default_consumer(fmt: str) -> Callable:
+    """The attention kernel of a format: ``paged_decode_attention`` or
+    ``csr_decode_attention``."""
+    return csr_decode_attention if fmt == "csr" else paged_decode_attention
+
+
+def build_csr(
+    page_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    page_size: int,
+    *,
+    kv_pages: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    kv_last_page_len: torch.Tensor,
+) -> None:
+    """FlashInfer's CSR metadata from a page table, with torch ops only (no sync).
+
+    page_table       ``[bs, width]`` int32, contiguous rows; row ``i``'s first
+                     ``cdiv(cache_seqlens[i], page_size)`` entries (clamped to the width) live
+    cache_seqlens    ``[bs]`` int32
+    kv_pages         ``[>= bs]`` int32 scratch: each row's page count
+    kv_indptr        ``[>= bs + 1]`` int32; entry 0 is 0 from allocation, entries
+                     ``1..bs`` get the running sum of the page counts
+    kv_indices       ``[max_bs * width + 1]`` int32: the live page ids, row after row; the
+                     last entry is where the non-live entries of the table are scattered,
+                     past every span a consumer is given
+    kv_last_page_len ``[>= bs]`` int32: tokens in each row's last page (``1..page_size``)
+    """
+    bs, width = page_table.shape
+    pages = kv_pages[:bs]
+    torch.add(cache_seqlens[:bs], page_size - 1, out=pages)
+    pages.div_(page_size, rounding_mode="floor").clamp_(0, width)
+    torch.cumsum(pages, 0, dtype=torch.int32, out=kv_indptr[1 : bs + 1])
+    last = kv_last_page_len[:bs]
+    torch.sub(pages, 1, out=last)
+    last.mul_(-page_size).add_(cache_seqlens[:bs])
+    # The scatter's index and source are temporaries: inside a capture they come from the
+    # graph's own pool, so the step allocates nothing at replay.
+    cols = torch.arange(width, device=page_table.device)
+    dest = kv_indptr[:bs, None].long() + cols[None, :]
+    dump = kv_indices.shape[0] - 1
+    dest = torch.where(cols[None, :] < pages[:, None], dest, dump)
+    kv_indices.scatter_(0, dest.reshape(-1), page_table.reshape(-1))
+
+
+@contextlib.contextmanager
+def _quiet_interpreter():
+    """The Triton interpreter computes in numpy, which warns on the NaN and Inf the padded
+    rows carry by design."""
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        yield
+
+
+class StepGraphs:
+    """One decode step's static buffers and its graphs (see the module docstring).
+
+    Args:
+        builder: a page-table or decode-metadata builder (``metadata`` says which).
+        consumer: the attention call, with ``paged_decode_attention``'s signature (``fmt``
+            "paged") or ``csr_decode_attention``'s ("csr"), given ``page_size=`` and
+            ``workspace=``.
+        shape: the static shapes.
+        req_to_token: the pool's ``[max_reqs + 1, >= max_context_len]`` table.
+        buckets: batch sizes to capture.
+        seed: the KV pages' random values.
+    """
+
+    def __init__(self, builder, metadata: bool, consumer: Callable, shape: StepShape,
+                 req_to_token: torch.Tensor, buckets, seed: int):  # fmt: skip
+        self.builder, self.metadata, self.consumer = builder, metadata, consumer
+        self.shape, self.req_to_token = shape, req_to_token
+        self.buckets = sorted(buckets, reverse=True)
+        self.device = dev = req_to_token.device
+        self.use_graphs = dev.type == "cuda"
+        s, i32 = shape, torch.int32
+        self.req_pool_indices = torch.zeros(s.max_bs, dtype=s.index_dtype, device=dev)
+        self.seq_lens = torch.zeros(s.max_bs, dtype=s.index_dtype, device=dev)
+        self.page_table = torch.zeros((s.max_bs, s.width), dtype=i32, device=dev)
+        self.cache_seqlens = torch.zeros(s.max_bs, dtype=i32, device=dev)
+        self.cu_seqlens_k = torch.zeros(s.max_bs + 1, dtype=i32, device=dev)
+        self.cu_seqlens_q = torch.zeros(s.max_bs + 1, dtype=i32, device=dev)
+        self.kv_pages = torch.zeros(s.max_bs, dtype=i32, device=dev)
+        self.kv_indptr = torch.zeros(s.max_bs + 1, dtype=i32, device=dev)
+        self.kv_indices_all = torch.zeros(s.max_bs * s.width + 1, dtype=i32, device=dev)
+        #: what the consumer is given: every entry but the scatter's dump
+        self.kv_indices = self.kv_indices_all[:-1]
+        self.kv_last_page_len = torch.zeros(s.max_bs, dtype=i32, device=dev)
+        heads = (s.max_bs, s.num_q_heads, s.head_dim)
+        self.q = torch.zeros(heads, dtype=s.dtype, device=dev)
+        self.out = torch.zeros(heads, dtype=s.dtype, device=dev)
+        self._fill_cache(seed)
+        self.workspace = prepare_decode_attention(
+            s.max_bs, s.num_q_heads, s.head_dim, device=dev,
+            max_context_len=s.width * s.page_size,
+        )  # fmt: skip
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.builder_graphs: dict[int, torch.cuda.CUDAGraph] = {}
+
+    def _fill_cache(self, seed: int) -> None:
+        """Seeded random K and V in every page (a misrouted page changes the output), NaN in
+        page 0, and the sentinel's values kept for ``sentinel_intact``."""
+        s = self.shape
+        gen = torch.Generator(device=self.device).manual_seed(seed)
+        dims = (s.num_pages + 1, s.page_size, s.num_kv_heads, s.head_dim)
+        self.k_cache = torch.randn(dims, generator=gen, device=self.device).to(s.dtype)
+        self.v_cache = torch.randn(dims, generator=gen, device=self.device).to(s.dtype)
+        self.k_cache[0] = float("nan")
+        self.v_cache[0] = float("nan")
+        self.sentinel = s.num_pages
+        self._sentinel_values = (self.k_cache[-1].clone(), self.v_cache[-1].clone())
+
+    def sentinel_intact(self) -> bool:
+        """Whether the sentinel page of K and V still holds its values (a read-back)."""
+        k, v = self._sentinel_values
+        return torch.equal(self.k_cache[-1], k) and torch.equal(self.v_cache[-1], v)
+
+    # -- the step's body ---------------------------------------------------------------------
+
+    def build(self, bs: int) -> None:
+        """The builder under test on rows ``:bs``."""
+        rpi, sl, pt = self.req_pool_indices[:bs], self.seq_lens[:bs], self.page_table[:bs]
+        ps = self.shape.page_size
+        if self.metadata:
+            self.builder(
+                self.req_to_token, rpi, sl, ps, cache_seqlens=self.cache_seqlens[:bs],
+                cu_seqlens_k=self.cu_seqlens_k[: bs + 1], page_table=pt, draft_tokens=0,
+                cu_seqlens_q=self.cu_seqlens_q[: bs + 1],
+            )  # fmt: skip
+        else:
+            self.builder(self.req_to_token, rpi, sl, pt, ps)
+
+    def consume(self, bs: int) -> None:
+        """The consumer on rows ``:bs``, from the builder's tables."""
+        ps = self.shape.page_size
+        if not self.metadata:
+            # The trtllm_mha / FA3 format's lengths are int32, whatever seq_lens holds.
+            self.cache_seqlens[:bs].copy_(self.seq_lens[:bs])
+        q, out = self.q[:bs], self.out[:bs]
+        if self.shape.fmt == "csr":
+            build_csr(
+                self.page_table[:bs], self.cache_seqlens[:bs], ps, kv_pages=self.kv_pages,
+                kv_indptr=self.kv_indptr, kv_indices=self.kv_indices_all,
+                kv_last_page_len=self.kv_last_page_len,
+            )  # fmt: skip
+            self.consumer(
+                q, self.k_cache, self.v_cache, self.kv_indptr[: bs + 1], self.kv_indices,
+                self.kv_last_page_len[:bs], out, page_size=ps, workspace=self.workspace,
+            )  # fmt: skip
+        else:
+            self.consumer(
+                q, self.k_cache, self.v_cache, self.page_table[:bs], self.cache_seqlens[:bs],
+                out, page_size=ps, workspace=self.workspace,
+            )  # fmt: skip
+
+    def step(self, bs: int) -> None:
+        self.build(bs)
+        self.consume(bs)
+
+    # -- capture and replay ------------------------------------------------------------------
+
+    def _capture(self, body: Callable[[int], None], graphs: dict) -> None:
+        """Warm ``body`` up for every bucket on a side stream, then capture it, largest bucket
+        first, in one pool; eagerly, only the warm-up."""
+        # Short lengths at capture: replays must not depend on them.
+        self.seq_lens.fill_(1)
+        self.req_pool_indices.fill_(0)
+        if not self.use_graphs:
+            with _quiet_interpreter():
+                for bs in self.buckets:
+                    body(bs)
+            return
+        with torch.cuda.device(self.device):
+            current = torch.cuda.current_stream()
+            side = torch.cuda.Stream()
+            side.wait_stream(current)
+            with torch.cuda.stream(side):
+                for bs in self.buckets:
+                    body(bs)
+            current.wait_stream(side)
+            torch.cuda.synchronize()
+            pool = torch.cuda.graph_pool_handle()
+            for bs in self.buckets:
+                graph = torch.cuda.CUDAGraph()
+                with torch.cuda.graph(graph, pool=pool):
+                    body(bs)
+                graphs[bs] = graph
+            torch.cuda.synchronize()
+
+    def capture(self) -> None:
+        """The step's graphs (builder then consumer), one per bucket."""
+        self._capture(self.step, self.graphs)
+
+    def replay(self, bucket: int) -> None:
+        """Run bucket ``bucket``'s step: its graph, or eagerly without CUDA."""
+        if self.use_graphs:
+            self.graphs[bucket].replay()
+            return
+        with _quiet_interpreter():
+            self.step(bucket)
+
+    # -- timing (CUDA) -----------------------------------------------------------------------
+
+    def capture_builder_only(self) -> None:
+        """Graphs of the builder alone, in a pool of their own (for ``time_bucket``)."""
+        rpi, sl = self.req_pool_indices.clone(), self.seq_lens.clone()
+        self._capture(self.build, self.builder_graphs)
+        self.req_pool_indices.copy_(rpi)
+        self.seq_lens.copy_(sl)
+
+    def time_bucket(self, bucket: int, iters: int) -> tuple[float, float]:
+        """Median device time (us) of one replay of the step's graph and of the builder's
+        alone, by CUDA events around each replay, on the inputs now in the buffers."""
+        medians = []
+        for graph in (self.graphs[bucket], self.builder_graphs[bucket]):
+            for _ in range(3):
+                graph.replay()
+            pairs = [(torch.cuda.Event(enable_timing=True),
+                      torch.cuda.Event(enable_timing=True)) for _ in range(iters)]  # fmt: skip
+            for start, end in pairs:
+                start.record()
+                graph.replay()
+                end.record()
+            torch.cuda.synchronize(self.device)
+            medians.append(statistics.median(s.elapsed_time(e) * 1e3 for s, e in pairs))
+        return medians[0], medians[1]
+
+    def close(self) -> None:
+        if self.use_graphs and (self.graphs or self.builder_graphs):
+            torch.cuda.synchronize(self.device)
+        self.graphs.clear()
+        self.builder_graphs.clear()

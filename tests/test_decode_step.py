@@ -1,0 +1,239 @@
+"""Invariant: the decode step, a builder's tables consumed by paged attention in the same graph,
+is judged on the attention's output, and each of its properties fails for the bug it names.
+
+A correct builder + consumer pair is SAFE in both formats (page table + ``cache_seqlens``, and
+FlashInfer's CSR built in the graph). Planted bugs: a consumer bound by the table's static
+width instead of ``cache_seqlens`` (alone, and with a builder that writes the whole width from
+``req_to_token``), a CSR consumer that ignores ``kv_last_page_len``, a consumer that lets a
+padded row's output into a real row, and one that writes the KV pool's sentinel page. On a CPU
+the shapes are tiny and the graphs run eagerly; GPU tests run the shipped scenarios' shapes.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from pagegraph.check.config import CheckConfig
+from pagegraph.check.decode_step import CPU_LIMITS, check_decode_step, shrink_for_cpu
+from pagegraph.check.scenario import ScenarioError, load_scenario
+from pagegraph.cli import main
+from pagegraph.consumers import csr_decode_attention, paged_decode_attention
+
+ROOT = Path(__file__).resolve().parents[1]
+SCENARIOS = {name: ROOT / "graphs" / f"{name}.toml" for name in ("decode-step", "decode-step-csr")}
+CUDA = torch.cuda.is_available()
+gpu = pytest.mark.skipif(not CUDA, reason="needs a GPU")
+
+PROPS = (
+    "output correct through the consumer",
+    "consumer reads only within cache_seqlens",
+    "padded rows contained",
+    "sentinel page untouched",
+)
+
+
+def tiny(fmt: str = "paged", **changes) -> CheckConfig:
+    """A config the Triton interpreter runs in seconds (width 4 pages, buckets 1, 2, 4)."""
+    base = dict(max_bs=4, max_context_len=64, page_size=16, steps=6, seed=3, consumer=fmt,
+                num_q_heads=4, num_kv_heads=2, head_dim=16)  # fmt: skip
+    return CheckConfig(**{**base, **changes})
+
+
+def statuses(report) -> dict[str, str]:
+    return {p.name: p.status for p in report.properties}
+
+
+# -- planted consumers -------------------------------------------------------------------------
+
+
+def static_width_consumer(q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size,
+                          workspace):  # fmt: skip
+    """Bounds every row by the table's static width, not by ``cache_seqlens``."""
+    full = torch.full_like(cache_seqlens, page_table.shape[1] * page_size)
+    return paged_decode_attention(q, k_cache, v_cache, page_table, full, out,
+                                  page_size=page_size, workspace=workspace)  # fmt: skip
+
+
+def full_last_page_consumer(q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, out,
+                            *, page_size, workspace):  # fmt: skip
+    """Reads every row's last page whole, ignoring ``kv_last_page_len``."""
+    full = torch.full_like(kv_last_page_len, page_size)
+    return csr_decode_attention(q, k_cache, v_cache, kv_indptr, kv_indices, full, out,
+                                page_size=page_size, workspace=workspace)  # fmt: skip
+
+
+def padded_leak_consumer(q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size,
+                         workspace):  # fmt: skip
+    """Correct, then mixes the bucket's last row (padded when the batch is short) into row 0:
+    zero times a finite value is harmless, zero times NaN is not."""
+    paged_decode_attention(q, k_cache, v_cache, page_table, cache_seqlens, out,
+                           page_size=page_size, workspace=workspace)  # fmt: skip
+    out[0].add_(out[out.shape[0] - 1] * 0)
+    return out
+
+
+def sentinel_writer_consumer(q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size,
+                             workspace):  # fmt: skip
+    """Correct, then writes into the last page of the KV pool."""
+    paged_decode_attention(q, k_cache, v_cache, page_table, cache_seqlens, out,
+                           page_size=page_size, workspace=workspace)  # fmt: skip
+    k_cache[k_cache.shape[0] - 1, 0].add_(1)
+    return out
+
+
+# -- CPU: the correct pairs, the planted bugs ---------------------------------------------------
+
+
+@pytest.mark.parametrize("fmt", ["paged", "csr"])
+@pytest.mark.parametrize("builder", ["build_page_table", "build_decode_metadata"])
+def test_correct_pair_is_safe(fmt, builder):
+    report = check_decode_step(builder, tiny(fmt))
+    assert report.verdict == "SAFE", report.format()
+    assert all(statuses(report)[name] == "pass" for name in PROPS)
+    assert report.replays == 6 and report.rows_checked > 6
+    assert "padded rows" in report.property("padded rows contained").detail
+
+
+def test_static_width_consumer_fails():
+    report = check_decode_step("build_page_table", tiny(), consumer=static_width_consumer)
+    s = statuses(report)
+    assert report.verdict == "UNSAFE"
+    assert s["consumer reads only within cache_seqlens"] == "FAIL", report.format()
+    assert s["output correct through the consumer"] == "FAIL"
+    assert "changed when only entries past the length" in str(
+        report.property("consumer reads only within cache_seqlens").first_failure
+    )
+
+
+def test_static_width_consumer_trusts_a_whole_width_builder():
+    """A builder that writes the whole width (the tail from ``req_to_token``: zeros, padding's
+    NaN page, or freed requests' pages) hides the stale tail from the re-run, but a consumer
+    bound by the width then reads that tail: the output is wrong."""
+    report = check_decode_step("static_width_gather", tiny(), consumer=static_width_consumer)
+    assert statuses(report)["output correct through the consumer"] == "FAIL", report.format()
+
+
+def test_whole_width_builder_with_a_bounded_consumer_is_safe():
+    """What the builder writes past the lengths is invisible to a consumer bounded by them."""
+    report = check_decode_step("static_width_gather", tiny())
+    assert report.verdict == "SAFE", report.format()
+
+
+def test_csr_consumer_ignoring_last_page_len_fails():
+    report = check_decode_step("build_page_table", tiny("csr"), consumer=full_last_page_consumer)
+    assert statuses(report)["consumer reads only within cache_seqlens"] == "FAIL", report.format()
+
+
+def test_padded_row_leak_fails():
+    report = check_decode_step("build_page_table", tiny(), consumer=padded_leak_consumer)
+    s = statuses(report)
+    assert s["padded rows contained"] == "FAIL", report.format()
+    assert "NaN/Inf queries in padded rows" in str(
+        report.property("padded rows contained").first_failure
+    )
+    assert s["sentinel page untouched"] == "pass"
+
+
+def test_sentinel_writer_fails():
+    report = check_decode_step("build_page_table", tiny(), consumer=sentinel_writer_consumer)
+    s = statuses(report)
+    assert s["sentinel page untouched"] == "FAIL", report.format()
+    assert s["output correct through the consumer"] == "pass"
+
+
+def test_consumer_that_raises_is_reported():
+    def broken(*args, **kwargs):
+        raise RuntimeError("planted")
+
+    report = check_decode_step("build_page_table", tiny(), consumer=broken)
+    assert statuses(report)["capture"] == "FAIL" and report.verdict == "UNSAFE"
+    assert all(statuses(report)[name] == "incomplete" for name in PROPS)
+
+
+def test_report_to_dict_and_timing_skipped_on_cpu():
+    report = check_decode_step("build_page_table", tiny(steps=2), device="cpu")
+    d = report.to_dict()
+    assert d["decode_step"]["consumer"] == "paged" and d["verdict"] == "SAFE"
+    assert "needs a GPU" in d["decode_step"]["timing_skipped"]
+    assert "needs a GPU" in report.format()
+
+
+def test_shrink_for_cpu_says_what_changed():
+    cfg = load_scenario(SCENARIOS["decode-step"]).config
+    small, note = shrink_for_cpu(cfg)
+    assert small.num_q_heads == CPU_LIMITS["num_q_heads"] and small.head_dim == 16
+    assert small.max_bs == 4 and small.width >= 4
+    assert "num_q_heads 32 -> 4" in note and "no CUDA" in note
+    assert shrink_for_cpu(small) == (small, None)
+
+
+# -- scenarios and the command line -------------------------------------------------------------
+
+
+def test_scenarios_load_with_their_consumer():
+    paged = load_scenario(SCENARIOS["decode-step"]).config
+    csr = load_scenario(SCENARIOS["decode-step-csr"]).config
+    assert (paged.consumer, paged.consumer_dtype, paged.num_q_heads, paged.num_kv_heads) == (
+        "paged", "bfloat16", 32, 8)  # fmt: skip
+    assert paged.head_dim == 128 and paged.max_bs == 64 and paged.buckets == "sglang"
+    assert (csr.consumer, csr.consumer_dtype, csr.page_size) == ("csr", "float16", 16)
+
+
+@pytest.mark.parametrize(
+    "body, key",
+    [
+        ('[consumer]\nformat = "ragged"\n', "consumer.format"),
+        ("[consumer]\nformat = \"paged\"\nnum_q_heads = 6\nnum_kv_heads = 4\n",
+         "consumer.num_q_heads"),
+        ('[consumer]\nformat = "paged"\nhead_dim = 24\n', "consumer.head_dim"),
+        ('[consumer]\nformat = "paged"\ndtype = "float32"\n', "consumer.dtype"),
+        ('[consumer]\nformat = "paged"\n[workload]\noverlong = 0.1\n', "workload.overlong"),
+        ('[consumer]\nshade = 1\n', "consumer.shade"),
+    ],
+)  # fmt: skip
+def test_bad_consumer_keys_fail_on_load(tmp_path, body, key):
+    f = tmp_path / "bad.toml"
+    f.write_text("[graph]\nmax_bs = 4\nmax_context_len = 64\npage_size = 16\n" + body)
+    with pytest.raises(ScenarioError) as info:
+        load_scenario(f)
+    assert info.value.key == key
+
+
+def test_cli_runs_the_decode_step(capsys):
+    code = main(["check", "decode-step", "--replays", "3"])
+    out = capsys.readouterr().out
+    assert code == 0, out
+    assert "consumer reads only within cache_seqlens" in out and "verdict: SAFE" in out
+    if not CUDA:
+        assert "shapes shrunk" in out
+
+
+# -- GPU: the shipped scenarios' shapes --------------------------------------------------------
+
+
+@gpu
+@pytest.mark.parametrize("name", sorted(SCENARIOS))
+def test_scenario_shapes_on_gpu(name):
+    s = load_scenario(SCENARIOS[name])
+    report = check_decode_step(s.builder, s.config.replace(steps=40))
+    assert report.verdict == "SAFE" and report.graphs, report.format()
+    assert set(report.timing) == set(report.buckets) and report.shrunk is None
+    assert all(step > build > 0 for step, build in report.timing.values())
+
+
+@gpu
+@pytest.mark.parametrize("page_size", [16, 64])
+def test_static_width_consumer_fails_on_gpu(page_size):
+    cfg = load_scenario(SCENARIOS["decode-step"]).config.replace(steps=10, page_size=page_size)
+    report = check_decode_step("build_page_table", cfg, consumer=static_width_consumer)
+    assert statuses(report)["consumer reads only within cache_seqlens"] == "FAIL"
+
+
+@gpu
+def test_padded_leak_fails_on_gpu():
+    cfg = load_scenario(SCENARIOS["decode-step"]).config.replace(steps=20)
+    report = check_decode_step("build_page_table", cfg, consumer=padded_leak_consumer)
+    assert statuses(report)["padded rows contained"] == "FAIL", report.format()
