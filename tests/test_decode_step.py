@@ -57,6 +57,14 @@ def static_width_consumer(q, k_cache, v_cache, page_table, cache_seqlens, out, *
                                   page_size=page_size, workspace=workspace)  # fmt: skip
 
 
+def one_page_over_consumer(q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size,
+                           workspace):  # fmt: skip
+    """Reads one page past every row's length (within the width): the smallest over-read."""
+    over = (cache_seqlens + page_size).clamp_max(page_table.shape[1] * page_size)
+    return paged_decode_attention(q, k_cache, v_cache, page_table, over, out,
+                                  page_size=page_size, workspace=workspace)  # fmt: skip
+
+
 def full_last_page_consumer(q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, out,
                             *, page_size, workspace):  # fmt: skip
     """Reads every row's last page whole, ignoring ``kv_last_page_len``."""
@@ -106,6 +114,11 @@ def test_static_width_consumer_fails():
     assert "changed when only entries past the length" in str(
         report.property("consumer reads only within cache_seqlens").first_failure
     )
+
+
+def test_one_page_over_read_fails():
+    report = check_decode_step("build_page_table", tiny(), consumer=one_page_over_consumer)
+    assert statuses(report)["consumer reads only within cache_seqlens"] == "FAIL", report.format()
 
 
 def test_static_width_consumer_trusts_a_whole_width_builder():
@@ -192,6 +205,7 @@ def test_scenarios_load_with_their_consumer():
         ('[consumer]\nformat = "paged"\ndtype = "float32"\n', "consumer.dtype"),
         ('[consumer]\nformat = "paged"\n[workload]\noverlong = 0.1\n', "workload.overlong"),
         ('[consumer]\nshade = 1\n', "consumer.shade"),
+        ('[consumer]\ndtype = "float16"\n', "consumer.format"),
     ],
 )  # fmt: skip
 def test_bad_consumer_keys_fail_on_load(tmp_path, body, key):

@@ -351,11 +351,11 @@ def _one_step(run: _Run, k: int, step) -> None:
     g.q[:n].copy_(torch.randn(dims, generator=run.gen).to(g.q.dtype))
     _padded_queries(g, n, bucket, finite=None)
 
-    _poison_tails(run, b)
+    picks = _poison_tails(run, b)
     g.replay(bucket)
     out_a = g.out[:n].clone()
     sentinel = g.sentinel_intact()
-    _poison_tails(run, b)
+    _poison_tails(run, b, picks)
     _renew_past_length(run, b)
     g.replay(bucket)
     out_b = g.out[:n].clone()
@@ -403,17 +403,26 @@ def _padded_queries(g: StepGraphs, n: int, bucket: int, finite) -> None:
     pad[1::2] = float("inf")
 
 
-def _poison_tails(run: _Run, b: _Batch) -> None:
+def _poison_tails(run: _Run, b: _Batch, before: tuple | None = None) -> tuple:
     """Fill the whole table of the bucket (and CSR's ``kv_indices``) with ids of live pages
-    drawn at random: the builder overwrites the live entries, and a stale tail then names
-    real data, so reading it changes the output (-1 or 0 might be skipped or read as
-    padding's page)."""
-    g = run.graphs
-    pick = torch.randint(len(b.live), (b.bucket, g.shape.width), generator=run.gen)
-    g.page_table[: b.bucket].copy_(b.live[pick])
+    drawn at random, each entry a different page than ``before`` (the picks this returned
+    last) where two pages live: the builder overwrites the live entries, and a stale tail
+    then names real data, so reading it changes the output (-1 or 0 might be skipped or read
+    as padding's page)."""
+    g, live = run.graphs, len(b.live)
+    sizes = [(b.bucket, g.shape.width)]
     if g.shape.fmt == "csr":
-        pick = torch.randint(len(b.live), (g.kv_indices.shape[0],), generator=run.gen)
-        g.kv_indices.copy_(b.live[pick])
+        sizes.append((g.kv_indices.shape[0],))
+    picks = []
+    for k, size in enumerate(sizes):
+        pick = torch.randint(live, size, generator=run.gen)
+        if before is not None and live > 1:
+            pick = (before[k] + 1 + torch.randint(live - 1, size, generator=run.gen)) % live
+        picks.append(pick)
+    g.page_table[: b.bucket].copy_(b.live[picks[0]])
+    if len(picks) > 1:
+        g.kv_indices.copy_(b.live[picks[1]])
+    return tuple(picks)
 
 
 def _renew_past_length(run: _Run, b: _Batch) -> None:

@@ -209,6 +209,8 @@ def load_scenario(path: str | Path) -> Scenario:
             if f"{table}.{key}" not in values:
                 raise ScenarioError(path, f"{table}.{key}", "required key is missing")
 
+    if "consumer" in data and "consumer.format" not in values:
+        raise ScenarioError(path, "consumer.format", "required key of [consumer] is missing")
     if "graph.index_dtype" in values and "layout.index_dtype" in values:
         raise ScenarioError(path, "layout.index_dtype", "given in [graph] too: keep one")
     builder = str(values.pop("check.builder", "build_page_table"))
