@@ -166,12 +166,15 @@ def test_consumer_that_raises_is_reported():
     assert all(statuses(report)[name] == "incomplete" for name in PROPS)
 
 
-def test_report_to_dict_and_timing_skipped_on_cpu():
-    report = check_decode_step("build_page_table", tiny(steps=2), device="cpu")
+def test_report_to_dict_and_timing():
+    report = check_decode_step("build_page_table", tiny(steps=2))
     d = report.to_dict()
     assert d["decode_step"]["consumer"] == "paged" and d["verdict"] == "SAFE"
-    assert "needs a GPU" in d["decode_step"]["timing_skipped"]
-    assert "needs a GPU" in report.format()
+    if CUDA:
+        assert [t["bucket"] for t in d["decode_step"]["timing"]] == [1, 2, 4]
+    else:
+        assert "needs a GPU" in d["decode_step"]["timing_skipped"]
+        assert "needs a GPU" in report.format()
 
 
 def test_shrink_for_cpu_says_what_changed():

@@ -539,9 +539,10 @@ def _timing(run: _Run) -> None:
     rows = list(reqs.values())
     g.capture_builder_only()
     for bucket in run.buckets.sizes:
+        # The running requests, repeated to fill the bucket: real lengths, no padded row.
         batch = [rows[i % len(rows)] for i in range(bucket)]
-        g.req_pool_indices[:bucket].copy_(torch.tensor([q.row for q in batch]))
-        g.seq_lens[:bucket].copy_(torch.tensor([q.length for q in batch]))
+        g.req_pool_indices[:bucket].copy_(torch.tensor([req.row for req in batch]))
+        g.seq_lens[:bucket].copy_(torch.tensor([req.length for req in batch]))
         g.q[:bucket].normal_()
         r.buckets.setdefault(bucket, BucketStats(bucket))
         r.timing[bucket] = g.time_bucket(bucket, run.cfg.timing_iters)
