@@ -54,7 +54,7 @@ def test_arguments_defaults():
 
     args = pr.add_arguments(argparse.ArgumentParser()).parse_args([])
     assert (args.scenario, args.out, args.name, args.replays) == (
-        "graphs/default.toml", "profiles", None, None,
+        "default", "profiles", None, None,
     )  # fmt: skip
 
 
