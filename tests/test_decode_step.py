@@ -232,6 +232,7 @@ def test_cli_runs_the_decode_step(capsys):
 
 
 @gpu
+@pytest.mark.heavy
 @pytest.mark.parametrize("name", sorted(SCENARIOS))
 def test_scenario_shapes_on_gpu(name):
     s = load_scenario(SCENARIOS[name])

@@ -82,6 +82,7 @@ def test_each_client_runs_on_scenarios_of_its_kind(tmp_path):
 
 
 @needs_sglang
+@pytest.mark.heavy
 def test_job_writes_the_verdict_table_and_the_reproducers(tmp_path, capsys):
     md, js = tmp_path / "sglang.md", tmp_path / "sglang.json"
     args = ["--scenarios", "default", "--replays", "8", "--out", str(md), "--json", str(js)]
