@@ -229,9 +229,7 @@ def test_private_names_across_subpackages_are_found(tmp_path):
     (tmp_path / "kernels" / "launch.py").write_text("def _hidden():\n    pass\n")
     (tmp_path / "kernels" / "user.py").write_text("from .launch import _hidden\n")
     (tmp_path / "check" / "a.py").write_text("from ..kernels.launch import _hidden\n")
-    (tmp_path / "check" / "b.py").write_text(
-        "from ..kernels import launch\nlaunch._hidden()\n"
-    )
+    (tmp_path / "check" / "b.py").write_text("from ..kernels import launch\nlaunch._hidden()\n")
     assert private_cross_imports(tmp_path) == [
         "pagegraph.check.a imports pagegraph.kernels.launch._hidden",
         "pagegraph.check.b reads pagegraph.kernels.launch._hidden",
