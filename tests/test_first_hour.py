@@ -80,10 +80,13 @@ def _one_line(err: str) -> str:
 
 
 def _row(out: str, prop: str) -> str:
-    """The property table's row of ``prop`` (also inside pytest's ``E   `` lines)."""
+    """The property table's row of ``prop`` (also inside pytest's ``E   `` lines). With
+    ``CI`` set, pytest repeats the whole failure message in its short summary: every copy of
+    the row must then agree."""
     lines = (re.sub(r"^E\s+", "", line).strip() for line in out.splitlines())
     rows = [line for line in lines if line.startswith(f"| {prop} |")]
-    assert len(rows) == 1, f"no row for {prop!r} in:\n{out}"
+    assert rows, f"no row for {prop!r} in:\n{out}"
+    assert len(set(rows)) == 1, f"rows for {prop!r} disagree in:\n{out}"
     return rows[0]
 
 
