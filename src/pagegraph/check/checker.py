@@ -44,7 +44,6 @@ from ..workload.producer import ProducedWorkload
 from .buffers import allocate_check_buffers, table_bytes
 from .config import (
     INDEX_DTYPES,
-    PRESETTABLE_OUTPUTS,
     PRODUCER_MIN_STEPS,
     PROPERTIES,
     WORKLOAD_PROCESS_MODES,
@@ -146,8 +145,6 @@ def _start_run(builder, cfg: CheckConfig, device, runner_factory, hooks: CheckHo
     problem = signature_problem(fn, kind, swa=cfg.swa)
     if problem:
         raise ValueError(problem)
-    if metadata and cfg.preset_outputs and not set(cfg.preset_outputs) <= set(PRESETTABLE_OUTPUTS):
-        raise ValueError(f"preset_outputs {cfg.preset_outputs} names no presettable output")
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     report = Report(builder_name(fn), cfg, str(dev), dev.type == "cuda")
     detectors, no_detector_reason = _resolve_detectors(cfg.detectors)
