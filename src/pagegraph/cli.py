@@ -40,7 +40,7 @@ Capture the builder into CUDA graphs over the scenario's batch buckets, replay t
 workload and judge every replay. The verdict is SAFE when no safety property failed and none
 is incomplete: correct, bounded writes, row containment, sync-free builder and replay path,
 no allocation in replay, static buffers unmoved, no memory growth, capture and replays
-completed, staged inputs. Advice (compilations per bucket, allocations at warm-up or capture,
+completed, staged inputs, error counters (for a builder that takes errors=). Advice (compilations per bucket, allocations at warm-up or capture,
 a builder without error counters) is reported with its figures but never changes the
 verdict, unless --strict promotes it.
 
