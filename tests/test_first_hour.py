@@ -415,3 +415,22 @@ def test_readme_pytest_example_passes(tmp_path, walk):
     proc = inner_pytest(tmp_path)
     assert proc.returncode == 0, proc.stdout[-4000:] + proc.stderr[-2000:]
     assert "1 passed" in proc.stdout
+
+
+def test_a_builder_file_that_exits_on_import_is_one_line(tmp_path):
+    from pagegraph.kernels.registry import BuilderLoadError, resolve_builder
+
+    (tmp_path / "exits.py").write_text("import sys\nsys.exit(3)\n")
+    with pytest.raises(BuilderLoadError, match=r"called exit\(3\)"):
+        resolve_builder(f"{tmp_path / 'exits.py'}:f")
+
+
+def test_scenario_paths_only_fall_back_to_shipped_names(tmp_path, monkeypatch):
+    from pagegraph.jobs.scenario_paths import ScenarioNotFound, scenario_path
+
+    with pytest.raises(ScenarioNotFound):
+        scenario_path(str(tmp_path / "graphs" / "default.toml"))  # someone else's missing file
+    monkeypatch.chdir(tmp_path)
+    (tmp_path / "default").mkdir()  # a folder of that name is not the scenario
+    assert scenario_path("default").name == "default.toml"
+    assert scenario_path("graphs/default.toml").is_file()

@@ -316,3 +316,57 @@ def test_crash_in_capture_is_not_rerun(tmp_path):
     (report,) = run_isolated([Job(f"{path}:build", SMALL.replace(steps=4))])
     assert report.verdict == "UNSAFE" and "serialised" not in (report.crash or "")
     assert os.path.exists(path)
+
+
+ONCE_CRASHING_BUILDER = """
+import os, sys
+from pagegraph import build_page_table
+CALLS = [0]
+def build(req_to_token, req_pool_indices, seq_lens, page_table, page_size, **kw):
+    CALLS[0] += 1
+    if CALLS[0] == 12 and not os.path.exists({marker!r}):
+        open({marker!r}, "w").close()
+        sys.stderr.write("CUDA error: an illegal memory access was encountered\\n")
+        sys.stderr.flush()
+        os.abort()
+    build_page_table(req_to_token, req_pool_indices, seq_lens, page_table, page_size, **kw)
+"""
+
+
+@pytest.mark.heavy
+@pytest.mark.skipif(torch.cuda.is_available(), reason="graph replays never call the Python "
+                    "builder: the planted crash needs eager replays (the CPU)")  # fmt: skip
+def test_a_rerun_that_does_not_crash_names_no_replay(tmp_path):
+    path = tmp_path / "once.py"
+    path.write_text(ONCE_CRASHING_BUILDER.format(marker=str(tmp_path / "crashed")))
+    (report,) = run_isolated([Job(f"{path}:build", HOSTILE.replace(steps=10))])
+    assert report.verdict == "UNSAFE" and "illegal memory access" in report.crash
+    assert "came from" not in report.crash, report.crash
+
+
+def test_capture_failure_names_the_bucket_that_raised():
+    calls = [0]
+
+    def raises_at_four(req_to_token, req_pool_indices, seq_lens, page_table, page_size, **kw):
+        calls[0] += 1  # the first two are the checker's eager calls, before the capture
+        if page_table.shape[0] == 4 and calls[0] > 2:
+            raise RuntimeError("boom at four")
+        build_page_table(req_to_token, req_pool_indices, seq_lens, page_table, page_size, **kw)
+
+    report = check_replay_safety(raises_at_four, SMALL.replace(max_bs=8))
+    detail = report.property("capture").detail
+    assert "bs=4 raised RuntimeError: boom at four" in detail, detail
+
+
+def test_a_builder_loaded_from_a_file_runs_in_a_child(tmp_path):
+    from pagegraph.check.isolate import builder_spec
+    from pagegraph.kernels.registry import resolve_builder
+
+    path = tmp_path / "filebuilt.py"
+    path.write_text("def build(*args, **kwargs):\n    pass\n")
+    assert builder_spec(resolve_builder(f"{path}:build")) == f"{path}:build"
+
+
+def test_strict_given_as_a_string_is_refused():
+    with pytest.raises(ConfigError, match="not the string"):
+        validate_config(SMALL.replace(strict="allocations"))

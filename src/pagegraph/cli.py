@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 
 from .check.checker import WORKLOAD_PROCESS_MODES
+from .check.config import ADVICE
 
 # The check job lives in pagegraph.jobs.check_job; run_check stays importable from here.
 from .jobs.check_job import run_check, run_kernel_table
@@ -36,13 +37,14 @@ host syncs, allocations and moved buffers.
 """
 
 CHECK_DESCRIPTION = """\
-Capture the builder into CUDA graphs over the scenario's batch buckets, replay the scenario's
-workload and judge every replay. The verdict is SAFE when no safety property failed and none
-is incomplete: correct, bounded writes, row containment, sync-free builder and replay path,
-no allocation in replay, static buffers unmoved, no memory growth, capture and replays
-completed, staged inputs, error counters (for a builder that takes errors=). Advice (compilations per bucket, allocations at warm-up or capture,
-a builder without error counters) is reported with its figures but never changes the
-verdict, unless --strict promotes it.
+Capture the builder into CUDA graphs over the scenario's batch buckets, replay the
+scenario's workload and judge every replay. The verdict is SAFE when no safety property
+failed and none is incomplete: correct, bounded writes, row containment, sync-free builder
+and replay path, no allocation in replay, static buffers unmoved, no memory growth, capture
+and replays completed, staged inputs, error counters (for a builder that takes errors=).
+Advice (compilations per bucket, allocations at warm-up or capture, a builder without error
+counters) is reported with its figures but never changes the verdict, unless --strict
+promotes it.
 
 A SCENARIO is a shipped scenario's name (default, sglang-h200, swa-hybrid, ...) or a path to
 a TOML file; with none, `default` runs.
@@ -89,7 +91,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--strict", action="append", metavar="ADVICE", default=None,
         help="treat this advice as a failure (repeatable; 'all' for every advice): "
-        "compilations, allocation at capture, error counters",
+        + ", ".join(ADVICE),
     )  # fmt: skip
     p.add_argument(
         "--workload-process",

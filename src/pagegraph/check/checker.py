@@ -128,7 +128,7 @@ def check_replay_safety(
             run_replays(ReplayState.after_capture(run, first))
     finally:
         _release(run)
-    _judge_capabilities(run)
+        _judge_capabilities(run)  # also in the report an interruption carries
     return run.report
 
 
@@ -227,7 +227,7 @@ def _capture(run: CheckRun) -> bool:
         if run.graphs:
             torch.cuda.synchronize(run.device)
     except Exception as exc:  # noqa: BLE001 - a builder that raises is reported
-        where = run.probe.calls[-1].phase if run.probe.calls else "capture"
+        where = run.probe.current_phase
         what = f"{where} raised {describe_exception(exc, run.builder)}"
         props["capture"].fail(what)
         props["capture"].detail = what

@@ -312,6 +312,9 @@ def _check_injection(c: CheckConfig, name: FieldNamer) -> None:
 
 
 def _check_advice(c: CheckConfig, name: FieldNamer) -> None:
+    for field in ("strict", "preset_outputs"):
+        if isinstance(getattr(c, field), str):
+            _fail(field, f"must be a list of names, not the string {getattr(c, field)!r}", name)
     unknown = [s for s in c.strict if s not in ADVICE]
     if unknown:
         _fail("strict", f"names no advice: {unknown} (known: {', '.join(ADVICE)})", name)

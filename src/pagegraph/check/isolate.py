@@ -84,7 +84,12 @@ def child_env() -> dict[str, str]:
 def builder_spec(builder) -> str:
     """A builder as a string a child process can resolve: a built-in name, or
     ``module:function`` for a function importable at module level."""
-    from ..kernels.registry import BUILDERS, builder_name, builder_spec_for_child
+    from ..kernels.registry import (
+        BUILDERS,
+        FILE_MODULE_PREFIX,
+        builder_name,
+        builder_spec_for_child,
+    )
 
     if isinstance(builder, str):
         return builder_spec_for_child(builder)
@@ -92,6 +97,8 @@ def builder_spec(builder) -> str:
     if name in BUILDERS:
         return name
     module, qualname = getattr(builder, "__module__", None), getattr(builder, "__qualname__", "")
+    if module and module.startswith(FILE_MODULE_PREFIX) and "." not in qualname:
+        return f"{builder.__code__.co_filename}:{qualname}"  # loaded from a file by path
     if not module or "<" in qualname or "." in qualname:
         raise IsolatedError(
             f"builder {builder!r} is not importable at module level: give it as "
@@ -181,13 +188,14 @@ def _crash_report(job: Job, partial: dict | None, cause: str, phase: str, stderr
     return report
 
 
-def _explain_crash(job: Job, tmp: Path) -> str | None:
-    """Re-run a job whose child died of a CUDA error during its replays, with launches
+def _explain_crash(job: Job, tmp: Path, k: int) -> str | None:
+    """Re-run job ``k``, whose child died of a CUDA error during its replays, with launches
     serialised and every replay described, and say which replay the error came from and
-    what it held; None when the re-run could not tell."""
+    what it held; None when the re-run could not tell (it did not fail, ran out of time).
+    A stop asked for during the re-run is raised as ``KeyboardInterrupt``."""
     retry = dataclasses.replace(job, explain=True, stop_on_failure=False)
-    sub = tmp / "explain"
-    sub.mkdir(exist_ok=True)
+    sub = tmp / f"explain-{k}"
+    sub.mkdir()
     spec_path = _write_spec([retry], 0, sub)
     env = child_env()
     env["CUDA_LAUNCH_BLOCKING"] = "1"
@@ -195,13 +203,19 @@ def _explain_crash(job: Job, tmp: Path) -> str | None:
     with open(err_path, "w") as err:
         proc = subprocess.Popen([sys.executable, "-m", "pagegraph.check.isolate", str(spec_path)],
                                 env=env, stderr=err, stdout=subprocess.DEVNULL)  # fmt: skip
-        _wait_for_child(proc, 600)
+        ended = _wait_for_child(proc, 600)
+    if ended.interrupted is not None:
+        raise ended.interrupted
+    if ended.timed_out:
+        return None
     progress = (sub / "progress").read_bytes().decode(errors="replace").strip().split("\t")
     result = sub / "result-0.json"
     doc = json.loads(result.read_text()) if result.exists() else None
     stopped = (doc or {}).get("report", {}).get("stopped") if doc else None
     if stopped and "raised" in stopped:
         return stopped  # the error surfaced as an exception at the replay that caused it
+    if ended.returncode == 0 or (doc is not None and doc.get("final")):
+        return None  # the serialised re-run did not crash: it cannot tell
     if len(progress) > 1 and progress[1].startswith("replay"):
         error = crash_cause(err_path.read_text(errors="replace"))
         return f"{progress[1]}" + (f": {error}" if error else "")
@@ -340,7 +354,7 @@ def _collect_reports(jobs: list[Job], first: int, tmp: Path, ended: _ChildEnd,
         phase = progress[1] if len(progress) > 1 and progress[0] == str(k) else ""
         explained = None
         if phase.startswith("replay") and _CUDA_ERROR.search(ended.stderr or ""):
-            explained = _explain_crash(jobs[k], tmp)
+            explained = _explain_crash(jobs[k], tmp, k)
         reports[k] = _crash_report(
             jobs[k], doc["report"] if doc else None, cause, phase, ended.stderr or "", explained
         )

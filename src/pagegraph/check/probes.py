@@ -131,11 +131,14 @@ class BuilderProbe:
         self.compiles = compiles
         self.calls: list[BuilderCall] = []
         self.measure = True
+        #: the NVTX phase of the call in progress (or the last one): what raised, if it raised
+        self.current_phase = "capture"
 
     def __call__(self, *args, **kwargs):
         if not self.measure:
             return self.fn(*args, **kwargs)
         where = current_range() or "?"
+        self.current_phase = where
         table = kwargs.get("page_table", args[3] if len(args) > 3 else None)
         bs = table.shape[0] if hasattr(table, "shape") else -1
         c0 = self.compiles.count

@@ -203,10 +203,14 @@ def run_check(
     except ValueError as exc:  # a bad file, option or builder must not leave a half-run
         print(f"pagegraph check: {exc}", file=sys.stderr)
         return 2
+    consumer = any(cfg.consumer for cfg in plan.configs)
+    if consumer and isolate:
+        print("pagegraph check: --isolate: a decode-step scenario (a [consumer] table) runs in "
+              "this process; check it apart from the others", file=sys.stderr)  # fmt: skip
+        return 2
     if isolate is None:
-        isolate = any(spec not in BUILDERS for spec in plan.specs)
-    if any(cfg.consumer for cfg in plan.configs):
-        isolate = False  # the decode step (a [consumer] table) runs in this process
+        # The decode step (a [consumer] table) runs in this process.
+        isolate = not consumer and any(spec not in BUILDERS for spec in plan.specs)
     results: list = []
 
     def show(scenario, report) -> None:

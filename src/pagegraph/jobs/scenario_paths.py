@@ -30,12 +30,12 @@ def scenario_path(spec: str | Path) -> Path:
     """The scenario file ``spec`` names: an existing path, else a shipped scenario's name
     (with or without ``.toml``); ``ScenarioNotFound`` naming the shipped ones otherwise."""
     path = Path(spec)
-    if path.exists():
+    if path.is_file():
         return path
     name = path.name[: -len(".toml")] if path.name.endswith(".toml") else path.name
     shipped = SHIPPED_DIR / f"{name}.toml"
     # A bare name, or the in-repository path graphs/NAME.toml from another folder.
-    if shipped.is_file() and (len(path.parts) == 1 or path.parent.name == "graphs"):
+    if shipped.is_file() and (len(path.parts) == 1 or path.parts[:-1] == ("graphs",)):
         return shipped
     known = ", ".join(shipped_scenarios()) or "none installed"
     raise ScenarioNotFound(

@@ -108,7 +108,7 @@ def builder_spec_for_child(spec: str) -> str:
 
 
 #: The module name a builder file is loaded under (``sys.modules``), before a hash of its path.
-_FILE_MODULE_PREFIX = "pagegraph_user_builder_"
+FILE_MODULE_PREFIX = "pagegraph_user_builder_"
 
 
 def _is_path(target: str) -> bool:
@@ -122,7 +122,7 @@ def _load_module(spec: str, target: str):
             path = Path(target)
             if not path.is_file():
                 raise BuilderLoadError(f"cannot load builder {spec!r}: no such file {target}")
-            name = f"{_FILE_MODULE_PREFIX}{abs(hash(str(path.resolve())))}"
+            name = f"{FILE_MODULE_PREFIX}{abs(hash(str(path.resolve())))}"
             if name in sys.modules:
                 return sys.modules[name]
             loader_spec = importlib.util.spec_from_file_location(name, path)
@@ -130,6 +130,11 @@ def _load_module(spec: str, target: str):
             sys.modules[name] = module
             try:
                 loader_spec.loader.exec_module(module)
+            except SystemExit as exc:  # a module that exits on import: a load error too
+                del sys.modules[name]
+                raise BuilderLoadError(
+                    f"cannot load builder {spec!r}: importing it called exit({exc.code})"
+                ) from None
             except BaseException:
                 del sys.modules[name]
                 raise
@@ -194,7 +199,7 @@ def builder_name(builder: Callable) -> str:
         if fn is builder:
             return name
     module = getattr(builder, "__module__", "?") or "?"
-    if module.startswith(_FILE_MODULE_PREFIX):  # loaded from a file: name the file
+    if module.startswith(FILE_MODULE_PREFIX):  # loaded from a file: name the file
         module = getattr(getattr(builder, "__code__", None), "co_filename", module)
     return f"{module}:{getattr(builder, '__qualname__', builder)}"
 
