@@ -13,6 +13,7 @@ import numpy as np
 
 from ..kernels.contract import ERROR_KINDS
 from ..kernels.decode_metadata import DECODE_ERROR_KINDS
+from ..kernels.registry import raised_at
 from .config import REPLAY_PROPERTIES, CheckConfig
 from .probes import BuilderProbe, CompileCounter, EagerCall
 from .report import BucketStats, Failure, PropertyResult, Report
@@ -75,28 +76,6 @@ def describe_exception(exc: BaseException, builder=None) -> str:
     if len(text) > 300:
         text = text[:297] + "..."
     return text + (f" at {where}" if where else "")
-
-
-def raised_at(exc: BaseException, builder=None) -> str:
-    """``file:line`` of the innermost traceback frame in the builder's file, else of the
-    innermost frame outside pagegraph, torch and triton; ``""`` when there is none."""
-    frames = []
-    tb = exc.__traceback__
-    while tb is not None:
-        frames.append((tb.tb_frame.f_code.co_filename, tb.tb_lineno))
-        tb = tb.tb_next
-    own = getattr(getattr(builder, "__code__", None), "co_filename", None)
-    if own is None:
-        inner = getattr(builder, "fn", None)  # a probe wrapping the builder
-        own = getattr(getattr(inner, "__code__", None), "co_filename", None)
-    for filename, line in reversed(frames):
-        if own is not None and filename == own:
-            return f"{filename}:{line}"
-    library = ("/pagegraph/", "/torch/", "/triton/", "<frozen")
-    for filename, line in reversed(frames):
-        if not any(part in filename for part in library):
-            return f"{filename}:{line}"
-    return ""
 
 
 def judge_builder_calls(probe: BuilderProbe, compiles: CompileCounter, props: Props,

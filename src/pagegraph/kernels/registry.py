@@ -162,21 +162,33 @@ def _load_module(spec: str, target: str):
             )
         raise BuilderLoadError(f"cannot load builder {spec!r}: {exc}{hint}") from None
     except Exception as exc:
-        where = _innermost_frame(exc)
+        where = raised_at(exc)
         raise BuilderLoadError(
             f"cannot load builder {spec!r}: importing it raised {type(exc).__name__}: {exc}"
             f"{f' at {where}' if where else ''}"
         ) from None
 
 
-def _innermost_frame(exc: BaseException) -> str:
-    """``file:line`` of the innermost frame of ``exc``'s traceback, or ``""``."""
+def raised_at(exc: BaseException, builder=None) -> str:
+    """``file:line`` of the innermost traceback frame in the builder's file, else of the
+    innermost frame outside pagegraph, torch and triton; ``""`` when there is none."""
+    frames = []
     tb = exc.__traceback__
-    if tb is None:
-        return ""
-    while tb.tb_next is not None:
+    while tb is not None:
+        frames.append((tb.tb_frame.f_code.co_filename, tb.tb_lineno))
         tb = tb.tb_next
-    return f"{tb.tb_frame.f_code.co_filename}:{tb.tb_lineno}"
+    own = getattr(getattr(builder, "__code__", None), "co_filename", None)
+    if own is None:
+        inner = getattr(builder, "fn", None)  # a probe wrapping the builder
+        own = getattr(getattr(inner, "__code__", None), "co_filename", None)
+    for filename, line in reversed(frames):
+        if own is not None and filename == own:
+            return f"{filename}:{line}"
+    library = ("/pagegraph/", "/torch/", "/triton/", "<frozen")
+    for filename, line in reversed(frames):
+        if not any(part in filename for part in library):
+            return f"{filename}:{line}"
+    return ""
 
 
 def builder_kind(builder: Callable, declared: str = "auto") -> str:
