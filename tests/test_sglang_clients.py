@@ -5,8 +5,8 @@ Every output buffer is poisoned and larger than the region a builder may write (
 extra columns, extra entries), and is compared whole with ``torch.equal``, so a write outside
 the live entries is caught as surely as a wrong value. Inputs are small, seeded and random.
 Where SGLang's contract differs from pagegraph's (preset ``cu_seqlens_k[0]``, unclamped
-negative lengths, the page-table spill, the SWA stride), a test pins the difference down, and
-the two reproducers in ``examples/`` are shown to flag SGLang's builder and pass pagegraph's.
+negative lengths, the page-table spills, the SWA stride), a test pins the difference down, and
+the reproducers in ``examples/`` are shown to flag SGLang's builder and pass pagegraph's.
 Without SGLang installed, every test that needs it skips with the reason.
 """
 
@@ -98,9 +98,15 @@ def test_builders_are_named_and_typed_for_the_checker():
     assert sg.SGLANG_BUILDERS == {
         "sglang_trtllm_mha_page_table": sg.trtllm_mha_page_table,
         "sglang_trtllm_mha_graph_metadata": sg.trtllm_mha_graph_metadata,
+        "sglang_flashmla_kv_indices": sg.flashmla_page_table,
+        "sglang_flashinfer_kv_indices": sg.flashinfer_csr,
+        "sglang_flashinfer_kv_indices_blocks": sg.flashinfer_csr_token_blocks,
     }
     assert sg.trtllm_mha_graph_metadata.pagegraph_outputs == "decode_metadata"
-    assert getattr(sg.trtllm_mha_page_table, "pagegraph_outputs", "page_table") == "page_table"
+    for fn in (sg.trtllm_mha_page_table, sg.flashmla_page_table):
+        assert getattr(fn, "pagegraph_outputs", "page_table") == "page_table"
+    assert sg.flashinfer_csr.pagegraph_outputs == "csr"
+    assert sg.flashinfer_csr_token_blocks.pagegraph_outputs == "csr"
 
 
 # -- trtllm_mha page table -------------------------------------------------------------------
@@ -311,11 +317,94 @@ def test_flashmla_table_matches_reference(seed, page_size, width, starts):
     assert_equal(outs[0], outs[1], "block_kv_indices")
 
 
+@needs_sglang
+@pytest.mark.parametrize(
+    "seed, page_size, bs, width, pad, dtype",
+    [
+        (53, 64, 5, 70, 0, torch.int32),  # 70 pages: not a multiple of the 64-page block
+        (54, 64, 3, 130, 9, torch.int64),  # a column slice: the grid follows the row stride
+        (55, 16, 4, 9, 3, torch.int32),
+    ],
+)
+def test_flashmla_page_table_matches_references(seed, page_size, bs, width, pad, dtype):
+    gen = torch.Generator().manual_seed(seed)
+    max_reqs = bs + 3
+    req_to_token = make_pool(gen, max_reqs, width * page_size + 4, page_size, dtype)
+    rows, lens = make_batch(gen, bs, max_reqs, 0, width * page_size, dtype)
+    lens[0] = width * page_size  # a full row: its last page is the table's last column
+    outs = []
+    for fn in (sg.flashmla_page_table, sg.reference_flashmla_kv_indices, reference_page_table):
+        # A canary row and column either side; ``pad`` more columns of row padding.
+        buf = poisoned(bs + 2, width + 2 + pad)
+        fn(req_to_token, rows, lens, buf[1 : bs + 1, 1 : width + 1], page_size)
+        outs.append(buf)
+    assert_equal(outs[0], outs[1], "block_kv_indices (kv_indices.py reference)")
+    assert_equal(outs[0], outs[2], "page_table (pagegraph's reference)")
+
+
+def _csr_buffers(bs: int, capacity: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Poisoned ``kv_indptr`` ``[bs + 3]`` (entry 0 preset to 0, as SGLang allocates it) and
+    ``kv_indices`` ``[capacity + 2]`` int32; the builder gets ``[: bs + 1]`` and ``[1:-1]``,
+    so the ends are canaries."""
+    indptr, indices = poisoned(bs + 3), poisoned(capacity + 2)
+    indptr[0] = 0
+    return indptr, indices
+
+
+@needs_sglang
+@pytest.mark.parametrize(
+    "seed, fn_name, bs, cols, dtype",
+    [
+        (61, "flashinfer_csr", 6, 1300, torch.int32),
+        (62, "flashinfer_csr", 1, 700, torch.int64),
+        (63, "flashinfer_csr_token_blocks", 4, 20000, torch.int32),
+        (64, "flashinfer_csr_token_blocks", 3, 900, torch.int64),
+    ],
+)
+def test_flashinfer_csr_matches_reference_and_writes_nothing_past_the_stream(
+    seed, fn_name, bs, cols, dtype
+):
+    gen = torch.Generator().manual_seed(seed)
+    max_reqs = bs + 3
+    req_to_token = make_pool(gen, max_reqs, cols, 1, dtype)
+    rows, lens = make_batch(gen, bs, max_reqs, 0, cols, dtype)
+    lens[0] = cols  # a full row
+    # Room for 37 entries past the stream: they must keep their poison.
+    capacity = int(lens.sum()) + 37
+    got, want = _csr_buffers(bs, capacity), _csr_buffers(bs, capacity)
+    fn = getattr(sg, fn_name)
+    fn(req_to_token, rows, lens, 1, kv_indptr=got[0][: bs + 1], kv_indices=got[1][1:-1])
+    sg.reference_flashinfer_kv_indices(req_to_token, rows, lens, want[0][: bs + 1], want[1][1:-1])
+    assert_equal(got[0], want[0], "kv_indptr")
+    assert_equal(got[1], want[1], "kv_indices")
+    if fn_name == "flashinfer_csr_token_blocks" and cols > 8192:
+        # Wide enough that SGLang's grid has several programs a row (TOKEN_BLOCK_PARALLEL).
+        assert sg.load_kernel_file("kv_indices").kv_indices_num_token_blocks(cols, bs) > 1
+
+
+@needs_sglang
+@pytest.mark.parametrize("fn", [sg.flashinfer_csr, sg.flashinfer_csr_token_blocks])
+def test_flashinfer_csr_refuses_pages(fn):
+    req_to_token = torch.zeros(2, 64, dtype=torch.int32, device=DEVICE)
+    one = torch.ones(1, dtype=torch.int32, device=DEVICE)
+    indptr, indices = _csr_buffers(1, 64)
+    with pytest.raises(ValueError, match="token slots"):
+        fn(req_to_token, one, one, 16, kv_indptr=indptr[:2], kv_indices=indices)
+    assert (indptr[1:] == POISON).all() and (indices == POISON).all()
+
+
 # -- the reproducers in examples/ ------------------------------------------------------------
 
 EXAMPLES = {
     "spill": ROOT / "examples" / "sglang_trtllm_page_table_spill.py",
     "swa_stride": ROOT / "examples" / "sglang_trtllm_swa_stride.py",
+    "flashmla_spill": ROOT / "examples" / "sglang_flashmla_kv_indices_spill.py",
+}
+#: The adapter each reproducer's bug belongs to.
+SGLANG_BUILDER = {
+    "spill": sg.trtllm_mha_page_table,
+    "swa_stride": sg.trtllm_mha_page_table,
+    "flashmla_spill": sg.flashmla_page_table,
 }
 
 
@@ -334,16 +423,16 @@ def _example(name: str):
 def test_reproducer_passes_pagegraph_and_flags_sglang(name):
     reproduce = _example(name).reproduce
     assert reproduce(build_page_table, DEVICE) == []
-    found = reproduce(sg.trtllm_mha_page_table, DEVICE)
+    found = reproduce(SGLANG_BUILDER[name], DEVICE)
     assert found, f"{name}: SGLang's builder no longer shows the bug"
-    # Both bugs put row 0's pages or SWA pages where row 1's belong.
+    # Each bug puts row 0's pages or SWA pages where row 1's belong.
     assert any("[1, " in line or "padding" in line for line in found), found
 
 
 @needs_sglang
 @pytest.mark.parametrize("name", sorted(EXAMPLES))
 def test_reproducer_exit_code_follows_its_finding(name):
-    expected = 1 if _example(name).reproduce(sg.trtllm_mha_page_table, DEVICE) else 0
+    expected = 1 if _example(name).reproduce(SGLANG_BUILDER[name], DEVICE) else 0
     done = subprocess.run(
         [sys.executable, str(EXAMPLES[name])], capture_output=True, text=True, timeout=120
     )

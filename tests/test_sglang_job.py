@@ -17,7 +17,14 @@ from pagegraph.check.config import CheckConfig
 from pagegraph.check.report import PropertyResult
 from pagegraph.clients import sglang as sg
 from pagegraph.jobs import sglang_job
-from pagegraph.jobs.sglang_job import FINDINGS, PAGE_TABLE_CLIENT, SGLangRun, classify
+from pagegraph.jobs.sglang_job import (
+    FINDINGS,
+    FLASHMLA_CLIENT,
+    PAGE_TABLE_CLIENT,
+    SGLangRun,
+    classify,
+    grid_columns,
+)
 
 REASON = sg.sglang_unavailable_reason()
 needs_sglang = pytest.mark.skipif(REASON is not None, reason=f"SGLang unavailable: {REASON}")
@@ -42,6 +49,13 @@ def test_help_names_the_options(capsys):
         assert option in text
 
 
+#: A small page-table scenario without SWA (FlashMLA has no SWA table), rows past the width.
+SMALL = (
+    'name = "small"\n[graph]\nmax_bs = 4\nmax_context_len = 300\npage_size = 16\n'
+    '[workload]\ninjections = "engine"\noverlong = 0.2\n[check]\nbuilder = "build_page_table"\n'
+)
+
+
 def _run(client: str, **cfg) -> SGLangRun:
     return SGLangRun(client, "planted", "planted.toml", CheckConfig(**cfg))
 
@@ -58,8 +72,27 @@ def test_failures_map_to_their_reproducers():
     even = _run(PAGE_TABLE_CLIENT, max_context_len=128 * 64, page_size=64)
     assert classify(even, spill) is None
     assert classify(_run(GRAPH_METADATA_CLIENT, page_size=64), spill) is None
-    assert {f.key for f in FINDINGS} == {"page-table-spill", "swa-stride"}
+    assert {f.key for f in FINDINGS} == {"page-table-spill", "flashmla-spill", "swa-stride"}
     assert all(f.reproducer.startswith("examples/") for f in FINDINGS)
+
+
+def test_flashmla_spill_is_its_own_finding():
+    # SGLang's FlashMLA table for a 50,000-token context: 782 pages, 13 blocks of 64.
+    ragged = _run(FLASHMLA_CLIENT, max_context_len=50000, page_size=64)
+    assert ragged.config.width == 782 and grid_columns(FLASHMLA_CLIENT, ragged.config) == 832
+    spill = PropertyResult("row containment", "FAIL", "", "page_table[3, 0]")
+    assert classify(ragged, spill) == "flashmla-spill"
+    assert classify(ragged, PropertyResult("bounded writes", "FAIL", "", "x")) == "flashmla-spill"
+    # A whole number of blocks cannot spill, unless padding columns widen the row stride
+    # that FlashMLA's grid follows (trtllm_mha's grid follows the width).
+    even = dict(max_context_len=128 * 64, page_size=64)
+    assert classify(_run(FLASHMLA_CLIENT, **even), spill) is None
+    padded = dict(even, table_pad_cols=8)
+    assert classify(_run(FLASHMLA_CLIENT, **padded), spill) == "flashmla-spill"
+    assert classify(_run(PAGE_TABLE_CLIENT, **padded), spill) is None
+    # The SWA stride is trtllm_mha's alone; FlashMLA has no SWA table.
+    swa = PropertyResult("correct", "FAIL", "", "swa_page_table[1, 0] ...")
+    assert classify(_run(FLASHMLA_CLIENT, **even, swa=True), swa) is None
 
 
 @needs_sglang
@@ -69,15 +102,21 @@ def test_each_client_runs_on_scenarios_of_its_kind(tmp_path):
         'name = "odd-page"\n[graph]\nmax_bs = 2\nmax_context_len = 4800\npage_size = 48\n'
         '[check]\nbuilder = "build_page_table"\n'
     )
-    runs = sglang_job.plan_runs(["default", "spec-metadata", str(odd)], 3)
+    small = tmp_path / "small.toml"
+    small.write_text(SMALL)
+    runs = sglang_job.plan_runs(["default", "spec-metadata", str(odd), str(small)], 3)
     pairs = {(r.client, r.scenario): r for r in runs}
     assert set(pairs) == {
-        (PAGE_TABLE_CLIENT, "default"),
-        (PAGE_TABLE_CLIENT, "odd-page"),
-        (GRAPH_METADATA_CLIENT, "spec-metadata"),
-    }
-    assert "does not divide 4096" in pairs[PAGE_TABLE_CLIENT, "odd-page"].skipped
+        (client, scenario)
+        for client in (PAGE_TABLE_CLIENT, FLASHMLA_CLIENT)
+        for scenario in ("default", "odd-page", "small")
+    } | {(GRAPH_METADATA_CLIENT, "spec-metadata")}
+    for client in (PAGE_TABLE_CLIENT, FLASHMLA_CLIENT):
+        assert "does not divide 4096" in pairs[client, "odd-page"].skipped
+        assert pairs[client, "small"].skipped is None
     assert pairs[PAGE_TABLE_CLIENT, "default"].skipped is None
+    # default has an SWA table, which FlashMLA's kernel does not write.
+    assert "takes no swa_page_table" in pairs[FLASHMLA_CLIENT, "default"].skipped
     assert all(r.config.steps == 3 for r in runs)
 
 
@@ -85,13 +124,18 @@ def test_each_client_runs_on_scenarios_of_its_kind(tmp_path):
 @pytest.mark.heavy
 def test_job_writes_the_verdict_table_and_the_reproducers(tmp_path, capsys):
     md, js = tmp_path / "sglang.md", tmp_path / "sglang.json"
-    args = ["--scenarios", "default", "--replays", "8", "--out", str(md), "--json", str(js)]
+    small = tmp_path / "small.toml"
+    small.write_text(SMALL)
+    args = ["--scenarios", "default", str(small), "--replays", "8", "--out", str(md),
+            "--json", str(js)]  # fmt: skip
     assert sglang_job.main(args) == 0
     printed = capsys.readouterr().out
-    assert f"{PAGE_TABLE_CLIENT} on default:" in printed
     text = md.read_text()
     assert "| client | scenario | verdict | replays | failed | advice |" in text
-    assert f"| {PAGE_TABLE_CLIENT} | default |" in text
+    for client in (PAGE_TABLE_CLIENT, FLASHMLA_CLIENT):
+        for scenario in ("default", "small"):
+            assert f"{client} on {scenario}:" in printed
+            assert f"| {client} | {scenario} |" in text
     assert "## Findings" in text and "### Failures without a reproducer" in text
     for finding in FINDINGS:
         assert f"`{finding.reproducer}`" in text
@@ -101,9 +145,18 @@ def test_job_writes_the_verdict_table_and_the_reproducers(tmp_path, capsys):
     assert doc["environment"]["sglang"] == (
         sg.sglang_version() or f"{sg.TESTED_VERSION} (kernel files only, no package metadata)"
     )
-    [run] = doc["runs"]
-    assert run["verdict"] in ("SAFE", "UNSAFE", "INCOMPLETE")
-    assert run["replays"] == run["report"]["replays"]
+    runs = {(r["client"], r["scenario"]): r for r in doc["runs"]}
+    assert list(runs) == [
+        (PAGE_TABLE_CLIENT, "default"),
+        (PAGE_TABLE_CLIENT, "small"),
+        (FLASHMLA_CLIENT, "default"),
+        (FLASHMLA_CLIENT, "small"),
+    ]
+    assert runs[FLASHMLA_CLIENT, "default"]["verdict"] == "not run"
+    for key, run in runs.items():
+        if key != (FLASHMLA_CLIENT, "default"):
+            assert run["verdict"] in ("SAFE", "UNSAFE", "INCOMPLETE")
+            assert run["replays"] == run["report"]["replays"]
     for finding in doc["found"]["findings"]:
         assert finding["exit_code"] in (0, 1), finding["state"]
 

@@ -7,17 +7,24 @@ loads each file by path once per process (a second load would be a new ``@triton
 function, compiled again) and wraps SGLang's functions in adapters of a few lines that call
 them exactly as SGLang's attention backends do. Nothing of SGLang is copied here.
 
-Adapters (``SGLANG_BUILDERS`` names the first two for the checker's registry):
+Adapters (``SGLANG_BUILDERS`` names those the checker's registry knows, by the name in brackets):
 
-* ``trtllm_mha_page_table``: ``build_trtllm_mha_page_table``, a ``"page_table"`` builder
-  (``pagegraph.build_page_table``'s contract, without ``errors``).
-* ``trtllm_mha_graph_metadata``: ``update_trtllm_mha_graph_metadata``, a
-  ``"decode_metadata"`` builder (``build_decode_metadata``'s contract).
+* ``trtllm_mha_page_table`` [``sglang_trtllm_mha_page_table``]: ``build_trtllm_mha_page_table``,
+  a ``"page_table"`` builder (``pagegraph.build_page_table``'s contract, without ``errors``).
+* ``trtllm_mha_graph_metadata`` [``sglang_trtllm_mha_graph_metadata``]:
+  ``update_trtllm_mha_graph_metadata``, a ``"decode_metadata"`` builder
+  (``build_decode_metadata``'s contract).
+* ``flashmla_page_table`` [``sglang_flashmla_kv_indices``]: ``create_flashmla_kv_indices_triton``
+  as the FlashMLA backend launches it for CUDA graphs, a ``"page_table"`` builder (no SWA).
+* ``flashinfer_csr`` [``sglang_flashinfer_kv_indices``] and ``flashinfer_csr_token_blocks``
+  [``sglang_flashinfer_kv_indices_blocks``]: the FlashInfer backend's decode CSR build at page
+  size 1 (``kv_indptr`` by a torch cumsum, then ``create_flashinfer_kv_indices_triton`` on one
+  program a row, or on SGLang's token-block grid), ``"csr"`` builders.
 * ``normal_decode_metadata``: ``metadata.normal_decode_set_metadata`` (FlashAttention
   backend's decode), a ``"decode_metadata"`` builder without ``cu_seqlens_q``.
 * ``flashinfer_kv_indices`` and ``flashmla_kv_indices``: the CSR and FlashMLA index builders
-  of ``kv_indices.py``, with plain-torch references of what they must produce
-  (``reference_flashinfer_kv_indices``, ``reference_flashmla_kv_indices``).
+  of ``kv_indices.py`` with all their arguments, and plain-torch references of what they must
+  produce (``reference_flashinfer_kv_indices``, ``reference_flashmla_kv_indices``).
 
 Where ``build_trtllm_mha_page_table`` differs from pagegraph's page-table contract
 ----------------------------------------------------------------------------------
@@ -60,6 +67,20 @@ The mapping: ``seqlen_offset = draft_tokens``; ``max_seq_pages`` = the table's w
 * As in pagegraph, the stale tail of each row is left as it was (consumers bound their reads
   by ``cache_seqlens``), and the SWA table has its own row stride.
 
+The fused kernel's other outputs (``tests/test_sglang_formats.py``)
+-------------------------------------------------------------------
+* ``swa_out_cache_loc`` (with ``out_cache_loc`` and ``swa_mapping``): entry ``j`` below
+  ``n = min(len(out_cache_loc), len(swa_out_cache_loc))`` gets ``full_to_swa[loc_j]``, or -1
+  where ``loc_j < 0``; entries ``n`` to the end of ``swa_out_cache_loc`` get 0; nothing else is
+  written. ``loc_j`` is not clamped into ``full_to_swa``: a slot at or past its end is read
+  out of bounds (``build_trtllm_mha_page_table`` clamps its SWA index; this kernel, and its
+  own SWA page-table lookup, do not).
+* ``cu_seqlens_q``: ``Q_MODE_CUMSUM`` writes ``[1:bs+1]`` with the int32 running sum of
+  ``qlens`` (no clamp of negative values), ``Q_MODE_STRIDED`` writes ``(i + 1) * q_stride``;
+  neither writes entry 0 nor anything past ``bs``.
+* ``skip_page_table=True`` writes ``cache_seqlens`` and ``cu_seqlens_*`` only: both page
+  tables are left as they were.
+
 ``normal_decode_set_metadata`` (``metadata.py``) writes ``cu_seqlens_k[0]`` itself, adds its
 offset as the constexpr ``SEQ_LEN_DELTA`` (one compilation per draft count), clamps pages to
 ``max_seq_pages``, does not clamp negative lengths, and has no ``cu_seqlens_q`` (the backend
@@ -80,11 +101,49 @@ The rest of ``metadata.py`` and ``pa_page_table.py``
   ``kv_lens`` as an output, and allocates when no buffers are given: a sliding-window
   layout, not ``req_to_token[r, p * page_size] // page_size``.
 
-``kv_indices.py``: ``create_flashinfer_kv_indices_triton`` fills a CSR stream (the backend
-computes ``kv_indptr[1:bs+1] = cumsum(lens)`` with torch first; ``kv_indptr[0]`` is preset);
-``create_flashmla_kv_indices_triton`` fills a table of ``page_size``-token pages, one program
-per block of ``4096 // page_size`` pages, with the same length-only mask as the trtllm_mha
-builder (an overlong row spills past its width in the same way).
+Where ``create_flashmla_kv_indices_triton`` differs from pagegraph's page-table contract
+----------------------------------------------------------------------------------------
+Launched as ``FlashMLABackend``'s CUDA-graph path does (``kv_start_idx`` None, grid
+``(bs, get_num_kv_index_blocks_flashmla(page_table.stride(0), page_size))``), it writes the
+contract's entries on in-contract inputs, but:
+
+* Its grid follows the table's row stride, not its width, in blocks of ``4096 // page_size``
+  pages masked by ``page < cdiv(seq_len, page_size)`` only: an overlong row writes up to the
+  next multiple of the block past the row stride, into the row's padding columns and then the
+  next row's first columns (its live page included), or past the buffer for the last row,
+  whenever the row stride rounded up to whole blocks passes the width: a width that is not a
+  multiple of the block, or padding columns (``examples/sglang_flashmla_kv_indices_spill.py``).
+  SGLang's own buffer is ``(max_context_len + 64) // 64`` pages wide, rarely a multiple of 64.
+* ``req_pool_index * req_to_token.stride(0)`` is computed in ``req_pool_indices``' dtype:
+  with int32 indices the offset wraps once ``req_to_token`` holds 2^31 slots or more (SGLang's
+  graph runners pass int64 indices). No clamp of the index, nor of a row into
+  ``req_to_token``'s own row.
+* Strides are constexprs (one compilation per row-stride pair); ``page_size`` must divide
+  4096; no SWA table; no ``errors`` counters. A negative length writes nothing, as the
+  contract's clamp to 0 does.
+
+Where the FlashInfer CSR build differs from pagegraph's ``"csr"`` contract
+--------------------------------------------------------------------------
+The contract: ``n_i = min(cdiv(max(len_i, 0), page_size), cdiv(cols, page_size))`` pages a
+row, ``kv_indptr[i + 1] = kv_indptr[i] + n_i``, ``kv_indices[kv_indptr[i] + p] =
+req_to_token[rpi_i, p * page_size] // page_size``, nothing past ``kv_indptr[bs]``. SGLang's
+FlashInfer backend emits token slots, so only ``page_size == 1`` fits (the adapters refuse
+others). Then:
+
+* ``kv_indptr[1:bs+1] = torch.cumsum(seq_lens)`` runs as torch ops in the graph (the cumsum
+  is a temporary tensor) and clamps nothing: a negative length makes ``kv_indptr`` decrease
+  (the next row's entries overwrite those of the rows before it), and a length past
+  ``req_to_token``'s row reads past that row and writes that many entries, past the
+  contract's ``kv_indptr[bs]`` (and past the end of ``kv_indices`` once the running sum
+  passes its capacity).
+* ``kv_indptr[0]`` is never written: SGLang presets it at allocation.
+* ``req_pool_indices`` is not clamped into ``req_to_token``; the stride is a runtime
+  argument (one compilation for every width).
+
+The rest of ``kv_indices.py``: ``create_flashinfer_kv_indices_triton`` with ``kv_start_idx``
+(encoder-decoder rows), ``ENTRY_PAGE_SIZE > 1`` (a page-granular source table) or
+``token_mapping`` (a fused full-to-SWA translation) is not a builder of pagegraph's; the
+``flashinfer_kv_indices`` and ``flashmla_kv_indices`` adapters take ``kv_start_idx``.
 """
 
 from __future__ import annotations
@@ -103,8 +162,11 @@ __all__ = [
     "SGLANG_BUILDERS",
     "TESTED_VERSION",
     "SGLangUnavailable",
+    "flashinfer_csr",
+    "flashinfer_csr_token_blocks",
     "flashinfer_kv_indices",
     "flashmla_kv_indices",
+    "flashmla_page_table",
     "load_kernel_file",
     "normal_decode_metadata",
     "reference_flashinfer_kv_indices",
@@ -440,6 +502,83 @@ def flashmla_kv_indices(
     )
 
 
+def flashmla_page_table(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    page_table: torch.Tensor,
+    page_size: int,
+) -> None:
+    """``create_flashmla_kv_indices_triton`` under ``pagegraph.build_page_table``'s contract
+    (page tables only: no SWA, no ``errors``), launched as ``FlashMLABackend`` does for CUDA
+    graphs: ``kv_start_idx`` None, grid ``(bs, get_num_kv_index_blocks_flashmla(row stride,
+    page_size))``.
+
+    Args: ``req_to_token`` ``[max_reqs, ctx]`` int32/int64, ``req_pool_indices`` and
+    ``seq_lens`` ``[bs]`` int32/int64, ``page_table`` ``[bs, width]`` int32 with inner stride
+    1 (written in place), ``page_size`` dividing 4096 (FlashMLA's is 64). Differences from the
+    contract: the module docstring.
+    """
+    flashmla_kv_indices(req_to_token, req_pool_indices, seq_lens, page_table, page_size)
+
+
+def _refuse_pages(page_size: int) -> None:
+    if page_size != 1:
+        raise ValueError(
+            f"page_size {page_size}: SGLang's FlashInfer backend emits token slots (page size 1)"
+        )
+
+
+def flashinfer_csr(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    page_size: int,
+    *,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+) -> None:
+    """SGLang's FlashInfer decode CSR build in a CUDA graph, under pagegraph's ``"csr"``
+    contract: ``kv_indptr[1:bs+1] = torch.cumsum(seq_lens)``, then
+    ``create_flashinfer_kv_indices_triton[(bs,)]`` with ``ENTRY_PAGE_SIZE`` 1.
+
+    Args:
+        req_to_token: ``[rows, cols]`` int32/int64, token slots.
+        req_pool_indices, seq_lens: ``[bs]`` int32/int64.
+        page_size: must be 1 (``ValueError`` otherwise): the backend emits token slots.
+        kv_indptr: ``[bs + 1]`` int32; entry 0 preset to 0 at allocation, never written.
+        kv_indices: ``[capacity]`` int32; row ``i`` fills ``[kv_indptr[i], kv_indptr[i + 1])``.
+    """
+    _refuse_pages(page_size)
+    flashinfer_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, kv_indices)
+
+
+flashinfer_csr.pagegraph_outputs = "csr"
+
+
+def flashinfer_csr_token_blocks(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    page_size: int,
+    *,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+) -> None:
+    """``flashinfer_csr`` on SGLang's token-block grid: ``(bs, kv_indices_num_token_blocks(
+    cols, bs))`` programs, ``TOKEN_BLOCK_PARALLEL`` when that is more than one a row (the
+    programs of a row stride over its copy loop together). Args as ``flashinfer_csr``."""
+    _refuse_pages(page_size)
+    kernels = load_kernel_file("kv_indices")
+    blocks = kernels.kv_indices_num_token_blocks(req_to_token.shape[1], seq_lens.shape[0])
+    flashinfer_kv_indices(
+        req_to_token, req_pool_indices, seq_lens, kv_indptr, kv_indices, token_blocks=blocks
+    )
+
+
+flashinfer_csr_token_blocks.pagegraph_outputs = "csr"
+
+
 def _starts(kv_start_idx: torch.Tensor | None, bs: int) -> list[int]:
     return [0] * bs if kv_start_idx is None else [int(s) for s in kv_start_idx.tolist()]
 
@@ -496,6 +635,9 @@ SGLANG_BUILDERS = (
     {
         "sglang_trtllm_mha_page_table": trtllm_mha_page_table,
         "sglang_trtllm_mha_graph_metadata": trtllm_mha_graph_metadata,
+        "sglang_flashmla_kv_indices": flashmla_page_table,
+        "sglang_flashinfer_kv_indices": flashinfer_csr,
+        "sglang_flashinfer_kv_indices_blocks": flashinfer_csr_token_blocks,
     }
     if sglang_unavailable_reason() is None
     else {}

@@ -5,13 +5,15 @@ For each SGLang client of ``pagegraph.clients.sglang`` (``CLIENTS``) and each sc
 builder kind (``pagegraph.kernels.registry.builder_kind``) is the client's, the job runs the
 check in a child process of its own (``pagegraph.check.isolate.run_isolated``), so a client
 that kills its process is reported with the cause and the next check still runs. A page-table
-client is not run on a scenario whose page size does not divide 4096 (SGLang asserts it), nor
-any client on a scenario whose builder signature or memory does not fit; the report says why.
+client is not run on a scenario whose page size does not divide 4096 (its kernel works in
+blocks of 4096 tokens), nor any client on a scenario whose builder signature (FlashMLA's has
+no SWA table) or memory does not fit; the report says why.
 
 Then every failure is matched with the known findings (``FINDINGS``): a "row containment" or
-"bounded writes" failure of the page-table client on a width that is not a multiple of its
-block (``4096 // page_size`` pages) is the spill past the width; a failure on the SWA table
-that the spill does not explain is the SWA row stride. Each finding's standalone reproducer
+"bounded writes" failure of a page-table client whose grid covers more than the width (in
+blocks of ``4096 // page_size`` pages over the width for trtllm_mha, over the row stride for
+FlashMLA) is that client's spill past the width; a failure on the SWA table that the spill
+does not explain is the trtllm_mha SWA row stride. Each finding's standalone reproducer
 under ``examples/`` runs again as a subprocess (exit 1 while the bug is there, 0 once fixed),
 and failures that match no finding are listed apart, without a reproducer.
 
@@ -40,18 +42,24 @@ from .check_job import _memory_problem
 from .environment import environment
 from .scenario_paths import scenario_path, shipped_scenarios
 
-__all__ = ["CLIENTS", "FINDINGS", "Finding", "SGLangRun", "main", "run_job"]
+__all__ = ["CLIENTS", "FINDINGS", "Finding", "SGLangRun", "grid_columns", "main", "run_job"]
 
 PAGE_TABLE_CLIENT = "sglang_trtllm_mha_page_table"
+FLASHMLA_CLIENT = "sglang_flashmla_kv_indices"
 #: The SGLang clients the job checks, by the name the checker's registry knows them by.
-CLIENTS = (PAGE_TABLE_CLIENT, "sglang_trtllm_mha_graph_metadata")
+CLIENTS = (PAGE_TABLE_CLIENT, FLASHMLA_CLIENT, "sglang_trtllm_mha_graph_metadata")
 #: Outputs a client never writes because SGLang sets them once, at allocation: on a generic
 #: scenario the check presets them too, as the engine would, rather than report SGLang's
 #: contract as a failure.
 CLIENT_PRESETS = {"sglang_trtllm_mha_graph_metadata": ("cu_seqlens_k[0]", "cu_seqlens_q[0]")}
-#: Tokens in one program's block of ``build_trtllm_mha_page_table``: ``page_size`` must
-#: divide it, and its grid covers the width in blocks of ``BLOCK_TOKENS // page_size`` pages.
+#: Tokens in one program's block of the page-table clients' kernels: ``page_size`` must
+#: divide it, and their grids cover a row in blocks of ``BLOCK_TOKENS // page_size`` pages.
 BLOCK_TOKENS = 4096
+#: Why each page-table client needs ``page_size`` to divide ``BLOCK_TOKENS``.
+BLOCK_REASONS = {
+    PAGE_TABLE_CLIENT: "build_trtllm_mha_page_table asserts it",
+    FLASHMLA_CLIENT: "create_flashmla_kv_indices_triton's block is 4096 // page_size pages",
+}
 #: Replays a check without a GPU, where the Triton interpreter runs each kernel on the host.
 CPU_REPLAYS = 30
 #: Seconds one check may take before its child is killed (reported as a crash).
@@ -78,6 +86,14 @@ FINDINGS = (
         "width writes into the next row (or past the buffer), when the width is not a "
         "multiple of 4096 // page_size pages",
         "examples/sglang_trtllm_page_table_spill.py",
+    ),
+    Finding(
+        "flashmla-spill",
+        "create_flashmla_kv_indices_triton, launched as FlashMLABackend's CUDA-graph path "
+        "does, bounds its writes by seq_len only: a row past the table's width writes into the "
+        "row's padding and the next row (or past the buffer), when its grid, the row stride "
+        "rounded up to whole blocks of 4096 // page_size pages, passes the width",
+        "examples/sglang_flashmla_kv_indices_spill.py",
     ),
     Finding(
         "swa-stride",
@@ -123,11 +139,9 @@ def _scenario_kind(scenario) -> str:
 
 def _why_not(client: str, fn, kind: str, cfg: CheckConfig) -> str | None:
     """Why ``client`` cannot run on ``cfg``, or None."""
-    if kind == "page_table" and BLOCK_TOKENS % cfg.page_size:
-        return (
-            f"page_size {cfg.page_size} does not divide {BLOCK_TOKENS} "
-            "(build_trtllm_mha_page_table asserts it)"
-        )
+    if client in BLOCK_REASONS and BLOCK_TOKENS % cfg.page_size:
+        why = BLOCK_REASONS[client]
+        return f"page_size {cfg.page_size} does not divide {BLOCK_TOKENS} ({why})"
     return signature_problem(fn, kind, swa=cfg.swa) or _memory_problem(cfg)
 
 
@@ -197,14 +211,28 @@ def run_checks(runs: list[SGLangRun], *, timeout: float | None, quiet: bool) -> 
 # -- findings -----------------------------------------------------------------------------------
 
 
+def grid_columns(client: str, cfg: CheckConfig) -> int:
+    """The columns of each table row a page-table client's grid covers: whole blocks of
+    ``BLOCK_TOKENS // page_size`` pages over the width (trtllm_mha) or over the row stride,
+    width plus padding columns (FlashMLA). Each program masks by ``seq_len`` only, so an
+    overlong row writes every one of them."""
+    block = BLOCK_TOKENS // cfg.page_size
+    span = cfg.width + (cfg.table_pad_cols if client == FLASHMLA_CLIENT else 0)
+    return -(-span // block) * block
+
+
 def classify(run: SGLangRun, prop) -> str | None:
     """The key of the finding a failed property shows (``FINDINGS``), or None."""
-    if run.client != PAGE_TABLE_CLIENT or run.config is None:
+    if run.client not in BLOCK_REASONS or run.config is None:
         return None
     cfg = run.config
-    if prop.name in SPILL_PROPERTIES and cfg.width % (BLOCK_TOKENS // cfg.page_size):
-        return "page-table-spill"
-    if cfg.swa and "swa_page_table" in str(prop.first_failure or prop.detail):
+    if prop.name in SPILL_PROPERTIES and grid_columns(run.client, cfg) > cfg.width:
+        return "page-table-spill" if run.client == PAGE_TABLE_CLIENT else "flashmla-spill"
+    if (
+        run.client == PAGE_TABLE_CLIENT
+        and cfg.swa
+        and "swa_page_table" in str(prop.first_failure or prop.detail)
+    ):
         return "swa-stride"
     return None
 
