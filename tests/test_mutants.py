@@ -1,8 +1,9 @@
 """Invariant: the test bed kills every mutant it can on this machine. Each mutant of the zoo
-is one realistic page-table or decode-metadata builder bug; `pagegraph mutate` checks each
-one, in its own child process, over graphs/default.toml and graphs/spec-metadata.toml, and
-every mutant that can die without a GPU must die there (under the Triton interpreter) while
-the correct builders stay SAFE on both."""
+is one realistic page-table, decode-metadata or CSR builder bug; `pagegraph mutate` checks
+each one, in its own child process, over graphs/default.toml and graphs/spec-metadata.toml
+(graphs/csr.toml for the CSR ones, which the SWA scenarios do not fit), and every mutant that
+can die without a GPU must die there (under the Triton interpreter) while the correct
+builders stay SAFE."""
 
 from __future__ import annotations
 
@@ -15,10 +16,12 @@ import torch
 from pagegraph.check.checker import PROPERTIES
 from pagegraph.check.mutants import CONTROLS, MUTANTS
 from pagegraph.jobs.mutate import Outcome, run_mutate, smallest_killing_set
+from pagegraph.kernels.registry import builder_kind
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT = str(ROOT / "graphs" / "default.toml")
 SPEC = str(ROOT / "graphs" / "spec-metadata.toml")
+CSR = str(ROOT / "graphs" / "csr.toml")
 
 
 def test_the_zoo_is_big_and_documented():
@@ -41,15 +44,45 @@ def test_every_cpu_killable_mutant_dies_on_the_cpu_scenarios(tmp_path, capsys):
     assert code == 0, text
     builders = {b["name"]: b for b in doc["builders"]}
     for name in CONTROLS:
+        if builder_kind(CONTROLS[name]) == "csr":  # no CSR beside an SWA table: none fits
+            assert builders[name]["skipped"] == "no scenario here fits its outputs", name
+            continue
         for scenario in ("default", "spec-metadata"):
             assert builders[name]["reports"][scenario]["verdict"] == "SAFE", (name, scenario)
     for name, m in MUTANTS.items():
-        if m.cpu:
+        if name.startswith("csr_"):
+            assert "SWA" in builders[name]["not_applicable"]["default"], name
+        elif m.cpu:
             assert builders[name]["killed"], name
             assert set(builders[name]["killers"].values()) <= set(PROPERTIES)
         else:
             assert builders[name]["skipped"] == "can only die on a GPU"
     assert "| no_row_clamp |" in text and "smallest killing set: default" in text
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU run covers every mutant")
+def test_csr_mutants_die_on_the_csr_scenario_and_its_controls_pass(tmp_path, capsys):
+    out = tmp_path / "kill.json"
+    csr_mutants = [name for name in MUTANTS if name.startswith("csr_")]
+    assert len(csr_mutants) >= 3
+    code = run_mutate([CSR], mutants=csr_mutants, replays=30, jobs=2, timeout=300,
+                      json_path=str(out), quiet=True)  # fmt: skip
+    text = capsys.readouterr().out
+    doc = json.loads(out.read_text())
+    assert code == 0 and doc["survivors"] == [] and doc["bad_controls"] == [], text
+    builders = {b["name"]: b for b in doc["builders"]}
+    for name in CONTROLS:  # the page-table and metadata controls run here too, as themselves
+        assert builders[name]["reports"]["csr"]["verdict"] == "SAFE", name
+    expected = {
+        "csr_ell_offsets": "correct",
+        "csr_one_page_past": "bounded writes",
+        "csr_pages_frozen": "correct",
+    }
+    for name, prop in expected.items():
+        assert builders[name]["killers"] == {"csr": prop}, (name, builders[name]["killers"])
+    frozen = builders["csr_pages_frozen"]["reports"]["csr"]["properties"]
+    graph_safe = next(p for p in frozen if p["name"].startswith("graph-safe"))
+    assert graph_safe["status"] == "FAIL"
 
 
 def test_smallest_killing_set_is_a_cover():

@@ -1,7 +1,8 @@
 """The checker's own output buffers, handed to the runner under test: the tables inside one
 poisoned allocation with canary rows and pad columns, and a metadata builder's vectors with a
-canary entry on both sides. The checker compares the whole allocations after every replay, so
-a write anywhere outside the live region is seen."""
+canary entry on both sides (a CSR builder's ``kv_indptr`` and ``kv_indices`` likewise). The
+checker compares the whole allocations after every replay, so a write anywhere outside the
+live region is seen."""
 
 from __future__ import annotations
 
@@ -24,18 +25,24 @@ class CheckBuffers:
     tables: torch.Tensor
     #: per table, the ``[max_bs, width]`` int32 view the builder fills (page_table, then SWA)
     views: list[torch.Tensor]
-    #: a metadata builder's ``[3, max_bs + 3]`` int32 vectors, or None for a table builder
+    #: a metadata builder's ``[3, max_bs + 3]`` int32 vectors, a CSR builder's ``[2,
+    #: capacity + 2]`` ones, or None for a table builder
     vectors: torch.Tensor | None = None
-    #: ``cache_seqlens`` ``[max_bs]``, ``cu_seqlens_k`` and ``cu_seqlens_q`` ``[max_bs + 1]``
-    #: views of ``vectors`` (int32), or None
+    #: views of ``vectors`` (int32) by output name, or None: ``cache_seqlens`` ``[max_bs]``,
+    #: ``cu_seqlens_k`` and ``cu_seqlens_q`` ``[max_bs + 1]``; or ``kv_indptr`` ``[max_bs +
+    #: 1]`` and ``kv_indices`` ``[capacity]``
     vector_views: dict[str, torch.Tensor] | None = None
+    #: the builder kind the buffers are for (``pagegraph.kernels.registry.OUTPUT_KINDS``)
+    kind: str = "page_table"
 
     def runner_kwargs(self, cfg: CheckConfig) -> dict:
-        """The runner's output arguments: tables, and a metadata builder's vectors."""
+        """The runner's output arguments: tables, and a metadata or CSR builder's vectors."""
         kwargs = dict(
             page_table=self.views[0], swa_page_table=self.views[1] if len(self.views) == 2 else None
         )
-        if self.vector_views is not None:
+        if self.kind == "csr":
+            kwargs.update(self.vector_views, outputs="csr")
+        elif self.vector_views is not None:
             kwargs.update(self.vector_views, outputs="decode_metadata",
                           draft_tokens=cfg.draft_tokens)  # fmt: skip
         return kwargs
@@ -59,7 +66,14 @@ class CheckBuffers:
         kwargs = {}
         if full_to_swa is not None:
             kwargs = {"swa_page_table": views[1][:bs], "full_to_swa": full_to_swa}
-        if self.vector_views is not None:
+        if self.kind == "csr":
+            csr_fn, kv_indptr = fn, self.vector_views["kv_indptr"][: bs + 1]
+            kv_indices = self.vector_views["kv_indices"]
+
+            def fn(r2t, rpi, sl, _table, page_size):
+                csr_fn(r2t, rpi, sl, page_size, kv_indptr=kv_indptr, kv_indices=kv_indices)
+
+        elif self.vector_views is not None:
             # build_decode_metadata's signature: page_size fourth, the outputs by keyword.
             meta_fn, page_table = fn, views[0][:bs]
             kwargs.update(
@@ -81,8 +95,9 @@ class CheckBuffers:
         return warm_up, call
 
 
-def allocate_check_buffers(cfg: CheckConfig, metadata: bool, device: torch.device) -> CheckBuffers:
-    """Poisoned buffers for ``cfg`` (with vectors when ``metadata``: a decode-metadata builder)."""
+def allocate_check_buffers(cfg: CheckConfig, kind: str, device: torch.device) -> CheckBuffers:
+    """Poisoned buffers for ``cfg`` and a builder of ``kind``: with vectors for a
+    ``"decode_metadata"`` or ``"csr"`` builder."""
     T = 2 if cfg.swa else 1
     width = cfg.width
     # The tables live in one allocation with a canary row above and below and the layout's
@@ -94,7 +109,9 @@ def allocate_check_buffers(cfg: CheckConfig, metadata: bool, device: torch.devic
         device=device,
     )
     views = [tables[t, CANARY_ROWS : CANARY_ROWS + cfg.max_bs, :width] for t in range(T)]
-    if not metadata:
+    if kind == "csr":
+        return _csr_buffers(cfg, tables, views, device)
+    if kind != "decode_metadata":
         return CheckBuffers(tables, views)
     # A metadata builder's vectors, each with a canary entry on both sides.
     vectors = torch.full((3, cfg.max_bs + 3), POISON, dtype=torch.int32, device=device)
@@ -104,7 +121,29 @@ def allocate_check_buffers(cfg: CheckConfig, metadata: bool, device: torch.devic
         "cu_seqlens_q": vectors[2, 1 : 2 + cfg.max_bs],
     }
     preset_views(vectors, cfg.preset_outputs)  # set at allocation, as the engine does
-    return CheckBuffers(tables, views, vectors, vector_views)
+    return CheckBuffers(tables, views, vectors, vector_views, kind)
+
+
+def _csr_buffers(cfg: CheckConfig, tables: torch.Tensor, views: list[torch.Tensor],
+                 device: torch.device) -> CheckBuffers:  # fmt: skip
+    """A CSR builder's ``kv_indptr`` (``[max_bs + 1]``) and ``kv_indices`` (``csr_capacity``
+    entries, as an engine sizes it for its longest rows) in one ``[2, L]`` allocation, each
+    with a canary entry on both sides; the tables stay poisoned (a CSR builder gets none)."""
+    capacity = csr_capacity(cfg)
+    vectors = torch.full((2, max(cfg.max_bs + 3, capacity + 2)), POISON, dtype=torch.int32,
+                         device=device)  # fmt: skip
+    vector_views = {
+        "kv_indptr": vectors[0, 1 : 2 + cfg.max_bs],
+        "kv_indices": vectors[1, 1 : 1 + capacity],
+    }
+    preset_views(vectors, cfg.preset_outputs, "csr")
+    return CheckBuffers(tables, views, vectors, vector_views, "csr")
+
+
+def csr_capacity(cfg: CheckConfig) -> int:
+    """Entries of the checker's ``kv_indices``: ``max_bs`` rows of the table's width, as an
+    engine sizes it (SGLang: ``max_bs * max_context_len`` token slots at page size 1)."""
+    return cfg.max_bs * cfg.width
 
 
 def table_bytes(cfg: CheckConfig) -> int:

@@ -63,7 +63,7 @@ from .replay_loop import run_replays
 from .report import PropertyResult, Report
 from .signals import CheckInterrupted, stop_on_signals, stop_requested
 from .state import CheckHooks, CheckRun, ReplayState
-from .verify import POISON
+from .verify import POISON, PRESET_ENTRIES
 
 #: Names other modules import from here (``pagegraph.check.checker`` was the whole checker).
 __all__ = [
@@ -76,6 +76,7 @@ __all__ = [
     "check_replay_safety",
     "expected_tables",
     "pool_kwargs",
+    "preset_problem",
     "stop_on_signals",
     "stop_requested",
     "table_bytes",
@@ -142,7 +143,7 @@ def _start_run(builder, cfg: CheckConfig, device, runner_factory, hooks: CheckHo
     fn = resolve_builder(builder)
     kind = builder_kind(fn, cfg.outputs)
     metadata = kind == "decode_metadata"
-    problem = signature_problem(fn, kind, swa=cfg.swa)
+    problem = signature_problem(fn, kind, swa=cfg.swa) or preset_problem(cfg, kind)
     if problem:
         raise ValueError(problem)
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -154,14 +155,26 @@ def _start_run(builder, cfg: CheckConfig, device, runner_factory, hooks: CheckHo
     run = CheckRun(cfg, fn, metadata, dev, report, props, detectors, no_detector_reason, hooks,
                    runner_factory)  # fmt: skip
     run.errors = cfg.errors and builder_capabilities(fn).errors
+    run.kind = kind
     return run
+
+
+def preset_problem(cfg: CheckConfig, kind: str) -> str | None:
+    """Why ``cfg.preset_outputs`` do not fit a builder of ``kind``; ``None`` when they do."""
+    known = PRESET_ENTRIES[kind]
+    unfit = [name for name in cfg.preset_outputs if name not in known]
+    if not unfit:
+        return None
+    return f"preset_outputs {unfit} are not outputs of a {kind} builder" + (
+        f" (its presettable outputs: {', '.join(known)})" if known else " (it has none)"
+    )
 
 
 def _allocate(run: CheckRun) -> None:
     """The pool, the checker's buffers, and the builder's probe (counting compilations from
     here on, until ``_release``)."""
     run.pool = KVPool(**pool_kwargs(run.cfg), device=run.device)
-    run.buffers = allocate_check_buffers(run.cfg, run.metadata, run.device)
+    run.buffers = allocate_check_buffers(run.cfg, run.kind, run.device)
     run.compiles = CompileCounter()
     run.probe = BuilderProbe(run.builder, run.device, run.compiles)
 

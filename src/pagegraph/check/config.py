@@ -126,7 +126,8 @@ INJECTION_LEVELS = ("engine", "hostile")
 HOSTILE_INJECTIONS = ("negative", "bad_index")
 #: Outputs an engine may set once, at allocation, and a builder never write
 #: (``CheckConfig.preset_outputs``): the checker writes their value after each poisoning.
-PRESETTABLE_OUTPUTS = ("cu_seqlens_k[0]", "cu_seqlens_q[0]")
+#: The first two are a decode-metadata builder's, the last a CSR builder's.
+PRESETTABLE_OUTPUTS = ("cu_seqlens_k[0]", "cu_seqlens_q[0]", "kv_indptr[0]")
 
 #: Properties judged over the replays (incomplete when the run stops early).
 REPLAY_PROPERTIES = (
@@ -196,7 +197,7 @@ class CheckConfig:
     staging: str = "mixed"
     #: replays between two read-backs of the device records
     chunk: int = 256
-    #: "auto" (what the builder says), "page_table" or "decode_metadata"
+    #: "auto" (what the builder says), "page_table", "decode_metadata" or "csr"
     outputs: str = "auto"
     #: where the workload's host models run: "on": a child process a stream
     #: (``ProducedWorkload``), "off": in this one, "auto": in children for CUDA-graph runs of
@@ -204,7 +205,7 @@ class CheckConfig:
     workload_process: str = "auto"
     #: advice promoted to failures (names of ``ADVICE``)
     strict: tuple[str, ...] = ()
-    #: decode-metadata entries set once at allocation that the builder never writes
+    #: decode-metadata or CSR entries set once at allocation that the builder never writes
     #: (``PRESETTABLE_OUTPUTS``), as engines run some builders
     preset_outputs: tuple[str, ...] = ()
     # -- the decode step: the tables consumed by paged attention in the same graph --

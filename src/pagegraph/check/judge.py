@@ -18,7 +18,7 @@ from .config import REPLAY_PROPERTIES, CheckConfig
 from .probes import BuilderProbe, CompileCounter, EagerCall
 from .report import BucketStats, Failure, PropertyResult, Report
 from .state import ALLOCATION_PROBES, ReplayMeasure, ReplayState
-from .verify import CANARY_ROWS, POISON, VECTOR_NAMES, ModelStep, TableVerifier, read_mask
+from .verify import CANARY_ROWS, POISON, ModelStep, TableVerifier, read_mask
 
 Props = dict[str, PropertyResult]
 
@@ -230,7 +230,7 @@ def judge_records(records: np.ndarray, steps: list[ModelStep], verifier: TableVe
     """Fold one chunk of device records (``[len(steps), verifier.record_size]`` int64, one
     row a replay, laid out as ``pagegraph.check.verify`` says) into the report.
     ``describe_rows(step)`` names a replay's out-of-contract rows for its failures."""
-    kinds = DECODE_ERROR_KINDS if verifier.vectors is not None else ERROR_KINDS
+    kinds = DECODE_ERROR_KINDS if verifier.kind == "decode_metadata" else ERROR_KINDS
     if verifier.errors is not None and not report.errors:
         report.errors = dict.fromkeys(kinds, 0)
     for rec, st in zip(records, steps):
@@ -243,7 +243,7 @@ def judge_records(records: np.ndarray, steps: list[ModelStep], verifier: TableVe
             report.out_of_contract_replays.append(st.index)
         _judge_tables(rec, st, verifier, stats, props, cfg, describe_rows)
         if verifier.vectors is not None:
-            _judge_vectors(rec, st, verifier, stats, props, describe_rows)
+            _judge_vectors(rec, st, verifier, stats, props, cfg, describe_rows)
         _judge_staged_inputs(rec, st, verifier, props["staged inputs"])
         if verifier.errors is not None:
             _judge_error_counters(rec, st, verifier, kinds, props["error counters"], report,
@@ -295,10 +295,11 @@ def _judge_tables(rec: np.ndarray, st: ModelStep, verifier: TableVerifier, stats
 
 
 def _judge_vectors(rec: np.ndarray, st: ModelStep, verifier: TableVerifier, stats: BucketStats,
-                   props: Props, describe_rows=None) -> None:  # fmt: skip
-    """A metadata builder's vectors: wrong entries of the live region fail "correct" (on an
-    out-of-contract replay they are the out-of-contract values' own, and allowed), writes
-    outside it fail "bounded writes" (or "row containment")."""
+                   props: Props, cfg: CheckConfig, describe_rows=None) -> None:  # fmt: skip
+    """A metadata or CSR builder's vectors: wrong entries of the live region fail "correct"
+    (and, for CSR, "graph-safe" on a replay longer than at capture; on an out-of-contract
+    replay they are the out-of-contract values' own, and allowed), writes outside it fail
+    "bounded writes" (or "row containment")."""
     length = verifier.vectors.shape[1]
     for k, mask in enumerate((2 * verifier.T, 2 * verifier.T + 1)):
         found = read_mask(rec, mask)
@@ -306,9 +307,11 @@ def _judge_vectors(rec: np.ndarray, st: ModelStep, verifier: TableVerifier, stat
             continue
         count, flat, expected, got = found
         vector, entry = divmod(flat, length)
+        name = verifier.vector_names[vector]
         failure = Failure(
-            st.index, st.bucket, entry - 1, 0, expected, got, VECTOR_NAMES[vector], vector=True
-        )
+            st.index, st.bucket, entry - 1, 0, expected, got, name, vector=True,
+            note=csr_entry_owner(st, entry - 1, cfg, verifier) if name == "kv_indices" else "",
+        )  # fmt: skip
         if st.out_of_contract:
             if k == 1:  # wrong live entries are the out-of-contract values' own
                 stats.escaped_writes += count
@@ -316,9 +319,29 @@ def _judge_vectors(rec: np.ndarray, st: ModelStep, verifier: TableVerifier, stat
         elif k == 0:
             stats.mismatches += count
             _fail_with(props["correct"], failure, st, describe_rows)
+            if verifier.csr and st.longer_than_capture:
+                _fail_with(props["graph-safe (captured short, replayed long)"], failure, st,
+                           describe_rows)  # fmt: skip
         else:
             stats.oob_writes += count
             _fail_with(props["bounded writes"], failure, st, describe_rows)
+
+
+def csr_entry_owner(st: ModelStep, j: int, cfg: CheckConfig, verifier: TableVerifier) -> str:
+    """Which row of the reference owns ``kv_indices[j]`` on replay ``st``, as text: "row i,
+    page p" (from the model's staged lengths), or where the live stream ends."""
+    if j < 0:
+        return ""
+    pages = np.clip(-(-np.maximum(st.asked_sl[: st.bucket], 0) // cfg.page_size), 0, verifier.cap)
+    ends = np.minimum(np.cumsum(pages), verifier.csr_capacity)
+    total = int(ends[-1]) if len(ends) else 0
+    if j >= total:
+        if j >= verifier.csr_capacity:
+            return f"past the end of kv_indices ({verifier.csr_capacity} entries)"
+        return f"past kv_indptr[{st.bucket}] = {total}"
+    row = int(np.searchsorted(ends, j, side="right"))
+    start = int(ends[row - 1]) if row else 0
+    return f"row {row}'s page {j - start}"
 
 
 def _judge_staged_inputs(rec: np.ndarray, st: ModelStep, verifier: TableVerifier,

@@ -29,6 +29,7 @@ import triton.language as tl
 
 from ..kernels.contract import ERROR_KINDS, cdiv, check_builder_args
 from ..kernels.decode_metadata import build_decode_metadata
+from ..kernels.kv_indices import build_kv_indices
 from ..kernels.page_table import build_page_table
 
 # Bug codes of _mutant_kernel (0: none, the plain kernel is correct).
@@ -468,6 +469,78 @@ def cu_q_unscaled(req_to_token, req_pool_indices, seq_lens, page_size, **kw):
         torch.arange(cu_q.shape[0], out=cu_q)
 
 
+# -- CSR bugs (build_kv_indices's signature) ---------------------------------------------------
+
+_csr_frozen: dict[tuple[int, int], int] = {}
+
+
+def _csr(fn: Callable) -> Callable:
+    fn.pagegraph_outputs = "csr"
+    return fn
+
+
+def _torch_csr(req_to_token, req_pool_indices, seq_lens, page_size, kv_indptr, kv_indices,
+               *, bug: str = "", max_pages: int | None = None) -> None:  # fmt: skip
+    """The CSR contract in sync-free torch ops (one scatter through a dump entry), with one
+    ``bug`` switched in: ``"ell"`` (row i written at ``i * row_pages``), ``"past_end"`` (each
+    row writes one page too many)."""
+    bs, C = seq_lens.shape[0], kv_indices.shape[0]
+    row_pages = cdiv(req_to_token.shape[1], page_size)
+    n = ((seq_lens.long().clamp(min=0) + page_size - 1) // page_size).clamp(max=row_pages)
+    if max_pages is not None:
+        n = n.clamp(max=max_pages)
+    ends = torch.cumsum(n, 0).clamp(max=C)
+    starts = torch.cat([ends.new_zeros(1), ends[:-1]])
+    kv_indptr[1 : bs + 1] = ends.to(torch.int32)
+    kv_indptr[:1].fill_(0)
+    cols = torch.arange(row_pages, device=seq_lens.device)
+    live = cols < (ends - starts + (1 if bug == "past_end" else 0))[:, None]
+    base = torch.arange(bs, device=seq_lens.device) * row_pages if bug == "ell" else starts
+    dest = base[:, None] + cols
+    rows = req_pool_indices.long().clamp(0, req_to_token.shape[0] - 1)
+    cols_tokens = (cols * page_size).clamp(max=req_to_token.shape[1] - 1)
+    ids = req_to_token[rows[:, None], cols_tokens].long() // page_size
+    padded = torch.cat([kv_indices, kv_indices.new_zeros(1)])
+    padded.scatter_(0, torch.where(live & (dest < C), dest, C).reshape(-1),
+                    ids.to(torch.int32).reshape(-1))  # fmt: skip
+    kv_indices.copy_(padded[:C])
+
+
+@_csr
+def csr_ell_offsets(req_to_token, req_pool_indices, seq_lens, page_size, *, kv_indptr,
+                    kv_indices):  # fmt: skip
+    """Row i's pages written at i * row_pages (a padded layout) while kv_indptr is packed."""
+    _torch_csr(req_to_token, req_pool_indices, seq_lens, page_size, kv_indptr, kv_indices,
+               bug="ell")  # fmt: skip
+
+
+@_csr
+def csr_one_page_past(req_to_token, req_pool_indices, seq_lens, page_size, *, kv_indptr,
+                      kv_indices):  # fmt: skip
+    """Each row copies pages p <= n: one entry too many, past kv_indptr[bs] at the last row."""
+    _torch_csr(req_to_token, req_pool_indices, seq_lens, page_size, kv_indptr, kv_indices,
+               bug="past_end")  # fmt: skip
+
+
+@_csr
+def csr_pages_frozen(req_to_token, req_pool_indices, seq_lens, page_size, *, kv_indptr,
+                     kv_indices):  # fmt: skip
+    """Pages per row capped at what a batch size's first call (its warm-up) needed."""
+    key = (kv_indices.data_ptr(), seq_lens.shape[0])
+    if key not in _csr_frozen:
+        longest = int(seq_lens.cpu().numpy().max()) if seq_lens.numel() else 0
+        _csr_frozen[key] = max(1, cdiv(max(longest, 0), page_size))
+    _torch_csr(req_to_token, req_pool_indices, seq_lens, page_size, kv_indptr, kv_indices,
+               max_pages=_csr_frozen[key])  # fmt: skip
+
+
+@_csr
+def plain_kv_indices(req_to_token, req_pool_indices, seq_lens, page_size, *, kv_indptr,
+                     kv_indices):  # fmt: skip
+    """The CSR contract in sync-free torch ops: the mutants' base, correct (a control)."""
+    _torch_csr(req_to_token, req_pool_indices, seq_lens, page_size, kv_indptr, kv_indices)
+
+
 # -- the zoo -----------------------------------------------------------------------------------
 
 
@@ -564,6 +637,10 @@ MUTANTS: dict[str, Mutant] = {
         Mutant("scan_restarts_per_block", scan_restarts_per_block, True,
                "correct (cu_seqlens_k past 8 rows)"),
         Mutant("cu_q_unscaled", cu_q_unscaled, True, "correct (cu_seqlens_q, draft > 0)"),
+        Mutant("csr_ell_offsets", csr_ell_offsets, True, "correct (kv_indices)"),
+        Mutant("csr_one_page_past", csr_one_page_past, True, "bounded writes (kv_indices)"),
+        Mutant("csr_pages_frozen", csr_pages_frozen, True,
+               "correct / graph-safe (captured short, replayed long)"),
     ]
 }  # fmt: skip
 
@@ -576,13 +653,23 @@ CONTROLS: dict[str, Callable] = {
     "build_page_table": build_page_table,
     "plain_page_table": plain_page_table,
     "build_decode_metadata": build_decode_metadata,
+    "build_kv_indices": build_kv_indices,
+    "plain_kv_indices": plain_kv_indices,
 }
 
 
 def reset_caches() -> None:
     """Forget what host-bug mutants cached (tests run several checks in one process)."""
-    for cache in (_logged, _streams, _frozen_pages, _host_lengths, _plans, _mappings):
+    for cache in (_logged, _streams, _frozen_pages, _host_lengths, _plans, _mappings, _csr_frozen):
         cache.clear()
 
 
-__all__ = ["CONTROLS", "ERROR_KINDS", "MUTANTS", "Mutant", "plain_page_table", "reset_caches"]
+__all__ = [
+    "CONTROLS",
+    "ERROR_KINDS",
+    "MUTANTS",
+    "Mutant",
+    "plain_kv_indices",
+    "plain_page_table",
+    "reset_caches",
+]

@@ -33,10 +33,14 @@ class Failure:
     req_pool_index: int | None = None
     #: the replay's out-of-contract rows and their values, when it had any
     injected: str = ""
+    #: what the entry is, when its index alone does not say (a CSR entry's row and page)
+    note: str = ""
 
     def where(self) -> str:
         if self.vector:
-            return f"{self.table}[{self.row}]" + (" (canary)" if self.row < 0 else "")
+            if self.row < 0:
+                return f"{self.table}[{self.row}] (canary)"
+            return f"{self.table}[{self.row}]" + (f" ({self.note})" if self.note else "")
         if self.max_bs is not None and not 0 <= self.row < self.max_bs:
             return f"{self.table} canary row {'above' if self.row < 0 else 'below'}, col {self.col}"
         cell = f"{self.table}[{self.row}, {self.col}]"
@@ -49,6 +53,8 @@ class Failure:
         must stay untouched (and why it must)."""
         if self.poison is None or self.expected != self.poison:
             return "the live entry" if not self.vector else "the reference value"
+        if self.vector and self.table == "kv_indices":
+            return "the poison: an entry past kv_indptr[bucket], or a canary, must stay untouched"
         if self.vector:
             return "the poison: an entry past the batch must stay untouched"
         if self.max_bs is not None and not 0 <= self.row < self.max_bs:

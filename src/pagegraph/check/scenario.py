@@ -56,14 +56,16 @@ the problem, raised before anything runs::
     detectors = "auto"                    # auto | none | "torch,cupti" | a list of names
     staging = "mixed"                     # host lists | device tensors | mixed
     chunk = 256                           # replays between two read-backs of the records
-    outputs = "auto"                      # page_table | decode_metadata (a builder with
-                                          #   build_decode_metadata's signature)
+    outputs = "auto"                      # page_table | decode_metadata | csr (a builder
+                                          #   with build_decode_metadata's or
+                                          #   build_kv_indices's signature)
     workload_process = "auto"             # on | off | auto: the workload's host model in a
                                           #   child process (auto: CUDA graphs, >= 1000 steps)
     strict = []                           # advice promoted to failures: compilations,
                                           #   allocations, error-counters
     preset_outputs = []                   # entries set at allocation, never written by the
                                           #   builder: "cu_seqlens_k[0]", "cu_seqlens_q[0]"
+                                          #   (decode metadata), "kv_indptr[0]" (csr)
 
     [consumer]                            # optional: check the decode step end to end, the
                                           #   builder's tables read by paged attention in

@@ -17,11 +17,11 @@ from ..kernels.decode_metadata import DECODE_ERROR_KINDS
 from ..workload.decode import Step
 from ..workload.pool import KVPool
 from ..workload.producer import ProducedWorkload
-from .buffers import CheckBuffers
+from .buffers import CheckBuffers, csr_capacity
 from .config import CheckConfig
 from .probes import AllocationCounter, BuilderProbe, CompileCounter, cuda_allocations
 from .report import PropertyResult, Report
-from .verify import VECTOR_NAMES, BatchModel, ModelStep, TableVerifier
+from .verify import CSR_VECTOR_NAMES, VECTOR_NAMES, BatchModel, ModelStep, TableVerifier
 
 #: Replays whose allocations are measured one by one before the checker trusts chunks.
 ALLOCATION_PROBES = 8
@@ -80,6 +80,8 @@ class CheckRun:
     steps: Iterator[Step] | None = None
     #: whether the runner passes ``errors=`` (the config asks and the builder takes it)
     errors: bool = False
+    #: the builder's kind (``pagegraph.kernels.registry.OUTPUT_KINDS``)
+    kind: str = "page_table"
 
     @property
     def graphs(self) -> bool:
@@ -136,7 +138,7 @@ class WatchedBuffers:
             "errors": runner.errors,
             "req_to_token": runner.req_to_token,
             "full_to_swa": runner.full_to_swa,
-            **{name: getattr(runner, name, None) for name in VECTOR_NAMES},
+            **{name: getattr(runner, name, None) for name in (*VECTOR_NAMES, *CSR_VECTOR_NAMES)},
         }
         return cls(
             [(k, t.data_ptr()) for k, t in watched.items() if t is not None],
@@ -286,6 +288,8 @@ def _table_verifier(run: CheckRun, chunk: int) -> TableVerifier:
         use_graph=run.graphs,
         vectors=run.buffers.vectors,
         draft_tokens=cfg.draft_tokens if run.metadata else 0,
-        preset_outputs=cfg.preset_outputs if run.metadata else (),
+        preset_outputs=cfg.preset_outputs if run.kind != "page_table" else (),
         error_kinds=len(DECODE_ERROR_KINDS if run.metadata else ERROR_KINDS),
+        kind=run.kind,
+        csr_capacity=csr_capacity(cfg) if run.kind == "csr" else 0,
     )

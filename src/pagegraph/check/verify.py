@@ -24,9 +24,9 @@ Two pieces, both independent of the runner and the builder under test:
 Record layout (int64, ``TableVerifier.record_size`` entries a replay)::
 
     for each of the 2 * T table masks (wrong live entries of table t, then writes outside the
-    live region of table t, for t in page_table, swa_page_table), and, for a metadata builder,
-    the 2 vector masks (wrong entries of cache_seqlens / cu_seqlens_k / cu_seqlens_q inside
-    their live region, then writes outside it):      count, flat index, expected, got
+    live region of table t, for t in page_table, swa_page_table), and, for a metadata or CSR
+    builder, the 2 vector masks (wrong entries of its vectors inside their live region, then
+    writes outside it):                              count, flat index, expected, got
     staged inputs:   count of rows that differ, first such row, its req_pool_index, its seq_len
     error counters:  the E expected counts, then the E the builder's errors buffer holds
 """
@@ -47,6 +47,8 @@ POISON = -0x5A5A5A5
 INT32_MAX = 2**31 - 1
 #: Names of a metadata builder's vectors, in the order of their allocation.
 VECTOR_NAMES = ("cache_seqlens", "cu_seqlens_k", "cu_seqlens_q")
+#: Names of a CSR builder's vectors, in the order of their allocation.
+CSR_VECTOR_NAMES = ("kv_indptr", "kv_indices")
 
 #: Row flags of the model (bits).
 REAL, IN_BUCKET, OUT_OF_CONTRACT = 1, 2, 4
@@ -208,17 +210,24 @@ class BatchModel:
         return "; ".join(parts)
 
 
-#: A presettable output (``CheckConfig.preset_outputs``) -> its (vector, entry) in the
-#: checker's ``[3, max_bs + 3]`` vectors, whose entry 0 of each vector is at column 1.
-PRESET_ENTRIES = {"cu_seqlens_k[0]": (1, 1), "cu_seqlens_q[0]": (2, 1)}
+#: Builder kind -> its presettable outputs (``CheckConfig.preset_outputs``) -> their (vector,
+#: entry) in the checker's vectors (entry 0 of each vector is at column 1).
+PRESET_ENTRIES = {
+    "page_table": {},
+    "decode_metadata": {"cu_seqlens_k[0]": (1, 1), "cu_seqlens_q[0]": (2, 1)},
+    "csr": {"kv_indptr[0]": (0, 1)},
+}
 
 
-def preset_views(vectors: torch.Tensor | None, names: tuple[str, ...]) -> list[torch.Tensor]:
-    """One-entry views of ``vectors`` for the presettable outputs ``names``, set to their
-    value (0) here, as an engine sets them at allocation; ``[]`` without vectors."""
+def preset_views(vectors: torch.Tensor | None, names: tuple[str, ...],
+                 kind: str = "decode_metadata") -> list[torch.Tensor]:  # fmt: skip
+    """One-entry views of ``vectors`` for the presettable outputs ``names`` of a builder of
+    ``kind``, set to their value (0) here, as an engine sets them at allocation; ``[]``
+    without vectors."""
     if vectors is None:
         return []
-    views = [vectors[v, e : e + 1] for v, e in (PRESET_ENTRIES[n] for n in names)]
+    entries = PRESET_ENTRIES[kind]
+    views = [vectors[v, e : e + 1] for v, e in (entries[n] for n in names)]
     for view in views:
         view.fill_(0)
     return views
@@ -254,7 +263,11 @@ class TableVerifier:
         use_graph: capture the snapshot and the verification as CUDA graphs (CUDA only).
         vectors: for a metadata builder, ``[3, max_bs + 3]`` int32, the allocation its
             ``cache_seqlens`` (``vectors[0, 1 : 1 + max_bs]``), ``cu_seqlens_k`` and
-            ``cu_seqlens_q`` (``vectors[k, 1 : 2 + max_bs]``) are views of.
+            ``cu_seqlens_q`` (``vectors[k, 1 : 2 + max_bs]``) are views of; for a CSR builder
+            (``kind="csr"``), ``[2, L]`` int32, holding ``kv_indptr`` (``vectors[0, 1 : 2 +
+            max_bs]``) and ``kv_indices`` (``vectors[1, 1 : 1 + csr_capacity]``).
+        kind: the builder kind (``pagegraph.kernels.registry.OUTPUT_KINDS``).
+        csr_capacity: entries of a CSR builder's ``kv_indices``.
         draft_tokens: the metadata builder's ``draft_tokens``.
         error_kinds: counters of the ``errors`` buffer that are checked.
         batch: replays verified by one launch (default: as many as ``BATCH_BYTES`` holds, at
@@ -287,10 +300,16 @@ class TableVerifier:
         error_kinds: int = _E,
         batch: int | None = None,
         preset_outputs: tuple[str, ...] = (),
+        kind: str = "page_table",
+        csr_capacity: int = 0,
     ):
         dev = tables.device
         self.vectors = vectors
-        self._preset = preset_views(vectors, preset_outputs)
+        self.kind = kind
+        self.csr = kind == "csr"
+        self.vector_names = CSR_VECTOR_NAMES if self.csr else VECTOR_NAMES
+        self.csr_capacity = csr_capacity
+        self._preset = preset_views(vectors, preset_outputs, kind)
         self.draft_tokens = draft_tokens
         self.E = error_kinds
         self.device = dev
@@ -304,7 +323,9 @@ class TableVerifier:
         self.staged = staged
         self.errors = errors
         self.chunk = chunk
-        self.cap = min(width, cdiv(req_to_token.shape[1], page_size))
+        # Pages of a row the reference gathers: a table row's, or a CSR row's (no table width).
+        row_pages = cdiv(req_to_token.shape[1], page_size)
+        self.cap = row_pages if self.csr else min(width, row_pages)
         # Masks: wrong and outside for each table, then (metadata) for the vectors.
         self.masks = 2 * self.T + (2 if vectors is not None else 0)
         self.staged_at = self.masks * MASK_FIELDS
@@ -312,10 +333,13 @@ class TableVerifier:
         self.record_size = self.errors_at + 2 * self.E
         M, cap = self.max_bs, self.cap
         if batch is None:
-            batch = batch_size(replay_bytes(self.T, rows, self.padded_width, M, cap), chunk)
+            per = replay_bytes(self.T, rows, self.padded_width, M, cap)
+            if vectors is not None:  # snapshot, expected, masks; CSR: the index's int64 steps
+                per += vectors.numel() * 12 * 2 + csr_capacity * 8 * 8
+            batch = batch_size(per, chunk)
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
             raise ValueError(f"batch must be a positive integer, got {batch!r}")
-        self.batch = K = batch
+        self.batch = batch
 
         # Inputs uploaded per replay: the model's state, then the record slot.
         self.model = torch.zeros(3 * M + 1, dtype=torch.int64, device=dev)
@@ -333,43 +357,54 @@ class TableVerifier:
         self._host_records = torch.zeros(
             (chunk, self.record_size), dtype=torch.int64, pin_memory=cuda
         )
-        # The snapshot ring: what each of the last ``batch`` replays left.
-        self._models = torch.zeros((K, 3 * M + 1), dtype=torch.int64, device=dev)
-        self._models[:, 3 * M] = chunk  # the scratch record
-        self._snap_tables = torch.zeros((K, *tables.shape), dtype=tables.dtype, device=dev)
-        self._snap_staged = tuple(
-            torch.zeros((K, M), dtype=t.dtype, device=dev) for t in staged
-        )  # fmt: skip
-        self._snap_errors = (
-            torch.zeros((K, self.E), dtype=errors.dtype, device=dev) if errors is not None else None
-        )
-        self._snap_vectors = (
-            torch.zeros((K, *vectors.shape), dtype=vectors.dtype, device=dev)
-            if vectors is not None
-            else None
-        )
-        # The reference's gathers, taken at the replay: the workload's next steps rewrite
-        # req_to_token and full_to_swa before the batch is verified.
-        self._snap_slots = torch.zeros((K, M, cap), dtype=req_to_token.dtype, device=dev)
-        self._snap_swa = (
-            torch.zeros((K, M, cap), dtype=full_to_swa.dtype, device=dev) if self.T == 2 else None
-        )
-        self._unverified = 0
-        # Constants of the computation.
-        self._col_tokens = torch.arange(cap, device=dev, dtype=torch.int64) * page_size
-        self._cols = torch.arange(cap, device=dev, dtype=torch.int64)
-        self._mask_table = torch.arange(2 * self.T, device=dev, dtype=torch.int64) % self.T
-        self._expected = torch.empty((K, *tables.shape), dtype=tables.dtype, device=dev)
-        if vectors is not None:
-            self._expected_vectors = torch.empty((K, *vectors.shape), dtype=vectors.dtype,
-                                                 device=dev)  # fmt: skip
-            self._vector_index = torch.arange(M + 1, device=dev, dtype=torch.int64)
-        self._live = torch.zeros((K, rows, self.padded_width), dtype=torch.bool, device=dev)
-        self._ooc = torch.zeros_like(self._live)
+        self._allocate_ring(rows)
         self.graph: torch.cuda.CUDAGraph | None = None
         self.snapshot_graph: torch.cuda.CUDAGraph | None = None
         if use_graph:
             self._capture()
+
+    def _allocate_ring(self, rows: int) -> None:
+        """The snapshot ring of ``batch`` entries and the computation's buffers and
+        constants (``rows``: rows of a table allocation, canaries included)."""
+        K, M, cap, dev = self.batch, self.max_bs, self.cap, self.device
+        # The snapshot ring: what each of the last ``batch`` replays left.
+        self._models = torch.zeros((K, 3 * M + 1), dtype=torch.int64, device=dev)
+        self._models[:, 3 * M] = self.chunk  # the scratch record
+        self._snap_tables = torch.zeros(
+            (K, *self.tables.shape), dtype=self.tables.dtype, device=dev
+        )
+        self._snap_staged = tuple(
+            torch.zeros((K, M), dtype=t.dtype, device=dev) for t in self.staged
+        )  # fmt: skip
+        self._snap_errors = (
+            torch.zeros((K, self.E), dtype=self.errors.dtype, device=dev)
+            if self.errors is not None
+            else None
+        )
+        self._snap_vectors = (
+            torch.zeros((K, *self.vectors.shape), dtype=self.vectors.dtype, device=dev)
+            if self.vectors is not None
+            else None
+        )
+        # The reference's gathers, taken at the replay: the workload's next steps rewrite
+        # req_to_token and full_to_swa before the batch is verified.
+        self._snap_slots = torch.zeros((K, M, cap), dtype=self.r2t.dtype, device=dev)
+        self._snap_swa = (
+            torch.zeros((K, M, cap), dtype=self.f2s.dtype, device=dev) if self.T == 2 else None
+        )
+        self._unverified = 0
+        # Constants of the computation.
+        self._col_tokens = torch.arange(cap, device=dev, dtype=torch.int64) * self.page_size
+        self._cols = torch.arange(cap, device=dev, dtype=torch.int64)
+        self._mask_table = torch.arange(2 * self.T, device=dev, dtype=torch.int64) % self.T
+        self._expected = torch.empty((K, *self.tables.shape), dtype=self.tables.dtype, device=dev)
+        if self.vectors is not None:
+            self._expected_vectors = torch.empty((K, *self.vectors.shape), dtype=self.vectors.dtype,
+                                                 device=dev)  # fmt: skip
+            self._vector_index = torch.arange(M + 1, device=dev, dtype=torch.int64)
+            self._csr_index = torch.arange(self.csr_capacity, device=dev, dtype=torch.int64)
+        self._live = torch.zeros((K, rows, self.padded_width), dtype=torch.bool, device=dev)
+        self._ooc = torch.zeros_like(self._live)
 
     # -- per replay -----------------------------------------------------------------------
 
@@ -493,14 +528,14 @@ class TableVerifier:
         slots = self._snap_slots.to(torch.int64)  # gathered at the replay (see _snapshot)
         expected = self._expected
         expected.fill_(POISON)
-        region = expected[:, :, top : top + M, :cap]
-        region[:, 0] = torch.where(live, slots // ps, POISON)
-        if self.T == 2:
-            swa_slots = self._snap_swa.to(torch.int64)
-            region[:, 1] = torch.where(live, swa_slots // ps, POISON)
-
         self._live.zero_()
-        self._live[:, top : top + M, :cap] = live
+        if not self.csr:  # a CSR builder gets no table: all of it must keep the poison
+            region = expected[:, :, top : top + M, :cap]
+            region[:, 0] = torch.where(live, slots // ps, POISON)
+            if self.T == 2:
+                swa_slots = self._snap_swa.to(torch.int64)
+                region[:, 1] = torch.where(live, swa_slots // ps, POISON)
+            self._live[:, top : top + M, :cap] = live
         self._ooc.zero_()
         self._ooc[:, top : top + M, :W] = ooc.unsqueeze(-1)
         tables = self._snap_tables
@@ -516,7 +551,11 @@ class TableVerifier:
              tables.view(K, -1).gather(1, flat).long()],
             dim=-1,
         ).view(K, -1)  # fmt: skip
-        if self.vectors is not None:
+        if self.csr:
+            ooc_replay = (ooc & in_bucket).any(-1)
+            csr_fields = self._verify_csr(n_pages, slots, in_bucket, ooc_replay)
+            mask_fields = torch.cat([mask_fields, csr_fields], dim=1)
+        elif self.vectors is not None:
             mask_fields = torch.cat([mask_fields, self._verify_vectors(sl, in_bucket)], dim=1)
 
         got_rpi, got_sl = (t.to(torch.int64) for t in self._snap_staged)
@@ -565,7 +604,7 @@ class TableVerifier:
         (stored saturated, int32), ``cu_seqlens_q[i] = i * max(draft, 1)`` for ``i <=
         bucket``; poison everywhere else. Two masks' fields a replay (``[K, 8]``): wrong
         entries inside that live region, and writes outside it."""
-        M, d, K = self.max_bs, self.draft_tokens, self.batch
+        M, d = self.max_bs, self.draft_tokens
         exp = self._expected_vectors
         exp.fill_(POISON)
         cache = (sl.clamp(min=0) + d).clamp(max=INT32_MAX)
@@ -576,10 +615,17 @@ class TableVerifier:
         exp[:, 1, 1:2].fill_(0)  # a fill: assigning a Python int would copy from the host
         exp[:, 1, 2 : 2 + M] = torch.where(live_k[:, 1:], sums, POISON)
         exp[:, 2, 1 : 2 + M] = torch.where(live_k, self._vector_index * max(d, 1), POISON)
-        live = exp != POISON
+        return self._vector_masks(exp, exp != POISON)
+
+    def _vector_masks(self, exp: torch.Tensor, live: torch.Tensor,
+                      judged: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+        """The two vector masks' fields (``[K, 8]``): entries of ``live`` that differ from
+        ``exp``, then entries outside it that differ (and are ``judged``, when given)."""
+        K = self.batch
         vectors = self._snap_vectors
         diff = vectors != exp
-        masks = torch.stack([diff & live, diff & ~live], dim=1).view(K, 2, -1)
+        outside = diff & ~live if judged is None else diff & ~live & judged
+        masks = torch.stack([diff & live, outside], dim=1).view(K, 2, -1)
         counts = masks.sum(-1)
         first = masks.to(torch.uint8).argmax(-1)
         return torch.stack(
@@ -587,6 +633,41 @@ class TableVerifier:
              vectors.view(K, -1).gather(1, first).long()],
             dim=-1,
         ).view(K, -1)  # fmt: skip
+
+    def _verify_csr(self, n_pages: torch.Tensor, slots: torch.Tensor, in_bucket: torch.Tensor,
+                    ooc_replay: torch.Tensor) -> torch.Tensor:  # fmt: skip
+        """A CSR builder's vectors against their reference (``[K, 8]``, as
+        ``_verify_vectors``): ``kv_indptr = [0, running sums of the rows' pages, cut at the
+        capacity]`` for entries ``0..bucket``, and ``kv_indices[j]`` for ``j <
+        kv_indptr[bucket]`` the id of page ``j - kv_indptr[i]`` of the row ``i`` that owns
+        ``j``; poison everywhere else. On an out-of-contract replay a row may be longer than
+        the reference's, shifting the rows after it, so there only the canaries and
+        ``kv_indptr`` past the bucket are judged outside the live region.
+
+        ``n_pages`` ``[K, M]`` int64 (0 past the bucket), ``slots`` ``[K, M, cap]`` int64
+        page-start slots, ``in_bucket`` ``[K, M]`` bool, ``ooc_replay`` ``[K]`` bool."""
+        M, K, C, cap = self.max_bs, self.batch, self.csr_capacity, self.cap
+        exp = self._expected_vectors
+        exp.fill_(POISON)
+        sums = torch.cumsum(n_pages, -1).clamp(max=C)  # [K, M]
+        bucket = in_bucket.sum(-1, keepdim=True)
+        live_k = self._vector_index <= bucket
+        exp[:, 0, 1:2].fill_(0)
+        exp[:, 0, 2 : 2 + M] = torch.where(live_k[:, 1:], sums, POISON)
+        j = self._csr_index.expand(K, C)
+        # The row owning entry j: the number of rows that end at or before it.
+        row = torch.searchsorted(sums, j.contiguous(), right=True).clamp(max=M - 1)
+        start = torch.where(row > 0, sums.gather(1, (row - 1).clamp(min=0)), 0)
+        page = (j - start).clamp(0, cap - 1)
+        ids = slots.reshape(K, M * cap).gather(1, row * cap + page) // self.page_size
+        live_j = j < sums[:, -1:]
+        exp[:, 1, 1 : 1 + C] = torch.where(live_j, ids, POISON)
+        live = torch.zeros_like(exp, dtype=torch.bool)
+        live[:, 0, 1 : 2 + M] = live_k
+        live[:, 1, 1 : 1 + C] = live_j
+        judged = torch.ones_like(live)
+        judged[:, 1, 1 : 1 + C] = ~ooc_replay.unsqueeze(-1)
+        return self._vector_masks(exp, live, judged)
 
 
 def read_mask(record: np.ndarray, mask: int) -> tuple[int, int, int, int] | None:

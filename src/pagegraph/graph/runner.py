@@ -125,6 +125,10 @@ class GraphRunner:
             ``cache_seqlens`` ``[max_bs]``, ``cu_seqlens_k`` and ``cu_seqlens_q``
             ``[max_bs + 1]`` int32 buffers (or the engine's own, passed by name), and
             ``draft_tokens``, a host value frozen into the graphs like ``page_size``.
+            ``"csr"`` (``pagegraph.kernels.kv_indices.build_kv_indices``'s signature): the
+            builder gets static ``kv_indptr`` ``[max_bs + 1]`` and ``kv_indices``
+            ``[max_bs * max_num_pages]`` int32 buffers (or the engine's own) instead of the
+            page tables.
     """
 
     def __init__(
@@ -149,6 +153,8 @@ class GraphRunner:
         cache_seqlens: torch.Tensor | None = None,
         cu_seqlens_k: torch.Tensor | None = None,
         cu_seqlens_q: torch.Tensor | None = None,
+        kv_indptr: torch.Tensor | None = None,
+        kv_indices: torch.Tensor | None = None,
     ):
         _check_arguments(req_to_token, page_size, max_context_len, index_dtype, full_to_swa)
         self._configure(
@@ -158,7 +164,8 @@ class GraphRunner:
             use_graphs=use_graphs,
         )  # fmt: skip
         metadata_given = {"cache_seqlens": cache_seqlens, "cu_seqlens_k": cu_seqlens_k,
-                          "cu_seqlens_q": cu_seqlens_q}  # fmt: skip
+                          "cu_seqlens_q": cu_seqlens_q, "kv_indptr": kv_indptr,
+                          "kv_indices": kv_indices}  # fmt: skip
         self._allocate_buffers(
             max_bs, index_dtype, errors, page_table, swa_page_table, metadata_given
         )
@@ -192,6 +199,9 @@ class GraphRunner:
         self.builder = resolve_builder(builder)
         self.outputs = builder_kind(self.builder, outputs)
         self.metadata = self.outputs == "decode_metadata"
+        self.csr = self.outputs == "csr"
+        if self.csr and full_to_swa is not None:
+            raise ValueError("a csr builder has no SWA outputs: full_to_swa must be None")
         if isinstance(draft_tokens, bool) or not isinstance(draft_tokens, int) or draft_tokens < 0:
             raise ValueError(f"draft_tokens must be an integer >= 0, got {draft_tokens!r}")
         self.draft_tokens = draft_tokens
@@ -245,8 +255,11 @@ class GraphRunner:
                 else None
             )
             self.cache_seqlens = self.cu_seqlens_k = self.cu_seqlens_q = None
+            self.kv_indptr = self.kv_indices = None
             if self.metadata:
                 self._metadata_buffers(max_bs, metadata_given)
+            elif self.csr:
+                self._csr_buffers(max_bs, metadata_given)
         except (torch.OutOfMemoryError, RuntimeError) as exc:
             if not isinstance(exc, torch.OutOfMemoryError) and "memory" not in str(exc):
                 raise
@@ -260,8 +273,22 @@ class GraphRunner:
     def _metadata_buffers(self, max_bs: int, given: dict[str, torch.Tensor | None]) -> None:
         """``cache_seqlens`` ``[max_bs]``, ``cu_seqlens_k`` and ``cu_seqlens_q``
         ``[max_bs + 1]`` int32: the engine's own where ``given``, else new ones."""
-        dev = self.device
         lengths = {"cache_seqlens": max_bs, "cu_seqlens_k": max_bs + 1, "cu_seqlens_q": max_bs + 1}
+        self._vector_buffers(lengths, given)
+
+    def _csr_buffers(self, max_bs: int, given: dict[str, torch.Tensor | None]) -> None:
+        """``kv_indptr`` ``[max_bs + 1]`` and ``kv_indices`` (``[max_bs * max_num_pages]``,
+        or the engine's own of any length) int32."""
+        own = given["kv_indices"]
+        capacity = max_bs * self.max_num_pages
+        if isinstance(own, torch.Tensor) and own.dim() == 1 and own.shape[0] > 0:
+            capacity = own.shape[0]  # the engine sized it; the builder must stay inside it
+        self._vector_buffers({"kv_indptr": max_bs + 1, "kv_indices": capacity}, given)
+
+    def _vector_buffers(self, lengths: dict[str, int], given: dict) -> None:
+        """1-D int32 output buffers of at least ``lengths`` entries: the engine's own where
+        ``given``, else new ones (``ValueError`` for a given one that does not fit)."""
+        dev = self.device
         for name, length in lengths.items():
             buf = given[name]
             if buf is None:
@@ -317,6 +344,17 @@ class GraphRunner:
             kwargs["full_to_swa"] = self.full_to_swa
         if self.errors is not None:
             kwargs["errors"] = self.errors
+        if self.csr:
+            self.builder(
+                self.req_to_token,
+                self.req_pool_indices[:bs],
+                self.seq_lens[:bs],
+                self.page_size,
+                kv_indptr=self.kv_indptr[: bs + 1],
+                kv_indices=self.kv_indices,
+                **kwargs,
+            )
+            return
         if self.metadata:
             self.builder(
                 self.req_to_token,
@@ -361,6 +399,8 @@ class GraphRunner:
             "cache_seqlens": self.cache_seqlens,
             "cu_seqlens_k": self.cu_seqlens_k,
             "cu_seqlens_q": self.cu_seqlens_q,
+            "kv_indptr": self.kv_indptr,
+            "kv_indices": self.kv_indices,
         }
 
     @staticmethod

@@ -43,6 +43,8 @@ class Outcome:
     control: bool
     reports: dict[str, Report] = field(default_factory=dict)
     skipped: str | None = None  # why it was not run
+    #: scenario -> why the builder cannot run there (a CSR builder on an SWA scenario)
+    not_applicable: dict[str, str] = field(default_factory=dict)
 
     def killers(self) -> dict[str, str]:
         """scenario -> what killed it there (the first failing property, or the crash)."""
@@ -119,7 +121,9 @@ def format_matrix(outcomes: list[Outcome], scenarios: list[str]) -> str:
         cells = []
         for s in scenarios:
             r = o.reports.get(s)
-            if r is None:
+            if s in o.not_applicable:
+                cells.append("n/a")
+            elif r is None:
                 cells.append("")
             elif s in killers:
                 cells.append(killers[s])
@@ -167,7 +171,9 @@ def run_mutate(
 
     ran = [o for o in outcomes if not o.control and not o.skipped]
     survivors = [o.name for o in ran if not o.killed]
-    bad_controls = [o.name for o in outcomes if o.control and not o.safe_everywhere]
+    bad_controls = [
+        o.name for o in outcomes if o.control and not o.skipped and not o.safe_everywhere
+    ]
     smallest = smallest_killing_set(outcomes, labels)
     summary = (
         f"pagegraph mutate: {sum(o.killed for o in ran)}/{len(ran)} mutants killed, "
@@ -229,11 +235,32 @@ def _scenario_jobs(loaded: list, replays: int | None, control: bool) -> list[Job
     return out
 
 
+def _fitted_jobs(spec: str, scenario_jobs: list[Job], o: Outcome) -> list[Job]:
+    """The jobs builder ``spec`` can run: a scenario whose outputs it cannot write (a CSR
+    builder on an SWA scenario) goes into ``o.not_applicable`` with the reason; the preset
+    outputs of another kind of builder are dropped (they describe the scenario's own)."""
+    from ..check.verify import PRESET_ENTRIES
+    from ..kernels.registry import builder_kind, resolve_builder, signature_problem
+
+    fn = resolve_builder(spec)
+    out = []
+    for j in scenario_jobs:
+        kind = builder_kind(fn, j.config.outputs)
+        problem = signature_problem(fn, kind, swa=j.config.swa)
+        if problem:
+            o.not_applicable[j.label] = problem
+            continue
+        presets = tuple(p for p in j.config.preset_outputs if p in PRESET_ENTRIES[kind])
+        out.append(Job(spec, j.config.replace(preset_outputs=presets), j.label,
+                       j.stop_on_failure))  # fmt: skip
+    return out
+
+
 def _builder_spec(o: Outcome) -> str:
     """How a child process finds the builder: a registry name, else the mutant's path."""
-    from ..kernels.registry import BUILDERS, METADATA_BUILDERS
+    from ..kernels.registry import BUILDERS, CSR_BUILDERS, METADATA_BUILDERS
 
-    builtin = o.name in BUILDERS or o.name in METADATA_BUILDERS
+    builtin = o.name in BUILDERS or o.name in METADATA_BUILDERS or o.name in CSR_BUILDERS
     return o.name if builtin else f"pagegraph.check.mutants:{o.name}"
 
 
@@ -246,10 +273,13 @@ def _check_builder(
         return o
     spec = _builder_spec(o)
     scenario_jobs = _scenario_jobs(loaded, replays, o.control)
-    js = [Job(spec, j.config, j.label, j.stop_on_failure) for j in scenario_jobs]
+    js = _fitted_jobs(spec, scenario_jobs, o)
+    if not js:
+        o.skipped = "no scenario here fits its outputs"
+        return o
     t0 = time.monotonic()
-    for label, report in zip([s.name for s in loaded], run_isolated(js, timeout=timeout)):
-        o.reports[label] = report
+    for job, report in zip(js, run_isolated(js, timeout=timeout) if js else []):
+        o.reports[job.label] = report
     if not quiet:
         state = (
             ("SAFE everywhere" if o.safe_everywhere else "NOT SAFE")
@@ -304,6 +334,7 @@ def _write_json(
                     "skipped": o.skipped,
                     "killed": o.killed if not o.control else None,
                     "killers": o.killers(),
+                    "not_applicable": o.not_applicable,
                     "reports": {s: r.to_dict() for s, r in o.reports.items()},
                 }
                 for o in outcomes

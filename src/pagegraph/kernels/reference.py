@@ -298,3 +298,28 @@ def unfused_decode_metadata(
         full_to_swa=full_to_swa,
         errors=errors,
     )
+
+
+def reference_kv_indices(
+    req_to_token, req_pool_indices, seq_lens, page_size, *, kv_indptr, kv_indices
+) -> None:
+    """The oracle of the CSR contract (``pagegraph.kernels.kv_indices``): row ``i`` owns
+    ``n_i = min(cdiv(max(seq_lens[i], 0), page_size), cdiv(cols, page_size))`` pages,
+    ``kv_indptr[: bs + 1] = [0, running sums of n_i, cut at len(kv_indices)]`` and each row's
+    span of ``kv_indices`` holds its pages' ids. One row at a time, reading the lengths on
+    the host (syncs): use it to check, never to serve. Shapes as ``build_kv_indices``."""
+    row_pages = cdiv(req_to_token.shape[1], page_size)
+    capacity = kv_indices.shape[0]
+    last_row = req_to_token.shape[0] - 1
+    offsets = [0]
+    for req, length in zip(req_pool_indices.tolist(), seq_lens.tolist()):
+        start = offsets[-1]
+        n = min(max(cdiv(length, page_size), 0), row_pages, capacity - start)
+        req = min(max(req, 0), last_row)
+        slots = req_to_token[req, : n * page_size : page_size].to(torch.int64)
+        kv_indices[start : start + n] = (slots // page_size).to(torch.int32)
+        offsets.append(start + n)
+    kv_indptr[: len(offsets)] = torch.tensor(offsets, dtype=torch.int32)
+
+
+reference_kv_indices.pagegraph_outputs = "csr"

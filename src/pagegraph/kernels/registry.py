@@ -6,9 +6,12 @@ Two kinds of builder plug into the test bed, told apart by their outputs:
   signature): page tables only.
 * ``"decode_metadata"``: ``pagegraph.metadata.build_decode_metadata``'s signature: the
   page tables plus ``cache_seqlens``, ``cu_seqlens_k`` and ``cu_seqlens_q``.
+* ``"csr"``: ``pagegraph.kernels.kv_indices.build_kv_indices``'s signature: FlashInfer's
+  ``kv_indptr`` and ``kv_indices``, no page table.
 
-A user's function declares the second kind with an attribute, ``fn.pagegraph_outputs =
-"decode_metadata"``, or the check is told so (``CheckConfig(outputs="decode_metadata")``).
+A user's function declares the second or third kind with an attribute,
+``fn.pagegraph_outputs = "decode_metadata"`` (or ``"csr"``), or the check is told so
+(``CheckConfig(outputs="decode_metadata")``).
 """
 
 from __future__ import annotations
@@ -23,16 +26,18 @@ from pathlib import Path
 
 from .baselines import block_grid
 from .decode_metadata import build_decode_metadata
+from .kv_indices import build_kv_indices
 from .page_table import build_page_table
 from .reference import (
     host_max_gather,
     reference_decode_metadata,
+    reference_kv_indices,
     reference_page_table,
     static_width_gather,
     unfused_decode_metadata,
 )
 
-OUTPUT_KINDS = ("page_table", "decode_metadata")
+OUTPUT_KINDS = ("page_table", "decode_metadata", "csr")
 
 BUILDERS: dict[str, Callable] = {
     "build_page_table": build_page_table,
@@ -48,6 +53,12 @@ METADATA_BUILDERS: dict[str, Callable] = {
     "build_decode_metadata": build_decode_metadata,
     "reference_decode_metadata": reference_decode_metadata,
     "unfused_decode_metadata": unfused_decode_metadata,
+}
+
+#: Builders with ``build_kv_indices``'s signature and CSR outputs.
+CSR_BUILDERS: dict[str, Callable] = {
+    "build_kv_indices": build_kv_indices,
+    "reference_kv_indices": reference_kv_indices,
 }
 
 
@@ -67,11 +78,13 @@ def resolve_builder(spec: str | Callable) -> Callable:
         return BUILDERS[spec]
     if spec in METADATA_BUILDERS:
         return METADATA_BUILDERS[spec]
+    if spec in CSR_BUILDERS:
+        return CSR_BUILDERS[spec]
     clients = client_builders()
     if spec in clients:
         return clients[spec]
     if ":" not in spec:
-        known = ", ".join(sorted([*BUILDERS, *METADATA_BUILDERS, *clients]))
+        known = ", ".join(sorted([*BUILDERS, *METADATA_BUILDERS, *CSR_BUILDERS, *clients]))
         raise BuilderLoadError(
             f"unknown builder {spec!r}: use one of {known}, 'module:function' or "
             "'path/to/file.py:function'"
@@ -96,7 +109,7 @@ def resolve_builder(spec: str | Callable) -> Callable:
 def builder_spec_for_child(spec: str) -> str:
     """``spec`` as a child process in another folder can load it: a file path made absolute,
     a module found only in the current folder given as its file."""
-    if ":" not in spec or spec in BUILDERS or spec in METADATA_BUILDERS:
+    if ":" not in spec or spec in BUILDERS or spec in METADATA_BUILDERS or spec in CSR_BUILDERS:
         return spec
     target, _, attr = spec.rpartition(":")
     if _is_path(target):
@@ -192,8 +205,8 @@ def raised_at(exc: BaseException, builder=None) -> str:
 
 
 def builder_kind(builder: Callable, declared: str = "auto") -> str:
-    """``"page_table"`` or ``"decode_metadata"``: what ``declared`` says, else what the
-    builder says of itself (a built-in, or its ``pagegraph_outputs`` attribute)."""
+    """``"page_table"``, ``"decode_metadata"`` or ``"csr"``: what ``declared`` says, else
+    what the builder says of itself (a built-in, or its ``pagegraph_outputs`` attribute)."""
     if declared != "auto":
         if declared not in OUTPUT_KINDS:
             raise ValueError(f"outputs must be auto or one of {OUTPUT_KINDS}, got {declared!r}")
@@ -207,7 +220,7 @@ def builder_kind(builder: Callable, declared: str = "auto") -> str:
 
 
 def builder_name(builder: Callable) -> str:
-    for name, fn in (*BUILDERS.items(), *METADATA_BUILDERS.items()):
+    for name, fn in (*BUILDERS.items(), *METADATA_BUILDERS.items(), *CSR_BUILDERS.items()):
         if fn is builder:
             return name
     module = getattr(builder, "__module__", "?") or "?"
@@ -271,11 +284,14 @@ DECODE_METADATA_SIGNATURE = (
     "cu_seqlens_k, page_table, draft_tokens=0, cu_seqlens_q=None, swa_page_table=None, "
     "full_to_swa=None, errors=None)"
 )
+CSR_SIGNATURE = (
+    "build(req_to_token, req_pool_indices, seq_lens, page_size, *, kv_indptr, kv_indices)"
+)
 
 
 def signature_problem(builder: Callable, kind: str, *, swa: bool = False) -> str | None:
-    """Why ``builder`` cannot be called as the bed calls a builder of ``kind`` (``"page_table"``
-    or ``"decode_metadata"``), with SWA outputs when ``swa``; ``None`` when it can. Only the
+    """Why ``builder`` cannot be called as the bed calls a builder of ``kind`` (one of
+    ``OUTPUT_KINDS``), with SWA outputs when ``swa``; ``None`` when it can. Only the
     arguments the bed always passes are required: ``errors=`` is passed only to a builder
     that takes it."""
     try:
@@ -289,6 +305,13 @@ def signature_problem(builder: Callable, kind: str, *, swa: bool = False) -> str
         kwargs = {"cache_seqlens": None, "cu_seqlens_k": None, "page_table": None,
                   "draft_tokens": 0, "cu_seqlens_q": None, **swa_kw}  # fmt: skip
         contract = DECODE_METADATA_SIGNATURE
+    elif kind == "csr":
+        if swa:
+            return (
+                f"{builder_name(builder)} is a csr builder: the CSR format has no SWA table, and "
+                "this scenario has SWA (swa = true)"
+            )
+        args, kwargs, contract = (None,) * 4, {"kv_indptr": None, "kv_indices": None}, CSR_SIGNATURE
     else:
         args, kwargs, contract = (None,) * 5, swa_kw, PAGE_TABLE_SIGNATURE
     try:

@@ -1,0 +1,186 @@
+"""The CSR format (FlashInfer's ``kv_indptr`` / ``kv_indices``): pagegraph's builder
+(``build_kv_indices``) exact against the row-by-row oracle with canaries around both buffers,
+and the test bed's CSR verification: controls pass, planted bugs fail the property they
+break, and the usage errors are one line."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from pagegraph.check.checker import check_replay_safety
+from pagegraph.check.config import CheckConfig
+from pagegraph.check.isolate import Job, run_isolated
+from pagegraph.check.mutants import plain_kv_indices
+from pagegraph.check.scenario import load_scenario
+from pagegraph.clients.sglang import sglang_unavailable_reason
+from pagegraph.kernels.kv_indices import build_kv_indices
+from pagegraph.kernels.reference import reference_kv_indices
+from pagegraph.kernels.registry import builder_kind, resolve_builder, signature_problem
+
+ROOT = Path(__file__).resolve().parent.parent
+
+CANARY = -7
+
+
+def _status(report, name: str) -> str:
+    return next(p.status for p in report.properties if p.name == name)
+
+
+def _first_failure(report, name: str) -> str:
+    return str(next(p for p in report.properties if p.name == name).first_failure)
+
+
+def _run(builder, rpi, sl, r2t, page_size, capacity):
+    """``builder`` into fresh poisoned buffers with a canary entry on both sides."""
+    bs = sl.shape[0]
+    indptr = torch.full((bs + 3,), CANARY, dtype=torch.int32)
+    indices = torch.full((capacity + 2,), CANARY, dtype=torch.int32)
+    builder(r2t, rpi, sl, page_size, kv_indptr=indptr[1 : bs + 2], kv_indices=indices[1:-1])
+    return indptr, indices
+
+
+@pytest.mark.parametrize(
+    "page_size, cols, bs, capacity, dtype",
+    [
+        (1, 300, 5, 2000, torch.int32),
+        (16, 1000, 7, 7 * 63, torch.int64),
+        (4, 257, 300, 30000, torch.int64),  # several passes of the offset scan
+        (16, 1000, 9, 100, torch.int32),  # a batch cut at the end of kv_indices
+    ],
+)
+def test_build_kv_indices_matches_the_oracle(page_size, cols, bs, capacity, dtype):
+    g = torch.Generator().manual_seed(page_size * 1000 + bs)
+    r2t = torch.randint(1, 10**6, (20, cols), generator=g, dtype=dtype)
+    # Out-of-contract values too: negative and overlong lengths, request indices outside.
+    rpi = torch.randint(-2, 22, (bs,), generator=g, dtype=dtype)
+    sl = torch.randint(-5, cols + 40, (bs,), generator=g, dtype=dtype)
+    got = _run(build_kv_indices, rpi, sl, r2t, page_size, capacity)
+    want = _run(reference_kv_indices, rpi, sl, r2t, page_size, capacity)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    indptr, indices = got
+    total = int(indptr[bs + 1])
+    assert total <= capacity
+    assert indptr[0] == CANARY and indptr[-1] == CANARY  # the canaries
+    assert (indices[1 + total :] == CANARY).all()  # nothing past kv_indptr[bs]
+
+
+def test_build_kv_indices_refuses_bad_buffers():
+    r2t = torch.ones((4, 64), dtype=torch.int32)
+    rpi = sl = torch.ones(3, dtype=torch.int32)
+    ok = torch.zeros(4, dtype=torch.int32)
+    with pytest.raises(ValueError, match="bs \\+ 1 = 4"):
+        build_kv_indices(r2t, rpi, sl, 16, kv_indptr=ok[:3], kv_indices=ok)
+    with pytest.raises(TypeError, match="kv_indices must be int32"):
+        build_kv_indices(r2t, rpi, sl, 16, kv_indptr=ok, kv_indices=ok.long())
+    with pytest.raises(ValueError, match="page_size"):
+        build_kv_indices(r2t, rpi, sl, 0, kv_indptr=ok, kv_indices=ok)
+
+
+def test_csr_builders_are_told_apart_by_their_outputs():
+    for name in ("build_kv_indices", "reference_kv_indices"):
+        assert builder_kind(resolve_builder(name)) == "csr"
+        assert signature_problem(resolve_builder(name), "csr") is None
+    problem = signature_problem(build_kv_indices, "csr", swa=True)
+    assert "no SWA table" in problem
+    problem = signature_problem(build_kv_indices, "page_table")
+    assert "cannot be called as a page_table builder" in problem
+
+
+def _small(**kw) -> CheckConfig:
+    base = dict(
+        max_bs=16, max_context_len=600, page_size=16, steps=30, buckets=[1, 2, 4, 8, 16],
+        seed=5, initial_len=(1, 500), overlong=0.1, negative=0.05, bad_index=0.05,
+        zero_len=0.05, r2t_extra_cols=5,
+    )  # fmt: skip
+    return CheckConfig(**{**base, **kw})
+
+
+@pytest.mark.parametrize("builder", [build_kv_indices, reference_kv_indices, plain_kv_indices])
+def test_correct_csr_builders_are_safe(builder):
+    report = check_replay_safety(builder, _small())
+    assert report.verdict == "SAFE", report.format()
+    assert _status(report, "correct") == "pass"
+    assert _status(report, "row containment") == "pass"  # out-of-contract replays ran
+
+
+def test_a_write_past_the_stream_fails_bounded_writes_and_names_the_entry():
+    def one_past(r2t, rpi, sl, page_size, *, kv_indptr, kv_indices):
+        build_kv_indices(r2t, rpi, sl, page_size, kv_indptr=kv_indptr, kv_indices=kv_indices)
+        total = int(kv_indptr[-1])  # a host read: fine for a planted bug on the CPU
+        kv_indices[total : total + 1] = 0
+
+    one_past.pagegraph_outputs = "csr"
+    report = check_replay_safety(one_past, _small(overlong=0, negative=0, bad_index=0))
+    assert _status(report, "bounded writes") == "FAIL"
+    text = _first_failure(report, "bounded writes")
+    assert "kv_indices[" in text and "past kv_indptr[" in text and "got 0" in text
+
+
+def test_a_write_into_the_canary_fails_row_containment_on_out_of_contract_replays():
+    def canary(r2t, rpi, sl, page_size, *, kv_indptr, kv_indices):
+        build_kv_indices(r2t, rpi, sl, page_size, kv_indptr=kv_indptr, kv_indices=kv_indices)
+        if int(sl.min()) < 0:  # an out-of-contract batch: one write past the buffer's end
+            past = torch.as_strided(kv_indices, (kv_indices.shape[0] + 1,), (1,))
+            past[-1] = 0
+
+    canary.pagegraph_outputs = "csr"
+    report = check_replay_safety(canary, _small(negative=0.3, overlong=0, bad_index=0))
+    assert _status(report, "row containment") == "FAIL"
+    assert "past the end of kv_indices" in _first_failure(report, "row containment")
+    assert _status(report, "bounded writes") == "pass"
+
+
+def test_an_overlong_row_may_shift_the_stream_on_its_own_replay():
+    """An out-of-contract row longer than the reference's clamp moves every later row: on
+    that replay the stream between kv_indptr[bucket] and the end is not judged."""
+
+    def unclamped(r2t, rpi, sl, page_size, *, kv_indptr, kv_indices):
+        wide = torch.cat([r2t, r2t], dim=1)  # rows "hold" twice the pages: no clamp at cols
+        build_kv_indices(wide, rpi, sl, page_size, kv_indptr=kv_indptr, kv_indices=kv_indices)
+
+    unclamped.pagegraph_outputs = "csr"
+    report = check_replay_safety(unclamped, _small(overlong=0.3, negative=0, bad_index=0))
+    assert report.out_of_contract_replays
+    assert _status(report, "row containment") == "pass", report.format()
+    assert _status(report, "correct") == "pass"
+
+
+def test_csr_usage_errors_are_one_line():
+    with pytest.raises(ValueError, match="no SWA table"):
+        check_replay_safety(build_kv_indices, _small(swa=True))
+    with pytest.raises(ValueError, match="not outputs of a csr builder"):
+        check_replay_safety(build_kv_indices, _small(preset_outputs=("cu_seqlens_k[0]",)))
+    with pytest.raises(ValueError, match="not outputs of a page_table builder"):
+        check_replay_safety("build_page_table", _small(preset_outputs=("kv_indptr[0]",)))
+
+
+def test_csr_scenarios_load():
+    for name in ("csr", "sglang-flashinfer"):
+        s = load_scenario(ROOT / "graphs" / f"{name}.toml")
+        assert s.name == name
+
+
+@pytest.mark.skipif(sglang_unavailable_reason() is not None, reason="sglang is not installed")
+def test_sglang_flashinfer_csr_is_exact_with_its_preset_and_crashes_without():
+    cfg = load_scenario(ROOT / "graphs" / "sglang-flashinfer.toml").config
+    # No overlong rows here: the kernel copies a row's whole length unclamped, and past the
+    # last request row of req_to_token that is a read outside the allocation, which the
+    # interpreter turns into a segmentation fault.
+    cfg = cfg.replace(steps=20, max_bs=16, buckets=[1, 2, 4, 8, 16], max_context_len=300,
+                      initial_len=(1, 200), overlong=0.0)  # fmt: skip
+    report = check_replay_safety("sglang_flashinfer_kv_indices", cfg)
+    assert report.verdict == "SAFE", report.format()
+    # Without the preset, row 0 starts at the checker's poison in the never-written
+    # kv_indptr[0]: its copy lands far outside kv_indices and kills the process.
+    (bare,) = run_isolated(
+        [Job("sglang_flashinfer_kv_indices", cfg.replace(preset_outputs=()))], timeout=300
+    )
+    assert bare.verdict == "UNSAFE"
+    if not torch.cuda.is_available():
+        assert "killed by SIGSEGV" in bare.property("capture").detail, bare.format()
+    else:  # on a GPU the stray copy may crash the process or land in other memory
+        failed = [p for p in bare.properties if p.status == "FAIL"]
+        assert failed and (bare.crash or "kv_indptr[0]" in str(failed[0].first_failure))
