@@ -6,8 +6,10 @@ builder kind (``pagegraph.kernels.registry.builder_kind``) is the client's, the 
 check in a child process of its own (``pagegraph.check.isolate.run_isolated``), so a client
 that kills its process is reported with the cause and the next check still runs. A page-table
 client is not run on a scenario whose page size does not divide 4096 (its kernel works in
-blocks of 4096 tokens), nor any client on a scenario whose builder signature (FlashMLA's has
-no SWA table) or memory does not fit; the report says why.
+blocks of 4096 tokens), a FlashInfer CSR client on one whose page size is not 1 (SGLang's
+FlashInfer backend builds token slots), nor any client on a scenario whose builder signature
+(FlashMLA's and the CSR clients' have no SWA table) or memory does not fit; the report says
+why. Entries SGLang sets at allocation (``CLIENT_PRESETS``) are preset by the check too.
 
 Then every failure is matched with the known findings (``FINDINGS``): a "row containment" or
 "bounded writes" failure of a page-table client whose grid covers more than the width (in
@@ -46,12 +48,17 @@ __all__ = ["CLIENTS", "FINDINGS", "Finding", "SGLangRun", "grid_columns", "main"
 
 PAGE_TABLE_CLIENT = "sglang_trtllm_mha_page_table"
 FLASHMLA_CLIENT = "sglang_flashmla_kv_indices"
+#: SGLang's FlashInfer decode CSR build, one program a row and token-block parallel.
+CSR_CLIENTS = ("sglang_flashinfer_kv_indices", "sglang_flashinfer_kv_indices_blocks")
 #: The SGLang clients the job checks, by the name the checker's registry knows them by.
-CLIENTS = (PAGE_TABLE_CLIENT, FLASHMLA_CLIENT, "sglang_trtllm_mha_graph_metadata")
+CLIENTS = (PAGE_TABLE_CLIENT, FLASHMLA_CLIENT, "sglang_trtllm_mha_graph_metadata", *CSR_CLIENTS)
 #: Outputs a client never writes because SGLang sets them once, at allocation: on a generic
 #: scenario the check presets them too, as the engine would, rather than report SGLang's
 #: contract as a failure.
-CLIENT_PRESETS = {"sglang_trtllm_mha_graph_metadata": ("cu_seqlens_k[0]", "cu_seqlens_q[0]")}
+CLIENT_PRESETS = {
+    "sglang_trtllm_mha_graph_metadata": ("cu_seqlens_k[0]", "cu_seqlens_q[0]"),
+    **dict.fromkeys(CSR_CLIENTS, ("kv_indptr[0]",)),
+}
 #: Tokens in one program's block of the page-table clients' kernels: ``page_size`` must
 #: divide it, and their grids cover a row in blocks of ``BLOCK_TOKENS // page_size`` pages.
 BLOCK_TOKENS = 4096
@@ -142,6 +149,11 @@ def _why_not(client: str, fn, kind: str, cfg: CheckConfig) -> str | None:
     if client in BLOCK_REASONS and BLOCK_TOKENS % cfg.page_size:
         why = BLOCK_REASONS[client]
         return f"page_size {cfg.page_size} does not divide {BLOCK_TOKENS} ({why})"
+    if client in CSR_CLIENTS and cfg.page_size != 1:
+        return (
+            f"page_size {cfg.page_size}: SGLang's FlashInfer backend builds token slots "
+            "(page size 1)"
+        )
     return signature_problem(fn, kind, swa=cfg.swa) or _memory_problem(cfg)
 
 
