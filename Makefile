@@ -73,6 +73,14 @@ bench: $(SETUP)
 	$(PY) -m pagegraph bench --out profiles/bench
 	$(PYTEST) benchmarks --benchmark-only --benchmark-json=profiles/bench/pytest-benchmark.json
 
+# The decode step end to end (builder + paged attention in one CUDA graph, both formats: the
+# verdict and the device time per bucket) and the attention against the DRAM floor.
+.PHONY: bench-decode
+bench-decode: $(SETUP)
+	mkdir -p profiles/decode-step
+	$(PY) -m pagegraph check decode-step decode-step-csr --json profiles/decode-step/decode-step.json --markdown profiles/decode-step/decode-step.md
+	$(PY) -m pagegraph bench --consumer-floor --out profiles/decode-step
+
 profile: $(SETUP)
 	$(PY) -m pagegraph profile $(SCENARIO) --out profiles
 

@@ -17,7 +17,23 @@ import pytest
 import torch
 
 from pagegraph.check.config import CheckConfig
-from pagegraph.check.decode_step import CPU_LIMITS, check_decode_step, shrink_for_cpu
+from pagegraph.check.decode_step import (
+    CPU_LIMITS,
+    DecodeStepReport,
+    check_decode_step,
+    shrink_for_cpu,
+)
+from pagegraph.check.decode_step_graph import (
+    TIMED_PARTS,
+    HostClock,
+    StepGraphs,
+    StepShape,
+    default_consumer,
+    per_call_us,
+    share,
+    time_interleaved,
+)
+from pagegraph.check.report import BucketStats
 from pagegraph.check.scenario import ScenarioError, load_scenario
 from pagegraph.cli import main
 from pagegraph.consumers import csr_decode_attention, paged_decode_attention
@@ -32,6 +48,7 @@ PROPS = (
     "consumer reads only within cache_seqlens",
     "padded rows contained",
     "sentinel page untouched",
+    "replays completed",
 )
 
 
@@ -166,15 +183,131 @@ def test_consumer_that_raises_is_reported():
     assert all(statuses(report)[name] == "incomplete" for name in PROPS)
 
 
+def test_consumer_that_raises_in_a_replay_fails_replays_completed():
+    """Eagerly (no CUDA graphs) the consumer's Python runs at every replay: one that raises
+    after the warm-up stops the run, and the replay is named."""
+    if CUDA:
+        pytest.skip("under CUDA graphs the consumer's Python runs only at capture")
+    calls = [0]
+
+    def late(*args, **kwargs):
+        calls[0] += 1
+        if calls[0] > 3:  # the warm-up: one call per bucket (1, 2, 4)
+            raise RuntimeError("planted")
+        return paged_decode_attention(*args, **kwargs)
+
+    report = check_decode_step("build_page_table", tiny(), consumer=late)
+    done = report.property("replays completed")
+    assert done.status == "FAIL" and report.verdict == "UNSAFE", report.format()
+    assert "replay 0 raised RuntimeError: planted" in str(done.first_failure)
+    assert statuses(report)["output correct through the consumer"] == "incomplete"
+
+
 def test_report_to_dict_and_timing():
-    report = check_decode_step("build_page_table", tiny(steps=2))
+    phases = []
+    report = check_decode_step("build_page_table", tiny(steps=2), on_phase=phases.append)
     d = report.to_dict()
     assert d["decode_step"]["consumer"] == "paged" and d["verdict"] == "SAFE"
+    assert phases == ["capture", "replay 0", "replay 1", "timing"]
     if CUDA:
         assert [t["bucket"] for t in d["decode_step"]["timing"]] == [1, 2, 4]
+        assert "back-to-back" in d["decode_step"]["timing_method"]
     else:
         assert "needs a GPU" in d["decode_step"]["timing_skipped"]
         assert "needs a GPU" in report.format()
+        assert d["decode_step"]["timing"] == [] and d["decode_step"]["timing_method"] is None
+
+
+def test_report_round_trips_with_its_timing():
+    report = check_decode_step("build_page_table", tiny("csr", steps=1))
+    report.timing = {1: (20.0, 5.0, 14.0), 4: (40.0, 6.0, 33.0)}
+    for bucket in report.timing:  # _timing lists every timed bucket
+        report.buckets.setdefault(bucket, BucketStats(bucket))
+    report.timing_method = "a graph of 20 back-to-back calls"
+    back = DecodeStepReport.from_dict(report.to_dict())
+    assert back.format() == report.format() and back.consumer == "csr"
+    assert back.property("replays completed").covers == "builder + consumer"
+    rows = {t["bucket"]: t for t in report.to_dict()["decode_step"]["timing"]}
+    # The consumer's time is its own measurement, not step minus builder.
+    assert rows[1]["consumer_us"] == 14.0 and rows[1]["builder_share"] == 0.25
+    assert "| 20.0 | 5.0 | 14.0 | 25% |" in report.format()
+    assert "(device us per call: a graph of 20 back-to-back calls)" in report.format()
+
+
+# -- timing: graphs of N calls, medians over N ------------------------------------------------
+
+
+def test_per_call_us_is_the_median_replay_over_the_calls():
+    assert per_call_us([2.0, 1.0, 100.0], 20) == pytest.approx(100.0)  # 2 ms / 20 = 100 us
+    assert per_call_us([1.0, 3.0], 4) == pytest.approx(500.0)
+    with pytest.raises(ValueError):
+        per_call_us([], 20)
+    assert share(5.0, 20.0) == 0.25
+    assert share(5.0, 0.0) != share(5.0, 0.0)  # NaN
+    assert share(float("nan"), 1.0) != share(float("nan"), 1.0)
+
+
+class VirtualClock:
+    """``HostClock``'s interface over a virtual time the timed bodies advance."""
+
+    def __init__(self):
+        self.now, self.begun = 0.0, []
+
+    def begin(self, replays):
+        self.begun.append(replays)
+
+    def mark(self):
+        return self.now
+
+    def end(self):
+        pass
+
+    @staticmethod
+    def elapsed_ms(a, b):
+        return b - a
+
+
+def test_time_interleaved_leaves_the_warm_up_out_and_divides_by_the_calls():
+    clock = VirtualClock()
+    seen = {"step": 0, "builder": 0}
+    cost = {"step": 4.0, "builder": 1.0}  # ms a replay of each graph takes, once warm
+
+    def body(name):
+        def replay():
+            seen[name] += 1
+            clock.now += 1000.0 if seen[name] <= 2 else cost[name]  # the warm-up is slow
+
+        return replay
+
+    us = time_interleaved({n: body(n) for n in seen}, calls=10, repeats=5, clock=clock, warmup=2)
+    assert us == {"step": pytest.approx(400.0), "builder": pytest.approx(100.0)}
+    assert seen == {"step": 7, "builder": 7} and clock.begun == [10]
+
+
+def test_step_timing_path_runs_eagerly_without_cuda():
+    """The timing graphs' bodies (step, builder alone, consumer alone) run and are timed by
+    ``HostClock`` when there is no CUDA; the inputs in the buffers are kept."""
+    from pagegraph.check.checker import pool_kwargs
+    from pagegraph.workload.pool import KVPool
+
+    cfg = tiny("csr")
+    pool = KVPool(**pool_kwargs(cfg), device="cpu")
+    shape = StepShape(max_bs=4, width=cfg.width, page_size=16, num_pages=pool.num_pages,
+                      num_q_heads=4, num_kv_heads=2, head_dim=16, dtype=torch.bfloat16,
+                      fmt="csr")  # fmt: skip
+    from pagegraph import build_page_table
+
+    g = StepGraphs(build_page_table, False, default_consumer("csr"), shape, pool.req_to_token,
+                   [1, 2, 4], seed=0)  # fmt: skip
+    g.capture()
+    g.req_pool_indices[:2].copy_(torch.tensor([1, 2]))
+    g.seq_lens[:2].copy_(torch.tensor([5, 40]))
+    g.capture_timing(calls=2)
+    assert g.seq_lens[:2].tolist() == [5, 40] and g.req_pool_indices[:2].tolist() == [1, 2]
+    assert set(g._timing_bodies) == set(TIMED_PARTS) and not g.timing_graphs["step"]
+    step, build, consume = g.time_bucket(2, repeats=1, clock=HostClock())
+    assert step > 0 and build > 0 and consume > 0
+    g.close()
 
 
 def test_shrink_for_cpu_says_what_changed():
@@ -239,7 +372,9 @@ def test_scenario_shapes_on_gpu(name):
     report = check_decode_step(s.builder, s.config.replace(steps=40))
     assert report.verdict == "SAFE" and report.graphs, report.format()
     assert set(report.timing) == set(report.buckets) and report.shrunk is None
-    assert all(step > build > 0 for step, build in report.timing.values())
+    assert all(step > build > 0 and consume > 0
+               for step, build, consume in report.timing.values())  # fmt: skip
+    assert "back-to-back" in report.timing_method
 
 
 @gpu

@@ -1,6 +1,7 @@
 """Invariant: a builder that kills its process (abort, segfault, exit, hang) cannot take a
 check down: its scenario is reported UNSAFE with the cause and the last phase reached, what
-was found before the crash is kept, and the run goes on with the next check."""
+was found before the crash is kept, and the run goes on with the next check. The decode step
+end to end (a scenario with a consumer) runs in a child the same way."""
 
 from __future__ import annotations
 
@@ -10,7 +11,8 @@ import pytest
 import torch
 
 from pagegraph.check.config import CheckConfig
-from pagegraph.check.isolate import IsolatedError, Job, builder_spec, run_isolated
+from pagegraph.check.decode_step import DecodeStepReport
+from pagegraph.check.isolate import IsolatedError, Job, _crash_report, builder_spec, run_isolated
 from pagegraph.cli import main
 from pagegraph.pytest_plugin import assert_replay_safe
 
@@ -43,6 +45,11 @@ def exits(*args, **kwargs):
 
 def hangs(*args, **kwargs):
     time.sleep(3600)
+
+def aborts_in_replays(*args, **kwargs):
+    if _count() > 3:  # after the decode step's warm-up, one call per bucket (1, 2, 4)
+        os.abort()
+    build_page_table(*args, **kwargs)
 
 def wrong_then_abort(req_to_token, rpi, seq_lens, page_table, page_size, **kw):
     build_page_table(req_to_token, rpi, seq_lens, page_table, page_size, **kw)
@@ -131,3 +138,49 @@ def test_unimportable_builders_are_usage_errors():
         builder_spec(lambda *a, **k: None)
     with pytest.raises(IsolatedError, match="cannot load builder"):
         run_isolated([Job("no_such_module:fn", SMALL)])
+
+
+# -- the decode step (a scenario with a consumer) in a child ----------------------------------
+
+STEP = CheckConfig(max_bs=4, max_context_len=64, page_size=16, steps=4, seed=3, consumer="paged",
+                   num_q_heads=4, num_kv_heads=2, head_dim=16)  # fmt: skip
+
+
+def test_cli_isolates_a_decode_step_user_builder_by_default(tmp_path, capsys):
+    """A builder file that aborts on a consumer scenario: the report says it crashed, with
+    the cause, in the decode step's table; the command line lives on."""
+    path = tmp_path / "step_crasher.py"
+    path.write_text("import os\n\ndef aborts(*args, **kwargs):\n    os.abort()\n")
+    code = main(["check", "decode-step", "--replays", "2", "--builder", f"{path}:aborts"])
+    out = capsys.readouterr().out
+    assert code == 1 and "Traceback" not in out, out
+    assert "| capture | builder + consumer | FAIL | the check process was killed by SIGABRT" in out
+    assert "crash: the check process was killed by SIGABRT during capture" in out
+    assert "verdict: UNSAFE (the check process crashed" in out
+
+
+def test_isolate_runs_the_decode_step_in_a_child(capsys):
+    code = main(["check", "decode-step-csr", "--replays", "2", "--isolate"])
+    out = capsys.readouterr().out
+    assert code == 0 and "verdict: SAFE" in out, out
+    assert "| replays completed | builder + consumer | pass |" in out
+
+
+@pytest.mark.skipif(
+    torch.cuda.is_available(), reason="under CUDA graphs the builder's Python never runs in replays"
+)
+def test_a_decode_step_crash_in_a_replay_is_reported(crashers):
+    (report,) = run_isolated([Job(f"{crashers}:aborts_in_replays", STEP)], timeout=120)
+    assert isinstance(report, DecodeStepReport) and report.verdict == "UNSAFE"
+    done = report.property("replays completed")
+    assert done.status == "FAIL" and "SIGABRT during replay 0" in done.detail, report.format()
+    assert report.property("capture").status == "pass"  # kept from the partial report
+    assert report.device == "cpu" and report.shrunk is None
+
+
+def test_a_decode_step_crash_report_without_a_partial_report():
+    report = _crash_report(Job("x", STEP), None, "killed by SIGSEGV", "replay 3", "")
+    assert isinstance(report, DecodeStepReport) and report.verdict == "UNSAFE"
+    assert report.property("replays completed").status == "FAIL"
+    assert report.property("sentinel page untouched").status == "incomplete"
+    assert "killed by SIGSEGV during replay 3" in report.format()

@@ -139,7 +139,13 @@ def build_parser() -> argparse.ArgumentParser:
     from .detect import trace
     from .jobs import profile
 
-    bench.add_arguments(sub.add_parser("bench", help="benchmark suite"))
+    b = bench.add_arguments(sub.add_parser("bench", help="benchmark suite"))
+    b.add_argument(
+        "--consumer-floor", action="store_true",
+        help="instead of the suite: paged decode attention (both formats) against the DRAM "
+        "floor measured in the same process, sglang-h200 shapes, into --out as "
+        "consumer-floor.md/.json (CUDA only: exit 2 without)",
+    )  # fmt: skip
     profile.add_arguments(sub.add_parser("profile", help="Nsight Systems profile of a scenario"))
     trace.add_arguments(sub.add_parser("trace", help="analyse an nsys SQLite or torch trace"))
     s = sub.add_parser(
@@ -185,6 +191,10 @@ def main(argv: list[str] | None = None) -> int:
     from .detect import trace
     from .jobs import profile
 
+    if args.command == "bench" and args.consumer_floor:
+        from .bench import consumer_floor
+
+        return consumer_floor.run(args.out)
     module = {"bench": bench, "profile": profile, "trace": trace}[args.command]
     return module.run(args)
 

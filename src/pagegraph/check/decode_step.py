@@ -27,13 +27,22 @@ and within ``pagegraph.consumers.reference``'s tolerance of dense fp32 attention
 pages the host model gives each row, up to its length), "consumer reads only within
 cache_seqlens" (A = B), "padded rows contained" (B = C, real rows finite), "sentinel page
 untouched" (the KV page past every allocated one keeps its values after capture and each
-replay). The first failing row of each is named with its replay, bucket and inputs.
+replay), "replays completed" (no replay raised; in a child process, ``pagegraph.check.isolate``,
+the process did not die). The first failing row of each is named with its replay, bucket and
+inputs.
 
-On CUDA the report also times each bucket: the median device time of a replay of the step's
-graph and of a graph of the builder alone (CUDA events), the consumer's part as their
-difference and the builder's share of the step. Without CUDA the graphs run eagerly under
-the Triton interpreter, on shapes shrunk to fit (``CPU_LIMITS``; the report says which), and
-timing is skipped.
+On CUDA the report also times each bucket, every row real (the running requests repeated to
+fill it): the device time of one step, of the builder alone and of the consumer alone, each
+from a graph of ``TIMING_CALLS`` back-to-back calls replayed between CUDA events (median of
+``cfg.timing_iters`` replays over the calls, warm-up replays untimed; see
+``pagegraph.check.decode_step_graph``), and the builder's share of the step (builder / step).
+Without CUDA the graphs run eagerly under the Triton interpreter, on shapes shrunk to fit
+(``CPU_LIMITS``; the report says which), and timing is skipped (the report says so).
+
+``on_phase`` and ``on_report`` let ``pagegraph.check.isolate`` run the check in a child
+process: the phase reached (``capture``, ``replay 17``, ``timing``) and the partial report
+after setup and after each replay, so a builder that kills its process is reported with where
+it died and what was found before.
 """
 
 from __future__ import annotations
@@ -53,8 +62,16 @@ from ..workload.decode import DecodeWorkload, Injection
 from ..workload.pool import KVPool
 from .checker import pool_kwargs, workload_kwargs
 from .config import CONSUMER_DTYPES, INDEX_DTYPES, CheckConfig, validate_config
-from .decode_step_graph import StepGraphs, StepShape, default_consumer
+from .decode_step_graph import (
+    TIMING_CALLS,
+    TIMING_WARMUP,
+    StepGraphs,
+    StepShape,
+    default_consumer,
+    share,
+)
 from .report import BucketStats, PropertyResult, Report
+from .signals import stop_requested
 
 __all__ = ["CPU_LIMITS", "STEP_PROPERTIES", "DecodeStepReport", "check_decode_step"]
 
@@ -80,6 +97,10 @@ STEP_PROPERTIES: dict[str, tuple[str, str]] = {
         "builder + consumer",
         "the KV page past every allocated page changed after capture or a replay",
     ),
+    "replays completed": (
+        "builder + consumer",
+        "a replay raised, or the check process died (run in a child process)",
+    ),
 }
 #: Caps on the shapes without CUDA (the Triton interpreter runs every program on the CPU).
 CPU_LIMITS = {"num_q_heads": 4, "num_kv_heads": 2, "head_dim": 16, "max_bs": 4,
@@ -100,12 +121,14 @@ class StepProperty(PropertyResult):
 @dataclass
 class DecodeStepReport(Report):
     """A ``Report`` of the step's properties, with the consumer, a note on shrunk shapes and
-    per-bucket timing: ``bucket -> (step us, builder us)`` medians (CUDA only)."""
+    per-bucket timing: ``bucket -> (step us, builder us, consumer us)``, device time per call
+    (CUDA only; ``timing_method`` says how it was taken)."""
 
     consumer: str = "paged"
     shrunk: str | None = None
-    timing: dict[int, tuple[float, float]] = field(default_factory=dict)
+    timing: dict[int, tuple[float, float, float]] = field(default_factory=dict)
     timing_skipped: str | None = None
+    timing_method: str | None = None
     rows_checked: int = 0
 
     def to_dict(self) -> dict:
@@ -115,18 +138,36 @@ class DecodeStepReport(Report):
             "shrunk": self.shrunk,
             "rows_checked": self.rows_checked,
             "timing_skipped": self.timing_skipped,
+            "timing_method": self.timing_method,
             "timing": [
                 {
                     "bucket": b,
                     "step_us": s,
                     "builder_us": u,
-                    "consumer_us": s - u,
-                    "builder_share": u / s if s > 0 else float("nan"),
+                    "consumer_us": c,
+                    "builder_share": share(u, s),
                 }
-                for b, (s, u) in sorted(self.timing.items())
+                for b, (s, u, c) in sorted(self.timing.items())
             ],  # fmt: skip
         }
         return d
+
+    @classmethod
+    def from_dict(cls, d: dict) -> DecodeStepReport:
+        """The report ``to_dict`` wrote (a child process's): ``Report.from_dict`` plus the
+        step's fields."""
+        report = super().from_dict(d)
+        report.properties = [StepProperty(p.name, p.status, p.detail, p.first_failure)
+                             for p in report.properties]  # fmt: skip
+        step = d.get("decode_step") or {}
+        report.consumer = step.get("consumer") or report.config.consumer or "paged"
+        report.shrunk = step.get("shrunk")
+        report.rows_checked = step.get("rows_checked", 0)
+        report.timing_skipped = step.get("timing_skipped")
+        report.timing_method = step.get("timing_method")
+        report.timing = {t["bucket"]: (t["step_us"], t["builder_us"], t["consumer_us"])
+                         for t in step.get("timing", [])}  # fmt: skip
+        return report
 
     def format(self) -> str:
         c = self.config
@@ -142,11 +183,15 @@ class DecodeStepReport(Report):
             lines.append(self.shrunk)
         lines += ["", "| bucket | replays | wrong rows | step us | builder us | consumer us | "
                   "builder share |", "|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+        nan = float("nan")
         for b in sorted(self.buckets.values(), key=lambda b: b.bucket):
-            step, build = self.timing.get(b.bucket, (float("nan"), float("nan")))
-            share = f"{100 * build / step:.0f}%" if step == step and step > 0 else "-"
-            times = " | ".join("-" if t != t else f"{t:.1f}" for t in (step, build, step - build))
-            lines.append(f"| {b.bucket} | {b.replays} | {b.mismatches} | {times} | {share} |")
+            step, build, consume = self.timing.get(b.bucket, (nan, nan, nan))
+            part = share(build, step)
+            pct = "-" if part != part else f"{100 * part:.0f}%"
+            times = " | ".join("-" if t != t else f"{t:.1f}" for t in (step, build, consume))
+            lines.append(f"| {b.bucket} | {b.replays} | {b.mismatches} | {times} | {pct} |")
+        if self.timing_method:
+            lines.append(f"(device us per call: {self.timing_method})")
         if self.timing_skipped:
             lines.append(f"(timing skipped: {self.timing_skipped})")
         lines += ["", "| property | covers | status | detail |", "|---|---|---|---|"]
@@ -155,8 +200,12 @@ class DecodeStepReport(Report):
             if p.first_failure and p.status == "FAIL" and str(p.first_failure) not in detail:
                 detail += ("; " if detail else "") + f"first failure: {p.first_failure}"
             lines.append(f"| {p.name} | {p.covers} | {p.status} | {detail} |")
+        if self.crash:
+            lines += ["", f"crash: {self.crash}"]
         verdict = self.verdict
-        if self.stopped:
+        if self.crash:
+            verdict += " (the check process crashed: see above)"
+        elif self.stopped:
             verdict += f" (stopped early: {self.stopped})"
         return "\n".join([*lines, "", f"verdict: {verdict}"])
 
@@ -203,6 +252,8 @@ class _Run:
     buckets: Buckets
     gen: torch.Generator
     padded_replays: int = 0
+    #: told the phase reached (``check_decode_step``'s ``on_phase``)
+    on_phase: Callable[[str], None] | None = None
 
 
 def check_decode_step(
@@ -212,6 +263,8 @@ def check_decode_step(
     device: str | torch.device | None = None,
     progress: Callable[[int, int], None] | None = None,
     consumer: Callable | None = None,
+    on_phase: Callable[[str], None] | None = None,
+    on_report: Callable[[DecodeStepReport], None] | None = None,
 ) -> DecodeStepReport:
     """Capture ``builder`` + the consumer over the config's buckets, replay the workload and
     judge the attention's output (see the module docstring).
@@ -225,8 +278,13 @@ def check_decode_step(
         progress: called as ``progress(done, total)`` after each replay.
         consumer: the attention call (``paged_decode_attention``'s or
             ``csr_decode_attention``'s signature; default: pagegraph's kernel of the format).
+        on_phase: called with the phase reached: ``"capture"``, ``"replay K"``, ``"timing"``.
+        on_report: called with the report after setup and after each replay (a partial
+            report to keep).
 
     Returns a ``DecodeStepReport``; a builder or consumer that raises is reported, not raised.
+    A stop asked for by a signal (``pagegraph.check.signals``) ends the replays early, the
+    report marked incomplete.
     """
     cfg = cfg.replace(consumer=cfg.consumer or "paged")
     validate_config(cfg)
@@ -244,13 +302,22 @@ def check_decode_step(
     props = {name: StepProperty(name) for name in _NAMES}
     report.properties = list(props.values())
     run = _setup(fn, kind == "decode_metadata", consumer, cfg, dev, report, props)
+    run.on_phase = on_phase or _no_phase
+    if on_report is not None:
+        on_report(report)  # the shapes and device, before anything can crash
     try:
+        run.on_phase("capture")
         if _capture(run):
-            _replays(run, progress)
+            _replays(run, progress, on_report)
+            run.on_phase("timing")
             _timing(run)
     finally:
         run.graphs.close()
     return report
+
+
+def _no_phase(phase: str) -> None:
+    pass
 
 
 def _setup(fn, metadata: bool, consumer, cfg: CheckConfig, dev, report, props) -> _Run:
@@ -294,22 +361,31 @@ def _incomplete(run: _Run, why: str) -> None:
             p.status, p.detail = "incomplete", why
 
 
-def _replays(run: _Run, progress) -> None:
-    """The workload's steps, each replayed and judged; a step that raises stops the run."""
+def _replays(run: _Run, progress, on_report) -> None:
+    """The workload's steps, each replayed and judged; a step that raises, or a stop asked
+    for by a signal, stops the run."""
     cfg = run.cfg
     kwargs = workload_kwargs(cfg, run.graphs.metadata, cfg.max_context_len)
     kwargs.update(inject=Injection(), draft_tokens=0)
     workload = DecodeWorkload(run.pool, **kwargs)
     for k, step in enumerate(workload):
+        if stop_requested() is not None:
+            run.report.stopped = f"interrupted after {k} replays"
+            _incomplete(run, run.report.stopped)
+            return
+        run.on_phase(f"replay {k}")
         try:
             _one_step(run, k, step)
         except Exception as exc:  # noqa: BLE001 - reported with the replay it came from
             run.report.stopped = f"replay {k} raised {type(exc).__name__}: {exc}"
+            run.props["replays completed"].fail(run.report.stopped)
             _incomplete(run, run.report.stopped)
             return
         run.report.replays = k + 1
         if progress is not None:
             progress(k + 1, cfg.steps)
+        if on_report is not None:
+            on_report(run.report)
     _details(run)
 
 
@@ -517,6 +593,7 @@ def _details(run: _Run) -> None:
             f"page {run.graphs.sentinel} of K and V (no request holds it) unchanged after "
             "capture and every replay"
         ),
+        "replays completed": f"{r.replays} replays, none raised",
     }
     for name, detail in text.items():
         if name in ok:
@@ -524,10 +601,13 @@ def _details(run: _Run) -> None:
 
 
 def _timing(run: _Run) -> None:
-    """Per bucket, the step's and the builder's median device time (CUDA graphs only)."""
+    """Per bucket, the device time per call of the step, the builder alone and the consumer
+    alone (CUDA graphs only; module docstring)."""
     r, g = run.report, run.graphs
     if not g.use_graphs:
-        r.timing_skipped = "needs a GPU (CUDA events around graph replays)"
+        r.timing_skipped = (
+            f"needs a GPU (CUDA events around replays of graphs of {TIMING_CALLS} calls)"
+        )
         return
     if r.stopped:
         r.timing_skipped = "the run stopped early"
@@ -536,8 +616,25 @@ def _timing(run: _Run) -> None:
     if not reqs:
         r.timing_skipped = "no running request left to time"
         return
-    rows = list(reqs.values())
-    g.capture_builder_only()
+    try:
+        _time_buckets(run, list(reqs.values()))
+    except Exception as exc:  # noqa: BLE001 - the verdict stands; only the figures are lost
+        r.timing.clear()
+        r.timing_method = None
+        r.timing_skipped = f"timing raised {type(exc).__name__}: {exc}"
+
+
+def _time_buckets(run: _Run, rows: list) -> None:
+    """Capture the timing graphs, then time every bucket on ``rows`` (running requests)."""
+    r, g = run.report, run.graphs
+    g.capture_timing(TIMING_CALLS)
+    iters = run.cfg.timing_iters
+    r.timing_method = (
+        f"a graph of {TIMING_CALLS} back-to-back calls of the step, of the builder and of the "
+        f"consumer, replayed in turns between CUDA events; median of {iters} replays over "
+        f"{TIMING_CALLS}, {TIMING_WARMUP} warm-up replays untimed; every row real (the running "
+        "requests repeated to fill the bucket); builder share = builder / step"
+    )
     for bucket in run.buckets.sizes:
         # The running requests, repeated to fill the bucket: real lengths, no padded row.
         batch = [rows[i % len(rows)] for i in range(bucket)]
@@ -545,4 +642,4 @@ def _timing(run: _Run) -> None:
         g.seq_lens[:bucket].copy_(torch.tensor([req.length for req in batch]))
         g.q[:bucket].normal_()
         r.buckets.setdefault(bucket, BucketStats(bucket))
-        r.timing[bucket] = g.time_bucket(bucket, run.cfg.timing_iters)
+        r.timing[bucket] = g.time_bucket(bucket, iters)

@@ -23,23 +23,42 @@ it.
 ``capture()`` warms every bucket up on a side stream (a Triton kernel's first launch loads its
 module, illegal inside a capture), then captures one graph per bucket, largest first, all in
 one memory pool, with lengths of one token in the inputs. ``replay(bucket)`` launches the
-bucket's graph; without CUDA the same body runs eagerly (Triton interpreter). Graphs of the
-builder alone, captured in a pool of their own, give the builder's share of the step
-(``time_bucket``).
+bucket's graph; without CUDA the same body runs eagerly (Triton interpreter).
+
+Timing (``capture_timing``, ``time_bucket``): per bucket, three more graphs, in a pool of their
+own, each of ``TIMING_CALLS`` back-to-back calls of one body: the whole step, the builder
+alone, and the consumer alone (everything after the builder: for a page-table builder the
+``cache_seqlens`` copy, for CSR the metadata built in the graph, then the attention). One
+replay of a graph then times ``TIMING_CALLS`` calls, so the graph's launch, a fixed cost that
+would dwarf a small bucket's builder, is spread over them. The three are replayed in turns
+(``time_interleaved``) with CUDA events around each replay, after untimed warm-up replays and
+behind a spin kernel (so the queue runs ahead of the host and the events time the device);
+the median replay over ``TIMING_CALLS`` is a call's device time. The calls of one graph read
+the same inputs: what a call reads that fits in the L2 cache (a small bucket's tables, its
+short KV) is L2-warm.
 """
 
 from __future__ import annotations
 
 import contextlib
 import statistics
+import time
 import warnings
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
 import numpy as np
 import torch
 
 from ..consumers import csr_decode_attention, paged_decode_attention, prepare_decode_attention
+
+#: Calls of one body captured back to back in a timing graph: a replay's launch is shared by
+#: this many calls.
+TIMING_CALLS = 20
+#: Untimed replays of each timing graph before the timed ones (first-touch and clock ramp).
+TIMING_WARMUP = 3
+#: The parts a decode step is timed in, in the order they are replayed.
+TIMED_PARTS = ("step", "builder", "consumer")
 
 
 @dataclass(frozen=True)
@@ -158,7 +177,10 @@ class StepGraphs:
             max_context_len=s.width * s.page_size,
         )  # fmt: skip
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
-        self.builder_graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        #: part ("step", "builder", "consumer") -> bucket -> graph of ``timing_calls`` calls
+        self.timing_graphs: dict[str, dict[int, torch.cuda.CUDAGraph]] = {}
+        self._timing_bodies: dict[str, Callable[[int], None]] = {}
+        self.timing_calls = TIMING_CALLS
 
     def _fill_cache(self, seed: int) -> None:
         """Seeded random K and V in every page (a misrouted page changes the output), NaN in
@@ -222,9 +244,9 @@ class StepGraphs:
 
     # -- capture and replay ------------------------------------------------------------------
 
-    def _capture(self, body: Callable[[int], None], graphs: dict) -> None:
+    def _capture(self, body: Callable[[int], None], graphs: dict, pool=None) -> None:
         """Warm ``body`` up for every bucket on a side stream, then capture it, largest bucket
-        first, in one pool; eagerly, only the warm-up."""
+        first, in one pool (``pool``, default a new one); eagerly, only the warm-up."""
         # Short lengths at capture: replays must not depend on them.
         self.seq_lens.fill_(1)
         self.req_pool_indices.fill_(0)
@@ -242,7 +264,7 @@ class StepGraphs:
                     body(bs)
             current.wait_stream(side)
             torch.cuda.synchronize()
-            pool = torch.cuda.graph_pool_handle()
+            pool = pool or torch.cuda.graph_pool_handle()
             for bs in self.buckets:
                 graph = torch.cuda.CUDAGraph()
                 with torch.cuda.graph(graph, pool=pool):
@@ -262,34 +284,138 @@ class StepGraphs:
         with _quiet_interpreter():
             self.step(bucket)
 
-    # -- timing (CUDA) -----------------------------------------------------------------------
+    # -- timing ----------------------------------------------------------------------------
 
-    def capture_builder_only(self) -> None:
-        """Graphs of the builder alone, in a pool of their own (for ``time_bucket``)."""
+    def capture_timing(self, calls: int = TIMING_CALLS) -> None:
+        """Per bucket, a graph of ``calls`` back-to-back steps, one of builder calls and one of
+        consumer calls (``TIMED_PARTS``), all in one pool apart from the step's graphs;
+        without CUDA, only the warm-up (``time_bucket`` then runs the bodies eagerly). The
+        inputs now in the buffers are kept."""
         rpi, sl = self.req_pool_indices.clone(), self.seq_lens.clone()
-        self._capture(self.build, self.builder_graphs)
+        self.timing_calls = calls
+        bodies = dict(zip(TIMED_PARTS, (self.step, self.build, self.consume)))
+        pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
+        for part, body in bodies.items():
+
+            def repeated(bs: int, body=body) -> None:
+                for _ in range(calls):
+                    body(bs)
+
+            self._timing_bodies[part] = repeated
+            self._capture(repeated, self.timing_graphs.setdefault(part, {}), pool)
         self.req_pool_indices.copy_(rpi)
         self.seq_lens.copy_(sl)
 
-    def time_bucket(self, bucket: int, iters: int) -> tuple[float, float]:
-        """Median device time (us) of one replay of the step's graph and of the builder's
-        alone, by CUDA events around each replay, on the inputs now in the buffers."""
-        medians = []
-        for graph in (self.graphs[bucket], self.builder_graphs[bucket]):
-            for _ in range(3):
-                graph.replay()
-            pairs = [(torch.cuda.Event(enable_timing=True),
-                      torch.cuda.Event(enable_timing=True)) for _ in range(iters)]  # fmt: skip
-            for start, end in pairs:
-                start.record()
-                graph.replay()
-                end.record()
-            torch.cuda.synchronize(self.device)
-            medians.append(statistics.median(s.elapsed_time(e) * 1e3 for s, e in pairs))
-        return medians[0], medians[1]
+    def _launcher(self, part: str, bucket: int) -> Callable[[], None]:
+        if self.use_graphs:
+            return self.timing_graphs[part][bucket].replay
+        body = self._timing_bodies[part]
+
+        def eager() -> None:
+            with _quiet_interpreter():
+                body(bucket)
+
+        return eager
+
+    def time_bucket(self, bucket: int, repeats: int, clock=None) -> tuple[float, float, float]:
+        """``(step, builder, consumer)`` device us per call on the inputs now in the buffers:
+        the timing graphs (``capture_timing`` first) replayed in turns, ``repeats`` timed
+        replays each (``time_interleaved``). ``clock``: default ``EventClock`` (CUDA);
+        ``HostClock`` times the eager bodies without CUDA."""
+        clock = clock or EventClock(self.device)
+        launch = {part: self._launcher(part, bucket) for part in TIMED_PARTS}
+        us = time_interleaved(launch, self.timing_calls, repeats, clock)
+        return us["step"], us["builder"], us["consumer"]
 
     def close(self) -> None:
-        if self.use_graphs and (self.graphs or self.builder_graphs):
+        if self.use_graphs and (self.graphs or self.timing_graphs):
             torch.cuda.synchronize(self.device)
         self.graphs.clear()
-        self.builder_graphs.clear()
+        self.timing_graphs.clear()
+
+
+# -- timing helpers --------------------------------------------------------------------------
+
+
+def per_call_us(replay_ms: Sequence[float], calls: int) -> float:
+    """Microseconds per call: the median of ``replay_ms`` (replays of a graph of ``calls``
+    back-to-back calls, in ms) over ``calls``."""
+    if not replay_ms or calls < 1:
+        raise ValueError("per_call_us needs at least one replay time and calls >= 1")
+    return statistics.median(replay_ms) * 1e3 / calls
+
+
+def share(part: float, whole: float) -> float:
+    """``part / whole``, NaN when either is NaN or ``whole`` is not positive."""
+    if part != part or whole != whole or whole <= 0:
+        return float("nan")
+    return part / whole
+
+
+class EventClock:
+    """Device time on the current stream: CUDA events, the replays queued behind a spin
+    kernel so that the host's launch gaps do not reach the device's timeline."""
+
+    def __init__(self, device) -> None:
+        self.device = device
+
+    def begin(self, replays: int) -> None:
+        torch.cuda.synchronize(self.device)
+        sleep = getattr(torch.cuda, "_sleep", None)
+        if sleep is not None:
+            # Cycles at about 2 GHz: long enough for the host to queue every replay.
+            sleep(int((1e-3 + 50e-6 * replays) * 2e9))
+
+    def mark(self) -> torch.cuda.Event:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def end(self) -> None:
+        torch.cuda.synchronize(self.device)
+
+    @staticmethod
+    def elapsed_ms(a: torch.cuda.Event, b: torch.cuda.Event) -> float:
+        return a.elapsed_time(b)
+
+
+class HostClock:
+    """Host wall time (``time.perf_counter``): ``EventClock``'s interface for eager bodies."""
+
+    def begin(self, replays: int) -> None:
+        pass
+
+    def mark(self) -> float:
+        return time.perf_counter()
+
+    def end(self) -> None:
+        pass
+
+    @staticmethod
+    def elapsed_ms(a: float, b: float) -> float:
+        return (b - a) * 1e3
+
+
+def time_interleaved(launch: dict[str, Callable[[], None]], calls: int, repeats: int, clock,
+                     warmup: int = TIMING_WARMUP) -> dict[str, float]:  # fmt: skip
+    """Microseconds per call of each of ``launch`` (by key), each a replay of ``calls``
+    back-to-back calls: ``warmup`` untimed replays each, then ``repeats`` rounds that time
+    one replay of each in turn (a drift of the clocks moves every part alike), the median
+    replay over ``calls`` (``per_call_us``)."""
+    if repeats < 1:
+        raise ValueError("time_interleaved needs repeats >= 1")
+    for fn in launch.values():
+        for _ in range(warmup):
+            fn()
+    clock.begin(repeats * len(launch))
+    marks: dict[str, list] = {name: [] for name in launch}
+    for _ in range(repeats):
+        for name, fn in launch.items():
+            start = clock.mark()
+            fn()
+            marks[name].append((start, clock.mark()))
+    clock.end()
+    return {
+        name: per_call_us([clock.elapsed_ms(a, b) for a, b in pairs], calls)
+        for name, pairs in marks.items()
+    }

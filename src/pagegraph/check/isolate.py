@@ -15,6 +15,10 @@ is reported UNSAFE: the cause and the last phase reached go into "replays comple
 "capture" if it died there), on top of whatever the last partial report already held; the
 remaining checks are run in a new child. A check that cannot run at all (a bad builder spec)
 is an ``IsolatedError``.
+
+A config with a consumer (``cfg.consumer``) is the decode step end to end: the child runs
+``check_decode_step`` instead of ``check_replay_safety``, with the same phase notes and partial
+reports, and its reports are ``DecodeStepReport``s (``report_from_dict``).
 """
 
 from __future__ import annotations
@@ -142,14 +146,51 @@ _CUDA_ERROR = re.compile(
 
 def crash_cause(stderr: str) -> str:
     """The error a dead child's stderr names: its CUDA error if any, else its last line that
-    is not the fault handler's list of extension modules; ``""`` when it printed nothing."""
+    is not the fault handler's (its thread headers, frames, list of extension modules);
+    ``""`` when it printed nothing."""
     found = _CUDA_ERROR.search(stderr)
     if found:
         text = found.group(1).strip()
         return text if text.startswith("CUDA error") else f"CUDA error: {text}"
     lines = [ln.strip() for ln in stderr.strip().splitlines() if ln.strip()]
-    lines = [ln for ln in lines if not ln.startswith(("Extension modules:", "File ", "Thread "))]
+    # faulthandler's thread headers read "Thread 0x..." or "Current thread 0x...".
+    frames = ("Extension modules:", "File ", "Thread ", "Current thread ")
+    lines = [ln for ln in lines if not ln.startswith(frames)]
     return lines[-1][:300] if lines else ""
+
+
+def report_from_dict(d: dict) -> Report:
+    """A child's report from its JSON: a ``DecodeStepReport`` for a decode-step check (a
+    config with a consumer), else a ``Report``."""
+    if d.get("decode_step") is not None or (d.get("config") or {}).get("consumer"):
+        from .decode_step import DecodeStepReport
+
+        return DecodeStepReport.from_dict(d)
+    return Report.from_dict(d)
+
+
+def _blank_report(job: Job) -> Report:
+    """The report of a check whose child died before writing one: every property
+    incomplete."""
+    if job.config.consumer:
+        from .decode_step import STEP_PROPERTIES, DecodeStepReport, StepProperty
+
+        report = DecodeStepReport(job.builder, job.config, "?", False,
+                                  consumer=job.config.consumer)  # fmt: skip
+        report.properties = [StepProperty(name, "incomplete", "") for name in STEP_PROPERTIES]
+        return report
+    report = Report(job.builder, job.config, "?", False)
+    report.properties = [PropertyResult(name, "incomplete", "") for name in PROPERTIES]
+    return report
+
+
+def _cut_short(job: Job) -> tuple[str, ...]:
+    """The properties a crash during the replays leaves unjudged."""
+    if job.config.consumer:
+        from .decode_step import STEP_PROPERTIES
+
+        return tuple(n for n in STEP_PROPERTIES if n != "capture")
+    return (*REPLAY_PROPERTIES, "replays completed")
 
 
 def _crash_report(job: Job, partial: dict | None, cause: str, phase: str, stderr: str,
@@ -157,11 +198,7 @@ def _crash_report(job: Job, partial: dict | None, cause: str, phase: str, stderr
     """The report of a check whose child died: what it had found, plus the crash, stated
     once (``Report.crash``); the properties it cut short point to it. ``explained``: what a
     serialised re-run found about the crashing replay."""
-    if partial is not None:
-        report = Report.from_dict(partial)
-    else:
-        report = Report(job.builder, job.config, "?", False)
-        report.properties = [PropertyResult(name, "incomplete", "") for name in PROPERTIES]
+    report = report_from_dict(partial) if partial is not None else _blank_report(job)
     error = crash_cause(stderr)
     if cause.startswith(("killed", "timed out")):
         cause = f"was {cause}"
@@ -178,7 +215,7 @@ def _crash_report(job: Job, partial: dict | None, cause: str, phase: str, stderr
     props[target].status = "FAIL"
     props[target].detail = short
     props[target].first_failure = props[target].first_failure or short
-    for name in (*REPLAY_PROPERTIES, "replays completed"):
+    for name in _cut_short(job):
         p = props[name]
         if p.status == "pass" or (p.status == "incomplete" and not p.detail):
             p.status = "incomplete"
@@ -340,14 +377,14 @@ def _collect_reports(jobs: list[Job], first: int, tmp: Path, ended: _ChildEnd,
         if doc is not None and doc.get("final"):
             if doc.get("error"):
                 raise IsolatedError(doc["error"])
-            reports[k] = Report.from_dict(doc["report"])
+            reports[k] = report_from_dict(doc["report"])
             if on_report is not None:
                 on_report(k, reports[k])
             next_job = k + 1
             continue
         if ended.interrupted is not None:
             if doc is not None:
-                reports[k] = Report.from_dict(doc["report"])
+                reports[k] = report_from_dict(doc["report"])
             break
         # The child died in job k (or was stopped there): report it, go on after it.
         cause = _death(ended.returncode, ended.timed_out)
@@ -379,7 +416,8 @@ def _child(spec_path: str) -> int:
     from ..detect.sync import DetectorUnavailable
     from ..kernels.registry import resolve_builder
     from .checker import check_replay_safety
-    from .signals import CheckInterrupted, stop_on_signals
+    from .decode_step import check_decode_step
+    from .signals import CheckInterrupted, stop_on_signals, stop_requested
 
     stop = stop_on_signals()  # SIGINT/SIGTERM: stop between two replays, keep the report
     stop.__enter__()
@@ -408,14 +446,19 @@ def _child(spec_path: str) -> int:
                 write_json_atomic(result, {"final": False, "report": report.to_dict()})
 
         try:
-            report = check_replay_safety(
-                builder,
-                cfg,
-                on_phase=note,
-                on_chunk=keep,
-                stop_on_failure=job["stop_on_failure"],
-                explain_replays=job.get("explain", False),
-            )
+            if cfg.consumer:
+                report = check_decode_step(builder, cfg, on_phase=note, on_report=keep)
+                if stop_requested() is not None:  # it stopped early: not a final report
+                    raise CheckInterrupted(report, stop_requested())
+            else:
+                report = check_replay_safety(
+                    builder,
+                    cfg,
+                    on_phase=note,
+                    on_chunk=keep,
+                    stop_on_failure=job["stop_on_failure"],
+                    explain_replays=job.get("explain", False),
+                )
         except CheckInterrupted as exc:
             write_json_atomic(result, {"final": False, "report": exc.report.to_dict()})
             return 130 if exc.signum == signal.SIGINT else 143

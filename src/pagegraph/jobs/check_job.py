@@ -2,10 +2,12 @@
 
 ``run_check`` loads and validates every scenario first (a bad file, a bad option or a scenario
 that does not fit the device's memory is a usage error, exit 2, before anything runs), then
-checks each one with ``pagegraph.checker.check_replay_safety``, in this process or, for a
-user's ``module:function`` builder (or ``isolate=True``), in a child process each
-(``pagegraph.isolate``). Ctrl-C and SIGTERM stop it; the reports then hold what was checked,
-marked incomplete. It writes the JSON and Markdown reports asked for.
+checks each one with ``pagegraph.checker.check_replay_safety`` (a scenario with a
+``[consumer]`` table: ``pagegraph.check.decode_step.check_decode_step``, the decode step end to
+end), in this process or, for a user's ``module:function`` or file builder (or
+``isolate=True``), in a child process each (``pagegraph.check.isolate``). Ctrl-C and
+SIGTERM stop it; the reports then hold what was checked, marked incomplete. It writes the
+JSON and Markdown reports asked for.
 ``run_check_for_profile`` is the check as ``pagegraph profile`` runs it in-process, and
 ``run_kernel_table`` compares the kernel with the reference over default shapes.
 
@@ -203,14 +205,8 @@ def run_check(
     except ValueError as exc:  # a bad file, option or builder must not leave a half-run
         print(f"pagegraph check: {exc}", file=sys.stderr)
         return 2
-    consumer = any(cfg.consumer for cfg in plan.configs)
-    if consumer and isolate:
-        print("pagegraph check: --isolate: a decode-step scenario (a [consumer] table) runs in "
-              "this process; check it apart from the others", file=sys.stderr)  # fmt: skip
-        return 2
     if isolate is None:
-        # The decode step (a [consumer] table) runs in this process.
-        isolate = not consumer and any(spec not in BUILDERS for spec in plan.specs)
+        isolate = any(spec not in BUILDERS for spec in plan.specs)
     results: list = []
 
     def show(scenario, report) -> None:

@@ -1,0 +1,425 @@
+"""The consumer against the DRAM floor: paged decode attention's device time beside the time the
+same bytes take to stream from DRAM, measured in the same process.
+
+``pagegraph bench --consumer-floor`` (``make bench-decode``) writes ``consumer-floor.md`` and
+``consumer-floor.json`` into ``--out``. For the shapes of the ``sglang-h200`` scenario (its
+page size and batch buckets) with an attention of ``NUM_Q_HEADS`` query heads over
+``NUM_KV_HEADS`` KV heads, ``HEAD_DIM`` and bf16 pages, per ``(batch, context)`` of
+``BATCHES`` x ``CONTEXTS`` (every row at the context length; a case whose KV does not fit the
+GPU's free memory is skipped, and the report says so):
+
+* **KV bytes** a call must read: ``sum(len) * num_kv_heads * head_dim * 2 (K and V) *
+  itemsize`` (``kv_bytes``); the page table, queries, output and split-K workspace are left
+  out (a few percent at most at these shapes, at the smallest case);
+* **device time per call** of ``paged_decode_attention`` and of ``csr_decode_attention``
+  (FlashInfer's format, its metadata built once, outside the graph): a CUDA graph of
+  ``CALLS`` back-to-back calls, the median of ``REPLAYS`` event-timed replays over
+  ``CALLS``, warm-up replays untimed (``pagegraph.bench.timing.device_time_us``);
+* **the DRAM floor**: ``torch.sum`` over as many bytes of the same pool (K's and V's halves,
+  contiguous), timed the same way: a read-only, contiguous stream of the same byte count by
+  a library reduction, what reading those bytes costs on this device with no paging at all;
+* the achieved bandwidth of each (KV bytes / time), the consumer's time over the floor's, and
+  the fraction of the H200's 4.8 TB/s peak (``H200_PEAK_BYTES_PER_S``, a reference only: the
+  floor is what was measured).
+
+The calls of one graph would read the same bytes: a case whose KV fits in the L2 cache would
+be read from the L2, not DRAM. So each graph cycles over ``sets`` disjoint copies of the case
+(page tables over other pages of the pool; ``rotation_sets``), enough that one replay's
+footprint is at least ``L2_ROTATION`` times the L2, for the consumer and the floor alike.
+Before timing, each case's outputs are checked: the two formats bit-identical on the same
+pages, and row 0 within ``pagegraph.consumers.reference``'s tolerance of dense fp32 attention.
+
+Without CUDA the command exits 2 with one line: there is nothing to measure.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import subprocess
+import sys
+from dataclasses import dataclass
+from functools import partial
+from pathlib import Path
+
+import torch
+
+from ..check.scenario import load_scenario
+from ..consumers import csr_decode_attention, paged_decode_attention, prepare_decode_attention
+from ..consumers.reference import attend, live_kv, tolerances
+from ..graph.buckets import Buckets
+from ..jobs.scenario_paths import scenario_path
+from .floors import measure_bandwidth
+from .timing import bench_environment, device_time_us, error, recover
+
+#: The scenario whose page size and batch buckets the cases take.
+SCENARIO = "sglang-h200"
+NUM_Q_HEADS = 32
+NUM_KV_HEADS = 8
+HEAD_DIM = 128
+DTYPE = torch.bfloat16
+CONTEXTS = (4096, 16384, 65536)
+BATCHES = (1, 16, 64, 160)
+#: Calls per captured graph, and its timed replays.
+CALLS = 20
+REPLAYS = 30
+#: One replay's footprint is at least this many L2 caches (the rotation over disjoint sets).
+L2_ROTATION = 4
+#: Used when the device does not report its L2 size (the H200's).
+DEFAULT_L2_BYTES = 60 * 10**6
+#: The H200's peak DRAM bandwidth: a reference column, not the floor.
+H200_PEAK_BYTES_PER_S = 4.8e12
+#: Elements per reduction of the floor (2 GiB of bf16): each indexes with 32-bit offsets.
+FLOOR_CHUNK = 2**30
+#: GPU memory left free besides the pool (workspace, graphs, the reference check).
+HEADROOM_BYTES = 4 * 2**30
+FORMATS = ("paged", "csr")
+
+
+def kv_bytes(lengths, num_kv_heads: int, head_dim: int, itemsize: int) -> int:
+    """Bytes of K and V a decode call reads: ``sum(lengths) * num_kv_heads * head_dim * 2 *
+    itemsize`` (negative lengths count as 0)."""
+    return sum(max(int(n), 0) for n in lengths) * num_kv_heads * head_dim * 2 * itemsize
+
+
+def rotation_sets(nbytes: int, l2_bytes: int, calls: int = CALLS) -> int:
+    """Disjoint copies a graph of ``calls`` calls cycles over so that one replay reads at
+    least ``L2_ROTATION * l2_bytes`` (at least 1, at most ``calls``)."""
+    if nbytes <= 0:
+        return 1
+    return max(1, min(calls, math.ceil(L2_ROTATION * l2_bytes / nbytes)))
+
+
+@dataclass(frozen=True)
+class Case:
+    """One measured shape: ``bs`` rows of ``context`` tokens, ``sets`` disjoint copies."""
+
+    bs: int
+    context: int
+    sets: int
+    page_size: int
+
+    @property
+    def width(self) -> int:
+        return -(-self.context // self.page_size)
+
+    @property
+    def pages(self) -> int:
+        """Pool pages the case's copies hold."""
+        return self.sets * self.bs * self.width
+
+    @property
+    def nbytes(self) -> int:
+        return kv_bytes([self.context] * self.bs, NUM_KV_HEADS, HEAD_DIM, DTYPE.itemsize)
+
+
+def page_bytes(page_size: int) -> int:
+    """Bytes of one page of K and V together."""
+    return page_size * NUM_KV_HEADS * HEAD_DIM * DTYPE.itemsize * 2
+
+
+def plan_cases(page_size: int, buckets: list[int], l2_bytes: int, free_bytes: int | None,
+               batches=BATCHES, contexts=CONTEXTS) -> tuple[list[Case], list[str]]:  # fmt: skip
+    """The cases to measure, and a note for each one left out: a batch that is not one of
+    ``buckets``, or KV (with its copies) that does not fit ``free_bytes`` less
+    ``HEADROOM_BYTES`` (``None``: no limit)."""
+    cases, notes = [], []
+    budget = None if free_bytes is None else free_bytes - HEADROOM_BYTES
+    for bs in batches:
+        if bs not in buckets:
+            notes.append(f"batch {bs} skipped: not a bucket of {SCENARIO}")
+            continue
+        for ctx in contexts:
+            nbytes = kv_bytes([ctx] * bs, NUM_KV_HEADS, HEAD_DIM, DTYPE.itemsize)
+            case = Case(bs, ctx, rotation_sets(nbytes, l2_bytes), page_size)
+            need = (case.pages + 1) * page_bytes(page_size)
+            if budget is not None and need > budget:
+                notes.append(
+                    f"batch {bs} x context {ctx} skipped: its KV needs {need / 2**30:.1f} GiB, "
+                    f"{max(budget, 0) / 2**30:.1f} GiB free"
+                )
+                continue
+            cases.append(case)
+    return cases, notes
+
+
+# -- the measurement (CUDA) --------------------------------------------------------------------
+
+
+class _Cycle:
+    """A callable that runs its calls in turn, one per call: captured ``CALLS`` times in a
+    graph, it binds each copy of the case in order."""
+
+    def __init__(self, calls: list) -> None:
+        self.calls, self.i = calls, 0
+
+    def __call__(self) -> None:
+        self.calls[self.i % len(self.calls)]()
+        self.i += 1
+
+
+@dataclass
+class _Pool:
+    """The KV pool every case draws its pages from (page 0 unused)."""
+
+    k: torch.Tensor
+    v: torch.Tensor
+
+    @classmethod
+    def make(cls, pages: int, page_size: int, device="cuda") -> _Pool:
+        dims = (pages + 1, page_size, NUM_KV_HEADS, HEAD_DIM)
+        k = torch.empty(dims, dtype=DTYPE, device=device).normal_()
+        v = torch.empty(dims, dtype=DTYPE, device=device).normal_()
+        return cls(k, v)
+
+
+def _case_inputs(case: Case, pool: _Pool, gen: torch.Generator) -> dict:
+    """A case's tensors: per copy a page table over pages of its own (random, disjoint), the
+    CSR metadata of the same pages, one ``q``, ``out`` and workspace."""
+    dev = pool.k.device
+    pages = torch.randperm(pool.k.shape[0] - 1, generator=gen)[: case.pages] + 1
+    tables = pages.to(torch.int32).view(case.sets, case.bs, case.width).to(dev)
+    lens = torch.full((case.bs,), case.context, dtype=torch.int32, device=dev)
+    row_pages = torch.full_like(lens, case.width)
+    indptr = torch.zeros(case.bs + 1, dtype=torch.int32, device=dev)
+    indptr[1:] = torch.cumsum(row_pages, 0)
+    last = lens - (row_pages - 1) * case.page_size
+    q = torch.randn((case.bs, NUM_Q_HEADS, HEAD_DIM), generator=gen).to(DTYPE).to(dev)
+    ws = prepare_decode_attention(case.bs, NUM_Q_HEADS, HEAD_DIM, device=dev,
+                                  max_context_len=case.width * case.page_size)  # fmt: skip
+    return {"tables": tables, "lens": lens, "indptr": indptr, "last": last, "q": q,
+            "out": torch.empty_like(q), "ws": ws}  # fmt: skip
+
+
+def _calls(case: Case, pool: _Pool, t: dict) -> dict[str, list]:
+    """Per format (and ``floor``), one call per copy of the case."""
+    ps, q, out, ws = case.page_size, t["q"], t["out"], t["ws"]
+
+    def paged(s: int) -> None:
+        table = t["tables"][s]
+        paged_decode_attention(q, pool.k, pool.v, table, t["lens"], out, page_size=ps,
+                               workspace=ws)  # fmt: skip
+
+    def csr(s: int) -> None:
+        indices = t["tables"][s].view(-1)
+        csr_decode_attention(q, pool.k, pool.v, t["indptr"], indices, t["last"], out,
+                             page_size=ps, workspace=ws)  # fmt: skip
+
+    # The floor reads as many bytes from each of K and V, copy s at offset s * half, in
+    # chunks a reduction indexes with 32-bit offsets.
+    half = case.nbytes // 2 // DTYPE.itemsize
+    kf, vf = pool.k.view(-1), pool.v.view(-1)
+    spans = [(a, min(a + FLOOR_CHUNK, half)) for a in range(0, half, FLOOR_CHUNK)]
+    acc = torch.zeros(2 * len(spans), dtype=torch.float32, device=pool.k.device)
+
+    def floor(s: int) -> None:
+        for j, (a, b) in enumerate(spans):
+            for i, flat in enumerate((kf, vf)):
+                part = flat[s * half + a : s * half + b]
+                torch.sum(part, 0, dtype=torch.float32, out=acc[2 * j + i])
+
+    return {name: [partial(fn, s) for s in range(case.sets)]
+            for name, fn in (("paged", paged), ("csr", csr), ("floor", floor))}  # fmt: skip
+
+
+def _check(case: Case, pool: _Pool, t: dict, calls: dict) -> str | None:
+    """Why the case's outputs are wrong, or None: the formats bit-identical on copy 0, row 0
+    within the reference's tolerance."""
+    calls["paged"][0]()
+    paged = t["out"].clone()
+    calls["csr"][0]()
+    if not torch.equal(paged.view(torch.int16), t["out"].view(torch.int16)):
+        return "paged and CSR outputs differ on the same pages"
+    row = (t["tables"][0, 0].tolist(), case.context)
+    kv = live_kv(pool.k, pool.v, [row], case.page_size)
+    ref = attend(t["q"][:1], kv)
+    atol, rtol = tolerances(t["q"][:1], kv)
+    err = (paged[:1].float() - ref.float()).abs()
+    allowed = float(atol[0]) + rtol * ref.float().abs()
+    if not bool(torch.isfinite(paged[:1]).all()) or bool((err > allowed).any()):
+        return f"row 0 outside the reference's tolerance (max |out - ref| {float(err.max()):.3g})"
+    return None
+
+
+def measure_case(case: Case, pool: _Pool, gen: torch.Generator,
+                 calls: int = CALLS, replays: int = REPLAYS) -> dict:  # fmt: skip
+    """One row: the case, its KV bytes, and per format and the floor, device us per call and
+    bytes per second; failures go into ``error``, never raised."""
+    row: dict = {"bs": case.bs, "context": case.context, "sets": case.sets,
+                 "kv_bytes": case.nbytes, "checked": None, "error": None}  # fmt: skip
+    for name in ("floor", *FORMATS):
+        row[f"{name}_us"] = row[f"{name}_bytes_per_s"] = None
+    try:
+        t = _case_inputs(case, pool, gen)
+        fns = _calls(case, pool, t)
+        problem = _check(case, pool, t, fns)
+        row["checked"] = problem is None
+        row["error"] = problem
+        for name in ("floor", *FORMATS):
+            us, graph = device_time_us(_Cycle(fns[name]), calls, replays)
+            del graph
+            row[f"{name}_us"] = us
+            row[f"{name}_bytes_per_s"] = case.nbytes / (us * 1e-6)
+    except Exception as exc:  # noqa: BLE001 - the row says what failed, the next case runs
+        row["error"] = error(exc)
+    finally:
+        recover(True)
+    derive(row)
+    return row
+
+
+def derive(row: dict) -> dict:
+    """Ratios of a row: ``{fmt}_over_floor`` (time over the floor's) and ``{fmt}_of_peak``
+    (achieved bandwidth over ``H200_PEAK_BYTES_PER_S``), ``floor_of_peak``; None where a
+    time is missing."""
+    floor = row.get("floor_us")
+    for name in FORMATS:
+        us = row.get(f"{name}_us")
+        row[f"{name}_over_floor"] = us / floor if us and floor else None
+    for name in ("floor", *FORMATS):
+        bw = row.get(f"{name}_bytes_per_s")
+        row[f"{name}_of_peak"] = bw / H200_PEAK_BYTES_PER_S if bw else None
+    return row
+
+
+def git_commit() -> str:
+    """The checkout's short commit, else ``$PAGEGRAPH_COMMIT``, else ``"unknown"`` (a copy of
+    the tree without its ``.git``)."""
+    root = Path(__file__).resolve().parents[3]
+    try:
+        out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+                             capture_output=True, text=True, timeout=10)  # fmt: skip
+        if out.returncode == 0 and out.stdout.strip():
+            return out.stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        pass
+    return os.environ.get("PAGEGRAPH_COMMIT") or "unknown"
+
+
+def bench_consumer_floor(out_dir: str | Path, batches=BATCHES, contexts=CONTEXTS) -> dict:
+    """Measure every case that fits (CUDA only) and write ``consumer-floor.json`` and
+    ``consumer-floor.md`` into ``out_dir``; returns the result (``env``, ``shape``,
+    ``rows``, ``notes``)."""
+    scenario = load_scenario(scenario_path(SCENARIO))
+    cfg = scenario.config
+    buckets = Buckets(cfg.buckets, cfg.max_bs).sizes
+    env = bench_environment(True)
+    env["commit"] = git_commit()
+    l2 = env.get("l2_bytes") or DEFAULT_L2_BYTES
+    notes: list[str] = []
+    try:
+        env["copy_bytes_per_s"] = measure_bandwidth()
+    except Exception as exc:  # noqa: BLE001 - a reference only: the floor is per case
+        env["copy_bytes_per_s"] = None
+        notes.append(f"device-to-device copy bandwidth not measured: {error(exc)}")
+        recover(True)
+    free, _ = torch.cuda.mem_get_info()
+    cases, skipped = plan_cases(cfg.page_size, buckets, l2, free, batches, contexts)
+    notes += skipped
+    rows = []
+    if cases:
+        pool = _Pool.make(max(c.pages for c in cases), cfg.page_size)
+        gen = torch.Generator().manual_seed(0)
+        for case in cases:
+            print(f"[consumer floor] batch {case.bs} x context {case.context} ...",
+                  file=sys.stderr, flush=True)  # fmt: skip
+            rows.append(measure_case(case, pool, gen))
+        del pool
+        recover(True)
+    shape = {"scenario": SCENARIO, "page_size": cfg.page_size, "num_q_heads": NUM_Q_HEADS,
+             "num_kv_heads": NUM_KV_HEADS, "head_dim": HEAD_DIM, "dtype": str(DTYPE),
+             "calls": CALLS, "replays": REPLAYS, "l2_bytes": l2, "l2_rotation": L2_ROTATION,
+             "peak_bytes_per_s": H200_PEAK_BYTES_PER_S}  # fmt: skip
+    result = {"env": env, "shape": shape, "rows": rows, "notes": notes}
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "consumer-floor.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
+    markdown = format_markdown(result)
+    (out / "consumer-floor.md").write_text(markdown)
+    print(markdown)
+    return result
+
+
+def _num(x, scale: float = 1.0, fmt: str = ".1f") -> str:
+    return "-" if x is None else format(x * scale, fmt)
+
+
+def format_markdown(result: dict) -> str:
+    """The report: where and how it was measured, one table row per case, the notes."""
+    env, shape = result["env"], result["shape"]
+    copy = env.get("copy_bytes_per_s")
+    lines = [
+        "# Paged decode attention against the DRAM floor",
+        "",
+        f"{env['date']} on {env['device']}, commit {env.get('commit', 'unknown')} "
+        f"(torch {env['torch']}, triton {env['triton']}, CUDA {env['cuda']})",
+        "",
+        f"Shapes of `{shape['scenario']}` (page size {shape['page_size']}): GQA "
+        f"{shape['num_q_heads']} query heads over {shape['num_kv_heads']} KV heads, head_dim "
+        f"{shape['head_dim']}, {shape['dtype'].removeprefix('torch.')} pages, every row at the "
+        "context length. KV = bytes of K and V a call reads (sum of lengths x KV heads x "
+        "head_dim x 2 x itemsize).",
+        "",
+        f"Device us per call: a CUDA graph of {shape['calls']} back-to-back calls, median of "
+        f"{shape['replays']} event-timed replays over {shape['calls']}, warm-up replays "
+        f"untimed; each graph cycles over `sets` disjoint copies of the case, so that one "
+        f"replay reads at least {shape['l2_rotation']}x the L2 ({shape['l2_bytes'] / 1e6:.0f} "
+        "MB). Floor: `torch.sum` over as many bytes of the same KV pool, timed the same way "
+        "(measured here, not assumed). x floor = the consumer's time over the floor's. "
+        f"% of peak: over {shape['peak_bytes_per_s'] / 1e12:.1f} TB/s, the H200's peak, a "
+        "reference only.",
+        "",
+        f"Device-to-device copy (read + write) in the same process: {_num(copy, 1e-9, '.0f')} "
+        "GB/s.",
+        "",
+        "| batch | context | KV MiB | sets | floor us | paged us | csr us | floor GB/s | "
+        "paged GB/s | csr GB/s | paged x floor | csr x floor | floor % of peak | "
+        "paged % of peak | csr % of peak | checked |",
+        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|",
+    ]
+    for r in result["rows"]:
+        checked = {True: "yes", False: "NO", None: "-"}[r["checked"]]
+        cells = [
+            str(r["bs"]), str(r["context"]), f"{r['kv_bytes'] / 2**20:.0f}", str(r["sets"]),
+            *(_num(r[f"{n}_us"]) for n in ("floor", "paged", "csr")),
+            *(_num(r[f"{n}_bytes_per_s"], 1e-9, ".0f") for n in ("floor", "paged", "csr")),
+            *(_num(r[f"{n}_over_floor"], 1, ".2f") for n in FORMATS),
+            *(_num(r[f"{n}_of_peak"], 100, ".0f") for n in ("floor", "paged", "csr")),
+            checked,
+        ]  # fmt: skip
+        lines.append("| " + " | ".join(cells) + " |")
+    problems = [f"batch {r['bs']} x context {r['context']}: {r['error']}"
+                for r in result["rows"] if r["error"]]  # fmt: skip
+    notes = [*result["notes"], *problems]
+    if notes:
+        lines += ["", *(f"- {n}" for n in notes)]
+    return "\n".join(lines) + "\n"
+
+
+def run(out_dir: str | Path) -> int:
+    """``pagegraph bench --consumer-floor``: 2 without CUDA (one line on stderr), 1 when a
+    case failed or was wrong, else 0."""
+    if not torch.cuda.is_available():
+        print("pagegraph bench --consumer-floor: needs CUDA (a GPU): nothing to measure here",
+              file=sys.stderr)  # fmt: skip
+        return 2
+    result = bench_consumer_floor(out_dir)
+    bad = [r for r in result["rows"] if r["error"] or r["checked"] is False]
+    return 1 if bad or not result["rows"] else 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m pagegraph.bench.consumer_floor [--out DIR]``."""
+    import argparse
+
+    parser = argparse.ArgumentParser(
+        prog="python -m pagegraph.bench.consumer_floor",
+        description="Paged decode attention against the DRAM floor (CUDA only).",
+    )
+    parser.add_argument("--out", default="profiles/decode-step", help="output folder")
+    return run(parser.parse_args(argv).out)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
