@@ -108,11 +108,16 @@ def test_each_client_runs_on_scenarios_of_its_kind(tmp_path):
     runs = sglang_job.plan_runs(scenarios, 3)
     pairs = {(r.client, r.scenario): r for r in runs}
     csr_pairs = {(c, s) for c in sglang_job.CSR_CLIENTS for s in ("csr", "sglang-flashinfer")}
-    assert set(pairs) == {
-        (client, scenario)
-        for client in (PAGE_TABLE_CLIENT, FLASHMLA_CLIENT)
-        for scenario in ("default", "odd-page", "small")
-    } | {(GRAPH_METADATA_CLIENT, "spec-metadata")} | csr_pairs
+    assert (
+        set(pairs)
+        == {
+            (client, scenario)
+            for client in (PAGE_TABLE_CLIENT, FLASHMLA_CLIENT)
+            for scenario in ("default", "odd-page", "small")
+        }
+        | {(GRAPH_METADATA_CLIENT, "spec-metadata")}
+        | csr_pairs
+    )
     for client in sglang_job.CSR_CLIENTS:
         assert "(page size 1)" in pairs[client, "csr"].skipped
         flashinfer = pairs[client, "sglang-flashinfer"]

@@ -25,6 +25,8 @@ class CheckBuffers:
     tables: torch.Tensor
     #: per table, the ``[max_bs, width]`` int32 view the builder fills (page_table, then SWA)
     views: list[torch.Tensor]
+    #: each table view's row stride (``table_pad_cols``, ``swa_table_pad_cols``)
+    row_strides: tuple[int, ...] = ()
     #: a metadata builder's ``[3, max_bs + 3]`` int32 vectors, a CSR builder's ``[2,
     #: capacity + 2]`` ones, or None for a table builder
     vectors: torch.Tensor | None = None
@@ -98,21 +100,22 @@ class CheckBuffers:
 def allocate_check_buffers(cfg: CheckConfig, kind: str, device: torch.device) -> CheckBuffers:
     """Poisoned buffers for ``cfg`` and a builder of ``kind``: with vectors for a
     ``"decode_metadata"`` or ``"csr"`` builder."""
-    T = 2 if cfg.swa else 1
     width = cfg.width
+    strides = table_row_strides(cfg)
+    T, rows = len(strides), cfg.max_bs + 2 * CANARY_ROWS
     # The tables live in one allocation with a canary row above and below and the layout's
-    # pad columns: the checker poisons and compares all of it.
-    tables = torch.full(
-        (T, cfg.max_bs + 2 * CANARY_ROWS, width + cfg.table_pad_cols),
-        POISON,
-        dtype=torch.int32,
-        device=device,
-    )
-    views = [tables[t, CANARY_ROWS : CANARY_ROWS + cfg.max_bs, :width] for t in range(T)]
+    # pad columns: the checker poisons and compares all of it. An SWA table with a row
+    # stride of its own packs its rows closer inside its slab, the rest of which is canary.
+    tables = torch.full((T, rows, max(strides)), POISON, dtype=torch.int32, device=device)
+    views = [
+        torch.as_strided(tables, (cfg.max_bs, width), (stride, 1),
+                         t * tables[0].numel() + CANARY_ROWS * stride)
+        for t, stride in enumerate(strides)
+    ]  # fmt: skip
     if kind == "csr":
         return _csr_buffers(cfg, tables, views, device)
     if kind != "decode_metadata":
-        return CheckBuffers(tables, views)
+        return CheckBuffers(tables, views, strides)
     # A metadata builder's vectors, each with a canary entry on both sides.
     vectors = torch.full((3, cfg.max_bs + 3), POISON, dtype=torch.int32, device=device)
     vector_views = {
@@ -121,7 +124,17 @@ def allocate_check_buffers(cfg: CheckConfig, kind: str, device: torch.device) ->
         "cu_seqlens_q": vectors[2, 1 : 2 + cfg.max_bs],
     }
     preset_views(vectors, cfg.preset_outputs)  # set at allocation, as the engine does
-    return CheckBuffers(tables, views, vectors, vector_views, kind)
+    return CheckBuffers(tables, views, strides, vectors, vector_views, kind)
+
+
+def table_row_strides(cfg: CheckConfig) -> tuple[int, ...]:
+    """The row stride of each table the builder fills: the page table's, then the SWA
+    table's (its own ``swa_table_pad_cols``, else the page table's ``table_pad_cols``)."""
+    strides = [cfg.width + cfg.table_pad_cols]
+    if cfg.swa:
+        pad = cfg.table_pad_cols if cfg.swa_table_pad_cols is None else cfg.swa_table_pad_cols
+        strides.append(cfg.width + pad)
+    return tuple(strides)
 
 
 def _csr_buffers(cfg: CheckConfig, tables: torch.Tensor, views: list[torch.Tensor],
@@ -137,7 +150,7 @@ def _csr_buffers(cfg: CheckConfig, tables: torch.Tensor, views: list[torch.Tenso
         "kv_indices": vectors[1, 1 : 1 + capacity],
     }
     preset_views(vectors, cfg.preset_outputs, "csr")
-    return CheckBuffers(tables, views, vectors, vector_views, "csr")
+    return CheckBuffers(tables, views, (tables.shape[-1],), vectors, vector_views, "csr")
 
 
 def csr_capacity(cfg: CheckConfig) -> int:
@@ -153,6 +166,6 @@ def table_bytes(cfg: CheckConfig) -> int:
     the warm-up run before capture leaves its intermediates cached beside the graph's own."""
     tables = 2 if cfg.swa else 1
     rows = cfg.max_bs + 2 * CANARY_ROWS
-    padded_width = cfg.width + cfg.table_pad_cols
+    padded_width = max(table_row_strides(cfg))
     per = replay_bytes(tables, rows, padded_width, cfg.max_bs, cfg.width)
     return tables * rows * padded_width * 4 + 2 * per * batch_size(per, min(cfg.chunk, cfg.steps))

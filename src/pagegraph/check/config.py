@@ -175,6 +175,9 @@ class CheckConfig:
     #: extra columns in the tables' allocation: the tables are column slices of wider
     #: buffers (row stride = width + pad), as attention backends slice ``[:, :max_pages]``
     table_pad_cols: int = 0
+    #: the SWA table's own pad columns (default ``table_pad_cols``): an SWA table allocated
+    #: apart, with a row stride of its own
+    swa_table_pad_cols: int | None = None
     #: ``req_to_token`` rows this much longer than ``max_context_len``
     r2t_extra_cols: int = 0
     #: ``req_to_token`` starts this many elements into a larger allocation
@@ -291,6 +294,11 @@ def _check_layout(c: CheckConfig, name: FieldNamer) -> None:
     for field in ("table_pad_cols", "r2t_extra_cols", "r2t_offset"):
         if getattr(c, field) < 0:
             _fail(field, f"must be >= 0, got {getattr(c, field)}", name)
+    if c.swa_table_pad_cols is not None:
+        if c.swa_table_pad_cols < 0:
+            _fail("swa_table_pad_cols", f"must be >= 0, got {c.swa_table_pad_cols}", name)
+        if not c.swa:
+            _fail("swa_table_pad_cols", "needs swa = true", name)
 
 
 def _check_probabilities(c: CheckConfig, fields: tuple[str, ...], name: FieldNamer) -> None:

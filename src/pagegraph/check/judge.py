@@ -275,7 +275,7 @@ def _judge_tables(rec: np.ndarray, st: ModelStep, verifier: TableVerifier, stats
         if found is None:
             continue
         count, flat, expected, got = found
-        row, col = divmod(flat, verifier.padded_width)
+        row, col = divmod(flat, verifier.row_strides[mask % T])
         failure = Failure(
             st.index, st.bucket, row - CANARY_ROWS, col, expected, got,
             TABLE_NAMES[mask % T], verifier.max_bs, cfg.width,

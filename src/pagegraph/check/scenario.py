@@ -23,6 +23,8 @@ the problem, raised before anything runs::
                                           #   caps pages per request
     table_pad_cols = 0                    # tables are column slices of buffers this much
                                           #   wider (row stride = width + pad)
+    swa_table_pad_cols = 0                # the SWA table's own pad (default table_pad_cols):
+                                          #   an SWA table with a row stride of its own
     req_to_token_extra_cols = 0           # req_to_token rows longer than max_context_len
     req_to_token_offset = 0               # req_to_token starts this far into its allocation
     req_to_token_dtype = "int32"          # int32 | int64
@@ -126,6 +128,7 @@ _SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], str | None]]] = {
     "layout": {
         "table_width": (_INT, "table_width"),
         "table_pad_cols": (_INT, "table_pad_cols"),
+        "swa_table_pad_cols": (_INT, "swa_table_pad_cols"),
         "req_to_token_extra_cols": (_INT, "r2t_extra_cols"),
         "req_to_token_offset": (_INT, "r2t_offset"),
         "req_to_token_dtype": ((str,), "r2t_dtype"),

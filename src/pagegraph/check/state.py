@@ -291,5 +291,6 @@ def _table_verifier(run: CheckRun, chunk: int) -> TableVerifier:
         preset_outputs=cfg.preset_outputs if run.kind != "page_table" else (),
         error_kinds=len(DECODE_ERROR_KINDS if run.metadata else ERROR_KINDS),
         kind=run.kind,
+        row_strides=run.buffers.row_strides,
         csr_capacity=csr_capacity(cfg) if run.kind == "csr" else 0,
     )

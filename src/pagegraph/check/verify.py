@@ -1,25 +1,19 @@
-"""The checker's own model of each replay, and the exact verification of its tables on the device.
+"""The exact verification of a replay's outputs on the device: ``TableVerifier``.
 
-Two pieces, both independent of the runner and the builder under test:
-
-* ``BatchModel`` (host, numpy): what the static inputs must hold after a batch of ``n``
-  requests is staged. It picks the bucket itself (the smallest captured size ``>= n``), pads
-  rows ``n:bucket`` by its own reading of the padding policy, and keeps its own copy of the
-  request indices that padded rows inherit from earlier batches (SGLang does not reset them).
-  It also classifies each row: in the contract, or out of it (a negative length, a length
-  past ``len_limit``, a request index outside ``req_to_token``).
-* ``TableVerifier`` (device, plain torch): from the model's inputs it computes the reference
-  tables (an independent vectorised gather, never the builder under test), compares every
-  entry of the whole underlying table allocations (canary rows and columns included) with
-  them, and writes one record per replay into a device ring: for each table, the count and
-  the first (row, column, expected, got) of wrong live entries and of writes outside the live
-  region, the staged-input comparison, and the error counters expected and found. After each
-  replay it snapshots what the replay left (tables, vectors, staged inputs, counters, and the
-  reference's gathers from ``req_to_token`` and ``full_to_swa``, which later steps rewrite)
-  and poisons the tables again; every ``batch`` replays one launch verifies all the
-  snapshots. On CUDA both are CUDA graphs: a replay costs the host one small launch to
-  snapshot, the tens of kernels of the comparison are launched once a batch, and nothing
-  waits for the device until the records are read back (once per ``chunk`` replays).
+Independent of the runner and the builder under test: from the host model's inputs
+(``pagegraph.check.batch_model.BatchModel``: each replay's staged rows, padded, and which are
+in the contract) it computes the reference tables and vectors (an independent vectorised
+gather, never the builder under test), compares every entry of the whole underlying
+allocations (canary rows, columns and entries included) with them, and writes one record per
+replay into a device ring: for each table, the count and the first (row, column, expected,
+got) of wrong live entries and of writes outside the live region, the same for a metadata or
+CSR builder's vectors, the staged-input comparison, and the error counters expected and
+found. After each replay it snapshots what the replay left (tables, vectors, staged inputs,
+counters, and the reference's gathers from ``req_to_token`` and ``full_to_swa``, which later
+steps rewrite) and poisons the outputs again; every ``batch`` replays one launch verifies all
+the snapshots. On CUDA both are CUDA graphs: a replay costs the host one small launch to
+snapshot, the tens of kernels of the comparison are launched once a batch, and nothing waits
+for the device until the records are read back (once per ``chunk`` replays).
 
 Record layout (int64, ``TableVerifier.record_size`` entries a replay)::
 
@@ -33,14 +27,18 @@ Record layout (int64, ``TableVerifier.record_size`` entries a replay)::
 
 from __future__ import annotations
 
-import bisect
-from dataclasses import dataclass
-
 import numpy as np
 import torch
 
 from ..kernels.contract import ERROR_KINDS, cdiv
 from ..kernels.cudart import HostToDevice
+from .batch_model import IN_BUCKET, OUT_OF_CONTRACT, REAL, BatchModel, ModelStep
+
+__all__ = [
+    "CANARY_ROWS", "CSR_VECTOR_NAMES", "IN_BUCKET", "OUT_OF_CONTRACT", "POISON", "PRESET_ENTRIES",
+    "REAL", "VECTOR_NAMES", "BatchModel", "ModelStep", "TableVerifier", "batch_size",
+    "preset_views", "read_mask", "replay_bytes",
+]  # fmt: skip
 
 #: Value the tables are filled with before each replay; no builder writes it.
 POISON = -0x5A5A5A5
@@ -50,8 +48,6 @@ VECTOR_NAMES = ("cache_seqlens", "cu_seqlens_k", "cu_seqlens_q")
 #: Names of a CSR builder's vectors, in the order of their allocation.
 CSR_VECTOR_NAMES = ("kv_indptr", "kv_indices")
 
-#: Row flags of the model (bits).
-REAL, IN_BUCKET, OUT_OF_CONTRACT = 1, 2, 4
 
 #: Canary rows above and below the rows of every table allocation.
 CANARY_ROWS = 1
@@ -68,146 +64,6 @@ _E = len(ERROR_KINDS)
 #: Offsets into a record.
 #: Fields a mask writes into a record: count, flat index of the first entry, expected, got.
 MASK_FIELDS = 4
-
-
-@dataclass
-class ModelStep:
-    """The model's view of one replay."""
-
-    index: int
-    n: int
-    bucket: int
-    #: some row of the bucket holds a value outside the contract
-    out_of_contract: bool
-    #: some real row is longer than the lengths the graphs were captured with
-    longer_than_capture: bool
-    #: ``[bucket]`` bool, rows outside the contract
-    ooc_rows: np.ndarray
-    #: ``[bucket]`` what the static inputs must hold (the batch, padded)
-    asked_rpi: np.ndarray
-    asked_sl: np.ndarray
-
-
-class BatchModel:
-    """The static inputs a correct runner holds after staging a batch (see module docstring).
-
-    Args:
-        sizes: the captured batch sizes (ascending).
-        max_bs: rows of the static buffers.
-        pad_seq_len, pad_req_pool_index: what padded rows get (``None``: keep the old index).
-        initial_req_pool_indices: ``[max_bs]`` the static indices right after capture.
-        len_limit: longest length in the contract (``max(max_context_len, width *
-            page_size)``).
-        r2t_rows: rows of ``req_to_token``.
-        capture_pages: pages of the longest row the graphs were captured with.
-        page_size: tokens per page.
-        draft_tokens: added to every length a metadata builder builds its tables for (its
-            ``cache_seqlens``); 0 for a page-table builder.
-    """
-
-    def __init__(
-        self,
-        *,
-        sizes: list[int],
-        max_bs: int,
-        pad_seq_len: int,
-        pad_req_pool_index: int | None,
-        initial_req_pool_indices: np.ndarray,
-        len_limit: int,
-        r2t_rows: int,
-        capture_pages: int,
-        page_size: int,
-        draft_tokens: int = 0,
-    ):
-        self.sizes = sorted(sizes)
-        self.draft_tokens = draft_tokens
-        self.max_bs = max_bs
-        self.pad_seq_len = pad_seq_len
-        self.pad_req_pool_index = pad_req_pool_index
-        self.len_limit = len_limit
-        self.r2t_rows = r2t_rows
-        self.capture_pages = capture_pages
-        self.page_size = page_size
-        #: ``[3 * max_bs]`` int64: request indices, lengths and row flags, as uploaded.
-        self.state = np.zeros(3 * max_bs, dtype=np.int64)
-        self.req_pool_indices = self.state[:max_bs]
-        self.seq_lens = self.state[max_bs : 2 * max_bs]
-        self.flags = self.state[2 * max_bs :]
-        self.req_pool_indices[:] = initial_req_pool_indices
-        # The same fields seen as unsigned: a negative value is larger than any limit.
-        self._rpi_u = self.req_pool_indices.view(np.uint64)
-        self._sl_u = self.seq_lens.view(np.uint64)
-        self._rows_u = np.uint64(r2t_rows)
-        # The longest in-contract length: its tables, len + draft_tokens, reach len_limit.
-        # None when the draft tokens alone pass len_limit: every row is out of the contract.
-        self._sl_limit = np.uint64(len_limit - draft_tokens) if len_limit >= draft_tokens else None
-        # A real row is longer than at capture when its length passes this (its tables, for
-        # max(len, 0) + draft_tokens, have more pages than capture_pages).
-        self._long_from = capture_pages * page_size - draft_tokens
-
-    def bucket_for(self, n: int) -> int:
-        at = bisect.bisect_left(self.sizes, n)
-        if at == len(self.sizes):
-            raise ValueError(f"batch of {n} requests exceeds the largest bucket {self.sizes[-1]}")
-        return self.sizes[at]
-
-    def stage(self, index: int, req_pool_indices, seq_lens) -> ModelStep:
-        # Called once a replay: each line is one numpy call on at most max_bs values.
-        n = len(seq_lens)
-        bucket = self.bucket_for(n)
-        rpi, sl = self.req_pool_indices, self.seq_lens
-        rpi[:n] = req_pool_indices
-        sl[:n] = seq_lens
-        if bucket > n:
-            sl[n:bucket] = self.pad_seq_len
-            if self.pad_req_pool_index is not None:
-                rpi[n:bucket] = self.pad_req_pool_index
-        # Out of the contract: a negative length, a length whose tables (built for
-        # max(len, 0) + draft_tokens) pass len_limit, a request index outside req_to_token.
-        if self._sl_limit is None:
-            ooc = np.ones(bucket, dtype=bool)
-        else:
-            ooc = self._sl_u[:bucket] > self._sl_limit
-            ooc |= self._rpi_u[:bucket] >= self._rows_u
-        flags = self.flags
-        flags[:n] = REAL | IN_BUCKET
-        flags[n:bucket] = IN_BUCKET
-        flags[bucket:] = 0
-        in_bucket = flags[:bucket]
-        np.bitwise_or(in_bucket, OUT_OF_CONTRACT, out=in_bucket, where=ooc)
-        return ModelStep(
-            index=index,
-            n=n,
-            bucket=bucket,
-            out_of_contract=bool(np.count_nonzero(ooc)),
-            longer_than_capture=n > 0
-            and (self._long_from < 0 or bool(sl[:n].max() > self._long_from)),
-            ooc_rows=ooc,
-            asked_rpi=rpi[:bucket].copy(),
-            asked_sl=sl[:bucket].copy(),
-        )
-
-    def describe_rows(self, st: ModelStep, limit: int = 6) -> str:
-        """The out-of-contract and zero-length rows of replay ``st``, by kind, with their
-        values: what a failure or a crash on that replay had to deal with; ``""`` when none.
-        """
-        sl, rpi = st.asked_sl, st.asked_rpi
-        kinds = (
-            ("negative seq_len", sl < 0, sl, "seq_len"),
-            (f"seq_len past the row's capacity ({self.len_limit - self.draft_tokens} tokens)",
-             sl > self.len_limit - self.draft_tokens, sl, "seq_len"),
-            (f"req_pool_index outside req_to_token's {self.r2t_rows} rows",
-             (rpi < 0) | (rpi >= self.r2t_rows), rpi, "req_pool_index"),
-            ("zero-length (in the contract)", sl == 0, sl, "seq_len"),
-        )  # fmt: skip
-        parts = []
-        for label, mask, values, name in kinds:
-            rows = np.flatnonzero(mask)
-            if rows.size:
-                shown = ", ".join(f"{r} ({name} {int(values[r])})" for r in rows[:limit])
-                more = f", +{rows.size - limit} more" if rows.size > limit else ""
-                parts.append(f"{label}: row(s) {shown}{more}")
-        return "; ".join(parts)
 
 
 #: Builder kind -> its presettable outputs (``CheckConfig.preset_outputs``) -> their (vector,
@@ -239,7 +95,7 @@ def replay_bytes(tables: int, rows: int, padded_width: int, max_bs: int, cap: in
     masks over them, the gathers as int64 and the live mask."""
     entries = tables * rows * padded_width
     # + the snapshot of the gathers (at most int64) and their int64 copies in the computation
-    return entries * (4 + 4 + 12) + 2 * rows * padded_width + max_bs * cap * (16 * tables + 9)
+    return entries * (4 + 4 + 12 + 2) + max_bs * cap * (16 * tables + 9)
 
 
 def batch_size(per_replay: int, chunk: int) -> int:
@@ -267,6 +123,9 @@ class TableVerifier:
             (``kind="csr"``), ``[2, L]`` int32, holding ``kv_indptr`` (``vectors[0, 1 : 2 +
             max_bs]``) and ``kv_indices`` (``vectors[1, 1 : 1 + csr_capacity]``).
         kind: the builder kind (``pagegraph.kernels.registry.OUTPUT_KINDS``).
+        row_strides: each table view's row stride in its ``[rows, padded width]`` slab of
+            ``tables`` (default: the padded width; an SWA table with its own, smaller, row
+            stride has its rows packed closer, and the rest of its slab is canary).
         csr_capacity: entries of a CSR builder's ``kv_indices``.
         draft_tokens: the metadata builder's ``draft_tokens``.
         error_kinds: counters of the ``errors`` buffer that are checked.
@@ -302,6 +161,7 @@ class TableVerifier:
         preset_outputs: tuple[str, ...] = (),
         kind: str = "page_table",
         csr_capacity: int = 0,
+        row_strides: tuple[int, ...] | None = None,
     ):
         dev = tables.device
         self.vectors = vectors
@@ -315,6 +175,14 @@ class TableVerifier:
         self.device = dev
         self.tables = tables
         self.T, rows, self.padded_width = tables.shape
+        self.row_strides = tuple(row_strides or (self.padded_width,) * self.T)
+        if len(self.row_strides) != self.T or not all(
+            width <= s <= self.padded_width for s in self.row_strides
+        ):
+            raise ValueError(
+                f"row_strides {self.row_strides} must be T values in width..padded width"
+            )
+        self._flat_indices: dict[tuple[int, int], torch.Tensor] = {}
         self.max_bs = rows - 2 * CANARY_ROWS
         self.width = width
         self.page_size = page_size
@@ -403,8 +271,16 @@ class TableVerifier:
                                                  device=dev)  # fmt: skip
             self._vector_index = torch.arange(M + 1, device=dev, dtype=torch.int64)
             self._csr_index = torch.arange(self.csr_capacity, device=dev, dtype=torch.int64)
-        self._live = torch.zeros((K, rows, self.padded_width), dtype=torch.bool, device=dev)
+        self._live = torch.zeros((K, self.T, rows, self.padded_width), dtype=torch.bool,
+                                 device=dev)  # fmt: skip
         self._ooc = torch.zeros_like(self._live)
+        for t, stride in enumerate(self.row_strides):  # the packed tables' entries, flat
+            if stride != self.padded_width:
+                for n in (self.cap, self.width):
+                    rows_n = torch.arange(self.max_bs, device=dev) + CANARY_ROWS
+                    cols_n = torch.arange(n, device=dev)
+                    flat = (rows_n[:, None] * stride + cols_n[None, :]).reshape(-1)
+                    self._flat_indices[t, n] = flat
 
     # -- per replay -----------------------------------------------------------------------
 
@@ -512,7 +388,6 @@ class TableVerifier:
     def _compute(self) -> None:
         """Verify every ring entry (``K`` replays): one record each, written at its slot."""
         M, cap, ps, W, K = self.max_bs, self.cap, self.page_size, self.width, self.batch
-        top = CANARY_ROWS
         models = self._models
         rpi, sl, flags = models[:, :M], models[:, M : 2 * M], models[:, 2 * M : 3 * M]
         slot = models[:, 3 * M]
@@ -530,18 +405,20 @@ class TableVerifier:
         expected.fill_(POISON)
         self._live.zero_()
         if not self.csr:  # a CSR builder gets no table: all of it must keep the poison
-            region = expected[:, :, top : top + M, :cap]
-            region[:, 0] = torch.where(live, slots // ps, POISON)
+            self._place(expected, 0, torch.where(live, slots // ps, POISON))
             if self.T == 2:
                 swa_slots = self._snap_swa.to(torch.int64)
-                region[:, 1] = torch.where(live, swa_slots // ps, POISON)
-            self._live[:, top : top + M, :cap] = live
+                self._place(expected, 1, torch.where(live, swa_slots // ps, POISON))
+            for t in range(self.T):
+                self._place(self._live, t, live)
         self._ooc.zero_()
-        self._ooc[:, top : top + M, :W] = ooc.unsqueeze(-1)
+        ooc_rows = ooc.unsqueeze(-1).expand(K, M, W)
+        for t in range(self.T):
+            self._place(self._ooc, t, ooc_rows)
         tables = self._snap_tables
         diff = tables != expected  # [K, T, rows, padded width]
-        judged = diff & ~self._ooc.unsqueeze(1)  # an out-of-contract row may hold anything
-        live_t = self._live.unsqueeze(1)
+        judged = diff & ~self._ooc  # an out-of-contract row may hold anything
+        live_t = self._live
         masks = torch.cat([judged & live_t, judged & ~live_t], dim=1).view(K, 2 * self.T, -1)
         counts = masks.sum(-1)  # [K, 2T]
         first = masks.to(torch.uint8).argmax(-1)
@@ -591,6 +468,17 @@ class TableVerifier:
 
         record = torch.cat([mask_fields, staged_fields, error_fields], dim=1)
         self.records.index_copy_(0, slot, record)
+
+    def _place(self, dst: torch.Tensor, t: int, values: torch.Tensor) -> None:
+        """Write ``values`` (``[K, max_bs, n]``) at table ``t``'s entries ``[row, :n]`` in
+        ``dst`` (``[K, T, rows, padded width]``, laid out as ``tables``), by its row
+        stride."""
+        n = values.shape[-1]
+        if self.row_strides[t] == self.padded_width:
+            dst[:, t, CANARY_ROWS : CANARY_ROWS + self.max_bs, :n] = values
+        else:
+            flat = dst.view(dst.shape[0], self.T, -1)
+            flat[:, t, self._flat_indices[t, n]] = values.reshape(dst.shape[0], -1).to(dst.dtype)
 
     def _running_sums(self, sl: torch.Tensor, in_bucket: torch.Tensor) -> torch.Tensor:
         """``[K, max_bs]`` int64 true running sums of ``cache_seqlens`` over the bucket's

@@ -31,6 +31,7 @@ from ..check.checker import (
     CheckInterrupted,
     check_replay_safety,
     expected_tables,
+    preset_problem,
     stop_on_signals,
     stop_requested,
     table_bytes,
@@ -170,7 +171,8 @@ def _plan(scenarios, *, replays, builder, detectors, workload_process, strict,
             cfg = cfg.replace(workload_process=workload_process)
         if strict is not None:
             cfg = cfg.replace(strict=tuple(dict.fromkeys((*cfg.strict, *parse_strict(strict)))))
-        problem = signature_problem(fn, builder_kind(fn, cfg.outputs), swa=cfg.swa)
+        kind = builder_kind(fn, cfg.outputs)
+        problem = signature_problem(fn, kind, swa=cfg.swa) or preset_problem(cfg, kind)
         if problem:
             raise ValueError(f"{s.path}: {problem}")
         problem = _memory_problem(cfg)
