@@ -15,6 +15,7 @@ from pagegraph.check.config import CheckConfig
 from pagegraph.check.isolate import Job, run_isolated
 from pagegraph.check.mutants import plain_kv_indices
 from pagegraph.check.scenario import load_scenario
+from pagegraph.check.verify import POISON
 from pagegraph.clients.sglang import sglang_unavailable_reason
 from pagegraph.kernels.kv_indices import build_kv_indices
 from pagegraph.kernels.reference import reference_kv_indices
@@ -23,6 +24,7 @@ from pagegraph.kernels.registry import builder_kind, resolve_builder, signature_
 ROOT = Path(__file__).resolve().parent.parent
 
 CANARY = -7
+DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
 
 def _status(report, name: str) -> str:
@@ -36,10 +38,11 @@ def _first_failure(report, name: str) -> str:
 def _run(builder, rpi, sl, r2t, page_size, capacity):
     """``builder`` into fresh poisoned buffers with a canary entry on both sides."""
     bs = sl.shape[0]
-    indptr = torch.full((bs + 3,), CANARY, dtype=torch.int32)
-    indices = torch.full((capacity + 2,), CANARY, dtype=torch.int32)
+    dev = r2t.device
+    indptr = torch.full((bs + 3,), CANARY, dtype=torch.int32, device=dev)
+    indices = torch.full((capacity + 2,), CANARY, dtype=torch.int32, device=dev)
     builder(r2t, rpi, sl, page_size, kv_indptr=indptr[1 : bs + 2], kv_indices=indices[1:-1])
-    return indptr, indices
+    return indptr.cpu(), indices.cpu()
 
 
 @pytest.mark.parametrize(
@@ -53,10 +56,10 @@ def _run(builder, rpi, sl, r2t, page_size, capacity):
 )
 def test_build_kv_indices_matches_the_oracle(page_size, cols, bs, capacity, dtype):
     g = torch.Generator().manual_seed(page_size * 1000 + bs)
-    r2t = torch.randint(1, 10**6, (20, cols), generator=g, dtype=dtype)
+    r2t = torch.randint(1, 10**6, (20, cols), generator=g, dtype=dtype).to(DEVICE)
     # Out-of-contract values too: negative and overlong lengths, request indices outside.
-    rpi = torch.randint(-2, 22, (bs,), generator=g, dtype=dtype)
-    sl = torch.randint(-5, cols + 40, (bs,), generator=g, dtype=dtype)
+    rpi = torch.randint(-2, 22, (bs,), generator=g, dtype=dtype).to(DEVICE)
+    sl = torch.randint(-5, cols + 40, (bs,), generator=g, dtype=dtype).to(DEVICE)
     got = _run(build_kv_indices, rpi, sl, r2t, page_size, capacity)
     want = _run(reference_kv_indices, rpi, sl, r2t, page_size, capacity)
     assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
@@ -68,9 +71,9 @@ def test_build_kv_indices_matches_the_oracle(page_size, cols, bs, capacity, dtyp
 
 
 def test_build_kv_indices_refuses_bad_buffers():
-    r2t = torch.ones((4, 64), dtype=torch.int32)
-    rpi = sl = torch.ones(3, dtype=torch.int32)
-    ok = torch.zeros(4, dtype=torch.int32)
+    r2t = torch.ones((4, 64), dtype=torch.int32, device=DEVICE)
+    rpi = sl = torch.ones(3, dtype=torch.int32, device=DEVICE)
+    ok = torch.zeros(4, dtype=torch.int32, device=DEVICE)
     with pytest.raises(ValueError, match="bs \\+ 1 = 4"):
         build_kv_indices(r2t, rpi, sl, 16, kv_indptr=ok[:3], kv_indices=ok)
     with pytest.raises(TypeError, match="kv_indices must be int32"):
@@ -109,8 +112,9 @@ def test_correct_csr_builders_are_safe(builder):
 def test_a_write_past_the_stream_fails_bounded_writes_and_names_the_entry():
     def one_past(r2t, rpi, sl, page_size, *, kv_indptr, kv_indices):
         build_kv_indices(r2t, rpi, sl, page_size, kv_indptr=kv_indptr, kv_indices=kv_indices)
-        total = int(kv_indptr[-1])  # a host read: fine for a planted bug on the CPU
-        kv_indices[total : total + 1] = 0
+        # One entry past the stream, found on the device (no sync, so it also captures).
+        end = kv_indptr[-1:].long().clamp(max=kv_indices.shape[0] - 1)
+        kv_indices.scatter_(0, end, torch.zeros_like(kv_indices[:1]))
 
     one_past.pagegraph_outputs = "csr"
     report = check_replay_safety(one_past, _small(overlong=0, negative=0, bad_index=0))
@@ -122,9 +126,10 @@ def test_a_write_past_the_stream_fails_bounded_writes_and_names_the_entry():
 def test_a_write_into_the_canary_fails_row_containment_on_out_of_contract_replays():
     def canary(r2t, rpi, sl, page_size, *, kv_indptr, kv_indices):
         build_kv_indices(r2t, rpi, sl, page_size, kv_indptr=kv_indptr, kv_indices=kv_indices)
-        if int(sl.min()) < 0:  # an out-of-contract batch: one write past the buffer's end
-            past = torch.as_strided(kv_indices, (kv_indices.shape[0] + 1,), (1,))
-            past[-1] = 0
+        # A batch with a negative length writes 0 one past the buffer's end; any other
+        # writes the poison back, which leaves the canary as the checker set it.
+        past = torch.as_strided(kv_indices, (kv_indices.shape[0] + 1,), (1,))
+        past[-1:] = torch.where(sl.min() < 0, 0, POISON).to(torch.int32)
 
     canary.pagegraph_outputs = "csr"
     report = check_replay_safety(canary, _small(negative=0.3, overlong=0, bad_index=0))
