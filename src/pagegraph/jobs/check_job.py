@@ -172,7 +172,9 @@ def _plan(scenarios, *, replays, builder, detectors, workload_process, strict,
         if strict is not None:
             cfg = cfg.replace(strict=tuple(dict.fromkeys((*cfg.strict, *parse_strict(strict)))))
         kind = builder_kind(fn, cfg.outputs)
-        problem = signature_problem(fn, kind, swa=cfg.swa) or preset_problem(cfg, kind)
+        problem = signature_problem(
+            fn, kind, swa=cfg.swa, consumer=bool(cfg.consumer)
+        ) or preset_problem(cfg, kind)
         if problem:
             raise ValueError(f"{s.path}: {problem}")
         problem = _memory_problem(cfg)

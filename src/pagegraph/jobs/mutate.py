@@ -246,7 +246,7 @@ def _fitted_jobs(spec: str, scenario_jobs: list[Job], o: Outcome) -> list[Job]:
     out = []
     for j in scenario_jobs:
         kind = builder_kind(fn, j.config.outputs)
-        problem = signature_problem(fn, kind, swa=j.config.swa)
+        problem = signature_problem(fn, kind, swa=j.config.swa, consumer=bool(j.config.consumer))
         if problem:
             o.not_applicable[j.label] = problem
             continue

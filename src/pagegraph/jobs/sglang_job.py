@@ -154,7 +154,9 @@ def _why_not(client: str, fn, kind: str, cfg: CheckConfig) -> str | None:
             f"page_size {cfg.page_size}: SGLang's FlashInfer backend builds token slots "
             "(page size 1)"
         )
-    return signature_problem(fn, kind, swa=cfg.swa) or _memory_problem(cfg)
+    return signature_problem(fn, kind, swa=cfg.swa, consumer=bool(cfg.consumer)) or (
+        _memory_problem(cfg)
+    )
 
 
 def plan_runs(scenarios: list[str] | None, replays: int | None) -> list[SGLangRun]:

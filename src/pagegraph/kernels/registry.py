@@ -289,9 +289,12 @@ CSR_SIGNATURE = (
 )
 
 
-def signature_problem(builder: Callable, kind: str, *, swa: bool = False) -> str | None:
+def signature_problem(
+    builder: Callable, kind: str, *, swa: bool = False, consumer: bool = False
+) -> str | None:
     """Why ``builder`` cannot be called as the bed calls a builder of ``kind`` (one of
-    ``OUTPUT_KINDS``), with SWA outputs when ``swa``; ``None`` when it can. Only the
+    ``OUTPUT_KINDS``), with SWA outputs when ``swa``, on a decode-step scenario (whose
+    attention reads the builder's page table) when ``consumer``; ``None`` when it can. Only the
     arguments the bed always passes are required: ``errors=`` is passed only to a builder
     that takes it."""
     try:
@@ -306,6 +309,13 @@ def signature_problem(builder: Callable, kind: str, *, swa: bool = False) -> str
                   "draft_tokens": 0, "cu_seqlens_q": None, **swa_kw}  # fmt: skip
         contract = DECODE_METADATA_SIGNATURE
     elif kind == "csr":
+        if consumer:
+            return (
+                f"{builder_name(builder)} is a csr builder: a decode-step scenario ([consumer]) "
+                "feeds the builder's page table to the attention (its CSR consumer builds "
+                "kv_indptr/kv_indices from that table), so it takes a page_table or "
+                "decode_metadata builder"
+            )
         if swa:
             return (
                 f"{builder_name(builder)} is a csr builder: the CSR format has no SWA table, and "
