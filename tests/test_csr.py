@@ -195,3 +195,36 @@ def test_sglang_flashinfer_csr_is_exact_with_its_preset_and_crashes_without():
     else:  # on a GPU the stray copy may crash the process or land in other memory
         failed = [p for p in bare.properties if p.status == "FAIL"]
         assert failed and (bare.crash or "kv_indptr[0]" in str(failed[0].first_failure))
+
+
+SMALL_CSR = """name = "small-csr"
+[graph]
+buckets = [1, 2, 4]
+max_bs = 4
+max_context_len = 256
+page_size = 16
+[workload]
+steps = 3
+initial_len = [1, 200]
+[check]
+builder = "{builder}"
+preset_outputs = ["kv_indptr[0]"]
+"""
+
+
+def test_presets_of_the_scenarios_own_builder_are_dropped_for_another_builder(tmp_path, capsys):
+    from pagegraph.cli import main
+
+    own = tmp_path / "small-csr.toml"
+    own.write_text(SMALL_CSR.format(builder="build_kv_indices"))
+    assert main(["check", str(own)]) == 0
+    # Another builder put on it has none of the scenario builder's presets: they are dropped.
+    assert main(["check", str(own), "--builder", "build_page_table"]) == 0
+    capsys.readouterr()
+    # A scenario whose own builder cannot have its presets is a usage error, in one line.
+    wrong = tmp_path / "wrong.toml"
+    wrong.write_text(SMALL_CSR.format(builder="build_page_table"))
+    assert main(["check", str(wrong)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "preset_outputs ['kv_indptr[0]'] are not outputs of a page_table builder" in err

@@ -284,8 +284,10 @@ def derive(row: dict) -> dict:
 
 
 def git_commit() -> str:
-    """The checkout's short commit, else ``$PAGEGRAPH_COMMIT``, else ``"unknown"`` (a copy of
-    the tree without its ``.git``)."""
+    """``$PAGEGRAPH_COMMIT`` when set (the caller knows what it copied), else the checkout's
+    short commit, else ``"unknown"`` (a copy of the tree without its ``.git``)."""
+    if os.environ.get("PAGEGRAPH_COMMIT"):
+        return os.environ["PAGEGRAPH_COMMIT"]
     root = Path(__file__).resolve().parents[3]
     try:
         out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
@@ -294,7 +296,7 @@ def git_commit() -> str:
             return out.stdout.strip()
     except (OSError, subprocess.SubprocessError):
         pass
-    return os.environ.get("PAGEGRAPH_COMMIT") or "unknown"
+    return "unknown"
 
 
 def bench_consumer_floor(out_dir: str | Path, batches=BATCHES, contexts=CONTEXTS) -> dict:

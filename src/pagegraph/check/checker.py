@@ -77,6 +77,7 @@ __all__ = [
     "expected_tables",
     "pool_kwargs",
     "preset_problem",
+    "presets_of_kind",
     "stop_on_signals",
     "stop_requested",
     "table_bytes",
@@ -157,6 +158,14 @@ def _start_run(builder, cfg: CheckConfig, device, runner_factory, hooks: CheckHo
     run.errors = cfg.errors and builder_capabilities(fn).errors
     run.kind = kind
     return run
+
+
+def presets_of_kind(cfg: CheckConfig, kind: str) -> CheckConfig:
+    """``cfg`` keeping only the preset outputs a builder of ``kind`` has: a scenario's presets
+    describe its own builder, and another builder put on it (``--builder``, ``mutate``) has
+    none of another kind's."""
+    known = PRESET_ENTRIES[kind]
+    return cfg.replace(preset_outputs=tuple(p for p in cfg.preset_outputs if p in known))
 
 
 def preset_problem(cfg: CheckConfig, kind: str) -> str | None:

@@ -32,6 +32,7 @@ from ..check.checker import (
     check_replay_safety,
     expected_tables,
     preset_problem,
+    presets_of_kind,
     stop_on_signals,
     stop_requested,
     table_bytes,
@@ -172,6 +173,8 @@ def _plan(scenarios, *, replays, builder, detectors, workload_process, strict,
         if strict is not None:
             cfg = cfg.replace(strict=tuple(dict.fromkeys((*cfg.strict, *parse_strict(strict)))))
         kind = builder_kind(fn, cfg.outputs)
+        if builder is not None:  # the scenario's presets are its own builder's
+            cfg = presets_of_kind(cfg, kind)
         problem = signature_problem(
             fn, kind, swa=cfg.swa, consumer=bool(cfg.consumer)
         ) or preset_problem(cfg, kind)

@@ -239,7 +239,7 @@ def _fitted_jobs(spec: str, scenario_jobs: list[Job], o: Outcome) -> list[Job]:
     """The jobs builder ``spec`` can run: a scenario whose outputs it cannot write (a CSR
     builder on an SWA scenario) goes into ``o.not_applicable`` with the reason; the preset
     outputs of another kind of builder are dropped (they describe the scenario's own)."""
-    from ..check.verify import PRESET_ENTRIES
+    from ..check.checker import presets_of_kind
     from ..kernels.registry import builder_kind, resolve_builder, signature_problem
 
     fn = resolve_builder(spec)
@@ -250,9 +250,7 @@ def _fitted_jobs(spec: str, scenario_jobs: list[Job], o: Outcome) -> list[Job]:
         if problem:
             o.not_applicable[j.label] = problem
             continue
-        presets = tuple(p for p in j.config.preset_outputs if p in PRESET_ENTRIES[kind])
-        out.append(Job(spec, j.config.replace(preset_outputs=presets), j.label,
-                       j.stop_on_failure))  # fmt: skip
+        out.append(Job(spec, presets_of_kind(j.config, kind), j.label, j.stop_on_failure))
     return out
 
 
