@@ -22,6 +22,7 @@ import torch
 
 from pagegraph import build_page_table, reference_page_table
 from pagegraph.clients import sglang as sg
+from pagegraph.kernels.kv_indices import build_kv_indices
 from pagegraph.kernels.reference import reference_decode_metadata
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -440,4 +441,28 @@ def test_reproducer_exit_code_follows_its_finding(name):
     assert ("BUG" in done.stdout) == (expected == 1)
     # A reproducer stands alone: it never imports pagegraph.
     source = EXAMPLES[name].read_text()
+    assert "import pagegraph" not in source and "from pagegraph" not in source
+
+
+OVERFLOW = ROOT / "examples" / "sglang_flashinfer_kv_indices_overflow.py"
+
+
+@needs_sglang
+def test_flashinfer_overflow_reproducer_flags_sglang_and_passes_pagegraph():
+    spec = importlib.util.spec_from_file_location("pagegraph_example_overflow", OVERFLOW)
+    example = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(example)
+
+    def ours(req_to_token, req_pool_indices, seq_lens, kv_indptr, kv_indices):
+        build_kv_indices(req_to_token, req_pool_indices, seq_lens, 1, kv_indptr=kv_indptr,
+                         kv_indices=kv_indices)  # fmt: skip
+
+    assert example.reproduce(ours, DEVICE) == []
+    found = example.reproduce(example.load_sglang_builder(), DEVICE)
+    assert any("past the end of the 2000-entry buffer" in line for line in found), found
+    done = subprocess.run(
+        [sys.executable, str(OVERFLOW)], capture_output=True, text=True, timeout=120
+    )
+    assert done.returncode == 1 and "BUG" in done.stdout, done.stdout + done.stderr
+    source = OVERFLOW.read_text()
     assert "import pagegraph" not in source and "from pagegraph" not in source

@@ -14,7 +14,7 @@ import json
 import pytest
 
 from pagegraph.check.config import CheckConfig
-from pagegraph.check.report import PropertyResult
+from pagegraph.check.report import PropertyResult, Report
 from pagegraph.clients import sglang as sg
 from pagegraph.jobs import sglang_job
 from pagegraph.jobs.sglang_job import (
@@ -72,8 +72,30 @@ def test_failures_map_to_their_reproducers():
     even = _run(PAGE_TABLE_CLIENT, max_context_len=128 * 64, page_size=64)
     assert classify(even, spill) is None
     assert classify(_run(GRAPH_METADATA_CLIENT, page_size=64), spill) is None
-    assert {f.key for f in FINDINGS} == {"page-table-spill", "flashmla-spill", "swa-stride"}
+    assert {f.key for f in FINDINGS} == {
+        "page-table-spill",
+        "flashmla-spill",
+        "swa-stride",
+        "flashinfer-overlong",
+    }
     assert all(f.reproducer.startswith("examples/") for f in FINDINGS)
+
+
+def test_a_flashinfer_crash_on_an_overlong_row_is_its_finding():
+    client = sglang_job.CSR_CLIENTS[0]
+    run = _run(client, max_context_len=1024, page_size=1)
+    completed = PropertyResult("replays completed", "FAIL", "", "the check process was killed")
+    run.report = Report(client, run.config, "cuda", True)
+    run.report.crash = (
+        "CUDA error: an illegal memory access was encountered. Replayed again with launches "
+        "serialised, it came from replay 45 (bucket 32), seq_len past the row's capacity "
+        "(16384 tokens): row(s) 3 (seq_len 2147483464)"
+    )
+    assert classify(run, completed) == "flashinfer-overlong"
+    run.report.crash = "CUDA error: an illegal memory access was encountered"
+    assert classify(run, completed) is None  # a crash the re-run did not tie to a length
+    past = PropertyResult("row containment", "FAIL", "", "kv_indices[2048] (past the end)")
+    assert classify(run, past) == "flashinfer-overlong"
 
 
 def test_flashmla_spill_is_its_own_finding():

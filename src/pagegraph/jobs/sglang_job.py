@@ -107,7 +107,16 @@ FINDINGS = (
         "build_trtllm_mha_page_table writes the SWA table with the full table's row stride",
         "examples/sglang_trtllm_swa_stride.py",
     ),
+    Finding(
+        "flashinfer-overlong",
+        "create_flashinfer_kv_indices_triton copies a row's whole seq_len: a length past the "
+        "request's req_to_token row reads the next request's slots, and the batch's stream "
+        "runs past the end of kv_indices (a length near 2^31: an illegal memory access)",
+        "examples/sglang_flashinfer_kv_indices_overflow.py",
+    ),
 )
+#: What a crash of a CSR client on an overlong length says (``pagegraph.check.isolate``).
+OVERLONG_CRASH = "seq_len past the row's capacity"
 
 
 @dataclass
@@ -237,6 +246,13 @@ def grid_columns(client: str, cfg: CheckConfig) -> int:
 
 def classify(run: SGLangRun, prop) -> str | None:
     """The key of the finding a failed property shows (``FINDINGS``), or None."""
+    if run.client in CSR_CLIENTS and run.config is not None:
+        # The serialised re-run names the rows a crash came from: an overlong length's is
+        # the unbounded copy; a write past kv_indptr[bucket] in a replay that stayed up is too.
+        crash = (run.report.crash or "") if run.report is not None else ""
+        if OVERLONG_CRASH in crash or prop.name in SPILL_PROPERTIES:
+            return "flashinfer-overlong"
+        return None
     if run.client not in BLOCK_REASONS or run.config is None:
         return None
     cfg = run.config
