@@ -2,7 +2,10 @@
 
 Run: ``pagegraph bench`` (what ``make bench`` runs) or ``python -m pagegraph.bench``;
 ``--quick``, ``--configs NAME...``, ``--only SECTION...``, ``--tune`` for the kernel-parameter
-sweep. Sections, in the order they run (``runner.SECTIONS``):
+sweep. ``--consumer-floor`` (the second half of ``make bench-decode``) measures the builders'
+consumer instead: paged and CSR decode attention on the ``sglang-h200`` shapes against a DRAM
+floor measured in the same process (``consumer_floor``; ``consumer-floor.md`` and ``.json``).
+Sections, in the order they run (``runner.SECTIONS``):
 
 * ``builders``, per (config, builder) row (``rows``):
 
@@ -45,8 +48,9 @@ wall times of the interpreter, exactness, and ``None`` for every device field.
 Modules: ``configs`` (shapes), ``inputs`` (inputs, L2 rotation, outputs and the exactness
 check), ``floors``, ``timing`` (graph and wall-clock timing, settings), ``rows``, ``decode``,
 ``replay_overhead``, ``checker_rate``, ``sweeps`` (and ``--tune``), ``report`` (targets,
-Markdown, plots), ``runner`` (``run_bench`` and the command line) and ``pytest_bench`` (the
-pytest-benchmark timings that ``benchmarks/test_bench.py`` runs). What is imported here is
+Markdown, plots), ``runner`` (``run_bench`` and the command line), ``consumer_floor``
+(``--consumer-floor``) and ``pytest_bench`` (the pytest-benchmark timings that
+``benchmarks/test_bench.py`` runs). What is imported here is
 the public surface.
 """
 

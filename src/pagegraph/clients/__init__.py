@@ -6,5 +6,9 @@ exactly as its serving stack does. An engine that is not installed makes its ada
 its ``*Unavailable`` error with the reason; importing the client module never fails.
 
 * ``pagegraph.clients.sglang``: SGLang's trtllm_mha page-table and fused graph-metadata
-  kernels, and its CSR (FlashInfer) and FlashMLA index builders.
+  kernels, its FlashMLA index builder as a ``"page_table"`` builder
+  (``sglang_flashmla_kv_indices``), and its FlashInfer decode CSR build as ``"csr"`` builders
+  (``sglang_flashinfer_kv_indices``, one program a row, and
+  ``sglang_flashinfer_kv_indices_blocks``, its token-block grid); ``SGLANG_BUILDERS`` names
+  those the checker knows. ``make sglang`` runs them on every scenario of their kind.
 """
