@@ -29,6 +29,7 @@ from __future__ import annotations
 import argparse
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -302,12 +303,17 @@ def collect_findings(runs: list[SGLangRun], *, reproducers: bool = True) -> dict
         if run.error:
             unexplained.append({"client": run.client, "scenario": run.scenario,
                                 "property": "(none)", "first_failure": run.error})  # fmt: skip
-    findings = []
-    for f in FINDINGS:
-        ran = run_reproducer(f.reproducer) if reproducers else {"exit_code": None,
-                                                                 "state": "not run"}  # fmt: skip
-        findings.append({"key": f.key, "title": f.title, "reproducer": f.reproducer,
-                         **ran, "hits": hits[f.key]})  # fmt: skip
+    # The reproducers are separate processes: run them side by side.
+    with ThreadPoolExecutor(max_workers=len(FINDINGS)) as pool:
+        states = list(pool.map(
+            lambda f: run_reproducer(f.reproducer) if reproducers
+            else {"exit_code": None, "state": "not run"},
+            FINDINGS,
+        ))  # fmt: skip
+    findings = [
+        {"key": f.key, "title": f.title, "reproducer": f.reproducer, **ran, "hits": hits[f.key]}
+        for f, ran in zip(FINDINGS, states)
+    ]
     return {"findings": findings, "unexplained": unexplained}
 
 
