@@ -70,6 +70,25 @@ def test_build_kv_indices_matches_the_oracle(page_size, cols, bs, capacity, dtyp
     assert (indices[1 + total :] == CANARY).all()  # nothing past kv_indptr[bs]
 
 
+def test_build_kv_indices_clamps_a_length_near_int64_max_before_rounding_up():
+    r2t = torch.arange(3 * 64, dtype=torch.int64, device=DEVICE).view(3, 64)
+    rpi = torch.tensor([0, 1, 2], dtype=torch.int64, device=DEVICE)
+    sl = torch.tensor([2**63 - 1, 20, 20], dtype=torch.int64, device=DEVICE)
+    got = _run(build_kv_indices, rpi, sl, r2t, 16, 16)
+    want = _run(reference_kv_indices, rpi, sl, r2t, 16, 16)
+    assert torch.equal(got[0], want[0]) and torch.equal(got[1], want[1])
+    assert got[0][1:5].tolist() == [0, 4, 6, 8]
+
+
+def test_an_empty_batch_writes_kv_indptr_0_only():
+    r2t = torch.ones((2, 64), dtype=torch.int32, device=DEVICE)
+    none = torch.zeros(0, dtype=torch.int32, device=DEVICE)
+    indptr = torch.full((3,), CANARY, dtype=torch.int32, device=DEVICE)
+    indices = torch.full((4,), CANARY, dtype=torch.int32, device=DEVICE)
+    build_kv_indices(r2t, none, none, 16, kv_indptr=indptr[1:2], kv_indices=indices)
+    assert indptr.tolist() == [CANARY, 0, CANARY] and (indices == CANARY).all()
+
+
 def test_build_kv_indices_refuses_bad_buffers():
     r2t = torch.ones((4, 64), dtype=torch.int32, device=DEVICE)
     rpi = sl = torch.ones(3, dtype=torch.int32, device=DEVICE)
@@ -142,6 +161,60 @@ def test_a_write_into_the_canary_fails_row_containment_on_out_of_contract_replay
     assert _status(report, "row containment") == "FAIL"
     assert "past the end of kv_indices" in _first_failure(report, "row containment")
     assert _status(report, "bounded writes") == "pass"
+
+
+def _on_bad_batches(change):
+    """A CSR builder that is right, then, on a batch with a negative length, applies
+    ``change(kv_indptr, kv_indices, bad)`` (``bad``: a 0-d bool on the device; no sync)."""
+
+    def build(r2t, rpi, sl, page_size, *, kv_indptr, kv_indices):
+        build_kv_indices(r2t, rpi, sl, page_size, kv_indptr=kv_indptr, kv_indices=kv_indices)
+        change(kv_indptr, kv_indices, sl.min() < 0)
+
+    build.pagegraph_outputs = "csr"
+    return build
+
+
+def _bad_batches_cfg() -> CheckConfig:
+    return _small(negative=0.2, overlong=0, bad_index=0, zero_len=0, steps=40)
+
+
+def test_out_of_contract_replays_still_judge_the_rows_before_the_first_bad_one():
+    def clobber_first_page(kv_indptr, kv_indices, bad):
+        kv_indices[:1] = torch.where(bad, 123456, kv_indices[:1])
+
+    report = check_replay_safety(_on_bad_batches(clobber_first_page), _bad_batches_cfg())
+    assert _status(report, "row containment") == "FAIL", report.format()
+    assert "kv_indices[0] (row 0's page 0)" in _first_failure(report, "row containment")
+    assert _status(report, "correct") == "pass"  # in-contract replays are right
+
+
+def test_out_of_contract_replays_judge_kv_indptr_past_the_bad_row_for_order_and_bounds():
+    def end_past_the_buffer(kv_indptr, kv_indices, bad):
+        far = torch.full_like(kv_indptr[-1:], 4 * kv_indices.shape[0])
+        kv_indptr[-1:] = torch.where(bad, far, kv_indptr[-1:])
+
+    report = check_replay_safety(_on_bad_batches(end_past_the_buffer), _bad_batches_cfg())
+    assert _status(report, "row containment") == "FAIL", report.format()
+    assert "kv_indptr[" in _first_failure(report, "row containment")
+    # Shifted but ordered and in bounds past the bad row: allowed.
+    report = check_replay_safety(build_kv_indices, _bad_batches_cfg())
+    assert report.out_of_contract_replays and report.verdict == "SAFE", report.format()
+
+
+def test_a_batch_past_the_capacity_is_cut_there_and_a_builder_that_runs_on_fails():
+    # kv_indices holds max_bs * table_width = 64 pages; in-contract rows hold up to 32 each.
+    cfg = _small(table_width=4, overlong=0, negative=0, bad_index=0, initial_len=(300, 500))
+    assert check_replay_safety(build_kv_indices, cfg).verdict == "SAFE"
+
+    def uncut(r2t, rpi, sl, page_size, *, kv_indptr, kv_indices):
+        wider = torch.as_strided(kv_indices, (kv_indices.shape[0] + 1,), (1,))
+        build_kv_indices(r2t, rpi, sl, page_size, kv_indptr=kv_indptr, kv_indices=wider)
+
+    uncut.pagegraph_outputs = "csr"
+    report = check_replay_safety(uncut, cfg)
+    assert _status(report, "bounded writes") == "FAIL", report.format()
+    assert "past the end of kv_indices" in _first_failure(report, "bounded writes")
 
 
 def test_an_overlong_row_may_shift_the_stream_on_its_own_replay():
@@ -228,3 +301,13 @@ def test_presets_of_the_scenarios_own_builder_are_dropped_for_another_builder(tm
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1
     assert "preset_outputs ['kv_indptr[0]'] are not outputs of a page_table builder" in err
+
+
+@pytest.mark.skipif(sglang_unavailable_reason() is not None, reason="sglang is not installed")
+def test_sglangs_flashinfer_build_at_another_page_size_is_a_usage_error(capsys):
+    from pagegraph.cli import main
+
+    assert main(["check", "csr", "--builder", "sglang_flashinfer_kv_indices"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1
+    assert "takes page_size 1 only, and this scenario has page_size 16" in err

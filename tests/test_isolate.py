@@ -184,3 +184,16 @@ def test_a_decode_step_crash_report_without_a_partial_report():
     assert report.property("replays completed").status == "FAIL"
     assert report.property("sentinel page untouched").status == "incomplete"
     assert "killed by SIGSEGV during replay 3" in report.format()
+
+
+def test_a_decode_step_crash_while_timing_keeps_what_the_replays_showed():
+    blank = _crash_report(Job("x", STEP), None, "killed by SIGSEGV", "replay 3", "")
+    partial = blank.to_dict()
+    for p in partial["properties"]:  # as the child wrote it after its last replay
+        p["status"], p["detail"] = "pass", "judged"
+    report = _crash_report(Job("x", STEP), partial, "killed by SIGABRT", "timing", "")
+    assert report.verdict == "UNSAFE"
+    done = report.property("replays completed")
+    assert done.status == "FAIL" and "SIGABRT during timing" in done.detail
+    assert report.property("sentinel page untouched").status == "pass"
+    assert report.property("output correct through the consumer").detail == "judged"

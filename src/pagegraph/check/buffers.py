@@ -11,6 +11,7 @@ from dataclasses import dataclass
 
 import torch
 
+from ..kernels.contract import cdiv
 from ..workload.decode import Step
 from ..workload.pool import KVPool
 from .config import INDEX_DTYPES, CheckConfig
@@ -159,7 +160,7 @@ def csr_capacity(cfg: CheckConfig) -> int:
     return cfg.max_bs * cfg.width
 
 
-def table_bytes(cfg: CheckConfig) -> int:
+def table_bytes(cfg: CheckConfig, kind: str = "page_table") -> int:
     """Device bytes the checker's tables and their verification take (an upper estimate of
     the working set, for the memory check before allocating): the tables, and twice the
     snapshots and intermediates of one verification batch (``pagegraph.verify.replay_bytes``):
@@ -167,5 +168,13 @@ def table_bytes(cfg: CheckConfig) -> int:
     tables = 2 if cfg.swa else 1
     rows = cfg.max_bs + 2 * CANARY_ROWS
     padded_width = max(table_row_strides(cfg))
-    per = replay_bytes(tables, rows, padded_width, cfg.max_bs, cfg.width)
-    return tables * rows * padded_width * 4 + 2 * per * batch_size(per, min(cfg.chunk, cfg.steps))
+    own = tables * rows * padded_width * 4
+    if kind == "csr":  # the gathers span a request's row; kv_indices and its int64 steps
+        row_pages = cdiv(cfg.max_context_len + cfg.r2t_extra_cols, cfg.page_size)
+        per = replay_bytes(tables, rows, padded_width, cfg.max_bs, row_pages)
+        vectors = 2 * (csr_capacity(cfg) + 2) * 4
+        per += vectors * 12 * 2 + csr_capacity(cfg) * 8 * 8
+        own += vectors
+    else:
+        per = replay_bytes(tables, rows, padded_width, cfg.max_bs, cfg.width)
+    return own + 2 * per * batch_size(per, min(cfg.chunk, cfg.steps))

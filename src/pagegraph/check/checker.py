@@ -144,7 +144,9 @@ def _start_run(builder, cfg: CheckConfig, device, runner_factory, hooks: CheckHo
     fn = resolve_builder(builder)
     kind = builder_kind(fn, cfg.outputs)
     metadata = kind == "decode_metadata"
-    problem = signature_problem(fn, kind, swa=cfg.swa) or preset_problem(cfg, kind)
+    problem = signature_problem(fn, kind, swa=cfg.swa, page_size=cfg.page_size) or (
+        preset_problem(cfg, kind)
+    )
     if problem:
         raise ValueError(problem)
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))

@@ -290,7 +290,7 @@ def check_decode_step(
     validate_config(cfg)
     fn = resolve_builder(builder)
     kind = builder_kind(fn, cfg.outputs)
-    problem = signature_problem(fn, kind, swa=False, consumer=True)
+    problem = signature_problem(fn, kind, swa=False, consumer=True, page_size=cfg.page_size)
     if problem:
         raise ValueError(problem)
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))

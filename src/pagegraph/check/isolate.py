@@ -215,7 +215,10 @@ def _crash_report(job: Job, partial: dict | None, cause: str, phase: str, stderr
     props[target].status = "FAIL"
     props[target].detail = short
     props[target].first_failure = props[target].first_failure or short
-    for name in _cut_short(job):
+    # A decode step times its graphs after judging every replay: a crash there is a crash of
+    # the builder or consumer, but it leaves nothing unjudged.
+    cut_short = () if phase == "timing" else _cut_short(job)
+    for name in cut_short:
         p = props[name]
         if p.status == "pass" or (p.status == "incomplete" and not p.detail):
             p.status = "incomplete"

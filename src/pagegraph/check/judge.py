@@ -298,7 +298,8 @@ def _judge_vectors(rec: np.ndarray, st: ModelStep, verifier: TableVerifier, stat
                    props: Props, cfg: CheckConfig, describe_rows=None) -> None:  # fmt: skip
     """A metadata or CSR builder's vectors: wrong entries of the live region fail "correct"
     (and, for CSR, "graph-safe" on a replay longer than at capture; on an out-of-contract
-    replay they are the out-of-contract values' own, and allowed), writes outside it fail
+    replay they are the out-of-contract values' own, and allowed, except a CSR builder's
+    rows before the first out-of-contract one: "row containment"), writes outside it fail
     "bounded writes" (or "row containment")."""
     length = verifier.vectors.shape[1]
     for k, mask in enumerate((2 * verifier.T, 2 * verifier.T + 1)):
@@ -313,7 +314,9 @@ def _judge_vectors(rec: np.ndarray, st: ModelStep, verifier: TableVerifier, stat
             note=csr_entry_owner(st, entry - 1, cfg, verifier) if name == "kv_indices" else "",
         )  # fmt: skip
         if st.out_of_contract:
-            if k == 1:  # wrong live entries are the out-of-contract values' own
+            # Wrong live entries are the out-of-contract values' own, except a CSR builder's,
+            # whose live region there ends where the first out-of-contract row starts.
+            if k == 1 or verifier.csr:
                 stats.escaped_writes += count
                 _fail_with(props["row containment"], failure, st, describe_rows)
         elif k == 0:

@@ -486,7 +486,8 @@ def _torch_csr(req_to_token, req_pool_indices, seq_lens, page_size, kv_indptr, k
     row writes one page too many)."""
     bs, C = seq_lens.shape[0], kv_indices.shape[0]
     row_pages = cdiv(req_to_token.shape[1], page_size)
-    n = ((seq_lens.long().clamp(min=0) + page_size - 1) // page_size).clamp(max=row_pages)
+    tokens = seq_lens.long().clamp(0, row_pages * page_size)  # clamped before rounding up
+    n = (tokens + page_size - 1) // page_size
     if max_pages is not None:
         n = n.clamp(max=max_pages)
     ends = torch.cumsum(n, 0).clamp(max=C)
@@ -494,15 +495,18 @@ def _torch_csr(req_to_token, req_pool_indices, seq_lens, page_size, kv_indptr, k
     kv_indptr[1 : bs + 1] = ends.to(torch.int32)
     kv_indptr[:1].fill_(0)
     cols = torch.arange(row_pages, device=seq_lens.device)
-    live = cols < (ends - starts + (1 if bug == "past_end" else 0))[:, None]
+    counts = (ends - starts)[:, None]
     base = torch.arange(bs, device=seq_lens.device) * row_pages if bug == "ell" else starts
     dest = base[:, None] + cols
     rows = req_pool_indices.long().clamp(0, req_to_token.shape[0] - 1)
     cols_tokens = (cols * page_size).clamp(max=req_to_token.shape[1] - 1)
-    ids = req_to_token[rows[:, None], cols_tokens].long() // page_size
+    ids = (req_to_token[rows[:, None], cols_tokens].long() // page_size).to(torch.int32)
     padded = torch.cat([kv_indices, kv_indices.new_zeros(1)])
-    padded.scatter_(0, torch.where(live & (dest < C), dest, C).reshape(-1),
-                    ids.to(torch.int32).reshape(-1))  # fmt: skip
+    # Scatters with one destination each (their order on a GPU is undefined for repeats):
+    # past_end's extra pages first, so that the next row's own first page overwrites them.
+    passes = [cols < counts] if bug != "past_end" else [cols == counts, cols < counts]
+    for live in passes:
+        padded.scatter_(0, torch.where(live & (dest < C), dest, C).reshape(-1), ids.reshape(-1))
     kv_indices.copy_(padded[:C])
 
 

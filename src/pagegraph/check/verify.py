@@ -429,8 +429,7 @@ class TableVerifier:
             dim=-1,
         ).view(K, -1)  # fmt: skip
         if self.csr:
-            ooc_replay = (ooc & in_bucket).any(-1)
-            csr_fields = self._verify_csr(n_pages, slots, in_bucket, ooc_replay)
+            csr_fields = self._verify_csr(n_pages, slots, in_bucket, ooc & in_bucket)
             mask_fields = torch.cat([mask_fields, csr_fields], dim=1)
         elif self.vectors is not None:
             mask_fields = torch.cat([mask_fields, self._verify_vectors(sl, in_bucket)], dim=1)
@@ -523,38 +522,50 @@ class TableVerifier:
         ).view(K, -1)  # fmt: skip
 
     def _verify_csr(self, n_pages: torch.Tensor, slots: torch.Tensor, in_bucket: torch.Tensor,
-                    ooc_replay: torch.Tensor) -> torch.Tensor:  # fmt: skip
+                    ooc: torch.Tensor) -> torch.Tensor:  # fmt: skip
         """A CSR builder's vectors against their reference (``[K, 8]``, as
         ``_verify_vectors``): ``kv_indptr = [0, running sums of the rows' pages, cut at the
         capacity]`` for entries ``0..bucket``, and ``kv_indices[j]`` for ``j <
         kv_indptr[bucket]`` the id of page ``j - kv_indptr[i]`` of the row ``i`` that owns
-        ``j``; poison everywhere else. On an out-of-contract replay a row may be longer than
-        the reference's, shifting the rows after it, so there only the canaries and
-        ``kv_indptr`` past the bucket are judged outside the live region.
+        ``j``; poison everywhere else.
+
+        An out-of-contract row ``r`` (the replay's first) may be longer than the reference's,
+        shifting the rows after it, so there the live region ends at it: ``kv_indptr[0..r]``
+        and ``kv_indices[: kv_indptr[r]]`` stay exact (nothing before row ``r`` depends on
+        it), ``kv_indptr[r + 1 .. bucket]`` must rise and stay within ``[0, capacity]`` (a
+        consumer reads ``kv_indices`` by them), and ``kv_indices`` past row ``r``'s start is
+        not judged; the canaries and ``kv_indptr`` past the bucket always are.
 
         ``n_pages`` ``[K, M]`` int64 (0 past the bucket), ``slots`` ``[K, M, cap]`` int64
-        page-start slots, ``in_bucket`` ``[K, M]`` bool, ``ooc_replay`` ``[K]`` bool."""
+        page-start slots, ``in_bucket`` and ``ooc`` ``[K, M]`` bool (``ooc``: rows of the
+        bucket outside the contract)."""
         M, K, C, cap = self.max_bs, self.batch, self.csr_capacity, self.cap
         exp = self._expected_vectors
         exp.fill_(POISON)
         sums = torch.cumsum(n_pages, -1).clamp(max=C)  # [K, M]
         bucket = in_bucket.sum(-1, keepdim=True)
-        live_k = self._vector_index <= bucket
+        ooc_replay = ooc.any(-1, keepdim=True)  # [K, 1]
+        first = torch.where(ooc_replay, ooc.to(torch.uint8).argmax(-1, keepdim=True), bucket)
         exp[:, 0, 1:2].fill_(0)
-        exp[:, 0, 2 : 2 + M] = torch.where(live_k[:, 1:], sums, POISON)
+        exp[:, 0, 2 : 2 + M] = torch.where(self._vector_index[1:] <= bucket, sums, POISON)
         j = self._csr_index.expand(K, C)
         # The row owning entry j: the number of rows that end at or before it.
         row = torch.searchsorted(sums, j.contiguous(), right=True).clamp(max=M - 1)
         start = torch.where(row > 0, sums.gather(1, (row - 1).clamp(min=0)), 0)
         page = (j - start).clamp(0, cap - 1)
         ids = slots.reshape(K, M * cap).gather(1, row * cap + page) // self.page_size
-        live_j = j < sums[:, -1:]
-        exp[:, 1, 1 : 1 + C] = torch.where(live_j, ids, POISON)
+        exp[:, 1, 1 : 1 + C] = torch.where(j < sums[:, -1:], ids, POISON)
+        # The exact region: up to the first out-of-contract row (the whole bucket without one).
+        end = torch.where(first > 0, sums.gather(1, (first - 1).clamp(min=0)), 0)
         live = torch.zeros_like(exp, dtype=torch.bool)
-        live[:, 0, 1 : 2 + M] = live_k
-        live[:, 1, 1 : 1 + C] = live_j
+        live[:, 0, 1 : 2 + M] = self._vector_index <= first
+        live[:, 1, 1 : 1 + C] = j < end
+        got = self._snap_vectors[:, 0, 1 : 2 + M].to(torch.int64)
+        prev = torch.cat([got[:, :1], got[:, :-1]], dim=1)
+        disordered = (got < prev) | (got < 0) | (got > C)
         judged = torch.ones_like(live)
-        judged[:, 1, 1 : 1 + C] = ~ooc_replay.unsqueeze(-1)
+        judged[:, 0, 1 : 2 + M] = (self._vector_index > bucket) | disordered
+        judged[:, 1, 1 : 1 + C] = ~ooc_replay
         return self._vector_masks(exp, live, judged)
 
 

@@ -554,6 +554,7 @@ def flashinfer_csr(
 
 
 flashinfer_csr.pagegraph_outputs = "csr"
+flashinfer_csr.pagegraph_page_sizes = (1,)  # SGLang's FlashInfer backend builds token slots
 
 
 def flashinfer_csr_token_blocks(
@@ -577,6 +578,7 @@ def flashinfer_csr_token_blocks(
 
 
 flashinfer_csr_token_blocks.pagegraph_outputs = "csr"
+flashinfer_csr_token_blocks.pagegraph_page_sizes = (1,)
 
 
 def _starts(kv_start_idx: torch.Tensor | None, bs: int) -> list[int]:

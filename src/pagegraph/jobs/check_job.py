@@ -82,7 +82,7 @@ def _progress(label: str):
     return show
 
 
-def _memory_problem(cfg) -> str | None:
+def _memory_problem(cfg, kind: str = "page_table") -> str | None:
     """Why a scenario does not fit the memory its tables would live in (the GPU's free
     memory, or the host's available memory without CUDA), or None. Checked before anything
     is allocated: the pool's tables, the static buffers and the checker's working set."""
@@ -93,7 +93,7 @@ def _memory_problem(cfg) -> str | None:
     pages = cfg.num_pages or (rows - 1) * cdiv(cfg.max_context_len, cfg.page_size) + 1
     f2s_entries = pages * cfg.page_size + 1 if cfg.swa else 0
     f2s = f2s_entries * 8  # counted as int64 whatever its dtype: an upper bound
-    tables = table_bytes(cfg)
+    tables = table_bytes(cfg, kind)
     # The pool's write scratch (pool.writer_bytes), one a table.
     scratch = writer_bytes(r2t_entries, cfg.page_size, r2t_item) + (
         writer_bytes(f2s_entries, cfg.page_size, 8 if cfg.full_to_swa_dtype == "int64" else 4)
@@ -176,11 +176,11 @@ def _plan(scenarios, *, replays, builder, detectors, workload_process, strict,
         if builder is not None:  # the scenario's presets are its own builder's
             cfg = presets_of_kind(cfg, kind)
         problem = signature_problem(
-            fn, kind, swa=cfg.swa, consumer=bool(cfg.consumer)
+            fn, kind, swa=cfg.swa, consumer=bool(cfg.consumer), page_size=cfg.page_size
         ) or preset_problem(cfg, kind)
         if problem:
             raise ValueError(f"{s.path}: {problem}")
-        problem = _memory_problem(cfg)
+        problem = _memory_problem(cfg, kind)
         if problem:
             raise ValueError(f"{s.path}: {problem}")
         configs.append(cfg)

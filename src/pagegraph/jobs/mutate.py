@@ -246,7 +246,10 @@ def _fitted_jobs(spec: str, scenario_jobs: list[Job], o: Outcome) -> list[Job]:
     out = []
     for j in scenario_jobs:
         kind = builder_kind(fn, j.config.outputs)
-        problem = signature_problem(fn, kind, swa=j.config.swa, consumer=bool(j.config.consumer))
+        cfg = j.config
+        problem = signature_problem(
+            fn, kind, swa=cfg.swa, consumer=bool(cfg.consumer), page_size=cfg.page_size
+        )
         if problem:
             o.not_applicable[j.label] = problem
             continue

@@ -165,7 +165,7 @@ def _why_not(client: str, fn, kind: str, cfg: CheckConfig) -> str | None:
             "(page size 1)"
         )
     return signature_problem(fn, kind, swa=cfg.swa, consumer=bool(cfg.consumer)) or (
-        _memory_problem(cfg)
+        _memory_problem(cfg, kind)
     )
 
 
@@ -248,12 +248,7 @@ def grid_columns(client: str, cfg: CheckConfig) -> int:
 def classify(run: SGLangRun, prop) -> str | None:
     """The key of the finding a failed property shows (``FINDINGS``), or None."""
     if run.client in CSR_CLIENTS and run.config is not None:
-        # The serialised re-run names the rows a crash came from: an overlong length's is
-        # the unbounded copy; a write past kv_indptr[bucket] in a replay that stayed up is too.
-        crash = (run.report.crash or "") if run.report is not None else ""
-        if OVERLONG_CRASH in crash or prop.name in SPILL_PROPERTIES:
-            return "flashinfer-overlong"
-        return None
+        return "flashinfer-overlong" if _overlong_csr_failure(run, prop) else None
     if run.client not in BLOCK_REASONS or run.config is None:
         return None
     cfg = run.config
@@ -266,6 +261,22 @@ def classify(run: SGLangRun, prop) -> str | None:
     ):
         return "swa-stride"
     return None
+
+
+def _overlong_csr_failure(run: SGLangRun, prop) -> bool:
+    """Whether a CSR client's failure is its unbounded copy of an overlong row: a crash the
+    serialised re-run tied to a replay whose only out-of-contract rows are overlong, or a
+    write past the end of ``kv_indices`` on such a replay."""
+    if run.report is not None and run.report.crash:
+        text = run.report.crash
+    elif prop.name in SPILL_PROPERTIES:
+        text = str(prop.first_failure or prop.detail)
+        if "past the end of kv_indices" not in text:
+            return False
+    else:
+        return False
+    others = ("negative seq_len", "req_pool_index outside")
+    return OVERLONG_CRASH in text and not any(other in text for other in others)
 
 
 def run_reproducer(path: str, timeout: float = REPRODUCER_TIMEOUT) -> dict:

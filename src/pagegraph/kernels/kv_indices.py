@@ -15,10 +15,11 @@ pages; ``kv_indptr[i + 1] = min(n_0 + ... + n_i, capacity)`` (so a batch that wo
 end of ``kv_indices`` is cut there, never written past it) and ``kv_indices[kv_indptr[i] + p]
 = req_to_token[req_pool_indices[i], p * page_size] // page_size``. Entries past
 ``kv_indptr[bs]`` keep what they held: a consumer bounds its reads by ``kv_indptr``.
-``kv_indptr[0] = 0`` is written too (an engine that presets it loses nothing).
+``kv_indptr[0] = 0`` is written too, also for an empty batch (an engine that presets it loses
+nothing).
 
-Design: a grid of ``(parts, bs)`` programs, both static for given buffers (so a CUDA graph
-replays it for any lengths). Program ``(part, i)`` finds its row's offset itself, summing the
+Design: a grid of ``(bs, parts)`` programs, both static for given buffers (so a CUDA graph
+replays it for any lengths). Program ``(i, part)`` finds its row's offset itself, summing the
 clamped page counts of rows ``0 .. i - 1`` in tiles of ``SCAN`` (a few loads for any batch an
 engine captures; no second launch and no scan buffer), then copies blocks ``part, part +
 parts, ...`` of ``BLOCK`` pages of its row: the work follows the real lengths.
@@ -78,9 +79,10 @@ def build_kv_indices(
     if len(devices) != 1:
         raise ValueError(f"tensors on several devices: {sorted(map(str, devices))}")
     if bs == 0:
+        kv_indptr[:1].zero_()  # a device fill: no sync, capturable
         return
     row_pages = cdiv(req_to_token.shape[1], page_size)
-    grid = (kv_indices_parts(row_pages), bs)
+    grid = (bs, kv_indices_parts(row_pages))
     _kv_indices_kernel[grid](
         req_to_token, req_pool_indices, seq_lens, kv_indptr, kv_indices,
         req_to_token.stride(0), req_to_token.shape[0], row_pages, kv_indices.shape[0],
@@ -106,9 +108,12 @@ def _kv_indices_kernel(
     BLOCK: tl.constexpr,
     SCAN: tl.constexpr,
 ):
-    part = tl.program_id(0)
-    parts = tl.num_programs(0)
-    row = tl.program_id(1)
+    row = tl.program_id(0)
+    part = tl.program_id(1)
+    parts = tl.num_programs(1)
+    # Tokens past the pages a row can supply are clamped before the page count: an int64
+    # length near 2^63 would overflow the rounding up.
+    row_tokens = row_pages.to(tl.int64) * PAGE_SIZE
     # The row's offset: the clamped page counts of the rows before it.
     acc = tl.zeros([SCAN], dtype=tl.int64)
     start = 0
@@ -116,12 +121,12 @@ def _kv_indices_kernel(
         j = start + tl.arange(0, SCAN)
         before = j < row
         lens = tl.load(seq_lens_ptr + j, mask=before, other=0).to(tl.int64)
-        pages = tl.minimum((tl.maximum(lens, 0) + PAGE_SIZE - 1) // PAGE_SIZE, row_pages)
+        pages = (tl.minimum(tl.maximum(lens, 0), row_tokens) + PAGE_SIZE - 1) // PAGE_SIZE
         acc += tl.where(before, pages, 0)
         start += SCAN
     offset = tl.minimum(tl.sum(acc, axis=0), capacity)
     length = tl.load(seq_lens_ptr + row).to(tl.int64)
-    n = tl.minimum((tl.maximum(length, 0) + PAGE_SIZE - 1) // PAGE_SIZE, row_pages)
+    n = (tl.minimum(tl.maximum(length, 0), row_tokens) + PAGE_SIZE - 1) // PAGE_SIZE
     n = tl.minimum(n, capacity - offset)  # never past the end of kv_indices
     if part == 0:
         tl.store(kv_indptr_ptr + row + 1, (offset + n).to(tl.int32))

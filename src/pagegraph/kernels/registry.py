@@ -290,13 +290,26 @@ CSR_SIGNATURE = (
 
 
 def signature_problem(
-    builder: Callable, kind: str, *, swa: bool = False, consumer: bool = False
+    builder: Callable,
+    kind: str,
+    *,
+    swa: bool = False,
+    consumer: bool = False,
+    page_size: int | None = None,
 ) -> str | None:
     """Why ``builder`` cannot be called as the bed calls a builder of ``kind`` (one of
     ``OUTPUT_KINDS``), with SWA outputs when ``swa``, on a decode-step scenario (whose
-    attention reads the builder's page table) when ``consumer``; ``None`` when it can. Only the
+    attention reads the builder's page table) when ``consumer``, at ``page_size`` when given
+    (a builder that takes only some declares them: ``fn.pagegraph_page_sizes = (1,)``);
+    ``None`` when it can. Only the
     arguments the bed always passes are required: ``errors=`` is passed only to a builder
     that takes it."""
+    sizes = getattr(builder, "pagegraph_page_sizes", None)
+    if page_size is not None and sizes is not None and page_size not in sizes:
+        return (
+            f"{builder_name(builder)} takes page_size {' or '.join(map(str, sizes))} only, and "
+            f"this scenario has page_size {page_size}"
+        )
     try:
         sig = inspect.signature(builder)
     except (TypeError, ValueError):
