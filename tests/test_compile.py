@@ -1,7 +1,7 @@
 """Invariant: every kernel variant the contract allows compiles for sm_90, on a machine without
 a GPU: every dtype of req_to_token, req_pool_indices, seq_lens and full_to_swa (or none),
 with and without the error counters, 32- and 64-bit in-row offsets, page sizes from 1 to 256,
-the work counter, and every bug of the mutant kernel.
+the work counter, every bug of the mutant kernel, and the CSR builder's kernel.
 
 The Triton interpreter accepts programs the compiler rejects (globals that are not constexpr,
 some loop forms, dtype mixes), so CI also compiles each specialisation for Hopper. Triton's
@@ -170,6 +170,38 @@ def compile_stage(rpi: str, sl: str, pad_rpi: bool) -> dict:
     }
 
 
+#: build_kv_indices (the CSR builder): (req_to_token, req_pool_indices, seq_lens, page size).
+KV_INDICES_VARIANTS = [
+    (r, i, s_, p) for (r, i, s_), p in zip(itertools.product(INT, INT, INT), [1, 16] * 4)
+]
+
+
+def kv_indices_id(v) -> str:
+    return f"kv_indices-r2t_{v[0]}-rpi_{v[1]}-sl_{v[2]}-ps{v[3]}"
+
+
+def compile_kv_indices(r2t: str, rpi: str, sl: str, page_size: int) -> dict:
+    """``pagegraph.kernels.kv_indices``' kernel."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from pagegraph.kernels.kv_indices import KV_INDICES_BLOCK, SCAN, _kv_indices_kernel
+
+    sig = {
+        "req_to_token_ptr": "*" + INT[r2t], "req_pool_indices_ptr": "*" + INT[rpi],
+        "seq_lens_ptr": "*" + INT[sl], "kv_indptr_ptr": "*i32", "kv_indices_ptr": "*i32",
+        "r2t_stride": "i32", "r2t_rows": "i32", "row_pages": "i32", "capacity": "i64",
+        "PAGE_SIZE": "constexpr", "BLOCK": "constexpr", "SCAN": "constexpr",
+    }  # fmt: skip
+    names = list(sig)
+    values = {"PAGE_SIZE": page_size, "BLOCK": KV_INDICES_BLOCK, "SCAN": SCAN}
+    constexprs = {(names.index(k),): v for k, v in values.items()}
+    src = ASTSource(fn=_kv_indices_kernel, signature=sig, constexprs=constexprs)
+    out = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    return {"cubin_bytes": len(out.asm["cubin"]), "sm90": ".target sm_90" in out.asm["ptx"]}
+
+
 #: The compiles in parts, each one a fixture call: a parallel run (make test on a GPU) gives
 #: each part's tests to one worker (``xdist_group``), so the parts compile at once.
 PARTS = ("kernel-0", "kernel-1", "kernel-2", "mutants-stage")
@@ -188,7 +220,11 @@ def _jobs(part: str) -> list:
         for bug in MUTANT_BUGS
         for swa in (False, True)
     ]
-    return mutants + [(stage_id(v), compile_stage, v) for v in STAGE_VARIANTS]
+    return (
+        mutants
+        + [(stage_id(v), compile_stage, v) for v in STAGE_VARIANTS]
+        + [(kv_indices_id(v), compile_kv_indices, v) for v in KV_INDICES_VARIANTS]
+    )
 
 
 def compile_part(part: str) -> dict:
@@ -267,6 +303,14 @@ def test_stage_kernel_compiles_for_sm90(variant):
     assert result["sm90"] and result["cubin_bytes"] > 0
     # The mailbox is written by the host between replays: its reads must not be cached.
     assert result["volatile_loads"]
+
+
+@pytest.mark.parametrize("variant", KV_INDICES_VARIANTS, ids=kv_indices_id)
+@pytest.mark.xdist_group("sm90-mutants-stage")
+def test_kv_indices_kernel_compiles_for_sm90(variant):
+    result = compiled("mutants-stage")[kv_indices_id(variant)]
+    assert "error" not in result, result.get("error")
+    assert result["sm90"] and result["cubin_bytes"] > 0
 
 
 if __name__ == "__main__":
