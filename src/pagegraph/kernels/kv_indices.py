@@ -113,7 +113,8 @@ def _kv_indices_kernel(
     parts = tl.num_programs(1)
     # Tokens past the pages a row can supply are clamped before the page count: an int64
     # length near 2^63 would overflow the rounding up.
-    row_tokens = row_pages.to(tl.int64) * PAGE_SIZE
+    # (row_pages * PAGE_SIZE < cols + PAGE_SIZE fits 32 bits; the lengths are int64.)
+    row_tokens = row_pages * PAGE_SIZE
     # The row's offset: the clamped page counts of the rows before it.
     acc = tl.zeros([SCAN], dtype=tl.int64)
     start = 0
