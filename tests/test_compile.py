@@ -328,6 +328,9 @@ def test_every_dtype_and_flag_combination_is_compiled():
     assert {v[7] for v in VARIANTS} == set(PAGE_SIZES) and any(v[6] for v in VARIANTS)
     # Every compile belongs to a part, and every part has compiles.
     assert {kernel_part(v) for v in VARIANTS} | {"mutants-stage"} == set(PARTS)
-    assert sum(len(_jobs(p)) for p in PARTS) == len(VARIANTS) + 2 * len(MUTANT_BUGS) + len(
-        STAGE_VARIANTS
+    assert sum(len(_jobs(p)) for p in PARTS) == (
+        len(VARIANTS) + 2 * len(MUTANT_BUGS) + len(STAGE_VARIANTS) + len(KV_INDICES_VARIANTS)
     )
+    # The CSR kernel: every dtype of its three index inputs, and two page sizes.
+    assert {v[:3] for v in KV_INDICES_VARIANTS} == set(itertools.product(INT, INT, INT))
+    assert {v[3] for v in KV_INDICES_VARIANTS} == {1, 16}
