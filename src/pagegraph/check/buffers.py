@@ -15,7 +15,14 @@ from ..kernels.contract import cdiv
 from ..workload.decode import Step
 from ..workload.pool import KVPool
 from .config import INDEX_DTYPES, CheckConfig
-from .verify import CANARY_ROWS, POISON, batch_size, preset_views, replay_bytes
+from .verify import (
+    CANARY_ROWS,
+    POISON,
+    batch_size,
+    preset_views,
+    replay_bytes,
+    vector_replay_bytes,
+)
 
 
 @dataclass
@@ -144,8 +151,7 @@ def _csr_buffers(cfg: CheckConfig, tables: torch.Tensor, views: list[torch.Tenso
     entries, as an engine sizes it for its longest rows) in one ``[2, L]`` allocation, each
     with a canary entry on both sides; the tables stay poisoned (a CSR builder gets none)."""
     capacity = csr_capacity(cfg)
-    vectors = torch.full((2, max(cfg.max_bs + 3, capacity + 2)), POISON, dtype=torch.int32,
-                         device=device)  # fmt: skip
+    vectors = torch.full((2, csr_vector_length(cfg)), POISON, dtype=torch.int32, device=device)
     vector_views = {
         "kv_indptr": vectors[0, 1 : 2 + cfg.max_bs],
         "kv_indices": vectors[1, 1 : 1 + capacity],
@@ -160,6 +166,12 @@ def csr_capacity(cfg: CheckConfig) -> int:
     return cfg.max_bs * cfg.width
 
 
+def csr_vector_length(cfg: CheckConfig) -> int:
+    """Entries of each row of a CSR builder's ``[2, L]`` vectors: ``kv_indptr`` and
+    ``kv_indices`` with a canary entry on both sides."""
+    return max(cfg.max_bs + 3, csr_capacity(cfg) + 2)
+
+
 def table_bytes(cfg: CheckConfig, kind: str = "page_table") -> int:
     """Device bytes the checker's tables and their verification take (an upper estimate of
     the working set, for the memory check before allocating): the tables, and twice the
@@ -172,9 +184,9 @@ def table_bytes(cfg: CheckConfig, kind: str = "page_table") -> int:
     if kind == "csr":  # the gathers span a request's row; kv_indices and its int64 steps
         row_pages = cdiv(cfg.max_context_len + cfg.r2t_extra_cols, cfg.page_size)
         per = replay_bytes(tables, rows, padded_width, cfg.max_bs, row_pages)
-        vectors = 2 * (csr_capacity(cfg) + 2) * 4
-        per += vectors * 12 * 2 + csr_capacity(cfg) * 8 * 8
-        own += vectors
+        entries = 2 * csr_vector_length(cfg)  # _csr_buffers' [2, L] allocation
+        per += vector_replay_bytes(entries, csr_capacity(cfg))
+        own += entries * 4
     else:
         per = replay_bytes(tables, rows, padded_width, cfg.max_bs, cfg.width)
     return own + 2 * per * batch_size(per, min(cfg.chunk, cfg.steps))

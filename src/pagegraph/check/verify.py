@@ -37,7 +37,7 @@ from .batch_model import IN_BUCKET, OUT_OF_CONTRACT, REAL, BatchModel, ModelStep
 __all__ = [
     "CANARY_ROWS", "CSR_VECTOR_NAMES", "IN_BUCKET", "OUT_OF_CONTRACT", "POISON", "PRESET_ENTRIES",
     "REAL", "VECTOR_NAMES", "BatchModel", "ModelStep", "TableVerifier", "batch_size",
-    "preset_views", "read_mask", "replay_bytes",
+    "preset_views", "read_mask", "replay_bytes", "vector_replay_bytes",
 ]  # fmt: skip
 
 #: Value the tables are filled with before each replay; no builder writes it.
@@ -96,6 +96,14 @@ def replay_bytes(tables: int, rows: int, padded_width: int, max_bs: int, cap: in
     entries = tables * rows * padded_width
     # + the snapshot of the gathers (at most int64) and their int64 copies in the computation
     return entries * (4 + 4 + 12 + 2) + max_bs * cap * (16 * tables + 9)
+
+
+def vector_replay_bytes(vector_entries: int, csr_capacity: int = 0) -> int:
+    """Device bytes a replay's output vectors take in a verification batch (an upper
+    estimate): ``vector_entries`` int32 entries snapshotted, expected and masked (12 bytes an
+    entry, twice for the intermediates), and for a CSR builder the int64 steps of the
+    ``csr_capacity``-entry index computation."""
+    return vector_entries * 12 * 2 + csr_capacity * 8 * 8
 
 
 def batch_size(per_replay: int, chunk: int) -> int:
@@ -202,8 +210,8 @@ class TableVerifier:
         M, cap = self.max_bs, self.cap
         if batch is None:
             per = replay_bytes(self.T, rows, self.padded_width, M, cap)
-            if vectors is not None:  # snapshot, expected, masks; CSR: the index's int64 steps
-                per += vectors.numel() * 12 * 2 + csr_capacity * 8 * 8
+            if vectors is not None:
+                per += vector_replay_bytes(vectors.numel(), csr_capacity)
             batch = batch_size(per, chunk)
         if isinstance(batch, bool) or not isinstance(batch, int) or batch < 1:
             raise ValueError(f"batch must be a positive integer, got {batch!r}")
