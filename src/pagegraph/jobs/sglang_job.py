@@ -159,10 +159,11 @@ def _why_not(client: str, fn, kind: str, cfg: CheckConfig) -> str | None:
     if client in BLOCK_REASONS and BLOCK_TOKENS % cfg.page_size:
         why = BLOCK_REASONS[client]
         return f"page_size {cfg.page_size} does not divide {BLOCK_TOKENS} ({why})"
-    if client in CSR_CLIENTS and cfg.page_size != 1:
+    sizes = getattr(fn, "pagegraph_page_sizes", None)  # what the adapter declares
+    if client in CSR_CLIENTS and sizes is not None and cfg.page_size not in sizes:
         return (
             f"page_size {cfg.page_size}: SGLang's FlashInfer backend builds token slots "
-            "(page size 1)"
+            f"(page size {' or '.join(map(str, sizes))})"
         )
     return signature_problem(fn, kind, swa=cfg.swa, consumer=bool(cfg.consumer)) or (
         _memory_problem(cfg, kind)
