@@ -218,6 +218,29 @@ def test_report_to_dict_and_timing():
         assert d["decode_step"]["timing"] == [] and d["decode_step"]["timing_method"] is None
 
 
+def test_stop_on_failure_stops_at_the_first_failing_replay():
+    """Mutation testing: a planted bug stops the run at its first failing replay, untimed;
+    a correct pair with the same flag runs every replay."""
+    cfg = tiny(steps=12)
+    report = check_decode_step(
+        "build_page_table", cfg, consumer=static_width_consumer, stop_on_failure=True
+    )
+    assert report.verdict == "UNSAFE" and report.replays < cfg.steps, report.format()
+    assert report.stopped == f"stopped at the first failure, after {report.replays} replays"
+    assert "stopped early" in report.format() and not report.timing
+    safe = check_decode_step("build_page_table", cfg, stop_on_failure=True)
+    assert safe.verdict == "SAFE" and safe.replays == cfg.steps and safe.stopped is None
+
+
+def test_timing_iters_zero_means_no_timing():
+    report = check_decode_step("build_page_table", tiny(steps=2, timing_iters=0))
+    assert report.verdict == "SAFE" and not report.timing and report.timing_method is None
+    if CUDA:
+        assert report.timing_skipped == "timing_iters = 0"
+    with pytest.raises(ValueError, match="timing_iters must be >= 0"):
+        check_decode_step("build_page_table", tiny(steps=2, timing_iters=-1))
+
+
 def test_report_round_trips_with_its_timing():
     report = check_decode_step("build_page_table", tiny("csr", steps=1))
     report.timing = {1: (20.0, 5.0, 14.0), 4: (40.0, 6.0, 33.0)}

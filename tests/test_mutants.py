@@ -22,6 +22,7 @@ ROOT = Path(__file__).resolve().parent.parent
 DEFAULT = str(ROOT / "graphs" / "default.toml")
 SPEC = str(ROOT / "graphs" / "spec-metadata.toml")
 CSR = str(ROOT / "graphs" / "csr.toml")
+DECODE_STEP = str(ROOT / "graphs" / "decode-step.toml")
 
 
 def test_the_zoo_is_big_and_documented():
@@ -98,3 +99,17 @@ def test_smallest_killing_set_is_a_cover():
         outcome("d", {}),
     ]
     assert smallest_killing_set(outcomes, ["s1", "s2", "s3"]) == ["s2", "s3"]
+
+
+def test_mutate_jobs_skip_the_decode_steps_timing_and_stop_mutants_early():
+    """The kill table needs verdicts only: a scenario with a consumer is not timed, and a
+    mutant's job stops at its first failure while a control's runs every replay."""
+    from pagegraph.check.scenario import load_scenario
+    from pagegraph.jobs.mutate import _scenario_jobs
+
+    loaded = [load_scenario(DEFAULT), load_scenario(DECODE_STEP)]
+    assert loaded[1].config.timing_iters > 0  # the scenario itself is timed
+    for control in (True, False):
+        jobs = _scenario_jobs(loaded, 7, control)
+        assert [j.config.timing_iters for j in jobs] == [loaded[0].config.timing_iters, 0]
+        assert all(j.config.steps == 7 and j.stop_on_failure is not control for j in jobs)

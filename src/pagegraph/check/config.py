@@ -220,7 +220,8 @@ class CheckConfig:
     num_q_heads: int = 32
     num_kv_heads: int = 8
     head_dim: int = 128
-    #: timed graph replays per bucket (CUDA only), for the medians of the step and the builder
+    #: timed graph replays per bucket (CUDA only), for the medians of the step and the builder;
+    #: 0: no timing (``pagegraph mutate`` needs only the verdict)
     timing_iters: int = 20
 
     def replace(self, **changes) -> CheckConfig:
@@ -361,9 +362,11 @@ def _check_consumer(c: CheckConfig, name: FieldNamer) -> None:
     if c.consumer_dtype not in CONSUMER_DTYPES:
         _fail("consumer_dtype", f"must be 'bfloat16' or 'float16', got {c.consumer_dtype!r}",
               name)  # fmt: skip
-    for field in ("num_q_heads", "num_kv_heads", "timing_iters"):
+    for field in ("num_q_heads", "num_kv_heads"):
         if getattr(c, field) < 1:
             _fail(field, f"must be >= 1, got {getattr(c, field)}", name)
+    if c.timing_iters < 0:
+        _fail("timing_iters", f"must be >= 0 (0: no timing), got {c.timing_iters}", name)
     if c.num_q_heads % c.num_kv_heads:
         _fail("num_q_heads", f"must be a multiple of {name('num_kv_heads')} "
               f"({c.num_kv_heads}), got {c.num_q_heads}", name)  # fmt: skip

@@ -265,6 +265,7 @@ def check_decode_step(
     consumer: Callable | None = None,
     on_phase: Callable[[str], None] | None = None,
     on_report: Callable[[DecodeStepReport], None] | None = None,
+    stop_on_failure: bool = False,
 ) -> DecodeStepReport:
     """Capture ``builder`` + the consumer over the config's buckets, replay the workload and
     judge the attention's output (see the module docstring).
@@ -281,6 +282,8 @@ def check_decode_step(
         on_phase: called with the phase reached: ``"capture"``, ``"replay K"``, ``"timing"``.
         on_report: called with the report after setup and after each replay (a partial
             report to keep).
+        stop_on_failure: stop after the first replay in which a property failed, the rest
+            left incomplete and the timing skipped (mutation testing).
 
     Returns a ``DecodeStepReport``; a builder or consumer that raises is reported, not raised.
     A stop asked for by a signal (``pagegraph.check.signals``) ends the replays early, the
@@ -308,7 +311,7 @@ def check_decode_step(
     try:
         run.on_phase("capture")
         if _capture(run):
-            _replays(run, progress, on_report)
+            _replays(run, progress, on_report, stop_on_failure)
             run.on_phase("timing")
             _timing(run)
     finally:
@@ -361,9 +364,9 @@ def _incomplete(run: _Run, why: str) -> None:
             p.status, p.detail = "incomplete", why
 
 
-def _replays(run: _Run, progress, on_report) -> None:
-    """The workload's steps, each replayed and judged; a step that raises, or a stop asked
-    for by a signal, stops the run."""
+def _replays(run: _Run, progress, on_report, stop_on_failure: bool) -> None:
+    """The workload's steps, each replayed and judged; a step that raises, a stop asked
+    for by a signal, or (``stop_on_failure``) a failed property stops the run."""
     cfg = run.cfg
     kwargs = workload_kwargs(cfg, run.graphs.metadata, cfg.max_context_len)
     kwargs.update(inject=Injection(), draft_tokens=0)
@@ -382,6 +385,10 @@ def _replays(run: _Run, progress, on_report) -> None:
             _incomplete(run, run.report.stopped)
             return
         run.report.replays = k + 1
+        if stop_on_failure and any(p.status == "FAIL" for p in run.props.values()):
+            run.report.stopped = f"stopped at the first failure, after {k + 1} replays"
+            _incomplete(run, run.report.stopped)
+            return
         if progress is not None:
             progress(k + 1, cfg.steps)
         if on_report is not None:
@@ -611,6 +618,9 @@ def _timing(run: _Run) -> None:
         return
     if r.stopped:
         r.timing_skipped = "the run stopped early"
+        return
+    if run.cfg.timing_iters == 0:
+        r.timing_skipped = "timing_iters = 0"
         return
     reqs = run.pool.requests
     if not reqs:

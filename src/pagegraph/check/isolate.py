@@ -450,7 +450,13 @@ def _child(spec_path: str) -> int:
 
         try:
             if cfg.consumer:
-                report = check_decode_step(builder, cfg, on_phase=note, on_report=keep)
+                report = check_decode_step(
+                    builder,
+                    cfg,
+                    on_phase=note,
+                    on_report=keep,
+                    stop_on_failure=job["stop_on_failure"],
+                )
                 if stop_requested() is not None:  # it stopped early: not a final report
                     raise CheckInterrupted(report, stop_requested())
             else:

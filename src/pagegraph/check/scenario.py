@@ -79,7 +79,7 @@ the problem, raised before anything runs::
     num_q_heads = 32
     num_kv_heads = 8
     head_dim = 128                        # a power of two >= 16
-    timing_iters = 20                     # timed replays per bucket (CUDA only)
+    timing_iters = 20                     # timed replays per bucket (CUDA only; 0: no timing)
 """
 
 from __future__ import annotations

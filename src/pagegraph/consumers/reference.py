@@ -1,9 +1,11 @@
 """Reference decode attention in plain torch, and the tolerances a kernel is held to.
 
-Each row's keys and values are gathered on the host from the pool through its page ids, up to
-its length (clamped as the kernels clamp it: to ``[0, width * page_size]``, or into
-``kv_indices`` for the CSR format), then attended densely in fp32 and rounded to the input
-dtype. A row of length 0 gives zeros, as the kernels define it.
+Each row's page ids are read on the host, up to its length (clamped as the kernels clamp it:
+to ``[0, width * page_size]``, or into ``kv_indices`` for the CSR format). Its keys and values
+are gathered from the pool on the pool's device, a chunk of rows at a time padded to the
+longest and masked past each length (a few launches a chunk, no sync a row), then attended
+densely in fp32 and rounded to the input dtype. A row of length 0 gives zeros, as the kernels
+define it.
 
 Tolerances
 ----------
@@ -30,6 +32,8 @@ hundred tokens ``atol`` is about ``V / 128`` (fp16: ``V / 1024``); one stale tok
 """
 
 from __future__ import annotations
+
+from dataclasses import dataclass
 
 import torch
 
@@ -76,59 +80,103 @@ def csr_rows(
     return rows
 
 
-def live_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, rows: list, page_size: int) -> list:
-    """Each row's live keys and values, ``[L, num_kv_heads, head_dim]`` each, gathered from
-    the pool ``[num_pages, page_size, num_kv_heads, head_dim]`` through its page ids."""
-    out = []
-    for pages, length in rows:
-        tok = torch.arange(length)
-        page = torch.tensor(pages, dtype=torch.long)[tok // page_size] if length else tok
-        slot = tok % page_size
-        out.append(
-            (
-                k_cache[page.to(k_cache.device), slot.to(k_cache.device)],
-                v_cache[page.to(v_cache.device), slot.to(v_cache.device)],
-            )
-        )
-    return out
+#: Tokens gathered at once (rows x their longest length): bounds the fp32 copies of K and V
+#: the reference makes (2^16 tokens of 8 heads x 128 dims: 256 MiB each).
+GATHER_TOKENS = 1 << 16
 
 
-def attend(q: torch.Tensor, kv: list, sm_scale: float | None = None) -> torch.Tensor:
-    """Dense fp32 attention of ``q`` ``[bs, Hq, D]`` over each row's live ``(k, v)``; the
-    output ``[bs, Hq, D]`` in q's dtype, zeros for rows of length 0."""
+@dataclass
+class LiveKV:
+    """Every row's live keys and values, gathered lazily from the pool in chunks of rows.
+
+    ``token_pages`` ``[n, L]`` int64 (on the host) holds the page of each row's token ``t <
+    lengths[i]``, padded to the longest length ``L`` with page 0; ``lengths`` ``[n]`` int64.
+    """
+
+    k_cache: torch.Tensor
+    v_cache: torch.Tensor
+    token_pages: torch.Tensor
+    lengths: torch.Tensor
+    page_size: int
+
+    def __len__(self) -> int:
+        return self.lengths.shape[0]
+
+    def chunks(self):
+        """``(rows slice, k, v, mask)`` per chunk of rows: ``k``/``v`` ``[c, L, Hkv, D]`` fp32
+        on the pool's device, zero where ``mask`` ``[c, L]`` (token below the length) is
+        False (the padding's page may hold NaN)."""
+        n, longest = self.token_pages.shape
+        if longest == 0:
+            return
+        step = max(1, GATHER_TOKENS // max(longest, 1))
+        dev = self.k_cache.device
+        slot = (torch.arange(longest) % self.page_size).to(dev)
+        for a in range(0, n, step):
+            rows = slice(a, min(a + step, n))
+            pages = self.token_pages[rows].to(dev)
+            mask = (torch.arange(longest)[None, :] < self.lengths[rows, None]).to(dev)
+            keep = mask[:, :, None, None]
+            k = self.k_cache[pages, slot].float().masked_fill(~keep, 0.0)
+            v = self.v_cache[pages, slot].float().masked_fill(~keep, 0.0)
+            yield rows, k, v, mask
+
+
+def live_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, rows: list, page_size: int) -> LiveKV:
+    """Each row's live keys and values from the pool ``[num_pages, page_size, num_kv_heads,
+    head_dim]``, through its page ids: ``rows`` is a list of ``(page ids, length)``."""
+    lengths = torch.tensor([length for _, length in rows], dtype=torch.long)
+    longest = int(lengths.max()) if rows else 0
+    token_pages = torch.zeros((len(rows), longest), dtype=torch.long)
+    for i, (pages, length) in enumerate(rows):
+        if length:
+            ids = torch.tensor(pages, dtype=torch.long).repeat_interleave(page_size)
+            token_pages[i, :length] = ids[:length]
+    return LiveKV(k_cache, v_cache, token_pages, lengths, page_size)
+
+
+def _grouped(q: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
+    """``q`` ``[c, Hq, D]`` as fp32 ``[c, Hkv, G, D]``: query head ``h`` reads KV head
+    ``h // G``."""
+    c, num_q_heads, head_dim = q.shape
+    return q.float().view(c, num_kv_heads, num_q_heads // num_kv_heads, head_dim)
+
+
+def attend(q: torch.Tensor, kv: LiveKV, sm_scale: float | None = None) -> torch.Tensor:
+    """Dense fp32 attention of ``q`` ``[bs, Hq, D]`` over each row's live keys and values
+    (``live_kv``); the output ``[bs, Hq, D]`` in q's dtype, zeros for rows of length 0."""
     bs, num_q_heads, head_dim = q.shape
     scale = head_dim**-0.5 if sm_scale is None else sm_scale
     out = torch.zeros_like(q)
-    for i, (k, v) in enumerate(kv):
-        if k.shape[0] == 0:
-            continue
-        group = num_q_heads // k.shape[1]
-        k32 = k.float().repeat_interleave(group, dim=1)  # [L, Hq, D]
-        v32 = v.float().repeat_interleave(group, dim=1)
-        scores = torch.einsum("hd,thd->ht", q[i].float(), k32) * scale
+    for rows, k, v, mask in kv.chunks():
+        qg = _grouped(q[rows], k.shape[2])
+        scores = torch.einsum("chgd,cthd->chgt", qg, k) * scale
+        scores = scores.masked_fill(~mask[:, None, None, :], float("-inf"))
         probs = torch.softmax(scores, dim=-1)
-        out[i] = torch.einsum("ht,thd->hd", probs, v32).to(q.dtype)
+        empty = (kv.lengths[rows] == 0).to(probs.device)  # all -inf: softmax gives NaN
+        probs = probs.masked_fill(empty[:, None, None, None], 0.0)
+        o = torch.einsum("chgt,cthd->chgd", probs, v).reshape(-1, num_q_heads, head_dim)
+        out[rows] = o.to(q.dtype)
     return out
 
 
-def tolerances(q: torch.Tensor, kv: list, sm_scale: float | None = None):
-    """``(atol [bs] fp32 tensor, rtol)`` per the module docstring, from each row's live data."""
+def tolerances(q: torch.Tensor, kv: LiveKV, sm_scale: float | None = None):
+    """``(atol [bs] fp32 tensor on the host, rtol)`` per the module docstring, from each row's
+    live data; 0 for a row of length 0."""
     head_dim = q.shape[-1]
     scale = head_dim**-0.5 if sm_scale is None else sm_scale
     u = UNIT_ROUNDOFF[q.dtype]
     u_p = 0.0 if q.dtype == torch.float32 else u
-    atol = torch.zeros(q.shape[0])
-    for i, (k, v) in enumerate(kv):
-        length = k.shape[0]
-        if length == 0:
-            continue
-        group = q.shape[1] // k.shape[1]
-        k32 = k.float().repeat_interleave(group, dim=1).abs()
-        s_max = float(torch.einsum("hd,thd->ht", q[i].float().abs(), k32).max()) * scale
-        v_max = float(v.float().abs().max())
-        e_s = head_dim * FP32_EPS * s_max + EXP2_ERROR
-        atol[i] = 2 * v_max * (u_p + 2 * e_s + (length + 16) * FP32_EPS)
-    return atol, 2 * u
+    s_max = torch.zeros(q.shape[0])
+    v_max = torch.zeros(q.shape[0])
+    for rows, k, v, _ in kv.chunks():
+        qg = _grouped(q[rows], k.shape[2]).abs()
+        bound = torch.einsum("chgd,cthd->chgt", qg, k.abs())  # zero past each length
+        s_max[rows] = bound.flatten(1).amax(1).cpu() * scale
+        v_max[rows] = v.abs().flatten(1).amax(1).cpu()
+    e_s = head_dim * FP32_EPS * s_max + EXP2_ERROR
+    atol = 2 * v_max * (u_p + 2 * e_s + (kv.lengths.float() + 16) * FP32_EPS)
+    return atol.masked_fill(kv.lengths == 0, 0.0), 2 * u
 
 
 def reference_decode_attention(

@@ -223,10 +223,14 @@ def _initial_outcomes(names: list[str], gpu_mutants: bool) -> list[Outcome]:
 
 def _scenario_jobs(loaded: list, replays: int | None, control: bool) -> list[Job]:
     """A job per scenario (builder spec left empty): a mutant stops at its first failing
-    chunk, in chunks of at most ``MUTATION_CHUNK`` replays; a control runs every replay."""
+    chunk, in chunks of at most ``MUTATION_CHUNK`` replays (a decode step: at its first
+    failing replay); a control runs every replay. A decode step is not timed: the kill table
+    needs only verdicts."""
     out = []
     for s in loaded:
         cfg = s.config
+        if cfg.consumer:
+            cfg = cfg.replace(timing_iters=0)
         if replays is not None:
             cfg = cfg.replace(steps=replays)
         if not control:
