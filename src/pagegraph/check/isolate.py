@@ -23,7 +23,9 @@ reports, and its reports are ``DecodeStepReport``s (``report_from_dict``).
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import fcntl
 import json
 import os
 import re
@@ -123,6 +125,10 @@ class Job:
     #: each replay) and each replay's bucket and out-of-contract rows noted: the re-run that
     #: names the replay a crash came from
     explain: bool = False
+    #: lock files, one per slot: the child holds one of them (``memory_slot``) while this
+    #: check runs, so that checks sharing the slots never run more at once than there are
+    #: slots (``pagegraph mutate``: the checks too big to run on every worker at once)
+    memory_slots: tuple[str, ...] = ()
 
 
 def _death(returncode: int | None, timed_out: bool) -> str:
@@ -305,6 +311,7 @@ def _write_spec(jobs: list[Job], first: int, tmp: Path) -> Path:
                 "config": dataclasses.asdict(j.config),
                 "stop_on_failure": j.stop_on_failure,
                 "explain": j.explain,
+                "memory_slots": list(j.memory_slots),
                 "result": str(tmp / f"result-{k}.json"),
             }
             for k, j in enumerate(jobs)
@@ -408,6 +415,69 @@ def _collect_reports(jobs: list[Job], first: int, tmp: Path, ended: _ChildEnd,
 # -- the child ---------------------------------------------------------------------------------
 
 
+def _run_check(builder, cfg: CheckConfig, job: dict, note, keep):
+    """One job's check, its partial reports to ``keep``; ``CheckInterrupted`` on a stop."""
+    from .checker import check_replay_safety
+    from .decode_step import check_decode_step
+    from .signals import CheckInterrupted
+
+    if not cfg.consumer:
+        return check_replay_safety(
+            builder,
+            cfg,
+            on_phase=note,
+            on_chunk=keep,
+            stop_on_failure=job["stop_on_failure"],
+            explain_replays=job.get("explain", False),
+        )
+    report = check_decode_step(
+        builder, cfg, on_phase=note, on_report=keep, stop_on_failure=job["stop_on_failure"]
+    )
+    if stop_requested() is not None:  # it stopped early: not a final report
+        raise CheckInterrupted(report, stop_requested())
+    return report
+
+
+def _free_cached_memory() -> None:
+    """Give the caching allocator's free blocks back to the device (the next check, here or
+    in another process, may need them); a broken CUDA context is left to the parent."""
+    import torch
+
+    if torch.cuda.is_available() and torch.cuda.is_initialized():
+        with contextlib.suppress(Exception):
+            torch.cuda.empty_cache()
+
+
+@contextlib.contextmanager
+def memory_slot(paths: list[str] | tuple[str, ...], on_wait=None):
+    """Hold one of the lock files ``paths`` (an exclusive ``flock``) for the ``with`` block,
+    waiting until one is free; no paths: nothing to hold. ``on_wait()`` is called once if
+    every slot was taken. The lock goes with the process, so a child that dies frees its
+    slot."""
+    if not paths:
+        yield None
+        return
+    waited = False
+    while True:
+        for path in paths:
+            f = open(path, "a")  # noqa: SIM115 - closed below, or on the way out
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                f.close()
+                continue
+            try:
+                yield path
+            finally:
+                fcntl.flock(f, fcntl.LOCK_UN)
+                f.close()
+            return
+        if not waited and on_wait is not None:
+            on_wait()
+        waited = True
+        time.sleep(0.05)
+
+
 def _child(spec_path: str) -> int:
     import faulthandler
     import mmap
@@ -418,9 +488,7 @@ def _child(spec_path: str) -> int:
         progress = mmap.mmap(f.fileno(), PROGRESS_BYTES)
     from ..detect.sync import DetectorUnavailable
     from ..kernels.registry import resolve_builder
-    from .checker import check_replay_safety
-    from .decode_step import check_decode_step
-    from .signals import CheckInterrupted, stop_on_signals, stop_requested
+    from .signals import CheckInterrupted, stop_on_signals
 
     stop = stop_on_signals()  # SIGINT/SIGTERM: stop between two replays, keep the report
     stop.__enter__()
@@ -449,25 +517,11 @@ def _child(spec_path: str) -> int:
                 write_json_atomic(result, {"final": False, "report": report.to_dict()})
 
         try:
-            if cfg.consumer:
-                report = check_decode_step(
-                    builder,
-                    cfg,
-                    on_phase=note,
-                    on_report=keep,
-                    stop_on_failure=job["stop_on_failure"],
-                )
-                if stop_requested() is not None:  # it stopped early: not a final report
-                    raise CheckInterrupted(report, stop_requested())
-            else:
-                report = check_replay_safety(
-                    builder,
-                    cfg,
-                    on_phase=note,
-                    on_chunk=keep,
-                    stop_on_failure=job["stop_on_failure"],
-                    explain_replays=job.get("explain", False),
-                )
+            with memory_slot(job.get("memory_slots", ()), lambda: note("waiting for a slot")):
+                try:
+                    report = _run_check(builder, cfg, job, note, keep)
+                finally:
+                    _free_cached_memory()  # before the slot goes to another check
         except CheckInterrupted as exc:
             write_json_atomic(result, {"final": False, "report": exc.report.to_dict()})
             return 130 if exc.signum == signal.SIGINT else 143

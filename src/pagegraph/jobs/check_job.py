@@ -56,6 +56,7 @@ from .environment import environment
 from .scenario_paths import scenario_path
 
 __all__ = [
+    "memory_need",
     "run_check",
     "run_check_for_profile",
     "run_kernel_table",
@@ -82,10 +83,10 @@ def _progress(label: str):
     return show
 
 
-def _memory_problem(cfg, kind: str = "page_table") -> str | None:
-    """Why a scenario does not fit the memory its tables would live in (the GPU's free
-    memory, or the host's available memory without CUDA), or None. Checked before anything
-    is allocated: the pool's tables, the static buffers and the checker's working set."""
+def memory_need(cfg, kind: str = "page_table") -> tuple[int, dict[str, int]]:
+    """About how many bytes a check of ``cfg`` allocates where its tables live, and the parts:
+    the pool's tables, the static buffers and the checker's working set, the pool's write
+    scratch, the tables parked by extra workload streams, plus 64 MiB of slack."""
     rows = (cfg.max_reqs or cfg.max_bs + 1) + 1
     r2t_entries = rows * (cfg.max_context_len + cfg.r2t_extra_cols) + cfg.r2t_offset
     r2t_item = 8 if cfg.r2t_dtype == "int64" else 4
@@ -104,7 +105,16 @@ def _memory_problem(cfg, kind: str = "page_table") -> str | None:
     # (ProducedWorkload).
     streams = streams_with_steps(cfg.steps, cfg.workload_streams, SEGMENT_STEPS)
     parked = (r2t + f2s) * streams if streams > 1 else 0
-    need = r2t + f2s + parked + tables + scratch + (64 << 20)
+    parts = {"req_to_token": r2t, "full_to_swa": f2s, "tables and checker": tables,
+             "pool write scratch": scratch, "parked stream tables": parked}  # fmt: skip
+    return sum(parts.values()) + (64 << 20), parts
+
+
+def _memory_problem(cfg, kind: str = "page_table") -> str | None:
+    """Why a scenario does not fit the memory its tables would live in (the GPU's free
+    memory, or the host's available memory without CUDA), or None. Checked before anything
+    is allocated (``memory_need``)."""
+    need, parts = memory_need(cfg, kind)
     if torch.cuda.is_available():
         free, _ = torch.cuda.mem_get_info()
         where = "GPU memory"
@@ -115,11 +125,9 @@ def _memory_problem(cfg, kind: str = "page_table") -> str | None:
             return None
         where = "host memory (no CUDA: the tables live on the CPU)"
     if need > free:
+        shares = ", ".join(f"{name} {n / 2**30:.2f} GiB" for name, n in parts.items())
         return (
-            f"does not fit: needs about {need / 2**30:.2f} GiB of {where} (req_to_token "
-            f"{r2t / 2**30:.2f} GiB, full_to_swa {f2s / 2**30:.2f} GiB, tables and checker "
-            f"{tables / 2**30:.2f} GiB, pool write scratch {scratch / 2**30:.2f} GiB, parked "
-            f"stream tables {parked / 2**30:.2f} GiB), "
+            f"does not fit: needs about {need / 2**30:.2f} GiB of {where} ({shares}), "
             f"{free / 2**30:.2f} GiB available"
         )
     return None

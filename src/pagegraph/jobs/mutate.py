@@ -9,13 +9,21 @@ run every replay. The result is a kill table (mutant, bug, first scenario and pr
 caught it), the matrix of which scenario kills which mutant, and the smallest scenario set that
 kills them all.
 
+With ``--jobs N`` builders run N at a time. Each starts at a different scenario, and the
+scenarios too big for every worker to hold at once on the GPU run in a few shared slots
+(``memory_slots``): a control must not be called NOT SAFE because its neighbours took the
+memory. A decode step (a scenario with a consumer) is not timed here, and a mutant stops at its
+first failing replay there.
+
 Exit code: 0 when every mutant that ran was killed and every control is SAFE everywhere, 1
 otherwise, 2 for bad usage.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import sys
+import tempfile
 import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
@@ -157,13 +165,16 @@ def run_mutate(
     labels = [s.name for s in loaded]
     outcomes = _initial_outcomes(names, gpu_mutants)
 
-    def run_one(o: Outcome) -> Outcome:
-        return _check_builder(o, loaded, replays, timeout, quiet)
-
     t0 = time.monotonic()
     try:
-        with ThreadPoolExecutor(max_workers=jobs) as pool:
-            list(pool.map(run_one, outcomes))
+        with tempfile.TemporaryDirectory(prefix="pagegraph-mutate-") as tmp:
+            slots = memory_slots(loaded, jobs, Path(tmp))
+
+            def run_one(k: int) -> Outcome:
+                return _check_builder(outcomes[k], k, loaded, slots, replays, timeout, quiet)
+
+            with ThreadPoolExecutor(max_workers=jobs) as pool:
+                list(pool.map(run_one, range(len(outcomes))))
     except IsolatedError as exc:
         print(f"pagegraph mutate: {exc}", file=sys.stderr)
         return 2
@@ -221,7 +232,35 @@ def _initial_outcomes(names: list[str], gpu_mutants: bool) -> list[Outcome]:
     return outcomes
 
 
-def _scenario_jobs(loaded: list, replays: int | None, control: bool) -> list[Job]:
+def memory_slots(loaded: list, jobs: int, tmp: Path) -> dict[str, tuple[str, ...]]:
+    """scenario -> the lock files its checks share (``isolate.memory_slot``), for the
+    scenarios whose checks would not fit on every worker at once.
+
+    With CUDA and more than one job, the budget is 80% of the GPU's memory. A scenario whose
+    check needs more than an equal share of it (``check_job.memory_need``) runs in one of
+    ``budget / 2 // need`` slots (at least one), shared by every such scenario: the big
+    checks together use at most about half the budget, the others each less than a share.
+    """
+    if jobs < 2 or not torch.cuda.is_available():
+        return {}
+    from .check_job import memory_need
+
+    budget = 0.8 * torch.cuda.get_device_properties(0).total_memory
+    needs = {s.name: memory_need(s.config)[0] for s in loaded}
+    big = {name: need for name, need in needs.items() if need > budget / jobs}
+    if not big:
+        return {}
+    count = max(1, int(budget / 2 // max(big.values())))
+    paths = tuple(str(tmp / f"memory-slot-{i}") for i in range(count))
+    return {name: paths for name in big}
+
+
+def _scenario_jobs(
+    loaded: list,
+    replays: int | None,
+    control: bool,
+    slots: dict[str, tuple[str, ...]] | None = None,
+) -> list[Job]:
     """A job per scenario (builder spec left empty): a mutant stops at its first failing
     chunk, in chunks of at most ``MUTATION_CHUNK`` replays (a decode step: at its first
     failing replay); a control runs every replay. A decode step is not timed: the kill table
@@ -235,7 +274,8 @@ def _scenario_jobs(loaded: list, replays: int | None, control: bool) -> list[Job
             cfg = cfg.replace(steps=replays)
         if not control:
             cfg = cfg.replace(chunk=min(cfg.chunk, MUTATION_CHUNK))
-        out.append(Job("", cfg, s.name, stop_on_failure=not control))
+        out.append(Job("", cfg, s.name, stop_on_failure=not control,
+                       memory_slots=(slots or {}).get(s.name, ())))  # fmt: skip
     return out
 
 
@@ -257,7 +297,7 @@ def _fitted_jobs(spec: str, scenario_jobs: list[Job], o: Outcome) -> list[Job]:
         if problem:
             o.not_applicable[j.label] = problem
             continue
-        out.append(Job(spec, presets_of_kind(j.config, kind), j.label, j.stop_on_failure))
+        out.append(dataclasses.replace(j, builder=spec, config=presets_of_kind(j.config, kind)))
     return out
 
 
@@ -270,21 +310,31 @@ def _builder_spec(o: Outcome) -> str:
 
 
 def _check_builder(
-    o: Outcome, loaded: list, replays: int | None, timeout: float | None, quiet: bool
+    o: Outcome,
+    k: int,
+    loaded: list,
+    slots: dict[str, tuple[str, ...]],
+    replays: int | None,
+    timeout: float | None,
+    quiet: bool,
 ) -> Outcome:
-    """Check one builder over every scenario, each in a child process, into ``o.reports``
-    (a skipped one is left as it is); unless ``quiet``, one progress line on stderr."""
+    """Check builder number ``k`` over every scenario in a child process, into ``o.reports``
+    (a skipped one is left as it is); unless ``quiet``, one progress line on stderr. The
+    builder starts at scenario ``k`` (modulo their count), so that builders checked at once
+    are mostly on different scenarios (and the big ones' slots are seldom waited for)."""
     if o.skipped:
         return o
     spec = _builder_spec(o)
-    scenario_jobs = _scenario_jobs(loaded, replays, o.control)
+    scenario_jobs = _scenario_jobs(loaded, replays, o.control, slots)
     js = _fitted_jobs(spec, scenario_jobs, o)
     if not js:
         o.skipped = "no scenario here fits its outputs"
         return o
+    start = k % len(js)
+    js = js[start:] + js[:start]
     t0 = time.monotonic()
-    for job, report in zip(js, run_isolated(js, timeout=timeout) if js else []):
-        o.reports[job.label] = report
+    done = dict(zip((j.label for j in js), run_isolated(js, timeout=timeout)))
+    o.reports.update((s.name, done[s.name]) for s in loaded if s.name in done)
     if not quiet:
         state = (
             ("SAFE everywhere" if o.safe_everywhere else "NOT SAFE")
