@@ -15,7 +15,13 @@ import torch
 
 from pagegraph.check.checker import PROPERTIES
 from pagegraph.check.mutants import CONTROLS, MUTANTS
-from pagegraph.jobs.mutate import Outcome, run_mutate, smallest_killing_set
+from pagegraph.jobs.mutate import (
+    Outcome,
+    format_kill_table,
+    format_matrix,
+    run_mutate,
+    smallest_killing_set,
+)
 from pagegraph.kernels.registry import builder_kind
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -113,3 +119,40 @@ def test_mutate_jobs_skip_the_decode_steps_timing_and_stop_mutants_early():
         jobs = _scenario_jobs(loaded, 7, control)
         assert [j.config.timing_iters for j in jobs] == [loaded[0].config.timing_iters, 0]
         assert all(j.config.steps == 7 and j.stop_on_failure is not control for j in jobs)
+
+
+def test_a_mutant_killed_by_the_decode_step_is_named_in_the_kill_table():
+    """A decode step's reports fail properties the checker does not have: the kill table
+    names them (the first in the decode step's order), as the matrix does."""
+    from pagegraph.check.config import CheckConfig
+    from pagegraph.check.decode_step import check_decode_step
+
+    cfg = CheckConfig(max_bs=4, max_context_len=64, page_size=16, steps=6, seed=3,
+                      consumer="paged", num_q_heads=4, num_kv_heads=2, head_dim=16)  # fmt: skip
+    report = check_decode_step("pagegraph.check.mutants:floor_last_page", cfg)
+    assert report.verdict == "UNSAFE", report.format()
+    o = Outcome("floor_last_page", MUTANTS["floor_last_page"].bug, False)
+    o.reports["decode-step"] = report
+    assert o.killers() == {"decode-step": "output correct through the consumer"}
+    table = format_kill_table([o], ["decode-step"])
+    assert "| killed | decode-step | output correct through the consumer | decode-step |" in table
+    assert "| floor_last_page | output correct through the consumer |" in format_matrix(
+        [o], ["decode-step"]
+    )
+
+
+def test_a_mutant_only_cupti_sees_is_not_run_without_cupti(monkeypatch):
+    """Without the one detector that can see it, a mutant is not run (and says why) rather
+    than reported as a survivor; with it, it runs."""
+    from pagegraph.jobs import mutate
+
+    needs = [name for name, m in MUTANTS.items() if m.needs_detector == "cupti"]
+    assert needs == ["hidden_dtoh_copy"]
+    monkeypatch.setattr(mutate, "_detector_missing", lambda name: "cupti-python is not installed")
+    (o,) = [o for o in mutate._initial_outcomes(needs, True) if not o.control]
+    assert o.skipped == (
+        "only the cupti detector sees it, which cannot run: cupti-python is not installed"
+    )
+    monkeypatch.setattr(mutate, "_detector_missing", lambda name: None)
+    (o,) = [o for o in mutate._initial_outcomes(needs, True) if not o.control]
+    assert o.skipped is None

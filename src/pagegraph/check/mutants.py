@@ -556,6 +556,9 @@ class Mutant:
     cpu: bool
     #: the property (or crash) that should kill it, for the reader
     killed_by: str
+    #: the one sync detector that can see it (its bug is a sync no other detector reports),
+    #: or None
+    needs_detector: str | None = None
 
     @property
     def bug(self) -> str:
@@ -626,7 +629,8 @@ MUTANTS: dict[str, Mutant] = {
            "error counters"),
         Mutant("debug_sync_outside_capture", debug_sync_outside_capture, False,
                "sync-free builder call"),
-        Mutant("hidden_dtoh_copy", hidden_dtoh_copy, False, "sync-free builder call (cupti)"),
+        Mutant("hidden_dtoh_copy", hidden_dtoh_copy, False, "sync-free builder call (cupti)",
+               needs_detector="cupti"),  # fmt: skip
         Mutant("side_stream_not_joined", side_stream_not_joined, False, "capture"),
         Mutant("width_frozen_per_batch_size", width_frozen_per_batch_size, True,
                "graph-safe (captured short, replayed long)"),

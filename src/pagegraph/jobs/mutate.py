@@ -32,10 +32,15 @@ from pathlib import Path
 import torch
 
 from ..check.checker import PROPERTIES, Report
+from ..check.decode_step import STEP_PROPERTIES
 from ..check.isolate import IsolatedError, Job, run_isolated, write_json_atomic
 from ..check.mutants import CONTROLS, MUTANTS
 from ..check.scenario import ScenarioError, load_scenario
 from .scenario_paths import scenario_path, shipped_scenarios
+
+#: Every property a report can fail, in the order the kill table names the first: the
+#: checker's, then the decode step's that the checker does not have.
+PROPERTY_ORDER = [*PROPERTIES, *(name for name in STEP_PROPERTIES if name not in PROPERTIES)]
 
 #: Replays between two read-backs in mutation runs: small, so a mutant that will crash the
 #: process later is usually caught by a property first.
@@ -60,7 +65,7 @@ class Outcome:
         for scenario, report in self.reports.items():
             failed = [p for p in report.properties if p.status == "FAIL"]
             if failed:
-                first = min(failed, key=lambda p: list(PROPERTIES).index(p.name))
+                first = min(failed, key=lambda p: PROPERTY_ORDER.index(p.name))
                 out[scenario] = first.name
         return out
 
@@ -186,9 +191,12 @@ def run_mutate(
         o.name for o in outcomes if o.control and not o.skipped and not o.safe_everywhere
     ]
     smallest = smallest_killing_set(outcomes, labels)
+    not_run = sum(1 for o in outcomes if not o.control and o.skipped)
     summary = (
-        f"pagegraph mutate: {sum(o.killed for o in ran)}/{len(ran)} mutants killed, "
-        f"{len(bad_controls)} control(s) not SAFE, over {len(labels)} scenario(s) in "
+        f"pagegraph mutate: {sum(o.killed for o in ran)}/{len(ran)} mutants killed"
+        + (f" ({not_run} not run: see the table)" if not_run else "")
+        + ", "
+        + f"{len(bad_controls)} control(s) not SAFE, over {len(labels)} scenario(s) in "
         f"{elapsed:.0f} s; smallest killing set: {', '.join(smallest) or '-'}"
     )
     table = format_kill_table(outcomes, labels)
@@ -228,6 +236,8 @@ def _initial_outcomes(names: list[str], gpu_mutants: bool) -> list[Outcome]:
         o = Outcome(name, m.bug, False)
         if not m.cpu and not gpu_mutants:
             o.skipped = "can only die on a GPU"
+        elif m.needs_detector and (why := _detector_missing(m.needs_detector)):
+            o.skipped = f"only the {m.needs_detector} detector sees it, which cannot run: {why}"
         outcomes.append(o)
     return outcomes
 
@@ -253,6 +263,14 @@ def memory_slots(loaded: list, jobs: int, tmp: Path) -> dict[str, tuple[str, ...
     count = max(1, int(budget / 2 // max(big.values())))
     paths = tuple(str(tmp / f"memory-slot-{i}") for i in range(count))
     return {name: paths for name in big}
+
+
+def _detector_missing(name: str) -> str | None:
+    """Why sync detector ``name`` cannot run here (a cheap check: package and device), or
+    None."""
+    from ..detect.sync_record import HUBS
+
+    return HUBS[name].unavailable_reason(probe=False)
 
 
 def _scenario_jobs(
