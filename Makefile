@@ -89,9 +89,11 @@ soak: $(SETUP)
 	$(PY) -m pagegraph check graphs/sglang-h200.toml --replays $(SOAK_REPLAYS) --detectors cupti --json profiles/soak-sglang-h200.json
 	$(PY) -m pagegraph check graphs/swa-hybrid.toml --replays $(SOAK_REPLAYS) --detectors cupti --json profiles/soak-swa-hybrid.json
 
-# The checker against the mutant zoo: every mutant must die, the controls stay SAFE.
+# The checker against the mutant zoo: every mutant must die, the controls stay SAFE. Builders
+# run one a core, at most 12 (the checks too big for every worker at once share a few slots of
+# memory: pagegraph.jobs.mutate.memory_slots).
 MUTATE_SCENARIOS ?= $(wildcard graphs/*.toml)
-MUTATE_JOBS ?= 4
+MUTATE_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n < 12 ? n : 12 )))
 mutate: $(SETUP)
 	$(PY) -m pagegraph mutate $(MUTATE_SCENARIOS) --jobs $(MUTATE_JOBS) --json profiles/mutate.json --markdown profiles/mutate.md
 

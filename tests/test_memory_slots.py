@@ -3,7 +3,8 @@
 
 A slot is an exclusive ``flock`` on a lock file (``isolate.memory_slot``): a second holder waits
 until the first lets go, and a process that dies frees its slot. ``mutate.memory_slots`` gives
-slots only to the scenarios that need more than an equal share of the GPU's memory; the kill
+slots only to the scenarios that need more than an equal share of the GPU's memory (the
+host's without CUDA); the kill
 table keeps the scenarios' order whatever order each builder ran them in.
 """
 
@@ -101,6 +102,17 @@ def test_only_scenarios_over_an_equal_share_get_slots(monkeypatch, tmp_path):
     assert mutate.memory_slots(loaded, 4, tmp_path) == {}  # a share holds big-pool
     fake_gpu(monkeypatch, 10)  # smaller than one big check: still one slot
     assert len(mutate.memory_slots(loaded, 16, tmp_path)["big-pool"]) == 1
+
+
+def test_without_cuda_the_hosts_memory_is_the_budget(monkeypatch, tmp_path):
+    loaded = [load_scenario(ROOT / "graphs" / f"{n}.toml") for n in ("big-pool", "default")]
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    pages = {"SC_PHYS_PAGES": 24 * 2**30 // 4096, "SC_PAGE_SIZE": 4096}  # a 24 GiB host
+    monkeypatch.setattr(mutate.os, "sysconf", lambda name: pages[name])
+    slots = mutate.memory_slots(loaded, 2, tmp_path)
+    assert set(slots) == {"big-pool"} and len(slots["big-pool"]) == 1
+    pages["SC_PHYS_PAGES"] *= 10  # 240 GiB: a share holds big-pool
+    assert mutate.memory_slots(loaded, 2, tmp_path) == {}
 
 
 def test_reports_keep_the_scenarios_order_whatever_order_they_ran_in(monkeypatch):

@@ -22,6 +22,7 @@ otherwise, 2 for bad usage.
 from __future__ import annotations
 
 import dataclasses
+import os
 import sys
 import tempfile
 import time
@@ -246,16 +247,21 @@ def memory_slots(loaded: list, jobs: int, tmp: Path) -> dict[str, tuple[str, ...
     """scenario -> the lock files its checks share (``isolate.memory_slot``), for the
     scenarios whose checks would not fit on every worker at once.
 
-    With CUDA and more than one job, the budget is 80% of the GPU's memory. A scenario whose
-    check needs more than an equal share of it (``check_job.memory_need``) runs in one of
-    ``budget / 2 // need`` slots (at least one), shared by every such scenario: the big
-    checks together use at most about half the budget, the others each less than a share.
+    With more than one job, the budget is 80% of the memory the tables live in: the GPU's,
+    or the host's without CUDA. A scenario whose check needs more than an equal share of it
+    (``check_job.memory_need``) runs in one of ``budget / 2 // need`` slots (at least one),
+    shared by every such scenario: the big checks together use at most about half the
+    budget, the others each less than a share.
     """
-    if jobs < 2 or not torch.cuda.is_available():
+    if jobs < 2:
         return {}
     from .check_job import memory_need
 
-    budget = 0.8 * torch.cuda.get_device_properties(0).total_memory
+    if torch.cuda.is_available():
+        total = torch.cuda.get_device_properties(0).total_memory
+    else:
+        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    budget = 0.8 * total
     needs = {s.name: memory_need(s.config)[0] for s in loaded}
     big = {name: need for name, need in needs.items() if need > budget / jobs}
     if not big:
