@@ -3,7 +3,7 @@
 
 A slot is an exclusive ``flock`` on a lock file (``isolate.memory_slot``): a second holder waits
 until the first lets go, and a process that dies frees its slot. ``mutate.memory_slots`` gives
-slots only to the scenarios that need more than an equal share of the GPU's memory (the
+slots only to the scenarios that need more than half an equal share of the GPU's memory (the
 host's without CUDA); the kill
 table keeps the scenarios' order whatever order each builder ran them in.
 """
@@ -12,14 +12,23 @@ from __future__ import annotations
 
 import subprocess
 import sys
+import textwrap
 import threading
 import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import pytest
 import torch
 
-from pagegraph.check.isolate import memory_slot
+from pagegraph.check.config import CheckConfig
+from pagegraph.check.isolate import (
+    Job,
+    SlotWaitStopped,
+    _wait_for_child,
+    memory_slot,
+    run_isolated,
+)
 from pagegraph.check.scenario import load_scenario
 from pagegraph.jobs import mutate
 from pagegraph.jobs.check_job import memory_need
@@ -90,29 +99,56 @@ def fake_gpu(monkeypatch, total_gib: float) -> None:
     monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: props)
 
 
-def test_only_scenarios_over_an_equal_share_get_slots(monkeypatch, tmp_path):
-    loaded = [load_scenario(ROOT / "graphs" / f"{n}.toml") for n in ("big-pool", "default")]
-    big = memory_need(loaded[0].config)[0]
-    assert big > 8 * 2**30 > 50 * memory_need(loaded[1].config)[0]
+def configs(*names: str) -> dict:
+    return {n: load_scenario(ROOT / "graphs" / f"{n}.toml").config for n in names}
+
+
+def need(cfg) -> int:
+    """What ``memory_slots`` counts for a check of ``cfg``."""
+    return max(memory_need(cfg, k)[0] for k in ("page_table", "csr")) + mutate.CHILD_BYTES
+
+
+def test_only_scenarios_over_half_an_equal_share_get_slots(monkeypatch, tmp_path):
+    cfgs = configs("big-pool", "default", "decode-step")
+    big = need(cfgs["big-pool"])
+    assert big > 10 * 2**30 and need(cfgs["default"]) < 2**31
+    # The decode step's KV cache and reference chunk are counted.
+    assert memory_need(cfgs["decode-step"])[1]["KV cache and reference"] > 2**30
     fake_gpu(monkeypatch, 139)
-    slots = mutate.memory_slots(loaded, 16, tmp_path)
+    budget = 0.8 * 139 * 2**30
+    slots = mutate.memory_slots(cfgs, 12, tmp_path)
     assert set(slots) == {"big-pool"}
-    assert len(slots["big-pool"]) == int(0.8 * 139 * 2**30 / 2 // big) >= 1
-    assert mutate.memory_slots(loaded, 1, tmp_path) == {}  # one job: nothing to share
-    assert mutate.memory_slots(loaded, 4, tmp_path) == {}  # a share holds big-pool
+    assert len(slots["big-pool"]) == int(budget / 2 // big) >= 1
+    assert mutate.memory_slots(cfgs, 1, tmp_path) == {}  # one at a time: nothing to share
+    assert mutate.memory_slots(cfgs, 4, tmp_path) == {}  # half a share holds big-pool
+    slots = mutate.memory_slots(cfgs, 16, tmp_path)  # the decode step's check is big too
+    assert set(slots) == {"big-pool", "decode-step"}
+    assert slots["big-pool"] == slots["decode-step"]  # one set of slots for all big checks
     fake_gpu(monkeypatch, 10)  # smaller than one big check: still one slot
-    assert len(mutate.memory_slots(loaded, 16, tmp_path)["big-pool"]) == 1
+    assert len(mutate.memory_slots(cfgs, 16, tmp_path)["big-pool"]) == 1
 
 
 def test_without_cuda_the_hosts_memory_is_the_budget(monkeypatch, tmp_path):
-    loaded = [load_scenario(ROOT / "graphs" / f"{n}.toml") for n in ("big-pool", "default")]
+    cfgs = configs("big-pool", "default")
     monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
     pages = {"SC_PHYS_PAGES": 24 * 2**30 // 4096, "SC_PAGE_SIZE": 4096}  # a 24 GiB host
     monkeypatch.setattr(mutate.os, "sysconf", lambda name: pages[name])
-    slots = mutate.memory_slots(loaded, 2, tmp_path)
+    slots = mutate.memory_slots(cfgs, 2, tmp_path)
     assert set(slots) == {"big-pool"} and len(slots["big-pool"]) == 1
-    pages["SC_PHYS_PAGES"] *= 10  # 240 GiB: a share holds big-pool
-    assert mutate.memory_slots(loaded, 2, tmp_path) == {}
+    pages["SC_PHYS_PAGES"] *= 10  # 240 GiB: half a share holds big-pool
+    assert mutate.memory_slots(cfgs, 2, tmp_path) == {}
+
+
+def test_the_slots_follow_each_jobs_config(monkeypatch, tmp_path):
+    """More replays park more tables: the estimate is of the config the jobs run."""
+    cfgs = configs("sglang-h200")
+    fake_gpu(monkeypatch, 139)
+    few = need(cfgs["sglang-h200"])
+    many = cfgs["sglang-h200"].replace(steps=10000)
+    assert need(many) > few
+    workers = int(0.8 * 139 * 2**30 / 2 / few)  # half a share just holds the scenario's own
+    assert mutate.memory_slots(cfgs, workers, tmp_path) == {}
+    assert set(mutate.memory_slots({"sglang-h200": many}, workers, tmp_path)) == {"sglang-h200"}
 
 
 def test_reports_keep_the_scenarios_order_whatever_order_they_ran_in(monkeypatch):
@@ -133,3 +169,57 @@ def test_reports_keep_the_scenarios_order_whatever_order_they_ran_in(monkeypatch
     for o in outcomes:
         assert list(o.reports) == ["default", "spec-metadata"]
         assert [r.label for r in o.reports.values()] == list(o.reports)
+
+
+def test_a_stop_asked_for_while_waiting_ends_the_wait(tmp_path):
+    paths = [str(tmp_path / "slot-0")]
+    with memory_slot(paths), pytest.raises(SlotWaitStopped):
+        with memory_slot(paths, should_stop=lambda: True):
+            pass
+
+
+def test_the_time_limit_stands_still_while_the_child_waits_for_a_slot():
+    """A check queued behind a big one is not killed for the time it waited."""
+    waiting = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(1.5)"])
+    ended = _wait_for_child(waiting, 0.5, paused=lambda: True)
+    assert not ended.timed_out and ended.returncode == 0
+    running = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(30)"])
+    ended = _wait_for_child(running, 0.5, paused=lambda: False)
+    assert ended.timed_out
+
+
+SLOT_PROBE = """
+import fcntl, os
+from pagegraph import build_page_table
+
+def notes_its_slot(*args, **kwargs):
+    # A second open file description conflicts with the child's own flock on the slot.
+    with open(os.environ["SLOT_PATH"], "a") as f:
+        try:
+            fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            fcntl.flock(f, fcntl.LOCK_UN)
+            held = False
+        except BlockingIOError:
+            held = True
+    with open(os.environ["SLOT_NOTES"], "a") as notes:
+        notes.write("held\\n" if held else "free\\n")
+    build_page_table(*args, **kwargs)
+"""
+
+
+@pytest.mark.heavy
+@pytest.mark.parametrize("with_slot", [True, False])
+def test_a_jobs_slot_is_held_in_the_child_while_its_check_runs(tmp_path, monkeypatch, with_slot):
+    (tmp_path / "slot_probe.py").write_text(textwrap.dedent(SLOT_PROBE))
+    monkeypatch.syspath_prepend(str(tmp_path))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    slot, notes = tmp_path / "slot-0", tmp_path / "notes.txt"
+    monkeypatch.setenv("SLOT_PATH", str(slot))
+    monkeypatch.setenv("SLOT_NOTES", str(notes))
+    cfg = CheckConfig(max_bs=4, max_context_len=64, page_size=16, steps=4, buckets="pow2")
+    slots = (str(slot),) if with_slot else ()
+    (report,) = run_isolated([Job("slot_probe:notes_its_slot", cfg, memory_slots=slots)],
+                             timeout=120)  # fmt: skip
+    assert report.safe, report.format()
+    seen = set(notes.read_text().split())
+    assert seen == ({"held"} if with_slot else {"free"})

@@ -121,6 +121,20 @@ def test_mutate_jobs_skip_the_decode_steps_timing_and_stop_mutants_early():
         assert all(j.config.steps == 7 and j.stop_on_failure is not control for j in jobs)
 
 
+def test_a_scenarios_memory_slots_go_with_its_jobs():
+    from pagegraph.check.scenario import load_scenario
+    from pagegraph.jobs.mutate import _fitted_jobs, _scenario_jobs
+
+    loaded = [load_scenario(DEFAULT), load_scenario(DECODE_STEP)]
+    jobs = _scenario_jobs(loaded, 7, False, {"default": ("/tmp/slot-0", "/tmp/slot-1")})
+    assert [j.memory_slots for j in jobs] == [("/tmp/slot-0", "/tmp/slot-1"), ()]
+    fitted = _fitted_jobs("build_page_table", jobs, Outcome("build_page_table", "", True))
+    assert [(j.builder, j.memory_slots) for j in fitted] == [
+        ("build_page_table", ("/tmp/slot-0", "/tmp/slot-1")),
+        ("build_page_table", ()),
+    ]
+
+
 def test_a_mutant_killed_by_the_decode_step_is_named_in_the_kill_table():
     """A decode step's reports fail properties the checker does not have: the kill table
     names them (the first in the decode step's order), as the matrix does."""
@@ -144,15 +158,24 @@ def test_a_mutant_killed_by_the_decode_step_is_named_in_the_kill_table():
 def test_a_mutant_only_cupti_sees_is_not_run_without_cupti(monkeypatch):
     """Without the one detector that can see it, a mutant is not run (and says why) rather
     than reported as a survivor; with it, it runs."""
+    from pagegraph.check.scenario import load_scenario
+    from pagegraph.detect.sync_record import HUBS
     from pagegraph.jobs import mutate
 
     needs = [name for name, m in MUTANTS.items() if m.needs_detector == "cupti"]
     assert needs == ["hidden_dtoh_copy"]
-    monkeypatch.setattr(mutate, "_detector_missing", lambda name: "cupti-python is not installed")
+    hub = HUBS["cupti"]
+    monkeypatch.setattr(hub, "unavailable_reason", lambda probe=True: "cupti-python is missing")
     (o,) = [o for o in mutate._initial_outcomes(needs, True) if not o.control]
-    assert o.skipped == (
-        "only the cupti detector sees it, which cannot run: cupti-python is not installed"
-    )
-    monkeypatch.setattr(mutate, "_detector_missing", lambda name: None)
+    assert o.skipped == "only the cupti detector sees it, which cannot run: cupti-python is missing"
+    monkeypatch.setattr(hub, "unavailable_reason", lambda probe=True: None)
     (o,) = [o for o in mutate._initial_outcomes(needs, True) if not o.control]
     assert o.skipped is None
+    # Scenarios that do not run the detector cannot kill it either.
+    torch_only = load_scenario(DEFAULT)
+    torch_only.config = torch_only.config.replace(detectors="torch")
+    (o,) = [o for o in mutate._initial_outcomes(needs, True, [torch_only]) if not o.control]
+    assert "no scenario here runs it" in o.skipped
+    (o,) = [o for o in mutate._initial_outcomes(needs, True, [load_scenario(DEFAULT)])
+            if not o.control]  # fmt: skip
+    assert o.skipped is None  # detectors = "auto"

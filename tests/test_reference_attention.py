@@ -108,3 +108,24 @@ def test_tolerances_follow_the_documented_formula(monkeypatch):
         e_s = DIM * FP32_EPS * s_max + EXP2_ERROR
         want = 2 * float(vals.abs().max()) * (u + 2 * e_s + (n + 16) * FP32_EPS)
         assert float(atol[i]) == pytest.approx(want, rel=1e-5)
+
+
+def test_no_rows_and_empty_rows_give_zeros_and_a_zero_tolerance():
+    gen = torch.Generator().manual_seed(14)
+    k, v = pool(gen, torch.bfloat16)
+    for rows in ([], [([], 0), ([], 0)]):
+        q = torch.randn((len(rows), HEADS[0], DIM), generator=gen).to(torch.bfloat16)
+        kv = live_kv(k, v, rows, PAGE_SIZE)
+        assert torch.equal(attend(q, kv), torch.zeros_like(q))
+        atol, _ = tolerances(q, kv)
+        assert atol.shape == (len(rows),) and not atol.any()
+
+
+def test_rows_and_queries_must_agree():
+    gen = torch.Generator().manual_seed(15)
+    k, v = pool(gen, torch.bfloat16)
+    kv = live_kv(k, v, rows_of(gen, [5, 9]), PAGE_SIZE)
+    q = torch.randn((4, HEADS[0], DIM), generator=gen).to(torch.bfloat16)
+    for fn in (attend, tolerances):
+        with pytest.raises(ValueError, match="q has 4 rows and the live keys and values 2"):
+            fn(q, kv)

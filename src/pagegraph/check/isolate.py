@@ -292,7 +292,7 @@ def run_isolated(
             limit = None if timeout is None else timeout * (len(jobs) - next_job)
             with open(err_path, "w") as err:
                 proc = subprocess.Popen(cmd, env=child_env(), stderr=err, stdout=subprocess.DEVNULL)
-                ended = _wait_for_child(proc, limit)
+                ended = _wait_for_child(proc, limit, paused=lambda: _waiting_for_a_slot(tmp))
             ended.stderr = err_path.read_text(errors="replace")
             ended.progress = (tmp / "progress").read_bytes().decode(errors="replace").strip()
             next_job = _collect_reports(jobs, next_job, tmp, ended, reports, on_report)
@@ -300,6 +300,14 @@ def run_isolated(
                 ended.interrupted.reports = [r for r in reports if r is not None]
                 raise ended.interrupted
     return [r for r in reports if r is not None]
+
+
+def _waiting_for_a_slot(tmp: Path) -> bool:
+    """Whether the child's progress note says it waits for a memory slot."""
+    try:
+        return WAITING_FOR_A_SLOT.encode() in (tmp / "progress").read_bytes()
+    except OSError:
+        return False
 
 
 def _write_spec(jobs: list[Job], first: int, tmp: Path) -> Path:
@@ -338,14 +346,16 @@ class _ChildEnd:
     progress: str = ""
 
 
-def _wait_for_child(proc: subprocess.Popen, limit: float | None) -> _ChildEnd:
+def _wait_for_child(proc: subprocess.Popen, limit: float | None, paused=None) -> _ChildEnd:
     """Wait for the child, forwarding a stop request to it; kill it past ``limit`` seconds
-    (or 60 s after a forwarded stop)."""
+    (or 60 s after a forwarded stop). While ``paused()`` is true (the child waits for a
+    memory slot) the limit's clock stands still."""
     interrupted = None
     timed_out = False
     deadline = None if limit is None else time.monotonic() + limit
     forwarded = False
     while True:
+        polled = time.monotonic()
         try:
             proc.wait(timeout=0.2)
             break
@@ -354,6 +364,8 @@ def _wait_for_child(proc: subprocess.Popen, limit: float | None) -> _ChildEnd:
         except KeyboardInterrupt as exc:  # no stop_on_signals in the caller
             interrupted = interrupted or exc
             request_stop(getattr(exc, "signum", signal.SIGINT))
+        if deadline is not None and not forwarded and paused is not None and paused():
+            deadline += time.monotonic() - polled
         signum = stop_requested()
         if signum is not None and not forwarded:
             # Ctrl-C reaches the whole process group, SIGTERM only us: make sure the child
@@ -448,12 +460,21 @@ def _free_cached_memory() -> None:
             torch.cuda.empty_cache()
 
 
+#: The phase a child notes while it waits for a memory slot: the parent's time limit stands
+#: still meanwhile (``_wait_for_child``).
+WAITING_FOR_A_SLOT = "waiting for a slot"
+
+
+class SlotWaitStopped(Exception):
+    """A stop was asked for while waiting for a memory slot."""
+
+
 @contextlib.contextmanager
-def memory_slot(paths: list[str] | tuple[str, ...], on_wait=None):
+def memory_slot(paths: list[str] | tuple[str, ...], on_wait=None, should_stop=None):
     """Hold one of the lock files ``paths`` (an exclusive ``flock``) for the ``with`` block,
     waiting until one is free; no paths: nothing to hold. ``on_wait()`` is called once if
-    every slot was taken. The lock goes with the process, so a child that dies frees its
-    slot."""
+    every slot was taken; ``SlotWaitStopped`` is raised when ``should_stop()`` turns true
+    while waiting. The lock goes with the process, so a child that dies frees its slot."""
     if not paths:
         yield None
         return
@@ -472,6 +493,8 @@ def memory_slot(paths: list[str] | tuple[str, ...], on_wait=None):
                 fcntl.flock(f, fcntl.LOCK_UN)
                 f.close()
             return
+        if should_stop is not None and should_stop():
+            raise SlotWaitStopped()
         if not waited and on_wait is not None:
             on_wait()
         waited = True
@@ -517,7 +540,12 @@ def _child(spec_path: str) -> int:
                 write_json_atomic(result, {"final": False, "report": report.to_dict()})
 
         try:
-            with memory_slot(job.get("memory_slots", ()), lambda: note("waiting for a slot")):
+            with memory_slot(
+                job.get("memory_slots", ()),
+                on_wait=lambda: note(WAITING_FOR_A_SLOT),
+                should_stop=lambda: stop_requested() is not None,
+            ):
+                note("setup")  # the slot is held: the parent's clock runs again
                 try:
                     report = _run_check(builder, cfg, job, note, keep)
                 finally:
@@ -525,6 +553,8 @@ def _child(spec_path: str) -> int:
         except CheckInterrupted as exc:
             write_json_atomic(result, {"final": False, "report": exc.report.to_dict()})
             return 130 if exc.signum == signal.SIGINT else 143
+        except SlotWaitStopped:  # stopped before the check began: nothing to report
+            return 130 if stop_requested() == signal.SIGINT else 143
         except (DetectorUnavailable, ValueError) as exc:  # usage: a detector, a config value
             write_json_atomic(result, {"final": True, "error": f"{type(exc).__name__}: {exc}"})
             return 2

@@ -3,9 +3,9 @@
 Each row's page ids are read on the host, up to its length (clamped as the kernels clamp it:
 to ``[0, width * page_size]``, or into ``kv_indices`` for the CSR format). Its keys and values
 are gathered from the pool on the pool's device, a chunk of rows at a time padded to the
-longest and masked past each length (a few launches a chunk, no sync a row), then attended
-densely in fp32 and rounded to the input dtype. A row of length 0 gives zeros, as the kernels
-define it.
+chunk's longest row and masked past each length (a few launches a chunk, no sync a row),
+then attended densely in fp32 and rounded to the input dtype. A row of length 0 gives zeros,
+as the kernels define it.
 
 Tolerances
 ----------
@@ -80,8 +80,8 @@ def csr_rows(
     return rows
 
 
-#: Tokens gathered at once (rows x their longest length): bounds the fp32 copies of K and V
-#: the reference makes (2^16 tokens of 8 heads x 128 dims: 256 MiB each).
+#: Tokens gathered at once (a chunk's rows x the batch's longest length): bounds the fp32
+#: copies of K and V the reference makes (2^16 tokens of 8 heads x 128 dims: 256 MiB each).
 GATHER_TOKENS = 1 << 16
 
 
@@ -103,22 +103,26 @@ class LiveKV:
         return self.lengths.shape[0]
 
     def chunks(self):
-        """``(rows slice, k, v, mask)`` per chunk of rows: ``k``/``v`` ``[c, L, Hkv, D]`` fp32
-        on the pool's device, zero where ``mask`` ``[c, L]`` (token below the length) is
-        False (the padding's page may hold NaN)."""
+        """``(rows slice, k, v, mask)`` per chunk of rows: ``k``/``v`` ``[c, l, Hkv, D]`` fp32
+        on the pool's device (``l``: the chunk's longest length), zero where ``mask``
+        ``[c, l]`` (token below the length) is False (the padding's page may hold NaN)."""
         n, longest = self.token_pages.shape
         if longest == 0:
             return
-        step = max(1, GATHER_TOKENS // max(longest, 1))
+        step = max(1, GATHER_TOKENS // longest)
         dev = self.k_cache.device
-        slot = (torch.arange(longest) % self.page_size).to(dev)
         for a in range(0, n, step):
             rows = slice(a, min(a + step, n))
-            pages = self.token_pages[rows].to(dev)
-            mask = (torch.arange(longest)[None, :] < self.lengths[rows, None]).to(dev)
+            width = int(self.lengths[rows].max())
+            if width == 0:
+                continue  # every row empty: attend and tolerances leave zeros
+            pages = self.token_pages[rows, :width].to(dev)
+            slot = (torch.arange(width) % self.page_size).to(dev)
+            mask = (torch.arange(width)[None, :] < self.lengths[rows, None]).to(dev)
             keep = mask[:, :, None, None]
-            k = self.k_cache[pages, slot].float().masked_fill(~keep, 0.0)
-            v = self.v_cache[pages, slot].float().masked_fill(~keep, 0.0)
+            # Advanced indexing copies: the fills below write only the new tensors.
+            k = self.k_cache[pages, slot].float().masked_fill_(~keep, 0.0)
+            v = self.v_cache[pages, slot].float().masked_fill_(~keep, 0.0)
             yield rows, k, v, mask
 
 
@@ -135,6 +139,11 @@ def live_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, rows: list, page_size:
     return LiveKV(k_cache, v_cache, token_pages, lengths, page_size)
 
 
+def _same_rows(q: torch.Tensor, kv: LiveKV) -> None:
+    if q.shape[0] != len(kv):
+        raise ValueError(f"q has {q.shape[0]} rows and the live keys and values {len(kv)}")
+
+
 def _grouped(q: torch.Tensor, num_kv_heads: int) -> torch.Tensor:
     """``q`` ``[c, Hq, D]`` as fp32 ``[c, Hkv, G, D]``: query head ``h`` reads KV head
     ``h // G``."""
@@ -146,6 +155,7 @@ def attend(q: torch.Tensor, kv: LiveKV, sm_scale: float | None = None) -> torch.
     """Dense fp32 attention of ``q`` ``[bs, Hq, D]`` over each row's live keys and values
     (``live_kv``); the output ``[bs, Hq, D]`` in q's dtype, zeros for rows of length 0."""
     bs, num_q_heads, head_dim = q.shape
+    _same_rows(q, kv)
     scale = head_dim**-0.5 if sm_scale is None else sm_scale
     out = torch.zeros_like(q)
     for rows, k, v, mask in kv.chunks():
@@ -164,6 +174,7 @@ def tolerances(q: torch.Tensor, kv: LiveKV, sm_scale: float | None = None):
     """``(atol [bs] fp32 tensor on the host, rtol)`` per the module docstring, from each row's
     live data; 0 for a row of length 0."""
     head_dim = q.shape[-1]
+    _same_rows(q, kv)
     scale = head_dim**-0.5 if sm_scale is None else sm_scale
     u = UNIT_ROUNDOFF[q.dtype]
     u_p = 0.0 if q.dtype == torch.float32 else u

@@ -37,9 +37,11 @@ from ..check.checker import (
     stop_requested,
     table_bytes,
 )
+from ..check.config import CONSUMER_DTYPES
 from ..check.decode_step import check_decode_step
 from ..check.isolate import IsolatedError, Job, run_isolated, write_json_atomic
 from ..check.scenario import load_scenario
+from ..consumers.reference import GATHER_TOKENS
 from ..detect.sync import DetectorUnavailable, parse_detectors
 from ..kernels.contract import cdiv
 from ..kernels.page_table import build_page_table
@@ -86,7 +88,8 @@ def _progress(label: str):
 def memory_need(cfg, kind: str = "page_table") -> tuple[int, dict[str, int]]:
     """About how many bytes a check of ``cfg`` allocates where its tables live, and the parts:
     the pool's tables, the static buffers and the checker's working set, the pool's write
-    scratch, the tables parked by extra workload streams, plus 64 MiB of slack."""
+    scratch, the tables parked by extra workload streams, with a consumer the KV cache and
+    the reference's chunk, plus 64 MiB of slack."""
     rows = (cfg.max_reqs or cfg.max_bs + 1) + 1
     r2t_entries = rows * (cfg.max_context_len + cfg.r2t_extra_cols) + cfg.r2t_offset
     r2t_item = 8 if cfg.r2t_dtype == "int64" else 4
@@ -107,7 +110,18 @@ def memory_need(cfg, kind: str = "page_table") -> tuple[int, dict[str, int]]:
     parked = (r2t + f2s) * streams if streams > 1 else 0
     parts = {"req_to_token": r2t, "full_to_swa": f2s, "tables and checker": tables,
              "pool write scratch": scratch, "parked stream tables": parked}  # fmt: skip
+    if cfg.consumer:
+        parts["KV cache and reference"] = _consumer_bytes(cfg, pages)
     return sum(parts.values()) + (64 << 20), parts
+
+
+def _consumer_bytes(cfg, pages: int) -> int:
+    """The decode step's K and V pages (made in fp32, then cast) and the reference's gathered
+    chunk of K and V (in the cache's dtype and in fp32)."""
+    token = cfg.num_kv_heads * cfg.head_dim
+    item = CONSUMER_DTYPES[cfg.consumer_dtype].itemsize
+    cache = pages * cfg.page_size * token
+    return cache * (2 * item + 4) + 2 * GATHER_TOKENS * token * (item + 4)
 
 
 def _memory_problem(cfg, kind: str = "page_table") -> str | None:

@@ -169,12 +169,14 @@ def run_mutate(
     if gpu_mutants is None:
         gpu_mutants = torch.cuda.is_available()
     labels = [s.name for s in loaded]
-    outcomes = _initial_outcomes(names, gpu_mutants)
+    outcomes = _initial_outcomes(names, gpu_mutants, loaded)
 
     t0 = time.monotonic()
     try:
         with tempfile.TemporaryDirectory(prefix="pagegraph-mutate-") as tmp:
-            slots = memory_slots(loaded, jobs, Path(tmp))
+            configs = {j.label: j.config for j in _scenario_jobs(loaded, replays, True)}
+            workers = min(jobs, sum(1 for o in outcomes if not o.skipped))
+            slots = memory_slots(configs, workers, Path(tmp))
 
             def run_one(k: int) -> Outcome:
                 return _check_builder(outcomes[k], k, loaded, slots, replays, timeout, quiet)
@@ -227,7 +229,7 @@ def _load_and_validate(
     return loaded, names
 
 
-def _initial_outcomes(names: list[str], gpu_mutants: bool) -> list[Outcome]:
+def _initial_outcomes(names: list[str], gpu_mutants: bool, loaded: list = ()) -> list[Outcome]:
     """An empty outcome per control, then per mutant (skipped: a GPU-only mutant without
     ``gpu_mutants``)."""
     outcomes = [Outcome(name, fn.__doc__.strip().splitlines()[0] if fn.__doc__ else "", True)
@@ -237,33 +239,46 @@ def _initial_outcomes(names: list[str], gpu_mutants: bool) -> list[Outcome]:
         o = Outcome(name, m.bug, False)
         if not m.cpu and not gpu_mutants:
             o.skipped = "can only die on a GPU"
-        elif m.needs_detector and (why := _detector_missing(m.needs_detector)):
-            o.skipped = f"only the {m.needs_detector} detector sees it, which cannot run: {why}"
+        elif m.needs_detector and (why := _detector_missing(m.needs_detector, loaded)):
+            o.skipped = f"only the {m.needs_detector} detector sees it, {why}"
         outcomes.append(o)
     return outcomes
 
 
-def memory_slots(loaded: list, jobs: int, tmp: Path) -> dict[str, tuple[str, ...]]:
-    """scenario -> the lock files its checks share (``isolate.memory_slot``), for the
-    scenarios whose checks would not fit on every worker at once.
+#: What a check's child process holds beside its check's own memory (a CUDA context, the
+#: compiled kernels, the caching allocator's slack): counted with each check's estimate.
+CHILD_BYTES = 1 << 30
 
-    With more than one job, the budget is 80% of the memory the tables live in: the GPU's,
-    or the host's without CUDA. A scenario whose check needs more than an equal share of it
-    (``check_job.memory_need``) runs in one of ``budget / 2 // need`` slots (at least one),
-    shared by every such scenario: the big checks together use at most about half the
-    budget, the others each less than a share.
+
+def memory_slots(configs: dict, workers: int, tmp: Path) -> dict[str, tuple[str, ...]]:
+    """scenario -> the lock files its checks share (``isolate.memory_slot``), for the
+    scenarios whose checks would not fit on every worker at once; ``configs``: scenario ->
+    the config its jobs run, ``workers``: how many checks run at once.
+
+    The budget is 80% of the memory the tables live in (the GPU's, or the host's without
+    CUDA). A check's need is ``check_job.memory_need`` (the larger of a page-table and a CSR
+    builder's) plus ``CHILD_BYTES``. A scenario needing more than half an equal share runs
+    in one of ``budget / 2 // need`` slots (at least one), shared by every such scenario: the
+    big checks together take at most about half the budget and the others, each under half a
+    share, the other half.
     """
-    if jobs < 2:
+    if workers < 2:
         return {}
     from .check_job import memory_need
 
-    if torch.cuda.is_available():
-        total = torch.cuda.get_device_properties(0).total_memory
-    else:
-        total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    try:
+        if torch.cuda.is_available():
+            total = torch.cuda.get_device_properties(0).total_memory
+        else:
+            total = os.sysconf("SC_PHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+    except (RuntimeError, ValueError, OSError):
+        return {}  # no size to budget against: the checks run as they come
     budget = 0.8 * total
-    needs = {s.name: memory_need(s.config)[0] for s in loaded}
-    big = {name: need for name, need in needs.items() if need > budget / jobs}
+    needs = {
+        name: max(memory_need(cfg, kind)[0] for kind in ("page_table", "csr")) + CHILD_BYTES
+        for name, cfg in configs.items()
+    }
+    big = {name: need for name, need in needs.items() if need > budget / (2 * workers)}
     if not big:
         return {}
     count = max(1, int(budget / 2 // max(big.values())))
@@ -271,12 +286,19 @@ def memory_slots(loaded: list, jobs: int, tmp: Path) -> dict[str, tuple[str, ...
     return {name: paths for name in big}
 
 
-def _detector_missing(name: str) -> str | None:
-    """Why sync detector ``name`` cannot run here (a cheap check: package and device), or
-    None."""
+def _detector_missing(name: str, loaded: list = ()) -> str | None:
+    """Why sync detector ``name`` will not run: it cannot run here (a cheap check: package
+    and device), or no scenario of ``loaded`` asks for it (``auto`` does); None if it runs."""
+    from ..detect.detector_spec import parse_detectors
     from ..detect.sync_record import HUBS
 
-    return HUBS[name].unavailable_reason(probe=False)
+    why = HUBS[name].unavailable_reason(probe=False)
+    if why:
+        return f"which cannot run: {why}"
+    chosen = [parse_detectors(s.config.detectors) for s in loaded]
+    if loaded and not any(d == "auto" or name in d for d in chosen):
+        return "and no scenario here runs it (detectors = 'auto' or a list naming it)"
+    return None
 
 
 def _scenario_jobs(
