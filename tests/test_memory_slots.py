@@ -103,17 +103,14 @@ def configs(*names: str) -> dict:
     return {n: load_scenario(ROOT / "graphs" / f"{n}.toml").config for n in names}
 
 
-def need(cfg) -> int:
-    """What ``memory_slots`` counts for a check of ``cfg``."""
-    return max(memory_need(cfg, k)[0] for k in ("page_table", "csr")) + mutate.CHILD_BYTES
-
-
 def test_only_scenarios_over_half_an_equal_share_get_slots(monkeypatch, tmp_path):
     cfgs = configs("big-pool", "default", "decode-step")
-    big = need(cfgs["big-pool"])
-    assert big > 10 * 2**30 and need(cfgs["default"]) < 2**31
+    big = mutate.check_need(cfgs["big-pool"])
+    assert big > 10 * 2**30 and mutate.check_need(cfgs["default"]) < 2**31
     # The decode step's KV cache and reference chunk are counted.
     assert memory_need(cfgs["decode-step"])[1]["KV cache and reference"] > 2**30
+    # The larger of the two builder kinds' needs (big-pool's CSR buffers), and the child's own.
+    assert big == memory_need(cfgs["big-pool"], "csr")[0] + mutate.CHILD_BYTES
     fake_gpu(monkeypatch, 139)
     budget = 0.8 * 139 * 2**30
     slots = mutate.memory_slots(cfgs, 12, tmp_path)
@@ -143,9 +140,9 @@ def test_the_slots_follow_each_jobs_config(monkeypatch, tmp_path):
     """More replays park more tables: the estimate is of the config the jobs run."""
     cfgs = configs("sglang-h200")
     fake_gpu(monkeypatch, 139)
-    few = need(cfgs["sglang-h200"])
+    few = mutate.check_need(cfgs["sglang-h200"])
     many = cfgs["sglang-h200"].replace(steps=10000)
-    assert need(many) > few
+    assert mutate.check_need(many) > few
     workers = int(0.8 * 139 * 2**30 / 2 / few)  # half a share just holds the scenario's own
     assert mutate.memory_slots(cfgs, workers, tmp_path) == {}
     assert set(mutate.memory_slots({"sglang-h200": many}, workers, tmp_path)) == {"sglang-h200"}

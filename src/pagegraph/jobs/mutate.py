@@ -250,22 +250,27 @@ def _initial_outcomes(names: list[str], gpu_mutants: bool, loaded: list = ()) ->
 CHILD_BYTES = 1 << 30
 
 
+def check_need(cfg) -> int:
+    """Bytes a check of ``cfg`` needs in a mutate run: ``check_job.memory_need`` for the
+    larger of a page-table and a CSR builder, plus ``CHILD_BYTES``."""
+    from .check_job import memory_need
+
+    return max(memory_need(cfg, kind)[0] for kind in ("page_table", "csr")) + CHILD_BYTES
+
+
 def memory_slots(configs: dict, workers: int, tmp: Path) -> dict[str, tuple[str, ...]]:
     """scenario -> the lock files its checks share (``isolate.memory_slot``), for the
     scenarios whose checks would not fit on every worker at once; ``configs``: scenario ->
     the config its jobs run, ``workers``: how many checks run at once.
 
     The budget is 80% of the memory the tables live in (the GPU's, or the host's without
-    CUDA). A check's need is ``check_job.memory_need`` (the larger of a page-table and a CSR
-    builder's) plus ``CHILD_BYTES``. A scenario needing more than half an equal share runs
+    CUDA). A scenario whose check needs (``check_need``) more than half an equal share runs
     in one of ``budget / 2 // need`` slots (at least one), shared by every such scenario: the
     big checks together take at most about half the budget and the others, each under half a
     share, the other half.
     """
     if workers < 2:
         return {}
-    from .check_job import memory_need
-
     try:
         if torch.cuda.is_available():
             total = torch.cuda.get_device_properties(0).total_memory
@@ -274,10 +279,7 @@ def memory_slots(configs: dict, workers: int, tmp: Path) -> dict[str, tuple[str,
     except (RuntimeError, ValueError, OSError):
         return {}  # no size to budget against: the checks run as they come
     budget = 0.8 * total
-    needs = {
-        name: max(memory_need(cfg, kind)[0] for kind in ("page_table", "csr")) + CHILD_BYTES
-        for name, cfg in configs.items()
-    }
+    needs = {name: check_need(cfg) for name, cfg in configs.items()}
     big = {name: need for name, need in needs.items() if need > budget / (2 * workers)}
     if not big:
         return {}
