@@ -53,9 +53,10 @@ def test_floor_bytes():
 
 
 def test_block_grid_baseline_is_exact_and_registered():
-    from pagegraph.kernels.registry import BUILDERS, resolve_builder
+    from pagegraph.kinds import PAGE_TABLE
+    from pagegraph.kinds.builders import resolve_builder
 
-    assert resolve_builder("block_grid") is BUILDERS["block_grid"] is bench.block_grid
+    assert resolve_builder("block_grid") is PAGE_TABLE.builders["block_grid"] is bench.block_grid
     for name in ("skewed", "swa"):
         cfg = bench.smoke_config(bench.get_config(name))
         inp = bench.make_inputs(cfg, "cuda" if torch.cuda.is_available() else "cpu")

@@ -19,7 +19,8 @@ from pagegraph.check.verify import POISON
 from pagegraph.clients.sglang import sglang_unavailable_reason
 from pagegraph.kernels.kv_indices import build_kv_indices
 from pagegraph.kernels.reference import reference_kv_indices
-from pagegraph.kernels.registry import builder_kind, resolve_builder, signature_problem
+from pagegraph.kinds import CSR, PAGE_TABLE, kind_of
+from pagegraph.kinds.builders import resolve_builder, signature_problem
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -103,13 +104,13 @@ def test_build_kv_indices_refuses_bad_buffers():
 
 def test_csr_builders_are_told_apart_by_their_outputs():
     for name in ("build_kv_indices", "reference_kv_indices"):
-        assert builder_kind(resolve_builder(name)) == "csr"
-        assert signature_problem(resolve_builder(name), "csr") is None
-    problem = signature_problem(build_kv_indices, "csr", swa=True)
+        assert kind_of(resolve_builder(name)) is CSR
+        assert signature_problem(resolve_builder(name), CSR) is None
+    problem = signature_problem(build_kv_indices, CSR, swa=True)
     assert "no SWA table" in problem
-    problem = signature_problem(build_kv_indices, "page_table")
+    problem = signature_problem(build_kv_indices, PAGE_TABLE)
     assert "cannot be called as a page_table builder" in problem
-    problem = signature_problem(build_kv_indices, "csr", consumer=True)
+    problem = signature_problem(build_kv_indices, CSR, consumer=True)
     assert "takes a page_table or decode_metadata builder" in problem
 
 
@@ -235,10 +236,20 @@ def test_an_overlong_row_may_shift_the_stream_on_its_own_replay():
 def test_csr_usage_errors_are_one_line():
     with pytest.raises(ValueError, match="no SWA table"):
         check_replay_safety(build_kv_indices, _small(swa=True))
-    with pytest.raises(ValueError, match="not outputs of a csr builder"):
-        check_replay_safety(build_kv_indices, _small(preset_outputs=("cu_seqlens_k[0]",)))
-    with pytest.raises(ValueError, match="not outputs of a page_table builder"):
-        check_replay_safety("build_page_table", _small(preset_outputs=("kv_indptr[0]",)))
+
+
+def test_the_api_drops_another_kinds_presets_as_the_cli_does():
+    """A scenario's presets describe its own builder: another builder checked on it through
+    the Python API keeps only those of its kind, as ``pagegraph check --builder`` does."""
+    report = check_replay_safety(
+        build_kv_indices, _small(preset_outputs=("cu_seqlens_k[0]", "kv_indptr[0]"), steps=3)
+    )
+    assert report.config.preset_outputs == ("kv_indptr[0]",)
+    assert report.verdict == "SAFE", report.format()
+    report = check_replay_safety(
+        "build_page_table", _small(preset_outputs=("kv_indptr[0]",), steps=3)
+    )
+    assert report.config.preset_outputs == ()
 
 
 def test_csr_scenarios_load():

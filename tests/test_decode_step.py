@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from pagegraph.check import decode_step
 from pagegraph.check.config import CheckConfig
 from pagegraph.check.decode_step import (
     CPU_LIMITS,
@@ -37,6 +38,7 @@ from pagegraph.check.report import BucketStats
 from pagegraph.check.scenario import ScenarioError, load_scenario
 from pagegraph.cli import main
 from pagegraph.consumers import csr_decode_attention, paged_decode_attention
+from pagegraph.kinds import PAGE_TABLE
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = {name: ROOT / "graphs" / f"{name}.toml" for name in ("decode-step", "decode-step-csr")}
@@ -109,6 +111,18 @@ def sentinel_writer_consumer(q, k_cache, v_cache, page_table, cache_seqlens, out
     return out
 
 
+def masked_read_consumer(q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size,
+                         workspace):  # fmt: skip
+    """Correct, then loads every entry of each row's table up to the width, stale ones too,
+    and masks what it loaded by a multiplication by zero: invisible while stale entries name
+    pages of finite data."""
+    paged_decode_attention(q, k_cache, v_cache, page_table, cache_seqlens, out,
+                           page_size=page_size, workspace=workspace)  # fmt: skip
+    loaded = k_cache[page_table[: out.shape[0]].long()].float()  # [bs, width, ps, kvh, d]
+    out.add_((loaded.sum(dim=(1, 2, 3)) * 0)[:, None, :].to(out.dtype))
+    return out
+
+
 # -- CPU: the correct pairs, the planted bugs ---------------------------------------------------
 
 
@@ -131,6 +145,16 @@ def test_static_width_consumer_fails():
     assert "changed when only entries past the length" in str(
         report.property("consumer reads only within cache_seqlens").first_failure
     )
+
+
+def test_masked_read_of_stale_entries_fails_on_the_nan_tail_replays(monkeypatch):
+    report = check_decode_step("build_page_table", tiny(), consumer=masked_read_consumer)
+    assert statuses(report)["output correct through the consumer"] == "FAIL", report.format()
+    assert "non-finite" in str(report.property("output correct through the consumer").first_failure)
+    # Without the NaN-page replays the masked read is invisible: that is what they are for.
+    monkeypatch.setattr(decode_step, "NAN_TAIL_EVERY", 10**6)
+    report = check_decode_step("build_page_table", tiny(), consumer=masked_read_consumer)
+    assert statuses(report)["output correct through the consumer"] == "pass", report.format()
 
 
 def test_one_page_over_read_fails():
@@ -321,7 +345,7 @@ def test_step_timing_path_runs_eagerly_without_cuda():
                       fmt="csr")  # fmt: skip
     from pagegraph import build_page_table
 
-    g = StepGraphs(build_page_table, False, default_consumer("csr"), shape, pool.req_to_token,
+    g = StepGraphs(build_page_table, PAGE_TABLE, default_consumer("csr"), shape, pool.req_to_token,
                    [1, 2, 4], seed=0)  # fmt: skip
     g.capture()
     g.req_pool_indices[:2].copy_(torch.tensor([1, 2]))
@@ -414,3 +438,18 @@ def test_padded_leak_fails_on_gpu():
     cfg = load_scenario(SCENARIOS["decode-step"]).config.replace(steps=20)
     report = check_decode_step("build_page_table", cfg, consumer=padded_leak_consumer)
     assert statuses(report)["padded rows contained"] == "FAIL", report.format()
+
+
+def test_check_replay_safety_runs_the_decode_step_a_config_asks_for():
+    """``check_replay_safety`` honours a config's consumer: the step end to end, judged on
+    the attention's output, with the same report type the CLI prints."""
+    from pagegraph.check.checker import check_replay_safety
+    from pagegraph.check.decode_step import DecodeStepReport
+
+    seen = []
+    report = check_replay_safety("build_page_table", tiny(steps=3), on_chunk=seen.append)
+    assert isinstance(report, DecodeStepReport), type(report)
+    assert statuses(report)["output correct through the consumer"] == "pass", report.format()
+    assert seen and seen[-1] is report
+    report = check_replay_safety("build_page_table", tiny(steps=3), consumer=None)
+    assert "output correct through the consumer" not in statuses(report)

@@ -418,7 +418,8 @@ def test_readme_pytest_example_passes(tmp_path, walk):
 
 
 def test_a_builder_file_that_exits_on_import_is_one_line(tmp_path):
-    from pagegraph.kernels.registry import BuilderLoadError, resolve_builder
+    from pagegraph.kernels.registry import BuilderLoadError
+    from pagegraph.kinds.builders import resolve_builder
 
     (tmp_path / "exits.py").write_text("import sys\nsys.exit(3)\n")
     with pytest.raises(BuilderLoadError, match=r"called exit\(3\)"):

@@ -4,15 +4,18 @@ Each subpackage of ``src/pagegraph`` is a layer, and its layer number is written
 a module may import its own subpackage or any subpackage of a lower layer, never a higher one,
 and across subpackages only public names (no leading underscore).
 
-* 0, the bottom: ``kernels`` (the Triton builders, their contract, references, launcher),
-  ``clients`` (real engines' builders behind the same contracts), ``consumers`` (paged
-  attention that reads the tables) and ``detect`` (sync detectors, NVTX ranges, the trace
-  analyzer);
-* 1, the graph bed's parts: ``graph`` (buckets, staging, the runner) and ``workload`` (the
-  pool, its writes, the decode workload and its producers);
-* 2, the checker: ``check``;
-* 3, the jobs: ``jobs`` (check, profile, mutate) and ``bench``;
-* 4, the front: ``cli``, ``__main__`` and ``pytest_plugin``, modules at the package's top.
+* 0, the bottom: ``kernels`` (the Triton builders, their contract, references, launcher,
+  loading a user's builder), ``consumers`` (paged attention that reads the tables) and
+  ``detect`` (sync detectors, NVTX ranges, the trace analyzer);
+* 1, ``clients``: real engines' builders behind the same contracts (the kernels' registry
+  never imports one);
+* 2, ``kinds``: the builder kinds as specs, and builders by name (pagegraph's and the
+  clients');
+* 3, the graph bed's parts: ``graph`` (buckets, staging, the runner) and ``workload`` (the
+  pool, its writes, the decode workload and its producers, the engine's block tables);
+* 4, the checker: ``check``;
+* 5, the jobs: ``jobs`` (check, profile, mutate) and ``bench``;
+* 6, the front: ``cli``, ``__main__`` and ``pytest_plugin``, modules at the package's top.
 
 Every module under ``src/pagegraph`` is parsed with ``ast``; every pagegraph-internal import,
 at module level or inside a function, is an edge. The package ``__init__`` re-exports the
@@ -32,10 +35,10 @@ import pagegraph
 SRC = Path(pagegraph.__file__).resolve().parent
 PACKAGE = "pagegraph"
 
-SUBPACKAGE_LAYERS = {"kernels": 0, "detect": 0, "clients": 0, "consumers": 0, "graph": 1,
-                     "workload": 1, "check": 2, "jobs": 3, "bench": 3}  # fmt: skip
-TOP_LAYER = 4
-LAYER_NAMES = ("bottom", "graph bed", "checker", "jobs", "front")
+SUBPACKAGE_LAYERS = {"kernels": 0, "detect": 0, "consumers": 0, "clients": 1, "kinds": 2,
+                     "graph": 3, "workload": 3, "check": 4, "jobs": 5, "bench": 5}  # fmt: skip
+TOP_LAYER = 6
+LAYER_NAMES = ("bottom", "clients", "kinds", "graph bed", "checker", "jobs", "front")
 
 
 def layers() -> dict[str, int]:

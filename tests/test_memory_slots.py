@@ -32,6 +32,7 @@ from pagegraph.check.isolate import (
 from pagegraph.check.scenario import load_scenario
 from pagegraph.jobs import mutate
 from pagegraph.jobs.check_job import memory_need
+from pagegraph.kinds import CSR
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -110,7 +111,7 @@ def test_only_scenarios_over_half_an_equal_share_get_slots(monkeypatch, tmp_path
     # The decode step's KV cache and reference chunk are counted.
     assert memory_need(cfgs["decode-step"])[1]["KV cache and reference"] > 2**30
     # The larger of the two builder kinds' needs (big-pool's CSR buffers), and the child's own.
-    assert big == memory_need(cfgs["big-pool"], "csr")[0] + mutate.CHILD_BYTES
+    assert big == memory_need(cfgs["big-pool"], CSR)[0] + mutate.CHILD_BYTES
     fake_gpu(monkeypatch, 139)
     budget = 0.8 * 139 * 2**30
     slots = mutate.memory_slots(cfgs, 12, tmp_path)

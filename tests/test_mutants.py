@@ -22,7 +22,7 @@ from pagegraph.jobs.mutate import (
     run_mutate,
     smallest_killing_set,
 )
-from pagegraph.kernels.registry import builder_kind
+from pagegraph.kinds import kind_of
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT = str(ROOT / "graphs" / "default.toml")
@@ -51,7 +51,7 @@ def test_every_cpu_killable_mutant_dies_on_the_cpu_scenarios(tmp_path, capsys):
     assert code == 0, text
     builders = {b["name"]: b for b in doc["builders"]}
     for name in CONTROLS:
-        if builder_kind(CONTROLS[name]) == "csr":  # no CSR beside an SWA table: none fits
+        if not kind_of(CONTROLS[name]).swa:  # no CSR beside an SWA table: none fits
             assert builders[name]["skipped"] == "no scenario here fits its outputs", name
             continue
         for scenario in ("default", "spec-metadata"):

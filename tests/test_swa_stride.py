@@ -12,6 +12,7 @@ from pagegraph.check.checker import check_replay_safety
 from pagegraph.check.config import CheckConfig, validate_config
 from pagegraph.clients.sglang import sglang_unavailable_reason
 from pagegraph.kernels.page_table import build_page_table
+from pagegraph.kinds import PAGE_TABLE
 
 
 def _cfg(pad: int, swa_pad: int | None) -> CheckConfig:
@@ -29,7 +30,7 @@ def _status(report, name: str) -> str:
 def test_each_table_view_has_its_own_row_stride_inside_one_poisoned_allocation():
     cfg = _cfg(3, 9)
     assert table_row_strides(cfg) == (43, 49)
-    buffers = allocate_check_buffers(cfg, "page_table", torch.device("cpu"))
+    buffers = allocate_check_buffers(cfg, PAGE_TABLE, torch.device("cpu"))
     assert buffers.tables.shape == (2, 10, 49)
     assert [v.stride() for v in buffers.views] == [(43, 1), (49, 1)]
     for t, view in enumerate(buffers.views):

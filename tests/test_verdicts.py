@@ -21,7 +21,8 @@ from pagegraph import build_page_table, check_replay_safety
 from pagegraph.check.config import CheckConfig, ConfigError, validate_config
 from pagegraph.check.isolate import Job, _crash_report, crash_cause, run_isolated
 from pagegraph.kernels.decode_metadata import build_decode_metadata
-from pagegraph.kernels.registry import builder_capabilities, signature_problem
+from pagegraph.kinds import PAGE_TABLE
+from pagegraph.kinds.builders import builder_capabilities, signature_problem
 
 SMALL = CheckConfig(max_bs=8, max_context_len=256, page_size=16, steps=12, buckets="pow2")
 HOSTILE = SMALL.replace(overlong=0.5, negative=0.2, bad_index=0.2, zero_len=0.3, errors=True)
@@ -156,8 +157,8 @@ def test_builder_without_swa_outputs_is_refused_on_an_swa_scenario():
     def no_swa(req_to_token, req_pool_indices, seq_lens, page_table, page_size):
         pass
 
-    assert "takes no swa_page_table" in signature_problem(no_swa, "page_table", swa=True)
-    assert signature_problem(no_swa, "page_table", swa=False) is None
+    assert "takes no swa_page_table" in signature_problem(no_swa, PAGE_TABLE, swa=True)
+    assert signature_problem(no_swa, PAGE_TABLE, swa=False) is None
     with pytest.raises(ValueError, match="SWA"):
         check_replay_safety(no_swa, SMALL.replace(swa=True))
 
@@ -360,7 +361,7 @@ def test_capture_failure_names_the_bucket_that_raised():
 
 def test_a_builder_loaded_from_a_file_runs_in_a_child(tmp_path):
     from pagegraph.check.isolate import builder_spec
-    from pagegraph.kernels.registry import resolve_builder
+    from pagegraph.kinds.builders import resolve_builder
 
     path = tmp_path / "filebuilt.py"
     path.write_text("def build(*args, **kwargs):\n    pass\n")

@@ -31,9 +31,9 @@ import torch
 
 from ..detect.ranges import phase
 from ..graph.runner import GraphRunner
-from ..kernels.registry import (
+from ..kinds import KindSpec, kind_of
+from ..kinds.builders import (
     builder_capabilities,
-    builder_kind,
     builder_name,
     resolve_builder,
     signature_problem,
@@ -63,7 +63,7 @@ from .replay_loop import run_replays
 from .report import PropertyResult, Report
 from .signals import CheckInterrupted, stop_on_signals, stop_requested
 from .state import CheckHooks, CheckRun, ReplayState
-from .verify import POISON, PRESET_ENTRIES
+from .verify import POISON
 
 #: Names other modules import from here (``pagegraph.check.checker`` was the whole checker).
 __all__ = [
@@ -116,10 +116,29 @@ def check_replay_safety(
             ``on_phase`` and wait for the device after each replay (slow), so a supervisor
             can say which replay a crash came from.
 
+    A config with a ``[consumer]`` (``cfg.consumer``) runs the decode step end to end
+    (``pagegraph.check.decode_step.check_decode_step``: the builder and the attention in one
+    graph, judged on the attention's output) and returns its ``DecodeStepReport``, a
+    ``Report``; ``on_chunk`` then gets the report after each replay. The config's preset
+    outputs that the builder's kind does not have are dropped, as ``pagegraph check
+    --builder`` drops them (they describe the scenario's own builder).
+
     Returns a ``Report``; a misbehaving builder or runner is reported, not raised. Ctrl-C
     raises ``CheckInterrupted`` carrying the report of what was checked so far.
     """
     cfg = (config or CheckConfig()).replace(**overrides)
+    if cfg.consumer:
+        from .decode_step import check_decode_step
+
+        if runner_factory is not None or explain_replays:
+            raise ValueError(
+                "runner_factory and explain_replays do not apply to a decode-step check "
+                "(a config with a consumer)"
+            )
+        return check_decode_step(
+            builder, cfg, device=device, progress=progress, on_phase=on_phase,
+            on_report=on_chunk, stop_on_failure=stop_on_failure,
+        )  # fmt: skip
     hooks = CheckHooks(progress, on_phase, on_chunk, stop_on_failure, explain_replays)
     run = _start_run(builder, cfg, device, runner_factory or GraphRunner, hooks)
     hooks.note("setup")
@@ -142,11 +161,9 @@ def _start_run(builder, cfg: CheckConfig, device, runner_factory, hooks: CheckHo
     report with every property passing until judged."""
     validate_config(cfg)
     fn = resolve_builder(builder)
-    kind = builder_kind(fn, cfg.outputs)
-    metadata = kind == "decode_metadata"
-    problem = signature_problem(fn, kind, swa=cfg.swa, page_size=cfg.page_size) or (
-        preset_problem(cfg, kind)
-    )
+    kind = kind_of(fn, cfg.outputs)
+    cfg = presets_of_kind(cfg, kind)
+    problem = signature_problem(fn, kind, swa=cfg.swa, page_size=cfg.page_size)
     if problem:
         raise ValueError(problem)
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -155,28 +172,27 @@ def _start_run(builder, cfg: CheckConfig, device, runner_factory, hooks: CheckHo
     report.detectors = detectors
     props = {name: PropertyResult(name) for name in PROPERTIES}
     report.properties = list(props.values())
-    run = CheckRun(cfg, fn, metadata, dev, report, props, detectors, no_detector_reason, hooks,
+    run = CheckRun(cfg, fn, kind, dev, report, props, detectors, no_detector_reason, hooks,
                    runner_factory)  # fmt: skip
     run.errors = cfg.errors and builder_capabilities(fn).errors
-    run.kind = kind
     return run
 
 
-def presets_of_kind(cfg: CheckConfig, kind: str) -> CheckConfig:
+def presets_of_kind(cfg: CheckConfig, kind: KindSpec) -> CheckConfig:
     """``cfg`` keeping only the preset outputs a builder of ``kind`` has: a scenario's presets
     describe its own builder, and another builder put on it (``--builder``, ``mutate``) has
     none of another kind's."""
-    known = PRESET_ENTRIES[kind]
+    known = kind.presets
     return cfg.replace(preset_outputs=tuple(p for p in cfg.preset_outputs if p in known))
 
 
-def preset_problem(cfg: CheckConfig, kind: str) -> str | None:
+def preset_problem(cfg: CheckConfig, kind: KindSpec) -> str | None:
     """Why ``cfg.preset_outputs`` do not fit a builder of ``kind``; ``None`` when they do."""
-    known = PRESET_ENTRIES[kind]
+    known = kind.presets
     unfit = [name for name in cfg.preset_outputs if name not in known]
     if not unfit:
         return None
-    return f"preset_outputs {unfit} are not outputs of a {kind} builder" + (
+    return f"preset_outputs {unfit} are not outputs of a {kind.name} builder" + (
         f" (its presettable outputs: {', '.join(known)})" if known else " (it has none)"
     )
 
@@ -198,7 +214,7 @@ def _start_workload_and_runner(run: CheckRun) -> Step:
     run.workload = ProducedWorkload(
         run.pool,
         pool_kwargs(cfg),
-        workload_kwargs(cfg, run.metadata, run.len_limit),
+        workload_kwargs(cfg, run.kind.tables_include_draft, run.len_limit),
         streams=cfg.workload_streams,
         processes=run.report.workload_in_process,
     )

@@ -18,7 +18,7 @@ import torch
 
 from ..graph.buckets import PADDING, PRESETS, Buckets
 from ..kernels.contract import cdiv
-from ..kernels.registry import OUTPUT_KINDS
+from ..kinds import OUTPUT_KINDS
 from ..workload.decode import Injection
 from ..workload.producer import MAX_STREAMS
 
@@ -34,6 +34,8 @@ PRODUCER_MIN_STEPS = 1000
 #: Values of ``CheckConfig.consumer``: the metadata format the decode step's attention reads
 #: (``pagegraph.check.decode_step``): a page table with ``cache_seqlens``, or FlashInfer's CSR.
 CONSUMERS = ("paged", "csr")
+#: The consumers that read FlashInfer's page list instead of the table.
+CSR_CONSUMERS = CONSUMERS[1:]
 #: Values of ``CheckConfig.consumer_dtype`` -> the query and KV-cache dtype.
 CONSUMER_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 
@@ -72,8 +74,9 @@ PROPERTIES: dict[str, tuple[str, str]] = {
     ),
     "graph-safe (captured short, replayed long)": (
         "builder",
-        "a wrong live entry on a replay with rows longer than at capture (a width frozen at "
-        "capture)",
+        "a replay (captured with every length 1, replayed with longer rows) whose outputs "
+        "differ from an eager call of the builder on the same inputs (something frozen at "
+        "capture); a builder wrong eagerly too fails correct alone",
     ),
     "row containment": (
         "builder",

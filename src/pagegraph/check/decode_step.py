@@ -57,7 +57,8 @@ import torch
 from ..consumers.reference import attend, live_kv, tolerances
 from ..graph.buckets import Buckets, resolve_padding
 from ..kernels.contract import cdiv
-from ..kernels.registry import builder_kind, builder_name, resolve_builder, signature_problem
+from ..kinds import kind_of
+from ..kinds.builders import builder_name, resolve_builder, signature_problem
 from ..workload.decode import DecodeWorkload, Injection
 from ..workload.pool import KVPool
 from .checker import pool_kwargs, workload_kwargs
@@ -102,6 +103,8 @@ STEP_PROPERTIES: dict[str, tuple[str, str]] = {
         "a replay raised, or the check process died (run in a child process)",
     ),
 }
+#: One replay in this many fills the stale table entries with the NaN page (``_poison_tails``).
+NAN_TAIL_EVERY = 3
 #: Caps on the shapes without CUDA (the Triton interpreter runs every program on the CPU).
 CPU_LIMITS = {"num_q_heads": 4, "num_kv_heads": 2, "head_dim": 16, "max_bs": 4,
               "max_context_len": 64}  # fmt: skip
@@ -292,7 +295,7 @@ def check_decode_step(
     cfg = cfg.replace(consumer=cfg.consumer or "paged")
     validate_config(cfg)
     fn = resolve_builder(builder)
-    kind = builder_kind(fn, cfg.outputs)
+    kind = kind_of(fn, cfg.outputs)
     problem = signature_problem(fn, kind, swa=False, consumer=True, page_size=cfg.page_size)
     if problem:
         raise ValueError(problem)
@@ -304,7 +307,7 @@ def check_decode_step(
                               consumer=cfg.consumer, shrunk=note)  # fmt: skip
     props = {name: StepProperty(name) for name in _NAMES}
     report.properties = list(props.values())
-    run = _setup(fn, kind == "decode_metadata", consumer, cfg, dev, report, props)
+    run = _setup(fn, kind, consumer, cfg, dev, report, props)
     run.on_phase = on_phase or _no_phase
     if on_report is not None:
         on_report(report)  # the shapes and device, before anything can crash
@@ -323,7 +326,7 @@ def _no_phase(phase: str) -> None:
     pass
 
 
-def _setup(fn, metadata: bool, consumer, cfg: CheckConfig, dev, report, props) -> _Run:
+def _setup(fn, kind, consumer, cfg: CheckConfig, dev, report, props) -> _Run:
     pool = KVPool(**pool_kwargs(cfg), device=dev)
     shape = StepShape(
         max_bs=cfg.max_bs, width=cfg.width, page_size=cfg.page_size, num_pages=pool.num_pages,
@@ -332,7 +335,7 @@ def _setup(fn, metadata: bool, consumer, cfg: CheckConfig, dev, report, props) -
         index_dtype=INDEX_DTYPES[cfg.index_dtype],
     )  # fmt: skip
     buckets = Buckets(cfg.buckets, cfg.max_bs)
-    graphs = StepGraphs(fn, metadata, consumer or default_consumer(cfg.consumer), shape,
+    graphs = StepGraphs(fn, kind, consumer or default_consumer(cfg.consumer), shape,
                         pool.req_to_token, buckets.sizes, cfg.seed + 2)  # fmt: skip
     gen = torch.Generator().manual_seed(cfg.seed + 3)
     return _Run(cfg, graphs, pool, report, props, resolve_padding(cfg.padding), buckets, gen)
@@ -368,7 +371,7 @@ def _replays(run: _Run, progress, on_report, stop_on_failure: bool) -> None:
     """The workload's steps, each replayed and judged; a step that raises, a stop asked
     for by a signal, or (``stop_on_failure``) a failed property stops the run."""
     cfg = run.cfg
-    kwargs = workload_kwargs(cfg, run.graphs.metadata, cfg.max_context_len)
+    kwargs = workload_kwargs(cfg, run.graphs.kind.tables_include_draft, cfg.max_context_len)
     kwargs.update(inject=Injection(), draft_tokens=0)
     workload = DecodeWorkload(run.pool, **kwargs)
     for k, step in enumerate(workload):
@@ -434,7 +437,9 @@ def _one_step(run: _Run, k: int, step) -> None:
     g.q[:n].copy_(torch.randn(dims, generator=run.gen).to(g.q.dtype))
     _padded_queries(g, n, bucket, finite=None)
 
-    picks = _poison_tails(run, b)
+    # One replay in NAN_TAIL_EVERY fills the stale entries with the NaN page instead: a
+    # consumer that loads them and only masks their scores (a read times zero) then shows.
+    picks = _poison_tails(run, b, nan_page=k % NAN_TAIL_EVERY == NAN_TAIL_EVERY - 1)
     g.replay(bucket)
     out_a = g.out[:n].clone()
     sentinel = g.sentinel_intact()
@@ -486,15 +491,18 @@ def _padded_queries(g: StepGraphs, n: int, bucket: int, finite) -> None:
     pad[1::2] = float("inf")
 
 
-def _poison_tails(run: _Run, b: _Batch, before: tuple | None = None) -> tuple:
+def _poison_tails(run: _Run, b: _Batch, before: tuple | None = None,
+                  nan_page: bool = False) -> tuple:  # fmt: skip
     """Fill the whole table of the bucket (and CSR's ``kv_indices``) with ids of live pages
     drawn at random, each entry a different page than ``before`` (the picks this returned
     last) where two pages live: the builder overwrites the live entries, and a stale tail
     then names real data, so reading it changes the output (-1 or 0 might be skipped or read
-    as padding's page)."""
+    as padding's page). With ``nan_page`` every entry is page 0, whose K and V are NaN: a
+    read of a stale entry, even one whose score is masked by a multiplication by zero,
+    makes the row NaN. The picks are returned either way (``before`` of the next fill)."""
     g, live = run.graphs, len(b.live)
     sizes = [(b.bucket, g.shape.width)]
-    if g.shape.fmt == "csr":
+    if g.shape.lists_pages:
         sizes.append((g.kv_indices.shape[0],))
     picks = []
     for k, size in enumerate(sizes):
@@ -502,6 +510,11 @@ def _poison_tails(run: _Run, b: _Batch, before: tuple | None = None) -> tuple:
         if before is not None and live > 1:
             pick = (before[k] + 1 + torch.randint(live - 1, size, generator=run.gen)) % live
         picks.append(pick)
+    if nan_page:
+        g.page_table[: b.bucket].fill_(0)
+        if len(picks) > 1:
+            g.kv_indices.fill_(0)
+        return tuple(picks)
     g.page_table[: b.bucket].copy_(b.live[picks[0]])
     if len(picks) > 1:
         g.kv_indices.copy_(b.live[picks[1]])

@@ -51,6 +51,8 @@ import numpy as np
 import torch
 
 from ..consumers import csr_decode_attention, paged_decode_attention, prepare_decode_attention
+from ..kinds import KindSpec
+from .config import CSR_CONSUMERS
 
 #: Calls of one body captured back to back in a timing graph: a replay's launch is shared by
 #: this many calls.
@@ -74,15 +76,21 @@ class StepShape:
     num_kv_heads: int
     head_dim: int
     dtype: torch.dtype
-    #: "paged" or "csr"
+    #: "paged" or "csr" (``pagegraph.check.config.CONSUMERS``)
     fmt: str
     index_dtype: torch.dtype = torch.int32
+
+    @property
+    def lists_pages(self) -> bool:
+        """The consumer reads FlashInfer's page list (``kv_indptr`` / ``kv_indices``, built in
+        the graph from the table), not the table itself."""
+        return self.fmt in CSR_CONSUMERS
 
 
 def default_consumer(fmt: str) -> Callable:
     """The attention kernel of a format: ``paged_decode_attention`` or
     ``csr_decode_attention``."""
-    return csr_decode_attention if fmt == "csr" else paged_decode_attention
+    return {"paged": paged_decode_attention, "csr": csr_decode_attention}[fmt]
 
 
 def build_csr(
@@ -138,7 +146,8 @@ class StepGraphs:
     """One decode step's static buffers and its graphs (see the module docstring).
 
     Args:
-        builder: a page-table or decode-metadata builder (``metadata`` says which).
+        builder: a builder of ``kind``, a kind that feeds the consumer (page table or decode
+            metadata).
         consumer: the attention call, with ``paged_decode_attention``'s signature (``fmt``
             "paged") or ``csr_decode_attention``'s ("csr"), given ``page_size=`` and
             ``workspace=``.
@@ -148,9 +157,14 @@ class StepGraphs:
         seed: the KV pages' random values.
     """
 
-    def __init__(self, builder, metadata: bool, consumer: Callable, shape: StepShape,
+    def __init__(self, builder, kind: KindSpec, consumer: Callable, shape: StepShape,
                  req_to_token: torch.Tensor, buckets, seed: int):  # fmt: skip
-        self.builder, self.metadata, self.consumer = builder, metadata, consumer
+        self.builder, self.kind, self.consumer = builder, kind, consumer
+        #: the builder writes the consumer's lengths itself (a decode-metadata builder)
+        self.writes_lengths = "cache_seqlens" in kind.vector_names
+        # What the kind's call reads (``pagegraph.kinds.IO_FIELDS``) beyond the buffers below.
+        self.page_size, self.draft_tokens = shape.page_size, 0
+        self.swa_page_table = self.full_to_swa = self.errors = self.engine = None
         self.shape, self.req_to_token = shape, req_to_token
         self.buckets = sorted(buckets, reverse=True)
         self.device = dev = req_to_token.device
@@ -162,6 +176,8 @@ class StepGraphs:
         self.cache_seqlens = torch.zeros(s.max_bs, dtype=i32, device=dev)
         self.cu_seqlens_k = torch.zeros(s.max_bs + 1, dtype=i32, device=dev)
         self.cu_seqlens_q = torch.zeros(s.max_bs + 1, dtype=i32, device=dev)
+        self.vectors = {"cache_seqlens": self.cache_seqlens, "cu_seqlens_k": self.cu_seqlens_k,
+                        "cu_seqlens_q": self.cu_seqlens_q}  # fmt: skip
         self.kv_pages = torch.zeros(s.max_bs, dtype=i32, device=dev)
         self.kv_indptr = torch.zeros(s.max_bs + 1, dtype=i32, device=dev)
         self.kv_indices_all = torch.zeros(s.max_bs * s.width + 1, dtype=i32, device=dev)
@@ -203,26 +219,17 @@ class StepGraphs:
     # -- the step's body ---------------------------------------------------------------------
 
     def build(self, bs: int) -> None:
-        """The builder under test on rows ``:bs``."""
-        rpi, sl, pt = self.req_pool_indices[:bs], self.seq_lens[:bs], self.page_table[:bs]
-        ps = self.shape.page_size
-        if self.metadata:
-            self.builder(
-                self.req_to_token, rpi, sl, ps, cache_seqlens=self.cache_seqlens[:bs],
-                cu_seqlens_k=self.cu_seqlens_k[: bs + 1], page_table=pt, draft_tokens=0,
-                cu_seqlens_q=self.cu_seqlens_q[: bs + 1],
-            )  # fmt: skip
-        else:
-            self.builder(self.req_to_token, rpi, sl, pt, ps)
+        """The builder under test on rows ``:bs``, as its kind calls it."""
+        self.kind.call(self.builder, self, bs, {})
 
     def consume(self, bs: int) -> None:
         """The consumer on rows ``:bs``, from the builder's tables."""
         ps = self.shape.page_size
-        if not self.metadata:
+        if not self.writes_lengths:
             # The trtllm_mha / FA3 format's lengths are int32, whatever seq_lens holds.
             self.cache_seqlens[:bs].copy_(self.seq_lens[:bs])
         q, out = self.q[:bs], self.out[:bs]
-        if self.shape.fmt == "csr":
+        if self.shape.lists_pages:
             build_csr(
                 self.page_table[:bs], self.cache_seqlens[:bs], ps, kv_pages=self.kv_pages,
                 kv_indptr=self.kv_indptr, kv_indices=self.kv_indices_all,

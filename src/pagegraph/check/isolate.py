@@ -90,17 +90,13 @@ def child_env() -> dict[str, str]:
 def builder_spec(builder) -> str:
     """A builder as a string a child process can resolve: a built-in name, or
     ``module:function`` for a function importable at module level."""
-    from ..kernels.registry import (
-        BUILDERS,
-        FILE_MODULE_PREFIX,
-        builder_name,
-        builder_spec_for_child,
-    )
+    from ..kernels.registry import FILE_MODULE_PREFIX, builder_spec_for_child
+    from ..kinds.builders import builder_name, is_builtin
 
     if isinstance(builder, str):
         return builder_spec_for_child(builder)
     name = builder_name(builder)
-    if name in BUILDERS:
+    if is_builtin(name):
         return name
     module, qualname = getattr(builder, "__module__", None), getattr(builder, "__qualname__", "")
     if module and module.startswith(FILE_MODULE_PREFIX) and "." not in qualname:
@@ -510,7 +506,7 @@ def _child(spec_path: str) -> int:
     with open(spec["progress"], "r+b") as f:
         progress = mmap.mmap(f.fileno(), PROGRESS_BYTES)
     from ..detect.sync import DetectorUnavailable
-    from ..kernels.registry import resolve_builder
+    from ..kinds.builders import resolve_builder
     from .signals import CheckInterrupted, stop_on_signals
 
     stop = stop_on_signals()  # SIGINT/SIGTERM: stop between two replays, keep the report

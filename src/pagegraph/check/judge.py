@@ -11,10 +11,9 @@ import collections
 
 import numpy as np
 
-from ..kernels.contract import ERROR_KINDS
-from ..kernels.decode_metadata import DECODE_ERROR_KINDS
 from ..kernels.registry import raised_at
 from .config import REPLAY_PROPERTIES, CheckConfig
+from .graph_safety import EVERY_REPLAY, SAMPLE, never_compared
 from .probes import BuilderProbe, CompileCounter, EagerCall
 from .report import BucketStats, Failure, PropertyResult, Report
 from .state import ALLOCATION_PROBES, ReplayMeasure, ReplayState
@@ -230,7 +229,7 @@ def judge_records(records: np.ndarray, steps: list[ModelStep], verifier: TableVe
     """Fold one chunk of device records (``[len(steps), verifier.record_size]`` int64, one
     row a replay, laid out as ``pagegraph.check.verify`` says) into the report.
     ``describe_rows(step)`` names a replay's out-of-contract rows for its failures."""
-    kinds = DECODE_ERROR_KINDS if verifier.kind == "decode_metadata" else ERROR_KINDS
+    kinds = verifier.kind.error_kinds
     if verifier.errors is not None and not report.errors:
         report.errors = dict.fromkeys(kinds, 0)
     for rec, st in zip(records, steps):
@@ -266,9 +265,10 @@ def _fail_with(prop: PropertyResult, failure: Failure, st: ModelStep, describe_r
 
 def _judge_tables(rec: np.ndarray, st: ModelStep, verifier: TableVerifier, stats: BucketStats,
                   props: Props, cfg: CheckConfig, describe_rows=None) -> None:  # fmt: skip
-    """The table masks of one record: wrong live entries fail "correct" (and "graph-safe" on a
-    replay longer than at capture), writes outside the live region fail "bounded writes"; on
-    an out-of-contract replay either fails "row containment" instead."""
+    """The table masks of one record: wrong live entries fail "correct", writes outside the
+    live region fail "bounded writes"; on an out-of-contract replay either fails "row
+    containment" instead. ("graph-safe" compares a replay with an eager call instead:
+    ``pagegraph.check.graph_safety``.)"""
     T = verifier.T
     for mask in range(2 * T):
         found = read_mask(rec, mask)
@@ -286,9 +286,6 @@ def _judge_tables(rec: np.ndarray, st: ModelStep, verifier: TableVerifier, stats
         elif mask < T:
             stats.mismatches += count
             _fail_with(props["correct"], failure, st, describe_rows)
-            if st.longer_than_capture:
-                _fail_with(props["graph-safe (captured short, replayed long)"], failure, st,
-                           describe_rows)  # fmt: skip
         else:
             stats.oob_writes += count
             _fail_with(props["bounded writes"], failure, st, describe_rows)
@@ -297,8 +294,8 @@ def _judge_tables(rec: np.ndarray, st: ModelStep, verifier: TableVerifier, stats
 def _judge_vectors(rec: np.ndarray, st: ModelStep, verifier: TableVerifier, stats: BucketStats,
                    props: Props, cfg: CheckConfig, describe_rows=None) -> None:  # fmt: skip
     """A metadata or CSR builder's vectors: wrong entries of the live region fail "correct"
-    (and, for CSR, "graph-safe" on a replay longer than at capture; on an out-of-contract
-    replay they are the out-of-contract values' own, and allowed, except a CSR builder's
+    (on an out-of-contract replay they are the out-of-contract values' own, and allowed,
+    except a CSR builder's
     rows before the first out-of-contract one: "row containment"), writes outside it fail
     "bounded writes" (or "row containment")."""
     length = verifier.vectors.shape[1]
@@ -314,17 +311,14 @@ def _judge_vectors(rec: np.ndarray, st: ModelStep, verifier: TableVerifier, stat
             note=csr_entry_owner(st, entry - 1, cfg, verifier) if name == "kv_indices" else "",
         )  # fmt: skip
         if st.out_of_contract:
-            # Wrong live entries are the out-of-contract values' own, except a CSR builder's,
-            # whose live region there ends where the first out-of-contract row starts.
-            if k == 1 or verifier.csr:
+            # Wrong live entries are the out-of-contract values' own, except where the kind's
+            # live region there ends where the first out-of-contract row starts (CSR).
+            if k == 1 or verifier.kind.ooc_prefix_exact:
                 stats.escaped_writes += count
                 _fail_with(props["row containment"], failure, st, describe_rows)
         elif k == 0:
             stats.mismatches += count
             _fail_with(props["correct"], failure, st, describe_rows)
-            if verifier.csr and st.longer_than_capture:
-                _fail_with(props["graph-safe (captured short, replayed long)"], failure, st,
-                           describe_rows)  # fmt: skip
         else:
             stats.oob_writes += count
             _fail_with(props["bounded writes"], failure, st, describe_rows)
@@ -414,9 +408,13 @@ def _summarise_entries(state: ReplayState) -> None:
     props[
         "bounded writes"
     ].detail = f"{_bucket_total(report, 'oob_writes')} entries written outside the live region"
-    props[
-        "graph-safe (captured short, replayed long)"
-    ].detail = f"{report.long_replays} replays longer than the capture-time lengths"
+    twin = state.twin
+    props["graph-safe (captured short, replayed long)"].detail = (
+        f"{twin.count} in-contract replays, {min(twin.count, EVERY_REPLAY)} and one in "
+        f"{SAMPLE} after them compared with an eager call on the same inputs"
+        if twin is not None
+        else ""
+    )
     props["row containment"].detail = (
         f"{_bucket_total(report, 'escaped_writes')} entries written outside out-of-contract "
         f"rows over {n_ooc} out-of-contract replays"
@@ -496,8 +494,10 @@ def _close_replay_properties(state: ReplayState) -> None:
     if stopped is None:
         # Properties that had nothing to judge are skipped, with the reason.
         graph_safe = props["graph-safe (captured short, replayed long)"]
-        if report.long_replays == 0 and graph_safe.status == "pass":
-            graph_safe.skip("no replay was longer than at capture")
+        if state.twin is None:
+            never_compared(graph_safe, state.run.no_graph_reason())
+        elif state.twin.count == 0 or report.long_replays == 0:
+            never_compared(graph_safe, "no in-contract replay longer than at capture")
         containment = props["row containment"]
         if not report.out_of_contract_replays and containment.status == "pass":
             containment.skip(

@@ -201,6 +201,13 @@ def _verify(state: ReplayState, i: int, mstep: ModelStep, measured: ReplayMeasur
     comparison on the device (an event marks it in flight)."""
     judge_replay(state, i, mstep, measured)
     with phase("verify"):
+        twin = state.twin
+        if twin is not None and twin.wanted(mstep):
+            tally = state.allocations
+            a0 = tally.read() if state.graphs and not tally.per_replay else 0
+            twin.compare(len(state.pending), mstep)
+            if state.graphs and not tally.per_replay:
+                tally.base += tally.read() - a0  # the eager call's, not the replay's
         state.verifier.verify()
     if state.graphs:
         event = state.events[i % len(state.events)]
@@ -232,6 +239,8 @@ def _judge_chunk(state: ReplayState) -> None:
         records = state.verifier.read(len(state.pending))
     judge_records(records, list(state.pending), state.verifier, state.props, state.report,
                   state.cfg, state.model.describe_rows)  # fmt: skip
+    if state.twin is not None:
+        state.twin.judge(state.props["graph-safe (captured short, replayed long)"])
     if state.graphs and not state.allocations.per_replay:
         judge_chunk_allocations(state)
     state.pending.clear()

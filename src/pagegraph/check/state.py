@@ -12,16 +12,17 @@ import torch
 
 from ..graph.buckets import Buckets, resolve_padding
 from ..graph.runner import GraphRunner
-from ..kernels.contract import ERROR_KINDS, cdiv
-from ..kernels.decode_metadata import DECODE_ERROR_KINDS
+from ..kernels.contract import cdiv
+from ..kinds import KindSpec
 from ..workload.decode import Step
 from ..workload.pool import KVPool
 from ..workload.producer import ProducedWorkload
-from .buffers import CheckBuffers, csr_capacity
+from .buffers import CheckBuffers, engine_capacity
 from .config import CheckConfig
+from .graph_safety import EagerTwin
 from .probes import AllocationCounter, BuilderProbe, CompileCounter, cuda_allocations
 from .report import PropertyResult, Report
-from .verify import CSR_VECTOR_NAMES, VECTOR_NAMES, BatchModel, ModelStep, TableVerifier
+from .verify import BatchModel, ModelStep, TableVerifier
 
 #: Replays whose allocations are measured one by one before the checker trusts chunks.
 ALLOCATION_PROBES = 8
@@ -60,8 +61,8 @@ class CheckRun:
     cfg: CheckConfig
     #: the builder under test, resolved
     builder: Callable
-    #: a decode-metadata builder (vectors beside the tables), not a page-table builder
-    metadata: bool
+    #: the builder's kind
+    kind: KindSpec
     device: torch.device
     report: Report
     props: dict[str, PropertyResult]
@@ -80,13 +81,19 @@ class CheckRun:
     steps: Iterator[Step] | None = None
     #: whether the runner passes ``errors=`` (the config asks and the builder takes it)
     errors: bool = False
-    #: the builder's kind (``pagegraph.kernels.registry.OUTPUT_KINDS``)
-    kind: str = "page_table"
+    #: the engine state the kind reads between steps (``KindSpec.engine_state``), or None
+    engine: object | None = None
 
     @property
     def graphs(self) -> bool:
         """Whether the runner captures CUDA graphs (on CUDA) or replays eagerly."""
         return self.device.type == "cuda"
+
+    def no_graph_reason(self) -> str:
+        """Why no replay here is more than an eager call of the builder."""
+        if self.kind.where == "eager":
+            return f"a {self.kind.name} builder runs eagerly, before the graph, not inside it"
+        return "nothing was captured: the replays are eager calls of the builder"
 
     @property
     def len_limit(self) -> int:
@@ -138,7 +145,7 @@ class WatchedBuffers:
             "errors": runner.errors,
             "req_to_token": runner.req_to_token,
             "full_to_swa": runner.full_to_swa,
-            **{name: getattr(runner, name, None) for name in (*VECTOR_NAMES, *CSR_VECTOR_NAMES)},
+            **runner.vectors,
         }
         return cls(
             [(k, t.data_ptr()) for k, t in watched.items() if t is not None],
@@ -208,6 +215,9 @@ class ReplayState:
     stopped: str | None = None
     #: the signal that interrupted the loop, or None
     interrupted: int | None = None
+    #: the eager call each sampled replay is compared with ("graph-safe"), or None where a
+    #: replay is no more than an eager call
+    twin: EagerTwin | None = None
 
     @property
     def cfg(self) -> CheckConfig:
@@ -248,6 +258,8 @@ class ReplayState:
             step=first,
             events=[torch.cuda.Event() for _ in range(IN_FLIGHT + 1)] if graphs else [],
         )
+        if EagerTwin.applies(run):
+            state.twin = EagerTwin(run, chunk)
         if graphs:
             state.allocations.base = state.allocations.read()
             state.memory_before = torch.cuda.memory_allocated(dev)
@@ -258,7 +270,7 @@ def _batch_model(run: CheckRun) -> BatchModel:
     """The model of the static inputs, starting from what the runner holds after capture."""
     cfg, runner = run.cfg, run.runner
     policy = resolve_padding(cfg.padding)
-    draft_tokens = cfg.draft_tokens if run.metadata else 0
+    draft_tokens = cfg.draft_tokens if run.kind.tables_include_draft else 0
     capture_lens = runner.seq_lens[: cfg.max_bs].to(torch.int64).cpu().numpy()
     return BatchModel(
         sizes=Buckets(cfg.buckets, cfg.max_bs).sizes,
@@ -287,10 +299,10 @@ def _table_verifier(run: CheckRun, chunk: int) -> TableVerifier:
         chunk=chunk,
         use_graph=run.graphs,
         vectors=run.buffers.vectors,
-        draft_tokens=cfg.draft_tokens if run.metadata else 0,
-        preset_outputs=cfg.preset_outputs if run.kind != "page_table" else (),
-        error_kinds=len(DECODE_ERROR_KINDS if run.metadata else ERROR_KINDS),
+        draft_tokens=cfg.draft_tokens if run.kind.tables_include_draft else 0,
+        preset_outputs=cfg.preset_outputs if run.kind.presets else (),
+        error_kinds=len(run.kind.error_kinds),
         kind=run.kind,
         row_strides=run.buffers.row_strides,
-        csr_capacity=csr_capacity(cfg) if run.kind == "csr" else 0,
+        csr_capacity=engine_capacity(cfg, run.kind),
     )

@@ -32,21 +32,18 @@ import torch
 
 from ..kernels.contract import ERROR_KINDS, cdiv
 from ..kernels.cudart import HostToDevice
+from ..kinds import PAGE_TABLE, KindSpec
 from .batch_model import IN_BUCKET, OUT_OF_CONTRACT, REAL, BatchModel, ModelStep
 
 __all__ = [
-    "CANARY_ROWS", "CSR_VECTOR_NAMES", "IN_BUCKET", "OUT_OF_CONTRACT", "POISON", "PRESET_ENTRIES",
-    "REAL", "VECTOR_NAMES", "BatchModel", "ModelStep", "TableVerifier", "batch_size",
+    "CANARY_ROWS", "IN_BUCKET", "OUT_OF_CONTRACT", "POISON",
+    "REAL", "BatchModel", "ModelStep", "TableVerifier", "batch_size",
     "preset_views", "read_mask", "replay_bytes", "vector_replay_bytes",
 ]  # fmt: skip
 
 #: Value the tables are filled with before each replay; no builder writes it.
 POISON = -0x5A5A5A5
 INT32_MAX = 2**31 - 1
-#: Names of a metadata builder's vectors, in the order of their allocation.
-VECTOR_NAMES = ("cache_seqlens", "cu_seqlens_k", "cu_seqlens_q")
-#: Names of a CSR builder's vectors, in the order of their allocation.
-CSR_VECTOR_NAMES = ("kv_indptr", "kv_indices")
 
 
 #: Canary rows above and below the rows of every table allocation.
@@ -66,23 +63,14 @@ _E = len(ERROR_KINDS)
 MASK_FIELDS = 4
 
 
-#: Builder kind -> its presettable outputs (``CheckConfig.preset_outputs``) -> their (vector,
-#: entry) in the checker's vectors (entry 0 of each vector is at column 1).
-PRESET_ENTRIES = {
-    "page_table": {},
-    "decode_metadata": {"cu_seqlens_k[0]": (1, 1), "cu_seqlens_q[0]": (2, 1)},
-    "csr": {"kv_indptr[0]": (0, 1)},
-}
-
-
 def preset_views(vectors: torch.Tensor | None, names: tuple[str, ...],
-                 kind: str = "decode_metadata") -> list[torch.Tensor]:  # fmt: skip
+                 kind: KindSpec) -> list[torch.Tensor]:  # fmt: skip
     """One-entry views of ``vectors`` for the presettable outputs ``names`` of a builder of
-    ``kind``, set to their value (0) here, as an engine sets them at allocation; ``[]``
-    without vectors."""
+    ``kind`` (``KindSpec.presets``), set to their value (0) here, as an engine sets them at
+    allocation; ``[]`` without vectors."""
     if vectors is None:
         return []
-    entries = PRESET_ENTRIES[kind]
+    entries = kind.presets
     views = [vectors[v, e : e + 1] for v, e in (entries[n] for n in names)]
     for view in views:
         view.fill_(0)
@@ -130,11 +118,13 @@ class TableVerifier:
             ``cu_seqlens_q`` (``vectors[k, 1 : 2 + max_bs]``) are views of; for a CSR builder
             (``kind="csr"``), ``[2, L]`` int32, holding ``kv_indptr`` (``vectors[0, 1 : 2 +
             max_bs]``) and ``kv_indices`` (``vectors[1, 1 : 1 + csr_capacity]``).
-        kind: the builder kind (``pagegraph.kernels.registry.OUTPUT_KINDS``).
+        kind: the builder's kind (``pagegraph.kinds.KindSpec``): whether it writes tables,
+            its vectors and how they are verified (``KindSpec.vector_fields``).
         row_strides: each table view's row stride in its ``[rows, padded width]`` slab of
             ``tables`` (default: the padded width; an SWA table with its own, smaller, row
             stride has its rows packed closer, and the rest of its slab is canary).
-        csr_capacity: entries of a CSR builder's ``kv_indices``.
+        csr_capacity: entries of the kind's engine-sized vector (a CSR builder's
+            ``kv_indices``).
         draft_tokens: the metadata builder's ``draft_tokens``.
         error_kinds: counters of the ``errors`` buffer that are checked.
         batch: replays verified by one launch (default: as many as ``BATCH_BYTES`` holds, at
@@ -167,16 +157,17 @@ class TableVerifier:
         error_kinds: int = _E,
         batch: int | None = None,
         preset_outputs: tuple[str, ...] = (),
-        kind: str = "page_table",
+        kind: KindSpec = PAGE_TABLE,
         csr_capacity: int = 0,
         row_strides: tuple[int, ...] | None = None,
     ):
         dev = tables.device
         self.vectors = vectors
         self.kind = kind
-        self.csr = kind == "csr"
-        self.vector_names = CSR_VECTOR_NAMES if self.csr else VECTOR_NAMES
-        self.csr_capacity = csr_capacity
+        self.vector_names = kind.vector_names
+        #: entries of the kind's engine-sized vector (``kv_indices``), 0 for other kinds
+        self.engine_capacity = self.csr_capacity = csr_capacity
+        self.poison_value = POISON
         self._preset = preset_views(vectors, preset_outputs, kind)
         self.draft_tokens = draft_tokens
         self.E = error_kinds
@@ -201,7 +192,7 @@ class TableVerifier:
         self.chunk = chunk
         # Pages of a row the reference gathers: a table row's, or a CSR row's (no table width).
         row_pages = cdiv(req_to_token.shape[1], page_size)
-        self.cap = row_pages if self.csr else min(width, row_pages)
+        self.cap = min(width, row_pages) if kind.writes_tables else row_pages
         # Masks: wrong and outside for each table, then (metadata) for the vectors.
         self.masks = 2 * self.T + (2 if vectors is not None else 0)
         self.staged_at = self.masks * MASK_FIELDS
@@ -257,7 +248,7 @@ class TableVerifier:
             if self.errors is not None
             else None
         )
-        self._snap_vectors = (
+        self.snap_vectors = (
             torch.zeros((K, *self.vectors.shape), dtype=self.vectors.dtype, device=dev)
             if self.vectors is not None
             else None
@@ -275,10 +266,11 @@ class TableVerifier:
         self._mask_table = torch.arange(2 * self.T, device=dev, dtype=torch.int64) % self.T
         self._expected = torch.empty((K, *self.tables.shape), dtype=self.tables.dtype, device=dev)
         if self.vectors is not None:
-            self._expected_vectors = torch.empty((K, *self.vectors.shape), dtype=self.vectors.dtype,
+            self.expected_vectors = torch.empty((K, *self.vectors.shape), dtype=self.vectors.dtype,
                                                  device=dev)  # fmt: skip
-            self._vector_index = torch.arange(M + 1, device=dev, dtype=torch.int64)
-            self._csr_index = torch.arange(self.csr_capacity, device=dev, dtype=torch.int64)
+            self.vector_index = torch.arange(M + 1, device=dev, dtype=torch.int64)
+            self.capacity_index = torch.arange(self.engine_capacity, device=dev,
+                                               dtype=torch.int64)  # fmt: skip
         self._live = torch.zeros((K, self.T, rows, self.padded_width), dtype=torch.bool,
                                  device=dev)  # fmt: skip
         self._ooc = torch.zeros_like(self._live)
@@ -389,8 +381,8 @@ class TableVerifier:
             snap.index_copy_(0, entry, t[:M].view(1, -1))
         if self._snap_errors is not None:
             self._snap_errors.index_copy_(0, entry, self.errors[: self.E].view(1, -1))
-        if self._snap_vectors is not None:
-            self._snap_vectors.index_copy_(0, entry, self.vectors.unsqueeze(0))
+        if self.snap_vectors is not None:
+            self.snap_vectors.index_copy_(0, entry, self.vectors.unsqueeze(0))
         self.poison()
 
     def _compute(self) -> None:
@@ -412,7 +404,7 @@ class TableVerifier:
         expected = self._expected
         expected.fill_(POISON)
         self._live.zero_()
-        if not self.csr:  # a CSR builder gets no table: all of it must keep the poison
+        if self.kind.writes_tables:  # else the builder gets no table: it must keep the poison
             self._place(expected, 0, torch.where(live, slots // ps, POISON))
             if self.T == 2:
                 swa_slots = self._snap_swa.to(torch.int64)
@@ -436,11 +428,9 @@ class TableVerifier:
              tables.view(K, -1).gather(1, flat).long()],
             dim=-1,
         ).view(K, -1)  # fmt: skip
-        if self.csr:
-            csr_fields = self._verify_csr(n_pages, slots, in_bucket, ooc & in_bucket)
-            mask_fields = torch.cat([mask_fields, csr_fields], dim=1)
-        elif self.vectors is not None:
-            mask_fields = torch.cat([mask_fields, self._verify_vectors(sl, in_bucket)], dim=1)
+        if self.vectors is not None:
+            fields = self.kind.vector_fields(self, n_pages, slots, sl, in_bucket, ooc & in_bucket)
+            mask_fields = torch.cat([mask_fields, fields], dim=1)
 
         got_rpi, got_sl = (t.to(torch.int64) for t in self._snap_staged)
         bad = in_bucket & ((got_rpi != rpi) | (got_sl != sl))
@@ -465,7 +455,7 @@ class TableVerifier:
             else:
                 parts.append(torch.zeros(K, dtype=torch.int64, device=self.device))
             if self.E > _E:  # cu_seqlens_k entries whose true running sum passed int32
-                overflowed = self._running_sums(sl, in_bucket) > INT32_MAX
+                overflowed = self.running_sums(sl, in_bucket) > INT32_MAX
                 parts.append((overflowed & in_bucket).sum(-1))
             error_fields = torch.cat(
                 [torch.stack(parts, dim=1), self._snap_errors.to(torch.int64)], dim=1
@@ -487,37 +477,18 @@ class TableVerifier:
             flat = dst.view(dst.shape[0], self.T, -1)
             flat[:, t, self._flat_indices[t, n]] = values.reshape(dst.shape[0], -1).to(dst.dtype)
 
-    def _running_sums(self, sl: torch.Tensor, in_bucket: torch.Tensor) -> torch.Tensor:
+    def running_sums(self, sl: torch.Tensor, in_bucket: torch.Tensor) -> torch.Tensor:
         """``[K, max_bs]`` int64 true running sums of ``cache_seqlens`` over the bucket's
         rows."""
         cache = (sl.clamp(min=0) + self.draft_tokens).clamp(max=INT32_MAX)
         return torch.cumsum(torch.where(in_bucket, cache, 0), -1)
 
-    def _verify_vectors(self, sl: torch.Tensor, in_bucket: torch.Tensor) -> torch.Tensor:
-        """The metadata vectors against their reference: ``cache_seqlens[i] = min(max(len,
-        0) + draft, 2^31 - 1)`` for the bucket's rows, ``cu_seqlens_k = [0, running sums]``
-        (stored saturated, int32), ``cu_seqlens_q[i] = i * max(draft, 1)`` for ``i <=
-        bucket``; poison everywhere else. Two masks' fields a replay (``[K, 8]``): wrong
-        entries inside that live region, and writes outside it."""
-        M, d = self.max_bs, self.draft_tokens
-        exp = self._expected_vectors
-        exp.fill_(POISON)
-        cache = (sl.clamp(min=0) + d).clamp(max=INT32_MAX)
-        exp[:, 0, 1 : 1 + M] = torch.where(in_bucket, cache, POISON)
-        bucket = in_bucket.sum(-1, keepdim=True)  # [K, 1]
-        live_k = self._vector_index <= bucket  # [K, M + 1]: entries 0..bucket of the sums
-        sums = self._running_sums(sl, in_bucket).clamp(max=INT32_MAX)
-        exp[:, 1, 1:2].fill_(0)  # a fill: assigning a Python int would copy from the host
-        exp[:, 1, 2 : 2 + M] = torch.where(live_k[:, 1:], sums, POISON)
-        exp[:, 2, 1 : 2 + M] = torch.where(live_k, self._vector_index * max(d, 1), POISON)
-        return self._vector_masks(exp, exp != POISON)
-
-    def _vector_masks(self, exp: torch.Tensor, live: torch.Tensor,
+    def vector_masks(self, exp: torch.Tensor, live: torch.Tensor,
                       judged: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
         """The two vector masks' fields (``[K, 8]``): entries of ``live`` that differ from
         ``exp``, then entries outside it that differ (and are ``judged``, when given)."""
         K = self.batch
-        vectors = self._snap_vectors
+        vectors = self.snap_vectors
         diff = vectors != exp
         outside = diff & ~live if judged is None else diff & ~live & judged
         masks = torch.stack([diff & live, outside], dim=1).view(K, 2, -1)
@@ -528,53 +499,6 @@ class TableVerifier:
              vectors.view(K, -1).gather(1, first).long()],
             dim=-1,
         ).view(K, -1)  # fmt: skip
-
-    def _verify_csr(self, n_pages: torch.Tensor, slots: torch.Tensor, in_bucket: torch.Tensor,
-                    ooc: torch.Tensor) -> torch.Tensor:  # fmt: skip
-        """A CSR builder's vectors against their reference (``[K, 8]``, as
-        ``_verify_vectors``): ``kv_indptr = [0, running sums of the rows' pages, cut at the
-        capacity]`` for entries ``0..bucket``, and ``kv_indices[j]`` for ``j <
-        kv_indptr[bucket]`` the id of page ``j - kv_indptr[i]`` of the row ``i`` that owns
-        ``j``; poison everywhere else.
-
-        An out-of-contract row ``r`` (the replay's first) may be longer than the reference's,
-        shifting the rows after it, so there the live region ends at it: ``kv_indptr[0..r]``
-        and ``kv_indices[: kv_indptr[r]]`` stay exact (nothing before row ``r`` depends on
-        it), ``kv_indptr[r + 1 .. bucket]`` must rise and stay within ``[0, capacity]`` (a
-        consumer reads ``kv_indices`` by them), and ``kv_indices`` past row ``r``'s start is
-        not judged; the canaries and ``kv_indptr`` past the bucket always are.
-
-        ``n_pages`` ``[K, M]`` int64 (0 past the bucket), ``slots`` ``[K, M, cap]`` int64
-        page-start slots, ``in_bucket`` and ``ooc`` ``[K, M]`` bool (``ooc``: rows of the
-        bucket outside the contract)."""
-        M, K, C, cap = self.max_bs, self.batch, self.csr_capacity, self.cap
-        exp = self._expected_vectors
-        exp.fill_(POISON)
-        sums = torch.cumsum(n_pages, -1).clamp(max=C)  # [K, M]
-        bucket = in_bucket.sum(-1, keepdim=True)
-        ooc_replay = ooc.any(-1, keepdim=True)  # [K, 1]
-        first = torch.where(ooc_replay, ooc.to(torch.uint8).argmax(-1, keepdim=True), bucket)
-        exp[:, 0, 1:2].fill_(0)
-        exp[:, 0, 2 : 2 + M] = torch.where(self._vector_index[1:] <= bucket, sums, POISON)
-        j = self._csr_index.expand(K, C)
-        # The row owning entry j: the number of rows that end at or before it.
-        row = torch.searchsorted(sums, j.contiguous(), right=True).clamp(max=M - 1)
-        start = torch.where(row > 0, sums.gather(1, (row - 1).clamp(min=0)), 0)
-        page = (j - start).clamp(0, cap - 1)
-        ids = slots.reshape(K, M * cap).gather(1, row * cap + page) // self.page_size
-        exp[:, 1, 1 : 1 + C] = torch.where(j < sums[:, -1:], ids, POISON)
-        # The exact region: up to the first out-of-contract row (the whole bucket without one).
-        end = torch.where(first > 0, sums.gather(1, (first - 1).clamp(min=0)), 0)
-        live = torch.zeros_like(exp, dtype=torch.bool)
-        live[:, 0, 1 : 2 + M] = self._vector_index <= first
-        live[:, 1, 1 : 1 + C] = j < end
-        got = self._snap_vectors[:, 0, 1 : 2 + M].to(torch.int64)
-        prev = torch.cat([got[:, :1], got[:, :-1]], dim=1)
-        disordered = (got < prev) | (got < 0) | (got > C)
-        judged = torch.ones_like(live)
-        judged[:, 0, 1 : 2 + M] = (self._vector_index > bucket) | disordered
-        judged[:, 1, 1 : 1 + C] = ~ooc_replay
-        return self._vector_masks(exp, live, judged)
 
 
 def read_mask(record: np.ndarray, mask: int) -> tuple[int, int, int, int] | None:

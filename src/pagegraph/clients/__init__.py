@@ -12,3 +12,13 @@ its ``*Unavailable`` error with the reason; importing the client module never fa
   ``sglang_flashinfer_kv_indices_blocks``, its token-block grid); ``SGLANG_BUILDERS`` names
   those the checker knows. ``make sglang`` runs them on every scenario of their kind.
 """
+
+from collections.abc import Callable
+
+
+def CLIENT_BUILDERS() -> dict[str, Callable]:  # noqa: N802 - reads as the table it returns
+    """Every engine's adapters by name (those of an engine whose files are missing still
+    resolve, and raise its ``*Unavailable`` error with the reason when called)."""
+    from .sglang import SGLANG_BUILDERS
+
+    return dict(SGLANG_BUILDERS)

@@ -37,10 +37,10 @@ import numpy as np
 import torch
 
 from ..detect.ranges import phase, pop, push, range_name
-from ..kernels.contract import ERROR_KINDS, INDEX_DTYPES, cdiv
-from ..kernels.decode_metadata import DECODE_ERROR_KINDS
+from ..kernels.contract import INDEX_DTYPES, cdiv
 from ..kernels.page_table import build_page_table
-from ..kernels.registry import builder_kind, resolve_builder
+from ..kinds import kind_of
+from ..kinds.builders import builder_capabilities, resolve_builder
 from .buckets import Buckets, PaddingPolicy, resolve_padding
 from .staging import Mailbox
 
@@ -119,16 +119,24 @@ class GraphRunner:
             ones; the runner writes rows ``:max_bs`` and columns ``:max_num_pages``.
         table_width: pages per table row, when an engine caps pages per request below
             ``cdiv(max_context_len, page_size)`` (longer rows then stop at the width).
-        outputs: ``"page_table"`` or ``"decode_metadata"`` (a builder with
-            ``build_decode_metadata``'s signature; default: what the builder says, see
-            ``pagegraph.kernels.registry.builder_kind``). A metadata builder also gets static
-            ``cache_seqlens`` ``[max_bs]``, ``cu_seqlens_k`` and ``cu_seqlens_q``
-            ``[max_bs + 1]`` int32 buffers (or the engine's own, passed by name), and
-            ``draft_tokens``, a host value frozen into the graphs like ``page_size``.
-            ``"csr"`` (``pagegraph.kernels.kv_indices.build_kv_indices``'s signature): the
-            builder gets static ``kv_indptr`` ``[max_bs + 1]`` and ``kv_indices``
-            ``[max_bs * max_num_pages]`` int32 buffers (or the engine's own) instead of the
-            page tables.
+        outputs: the builder's kind by name (``pagegraph.kinds.KINDS``; default: what the
+            builder says, ``pagegraph.kinds.kind_of``). The kind's spec says how the builder
+            is called and which static output vectors it gets besides the tables: a
+            ``decode_metadata`` builder ``cache_seqlens`` ``[max_bs]``, ``cu_seqlens_k`` and
+            ``cu_seqlens_q`` ``[max_bs + 1]`` int32 (and ``draft_tokens``, a host value frozen
+            into the graphs like ``page_size``); a ``csr`` builder ``kv_indptr``
+            ``[max_bs + 1]`` and ``kv_indices`` ``[max_bs * max_num_pages]`` int32 (the
+            engine's own of any length). The engine's own buffers are passed by name
+            (``vectors={"kv_indptr": ...}``, or as keyword arguments of those names).
+        engine: the engine state a kind reads besides ``req_to_token`` (``block_table``'s
+            ``pagegraph.workload.block_tables.EngineBlockTables``), updated by the caller
+            between replays; ``None`` for the others.
+
+    Where the kind's builder runs (``KindSpec.where``): ``"graph"``, captured after the
+    stage node in each bucket's graph; ``"eager"`` (vLLM's block tables), called on the host
+    before each replay, with the real batch size in ``batch=``, into the static tables, and
+    the graph holds what reads them (``graph_reads``: a copy of the bucket's rows into
+    ``read_table``, which the checker compares with the tables).
     """
 
     def __init__(
@@ -155,6 +163,8 @@ class GraphRunner:
         cu_seqlens_q: torch.Tensor | None = None,
         kv_indptr: torch.Tensor | None = None,
         kv_indices: torch.Tensor | None = None,
+        vectors: dict[str, torch.Tensor] | None = None,
+        engine=None,
     ):
         _check_arguments(req_to_token, page_size, max_context_len, index_dtype, full_to_swa)
         self._configure(
@@ -163,12 +173,18 @@ class GraphRunner:
             outputs=outputs, draft_tokens=draft_tokens, table_width=table_width,
             use_graphs=use_graphs,
         )  # fmt: skip
-        metadata_given = {"cache_seqlens": cache_seqlens, "cu_seqlens_k": cu_seqlens_k,
-                          "cu_seqlens_q": cu_seqlens_q, "kv_indptr": kv_indptr,
-                          "kv_indices": kv_indices}  # fmt: skip
-        self._allocate_buffers(
-            max_bs, index_dtype, errors, page_table, swa_page_table, metadata_given
-        )
+        given = {"cache_seqlens": cache_seqlens, "cu_seqlens_k": cu_seqlens_k,
+                 "cu_seqlens_q": cu_seqlens_q, "kv_indptr": kv_indptr,
+                 "kv_indices": kv_indices}  # fmt: skip
+        given.update(vectors or {})
+        self.engine = engine
+        self._engine_names = tuple(engine.buffers()) if engine is not None else ()
+        if self.kind.engine_state is not None and engine is None:
+            raise ValueError(
+                f"a {self.kind.name} builder reads the engine's {self.kind.engine_state}: "
+                "pass engine="
+            )
+        self._allocate_buffers(max_bs, index_dtype, errors, page_table, swa_page_table, given)
         self._init_staging(max_bs, index_dtype)
 
         self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
@@ -197,15 +213,19 @@ class GraphRunner:
         self.max_bs = max_bs
         self.padding = resolve_padding(padding)
         self.builder = resolve_builder(builder)
-        self.outputs = builder_kind(self.builder, outputs)
-        self.metadata = self.outputs == "decode_metadata"
-        self.csr = self.outputs == "csr"
-        if self.csr and full_to_swa is not None:
-            raise ValueError("a csr builder has no SWA outputs: full_to_swa must be None")
+        self.kind = kind_of(self.builder, outputs)
+        self.outputs = self.kind.name
+        #: the builder runs before each replay, on the host, not inside the graph
+        self.eager_builder = self.kind.where == "eager"
+        self.takes_batch = builder_capabilities(self.builder).batch
+        if full_to_swa is not None and not self.kind.swa:
+            raise ValueError(
+                f"a {self.kind.name} builder has no SWA outputs: full_to_swa must be None"
+            )
         if isinstance(draft_tokens, bool) or not isinstance(draft_tokens, int) or draft_tokens < 0:
             raise ValueError(f"draft_tokens must be an integer >= 0, got {draft_tokens!r}")
         self.draft_tokens = draft_tokens
-        self.error_kinds = DECODE_ERROR_KINDS if self.metadata else ERROR_KINDS
+        self.error_kinds = self.kind.error_kinds
         if table_width is not None and (
             isinstance(table_width, bool) or not isinstance(table_width, int) or table_width < 1
         ):
@@ -223,7 +243,7 @@ class GraphRunner:
         page_table: torch.Tensor | None,
         swa_page_table: torch.Tensor | None,
         metadata_given: dict[str, torch.Tensor | None],
-    ) -> None:
+    ) -> None:  # fmt: skip
         """The static buffers: inputs, page tables (the engine's own where given), the
         ``errors`` counters and, for a metadata builder, the metadata outputs. Running out of
         device memory raises ``BufferAllocationError`` with the sizes asked for."""
@@ -256,10 +276,10 @@ class GraphRunner:
             )
             self.cache_seqlens = self.cu_seqlens_k = self.cu_seqlens_q = None
             self.kv_indptr = self.kv_indices = None
-            if self.metadata:
-                self._metadata_buffers(max_bs, metadata_given)
-            elif self.csr:
-                self._csr_buffers(max_bs, metadata_given)
+            self.vectors: dict[str, torch.Tensor] = {}
+            self._vector_buffers(max_bs, metadata_given)
+            # What the graph of an eagerly built kind reads: its copy of the tables.
+            self.read_table = torch.zeros_like(self.page_table) if self.eager_builder else None
         except (torch.OutOfMemoryError, RuntimeError) as exc:
             if not isinstance(exc, torch.OutOfMemoryError) and "memory" not in str(exc):
                 raise
@@ -270,49 +290,44 @@ class GraphRunner:
                 f"{need / 2**30:.2f} GiB ({exc})"
             ) from exc
 
-    def _metadata_buffers(self, max_bs: int, given: dict[str, torch.Tensor | None]) -> None:
-        """``cache_seqlens`` ``[max_bs]``, ``cu_seqlens_k`` and ``cu_seqlens_q``
-        ``[max_bs + 1]`` int32: the engine's own where ``given``, else new ones."""
-        lengths = {"cache_seqlens": max_bs, "cu_seqlens_k": max_bs + 1, "cu_seqlens_q": max_bs + 1}
-        self._vector_buffers(lengths, given)
-
-    def _csr_buffers(self, max_bs: int, given: dict[str, torch.Tensor | None]) -> None:
-        """``kv_indptr`` ``[max_bs + 1]`` and ``kv_indices`` (``[max_bs * max_num_pages]``,
-        or the engine's own of any length) int32."""
-        own = given["kv_indices"]
-        capacity = max_bs * self.max_num_pages
-        if isinstance(own, torch.Tensor) and own.dim() == 1 and own.shape[0] > 0:
-            capacity = own.shape[0]  # the engine sized it; the builder must stay inside it
-        self._vector_buffers({"kv_indptr": max_bs + 1, "kv_indices": capacity}, given)
-
-    def _vector_buffers(self, lengths: dict[str, int], given: dict) -> None:
-        """1-D int32 output buffers of at least ``lengths`` entries: the engine's own where
-        ``given``, else new ones (``ValueError`` for a given one that does not fit)."""
+    def _vector_buffers(self, max_bs: int, given: dict) -> None:
+        """The kind's 1-D output vectors (``KindSpec.vectors``): the engine's own where
+        ``given`` (``ValueError`` for one that does not fit; one longer than needed is used
+        whole when its length is the engine's to choose, as ``kv_indices``), else new ones."""
         dev = self.device
-        for name, length in lengths.items():
-            buf = given[name]
+        lengths = self.kind.vector_lengths(max_bs, self.max_num_pages, self.draft_tokens)
+        for spec in self.kind.vectors:
+            name, length = spec.name, lengths[spec.name]
+            buf = given.get(name)
             if buf is None:
-                buf = torch.zeros(length, dtype=torch.int32, device=dev)
+                buf = torch.zeros(length, dtype=spec.dtype, device=dev)
             elif (
                 not isinstance(buf, torch.Tensor)
                 or buf.dim() != 1
-                or buf.dtype != torch.int32
+                or buf.dtype != spec.dtype
                 or buf.shape[0] < length
                 or buf.device != dev
                 or (length > 1 and buf.stride(0) != 1)
             ):
                 raise ValueError(
-                    f"{name} must be a contiguous 1-D int32 tensor of >= {length} entries on {dev}"
+                    f"{name} must be a contiguous 1-D {str(spec.dtype).replace('torch.', '')} "
+                    f"tensor of >= {length} entries on {dev}"
                 )
-            setattr(self, name, buf[:length])
+            elif spec.engine_sized:
+                length = buf.shape[0]  # the engine sized it; the builder must stay inside it
+            self.vectors[name] = buf[:length]
+            setattr(self, name, self.vectors[name])
 
     def _init_staging(self, max_bs: int, index_dtype: torch.dtype) -> None:
         """Graphs stage from a mailbox (read by each graph's first node); eager replays copy
         host values through a pinned ring."""
         dev = self.device
-        self._mailbox = Mailbox(max_bs, dev) if self.use_graphs else None
+        # An eagerly built kind stages on the host too: its builder reads the inputs before
+        # the graph runs.
+        graph_stage = self.use_graphs and not self.eager_builder
+        self._mailbox = Mailbox(max_bs, dev) if graph_stage else None
         pin = dev.type == "cuda"
-        rings = 0 if self.use_graphs else STAGING_RING
+        rings = 0 if graph_stage else STAGING_RING
         self._staging = [
             torch.zeros((2, max_bs), dtype=index_dtype, pin_memory=pin) for _ in range(rings)
         ]
@@ -337,50 +352,30 @@ class GraphRunner:
 
     # -- building -------------------------------------------------------------------------
 
-    def _build(self, bs: int) -> None:
-        kwargs = {}
+    def _build(self, bs: int, n: int | None = None) -> None:
+        """Call the builder on rows ``:bs`` (the bucket; ``n`` real rows, told to a builder
+        that takes ``batch=`` where it runs eagerly), as its kind calls it."""
+        extra = {}
         if self.full_to_swa is not None:
-            kwargs["swa_page_table"] = self.swa_page_table[:bs]
-            kwargs["full_to_swa"] = self.full_to_swa
+            extra["swa_page_table"] = self.swa_page_table[:bs]
+            extra["full_to_swa"] = self.full_to_swa
         if self.errors is not None:
-            kwargs["errors"] = self.errors
-        if self.csr:
-            self.builder(
-                self.req_to_token,
-                self.req_pool_indices[:bs],
-                self.seq_lens[:bs],
-                self.page_size,
-                kv_indptr=self.kv_indptr[: bs + 1],
-                kv_indices=self.kv_indices,
-                **kwargs,
-            )
-            return
-        if self.metadata:
-            self.builder(
-                self.req_to_token,
-                self.req_pool_indices[:bs],
-                self.seq_lens[:bs],
-                self.page_size,
-                cache_seqlens=self.cache_seqlens[:bs],
-                cu_seqlens_k=self.cu_seqlens_k[: bs + 1],
-                page_table=self.page_table[:bs],
-                draft_tokens=self.draft_tokens,
-                cu_seqlens_q=self.cu_seqlens_q[: bs + 1],
-                **kwargs,
-            )
-            return
-        self.builder(
-            self.req_to_token,
-            self.req_pool_indices[:bs],
-            self.seq_lens[:bs],
-            self.page_table[:bs],
-            self.page_size,
-            **kwargs,
-        )
+            extra["errors"] = self.errors
+        if self.takes_batch:
+            extra["batch"] = self.kind.batch_context(bs if n is None else n, bs, self.max_bs)
+        self.kind.call(self.builder, self, bs, extra)
+
+    def graph_reads(self, bs: int) -> None:
+        """What the graph of an eagerly built kind does with the tables: reads rows ``:bs``
+        (a copy into ``read_table``), as an attention kernel would."""
+        self.read_table[:bs].copy_(self.page_table[:bs])
 
     def _graph_body(self, bs: int) -> None:
         """What a bucket's graph runs: the stage from the mailbox (a no-op when nothing was
         posted, as in warm-up), then the builder."""
+        if self.eager_builder:
+            self.graph_reads(bs)
+            return
         self._mailbox.launch(
             self.req_pool_indices, self.seq_lens, bs, self.padding.seq_len,
             self.padding.req_pool_index,
@@ -388,7 +383,12 @@ class GraphRunner:
         self._build(bs)
 
     def _buffers(self) -> dict[str, torch.Tensor | None]:
-        return {
+        own = {
+            "read_table": self.read_table,
+            **{name: getattr(self, name) for name in self.vectors},
+            **(self.engine.buffers() if self.engine is not None else {}),
+        }
+        return own | {
             "req_to_token": self.req_to_token,
             "full_to_swa": self.full_to_swa,
             "req_pool_indices": self.req_pool_indices,
@@ -402,6 +402,13 @@ class GraphRunner:
             "kv_indptr": self.kv_indptr,
             "kv_indices": self.kv_indices,
         }
+
+    def _buffer(self, name: str) -> torch.Tensor | None:
+        """The buffer ``name`` of ``_buffers`` as it is now (the runner's attribute, or the
+        engine state's)."""
+        if self.engine is not None and name in self._engine_names:
+            return self.engine.buffers()[name]
+        return getattr(self, name)
 
     @staticmethod
     def _address(t: torch.Tensor | None) -> tuple | None:
@@ -421,7 +428,7 @@ class GraphRunner:
             # The same tensor object at the same address, shape and strides: nothing replaced
             # it, gave it new storage (set_, a growing resize_) or reshaped it in place (a
             # shrinking resize_, as_strided_). Anything else takes the full comparison.
-            now = getattr(self, name)
+            now = self._buffer(name)
             if now is not t or now.data_ptr() != ptr or now.shape != shape:
                 break
             if now.stride() != stride:
@@ -457,6 +464,8 @@ class GraphRunner:
                         for bs in sizes:
                             step[1] = bs
                             with phase("warmup", bs):
+                                if self.eager_builder:
+                                    self._build(bs)
                                 self._graph_body(bs)
                     current.wait_stream(side)
                     torch.cuda.synchronize()
@@ -474,6 +483,8 @@ class GraphRunner:
                     step[1] = bs
                     with phase("warmup", bs):
                         self._build(bs)
+                        if self.eager_builder:
+                            self.graph_reads(bs)
         except torch.OutOfMemoryError as exc:
             raise CaptureOutOfMemory(self._oom_message(step[0], step[1], exc)) from exc
         self._addresses = self.addresses()
@@ -486,7 +497,7 @@ class GraphRunner:
         # The NVTX range names of every bucket, built once: with graphs a replay opens one
         # (``replay/bs=N``: the post and the launch), eagerly two (``stage/bs=N``, then
         # ``replay/bs=N`` around the builder).
-        if self.use_graphs:
+        if self._mailbox is not None:
             self._bucket_of = [None] + [
                 self.buckets.bucket_for(n) for n in range(1, self.max_bs + 1)
             ]
@@ -629,7 +640,14 @@ class GraphRunner:
                 pop()
             push(replay_range)
             try:
-                self._build(bucket)
+                if self.eager_builder:
+                    self._build(bucket, n)  # before the graph that reads its tables
+                    if self.graphs:
+                        self.graphs[bucket].replay()
+                    else:
+                        self.graph_reads(bucket)
+                else:
+                    self._build(bucket)
             finally:
                 pop()
         elif torch._C._cuda_getDevice() == self._device_index:

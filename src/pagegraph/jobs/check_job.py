@@ -45,13 +45,9 @@ from ..consumers.reference import GATHER_TOKENS
 from ..detect.sync import DetectorUnavailable, parse_detectors
 from ..kernels.contract import cdiv
 from ..kernels.page_table import build_page_table
-from ..kernels.registry import (
-    BUILDERS,
-    builder_kind,
-    builder_spec_for_child,
-    resolve_builder,
-    signature_problem,
-)
+from ..kernels.registry import builder_spec_for_child
+from ..kinds import PAGE_TABLE, KindSpec, kind_of
+from ..kinds.builders import resolve_builder, signature_problem
 from ..workload.pool import writer_bytes
 from ..workload.producer import SEGMENT_STEPS, streams_with_steps
 from .environment import environment
@@ -85,7 +81,7 @@ def _progress(label: str):
     return show
 
 
-def memory_need(cfg, kind: str = "page_table") -> tuple[int, dict[str, int]]:
+def memory_need(cfg, kind: KindSpec = PAGE_TABLE) -> tuple[int, dict[str, int]]:
     """About how many bytes a check of ``cfg`` allocates where its tables live, and the parts:
     the pool's tables, the static buffers and the checker's working set, the pool's write
     scratch, the tables parked by extra workload streams, with a consumer the KV cache and
@@ -124,7 +120,7 @@ def _consumer_bytes(cfg, pages: int) -> int:
     return cache * (2 * item + 4) + 2 * GATHER_TOKENS * token * (item + 4)
 
 
-def _memory_problem(cfg, kind: str = "page_table") -> str | None:
+def _memory_problem(cfg, kind: KindSpec = PAGE_TABLE) -> str | None:
     """Why a scenario does not fit the memory its tables would live in (the GPU's free
     memory, or the host's available memory without CUDA), or None. Checked before anything
     is allocated (``memory_need``)."""
@@ -194,7 +190,7 @@ def _plan(scenarios, *, replays, builder, detectors, workload_process, strict,
             cfg = cfg.replace(workload_process=workload_process)
         if strict is not None:
             cfg = cfg.replace(strict=tuple(dict.fromkeys((*cfg.strict, *parse_strict(strict)))))
-        kind = builder_kind(fn, cfg.outputs)
+        kind = kind_of(fn, cfg.outputs)
         if builder is not None:  # the scenario's presets are its own builder's
             cfg = presets_of_kind(cfg, kind)
         problem = signature_problem(
@@ -235,7 +231,7 @@ def run_check(
         print(f"pagegraph check: {exc}", file=sys.stderr)
         return 2
     if isolate is None:
-        isolate = any(spec not in BUILDERS for spec in plan.specs)
+        isolate = any(spec not in PAGE_TABLE.builders for spec in plan.specs)
     results: list = []
 
     def show(scenario, report) -> None:

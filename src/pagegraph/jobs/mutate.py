@@ -253,9 +253,10 @@ CHILD_BYTES = 1 << 30
 def check_need(cfg) -> int:
     """Bytes a check of ``cfg`` needs in a mutate run: ``check_job.memory_need`` for the
     larger of a page-table and a CSR builder, plus ``CHILD_BYTES``."""
+    from ..kinds import KINDS
     from .check_job import memory_need
 
-    return max(memory_need(cfg, kind)[0] for kind in ("page_table", "csr")) + CHILD_BYTES
+    return max(memory_need(cfg, kind)[0] for kind in KINDS.values()) + CHILD_BYTES
 
 
 def memory_slots(configs: dict, workers: int, tmp: Path) -> dict[str, tuple[str, ...]]:
@@ -332,12 +333,13 @@ def _fitted_jobs(spec: str, scenario_jobs: list[Job], o: Outcome) -> list[Job]:
     builder on an SWA scenario) goes into ``o.not_applicable`` with the reason; the preset
     outputs of another kind of builder are dropped (they describe the scenario's own)."""
     from ..check.checker import presets_of_kind
-    from ..kernels.registry import builder_kind, resolve_builder, signature_problem
+    from ..kinds import kind_of
+    from ..kinds.builders import resolve_builder, signature_problem
 
     fn = resolve_builder(spec)
     out = []
     for j in scenario_jobs:
-        kind = builder_kind(fn, j.config.outputs)
+        kind = kind_of(fn, j.config.outputs)
         cfg = j.config
         problem = signature_problem(
             fn, kind, swa=cfg.swa, consumer=bool(cfg.consumer), page_size=cfg.page_size
@@ -351,10 +353,9 @@ def _fitted_jobs(spec: str, scenario_jobs: list[Job], o: Outcome) -> list[Job]:
 
 def _builder_spec(o: Outcome) -> str:
     """How a child process finds the builder: a registry name, else the mutant's path."""
-    from ..kernels.registry import BUILDERS, CSR_BUILDERS, METADATA_BUILDERS
+    from ..kinds.builders import is_builtin
 
-    builtin = o.name in BUILDERS or o.name in METADATA_BUILDERS or o.name in CSR_BUILDERS
-    return o.name if builtin else f"pagegraph.check.mutants:{o.name}"
+    return o.name if is_builtin(o.name) else f"pagegraph.check.mutants:{o.name}"
 
 
 def _check_builder(

@@ -40,7 +40,8 @@ from ..check.isolate import IsolatedError, Job, run_isolated, write_json_atomic
 from ..check.report import Report
 from ..check.scenario import load_scenario
 from ..clients import sglang as sglang_client
-from ..kernels.registry import builder_kind, resolve_builder, signature_problem
+from ..kinds import PAGE_TABLE, KindSpec, kind_named, kind_of
+from ..kinds.builders import resolve_builder, signature_problem
 from .check_job import _memory_problem
 from .environment import environment
 from .scenario_paths import scenario_path, shipped_scenarios
@@ -145,16 +146,16 @@ class SGLangRun:
 # -- plan ---------------------------------------------------------------------------------------
 
 
-def _scenario_kind(scenario) -> str:
+def _scenario_kind(scenario) -> KindSpec:
     """What a scenario's own builder outputs; its ``outputs`` when that builder cannot load."""
     try:
-        return builder_kind(resolve_builder(scenario.builder), scenario.config.outputs)
+        return kind_of(resolve_builder(scenario.builder), scenario.config.outputs)
     except ValueError:
         declared = scenario.config.outputs
-        return "page_table" if declared == "auto" else declared
+        return PAGE_TABLE if declared == "auto" else kind_named(declared)
 
 
-def _why_not(client: str, fn, kind: str, cfg: CheckConfig) -> str | None:
+def _why_not(client: str, fn, kind: KindSpec, cfg: CheckConfig) -> str | None:
     """Why ``client`` cannot run on ``cfg``, or None."""
     if client in BLOCK_REASONS and BLOCK_TOKENS % cfg.page_size:
         why = BLOCK_REASONS[client]
@@ -177,9 +178,9 @@ def plan_runs(scenarios: list[str] | None, replays: int | None) -> list[SGLangRu
     runs = []
     for client in CLIENTS:
         fn = resolve_builder(client)
-        kind = builder_kind(fn)
+        kind = kind_of(fn)
         for s in loaded:
-            if _scenario_kind(s) != kind:
+            if _scenario_kind(s) is not kind:
                 continue
             cfg = s.config if replays is None else s.config.replace(steps=replays)
             presets = CLIENT_PRESETS.get(client, ())

@@ -1,0 +1,166 @@
+""""graph-safe (captured short, replayed long)": a replay against an eager call on the same
+inputs.
+
+A builder captured in a graph is graph-safe when replaying the graph gives what calling the
+builder gives: nothing a call decides on the host (a width, a grid, a length, a cache filled
+at the first call) is frozen at capture. The checker's other properties compare a replay with
+the reference, so a builder that is simply wrong fails "correct" whether or not a graph was
+involved; this property tells the two apart. After a replay (an in-contract one; the
+graphs were captured with every length 1, so replays see longer rows), ``EagerTwin`` calls the
+builder eagerly, on the static inputs the replay staged, into a second poisoned set of output
+buffers, and compares the two allocations entry by entry on the device. The property fails
+only where they differ: a builder wrong in eager mode too fails "correct" alone.
+
+The eager call runs in the ``verify`` range, so its syncs and allocations are not the replay
+path's (the eager probe judges the builder's own syncs); the allocations it makes are taken
+out of the chunk's tally. It is made on the first ``EVERY_REPLAY`` replays and then on one in
+``SAMPLE``: a value frozen at capture shows on the first long replay.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from ..kinds.builders import builder_capabilities
+from .buffers import CheckBuffers, allocate_check_buffers
+from .report import Failure
+from .verify import POISON, ModelStep, preset_views
+
+#: Replays that are all compared with an eager call; after them one in ``SAMPLE``.
+EVERY_REPLAY = 64
+SAMPLE = 8
+
+
+class EagerTwin:
+    """The eager twin of each sampled replay (see the module docstring).
+
+    Args:
+        run: the check (``pagegraph.check.state.CheckRun``) after capture: its builder, kind,
+            config, pool, runner and output buffers.
+        chunk: replays between two read-backs of the records.
+    """
+
+    def __init__(self, run, chunk: int):
+        cfg, dev = run.cfg, run.device
+        self.run = run
+        self.buffers: CheckBuffers = allocate_check_buffers(cfg, run.kind, dev)
+        self._presets = preset_views(
+            self.buffers.vectors, cfg.preset_outputs if run.kind.presets else (), run.kind
+        )
+        self._extra = {}
+        if run.pool.full_to_swa is not None:
+            self._extra = {"swa_page_table": self.buffers.views[1],
+                           "full_to_swa": run.pool.full_to_swa}  # fmt: skip
+        self._takes_batch = builder_capabilities(run.builder).batch
+        runner = run.runner
+        self._io = SimpleNamespace(
+            req_to_token=run.pool.req_to_token, req_pool_indices=runner.req_pool_indices,
+            seq_lens=runner.seq_lens, page_table=self.buffers.views[0], swa_page_table=None,
+            full_to_swa=run.pool.full_to_swa, errors=None, page_size=cfg.page_size,
+            vectors=self.buffers.vector_views, engine=run.engine,
+            draft_tokens=cfg.draft_tokens if run.kind.tables_include_draft else 0,
+        )  # fmt: skip
+        # Per compared replay: differing entries, the first one's flat index, the replay's
+        # value there and the eager call's; a scratch row for replays not compared.
+        self.records = torch.zeros((chunk + 1, 4), dtype=torch.int64, device=dev)
+        self.compared: dict[int, ModelStep] = {}
+        self.count = 0
+
+    @staticmethod
+    def applies(run) -> bool:
+        """Whether a replay is more than an eager call here: a graph (real or emulated) was
+        captured and the builder runs inside it."""
+        graphs = getattr(run.runner, "graphs", None)
+        return bool(graphs) and run.kind.where == "graph"
+
+    def wanted(self, mstep: ModelStep) -> bool:
+        if mstep.out_of_contract:
+            return False
+        k = self.count
+        self.count += 1
+        return k < EVERY_REPLAY or k % SAMPLE == 0
+
+    def compare(self, slot: int, mstep: ModelStep) -> None:
+        """Call the builder eagerly on what the replay of ``mstep`` staged, into the twin
+        buffers, and record how they differ from the replay's outputs in record ``slot``."""
+        bucket = mstep.bucket
+        extra = dict(self._extra)
+        if "swa_page_table" in extra:
+            extra["swa_page_table"] = self.buffers.views[1][:bucket]
+        if self._takes_batch:
+            extra["batch"] = self.run.kind.batch_context(mstep.n, bucket, self.run.cfg.max_bs)
+        self.run.kind.call(self.run.builder, self._io, bucket, extra)
+        replayed = self._flat(self.run.buffers)
+        eager = self._flat(self.buffers)
+        diff = replayed != eager
+        first = diff.to(torch.uint8).argmax().view(1)
+        self.records[slot] = torch.cat(
+            [diff.sum().view(1), first, replayed.gather(0, first), eager.gather(0, first)]
+        )
+        self.compared[slot] = mstep
+        self._poison()
+
+    @staticmethod
+    def _flat(buffers: CheckBuffers) -> torch.Tensor:
+        parts = [buffers.tables.view(-1).to(torch.int64)]
+        if buffers.vectors is not None:
+            parts.append(buffers.vectors.view(-1).to(torch.int64))
+        return torch.cat(parts)
+
+    def _poison(self) -> None:
+        self.buffers.tables.fill_(POISON)
+        if self.buffers.vectors is not None:
+            self.buffers.vectors.fill_(POISON)
+            for entry in self._presets:
+                entry.fill_(0)
+
+    def judge(self, prop) -> None:
+        """Fold the compared replays' records into ``prop`` (a read-back: once a chunk)."""
+        if not self.compared:
+            return
+        records = self.records.cpu().numpy()
+        for slot, mstep in sorted(self.compared.items()):
+            count, flat, replayed, eager = (int(x) for x in records[slot])
+            if count:
+                first = prop.first_failure is None
+                prop.fail(self._failure(mstep, count, flat, replayed, eager) if first else None)
+        self.compared.clear()
+
+    def _failure(self, mstep: ModelStep, count: int, flat: int, replayed: int,
+                 eager: int) -> Failure:  # fmt: skip
+        """Where the first difference is, as a ``Failure`` of the table or vector it is in."""
+        tables = self.buffers.tables
+        T, rows, width = tables.shape
+        names = ("page_table", "swa_page_table")
+        if flat < tables.numel():
+            t, rest = divmod(flat, rows * width)
+            row, col = divmod(rest, width)
+            where, row = names[t], row - 1
+        else:
+            vectors = self.buffers.vectors
+            v, col = divmod(flat - tables.numel(), vectors.shape[1])
+            where, row, col = self.run.kind.vector_names[v], col - 1, 0
+        failure = Failure(mstep.index, mstep.bucket, row, col, eager, replayed, where,
+                          self.run.cfg.max_bs, self.run.cfg.width,
+                          vector=where not in names)  # fmt: skip
+        failure.note = (
+            f"{count} entr{'y' if count == 1 else 'ies'} of the replay differ from an eager "
+            f"call of the builder on the same inputs (expected: the eager call's value)"
+        )
+        if 0 <= row < len(mstep.asked_sl):
+            failure.seq_len = int(mstep.asked_sl[row])
+            failure.req_pool_index = int(mstep.asked_rpi[row])
+        failure.poison = POISON
+        return failure
+
+
+def never_compared(prop, why: str) -> None:
+    """The property when no replay can be compared with an eager call: a skip, never a pass."""
+    if prop.status == "pass":
+        prop.skip(why)
+
+
+__all__ = ["EVERY_REPLAY", "SAMPLE", "EagerTwin", "never_compared"]
+

@@ -1,0 +1,184 @@
+"""``KindSpec``: everything the bed knows about one kind of metadata builder.
+
+A kind is what a builder writes and how it is called: pagegraph's page table, a decode step's
+fused metadata, FlashInfer's CSR, vLLM's gathered block tables, vLLM's slot mapping. The
+runner, the checker's buffers, the verifier and the judge ask the builder's spec instead of
+comparing kind names: adding a kind is one module in this folder (a ``KindSpec`` subclass)
+plus its scenarios.
+
+A spec says:
+
+* its contract: ``signature`` (the text users read), the arguments the bed always passes
+  (``positional`` and ``keywords``, checked by binding) and the optional capabilities a
+  builder may take (``errors=``, SWA outputs, ``batch=``);
+* where the builder runs: ``"graph"`` (captured with the stage node, SGLang) or ``"eager"``
+  (called before each replay into the static buffers the graph reads, vLLM's block tables);
+* its outputs: whether it writes page tables (``writes_tables``), its 1-D output vectors
+  (``vectors``: name, dtype and length), the entries an engine presets once
+  (``presets``), its error counters (``error_kinds``);
+* its padded-row policy (``padded_rows``): rows past the real batch are built from the
+  padding's values like any row (SGLang), or cleared to a declared null value (vLLM);
+* its built-in builders (``builders``: pagegraph's own, the oracle, baselines) and its
+  oracle's name (``reference``).
+"""
+
+from __future__ import annotations
+
+import inspect
+from collections.abc import Callable
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+
+from ..kernels.contract import ERROR_KINDS
+from .batch import BatchContext
+
+
+@dataclass(frozen=True)
+class PaddedRows:
+    """What a builder leaves in rows ``n..bucket`` (the padding) of its outputs.
+
+    ``"built"``: padded rows are built from what the padding policy staged, like real rows
+    (SGLang's fill length 1 and stale request index). ``"cleared"``: every entry of a padded
+    row's ``[0, width)`` is set to ``null`` (vLLM points padded rows at the null block 0).
+    """
+
+    policy: str = "built"
+    null: int = 0
+
+    @property
+    def cleared(self) -> bool:
+        return self.policy == "cleared"
+
+
+@dataclass(frozen=True)
+class VectorSpec:
+    """A 1-D output of a builder: its name, dtype and length for a runner of ``max_bs`` rows
+    and ``width`` pages a row (``length(max_bs, width, draft_tokens)``)."""
+
+    name: str
+    dtype: torch.dtype
+    length: Callable[[int, int, int], int]
+    #: an engine's own buffer of this name may be longer, and is used whole (the builder
+    #: must stay inside it: ``kv_indices``)
+    engine_sized: bool = False
+
+
+#: The builder's outputs and inputs as the bed hands them over (the runner, or the checker's
+#: eager probe): any object with these attributes (``None`` where absent).
+IO_FIELDS = (
+    "req_to_token", "req_pool_indices", "seq_lens", "page_table", "swa_page_table",
+    "full_to_swa", "errors", "page_size", "draft_tokens", "vectors", "engine",
+)  # fmt: skip
+
+
+class KindSpec:
+    """One builder kind (see the module docstring). Subclasses set the class attributes and
+    ``call``; the instances in ``pagegraph.kinds.KINDS`` are the ones the bed uses."""
+
+    name: ClassVar[str]
+    #: the contract as users read it
+    signature: ClassVar[str]
+    #: positional arguments and keyword arguments the bed always passes (bound to check a
+    #: builder's signature before anything runs)
+    positional: ClassVar[int] = 5
+    keywords: ClassVar[tuple[str, ...]] = ()
+    #: "graph": captured in each bucket's graph; "eager": called before each replay
+    where: ClassVar[str] = "graph"
+    writes_tables: ClassVar[bool] = True
+    #: may write an SWA table (``swa_page_table`` / ``full_to_swa``)
+    swa: ClassVar[bool] = True
+    #: a decode-step scenario's attention can read its outputs
+    feeds_consumer: ClassVar[bool] = True
+    vectors: ClassVar[tuple[VectorSpec, ...]] = ()
+    #: presettable output -> (vector index, entry in the vector's allocation)
+    presets: ClassVar[dict[str, tuple[int, int]]] = {}
+    error_kinds: ClassVar[tuple[str, ...]] = ERROR_KINDS
+    padded_rows: ClassVar[PaddedRows] = PaddedRows()
+    #: on an out-of-contract replay its vectors stay exact up to the first out-of-contract row
+    #: (a longer row shifts only what follows it: CSR), and are judged there
+    ooc_prefix_exact: ClassVar[bool] = False
+    #: its tables are built for ``max(len, 0) + draft_tokens`` (a decode step's lengths)
+    tables_include_draft: ClassVar[bool] = False
+    #: the engine state it reads besides ``req_to_token`` (``"block_tables"``: vLLM's
+    #: per-request block tables and ``num_blocks``), or ``None``
+    engine_state: ClassVar[str | None] = None
+    #: padding policies it is defined for (``None``: any)
+    paddings: ClassVar[tuple[str, ...] | None] = None
+    #: name of the oracle among ``builders``
+    reference: ClassVar[str]
+
+    def __init__(self) -> None:
+        self._builders: dict[str, Callable] | None = None
+
+    def __repr__(self) -> str:
+        return f"<kind {self.name}>"
+
+    # -- builders -------------------------------------------------------------------------
+
+    def load_builders(self) -> dict[str, Callable]:
+        """The kind's built-in builders by name (pagegraph's, the oracle, baselines)."""
+        raise NotImplementedError
+
+    @property
+    def builders(self) -> dict[str, Callable]:
+        if self._builders is None:
+            self._builders = self.load_builders()
+        return self._builders
+
+    # -- calling --------------------------------------------------------------------------
+
+    def call(self, builder: Callable, io: Any, bs: int, extra: dict) -> None:
+        """Call ``builder`` on rows ``:bs`` of ``io``'s buffers (see ``IO_FIELDS``), with
+        ``extra`` keyword arguments (``errors``, SWA outputs, ``batch``) it takes."""
+        raise NotImplementedError
+
+    def vector_fields(self, v: Any, n_pages, slots, sl, in_bucket, ooc) -> torch.Tensor:
+        """Two masks' fields a replay (``[K, 8]``) of the kind's vectors against what the
+        independent model expects, computed on the device by ``v`` (a
+        ``pagegraph.check.verify.TableVerifier``) for its ``K`` replays: entries of the live
+        region that are wrong, and entries outside it that are not the poison. Kinds with
+        vectors define it."""
+        raise NotImplementedError(f"{self.name} has no vectors")
+
+    def vector_lengths(self, max_bs: int, width: int, draft_tokens: int = 0) -> dict[str, int]:
+        return {v.name: v.length(max_bs, width, draft_tokens) for v in self.vectors}
+
+    @property
+    def vector_names(self) -> tuple[str, ...]:
+        return tuple(v.name for v in self.vectors)
+
+    # -- the contract, checked before anything runs --------------------------------------
+
+    def bind_problem(self, builder: Callable, sig: inspect.Signature, swa: bool) -> str | None:
+        """Why the bed's call cannot bind to ``sig``; ``None`` when it can."""
+        kwargs = dict.fromkeys(self.keywords)
+        try:
+            sig.bind(*(None,) * self.positional, **kwargs)
+        except TypeError as exc:
+            return (
+                f"cannot be called as a {self.name} builder ({exc}); the contract: {self.signature}"
+            )
+        return None
+
+    def usage_problem(self, *, swa: bool, consumer: bool) -> str | None:
+        """Why a scenario with SWA (``swa``) or a decode-step consumer (``consumer``) cannot
+        run a builder of this kind; ``None`` when it can."""
+        if consumer and not self.feeds_consumer:
+            return (
+                f"is a {self.name} builder: a decode-step scenario ([consumer]) feeds the "
+                "builder's page table to the attention, so it takes a page_table or "
+                "decode_metadata builder"
+            )
+        if swa and not self.swa:
+            return (
+                f"is a {self.name} builder: its outputs have no SWA table, and this scenario "
+                "has SWA (swa = true)"
+            )
+        return None
+
+    def batch_context(self, n: int | None, bucket: int, max_bs: int) -> BatchContext:
+        """The ``batch=`` of a call for ``n`` real rows padded to ``bucket`` (``n`` is only a
+        host value where the builder runs eagerly)."""
+        return BatchContext(n if self.where == "eager" else None, bucket, max_bs)

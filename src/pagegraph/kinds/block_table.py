@@ -1,0 +1,51 @@
+"""vLLM's batch block tables (model runner v2): gathered eagerly, before each replay, from the
+engine's per-request block tables into the persistent table the captured graph reads.
+
+``build(block_table, num_blocks, idx_mapping, out, *, batch)``: for a real row ``i <
+batch.num_reqs``, ``out[i, p] = block_table[idx_mapping[i], p]`` for ``p <
+num_blocks[idx_mapping[i]]`` (the rest of the row is not written); rows ``num_reqs <= i <
+batch.num_rows`` are cleared to the null block 0 over the whole width; nothing else is
+written. ``block_table`` ``[max_reqs, width]`` and ``num_blocks`` ``[max_reqs]`` (int32) are
+the engine's state between steps (``pagegraph.workload.block_tables.EngineBlockTables``);
+``idx_mapping`` is the batch's request slots (int32), ``out`` ``[>= num_rows, width]`` int32.
+The host guarantees ``num_blocks <= width`` (vLLM raises when a row's blocks would pass its
+capacity), so a longer row is a hostile injection only.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from .base import KindSpec, PaddedRows
+
+
+class BlockTableKind(KindSpec):
+    name = "block_table"
+    signature = "build(block_table, num_blocks, idx_mapping, out, *, batch)"
+    positional = 4
+    keywords = ("batch",)
+    where = "eager"
+    swa = False
+    feeds_consumer = False
+    error_kinds = ()
+    padded_rows = PaddedRows("cleared", 0)
+    engine_state = "block_tables"
+    reference = "reference_block_table"
+
+    def load_builders(self) -> dict[str, Callable]:
+        from ..kernels.block_table import gather_block_tables
+        from ..kernels.vllm_reference import reference_block_table
+
+        return {
+            "gather_block_tables": gather_block_tables,
+            "reference_block_table": reference_block_table,
+        }
+
+    def call(self, builder: Callable, io: Any, bs: int, extra: dict) -> None:
+        engine = io.engine
+        builder(engine.block_table, engine.num_blocks, io.req_pool_indices[:bs],
+                io.page_table[:bs], **extra)  # fmt: skip
+
+
+BLOCK_TABLE = BlockTableKind()

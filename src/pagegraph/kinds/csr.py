@@ -1,0 +1,98 @@
+"""The CSR kind: FlashInfer's ``kv_indptr`` / ``kv_indices``
+(``pagegraph.kernels.kv_indices.build_kv_indices``'s contract).
+
+``build(req_to_token, req_pool_indices, seq_lens, page_size, *, kv_indptr, kv_indices)``
+writes no page table: ``kv_indptr[: bs + 1]`` (0, then the running page counts, cut at the
+capacity) and each row's span of ``kv_indices``. No SWA outputs, no decode-step consumer
+(the consumer reads a page table). ``kv_indptr[0]`` may be preset by the engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from .base import KindSpec, VectorSpec
+
+
+class CsrKind(KindSpec):
+    name = "csr"
+    signature = (
+        "build(req_to_token, req_pool_indices, seq_lens, page_size, *, kv_indptr, kv_indices)"
+    )
+    positional = 4
+    keywords = ("kv_indptr", "kv_indices")
+    writes_tables = False
+    swa = False
+    feeds_consumer = False
+    vectors = (
+        VectorSpec("kv_indptr", torch.int32, lambda max_bs, width, d: max_bs + 1),
+        VectorSpec("kv_indices", torch.int32, lambda max_bs, width, d: max_bs * width, True),
+    )
+    presets = {"kv_indptr[0]": (0, 1)}
+    ooc_prefix_exact = True
+    reference = "reference_kv_indices"
+
+    def load_builders(self) -> dict[str, Callable]:
+        from ..kernels.kv_indices import build_kv_indices
+        from ..kernels.reference import reference_kv_indices
+
+        return {"build_kv_indices": build_kv_indices, "reference_kv_indices": reference_kv_indices}
+
+    def vector_fields(self, v: Any, n_pages, slots, sl, in_bucket, ooc) -> torch.Tensor:
+        """The vectors against the independent model (``v``: the ``TableVerifier``; ``[K,
+        8]``, two masks' fields a replay): ``kv_indptr = [0, running sums of the rows' pages,
+        cut at the capacity]`` for entries ``0..bucket``, and ``kv_indices[j]`` for ``j <
+        kv_indptr[bucket]`` the id of page ``j - kv_indptr[i]`` of the row ``i`` that owns
+        ``j``; poison everywhere else.
+
+        An out-of-contract row ``r`` (the replay's first) may be longer than the reference's,
+        shifting the rows after it, so there the live region ends at it: ``kv_indptr[0..r]``
+        and ``kv_indices[: kv_indptr[r]]`` stay exact (nothing before row ``r`` depends on
+        it), ``kv_indptr[r + 1 .. bucket]`` must rise and stay within ``[0, capacity]`` (a
+        consumer reads ``kv_indices`` by them), and ``kv_indices`` past row ``r``'s start is
+        not judged; the canaries and ``kv_indptr`` past the bucket always are.
+
+        ``n_pages`` ``[K, M]`` int64 (0 past the bucket), ``slots`` ``[K, M, cap]`` int64
+        page-start slots, ``in_bucket`` and ``ooc`` ``[K, M]`` bool (``ooc``: rows of the
+        bucket outside the contract)."""
+        M, K, C, cap, poison = v.max_bs, v.batch, v.engine_capacity, v.cap, v.poison_value
+        exp = v.expected_vectors
+        exp.fill_(poison)
+        sums = torch.cumsum(n_pages, -1).clamp(max=C)  # [K, M]
+        bucket = in_bucket.sum(-1, keepdim=True)
+        ooc_replay = ooc.any(-1, keepdim=True)  # [K, 1]
+        first = torch.where(ooc_replay, ooc.to(torch.uint8).argmax(-1, keepdim=True), bucket)
+        exp[:, 0, 1:2].fill_(0)
+        exp[:, 0, 2 : 2 + M] = torch.where(v.vector_index[1:] <= bucket, sums, poison)
+        j = v.capacity_index.expand(K, C)
+        # The row owning entry j: the number of rows that end at or before it.
+        row = torch.searchsorted(sums, j.contiguous(), right=True).clamp(max=M - 1)
+        start = torch.where(row > 0, sums.gather(1, (row - 1).clamp(min=0)), 0)
+        page = (j - start).clamp(0, cap - 1)
+        ids = slots.reshape(K, M * cap).gather(1, row * cap + page) // v.page_size
+        exp[:, 1, 1 : 1 + C] = torch.where(j < sums[:, -1:], ids, poison)
+        # The exact region: up to the first out-of-contract row (the whole bucket without one).
+        end = torch.where(first > 0, sums.gather(1, (first - 1).clamp(min=0)), 0)
+        live = torch.zeros_like(exp, dtype=torch.bool)
+        live[:, 0, 1 : 2 + M] = v.vector_index <= first
+        live[:, 1, 1 : 1 + C] = j < end
+        got = v.snap_vectors[:, 0, 1 : 2 + M].to(torch.int64)
+        prev = torch.cat([got[:, :1], got[:, :-1]], dim=1)
+        disordered = (got < prev) | (got < 0) | (got > C)
+        judged = torch.ones_like(live)
+        judged[:, 0, 1 : 2 + M] = (v.vector_index > bucket) | disordered
+        judged[:, 1, 1 : 1 + C] = ~ooc_replay
+        return v.vector_masks(exp, live, judged)
+
+    def call(self, builder: Callable, io: Any, bs: int, extra: dict) -> None:
+        v = io.vectors
+        builder(
+            io.req_to_token, io.req_pool_indices[:bs], io.seq_lens[:bs], io.page_size,
+            kv_indptr=v["kv_indptr"][: bs + 1], kv_indices=v["kv_indices"], **extra,
+        )  # fmt: skip
+
+
+CSR = CsrKind()

@@ -1,0 +1,82 @@
+"""The fused decode-metadata kind: ``pagegraph.build_decode_metadata``'s contract.
+
+``build(req_to_token, req_pool_indices, seq_lens, page_size, *, cache_seqlens, cu_seqlens_k,
+page_table, draft_tokens=0, cu_seqlens_q=None, swa_page_table=None, full_to_swa=None,
+errors=None)`` writes ``cache_seqlens = max(len, 0) + draft_tokens``, ``cu_seqlens_k`` (0, then
+the running sums), ``cu_seqlens_q[i] = i * max(draft_tokens, 1)`` and the page tables built
+for ``cache_seqlens``. ``cu_seqlens_k[0]`` and ``cu_seqlens_q[0]`` may be preset by the engine.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..kernels.decode_contract import DECODE_ERROR_KINDS
+from .base import KindSpec, VectorSpec
+
+INT32_MAX = 2**31 - 1
+
+
+class DecodeMetadataKind(KindSpec):
+    name = "decode_metadata"
+    signature = (
+        "build(req_to_token, req_pool_indices, seq_lens, page_size, *, cache_seqlens, "
+        "cu_seqlens_k, page_table, draft_tokens=0, cu_seqlens_q=None, swa_page_table=None, "
+        "full_to_swa=None, errors=None)"
+    )
+    positional = 4
+    keywords = ("cache_seqlens", "cu_seqlens_k", "page_table", "draft_tokens", "cu_seqlens_q")
+    vectors = (
+        VectorSpec("cache_seqlens", torch.int32, lambda max_bs, width, d: max_bs),
+        VectorSpec("cu_seqlens_k", torch.int32, lambda max_bs, width, d: max_bs + 1),
+        VectorSpec("cu_seqlens_q", torch.int32, lambda max_bs, width, d: max_bs + 1),
+    )
+    presets = {"cu_seqlens_k[0]": (1, 1), "cu_seqlens_q[0]": (2, 1)}
+    error_kinds = DECODE_ERROR_KINDS
+    tables_include_draft = True
+    reference = "reference_decode_metadata"
+
+    def load_builders(self) -> dict[str, Callable]:
+        from ..kernels.decode_metadata import build_decode_metadata
+        from ..kernels.reference import reference_decode_metadata, unfused_decode_metadata
+
+        return {
+            "build_decode_metadata": build_decode_metadata,
+            "reference_decode_metadata": reference_decode_metadata,
+            "unfused_decode_metadata": unfused_decode_metadata,
+        }
+
+    def vector_fields(self, v: Any, n_pages, slots, sl, in_bucket, ooc) -> torch.Tensor:
+        """The vectors against the independent model (``v``: the ``TableVerifier``; ``sl``
+        ``[K, M]`` int64 lengths, ``in_bucket`` ``[K, M]`` bool): ``cache_seqlens[i] =
+        min(max(len, 0) + draft, 2^31 - 1)`` for the bucket's rows, ``cu_seqlens_k = [0,
+        running sums]`` (stored saturated, int32), ``cu_seqlens_q[i] = i * max(draft, 1)`` for
+        ``i <= bucket``; poison everywhere else. Two masks' fields a replay (``[K, 8]``):
+        wrong entries inside that live region, and writes outside it."""
+        M, d, poison = v.max_bs, v.draft_tokens, v.poison_value
+        exp = v.expected_vectors
+        exp.fill_(poison)
+        cache = (sl.clamp(min=0) + d).clamp(max=INT32_MAX)
+        exp[:, 0, 1 : 1 + M] = torch.where(in_bucket, cache, poison)
+        bucket = in_bucket.sum(-1, keepdim=True)  # [K, 1]
+        live_k = v.vector_index <= bucket  # [K, M + 1]: entries 0..bucket of the sums
+        sums = v.running_sums(sl, in_bucket).clamp(max=INT32_MAX)
+        exp[:, 1, 1:2].fill_(0)  # a fill: assigning a Python int would copy from the host
+        exp[:, 1, 2 : 2 + M] = torch.where(live_k[:, 1:], sums, poison)
+        exp[:, 2, 1 : 2 + M] = torch.where(live_k, v.vector_index * max(d, 1), poison)
+        return v.vector_masks(exp, exp != poison)
+
+    def call(self, builder: Callable, io: Any, bs: int, extra: dict) -> None:
+        v = io.vectors
+        builder(
+            io.req_to_token, io.req_pool_indices[:bs], io.seq_lens[:bs], io.page_size,
+            cache_seqlens=v["cache_seqlens"][:bs], cu_seqlens_k=v["cu_seqlens_k"][: bs + 1],
+            page_table=io.page_table[:bs], draft_tokens=io.draft_tokens,
+            cu_seqlens_q=v["cu_seqlens_q"][: bs + 1], **extra,
+        )  # fmt: skip
+
+
+DECODE_METADATA = DecodeMetadataKind()
