@@ -1,0 +1,5 @@
+"""Builder kinds: the contracts pagegraph checks builders against, one module each."""
+
+from .batch import BatchContext
+
+__all__ = ["BatchContext"]
