@@ -25,6 +25,8 @@ SCENARIO ?= graphs/default.toml
 # SGLang's metadata kernels, the real clients (pagegraph.clients.sglang): installed without
 # its serving stack, which the kernel files do not need.
 SGLANG_WHEEL ?= sglang==0.5.23
+# vLLM's GPU block-table kernel files (pagegraph.clients.vllm): only those files, unpacked
+# from the wheel into .venv/vllm-lite by tools/fetch_vllm_files.sh (never fails the setup).
 PYTEST := $(PY) -m pytest -p no:cacheprovider --durations=15
 
 .PHONY: test run lint format bench profile soak fuzz mutate sanitize clean setup sglang
@@ -38,6 +40,7 @@ setup: $(SETUP)
 	.venv/bin/python -c "import triton" 2>/dev/null || .venv/bin/python -m pip install -q triton==3.6.0
 	.venv/bin/python -m pip install -q numpy nvtx pytest pytest-benchmark hypothesis matplotlib ruff
 	.venv/bin/python -m pip install -q --no-deps $(SGLANG_WHEEL) || echo "sglang not installed: its client tests will skip"
+	PYTHON=.venv/bin/python tools/fetch_vllm_files.sh .venv/vllm-lite
 	.venv/bin/python -m pip install -q --no-deps --no-build-isolation -e .
 	touch $@
 
