@@ -5,6 +5,7 @@ a module may import its own subpackage or any subpackage of a lower layer, never
 and across subpackages only public names (no leading underscore).
 
 * 0, the bottom: ``kernels`` (the Triton builders, their contract, references, launcher),
+  ``kinds`` (the builder kinds' contracts and their batch context),
   ``clients`` (real engines' builders behind the same contracts), ``consumers`` (paged
   attention that reads the tables) and ``detect`` (sync detectors, NVTX ranges, the trace
   analyzer);
@@ -32,8 +33,8 @@ import pagegraph
 SRC = Path(pagegraph.__file__).resolve().parent
 PACKAGE = "pagegraph"
 
-SUBPACKAGE_LAYERS = {"kernels": 0, "detect": 0, "clients": 0, "consumers": 0, "graph": 1,
-                     "workload": 1, "check": 2, "jobs": 3, "bench": 3}  # fmt: skip
+SUBPACKAGE_LAYERS = {"kernels": 0, "kinds": 0, "detect": 0, "clients": 0, "consumers": 0,
+                     "graph": 1, "workload": 1, "check": 2, "jobs": 3, "bench": 3}  # fmt: skip
 TOP_LAYER = 4
 LAYER_NAMES = ("bottom", "graph bed", "checker", "jobs", "front")
 
