@@ -259,6 +259,48 @@ def compile_slots(ints: str, page_size: int) -> dict:
     }
 
 
+def compile_vllm(name: str) -> dict:
+    """vLLM's kernel ``name`` (``gather`` or ``slot_mappings``) as ``pagegraph.clients.vllm``
+    loads it (stubbed imports), with the arguments the adapters pass."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from pagegraph.clients.vllm_files import load_vllm_kernels, vllm_unavailable_reason
+
+    if vllm_unavailable_reason() is not None:
+        return {"unavailable": vllm_unavailable_reason()}
+    kernels = load_vllm_kernels()
+    if name == "gather":
+        sig = {
+            "batch_idx_to_req_idx": "*i32", "src_block_table_ptrs": "*u64",
+            "dst_block_table_ptrs": "*u64", "block_table_strides": "*i64",
+            "num_blocks_ptr": "*i32", "num_blocks_stride": "i32", "num_reqs": "i32",
+            "num_computed_tokens_ptr": "*i32", "sliding_window_reach_ptr": "*i32",
+            "block_sizes_ptr": "*i32", "MASK_SLIDING_WINDOW": "constexpr",
+            "BLOCK_SIZE": "constexpr",
+        }  # fmt: skip
+        values = {"MASK_SLIDING_WINDOW": False, "BLOCK_SIZE": 1024}
+    else:
+        sig = {
+            "max_num_tokens": "i32", "idx_mapping": "*i32", "query_start_loc": "*i32",
+            "pos": "*i64", "block_table_ptrs": "*u64", "block_table_strides": "*i64",
+            "block_sizes": "*i32", "slot_mapping_enabled": "*i1", "dcp_sharded": "*i1",
+            "slot_mappings_ptr": "*i64", "slot_mappings_stride": "i32", "cp_rank": "i32",
+            "CP_SIZE": "constexpr", "CP_INTERLEAVE": "constexpr", "PAD_ID": "constexpr",
+            "TRITON_BLOCK_SIZE": "constexpr",
+        }  # fmt: skip
+        values = {"CP_SIZE": 1, "CP_INTERLEAVE": 1, "PAD_ID": -1, "TRITON_BLOCK_SIZE": 1024}
+    names = list(sig)
+    constexprs = {(names.index(k),): v for k, v in values.items()}
+    src = ASTSource(fn=getattr(kernels, name), signature=sig, constexprs=constexprs)
+    out = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    return {"cubin_bytes": len(out.asm["cubin"]), "sm90": ".target sm_90" in out.asm["ptx"]}
+
+
+VLLM_KERNELS = ["gather", "slot_mappings"]
+
+
 def gather_id(v) -> str:
     return f"gather-{v}"
 
@@ -281,9 +323,11 @@ def _jobs(part: str) -> list:
     if part.startswith("kernel-"):
         return [(variant_id(v), compile_variant, v) for v in VARIANTS if kernel_part(v) == part]
     if part == "kinds":
-        return [(gather_id(v), compile_gather, (v,)) for v in GATHER_VARIANTS] + [
-            (slots_id(v), compile_slots, v) for v in SLOT_VARIANTS
-        ]
+        return (
+            [(gather_id(v), compile_gather, (v,)) for v in GATHER_VARIANTS]
+            + [(slots_id(v), compile_slots, v) for v in SLOT_VARIANTS]
+            + [(f"vllm-{k}", compile_vllm, (k,)) for k in VLLM_KERNELS]
+        )
     mutants = [
         (f"mutant-{bug}-{'swa' if swa else 'full'}", compile_mutant, (bug, swa))
         for bug in MUTANT_BUGS
@@ -398,6 +442,18 @@ def test_slot_mapping_kernel_compiles_for_sm90(variant):
     assert result["sm90"] and result["cubin_bytes"] > 0 and not result["atomics"]
 
 
+@pytest.mark.parametrize("name", VLLM_KERNELS)
+@pytest.mark.xdist_group("sm90-kinds")
+def test_vllm_kernel_compiles_for_sm90(name):
+    """vLLM's own kernels compile as pagegraph loads them (the stubs suffice off the
+    interpreter too)."""
+    result = compiled("kinds")[f"vllm-{name}"]
+    if "unavailable" in result:
+        pytest.skip(f"vLLM unavailable: {result['unavailable']}")
+    assert "error" not in result, result.get("error")
+    assert result["sm90"] and result["cubin_bytes"] > 0
+
+
 if __name__ == "__main__":
     print(json.dumps(compile_part(sys.argv[1])))
 
@@ -420,6 +476,7 @@ def test_every_dtype_and_flag_combination_is_compiled():
         + len(KV_INDICES_VARIANTS)
         + len(GATHER_VARIANTS)
         + len(SLOT_VARIANTS)
+        + len(VLLM_KERNELS)
     )
     # The CSR kernel: every dtype of its three index inputs, and two page sizes.
     assert {v[:3] for v in KV_INDICES_VARIANTS} == set(itertools.product(INT, INT, INT))
