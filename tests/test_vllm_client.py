@@ -30,7 +30,7 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 REASON = vl.vllm_unavailable_reason()
 needs_vllm = pytest.mark.skipif(REASON is not None, reason=f"vLLM unavailable: {REASON}")
 CANARY = -31337
-M = 2  # canary rows (entries) around each output
+M = 4  # canary rows (entries) around each output: a view M rows in stays 16-byte aligned
 
 
 # -- the loader ----------------------------------------------------------------------------
@@ -168,6 +168,25 @@ def test_vllm_gather_refuses_unequal_strides():
     narrow = torch.zeros((out.shape[0], 9), dtype=torch.int32, device=DEVICE)
     with pytest.raises(ValueError, match="requires equal row strides.*12 and 9"):
         vl.vllm_gather_block_tables(table, counts, idx, narrow, batch=batch)
+
+
+@needs_vllm
+def test_vllm_adapters_refuse_tables_off_16_byte_boundaries():
+    table, counts, idx, big, out, batch = gather_case(12, 3, 4, 5)
+    off = big[1:-1, :5]  # 20 bytes past the buffer's start
+    with pytest.raises(ValueError, match="out to start on a 16-byte boundary"):
+        vl.vllm_gather_block_tables(table, counts, idx, off[: out.shape[0]], batch=batch)
+    base = torch.zeros(table.shape[0] + 1, 5, dtype=torch.int32, device=DEVICE)
+    shifted = base[1:]
+    shifted.copy_(table)
+    with pytest.raises(ValueError, match="block_table to start on a 16-byte boundary"):
+        vl.vllm_gather_block_tables(shifted, counts, idx, out, batch=batch)
+    args, slots = slots_case(12, 3, 16, 5)
+    with pytest.raises(ValueError, match="block_table to start on a 16-byte boundary"):
+        vl.vllm_compute_slot_mappings(shifted, *args[1:], slots[M:-M], 16)
+    # The aligned twins run.
+    vl.vllm_gather_block_tables(table, counts, idx, out, batch=batch)
+    vl.vllm_compute_slot_mappings(*args, slots[M:-M], 16)
 
 
 # -- gather: where vLLM assumes more than the contract -------------------------------------

@@ -11,4 +11,9 @@ its ``*Unavailable`` error with the reason; importing the client module never fa
   (``sglang_flashinfer_kv_indices``, one program a row, and
   ``sglang_flashinfer_kv_indices_blocks``, its token-block grid); ``SGLANG_BUILDERS`` names
   those the checker knows. ``make sglang`` runs them on every scenario of their kind.
+* ``pagegraph.clients.vllm``: vLLM's GPU block-table kernels (model runner v2), its batch
+  block-table gather as a ``"block_table"`` builder (``vllm_gather_block_tables``) and its slot
+  mapping as a ``"slot_mapping"`` builder (``vllm_compute_slot_mappings``); ``VLLM_BUILDERS``
+  names them. ``pagegraph.clients.vllm_files`` finds and loads vLLM's files, with the few
+  imports they reach stubbed (``STUBBED_IMPORTS``).
 """

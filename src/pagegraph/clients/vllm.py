@@ -32,6 +32,8 @@ What vLLM's kernels assume that pagegraph's contracts do not
 * Slot mapping: a row's tokens are written up to ``query_start_loc[i + 1]`` with no bound by
   ``max_num_tokens`` nor by ``len(positions)``, and ``positions[t] // block_size`` is not
   clamped to the row: the host guarantees all three.
+* Both: the tables are passed as loaded pointers that ``_load_ptr`` declares 16-byte
+  aligned; the adapters refuse a table view that is not (``ValueError``).
 * Slot mapping: ``block_id * block_size`` is computed in 32 bits (both int32) before the
   int64 offset is added: a slot at or past 2^31 wraps.
 """
@@ -130,6 +132,16 @@ def slot_mapping_launch_args(block_table: torch.Tensor, page_size: int) -> Simpl
     return args
 
 
+def _check_aligned(name: str, t: torch.Tensor) -> None:
+    # vLLM's _load_ptr declares every table pointer it loads a multiple of 16 bytes
+    # (tl.multiple_of): the compiler may use that, so a view that is not must be refused.
+    if t.data_ptr() % 16:
+        raise ValueError(
+            f"vLLM's kernels require {name} to start on a 16-byte boundary (_load_ptr declares "
+            f"it), got an address {t.data_ptr() % 16} bytes past one"
+        )
+
+
 def vllm_gather_block_tables(
     block_table: torch.Tensor,
     num_blocks: torch.Tensor,
@@ -141,12 +153,15 @@ def vllm_gather_block_tables(
     """vLLM's ``_gather_block_tables_kernel`` under the ``"block_table"`` contract (shapes as
     ``pagegraph.kernels.block_table.gather_block_tables``), launched as
     ``BlockTables.gather_block_tables`` launches it for one group. ``ValueError`` when the two
-    tables' row strides differ (vLLM's kernel has one stride for both)."""
+    tables' row strides differ (vLLM's kernel has one stride for both) or when either does
+    not start on a 16-byte boundary."""
     if block_table.stride(0) != out.stride(0):
         raise ValueError(
             "vLLM's _gather_block_tables_kernel requires equal row strides of block_table and "
             f"out (one stride for both), got {block_table.stride(0)} and {out.stride(0)}"
         )
+    _check_aligned("block_table", block_table)
+    _check_aligned("out", out)
     if batch.num_rows == 0:
         return
     kernel = load_vllm_kernels().gather
@@ -172,7 +187,9 @@ def vllm_compute_slot_mappings(
 ) -> None:
     """vLLM's ``_compute_slot_mappings_kernel`` under the ``"slot_mapping"`` contract (shapes as
     ``pagegraph.kernels.slot_mapping.compute_slot_mappings``), launched as
-    ``BlockTables.compute_slot_mappings`` launches it for one group, no context parallelism."""
+    ``BlockTables.compute_slot_mappings`` launches it for one group, no context parallelism.
+    ``ValueError`` when ``block_table`` does not start on a 16-byte boundary."""
+    _check_aligned("block_table", block_table)
     kernels = load_vllm_kernels()
     args = slot_mapping_launch_args(block_table, page_size)
     slots = slot_mapping.unsqueeze(0)  # vLLM's [num_groups, max_num_tokens] (a view)
