@@ -203,9 +203,22 @@ def compile_kv_indices(r2t: str, rpi: str, sl: str, page_size: int) -> dict:
 
 
 #: The block-table kinds' kernels (``kernels.block_table``, ``kernels.slot_mapping``): row
-#: strides and sizes that fit 32 bits or not, and page sizes (the slot kernel's constexpr).
-GATHER_VARIANTS = ["i32", "i64"]
-SLOT_VARIANTS = [("i32", 1), ("i32", 16), ("i64", 16), ("i32", 528)]
+#: strides and sizes that fit 32 bits or not, or equal to 1 (which Triton's JIT turns into
+#: constexprs), and page sizes (the slot kernel's constexpr).
+GATHER_VARIANTS = ["i32", "i64", "one"]
+SLOT_VARIANTS = [("i32", 1), ("i32", 16), ("i64", 16), ("i32", 528), ("one", 1)]
+#: The size arguments a "one" variant passes as the constexpr 1.
+ONES = ("src_stride", "out_stride", "max_reqs", "width", "bt_stride", "row_tokens",
+        "max_num_tokens", "token_limit")  # fmt: skip
+
+
+def _sizes_as_ones(sig: dict, constexprs: dict) -> None:
+    """Every size argument of ``sig`` in ``ONES`` becomes the constexpr 1, in place."""
+    names = list(sig)
+    for name in ONES:
+        if name in sig:
+            sig[name] = "constexpr"
+            constexprs[(names.index(name),)] = 1
 
 
 def compile_gather(ints: str) -> dict:
@@ -222,6 +235,8 @@ def compile_gather(ints: str) -> dict:
         "width": "i32", "num_reqs": "i32", "BLOCK": "constexpr",
     }  # fmt: skip
     constexprs = {(list(sig).index("BLOCK"),): GATHER_BLOCK}
+    if ints == "one":
+        _sizes_as_ones(sig, constexprs)
     src = ASTSource(fn=_gather_kernel, signature=sig, constexprs=constexprs)
     out = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
     ptx = out.asm["ptx"]
@@ -249,6 +264,8 @@ def compile_slots(ints: str, page_size: int) -> dict:
     names = list(sig)
     values = {"PAGE_SIZE": page_size, "PAD_ID": PAD_SLOT_ID, "BLOCK": SLOT_BLOCK}
     constexprs = {(names.index(k),): v for k, v in values.items()}
+    if ints == "one":
+        _sizes_as_ones(sig, constexprs)
     src = ASTSource(fn=_slot_mapping_kernel, signature=sig, constexprs=constexprs)
     out = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
     ptx = out.asm["ptx"]
