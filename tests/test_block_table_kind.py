@@ -296,3 +296,26 @@ def test_engine_tables_feed_the_builder():
             n = min(-(-int(lengths[r]) // ps), width)
             assert out[i, :n].tolist() == (r2t[r, : n * ps : ps].cpu() // ps).tolist()
         assert torch.all(out[len(slots) :] == 0)
+
+
+@pytest.mark.parametrize("seed", range(100, 124))
+def test_seeded_sweep_matches_oracle(seed):
+    """Random sizes (any width, bucket, padding), hostile counts and slots in half the cases."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def draw(lo: int, hi: int) -> int:
+        return int(torch.randint(lo, hi + 1, (1,), generator=gen))
+
+    width = draw(1, 2500) if seed % 3 else draw(1, 40)
+    num_rows = draw(0, 17)
+    num_reqs = draw(0, num_rows)
+    table, counts, idx, out_big, out, batch = make_case(
+        seed, num_reqs, num_rows, width, max_bs=num_rows + draw(0, 3), extra_cols=draw(0, 5)
+    )
+    if seed % 2:
+        hostile = torch.randint(0, counts.shape[0], (3,), generator=gen)
+        counts[hostile] = torch.tensor([-7, width + 1, 2**31 - 1], dtype=torch.int32)
+        idx[: min(2, idx.shape[0])] = torch.tensor([-1, 10**6], dtype=torch.int32)[: idx.shape[0]]
+    got, want = run_both(gather_block_tables, table, counts, idx, out_big, out, batch)
+    assert_equal_tables(got, want, "out buffer")
+    assert_frame_intact(got, out.shape[0], width)

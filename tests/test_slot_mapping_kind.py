@@ -186,3 +186,27 @@ def test_argument_checks_name_the_argument():
         call(table[:, :0], idx, qsl, positions, slots, 16)
     with pytest.raises(ValueError, match="positions must have 1"):
         call(table, idx, qsl, positions[None], slots, 16)
+
+
+@pytest.mark.parametrize("seed", range(100, 124))
+def test_seeded_sweep_matches_oracle(seed):
+    """Random sizes, page sizes and padding; positions past their row and slots past the
+    table in half the cases."""
+    gen = torch.Generator().manual_seed(seed)
+
+    def draw(lo: int, hi: int) -> int:
+        return int(torch.randint(lo, hi + 1, (1,), generator=gen))
+
+    page_size = [1, 2, 16, 64, 528][seed % 5]
+    width, rows = draw(1, 1500), draw(1, 15)
+    args, positions, big, slots = make_case(
+        seed, rows, page_size, width, pad_rows=draw(0, rows), long_row=draw(0, 1) * draw(0, 1400),
+        first=draw(0, 3), spare=draw(0, 600),
+    )  # fmt: skip
+    if seed % 2 and positions.numel():
+        at = torch.randint(0, positions.shape[0], (2,), generator=gen)
+        positions[at] = torch.tensor([-3, width * page_size + 17], device=positions.device)
+        args[1][0] = args[0].shape[0] + 2
+    got, want = run_both(compute_slot_mappings, args, positions, big, slots, page_size)
+    assert_equal_slots(got, want)
+    assert torch.all(got[:MARGIN] == CANARY) and torch.all(got[-MARGIN:] == CANARY)

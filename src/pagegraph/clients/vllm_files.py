@@ -78,6 +78,8 @@ STUBBED_IMPORTS: dict[str, str] = {
 }
 
 _MODULE_KEY = "pagegraph_vllm_file_{}"
+# The loaded kernels (load_vllm_kernels), once found.
+_kernels: SimpleNamespace | None = None
 _ROOT = Path(__file__).resolve().parents[3]
 
 
@@ -224,7 +226,11 @@ def load_vllm_kernels() -> SimpleNamespace:
     """vLLM's kernels, loaded once per process: ``gather`` (``_gather_block_tables_kernel``),
     ``slot_mappings`` (``_compute_slot_mappings_kernel``), ``pad_slot_id`` (the ``PAD_SLOT_ID``
     the file saw) and ``root`` (the folder they came from). ``VLLMUnavailable`` when the files
-    are missing."""
+    are missing. After the first call, no file is looked at again (a builder calls this at
+    every launch)."""
+    global _kernels
+    if _kernels is not None:
+        return _kernels
     root = vllm_root()
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         from .sglang import _interpreter_indexes_loaded_scalars
@@ -235,9 +241,10 @@ def load_vllm_kernels() -> SimpleNamespace:
     buffer_utils = _load_file("buffer_utils", root / KERNEL_FILES[0], answers)
     answers["vllm.v1.worker.gpu.buffer_utils"] = buffer_utils
     block_table = _load_file("block_table", root / KERNEL_FILES[1], answers)
-    return SimpleNamespace(
+    _kernels = SimpleNamespace(
         gather=block_table._gather_block_tables_kernel,
         slot_mappings=block_table._compute_slot_mappings_kernel,
         pad_slot_id=block_table.PAD_SLOT_ID,
         root=Path(block_table.__file__).parents[4],
     )
+    return _kernels
