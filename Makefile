@@ -1,4 +1,4 @@
-# pagegraph: make test | run | lint | bench | profile | soak | fuzz | mutate | sanitize
+# pagegraph: make test | run | lint | bench | profile | soak | fuzz | mutate | sanitize | sglang | vllm
 #
 # With an interpreter that already has torch, triton and pytest (a GPU machine), everything
 # runs with it from src/ and nothing is installed. Otherwise a virtual environment is made in
@@ -25,9 +25,11 @@ SCENARIO ?= graphs/default.toml
 # SGLang's metadata kernels, the real clients (pagegraph.clients.sglang): installed without
 # its serving stack, which the kernel files do not need.
 SGLANG_WHEEL ?= sglang==0.5.23
+# vLLM's GPU block-table kernel files (pagegraph.clients.vllm): only those files, unpacked
+# from the wheel into .venv/vllm-lite by tools/fetch_vllm_files.sh (never fails the setup).
 PYTEST := $(PY) -m pytest -p no:cacheprovider --durations=15
 
-.PHONY: test run lint format bench profile soak fuzz mutate sanitize clean setup sglang
+.PHONY: test run lint format bench profile soak fuzz mutate sanitize clean setup sglang vllm
 
 setup: $(SETUP)
 
@@ -38,6 +40,7 @@ setup: $(SETUP)
 	.venv/bin/python -c "import triton" 2>/dev/null || .venv/bin/python -m pip install -q triton==3.6.0
 	.venv/bin/python -m pip install -q numpy nvtx pytest pytest-benchmark hypothesis matplotlib ruff
 	.venv/bin/python -m pip install -q --no-deps $(SGLANG_WHEEL) || echo "sglang not installed: its client tests will skip"
+	PYTHON=.venv/bin/python tools/fetch_vllm_files.sh .venv/vllm-lite
 	.venv/bin/python -m pip install -q --no-deps --no-build-isolation -e .
 	touch $@
 
@@ -101,6 +104,11 @@ mutate: $(SETUP)
 # (examples/) run again: exit 0 when the job ran, whatever it found.
 sglang: $(SETUP)
 	$(PY) -m pagegraph.jobs.sglang_job --out profiles/sglang-0.5.23.md --json profiles/sglang-0.5.23.json
+
+# vLLM's block-table gather (eager, before the graph) and slot mapping (in the graph) on every
+# scenario of their kinds: exit 0 when the job ran, whatever it found.
+vllm: $(SETUP)
+	$(PY) -m pagegraph.jobs.vllm_job --out profiles/vllm-0.34.0.md --json profiles/vllm-0.34.0.json
 
 fuzz: $(SETUP)
 	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-gpu} $(PYTEST) tests -k "property or fuzz"

@@ -202,9 +202,133 @@ def compile_kv_indices(r2t: str, rpi: str, sl: str, page_size: int) -> dict:
     return {"cubin_bytes": len(out.asm["cubin"]), "sm90": ".target sm_90" in out.asm["ptx"]}
 
 
+#: The block-table kinds' kernels (``kernels.block_table``, ``kernels.slot_mapping``): row
+#: strides and sizes that fit 32 bits or not, or equal to 1 (which Triton's JIT turns into
+#: constexprs), and page sizes (the slot kernel's constexpr).
+GATHER_VARIANTS = ["i32", "i64", "one"]
+SLOT_VARIANTS = [("i32", 1), ("i32", 16), ("i64", 16), ("i32", 528), ("one", 1)]
+#: The size arguments a "one" variant passes as the constexpr 1.
+ONES = ("src_stride", "out_stride", "max_reqs", "width", "bt_stride", "row_tokens",
+        "max_num_tokens", "token_limit")  # fmt: skip
+
+
+def _sizes_as_ones(sig: dict, constexprs: dict) -> None:
+    """Every size argument of ``sig`` in ``ONES`` becomes the constexpr 1, in place."""
+    names = list(sig)
+    for name in ONES:
+        if name in sig:
+            sig[name] = "constexpr"
+            constexprs[(names.index(name),)] = 1
+
+
+def compile_gather(ints: str) -> dict:
+    """``pagegraph.kernels.block_table``'s kernel, strides and sizes typed ``ints``."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from pagegraph.kernels.block_table import GATHER_BLOCK, _gather_kernel
+
+    sig = {
+        "block_table_ptr": "*i32", "num_blocks_ptr": "*i32", "idx_mapping_ptr": "*i32",
+        "out_ptr": "*i32", "src_stride": ints, "out_stride": ints, "max_reqs": "i32",
+        "width": "i32", "num_reqs": "i32", "BLOCK": "constexpr",
+    }  # fmt: skip
+    constexprs = {(list(sig).index("BLOCK"),): GATHER_BLOCK}
+    if ints == "one":
+        _sizes_as_ones(sig, constexprs)
+    src = ASTSource(fn=_gather_kernel, signature=sig, constexprs=constexprs)
+    out = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    ptx = out.asm["ptx"]
+    return {
+        "cubin_bytes": len(out.asm["cubin"]),
+        "sm90": ".target sm_90" in ptx,
+        "atomics": re.search(r"^\s*(@%p\d+\s+)?(atom|red)\.", ptx, re.M) is not None,
+    }
+
+
+def compile_slots(ints: str, page_size: int) -> dict:
+    """``pagegraph.kernels.slot_mapping``'s kernel, strides and sizes typed ``ints``."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from pagegraph.kernels.slot_mapping import PAD_SLOT_ID, SLOT_BLOCK, _slot_mapping_kernel
+
+    sig = {
+        "block_table_ptr": "*i32", "idx_mapping_ptr": "*i32", "qsl_ptr": "*i32",
+        "positions_ptr": "*i64", "slot_mapping_ptr": "*i64", "bt_stride": ints,
+        "max_reqs": "i32", "row_tokens": ints, "max_num_tokens": "i32", "token_limit": "i32",
+        "PAGE_SIZE": "constexpr", "PAD_ID": "constexpr", "BLOCK": "constexpr",
+    }  # fmt: skip
+    names = list(sig)
+    values = {"PAGE_SIZE": page_size, "PAD_ID": PAD_SLOT_ID, "BLOCK": SLOT_BLOCK}
+    constexprs = {(names.index(k),): v for k, v in values.items()}
+    if ints == "one":
+        _sizes_as_ones(sig, constexprs)
+    src = ASTSource(fn=_slot_mapping_kernel, signature=sig, constexprs=constexprs)
+    out = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    ptx = out.asm["ptx"]
+    return {
+        "cubin_bytes": len(out.asm["cubin"]),
+        "sm90": ".target sm_90" in ptx,
+        "atomics": re.search(r"^\s*(@%p\d+\s+)?(atom|red)\.", ptx, re.M) is not None,
+    }
+
+
+def compile_vllm(name: str) -> dict:
+    """vLLM's kernel ``name`` (``gather`` or ``slot_mappings``) as ``pagegraph.clients.vllm``
+    loads it (stubbed imports), with the arguments the adapters pass."""
+    import triton
+    from triton.backends.compiler import GPUTarget
+    from triton.compiler import ASTSource
+
+    from pagegraph.clients.vllm_files import load_vllm_kernels, vllm_unavailable_reason
+
+    if vllm_unavailable_reason() is not None:
+        return {"unavailable": vllm_unavailable_reason()}
+    kernels = load_vllm_kernels()
+    if name == "gather":
+        sig = {
+            "batch_idx_to_req_idx": "*i32", "src_block_table_ptrs": "*u64",
+            "dst_block_table_ptrs": "*u64", "block_table_strides": "*i64",
+            "num_blocks_ptr": "*i32", "num_blocks_stride": "i32", "num_reqs": "i32",
+            "num_computed_tokens_ptr": "*i32", "sliding_window_reach_ptr": "*i32",
+            "block_sizes_ptr": "*i32", "MASK_SLIDING_WINDOW": "constexpr",
+            "BLOCK_SIZE": "constexpr",
+        }  # fmt: skip
+        values = {"MASK_SLIDING_WINDOW": False, "BLOCK_SIZE": 1024}
+    else:
+        sig = {
+            "max_num_tokens": "i32", "idx_mapping": "*i32", "query_start_loc": "*i32",
+            "pos": "*i64", "block_table_ptrs": "*u64", "block_table_strides": "*i64",
+            "block_sizes": "*i32", "slot_mapping_enabled": "*i1", "dcp_sharded": "*i1",
+            "slot_mappings_ptr": "*i64", "slot_mappings_stride": "i32", "cp_rank": "i32",
+            "CP_SIZE": "constexpr", "CP_INTERLEAVE": "constexpr", "PAD_ID": "constexpr",
+            "TRITON_BLOCK_SIZE": "constexpr",
+        }  # fmt: skip
+        values = {"CP_SIZE": 1, "CP_INTERLEAVE": 1, "PAD_ID": -1, "TRITON_BLOCK_SIZE": 1024}
+    names = list(sig)
+    constexprs = {(names.index(k),): v for k, v in values.items()}
+    src = ASTSource(fn=getattr(kernels, name), signature=sig, constexprs=constexprs)
+    out = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
+    return {"cubin_bytes": len(out.asm["cubin"]), "sm90": ".target sm_90" in out.asm["ptx"]}
+
+
+VLLM_KERNELS = ["gather", "slot_mappings"]
+
+
+def gather_id(v) -> str:
+    return f"gather-{v}"
+
+
+def slots_id(v) -> str:
+    return f"slots-{v[0]}-ps{v[1]}"
+
+
 #: The compiles in parts, each one a fixture call: a parallel run (make test on a GPU) gives
 #: each part's tests to one worker (``xdist_group``), so the parts compile at once.
-PARTS = ("kernel-0", "kernel-1", "kernel-2", "mutants-stage")
+PARTS = ("kernel-0", "kernel-1", "kernel-2", "mutants-stage", "kinds")
 
 
 def kernel_part(variant) -> str:
@@ -215,6 +339,12 @@ def _jobs(part: str) -> list:
     """``(key, compile function, arguments)`` of one part."""
     if part.startswith("kernel-"):
         return [(variant_id(v), compile_variant, v) for v in VARIANTS if kernel_part(v) == part]
+    if part == "kinds":
+        return (
+            [(gather_id(v), compile_gather, (v,)) for v in GATHER_VARIANTS]
+            + [(slots_id(v), compile_slots, v) for v in SLOT_VARIANTS]
+            + [(f"vllm-{k}", compile_vllm, (k,)) for k in VLLM_KERNELS]
+        )
     mutants = [
         (f"mutant-{bug}-{'swa' if swa else 'full'}", compile_mutant, (bug, swa))
         for bug in MUTANT_BUGS
@@ -313,6 +443,34 @@ def test_kv_indices_kernel_compiles_for_sm90(variant):
     assert result["sm90"] and result["cubin_bytes"] > 0
 
 
+@pytest.mark.parametrize("variant", GATHER_VARIANTS, ids=gather_id)
+@pytest.mark.xdist_group("sm90-kinds")
+def test_gather_block_tables_kernel_compiles_for_sm90(variant):
+    result = compiled("kinds")[gather_id(variant)]
+    assert "error" not in result, result.get("error")
+    assert result["sm90"] and result["cubin_bytes"] > 0 and not result["atomics"]
+
+
+@pytest.mark.parametrize("variant", SLOT_VARIANTS, ids=slots_id)
+@pytest.mark.xdist_group("sm90-kinds")
+def test_slot_mapping_kernel_compiles_for_sm90(variant):
+    result = compiled("kinds")[slots_id(variant)]
+    assert "error" not in result, result.get("error")
+    assert result["sm90"] and result["cubin_bytes"] > 0 and not result["atomics"]
+
+
+@pytest.mark.parametrize("name", VLLM_KERNELS)
+@pytest.mark.xdist_group("sm90-kinds")
+def test_vllm_kernel_compiles_for_sm90(name):
+    """vLLM's own kernels compile as pagegraph loads them (the stubs suffice off the
+    interpreter too)."""
+    result = compiled("kinds")[f"vllm-{name}"]
+    if "unavailable" in result:
+        pytest.skip(f"vLLM unavailable: {result['unavailable']}")
+    assert "error" not in result, result.get("error")
+    assert result["sm90"] and result["cubin_bytes"] > 0
+
+
 if __name__ == "__main__":
     print(json.dumps(compile_part(sys.argv[1])))
 
@@ -327,9 +485,15 @@ def test_every_dtype_and_flag_combination_is_compiled():
     assert want <= have, sorted(want - have)[:5]
     assert {v[7] for v in VARIANTS} == set(PAGE_SIZES) and any(v[6] for v in VARIANTS)
     # Every compile belongs to a part, and every part has compiles.
-    assert {kernel_part(v) for v in VARIANTS} | {"mutants-stage"} == set(PARTS)
+    assert {kernel_part(v) for v in VARIANTS} | {"mutants-stage", "kinds"} == set(PARTS)
     assert sum(len(_jobs(p)) for p in PARTS) == (
-        len(VARIANTS) + 2 * len(MUTANT_BUGS) + len(STAGE_VARIANTS) + len(KV_INDICES_VARIANTS)
+        len(VARIANTS)
+        + 2 * len(MUTANT_BUGS)
+        + len(STAGE_VARIANTS)
+        + len(KV_INDICES_VARIANTS)
+        + len(GATHER_VARIANTS)
+        + len(SLOT_VARIANTS)
+        + len(VLLM_KERNELS)
     )
     # The CSR kernel: every dtype of its three index inputs, and two page sizes.
     assert {v[:3] for v in KV_INDICES_VARIANTS} == set(itertools.product(INT, INT, INT))

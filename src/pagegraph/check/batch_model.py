@@ -117,6 +117,9 @@ class BatchModel:
         else:
             ooc = self._sl_u[:bucket] > self._sl_limit
             ooc |= self._rpi_u[:bucket] >= self._rows_u
+        pad = self.pad_req_pool_index
+        if pad is not None and pad < 0 and bucket > n and self._sl_limit is not None:
+            ooc[n:bucket] = self._sl_u[n:bucket] > self._sl_limit  # -1 marks a padded row
         flags = self.flags
         flags[:n] = REAL | IN_BUCKET
         flags[n:bucket] = IN_BUCKET

@@ -76,6 +76,8 @@ class CheckBuffers:
             extra = {"swa_page_table": self.views[1][:bs], "full_to_swa": pool.full_to_swa}
         if builder_capabilities(fn).batch:
             extra["batch"] = self.kind.batch_context(bs, bs, cfg.max_bs)
+        draft = cfg.draft_tokens if self.kind.tables_include_draft else 0
+        derived = self.kind.derived_inputs(cfg.max_bs, draft, device)
 
         def io(rows: torch.Tensor, lengths: torch.Tensor) -> SimpleNamespace:
             return SimpleNamespace(
@@ -83,7 +85,7 @@ class CheckBuffers:
                 page_table=self.views[0], swa_page_table=None, full_to_swa=pool.full_to_swa,
                 errors=None, page_size=cfg.page_size, vectors=self.vector_views,
                 draft_tokens=cfg.draft_tokens if self.kind.tables_include_draft else 0,
-                engine=engine,
+                engine=engine, derived=derived,
             )  # fmt: skip
 
         warm_io, call_io = io(rpi_short, torch.ones_like(sl)), io(rpi, sl)
@@ -115,8 +117,9 @@ def allocate_check_buffers(cfg: CheckConfig, kind: KindSpec, device: torch.devic
     if not kind.vectors:
         return CheckBuffers(tables, views, strides, kind=kind)
     lengths = vector_lengths(cfg, kind)
+    # One allocation: a kind's vectors share a dtype (int32, or int64 slot ids).
     vectors = torch.full((len(lengths), vector_row_length(cfg, kind)), POISON,
-                         dtype=torch.int32, device=device)  # fmt: skip
+                         dtype=kind.vectors[0].dtype, device=device)  # fmt: skip
     vector_views = {name: vectors[v, 1 : 1 + n] for v, (name, n) in enumerate(lengths.items())}
     preset_views(vectors, cfg.preset_outputs, kind)  # set at allocation, as the engine does
     return CheckBuffers(tables, views, strides, vectors, vector_views, kind)

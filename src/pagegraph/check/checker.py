@@ -50,6 +50,7 @@ from .config import (
     CheckConfig,
     validate_config,
 )
+from .engine_state import make_engine_state, update_engine_state
 from .judge import (
     describe_exception,
     judge_builder_calls,
@@ -64,6 +65,7 @@ from .report import PropertyResult, Report
 from .signals import CheckInterrupted, stop_on_signals, stop_requested
 from .state import CheckHooks, CheckRun, ReplayState
 from .verify import POISON
+from .workload_setup import pool_kwargs, workload_kwargs
 
 #: Names other modules import from here (``pagegraph.check.checker`` was the whole checker).
 __all__ = [
@@ -163,7 +165,7 @@ def _start_run(builder, cfg: CheckConfig, device, runner_factory, hooks: CheckHo
     fn = resolve_builder(builder)
     kind = kind_of(fn, cfg.outputs)
     cfg = presets_of_kind(cfg, kind)
-    problem = signature_problem(fn, kind, swa=cfg.swa, page_size=cfg.page_size)
+    problem = signature_problem(fn, kind, swa=cfg.swa, page_size=cfg.page_size, padding=cfg.padding)
     if problem:
         raise ValueError(problem)
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -201,6 +203,7 @@ def _allocate(run: CheckRun) -> None:
     """The pool, the checker's buffers, and the builder's probe (counting compilations from
     here on, until ``_release``)."""
     run.pool = KVPool(**pool_kwargs(run.cfg), device=run.device)
+    run.engine = make_engine_state(run.kind, run.cfg, run.pool, run.device)
     run.buffers = allocate_check_buffers(run.cfg, run.kind, run.device)
     run.compiles = CompileCounter()
     run.probe = BuilderProbe(run.builder, run.device, run.compiles)
@@ -230,10 +233,13 @@ def _start_workload_and_runner(run: CheckRun) -> Step:
         errors=run.errors,
         index_dtype=INDEX_DTYPES[cfg.index_dtype],
         table_width=cfg.width,
+        engine=run.engine,
         **run.buffers.runner_kwargs(cfg),
     )
     run.steps = iter(run.workload)
-    return next(run.steps)
+    first = next(run.steps)
+    update_engine_state(run, first)
+    return first
 
 
 def _probe_eager_call(run: CheckRun, first: Step) -> bool:
@@ -242,7 +248,9 @@ def _probe_eager_call(run: CheckRun, first: Step) -> bool:
     (safety), allocations (advice). False (the rest not reached) when the builder raised."""
     from ..detect.sync import DetectorUnavailable
 
-    warm_up, call = run.buffers.eager_calls(run.builder, run.cfg, run.pool, first, run.device)
+    warm_up, call = run.buffers.eager_calls(
+        run.builder, run.cfg, run.pool, first, run.device, engine=run.engine
+    )
     try:
         measured = measure_eager_call(warm_up, call, first.bs, run.device, run.detectors)
     except DetectorUnavailable:
@@ -342,42 +350,6 @@ def _resolve_detectors(spec) -> tuple[tuple[str, ...], str | None]:
             + "; ".join(f"{name}: {reason}" for name, reason in missing.items())
         )
     return choice, None
-
-
-def pool_kwargs(cfg: CheckConfig) -> dict:
-    """``KVPool`` arguments of the config, ``device`` aside."""
-    return dict(
-        max_reqs=cfg.max_reqs or cfg.max_bs + 1,
-        max_context_len=cfg.max_context_len,
-        page_size=cfg.page_size,
-        num_pages=cfg.num_pages,
-        swa=cfg.swa,
-        seed=cfg.seed,
-        row_order=cfg.row_order,
-        dtype=INDEX_DTYPES[cfg.r2t_dtype],
-        extra_cols=cfg.r2t_extra_cols,
-        storage_offset=cfg.r2t_offset,
-        full_to_swa_dtype=INDEX_DTYPES[cfg.full_to_swa_dtype],
-    )
-
-
-def workload_kwargs(cfg: CheckConfig, metadata: bool, len_limit: int) -> dict:
-    """``DecodeWorkload`` arguments of the config (``ProducedWorkload`` passes them on)."""
-    return dict(
-        max_bs=cfg.max_bs,
-        steps=cfg.steps,
-        seed=cfg.seed + 1,
-        finish_rate=cfg.finish_rate,
-        draft_tokens=cfg.draft_tokens,
-        initial_len=cfg.initial_len,
-        swa_window=cfg.swa_window,
-        swa_churn=cfg.swa_churn,
-        near_capacity=cfg.near_capacity,
-        inject=cfg.injection(),
-        capacity=len_limit,
-        max_len=2**31 - 1 if INDEX_DTYPES[cfg.index_dtype] == torch.int32 else 2**40,
-        committed_lengths=metadata,
-    )
 
 
 def _workload_in_process(cfg: CheckConfig, dev: torch.device) -> bool:

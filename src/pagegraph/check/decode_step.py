@@ -61,7 +61,6 @@ from ..kinds import kind_of
 from ..kinds.builders import builder_name, resolve_builder, signature_problem
 from ..workload.decode import DecodeWorkload, Injection
 from ..workload.pool import KVPool
-from .checker import pool_kwargs, workload_kwargs
 from .config import CONSUMER_DTYPES, INDEX_DTYPES, CheckConfig, validate_config
 from .decode_step_graph import (
     TIMING_CALLS,
@@ -73,6 +72,7 @@ from .decode_step_graph import (
 )
 from .report import BucketStats, PropertyResult, Report
 from .signals import stop_requested
+from .workload_setup import pool_kwargs, workload_kwargs
 
 __all__ = ["CPU_LIMITS", "STEP_PROPERTIES", "DecodeStepReport", "check_decode_step"]
 

@@ -165,6 +165,7 @@ class StepGraphs:
         # What the kind's call reads (``pagegraph.kinds.IO_FIELDS``) beyond the buffers below.
         self.page_size, self.draft_tokens = shape.page_size, 0
         self.swa_page_table = self.full_to_swa = self.errors = self.engine = None
+        self.derived = kind.derived_inputs(shape.max_bs, 0, req_to_token.device)
         self.shape, self.req_to_token = shape, req_to_token
         self.buckets = sorted(buckets, reverse=True)
         self.device = dev = req_to_token.device

@@ -1,4 +1,4 @@
-""""graph-safe (captured short, replayed long)": a replay against an eager call on the same
+""" "graph-safe (captured short, replayed long)": a replay against an eager call on the same
 inputs.
 
 A builder captured in a graph is graph-safe when replaying the graph gives what calling the
@@ -60,6 +60,7 @@ class EagerTwin:
             seq_lens=runner.seq_lens, page_table=self.buffers.views[0], swa_page_table=None,
             full_to_swa=run.pool.full_to_swa, errors=None, page_size=cfg.page_size,
             vectors=self.buffers.vector_views, engine=run.engine,
+            derived=run.kind.derived_inputs(cfg.max_bs, run.runner.draft_tokens, dev),
             draft_tokens=cfg.draft_tokens if run.kind.tables_include_draft else 0,
         )  # fmt: skip
         # Per compared replay: differing entries, the first one's flat index, the replay's
@@ -163,4 +164,3 @@ def never_compared(prop, why: str) -> None:
 
 
 __all__ = ["EVERY_REPLAY", "SAMPLE", "EagerTwin", "never_compared"]
-

@@ -31,6 +31,7 @@ from ..kernels.contract import ERROR_KINDS, cdiv, check_builder_args
 from ..kernels.decode_metadata import build_decode_metadata
 from ..kernels.kv_indices import build_kv_indices
 from ..kernels.page_table import build_page_table
+from .mutants_vllm import VLLM_CONTROLS, reset_vllm_caches, vllm_mutants
 
 # Bug codes of _mutant_kernel (0: none, the plain kernel is correct).
 CORRECT = 0
@@ -652,9 +653,13 @@ MUTANTS: dict[str, Mutant] = {
     ]
 }  # fmt: skip
 
+# vLLM's two kinds' mutants (``pagegraph.check.mutants_vllm``).
+MUTANTS.update(vllm_mutants(Mutant))
+
 # Every mutant is a module attribute too, so "pagegraph.check.mutants:NAME" resolves anywhere (a
 # child process of ``pagegraph mutate`` gets its builder that way).
 globals().update({name: m.builder for name, m in MUTANTS.items()})
+globals().update(VLLM_CONTROLS)
 
 #: The correct builders mutate runs as controls: each must be SAFE everywhere.
 CONTROLS: dict[str, Callable] = {
@@ -663,6 +668,7 @@ CONTROLS: dict[str, Callable] = {
     "build_decode_metadata": build_decode_metadata,
     "build_kv_indices": build_kv_indices,
     "plain_kv_indices": plain_kv_indices,
+    **VLLM_CONTROLS,
 }
 
 
@@ -670,6 +676,7 @@ def reset_caches() -> None:
     """Forget what host-bug mutants cached (tests run several checks in one process)."""
     for cache in (_logged, _streams, _frozen_pages, _host_lengths, _plans, _mappings, _csr_frozen):
         cache.clear()
+    reset_vllm_caches()
 
 
 __all__ = [

@@ -6,6 +6,7 @@ verdicts."""
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -125,7 +126,11 @@ class BuilderProbe:
     ``measure`` is set (graph replays never call it; eager replays do)."""
 
     def __init__(self, fn: Callable, device: torch.device, compiles: CompileCounter):
+        from ..kinds.builders import builder_capabilities
+
         self.fn = fn
+        # What the builder takes, as the runner reads it from the probe's signature.
+        self.pagegraph_capabilities = dataclasses.asdict(builder_capabilities(fn))
         self.cuda = device.type == "cuda"
         self.device = device
         self.compiles = compiles

@@ -25,6 +25,7 @@ import torch
 
 from ..detect.ranges import phase
 from ..workload.decode import Step
+from .engine_state import update_engine_state
 from .judge import (
     describe_exception,
     judge_chunk_allocations,
@@ -124,6 +125,7 @@ def _generate(state: ReplayState, i: int) -> None:
     a0 = tally.read() if tally.per_replay else 0
     with phase("workload"):
         state.step = next(state.run.steps)
+        update_engine_state(state.run, state.step)
     if tally.per_replay:
         tally.workload += tally.read() - a0
     state.times.workload_us.append((time.perf_counter() - t_step) * 1e6)
@@ -208,6 +210,8 @@ def _verify(state: ReplayState, i: int, mstep: ModelStep, measured: ReplayMeasur
             twin.compare(len(state.pending), mstep)
             if state.graphs and not tally.per_replay:
                 tally.base += tally.read() - a0  # the eager call's, not the replay's
+        if state.reads is not None:
+            state.reads.compare(len(state.pending), mstep)
         state.verifier.verify()
     if state.graphs:
         event = state.events[i % len(state.events)]
@@ -241,6 +245,8 @@ def _judge_chunk(state: ReplayState) -> None:
                   state.cfg, state.model.describe_rows)  # fmt: skip
     if state.twin is not None:
         state.twin.judge(state.props["graph-safe (captured short, replayed long)"])
+    if state.reads is not None:
+        state.reads.judge(state.props["correct"])
     if state.graphs and not state.allocations.per_replay:
         judge_chunk_allocations(state)
     state.pending.clear()

@@ -46,7 +46,7 @@ class Failure:
         cell = f"{self.table}[{self.row}, {self.col}]"
         if self.width is not None and self.col >= self.width:
             cell += " (canary column past the width)"
-        return cell
+        return cell + (f" ({self.note})" if self.note else "")
 
     def meaning(self) -> str:
         """What the expected value stands for: a live entry, or the poison of an entry that

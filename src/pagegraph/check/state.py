@@ -19,6 +19,7 @@ from ..workload.pool import KVPool
 from ..workload.producer import ProducedWorkload
 from .buffers import CheckBuffers, engine_capacity
 from .config import CheckConfig
+from .eager_reads import GraphReads
 from .graph_safety import EagerTwin
 from .probes import AllocationCounter, BuilderProbe, CompileCounter, cuda_allocations
 from .report import PropertyResult, Report
@@ -218,6 +219,8 @@ class ReplayState:
     #: the eager call each sampled replay is compared with ("graph-safe"), or None where a
     #: replay is no more than an eager call
     twin: EagerTwin | None = None
+    #: what the graph read of an eagerly built kind's tables, or None for a kind built in it
+    reads: GraphReads | None = None
 
     @property
     def cfg(self) -> CheckConfig:
@@ -260,6 +263,8 @@ class ReplayState:
         )
         if EagerTwin.applies(run):
             state.twin = EagerTwin(run, chunk)
+        if GraphReads.applies(run.runner):
+            state.reads = GraphReads(run.runner, chunk, run.cfg.width)
         if graphs:
             state.allocations.base = state.allocations.read()
             state.memory_before = torch.cuda.memory_allocated(dev)

@@ -27,6 +27,8 @@ Record layout (int64, ``TableVerifier.record_size`` entries a replay)::
 
 from __future__ import annotations
 
+from types import SimpleNamespace
+
 import numpy as np
 import torch
 
@@ -193,6 +195,14 @@ class TableVerifier:
         # Pages of a row the reference gathers: a table row's, or a CSR row's (no table width).
         row_pages = cdiv(req_to_token.shape[1], page_size)
         self.cap = min(width, row_pages) if kind.writes_tables else row_pages
+        #: the null value a padded row is cleared to over its width, or None (padded rows
+        #: are built from the padding's values like real rows)
+        self.cleared = kind.padded_rows.null if kind.padded_rows.cleared else None
+        if self.cleared is not None and self.cap != width:
+            raise ValueError(
+                f"a {kind.name} builder clears padded rows over the width ({width} pages), "
+                f"wider than req_to_token's rows ({row_pages} pages)"
+            )
         # Masks: wrong and outside for each table, then (metadata) for the vectors.
         self.masks = 2 * self.T + (2 if vectors is not None else 0)
         self.staged_at = self.masks * MASK_FIELDS
@@ -401,11 +411,16 @@ class TableVerifier:
         n_pages = ((tokens + (ps - 1)) // ps).clamp(max=cap)
         live = self._cols < n_pages.unsqueeze(-1)  # [K, M, cap]
         slots = self._snap_slots.to(torch.int64)  # gathered at the replay (see _snapshot)
+        pages = slots // ps
+        if self.cleared is not None:  # padded rows: the null value over the whole width
+            padded = (in_bucket & ((flags & REAL) == 0)).unsqueeze(-1)
+            live = live | padded
+            pages = torch.where(padded, self.cleared, pages)
         expected = self._expected
         expected.fill_(POISON)
         self._live.zero_()
         if self.kind.writes_tables:  # else the builder gets no table: it must keep the poison
-            self._place(expected, 0, torch.where(live, slots // ps, POISON))
+            self._place(expected, 0, torch.where(live, pages, POISON))
             if self.T == 2:
                 swa_slots = self._snap_swa.to(torch.int64)
                 self._place(expected, 1, torch.where(live, swa_slots // ps, POISON))
@@ -429,7 +444,11 @@ class TableVerifier:
             dim=-1,
         ).view(K, -1)  # fmt: skip
         if self.vectors is not None:
-            fields = self.kind.vector_fields(self, n_pages, slots, sl, in_bucket, ooc & in_bucket)
+            model = SimpleNamespace(
+                n_pages=n_pages, slots=slots, sl=sl, in_bucket=in_bucket, ooc=ooc & in_bucket,
+                real=(flags & REAL) != 0,
+            )  # fmt: skip
+            fields = self.kind.vector_fields(self, model)
             mask_fields = torch.cat([mask_fields, fields], dim=1)
 
         got_rpi, got_sl = (t.to(torch.int64) for t in self._snap_staged)

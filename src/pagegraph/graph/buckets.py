@@ -139,6 +139,9 @@ PADDING = {
     "vllm": PaddingPolicy("vllm", seq_len=0, req_pool_index=None),
     # A dummy request: length 1 in request row 0, whose slot 0 is reserved for padding.
     "dummy-row": PaddingPolicy("dummy-row", seq_len=1, req_pool_index=0),
+    # vLLM's drafter graph: padded rows are marked by request index -1 (no request, no
+    # blocks) and length 0.
+    "vllm-graph": PaddingPolicy("vllm-graph", seq_len=0, req_pool_index=-1),
     # Padded rows carry a huge length, as a dummy or stale row can: out of the contract, so
     # replays of a partly padded bucket are judged by row containment.
     "overlong": PaddingPolicy("overlong", seq_len=2**31 - 1, req_pool_index=None),

@@ -42,7 +42,13 @@ from ..kernels.page_table import build_page_table
 from ..kinds import kind_of
 from ..kinds.builders import builder_capabilities, resolve_builder
 from .buckets import Buckets, PaddingPolicy, resolve_padding
+from .errors import BufferAllocationError, CaptureOutOfMemory, NotCaptured, StaticBufferMoved
 from .staging import Mailbox
+
+__all__ = [
+    "BufferAllocationError", "CaptureOutOfMemory", "GraphRunner", "NotCaptured",
+    "StaticBufferMoved",
+]  # fmt: skip
 
 
 def _count(values) -> int:
@@ -51,23 +57,6 @@ def _count(values) -> int:
     if type(values) is torch.Tensor and values.dim() == 1:
         return values.shape[0]
     return len(values)
-
-
-class StaticBufferMoved(RuntimeError):
-    """A static buffer (or ``req_to_token``/``full_to_swa``) is not where it was at capture."""
-
-
-class NotCaptured(RuntimeError):
-    """``replay()`` was called before ``capture()``."""
-
-
-class CaptureOutOfMemory(MemoryError):
-    """Out of device memory while warming up or capturing; the message names the bucket and
-    the sizes involved."""
-
-
-class BufferAllocationError(MemoryError):
-    """The static buffers do not fit on the device; the message names the sizes asked for."""
 
 
 def _check_arguments(req_to_token, page_size, max_context_len, index_dtype, full_to_swa) -> None:
@@ -119,24 +108,17 @@ class GraphRunner:
             ones; the runner writes rows ``:max_bs`` and columns ``:max_num_pages``.
         table_width: pages per table row, when an engine caps pages per request below
             ``cdiv(max_context_len, page_size)`` (longer rows then stop at the width).
-        outputs: the builder's kind by name (``pagegraph.kinds.KINDS``; default: what the
-            builder says, ``pagegraph.kinds.kind_of``). The kind's spec says how the builder
-            is called and which static output vectors it gets besides the tables: a
-            ``decode_metadata`` builder ``cache_seqlens`` ``[max_bs]``, ``cu_seqlens_k`` and
-            ``cu_seqlens_q`` ``[max_bs + 1]`` int32 (and ``draft_tokens``, a host value frozen
-            into the graphs like ``page_size``); a ``csr`` builder ``kv_indptr``
-            ``[max_bs + 1]`` and ``kv_indices`` ``[max_bs * max_num_pages]`` int32 (the
-            engine's own of any length). The engine's own buffers are passed by name
-            (``vectors={"kv_indptr": ...}``, or as keyword arguments of those names).
-        engine: the engine state a kind reads besides ``req_to_token`` (``block_table``'s
-            ``pagegraph.workload.block_tables.EngineBlockTables``), updated by the caller
-            between replays; ``None`` for the others.
+        outputs: the builder's kind (``pagegraph.kinds.KINDS``; default ``kind_of``): how
+            it is called and its static output vectors (``KindSpec.vectors``: a decode
+            metadata builder's ``cache_seqlens``, ``cu_seqlens_k``, ``cu_seqlens_q``; a CSR
+            builder's ``kv_indptr``, ``kv_indices``), the engine's own passed by name
+            (``vectors={...}`` or keywords). ``draft_tokens`` is frozen into the graphs.
+        engine: the engine state the kind reads (``KindSpec.engine_state``: vLLM's block
+            tables, ``pagegraph.workload.block_tables.EngineBlockTables``), or None.
 
-    Where the kind's builder runs (``KindSpec.where``): ``"graph"``, captured after the
-    stage node in each bucket's graph; ``"eager"`` (vLLM's block tables), called on the host
-    before each replay, with the real batch size in ``batch=``, into the static tables, and
-    the graph holds what reads them (``graph_reads``: a copy of the bucket's rows into
-    ``read_table``, which the checker compares with the tables).
+    A kind built ``"eager"`` (``KindSpec.where``: vLLM's block tables) is called before
+    each replay, told the real batch size (``batch=``); the graph reads its tables
+    (``graph_reads``, a copy into ``read_table``, which the checker compares with them).
     """
 
     def __init__(
@@ -278,6 +260,8 @@ class GraphRunner:
             self.kv_indptr = self.kv_indices = None
             self.vectors: dict[str, torch.Tensor] = {}
             self._vector_buffers(max_bs, metadata_given)
+            #: the inputs the graph derives from the staged batch for the builder (its kind's)
+            self.derived = self.kind.derived_inputs(max_bs, self.draft_tokens, dev)
             # What the graph of an eagerly built kind reads: its copy of the tables.
             self.read_table = torch.zeros_like(self.page_table) if self.eager_builder else None
         except (torch.OutOfMemoryError, RuntimeError) as exc:
@@ -386,6 +370,7 @@ class GraphRunner:
         own = {
             "read_table": self.read_table,
             **{name: getattr(self, name) for name in self.vectors},
+            **self.derived,
             **(self.engine.buffers() if self.engine is not None else {}),
         }
         return own | {
@@ -408,6 +393,8 @@ class GraphRunner:
         engine state's)."""
         if self.engine is not None and name in self._engine_names:
             return self.engine.buffers()[name]
+        if name in self.derived:
+            return self.derived[name]
         return getattr(self, name)
 
     @staticmethod

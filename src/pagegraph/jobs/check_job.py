@@ -194,7 +194,12 @@ def _plan(scenarios, *, replays, builder, detectors, workload_process, strict,
         if builder is not None:  # the scenario's presets are its own builder's
             cfg = presets_of_kind(cfg, kind)
         problem = signature_problem(
-            fn, kind, swa=cfg.swa, consumer=bool(cfg.consumer), page_size=cfg.page_size
+            fn,
+            kind,
+            swa=cfg.swa,
+            consumer=bool(cfg.consumer),
+            page_size=cfg.page_size,
+            padding=cfg.padding,
         ) or preset_problem(cfg, kind)
         if problem:
             raise ValueError(f"{s.path}: {problem}")

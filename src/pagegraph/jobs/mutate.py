@@ -342,7 +342,12 @@ def _fitted_jobs(spec: str, scenario_jobs: list[Job], o: Outcome) -> list[Job]:
         kind = kind_of(fn, j.config.outputs)
         cfg = j.config
         problem = signature_problem(
-            fn, kind, swa=cfg.swa, consumer=bool(cfg.consumer), page_size=cfg.page_size
+            fn,
+            kind,
+            swa=cfg.swa,
+            consumer=bool(cfg.consumer),
+            page_size=cfg.page_size,
+            padding=cfg.padding,
         )
         if problem:
             o.not_applicable[j.label] = problem

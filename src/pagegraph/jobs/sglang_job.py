@@ -36,17 +36,20 @@ from pathlib import Path
 import torch
 
 from ..check.config import CheckConfig
-from ..check.isolate import IsolatedError, Job, run_isolated, write_json_atomic
-from ..check.report import Report
+from ..check.isolate import write_json_atomic
 from ..check.scenario import load_scenario
 from ..clients import sglang as sglang_client
 from ..kinds import PAGE_TABLE, KindSpec, kind_named, kind_of
 from ..kinds.builders import resolve_builder, signature_problem
 from .check_job import _memory_problem
+from .client_runs import ClientRun, run_checks, run_doc, run_section, say, table_cell
 from .environment import environment
 from .scenario_paths import scenario_path, shipped_scenarios
 
 __all__ = ["CLIENTS", "FINDINGS", "Finding", "SGLangRun", "grid_columns", "main", "run_job"]
+
+#: One client on one scenario (``pagegraph.jobs.client_runs.ClientRun``).
+SGLangRun = ClientRun
 
 PAGE_TABLE_CLIENT = "sglang_trtllm_mha_page_table"
 FLASHMLA_CLIENT = "sglang_flashmla_kv_indices"
@@ -121,28 +124,6 @@ FINDINGS = (
 OVERLONG_CRASH = "seq_len past the row's capacity"
 
 
-@dataclass
-class SGLangRun:
-    """One client on one scenario: what was run, and its report or why there is none."""
-
-    client: str
-    scenario: str
-    path: str
-    config: CheckConfig | None = None
-    skipped: str | None = None
-    error: str | None = None
-    report: Report | None = None
-
-    @property
-    def verdict(self) -> str:
-        if self.report is not None:
-            return self.report.verdict
-        return "not run" if self.skipped else "ERROR"
-
-    def with_status(self, status: str):
-        return [p for p in self.report.properties if p.status == status] if self.report else []
-
-
 # -- plan ---------------------------------------------------------------------------------------
 
 
@@ -171,7 +152,7 @@ def _why_not(client: str, fn, kind: KindSpec, cfg: CheckConfig) -> str | None:
     )
 
 
-def plan_runs(scenarios: list[str] | None, replays: int | None) -> list[SGLangRun]:
+def plan_runs(scenarios: list[str] | None, replays: int | None) -> list[ClientRun]:
     """Every (client, scenario) pair whose kinds match, shipped scenarios by default;
     ``ValueError`` for a scenario that cannot be loaded."""
     loaded = [load_scenario(scenario_path(s)) for s in scenarios or shipped_scenarios()]
@@ -187,51 +168,13 @@ def plan_runs(scenarios: list[str] | None, replays: int | None) -> list[SGLangRu
             if presets and hasattr(cfg, "preset_outputs"):
                 merged = tuple(dict.fromkeys((*cfg.preset_outputs, *presets)))
                 cfg = cfg.replace(preset_outputs=merged)
-            run = SGLangRun(client, s.name, str(s.path), cfg)
+            run = ClientRun(client, s.name, str(s.path), cfg)
             run.skipped = _why_not(client, fn, kind, cfg)
             runs.append(run)
     return runs
 
 
 # -- checks -------------------------------------------------------------------------------------
-
-
-def _say(quiet: bool, text: str) -> None:
-    if not quiet:
-        print(text, flush=True)
-
-
-def _summary(run: SGLangRun) -> str:
-    head = f"{run.client} on {run.scenario}: {run.verdict}"
-    if run.skipped:
-        return f"{head} ({run.skipped})"
-    if run.error:
-        return f"{head} ({run.error})"
-    failed = ", ".join(p.name for p in run.with_status("FAIL"))
-    advice = ", ".join(p.name for p in run.with_status("advice"))
-    extra = "; ".join(x for x in (failed and f"failed: {failed}", advice and f"advice: {advice}")
-                      if x)  # fmt: skip
-    return f"{head}, {run.report.replays} replays" + (f" ({extra})" if extra else "")
-
-
-def run_checks(runs: list[SGLangRun], *, timeout: float | None, quiet: bool) -> bool:
-    """Run each planned check in a child process; False when interrupted (the runs not
-    reached keep no report, the one running keeps what it had found)."""
-    for k, run in enumerate(runs):
-        if run.skipped is None:
-            job = Job(run.client, run.config, f"{run.client} on {run.scenario}")
-            try:
-                run.report = run_isolated([job], timeout=timeout)[0]
-            except IsolatedError as exc:
-                run.error = f"could not run: {exc}"
-            except KeyboardInterrupt as exc:
-                partial = getattr(exc, "reports", [])
-                run.report = partial[0] if partial else None
-                for rest in runs[k + (run.report is not None) :]:
-                    rest.skipped = rest.skipped or "interrupted before it ran"
-                return False
-        _say(quiet, _summary(run))
-    return True
 
 
 # -- findings -----------------------------------------------------------------------------------
@@ -247,7 +190,7 @@ def grid_columns(client: str, cfg: CheckConfig) -> int:
     return -(-span // block) * block
 
 
-def classify(run: SGLangRun, prop) -> str | None:
+def classify(run: ClientRun, prop) -> str | None:
     """The key of the finding a failed property shows (``FINDINGS``), or None."""
     if run.client in CSR_CLIENTS and run.config is not None:
         return "flashinfer-overlong" if _overlong_csr_failure(run, prop) else None
@@ -265,7 +208,7 @@ def classify(run: SGLangRun, prop) -> str | None:
     return None
 
 
-def _overlong_csr_failure(run: SGLangRun, prop) -> bool:
+def _overlong_csr_failure(run: ClientRun, prop) -> bool:
     """Whether a CSR client's failure is its unbounded copy of an overlong row: a crash the
     serialised re-run tied to a replay whose only out-of-contract rows are overlong, or a
     write past the end of ``kv_indices`` on such a replay."""
@@ -302,7 +245,7 @@ def run_reproducer(path: str, timeout: float = REPRODUCER_TIMEOUT) -> dict:
     return {"exit_code": done.returncode, "state": state}
 
 
-def collect_findings(runs: list[SGLangRun], *, reproducers: bool = True) -> dict:
+def collect_findings(runs: list[ClientRun], *, reproducers: bool = True) -> dict:
     """Each finding with the checks that hit it and its reproducer's exit code now, and the
     failures that match no finding."""
     hits = {f.key: [] for f in FINDINGS}
@@ -333,33 +276,6 @@ def collect_findings(runs: list[SGLangRun], *, reproducers: bool = True) -> dict
 # -- reports ------------------------------------------------------------------------------------
 
 
-def _cell(text) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
-
-
-def run_doc(run: SGLangRun) -> dict:
-    """One run as JSON: verdict, advice, failures, the full report."""
-    return {
-        "client": run.client,
-        "scenario": run.scenario,
-        "path": run.path,
-        "verdict": run.verdict,
-        "skipped": run.skipped,
-        "error": run.error,
-        "replays": run.report.replays if run.report else 0,
-        "advice": [{"property": p.name, "detail": p.detail} for p in run.with_status("advice")],
-        "failures": [
-            {
-                "property": p.name,
-                "first_failure": str(p.first_failure or p.detail),
-                "detail": p.detail,
-            }
-            for p in run.with_status("FAIL")
-        ],  # fmt: skip
-        "report": run.report.to_dict() if run.report else None,
-    }
-
-
 def _header(env: dict, replays: str) -> list[str]:
     versions = ", ".join(f"{k} {env.get(k)}" for k in ("sglang", "torch", "triton", "cuda"))
     return [
@@ -371,30 +287,6 @@ def _header(env: dict, replays: str) -> list[str]:
         f"- replays a check: {replays}",
         "",
     ]
-
-
-def _run_section(doc: dict) -> list[str]:
-    lines = [f"### {doc['client']} on {doc['scenario']}", "", f"Verdict: **{doc['verdict']}**"]
-    if doc["skipped"] or doc["error"]:
-        return lines + [f"({doc['skipped'] or doc['error']})", ""]
-    report = doc["report"]
-    lines[-1] += f" ({doc['replays']} replays" + (
-        f"; stopped early: {report['stopped']})" if report.get("stopped") else ")"
-    )
-    lines.append("")
-    if report.get("crash"):
-        lines += [f"Crash: {report['crash']}", ""]
-    if doc["advice"]:
-        lines += ["Advice:", ""] + [f"- {a['property']}: {a['detail']}" for a in doc["advice"]]
-        lines.append("")
-    if doc["failures"]:
-        lines += ["Failures:", ""]
-        lines += [f"- {f['property']}: {f['first_failure']}" for f in doc["failures"]]
-        lines.append("")
-    quiet = [p["name"] for p in report["properties"] if p["status"] in ("skip", "incomplete")]
-    if quiet:
-        lines += [f"Not judged: {', '.join(quiet)}.", ""]
-    return lines
 
 
 def _findings_section(found: dict) -> list[str]:
@@ -425,14 +317,14 @@ def markdown(doc: dict) -> str:
         failed = ", ".join(f["property"] for f in r["failures"]) or r["skipped"] or r["error"] or ""
         advice = ", ".join(a["property"] for a in r["advice"])
         lines.append(f"| {r['client']} | {r['scenario']} | {r['verdict']} | {r['replays']} | "
-                     f"{_cell(failed)} | {_cell(advice)} |")  # fmt: skip
+                     f"{table_cell(failed)} | {table_cell(advice)} |")  # fmt: skip
     lines.append("")
     for client in CLIENTS:
         runs = [r for r in doc["runs"] if r["client"] == client]
         if runs:
             lines += [f"## {client}", ""]
             for r in runs:
-                lines += _run_section(r)
+                lines += run_section(r)
     lines += _findings_section(doc["found"])
     return "\n".join(lines)
 
@@ -464,7 +356,7 @@ def run_job(args: argparse.Namespace) -> int:
     completed = run_checks(runs, timeout=args.timeout, quiet=args.quiet)
     found = collect_findings(runs, reproducers=completed)
     for f in found["findings"]:
-        _say(args.quiet, f"finding {f['key']}: {len(f['hits'])} check(s) hit it; "
+        say(args.quiet, f"finding {f['key']}: {len(f['hits'])} check(s) hit it; "
                          f"{f['reproducer']}: {f['state']}")  # fmt: skip
     doc = {
         "environment": env,
@@ -477,12 +369,12 @@ def run_job(args: argparse.Namespace) -> int:
     if args.out:
         Path(args.out).parent.mkdir(parents=True, exist_ok=True)
         Path(args.out).write_text(text + "\n")
-        _say(args.quiet, f"wrote {args.out}")
+        say(args.quiet, f"wrote {args.out}")
     else:
         print(text)
     if args.json:
         write_json_atomic(args.json, doc)
-        _say(args.quiet, f"wrote {args.json}")
+        say(args.quiet, f"wrote {args.json}")
     return 0 if completed else 130
 
 

@@ -14,23 +14,29 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
+from ..kernels.batch import BatchContext
 from .base import IO_FIELDS, KindSpec, PaddedRows, VectorSpec
-from .batch import BatchContext
+from .block_table import BLOCK_TABLE
 from .csr import CSR
 from .decode_metadata import DECODE_METADATA
 from .page_table import PAGE_TABLE
+from .slot_mapping import SLOT_MAPPING
 
 #: Every kind by name, in the order users read them.
-KINDS: dict[str, KindSpec] = {k.name: k for k in (PAGE_TABLE, DECODE_METADATA, CSR)}
+KINDS: dict[str, KindSpec] = {
+    k.name: k for k in (PAGE_TABLE, DECODE_METADATA, CSR, BLOCK_TABLE, SLOT_MAPPING)
+}
 OUTPUT_KINDS = tuple(KINDS)
 
 __all__ = [
+    "BLOCK_TABLE",
     "CSR",
     "DECODE_METADATA",
     "IO_FIELDS",
     "KINDS",
     "OUTPUT_KINDS",
     "PAGE_TABLE",
+    "SLOT_MAPPING",
     "BatchContext",
     "KindSpec",
     "PaddedRows",

@@ -31,8 +31,8 @@ from typing import Any, ClassVar
 
 import torch
 
+from ..kernels.batch import BatchContext
 from ..kernels.contract import ERROR_KINDS
-from .batch import BatchContext
 
 
 @dataclass(frozen=True)
@@ -69,7 +69,7 @@ class VectorSpec:
 #: eager probe): any object with these attributes (``None`` where absent).
 IO_FIELDS = (
     "req_to_token", "req_pool_indices", "seq_lens", "page_table", "swa_page_table",
-    "full_to_swa", "errors", "page_size", "draft_tokens", "vectors", "engine",
+    "full_to_swa", "errors", "page_size", "draft_tokens", "vectors", "engine", "derived",
 )  # fmt: skip
 
 
@@ -134,13 +134,21 @@ class KindSpec:
         ``extra`` keyword arguments (``errors``, SWA outputs, ``batch``) it takes."""
         raise NotImplementedError
 
-    def vector_fields(self, v: Any, n_pages, slots, sl, in_bucket, ooc) -> torch.Tensor:
+    def vector_fields(self, v: Any, m: Any) -> torch.Tensor:
         """Two masks' fields a replay (``[K, 8]``) of the kind's vectors against what the
-        independent model expects, computed on the device by ``v`` (a
+        independent model ``m`` expects, computed on the device with ``v`` (a
         ``pagegraph.check.verify.TableVerifier``) for its ``K`` replays: entries of the live
-        region that are wrong, and entries outside it that are not the poison. Kinds with
-        vectors define it."""
+        region that are wrong, and entries outside it that are not the poison. ``m`` holds,
+        per replay and row, ``[K, M]`` tensors: ``sl`` (int64 lengths), ``in_bucket``,
+        ``real`` and ``ooc`` (bool), ``n_pages`` (int64 live pages), and ``slots`` ``[K, M,
+        cap]`` (int64: each page's first slot, gathered at the replay). Kinds with vectors
+        define it."""
         raise NotImplementedError(f"{self.name} has no vectors")
+
+    def derived_inputs(self, max_bs: int, draft_tokens: int, device) -> dict[str, torch.Tensor]:
+        """Static inputs the graph derives from the staged batch before calling the builder
+        (``call`` fills them), made once by whoever holds the buffers; none for most kinds."""
+        return {}
 
     def vector_lengths(self, max_bs: int, width: int, draft_tokens: int = 0) -> dict[str, int]:
         return {v.name: v.length(max_bs, width, draft_tokens) for v in self.vectors}
@@ -162,9 +170,14 @@ class KindSpec:
             )
         return None
 
-    def usage_problem(self, *, swa: bool, consumer: bool) -> str | None:
-        """Why a scenario with SWA (``swa``) or a decode-step consumer (``consumer``) cannot
-        run a builder of this kind; ``None`` when it can."""
+    def usage_problem(self, *, swa: bool, consumer: bool, padding: str | None = None) -> str | None:
+        """Why a scenario with SWA (``swa``), a decode-step consumer (``consumer``) or the
+        padding policy ``padding`` cannot run a builder of this kind; ``None`` when it can."""
+        if padding is not None and self.paddings is not None and padding not in self.paddings:
+            return (
+                f"is a {self.name} builder, defined for padding {' or '.join(self.paddings)} "
+                f"(this scenario pads with {padding!r})"
+            )
         if consumer and not self.feeds_consumer:
             return (
                 f"is a {self.name} builder: a decode-step scenario ([consumer]) feeds the "

@@ -43,9 +43,11 @@ class BlockTableKind(KindSpec):
         }
 
     def call(self, builder: Callable, io: Any, bs: int, extra: dict) -> None:
+        # The whole persistent table, as vLLM passes it: the bucket is ``batch.num_rows``, and
+        # a builder that writes rows past it shows.
         engine = io.engine
-        builder(engine.block_table, engine.num_blocks, io.req_pool_indices[:bs],
-                io.page_table[:bs], **extra)  # fmt: skip
+        builder(engine.block_table, engine.num_blocks, io.req_pool_indices[:bs], io.page_table,
+                **extra)  # fmt: skip
 
 
 BLOCK_TABLE = BlockTableKind()

@@ -111,11 +111,13 @@ def signature_problem(
     swa: bool = False,
     consumer: bool = False,
     page_size: int | None = None,
+    padding: str | None = None,
 ) -> str | None:
     """Why ``builder`` cannot be called as the bed calls a builder of ``kind``, with SWA
     outputs when ``swa``, on a decode-step scenario when ``consumer``, at ``page_size`` when
-    given (a builder that takes only some declares them: ``fn.pagegraph_page_sizes = (1,)``);
-    ``None`` when it can. Only the arguments the bed always passes are required."""
+    given (a builder that takes only some declares them: ``fn.pagegraph_page_sizes = (1,)``),
+    with the scenario's ``padding`` policy when given; ``None`` when it can. Only the
+    arguments the bed always passes are required."""
     name = builder_name(builder)
     sizes = getattr(builder, "pagegraph_page_sizes", None)
     if page_size is not None and sizes is not None and page_size not in sizes:
@@ -123,7 +125,7 @@ def signature_problem(
             f"{name} takes page_size {' or '.join(map(str, sizes))} only, and this scenario "
             f"has page_size {page_size}"
         )
-    usage = kind.usage_problem(swa=swa, consumer=consumer)
+    usage = kind.usage_problem(swa=swa, consumer=consumer, padding=padding)
     if usage:
         return f"{name} {usage}"
     try:

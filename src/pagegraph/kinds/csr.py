@@ -41,7 +41,7 @@ class CsrKind(KindSpec):
 
         return {"build_kv_indices": build_kv_indices, "reference_kv_indices": reference_kv_indices}
 
-    def vector_fields(self, v: Any, n_pages, slots, sl, in_bucket, ooc) -> torch.Tensor:
+    def vector_fields(self, v: Any, m: Any) -> torch.Tensor:
         """The vectors against the independent model (``v``: the ``TableVerifier``; ``[K,
         8]``, two masks' fields a replay): ``kv_indptr = [0, running sums of the rows' pages,
         cut at the capacity]`` for entries ``0..bucket``, and ``kv_indices[j]`` for ``j <
@@ -55,9 +55,11 @@ class CsrKind(KindSpec):
         consumer reads ``kv_indices`` by them), and ``kv_indices`` past row ``r``'s start is
         not judged; the canaries and ``kv_indptr`` past the bucket always are.
 
-        ``n_pages`` ``[K, M]`` int64 (0 past the bucket), ``slots`` ``[K, M, cap]`` int64
-        page-start slots, ``in_bucket`` and ``ooc`` ``[K, M]`` bool (``ooc``: rows of the
-        bucket outside the contract)."""
+        From the model ``m`` (``TableVerifier``'s, for its ``K`` replays): ``n_pages`` ``[K,
+        M]`` int64 (0 past the bucket), ``slots`` ``[K, M, cap]`` int64 page-start slots,
+        ``in_bucket`` and ``ooc`` ``[K, M]`` bool (``ooc``: rows of the bucket outside the
+        contract)."""
+        n_pages, slots, in_bucket, ooc = m.n_pages, m.slots, m.in_bucket, m.ooc
         M, K, C, cap, poison = v.max_bs, v.batch, v.engine_capacity, v.cap, v.poison_value
         exp = v.expected_vectors
         exp.fill_(poison)

@@ -49,13 +49,14 @@ class DecodeMetadataKind(KindSpec):
             "unfused_decode_metadata": unfused_decode_metadata,
         }
 
-    def vector_fields(self, v: Any, n_pages, slots, sl, in_bucket, ooc) -> torch.Tensor:
-        """The vectors against the independent model (``v``: the ``TableVerifier``; ``sl``
-        ``[K, M]`` int64 lengths, ``in_bucket`` ``[K, M]`` bool): ``cache_seqlens[i] =
-        min(max(len, 0) + draft, 2^31 - 1)`` for the bucket's rows, ``cu_seqlens_k = [0,
-        running sums]`` (stored saturated, int32), ``cu_seqlens_q[i] = i * max(draft, 1)`` for
-        ``i <= bucket``; poison everywhere else. Two masks' fields a replay (``[K, 8]``):
-        wrong entries inside that live region, and writes outside it."""
+    def vector_fields(self, v: Any, m: Any) -> torch.Tensor:
+        """The vectors against the independent model (``v``: the ``TableVerifier``; from its
+        model ``m``, ``sl`` ``[K, M]`` int64 lengths and ``in_bucket`` ``[K, M]`` bool):
+        ``cache_seqlens[i] = min(max(len, 0) + draft, 2^31 - 1)`` for the bucket's rows,
+        ``cu_seqlens_k = [0, running sums]`` (stored saturated, int32), ``cu_seqlens_q[i] = i
+        * max(draft, 1)`` for ``i <= bucket``; poison everywhere else. Two masks' fields a
+        replay (``[K, 8]``): wrong entries inside that live region, and writes outside it."""
+        sl, in_bucket = m.sl, m.in_bucket
         M, d, poison = v.max_bs, v.draft_tokens, v.poison_value
         exp = v.expected_vectors
         exp.fill_(poison)

@@ -1,4 +1,5 @@
-"""What a builder may be told about the batch beyond its tensors: ``BatchContext``.
+"""What a builder may be told about the batch beyond its tensors: ``BatchContext`` (a
+builder's ``batch=``, found from its signature by ``pagegraph.kinds.builders``).
 
 A builder that takes ``batch=`` (found from its signature, like ``errors=``) is passed one.
 Inside a captured graph only the bucket and ``max_bs`` are host values that stay true at

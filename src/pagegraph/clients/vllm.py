@@ -1,0 +1,215 @@
+"""vLLM's GPU block-table kernels (model runner v2) behind pagegraph's builder contracts.
+
+``pagegraph.clients.vllm_files`` loads vLLM 0.34.0's ``_gather_block_tables_kernel`` and
+``_compute_slot_mappings_kernel`` from vLLM's own ``vllm/v1/worker/gpu/block_table.py`` (with
+the few imports they reach stubbed: ``STUBBED_IMPORTS``). The adapters here launch them with
+the arguments ``BlockTables`` passes, for one KV-cache group:
+
+* ``vllm_gather_block_tables`` [``"block_table"``]: grid ``(1, num_rows)``; the source and
+  destination tables as ``[1]`` uint64 pointer tensors, their one row stride as a ``[1]``
+  int64 tensor, ``num_blocks`` as a ``[1, max_reqs]`` view, ``num_reqs`` the batch's real
+  rows, ``MASK_SLIDING_WINDOW=False``, ``BLOCK_SIZE=1024``.
+* ``vllm_compute_slot_mappings`` [``"slot_mapping"``]: grid ``(1, rows + 1)``; the slot
+  mapping as a ``[1, max_num_tokens]`` view, ``CP_SIZE=1``, ``CP_INTERLEAVE=1``, ``cp_rank=0``,
+  ``PAD_ID`` vLLM's ``PAD_SLOT_ID``, ``TRITON_BLOCK_SIZE=1024``, slot mapping enabled and
+  ``dcp_sharded`` (vLLM's defaults).
+
+The pointer, stride and size tensors are made once per set of buffers (keyed by their
+addresses, strides and the page size) on the first call, which an engine makes at warm-up;
+later calls, in a CUDA graph or not, allocate nothing. Making them is a host-to-device copy:
+a first call inside a capture raises ``RuntimeError`` instead.
+
+What vLLM's kernels assume that pagegraph's contracts do not
+------------------------------------------------------------
+* Gather: one row stride for the per-request table, the batch table and the row capacity
+  (``max_num_blocks = stride``). The adapter refuses tables of different row strides
+  (``ValueError``). A padded row is zeroed over ``[0, stride)``: in tables whose rows have
+  padding columns (stride > width) it writes past the width.
+* Gather: no clamp of ``num_blocks`` (vLLM's host refuses a write past a row's capacity) nor
+  of ``idx_mapping``: a count past the stride reads the next request's row and writes the next
+  batch row; a negative slot reads before the table. ``num_rows`` is not checked against the
+  batch table's rows.
+* Slot mapping: a row's tokens are written up to ``query_start_loc[i + 1]`` with no bound by
+  ``max_num_tokens`` nor by ``len(positions)``, and ``positions[t] // block_size`` is not
+  clamped to the row: the host guarantees all three.
+* Both: the tables are passed as loaded pointers that ``_load_ptr`` declares 16-byte
+  aligned; the adapters refuse a table view that is not (``ValueError``).
+* Slot mapping: ``block_id * block_size`` is computed in 32 bits (both int32) before the
+  int64 offset is added: a slot at or past 2^31 wraps.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import torch
+
+from ..kernels.batch import BatchContext
+from .vllm_files import (
+    STUBBED_IMPORTS,
+    TESTED_VERSION,
+    VLLMUnavailable,
+    load_vllm_kernels,
+    vllm_available,
+    vllm_unavailable_reason,
+)
+
+__all__ = [
+    "STUBBED_IMPORTS",
+    "TESTED_VERSION",
+    "VLLM_BUILDERS",
+    "VLLMUnavailable",
+    "clear_launch_args",
+    "gather_launch_args",
+    "slot_mapping_launch_args",
+    "vllm_available",
+    "vllm_compute_slot_mappings",
+    "vllm_gather_block_tables",
+    "vllm_unavailable_reason",
+]
+
+#: vLLM's copy block (``BlockTables.gather_block_tables``) and token block
+#: (``BlockTables.compute_slot_mappings``).
+GATHER_BLOCK_SIZE = 1024
+SLOT_BLOCK_SIZE = 1024
+
+_launch_args: dict[tuple, SimpleNamespace] = {}
+
+
+def clear_launch_args() -> None:
+    """Forget the cached pointer tensors (their buffers are never kept alive by the cache:
+    only their addresses are keys)."""
+    _launch_args.clear()
+
+
+def _small(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+    """A small device tensor from host values (vLLM's ``_make_ptr_tensor``): a host-to-device
+    copy, which a stream capture forbids."""
+    if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
+        raise RuntimeError(
+            "vLLM's pointer tensors are made on a builder's first call for a set of buffers: "
+            "call it once before capturing (at warm-up)"
+        )
+    return torch.tensor(values, dtype=dtype, device=device)
+
+
+def gather_launch_args(block_table: torch.Tensor, out: torch.Tensor) -> SimpleNamespace:
+    """The gather kernel's table arguments for these buffers, made on the first call:
+    ``src_ptrs``/``dst_ptrs`` ``[1]`` uint64, ``strides`` ``[1]`` int64, ``reach`` ``[1]``
+    int32 zeros (vLLM passes its sliding-window reach, also as ``num_computed_tokens`` when
+    masking is off) and ``block_sizes`` ``[1]`` int32 (read only when masking)."""
+    device = block_table.device
+    key = ("gather", device, block_table.data_ptr(), block_table.stride(0), out.data_ptr())
+    args = _launch_args.get(key)
+    if args is None:
+        args = SimpleNamespace(
+            src_ptrs=_small([block_table.data_ptr()], torch.uint64, device),
+            dst_ptrs=_small([out.data_ptr()], torch.uint64, device),
+            strides=_small([block_table.stride(0)], torch.int64, device),
+            reach=_small([0], torch.int32, device),
+            block_sizes=_small([0], torch.int32, device),
+        )
+        _launch_args[key] = args
+    return args
+
+
+def slot_mapping_launch_args(block_table: torch.Tensor, page_size: int) -> SimpleNamespace:
+    """The slot-mapping kernel's group arguments, made on the first call: ``ptrs`` ``[1]``
+    uint64, ``strides`` ``[1]`` int64, ``block_sizes`` ``[1]`` int32, ``enabled`` and
+    ``dcp_sharded`` ``[1]`` bool (True, vLLM's defaults)."""
+    device = block_table.device
+    key = ("slots", device, block_table.data_ptr(), block_table.stride(0), page_size)
+    args = _launch_args.get(key)
+    if args is None:
+        args = SimpleNamespace(
+            ptrs=_small([block_table.data_ptr()], torch.uint64, device),
+            strides=_small([block_table.stride(0)], torch.int64, device),
+            block_sizes=_small([page_size], torch.int32, device),
+            enabled=_small([True], torch.bool, device),
+            dcp_sharded=_small([True], torch.bool, device),
+        )
+        _launch_args[key] = args
+    return args
+
+
+def _check_aligned(name: str, t: torch.Tensor) -> None:
+    # vLLM's _load_ptr declares every table pointer it loads a multiple of 16 bytes
+    # (tl.multiple_of): the compiler may use that, so a view that is not must be refused.
+    if t.data_ptr() % 16:
+        raise ValueError(
+            f"vLLM's kernels require {name} to start on a 16-byte boundary (_load_ptr declares "
+            f"it), got an address {t.data_ptr() % 16} bytes past one"
+        )
+
+
+def vllm_gather_block_tables(
+    block_table: torch.Tensor,
+    num_blocks: torch.Tensor,
+    idx_mapping: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    batch: BatchContext,
+) -> None:
+    """vLLM's ``_gather_block_tables_kernel`` under the ``"block_table"`` contract (shapes as
+    ``pagegraph.kernels.block_table.gather_block_tables``), launched as
+    ``BlockTables.gather_block_tables`` launches it for one group. ``ValueError`` when the two
+    tables' row strides differ (vLLM's kernel has one stride for both) or when either does
+    not start on a 16-byte boundary."""
+    if block_table.stride(0) != out.stride(0):
+        raise ValueError(
+            "vLLM's _gather_block_tables_kernel requires equal row strides of block_table and "
+            f"out (one stride for both), got {block_table.stride(0)} and {out.stride(0)}"
+        )
+    _check_aligned("block_table", block_table)
+    _check_aligned("out", out)
+    if batch.num_rows == 0:
+        return
+    kernel = load_vllm_kernels().gather
+    args = gather_launch_args(block_table, out)
+    counts = num_blocks.unsqueeze(0)  # vLLM's [num_groups, max_reqs] (a view)
+    kernel[(1, batch.num_rows)](
+        idx_mapping, args.src_ptrs, args.dst_ptrs, args.strides, counts, counts.stride(0),
+        batch.num_reqs, args.reach, args.reach, args.block_sizes,
+        MASK_SLIDING_WINDOW=False, BLOCK_SIZE=GATHER_BLOCK_SIZE,
+    )  # fmt: skip
+
+
+vllm_gather_block_tables.pagegraph_outputs = "block_table"
+
+
+def vllm_compute_slot_mappings(
+    block_table: torch.Tensor,
+    idx_mapping: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    positions: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    page_size: int,
+) -> None:
+    """vLLM's ``_compute_slot_mappings_kernel`` under the ``"slot_mapping"`` contract (shapes as
+    ``pagegraph.kernels.slot_mapping.compute_slot_mappings``), launched as
+    ``BlockTables.compute_slot_mappings`` launches it for one group, no context parallelism.
+    ``ValueError`` when ``block_table`` does not start on a 16-byte boundary."""
+    _check_aligned("block_table", block_table)
+    kernels = load_vllm_kernels()
+    args = slot_mapping_launch_args(block_table, page_size)
+    slots = slot_mapping.unsqueeze(0)  # vLLM's [num_groups, max_num_tokens] (a view)
+    kernels.slot_mappings[(1, idx_mapping.shape[0] + 1)](
+        slots.shape[1], idx_mapping, query_start_loc, positions, args.ptrs, args.strides,
+        args.block_sizes, args.enabled, args.dcp_sharded, slots, slots.stride(0), 0,
+        CP_SIZE=1, CP_INTERLEAVE=1, PAD_ID=kernels.pad_slot_id,
+        TRITON_BLOCK_SIZE=SLOT_BLOCK_SIZE,
+    )  # fmt: skip
+
+
+vllm_compute_slot_mappings.pagegraph_outputs = "slot_mapping"
+
+#: vLLM's builders under pagegraph's contracts, by the name the checker knows them by; empty
+#: where vLLM's kernel files are not found (``vllm_unavailable_reason()`` says why).
+VLLM_BUILDERS = (
+    {
+        "vllm_gather_block_tables": vllm_gather_block_tables,
+        "vllm_compute_slot_mappings": vllm_compute_slot_mappings,
+    }
+    if vllm_available()
+    else {}
+)

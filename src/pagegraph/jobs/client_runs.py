@@ -1,0 +1,124 @@
+"""One engine client's check on one scenario, run in a child process of its own, and its
+report as JSON and Markdown: what ``make sglang`` and ``make vllm`` share
+(``pagegraph.jobs.sglang_job``, ``pagegraph.jobs.vllm_job``)."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from ..check.config import CheckConfig
+from ..check.isolate import IsolatedError, Job, run_isolated
+from ..check.report import Report
+
+__all__ = ["ClientRun", "run_checks", "run_doc", "run_section", "say", "table_cell"]
+
+
+@dataclass
+class ClientRun:
+    """One client on one scenario: what was run, and its report or why there is none."""
+
+    client: str
+    scenario: str
+    path: str
+    config: CheckConfig | None = None
+    skipped: str | None = None
+    error: str | None = None
+    report: Report | None = None
+
+    @property
+    def verdict(self) -> str:
+        if self.report is not None:
+            return self.report.verdict
+        return "not run" if self.skipped else "ERROR"
+
+    def with_status(self, status: str):
+        return [p for p in self.report.properties if p.status == status] if self.report else []
+
+
+def say(quiet: bool, text: str) -> None:
+    if not quiet:
+        print(text, flush=True)
+
+
+def _summary(run: ClientRun) -> str:
+    head = f"{run.client} on {run.scenario}: {run.verdict}"
+    if run.skipped:
+        return f"{head} ({run.skipped})"
+    if run.error:
+        return f"{head} ({run.error})"
+    failed = ", ".join(p.name for p in run.with_status("FAIL"))
+    advice = ", ".join(p.name for p in run.with_status("advice"))
+    extra = "; ".join(x for x in (failed and f"failed: {failed}", advice and f"advice: {advice}")
+                      if x)  # fmt: skip
+    return f"{head}, {run.report.replays} replays" + (f" ({extra})" if extra else "")
+
+
+def run_checks(runs: list[ClientRun], *, timeout: float | None, quiet: bool) -> bool:
+    """Run each planned check in a child process; False when interrupted (the runs not
+    reached keep no report, the one running keeps what it had found)."""
+    for k, run in enumerate(runs):
+        if run.skipped is None:
+            job = Job(run.client, run.config, f"{run.client} on {run.scenario}")
+            try:
+                run.report = run_isolated([job], timeout=timeout)[0]
+            except IsolatedError as exc:
+                run.error = f"could not run: {exc}"
+            except KeyboardInterrupt as exc:
+                partial = getattr(exc, "reports", [])
+                run.report = partial[0] if partial else None
+                for rest in runs[k + (run.report is not None) :]:
+                    rest.skipped = rest.skipped or "interrupted before it ran"
+                return False
+        say(quiet, _summary(run))
+    return True
+
+
+def table_cell(text) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def run_doc(run: ClientRun) -> dict:
+    """One run as JSON: verdict, advice, failures, the full report."""
+    return {
+        "client": run.client,
+        "scenario": run.scenario,
+        "path": run.path,
+        "verdict": run.verdict,
+        "skipped": run.skipped,
+        "error": run.error,
+        "replays": run.report.replays if run.report else 0,
+        "advice": [{"property": p.name, "detail": p.detail} for p in run.with_status("advice")],
+        "failures": [
+            {
+                "property": p.name,
+                "first_failure": str(p.first_failure or p.detail),
+                "detail": p.detail,
+            }
+            for p in run.with_status("FAIL")
+        ],  # fmt: skip
+        "report": run.report.to_dict() if run.report else None,
+    }
+
+
+def run_section(doc: dict) -> list[str]:
+    lines = [f"### {doc['client']} on {doc['scenario']}", "", f"Verdict: **{doc['verdict']}**"]
+    if doc["skipped"] or doc["error"]:
+        return lines + [f"({doc['skipped'] or doc['error']})", ""]
+    report = doc["report"]
+    lines[-1] += f" ({doc['replays']} replays" + (
+        f"; stopped early: {report['stopped']})" if report.get("stopped") else ")"
+    )
+    lines.append("")
+    if report.get("crash"):
+        lines += [f"Crash: {report['crash']}", ""]
+    if doc["advice"]:
+        lines += ["Advice:", ""] + [f"- {a['property']}: {a['detail']}" for a in doc["advice"]]
+        lines.append("")
+    if doc["failures"]:
+        lines += ["Failures:", ""]
+        lines += [f"- {f['property']}: {f['first_failure']}" for f in doc["failures"]]
+        lines.append("")
+    quiet = [p["name"] for p in report["properties"] if p["status"] in ("skip", "incomplete")]
+    if quiet:
+        lines += [f"Not judged: {', '.join(quiet)}.", ""]
+    return lines

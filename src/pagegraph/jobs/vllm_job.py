@@ -1,0 +1,189 @@
+"""``python -m pagegraph.jobs.vllm_job``: vLLM's block-table kernels under the checks of their
+kinds (``make vllm``).
+
+vLLM 0.34.0's ``_gather_block_tables_kernel`` (a ``block_table`` builder: run eagerly before
+each replay, padded rows cleared to the null block) and ``_compute_slot_mappings_kernel`` (a
+``slot_mapping`` builder: captured in the graph, padded rows marked by index -1, the tail
+filled with ``PAD_SLOT_ID``), loaded from vLLM's own files with their imports stubbed
+(``pagegraph.clients.vllm``), are checked on every scenario whose own builder is of the
+client's kind (``CLIENTS``), each check in a child process of its own. Their contracts are
+vLLM's: per-request tables of one row stride with the batch's, ``num_blocks`` within the
+width (vLLM's host raises past it), the engine's padding; a scenario that breaks one of those
+preconditions is one of the hostile level only.
+
+Output: a Markdown report (``--out``, or stdout) with a verdict per kernel and scenario, the
+stubbed imports and where the files came from, and the same content as JSON (``--json``).
+Exit code: 0 when the job ran (an UNSAFE verdict is its output, not its failure), 2 when
+vLLM's kernel files are not found or an argument is bad, 130 when interrupted.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from ..check.isolate import write_json_atomic
+from ..check.scenario import load_scenario
+from ..clients import vllm as vllm_client
+from ..clients.vllm_files import vllm_root
+from ..kinds import kind_of
+from ..kinds.builders import resolve_builder, signature_problem
+from .check_job import _memory_problem
+from .client_runs import ClientRun, run_checks, run_doc, run_section, say, table_cell
+from .environment import environment
+from .scenario_paths import scenario_path, shipped_scenarios
+
+__all__ = ["CLIENTS", "main", "plan_runs", "run_job"]
+
+#: vLLM's kernels the job checks, by the name the checker knows them by.
+CLIENTS = ("vllm_gather_block_tables", "vllm_compute_slot_mappings")
+#: Replays a check without a GPU, where the Triton interpreter runs each kernel on the host.
+CPU_REPLAYS = 20
+#: Seconds one check may take before its child is killed (reported as a crash).
+CHECK_TIMEOUT = 3600
+
+
+def _scenario_kind(scenario):
+    """The kind of a scenario's own builder, or None when it cannot load."""
+    try:
+        return kind_of(resolve_builder(scenario.builder), scenario.config.outputs)
+    except ValueError:
+        return None
+
+
+def plan_runs(scenarios: list[str] | None, replays: int | None) -> list[ClientRun]:
+    """Every (client, scenario) pair of one kind, shipped scenarios by default; ``ValueError``
+    for a scenario that cannot be loaded."""
+    loaded = [load_scenario(scenario_path(s)) for s in scenarios or shipped_scenarios()]
+    runs = []
+    for client in CLIENTS:
+        fn = resolve_builder(client)
+        kind = kind_of(fn)
+        for s in loaded:
+            if _scenario_kind(s) is not kind:
+                continue
+            cfg = s.config if replays is None else s.config.replace(steps=replays)
+            run = ClientRun(client, s.name, str(s.path), cfg)
+            run.skipped = signature_problem(
+                fn, kind, swa=cfg.swa, consumer=bool(cfg.consumer), page_size=cfg.page_size,
+                padding=cfg.padding,
+            ) or _memory_problem(cfg, kind)  # fmt: skip
+            runs.append(run)
+    return runs
+
+
+def _header(env: dict, replays: str) -> list[str]:
+    versions = ", ".join(f"{k} {env.get(k)}" for k in ("torch", "triton", "cuda"))
+    return [
+        f"# vLLM {vllm_client.TESTED_VERSION}'s block-table kernels under pagegraph's checks",
+        "",
+        f"- date: {env['date']}",
+        f"- device: {env['device']}",
+        f"- versions: {versions}, python {env['python']}, pagegraph {env['pagegraph']}",
+        f"- vLLM's files: {env['vllm_files']}",
+        f"- imports stubbed to load them: {env['vllm_stubs']}",
+        f"- replays a check: {replays}",
+        "",
+    ]
+
+
+def markdown(doc: dict) -> str:
+    """The Markdown report of ``doc`` (``run_job``'s JSON document)."""
+    lines = _header(doc["environment"], doc["replays"])
+    lines += ["## Verdicts", "", "| kernel | scenario | verdict | replays | failed | advice |",
+              "|---|---|---|---:|---|---|"]  # fmt: skip
+    for r in doc["runs"]:
+        failed = ", ".join(f["property"] for f in r["failures"]) or r["skipped"] or r["error"] or ""
+        advice = ", ".join(a["property"] for a in r["advice"])
+        lines.append(f"| {r['client']} | {r['scenario']} | {r['verdict']} | {r['replays']} | "
+                     f"{table_cell(failed)} | {table_cell(advice)} |")  # fmt: skip
+    lines.append("")
+    for client in CLIENTS:
+        runs = [r for r in doc["runs"] if r["client"] == client]
+        if runs:
+            lines += [f"## {client}", ""]
+            for r in runs:
+                lines += run_section(r)
+    return "\n".join(lines)
+
+
+def run_job(args: argparse.Namespace) -> int:
+    """Plan, check, write the reports; the job's exit code."""
+    reason = vllm_client.vllm_unavailable_reason()
+    if reason is not None:
+        print(f"vllm_job: vLLM's kernel files unavailable: {reason}", file=sys.stderr)
+        return 2
+    replays = args.replays
+    if replays is None and not torch.cuda.is_available():
+        replays = CPU_REPLAYS
+    try:
+        if replays is not None and replays < 1:
+            raise ValueError("--replays must be >= 1")
+        runs = plan_runs(args.scenarios, replays)
+    except ValueError as exc:
+        print(f"vllm_job: {exc}", file=sys.stderr)
+        return 2
+    if not runs:
+        print("vllm_job: no scenario of the kernels' kinds among those given", file=sys.stderr)
+        return 2
+    env = environment()
+    env["vllm_files"] = str(vllm_root())
+    env["vllm_stubs"] = "; ".join(f"{k} ({v})" for k, v in vllm_client.STUBBED_IMPORTS.items())
+    completed = run_checks(runs, timeout=args.timeout, quiet=args.quiet)
+    doc = {
+        "environment": env,
+        "replays": "the scenario's steps" if replays is None else str(replays),
+        "complete": completed,
+        "runs": [run_doc(r) for r in runs],
+    }
+    text = markdown(doc)
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text + "\n")
+        say(args.quiet, f"wrote {args.out}")
+    else:
+        print(text)
+    if args.json:
+        write_json_atomic(args.json, doc)
+        say(args.quiet, f"wrote {args.json}")
+    return 0 if completed else 130
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m pagegraph.jobs.vllm_job",
+        description=(
+            "Check vLLM's block-table kernels (pagegraph.clients.vllm) on every scenario of "
+            "their kinds, each check in a child process. Exit 0 when the job ran, 2 when "
+            "vLLM's kernel files are not found or an argument is bad, 130 when interrupted."
+        ),
+    )
+    parser.add_argument("--out", help="Markdown report (default: stdout)")
+    parser.add_argument("--json", help="the same content as JSON")
+    parser.add_argument(
+        "--replays", type=int,
+        help=f"replays a check (default: the scenario's steps on a GPU, {CPU_REPLAYS} on the "
+        "CPU, where the Triton interpreter runs the kernels)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--scenarios", nargs="+", metavar="NAME",
+        help="shipped scenario names or scenario files (default: every shipped one of the "
+        "kernels' kinds)",
+    )  # fmt: skip
+    parser.add_argument(
+        "--timeout", type=float, default=CHECK_TIMEOUT,
+        help=f"seconds one check may take before it is killed (default {CHECK_TIMEOUT})",
+    )  # fmt: skip
+    parser.add_argument("--quiet", action="store_true", help="print nothing but errors")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    return run_job(build_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    sys.exit(main())

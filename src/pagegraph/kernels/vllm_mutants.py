@@ -1,0 +1,174 @@
+"""Mutants of the ``"block_table"`` and ``"slot_mapping"`` kinds: builders with one realistic bug
+each, for mutation testing (the checker must report every one UNSAFE somewhere).
+
+Each is a sync-free torch function with its kind's signature, built on one correct base
+(``plain_block_table``, ``plain_slot_mapping``: the controls) with one bug switched in, named
+in the docstring's first line. ``BLOCK_TABLE_MUTANTS`` and ``SLOT_MAPPING_MUTANTS`` map their
+names to them.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from .batch import BatchContext
+from .slot_mapping import PAD_SLOT_ID
+
+__all__ = [
+    "BLOCK_TABLE_MUTANTS",
+    "SLOT_MAPPING_MUTANTS",
+    "plain_block_table",
+    "plain_slot_mapping",
+    "reset_caches",
+]
+
+# The first num_reqs each frozen mutant saw, by its output buffer.
+_frozen_num_reqs: dict[tuple[int, int], int] = {}
+
+
+def _torch_block_table(block_table, num_blocks, idx_mapping, out, batch, *, bug: str = ""):
+    """The ``"block_table"`` contract in sync-free torch ops, with one ``bug`` switched in."""
+    max_reqs, width = block_table.shape
+    num_reqs, num_rows = batch.num_reqs, batch.num_rows
+    if bug == "num_reqs_frozen":
+        num_reqs = min(_frozen_num_reqs.setdefault((out.data_ptr(), num_rows), num_reqs), num_rows)
+    if bug == "rows_to_max_bs":
+        num_rows = min(batch.max_bs, out.shape[0])
+    cols = torch.arange(width, device=out.device)
+    slots = idx_mapping[:num_reqs].long().clamp(0, max_reqs - 1)
+    if bug == "num_blocks_by_batch_row":
+        counts = num_blocks[torch.arange(num_reqs, device=out.device).clamp(max=max_reqs - 1)]
+    else:
+        counts = num_blocks[slots]
+    live = cols < counts.long().clamp(0, width)[:, None]
+    if bug == "copies_whole_row":
+        live = torch.ones_like(live)
+    out[:num_reqs] = torch.where(live, block_table[slots], out[:num_reqs])
+    if bug == "pad_rows_not_cleared":
+        return
+    if bug == "pad_rows_cleared_to_stale_count":
+        # Padded rows cleared up to the live count of the slot their stale idx_mapping entry
+        # names: the tail past it keeps an old request's block ids.
+        stale = idx_mapping[num_reqs:num_rows].long().clamp(0, max_reqs - 1)
+        n = stale.shape[0]
+        keep = cols >= num_blocks[stale].long()[:, None]
+        out[num_reqs : num_reqs + n] = torch.where(keep, out[num_reqs : num_reqs + n], 0)
+        return
+    out[num_reqs:num_rows] = 0
+
+
+def _block_table_mutant(bug: str, doc: str) -> Callable:
+    def builder(block_table, num_blocks, idx_mapping, out, *, batch: BatchContext) -> None:
+        _torch_block_table(block_table, num_blocks, idx_mapping, out, batch, bug=bug)
+
+    builder.__doc__ = doc
+    builder.__name__ = builder.__qualname__ = bug
+    builder.pagegraph_outputs = "block_table"
+    return builder
+
+
+def plain_block_table(block_table, num_blocks, idx_mapping, out, *, batch: BatchContext):
+    """The ``"block_table"`` contract in sync-free torch ops: the mutants' base, correct."""
+    _torch_block_table(block_table, num_blocks, idx_mapping, out, batch)
+
+
+plain_block_table.pagegraph_outputs = "block_table"
+
+
+def _torch_slot_mapping(block_table, idx_mapping, qsl, positions, slot_mapping, page_size,
+                        *, bug: str = "") -> None:  # fmt: skip
+    """The ``"slot_mapping"`` contract in sync-free torch ops, with one ``bug`` switched in.
+    Each token finds its row by a search of ``query_start_loc``."""
+    max_reqs, width = block_table.shape
+    rows, total = idx_mapping.shape[0], slot_mapping.shape[0]
+    dev = slot_mapping.device
+    t = torch.arange(total, device=dev, dtype=torch.int64)
+    limit = min(total, positions.shape[0])
+    qsl = qsl[: rows + 1].long()
+    row = torch.searchsorted(qsl, t, right=True) - 1
+    in_rows = (row >= 0) & (row < rows) & (t < limit)
+    slot = idx_mapping[row.clamp(0, max(rows - 1, 0))].long() if rows else t.new_full((total,), -1)
+    real = slot >= 0
+    if bug != "pad_row_unguarded":
+        slot = slot.clamp(0, max_reqs - 1)  # a -1 left alone indexes the table's last row
+    pos = positions[t.clamp(max=max(positions.shape[0] - 1, 0))].long()
+    pos = pos.clamp(0, width * page_size - 1)
+    block = (pos // width if bug == "block_by_width" else pos // page_size).clamp(0, width - 1)
+    ids = block_table[slot, block]
+    if bug == "int32_slot":
+        value = (ids * page_size).long() + pos % page_size  # the product wraps in 32 bits
+    else:
+        value = ids.long() * page_size + pos % page_size
+    if bug != "pad_row_unguarded":
+        value = torch.where(real, value, PAD_SLOT_ID)
+    value = torch.where(in_rows, value, slot_mapping)
+    if bug != "no_tail":
+        tail_start = rows if bug == "tail_from_rows" else qsl[rows].clamp(0, total)
+        value = torch.where(t >= tail_start, PAD_SLOT_ID, value)
+    slot_mapping.copy_(value)
+
+
+def _slot_mapping_mutant(bug: str, doc: str) -> Callable:
+    def builder(block_table, idx_mapping, query_start_loc, positions, slot_mapping, page_size):
+        _torch_slot_mapping(block_table, idx_mapping, query_start_loc, positions, slot_mapping,
+                            page_size, bug=bug)  # fmt: skip
+
+    builder.__doc__ = doc
+    builder.__name__ = builder.__qualname__ = bug
+    builder.pagegraph_outputs = "slot_mapping"
+    return builder
+
+
+def plain_slot_mapping(block_table, idx_mapping, query_start_loc, positions, slot_mapping,
+                       page_size) -> None:  # fmt: skip
+    """The ``"slot_mapping"`` contract in sync-free torch ops: the mutants' base, correct."""
+    _torch_slot_mapping(block_table, idx_mapping, query_start_loc, positions, slot_mapping,
+                        page_size)  # fmt: skip
+
+
+plain_slot_mapping.pagegraph_outputs = "slot_mapping"
+
+BLOCK_TABLE_MUTANTS: dict[str, Callable] = {
+    f.__name__: f
+    for f in [
+        _block_table_mutant("pad_rows_not_cleared",
+                            "Padded rows not cleared: they keep an earlier batch's block ids."),
+        _block_table_mutant("pad_rows_cleared_to_stale_count",
+                            "Padded rows cleared only up to the live count of the slot their "
+                            "stale idx_mapping entry names."),
+        _block_table_mutant("copies_whole_row",
+                            "The whole row copied, num_blocks ignored: the stale tail too."),
+        _block_table_mutant("num_reqs_frozen",
+                            "num_reqs cached at the first call for an output buffer (a host "
+                            "value frozen at warm-up)."),
+        _block_table_mutant("num_blocks_by_batch_row",
+                            "num_blocks read by batch row instead of by request slot."),
+        _block_table_mutant("rows_to_max_bs",
+                            "Padded rows written up to max_bs instead of num_rows."),
+    ]
+}  # fmt: skip
+
+SLOT_MAPPING_MUTANTS: dict[str, Callable] = {
+    f.__name__: f
+    for f in [
+        _slot_mapping_mutant("no_tail",
+                             "Tokens past query_start_loc[rows] not set to PAD_SLOT_ID."),
+        _slot_mapping_mutant("tail_from_rows",
+                             "The PAD fill starts at token `rows` (one token a row assumed), "
+                             "not at query_start_loc[rows]."),
+        _slot_mapping_mutant("pad_row_unguarded",
+                             "A padded row's index -1 used unguarded: it reads a block-table "
+                             "row and writes real slots."),
+        _slot_mapping_mutant("block_by_width",
+                             "The block index as position // width, not position // page_size."),
+        _slot_mapping_mutant("int32_slot",
+                             "block_id * page_size computed in 32 bits: slots past 2^31 wrap."),
+    ]
+}  # fmt: skip
+
+
+def reset_caches() -> None:
+    """Forget what the host-value mutants cached."""
+    _frozen_num_reqs.clear()

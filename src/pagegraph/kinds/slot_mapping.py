@@ -1,0 +1,118 @@
+"""vLLM's slot mapping: each scheduled token's KV-cache slot, computed inside the graph from
+the engine's per-request block tables (vLLM 0.34.0 captures it in its drafter's full graph).
+
+``build(block_table, idx_mapping, query_start_loc, positions, slot_mapping, page_size)``:
+for row ``i`` of the ``rows = len(idx_mapping)`` rows and token ``t`` in
+``[query_start_loc[i], query_start_loc[i + 1])``, ``slot_mapping[t] = block_table[idx,
+positions[t] // page_size] * page_size + positions[t] % page_size``, or ``PAD_SLOT_ID`` (-1)
+for a row whose ``idx`` is -1 (a padded row, which owns no blocks); every ``t`` from
+``query_start_loc[rows]`` to the end of ``slot_mapping`` gets ``PAD_SLOT_ID``, so padded
+tokens' cache writes are dropped. ``block_table`` ``[max_reqs, width]`` int32 is the engine's
+state; ``idx_mapping`` int32, ``query_start_loc`` int32, ``positions`` and ``slot_mapping``
+int64.
+
+In the bed, a decode step schedules ``q = 1 + draft_tokens`` tokens a row: row ``i`` of the
+bucket owns tokens ``[i * q, (i + 1) * q)`` at positions ``max(len_i - 1, 0) + j``; padded
+rows carry the padding's request index -1 (``padding = "vllm-graph"``, as vLLM pads its
+drafter graph). The graph derives ``idx_mapping`` and ``positions`` from the staged batch
+before calling the builder (``call``), as an engine's own input preparation would. Every
+entry of ``slot_mapping`` is determined, so all of it is compared; a canary entry either side
+must keep the poison.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+import torch
+
+from ..kernels.slot_mapping import PAD_SLOT_ID
+from .base import KindSpec, VectorSpec
+
+#: Token entries past the largest bucket's: the fill past the last row is never empty.
+SLACK_TOKENS = 7
+
+
+class SlotMappingKind(KindSpec):
+    name = "slot_mapping"
+    signature = (
+        "build(block_table, idx_mapping, query_start_loc, positions, slot_mapping, page_size)"
+    )
+    positional = 6
+    writes_tables = False
+    swa = False
+    feeds_consumer = False
+    vectors = (
+        VectorSpec(
+            "slot_mapping", torch.int64, lambda max_bs, width, d: max_bs * (d + 1) + SLACK_TOKENS
+        ),
+    )
+    error_kinds = ()
+    tables_include_draft = True
+    engine_state = "block_tables"
+    paddings = ("vllm-graph",)
+    reference = "reference_slot_mapping"
+
+    def load_builders(self) -> dict[str, Callable]:
+        from ..kernels.slot_mapping import compute_slot_mappings
+        from ..kernels.vllm_reference import reference_slot_mapping
+
+        return {
+            "compute_slot_mappings": compute_slot_mappings,
+            "reference_slot_mapping": reference_slot_mapping,
+        }
+
+    def derived_inputs(self, max_bs: int, draft_tokens: int, device) -> dict[str, torch.Tensor]:
+        """The engine's step inputs the graph derives from the staged batch: ``idx_mapping``
+        ``[max_bs]`` int32, ``query_start_loc`` ``[max_bs + 1]`` int32 (``i * q``, fixed),
+        ``positions`` ``[max_bs * q + SLACK_TOKENS]`` int64, and the constant offsets of a
+        row's tokens ``[q]`` int64 (``j - 1``)."""
+        q = draft_tokens + 1
+        total = max_bs * q + SLACK_TOKENS
+        return {
+            "idx_mapping": torch.zeros(max_bs, dtype=torch.int32, device=device),
+            "query_start_loc": torch.arange(max_bs + 1, dtype=torch.int32, device=device) * q,
+            "positions": torch.zeros(total, dtype=torch.int64, device=device),
+            "token_offsets": torch.arange(q, dtype=torch.int64, device=device) - 1,
+        }
+
+    def call(self, builder: Callable, io: Any, bs: int, extra: dict) -> None:
+        d = io.derived
+        q = d["token_offsets"].shape[0]
+        idx = d["idx_mapping"][:bs]
+        idx.copy_(io.req_pool_indices[:bs])
+        positions = d["positions"][: bs * q].view(bs, q)
+        torch.add(io.seq_lens[:bs].unsqueeze(1), d["token_offsets"], out=positions)
+        positions.clamp_(min=0)
+        builder(io.engine.block_table, idx, d["query_start_loc"][: bs + 1], d["positions"],
+                io.vectors["slot_mapping"], io.page_size, **extra)  # fmt: skip
+
+    def vector_fields(self, v: Any, m: Any) -> torch.Tensor:
+        """``slot_mapping`` against the model (see ``KindSpec.vector_fields``): token ``t``
+        of a real row ``i = t // q`` holds the slot of position ``max(len_i - 1, 0) + t % q``
+        (the page's first slot, gathered at the replay, plus the offset in the page: a page's
+        slots are consecutive); a padded row's tokens and every token past the bucket's rows
+        hold ``PAD_SLOT_ID``. An out-of-contract row's tokens are not judged."""
+        K, M, ps, cap, poison = v.batch, v.max_bs, v.page_size, v.cap, v.poison_value
+        q = v.draft_tokens + 1
+        exp = v.expected_vectors
+        L = exp.shape[-1] - 2
+        t = torch.arange(L, device=exp.device)
+        row = (t // q).clamp(max=M - 1).expand(K, L)
+        in_rows = (t // q < M).expand(K, L)
+        pos = (m.sl.gather(1, row) - 1).clamp(min=0) + (t % q)
+        page = (pos // ps).clamp(max=cap - 1)
+        first = m.slots.reshape(K, M * cap).gather(1, row * cap + page)
+        real = m.real.gather(1, row) & in_rows
+        ooc = m.ooc.gather(1, row) & in_rows
+        exp.fill_(poison)
+        exp[:, 0, 1 : 1 + L] = torch.where(real, first + pos % ps, PAD_SLOT_ID)
+        live = torch.zeros_like(exp, dtype=torch.bool)
+        live[:, 0, 1 : 1 + L] = ~ooc
+        judged = torch.ones_like(live)
+        judged[:, 0, 1 : 1 + L] = ~ooc
+        return v.vector_masks(exp, live, judged)
+
+
+SLOT_MAPPING = SlotMappingKind()

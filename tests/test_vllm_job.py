@@ -1,0 +1,78 @@
+"""Invariant: ``make vllm`` (``pagegraph.jobs.vllm_job``) pairs each of vLLM's kernels with
+every scenario of its kind and nothing else, runs each pair in a child process, and writes a
+verdict per pair with the stubbed imports named; without vLLM's files it exits 2 in one line.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from pagegraph.clients import vllm_files
+from pagegraph.clients.vllm import vllm_unavailable_reason
+from pagegraph.jobs import vllm_job
+
+ROOT = Path(__file__).resolve().parents[1]
+MISSING = vllm_unavailable_reason()
+needs_vllm = pytest.mark.skipif(MISSING is not None, reason=f"vLLM's kernel files: {MISSING}")
+
+
+@needs_vllm
+def test_each_kernel_is_planned_on_the_scenarios_of_its_kind_only():
+    runs = vllm_job.plan_runs(None, 3)
+    pairs = {(r.client, r.scenario) for r in runs}
+    assert pairs == {
+        ("vllm_gather_block_tables", "vllm-block-table"),
+        ("vllm_gather_block_tables", "vllm-block-table-long"),
+        ("vllm_compute_slot_mappings", "vllm-slot-mapping"),
+        ("vllm_compute_slot_mappings", "vllm-slot-mapping-spec"),
+    }
+    assert all(r.skipped is None and r.config.steps == 3 for r in runs)
+
+
+def _tiny(tmp_path: Path, name: str) -> Path:
+    text = (ROOT / "graphs" / f"{name}.toml").read_text()
+    for key, value in (("max_bs", "8"), ("max_context_len", "512"), ("steps", "4")):
+        text = "\n".join(
+            f"{key} = {value}" if line.startswith(f"{key} =") else line
+            for line in text.splitlines()
+        )
+    text = text.replace("initial_len = [1, 3000]", "initial_len = [1, 400]")
+    path = tmp_path / f"{name}.toml"
+    path.write_text(text)
+    return path
+
+
+@needs_vllm
+def test_the_job_writes_a_verdict_per_pair(tmp_path, capsys):
+    scenarios = [str(_tiny(tmp_path, n)) for n in ("vllm-block-table", "vllm-slot-mapping")]
+    out, js = tmp_path / "vllm.md", tmp_path / "vllm.json"
+    code = vllm_job.main(["--scenarios", *scenarios, "--out", str(out), "--json", str(js)])
+    assert code == 0, capsys.readouterr()
+    doc = json.loads(js.read_text())
+    verdicts = {(r["client"], r["scenario"]): r["verdict"] for r in doc["runs"]}
+    assert verdicts == {("vllm_gather_block_tables", "vllm-block-table"): "SAFE",
+                        ("vllm_compute_slot_mappings", "vllm-slot-mapping"): "SAFE"}  # fmt: skip
+    text = out.read_text()
+    assert "| vllm_gather_block_tables | vllm-block-table | SAFE |" in text
+    assert "vllm.triton_utils.triton" in text  # the stubbed imports are named
+
+
+def test_without_vllms_files_the_job_exits_2_in_one_line(monkeypatch, capsys):
+    monkeypatch.setattr(vllm_job.vllm_client, "vllm_unavailable_reason", lambda: "no files here")
+    assert vllm_job.main(["--replays", "1"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert err == ["vllm_job: vLLM's kernel files unavailable: no files here"]
+
+
+def test_a_scenario_of_no_kernels_kind_is_a_usage_error(capsys):
+    if MISSING is not None:
+        pytest.skip(f"vLLM's kernel files: {MISSING}")
+    assert vllm_job.main(["--scenarios", "default", "--replays", "1"]) == 2
+    assert "no scenario of the kernels' kinds" in capsys.readouterr().err
+
+
+def test_the_stubs_are_named():
+    assert "vllm.v1.attention.backends.utils.PAD_SLOT_ID" in vllm_files.STUBBED_IMPORTS

@@ -1,0 +1,132 @@
+"""Invariant: the check judges vLLM's two kinds under vLLM's own contract.
+
+``block_table`` (built eagerly before the graph, padded rows cleared to the null block 0) and
+``slot_mapping`` (in the graph, padded rows marked by index -1, the tail filled with
+PAD_SLOT_ID) run through the same pipeline as every kind: pagegraph's builders, the plain
+controls and vLLM 0.34.0's own kernels are SAFE on small versions of the shipped vLLM
+scenarios; every mutant of the two kinds fails the property it is meant to; a runner whose
+graph does not read the eagerly built tables fails "correct"; a kind's padding is enforced.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+
+from pagegraph.check.checker import check_replay_safety
+from pagegraph.check.mutants import MUTANTS, reset_caches
+from pagegraph.check.scenario import load_scenario
+from pagegraph.clients.vllm import vllm_unavailable_reason
+from pagegraph.graph.runner import GraphRunner
+from pagegraph.kinds import BLOCK_TABLE, SLOT_MAPPING, kind_of
+
+ROOT = Path(__file__).resolve().parents[1]
+VLLM_MISSING = vllm_unavailable_reason()
+PASSING = ("capture", "replays completed", "staged inputs", "correct", "bounded writes",
+           "static buffers unmoved", "no allocation in replay")  # fmt: skip
+
+
+def small(name: str, **changes):
+    """A shipped vLLM scenario shrunk for the Triton interpreter."""
+    cfg = load_scenario(ROOT / "graphs" / f"{name}.toml").config
+    base = dict(steps=10, max_bs=8, max_context_len=512, initial_len=(1, 400))
+    return cfg.replace(**{**base, **changes})
+
+
+def statuses(report) -> dict[str, str]:
+    return {p.name: p.status for p in report.properties}
+
+
+def assert_passes(report, names=PASSING) -> None:
+    got = statuses(report)
+    assert all(got[n] == "pass" for n in names), report.format()
+    assert report.verdict == "SAFE", report.format()
+
+
+SCENARIOS = {BLOCK_TABLE: ("vllm-block-table", "vllm-block-table-long"),
+             SLOT_MAPPING: ("vllm-slot-mapping", "vllm-slot-mapping-spec")}  # fmt: skip
+
+
+@pytest.mark.parametrize(
+    "builder,scenario",
+    [(b, s) for b in ("gather_block_tables", "plain_block_table") for s in SCENARIOS[BLOCK_TABLE]]
+    + [(b, s) for b in ("compute_slot_mappings", "plain_slot_mapping")
+       for s in SCENARIOS[SLOT_MAPPING]],
+)  # fmt: skip
+def test_pagegraphs_builders_and_controls_are_safe(builder, scenario):
+    from pagegraph.check.mutants import CONTROLS
+
+    report = check_replay_safety(CONTROLS[builder], small(scenario))
+    assert_passes(report)
+
+
+@pytest.mark.skipif(VLLM_MISSING is not None, reason=f"vLLM's kernel files: {VLLM_MISSING}")
+@pytest.mark.parametrize(
+    "client,scenario",
+    [("vllm_gather_block_tables", s) for s in SCENARIOS[BLOCK_TABLE]]
+    + [("vllm_compute_slot_mappings", s) for s in SCENARIOS[SLOT_MAPPING]],
+)
+def test_vllms_kernels_are_safe_under_their_own_contract(client, scenario):
+    assert_passes(check_replay_safety(client, small(scenario)))
+
+
+def test_block_table_padded_rows_are_checked_cleared():
+    report = check_replay_safety("gather_block_tables", small("vllm-block-table", steps=16))
+    assert report.replays == 16 and any(b.replays for b in report.buckets.values())
+    assert_passes(report)
+
+
+# Each mutant of the two kinds, the small scenario that shows it, and the property it fails.
+KILLS = {
+    "pad_rows_not_cleared": ("vllm-block-table", "correct"),
+    "pad_rows_cleared_to_stale_count": ("vllm-block-table", "correct"),
+    "copies_whole_row": ("vllm-block-table", "bounded writes"),
+    "num_reqs_frozen": ("vllm-block-table", "correct"),
+    "num_blocks_by_batch_row": ("vllm-block-table", "correct"),
+    "rows_to_max_bs": ("vllm-block-table", "bounded writes"),
+    "no_tail": ("vllm-slot-mapping", "correct"),
+    "tail_from_rows": ("vllm-slot-mapping-spec", "correct"),
+    "pad_row_unguarded": ("vllm-slot-mapping", "correct"),
+    "block_by_width": ("vllm-slot-mapping", "correct"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(KILLS))
+def test_each_mutant_fails_its_property(name):
+    scenario, prop = KILLS[name]
+    reset_caches()
+    mutant = MUTANTS[name].builder
+    assert kind_of(mutant) in SCENARIOS
+    report = check_replay_safety(mutant, small(scenario, steps=16))
+    assert statuses(report)[prop] == "FAIL", report.format()
+
+
+def test_every_mutant_of_the_two_kinds_is_in_the_table():
+    ours = {n for n, m in MUTANTS.items() if kind_of(m.builder) in SCENARIOS}
+    assert ours == set(KILLS)
+
+
+class UnreadRunner(GraphRunner):
+    """A runner whose graph never reads the tables: what it holds is an earlier batch's."""
+
+    def graph_reads(self, bs: int) -> None:
+        pass
+
+
+def test_a_graph_that_does_not_read_the_eager_tables_fails_correct():
+    report = check_replay_safety("gather_block_tables", small("vllm-block-table", steps=12),
+                                 runner_factory=UnreadRunner)  # fmt: skip
+    prop = report.property("correct")
+    assert prop.status == "FAIL", report.format()
+    assert "the graph read" in str(prop.first_failure)
+
+
+def test_a_kinds_padding_and_engine_state_are_usage_errors():
+    with pytest.raises(ValueError, match="defined for padding vllm-graph"):
+        check_replay_safety("compute_slot_mappings", small("vllm-slot-mapping", padding="vllm"))
+    r2t = torch.zeros((9, 64), dtype=torch.int32)
+    with pytest.raises(ValueError, match="pass engine="):
+        GraphRunner(r2t, max_bs=8, max_context_len=64, page_size=16,
+                    builder="gather_block_tables")  # fmt: skip
