@@ -147,7 +147,9 @@ def mark_host(*tensors: torch.Tensor) -> None:
             key = _storage_key(t)
             if key:
                 with _host_lock:
-                    _host[key] = weakref.ref(t, lambda _, key=key: _forget(key))
+                    held = _host.get(key)
+                    if held is None or held() is None:  # a live mark stays as it is
+                        _host[key] = weakref.ref(t, lambda _, key=key: _forget(key))
 
 
 def _forget(key: int) -> None:
