@@ -290,8 +290,11 @@ PAIRS = {
     "masked_select": ("masked_select", masked_select_sync, masked_select_twin),
     "repeat_interleave": ("repeat_interleave", repeat_interleave_sync, repeat_interleave_twin),
     "unique": ("unique", unique_sync, unique_twin),
-    "unique_consecutive": ("unique_consecutive", unique_consecutive_sync,
-                           unique_consecutive_twin),  # fmt: skip
+    "unique_consecutive": (
+        "unique_consecutive",
+        unique_consecutive_sync,
+        unique_consecutive_twin,
+    ),  # fmt: skip
     "bincount": ("bincount", bincount_sync, bincount_twin),
     "equal": ("equal", equal_sync, equal_twin),
     "histc": ("histc", histc_sync, histc_twin),
