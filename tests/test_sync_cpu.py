@@ -352,10 +352,14 @@ def test_host_tensors_are_not_device_side():
         staging.copy_(staging.flip(0))  # host to host
     assert rec.events == [], rec.report()
     with record_device_syncs("cpu") as rec:
+        t.to(device="cpu")  # a copy to the host, and on a CPU no new tensor: t stays device-side
+        torch.as_tensor(t, device="cpu")
         (torch.tensor([5, 1, 4]) + t[:3]).sum().item()  # mixed with a device value
         torch.tensor([5, 1, 4], device=t.device).tolist()  # made on the device
         staging.copy_(t)  # a device value into host memory
     assert [e.name.split(" (")[0] for e in rec.events] == [
+        '.to("cpu")',
+        'torch.as_tensor(tensor, device="cpu")',
         "scalar read",
         ".tolist()",
         "copy_ into a host tensor",

@@ -89,7 +89,9 @@ _HOST_READS = {
     torch.Tensor.__array__: "numpy array of a tensor (copy to the host)",
     torch.Tensor.cpu: ".cpu() (copy to the host)",
 }
-#: Factories whose ``device=`` / ``pin_memory=`` can make a host tensor in the region.
+#: Functions that make a tensor from data (a list, an array, a tensor): with ``device=`` other
+#: than "cpu" the result is the device's; from a device tensor with ``device="cpu"``, a copy to
+#: the host.
 _DEVICE_ARG_FUNCS = {torch.tensor, torch.as_tensor}
 
 _interpreter_codes: set | None = None
@@ -267,12 +269,14 @@ class CpuHub(Hub):
                 what = _HOST_READS.get(func)
                 if what is None and func is torch.Tensor.to and _to_host_target(args, kwargs):
                     what = '.to("cpu") (copy to the host)'
+                elif what is None and func in _DEVICE_ARG_FUNCS and _to_host_target((), kwargs):
+                    what = f'torch.{func.__name__}(tensor, device="cpu") (copy to the host)'
                 # On a real device the copy is an aten operator, which _Dispatch sees.
                 if what is not None and args and getattr(args[0], "is_cpu", False):
                     hub._maybe_record(what, [args[0]])
                 out = func(*args, **kwargs)
                 if kwargs:
-                    hub._note_factory(func, kwargs, out)
+                    hub._note_factory(func, args, kwargs, out)
                 return out
 
         self._dispatch_mode = _Dispatch()
@@ -302,14 +306,22 @@ class CpuHub(Hub):
             mark_host(*_tensors(out))
 
     @staticmethod
-    def _note_factory(func, kwargs, out) -> None:
-        """A tensor made with ``device="cpu"`` or ``pin_memory=True`` is host memory; one
-        made from Python data with another ``device=`` is the device's."""
+    def _note_factory(func, args, kwargs, out) -> None:
+        """A new tensor made with ``device="cpu"`` or ``pin_memory=True`` is host memory; one
+        made from Python data with another ``device=`` is the device's. An output that shares
+        its memory with an input (``t.to(device="cpu")`` of a CPU tensor is ``t``) is left as
+        it was: it is not a new tensor."""
         dev = kwargs.get("device")
-        if kwargs.get("pin_memory") or (isinstance(dev, str) and dev.strip().startswith("cpu")):
-            mark_host(*_tensors(out))
-        elif dev is not None and func in _DEVICE_ARG_FUNCS:
-            for t in _tensors(out):
+        host = kwargs.get("pin_memory") or (isinstance(dev, str) and dev.strip().startswith("cpu"))
+        if not host and (dev is None or func not in _DEVICE_ARG_FUNCS):
+            return
+        shared = {_storage_key(t) for t in _tensors((args, kwargs))}
+        for t in _tensors(out):
+            if _storage_key(t) in shared:
+                continue
+            if host:
+                mark_host(t)
+            else:
                 _unmark(t)
 
     # -- explicit waits --------------------------------------------------------------------
