@@ -212,9 +212,19 @@ def test_kernel_passes_everything_checkable_here():
                  "no allocation in replay"):  # fmt: skip
         assert report.property(name).passed is True, report.format()
     if not CUDA:
-        # GPU-only checks are listed as skipped with their reason, never as passed.
-        assert set(report.skipped) >= {"sync-free replay path", "no memory growth"}
-        assert "needs a GPU" in report.property("sync-free replay path").detail
+        # GPU-only checks are listed as skipped with their reason, never as passed; the syncs
+        # are judged by the cpu detector, and the properties say they were emulated.
+        graph_safe = "graph-safe (captured short, replayed long)"
+        assert set(report.skipped) >= {"no memory growth", "one compilation for all buckets",
+                                       graph_safe}, report.format()  # fmt: skip
+        assert "sync-free replay path" not in report.skipped
+        assert "nothing was captured" in report.property(graph_safe).detail
+        assert report.detectors == ("cpu",)
+        for name in ("sync-free builder call", "sync-free replay path"):
+            assert report.property(name).status == "pass", report.format()
+            assert report.property(name).judged == "emulated"
+        assert {p.judged for p in report.properties if p.status == "pass"} == {"emulated"}
+        assert {p.judged for p in report.properties if p.status == "skip"} == {""}
         assert "interpreter" in report.property("one compilation for all buckets").detail
 
 
@@ -526,6 +536,53 @@ def test_report_round_trips_through_json():
     back = Report.from_dict(d)
     assert back.verdict == report.verdict and back.replays == report.replays
     assert [p.status for p in back.properties] == [p.status for p in report.properties]
+    # How each property was judged, and where the verdict stands, travel with it.
+    assert [p.judged for p in back.properties] == [p.judged for p in report.properties]
+    assert {p["judged"] for p in d["properties"]} <= {"real", "emulated", ""}
+    assert back.graphs == report.graphs == d["graphs"] == ("cuda" if CUDA else "none")
+    assert back.format().splitlines()[-1] == report.format().splitlines()[-1]
+    assert d["checked_on"] == report.checked_on() and d["not_checked"] == report.not_checked()
+
+
+def test_report_graphs_mode_reads_old_booleans_and_refuses_unknown_modes():
+    assert Report("b", SMALL, "cuda:0", True).graphs == "cuda"
+    assert Report("b", SMALL, "cpu", False).graphs == "none"
+    assert Report("b", SMALL, "cpu", "emulated").captured
+    assert not Report("b", SMALL, "cpu", False).captured
+    with pytest.raises(ValueError, match="graphs must be one of"):
+        Report("b", SMALL, "cpu", "maybe")
+
+
+def test_a_safe_verdict_names_where_it_stands():
+    """On CUDA with real graphs and detectors nothing is added; anything emulated or missing
+    is named, and the skipped properties follow."""
+    from pagegraph.check.judge import record_how_judged
+    from pagegraph.check.report import PropertyResult
+
+    def verdict(device, graphs, detectors):
+        report = Report("b", SMALL, device, graphs)
+        report.detectors = detectors
+        report.properties = [PropertyResult(n) for n in PROPERTIES]
+        record_how_judged(report)
+        return report, report.format().splitlines()[-1]
+
+    report, line = verdict("cuda:0", True, ("torch", "cupti"))
+    assert line == "verdict: SAFE" and {p.judged for p in report.properties} == {"real"}
+    report, line = verdict("cuda:0", True, ("torch",))
+    assert line == "verdict: SAFE (on CUDA: syncs by torch, CUDA graphs; not checked here: CUPTI)"
+    report, line = verdict("cpu", "emulated", ("cpu",))
+    assert line == (
+        "verdict: SAFE (on CPU: syncs by the cpu detector, graphs emulated; not checked here: "
+        "torch sync-debug, CUPTI, CUDA graph capture, compute-sanitizer, stream ordering)"
+    )
+    assert {p.judged for p in report.properties} == {"emulated"}
+    report, line = verdict("cuda:0", True, ("cpu",))
+    judged = {p.name: p.judged for p in report.properties}
+    assert judged["sync-free builder call"] == "emulated" and judged["correct"] == "real"
+    report, line = verdict("cuda:0", False, ("torch", "cupti"))
+    judged = {p.name: p.judged for p in report.properties}
+    assert judged["static buffers unmoved"] == "emulated" and judged["correct"] == "real"
+    assert "not checked here: CUDA graph capture" in line
 
 
 def test_bad_config_values_raise_naming_the_field():

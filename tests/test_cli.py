@@ -32,11 +32,15 @@ def test_check_default_scenario(tmp_path, capsys):
     text = capsys.readouterr().out
     assert code == 0, text
     assert "| bucket | replays | out of contract | mismatches | oob writes |" in text
-    assert "| property | covers | status | detail |" in text
+    assert "| property | covers | status | judged | detail |" in text
     assert "verdict: SAFE" in text
     if not CUDA:
-        assert "| sync-free replay path | runner (with graphs); runner + builder (eager) | skip "
-        assert "needs a GPU" in text
+        # Judged on the CPU by the cpu detector, and said so; nothing captured: not a pass.
+        for name in ("sync-free builder call", "sync-free replay path"):
+            assert f"| {name} | " in text and "| pass | emulated |" in text.split(f"| {name} |")[1]
+        assert "| graph-safe (captured short, replayed long) | builder | skip | - | nothing" in text
+        assert "verdict: SAFE (on CPU: syncs by the cpu detector, graphs not captured" in text
+        assert "no sync detector runs without CUDA" not in text
     doc = json.loads(out_json.read_text())
     assert doc["complete"] is True and doc["interrupted"] is None
     sc = doc["scenarios"][0]

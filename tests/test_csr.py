@@ -123,16 +123,26 @@ def _small(**kw) -> CheckConfig:
     return CheckConfig(**{**base, **kw})
 
 
-# The oracle reads the lengths on the host: on a GPU it is not sync-free, nor capturable.
+# The oracle reads the lengths on the host: on a GPU it is not sync-free, nor capturable; on a
+# CPU its values are checked with the detectors off (the cpu detector sees its syncs).
 ORACLE = [] if torch.cuda.is_available() else [reference_kv_indices]
 
 
 @pytest.mark.parametrize("builder", [build_kv_indices, plain_kv_indices, *ORACLE])
 def test_correct_csr_builders_are_safe(builder):
-    report = check_replay_safety(builder, _small())
+    detectors = "none" if builder is reference_kv_indices else "auto"
+    report = check_replay_safety(builder, _small(detectors=detectors))
     assert report.verdict == "SAFE", report.format()
     assert _status(report, "correct") == "pass"
     assert _status(report, "row containment") == "pass"  # out-of-contract replays ran
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the oracle is not capturable on a GPU")
+def test_the_oracles_host_reads_fail_the_sync_properties_on_a_cpu():
+    report = check_replay_safety(reference_kv_indices, _small(steps=4))
+    for name in ("sync-free builder call", "sync-free replay path"):
+        assert _status(report, name) == "FAIL", report.format()
+    assert "reference.py:" in str(report.property("sync-free builder call").first_failure)
 
 
 def test_a_write_past_the_stream_fails_bounded_writes_and_names_the_entry():

@@ -306,9 +306,10 @@ def test_gpu_eager_call_allocates_nothing_and_syncs_for_no_detector(swa):
     detector that runs here (torch's sync-debug mode is blind to Triton's launcher and to
     driver calls; CUPTI sees those), after the first, compiling call."""
     from pagegraph import prepare_build
-    from pagegraph.detect.sync import available_detectors, no_device_sync
+    from pagegraph.detect.sync import GPU_DETECTORS, available_detectors, no_device_sync
 
-    detectors = tuple(name for name, why in available_detectors().items() if why is None)
+    available = available_detectors()
+    detectors = tuple(name for name in GPU_DETECTORS if available[name] is None)
     assert "torch" in detectors
     gen = torch.Generator().manual_seed(31)
     r2t, rpi, sl, f2s = random_inputs(

@@ -52,8 +52,10 @@ def _no_leaked_ranges():
 @cpu_only
 def test_available_detectors_reports_reasons_without_cuda():
     avail = available_detectors()
-    assert set(avail) == {"torch", "cupti"}
-    for name, reason in avail.items():
+    assert set(avail) == {"torch", "cupti", "cpu"}
+    assert avail["cpu"] is None, "the cpu detector runs everywhere"
+    for name in ("torch", "cupti"):
+        reason = avail[name]
         assert isinstance(reason, str) and reason, f"{name} should be unavailable with a reason"
 
 
@@ -69,11 +71,24 @@ def test_explicit_detector_without_cuda_raises_before_the_body(api, detector):
 
 
 @cpu_only
-def test_auto_with_nothing_available_records_nothing_but_never_passes_silently():
+def test_auto_without_cuda_runs_the_cpu_detector_and_says_why_not_the_others():
+    with record_device_syncs("auto") as rec:
+        pass
+    assert rec.detectors == ("cpu",)
+    assert set(rec.unavailable) == {"torch", "cupti"}
+    t = torch.arange(4)
+    with pytest.raises(DeviceSyncError, match=r"\[cpu\] scalar read"):
+        with no_device_sync("auto"):
+            t.sum().item()
+
+
+@cpu_only
+def test_auto_with_nothing_available_records_nothing_but_never_passes_silently(monkeypatch):
+    monkeypatch.setattr(sync_record.HUBS["cpu"], "unavailable_reason", lambda probe=True: "off")
     with record_device_syncs("auto") as rec:
         pass
     assert rec.detectors == ()
-    assert set(rec.unavailable) == {"torch", "cupti"}
+    assert set(rec.unavailable) == {"torch", "cupti", "cpu"}
     ran = []
     with pytest.raises(DetectorUnavailable, match="no detector available"):
         with no_device_sync("auto"):

@@ -85,8 +85,8 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument(
         "--detectors",
-        help="sync detectors: auto (default: whatever this machine supports), none, torch, "
-        "cupti or torch,cupti",
+        help="sync detectors: auto (default: torch and cupti on CUDA, cpu without), none, "
+        "torch, cupti, cpu, or a list (torch,cupti)",
     )
     p.add_argument(
         "--strict", action="append", metavar="ADVICE", default=None,

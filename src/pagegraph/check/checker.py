@@ -57,6 +57,7 @@ from .judge import (
     judge_eager_call,
     judge_eager_call_raised,
     mark_not_reached,
+    record_how_judged,
 )
 from .probes import BuilderProbe, CompileCounter, measure_eager_call
 from .reference import expected_tables
@@ -152,6 +153,7 @@ def check_replay_safety(
     finally:
         _release(run)
         _judge_capabilities(run)  # also in the report an interruption carries
+        record_how_judged(run.report)
     return run.report
 
 
@@ -170,7 +172,7 @@ def _start_run(builder, cfg: CheckConfig, device, runner_factory, hooks: CheckHo
         raise ValueError(problem)
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     report = Report(builder_name(fn), cfg, str(dev), dev.type == "cuda")
-    detectors, no_detector_reason = _resolve_detectors(cfg.detectors)
+    detectors, no_detector_reason = _resolve_detectors(cfg.detectors, dev)
     report.detectors = detectors
     props = {name: PropertyResult(name) for name in PROPERTIES}
     report.properties = list(props.values())
@@ -327,19 +329,27 @@ def _release(run: CheckRun) -> None:
 # -- set-up helpers ------------------------------------------------------------------------------
 
 
-def _resolve_detectors(spec) -> tuple[tuple[str, ...], str | None]:
-    """The detectors to run and, when none runs, why (for the skipped properties)."""
-    from ..detect.sync import DetectorUnavailable, available_detectors, parse_detectors
+def _resolve_detectors(
+    spec, device: torch.device | None = None
+) -> tuple[tuple[str, ...], str | None]:
+    """The detectors to run on ``device`` and, when none runs, why (for the skipped
+    properties). ``auto``: torch and cupti for a CUDA device, the cpu detector for a CPU one
+    (``pagegraph.detect.sync_record.auto_detectors``)."""
+    from ..detect.sync import (
+        DetectorUnavailable,
+        auto_detectors,
+        available_detectors,
+        parse_detectors,
+    )
 
     choice = parse_detectors(spec)
     status = available_detectors()
     if choice == "auto":
-        wanted = tuple(name for name, reason in status.items() if reason is None)
+        names = auto_detectors(device.type if device is not None else None)
+        wanted = tuple(name for name in names if status.get(name) is None)
         if wanted:
             return wanted, None
-        if not torch.cuda.is_available():
-            return (), "needs a GPU: no sync detector runs without CUDA"
-        why = "; ".join(f"{n}: {r}" for n, r in status.items())
+        why = "; ".join(f"{n}: {status.get(n)}" for n in names)
         return (), f"no sync detector can run here ({why})"
     if not choice:
         return (), "detectors off (detectors = none)"

@@ -179,7 +179,7 @@ class DecodeStepReport(Report):
             f"({c.consumer_dtype}, {c.num_q_heads} q heads over {c.num_kv_heads} kv heads, "
             f"head_dim {c.head_dim}, page size {c.page_size}, max_bs {c.max_bs}, context "
             f"{c.max_context_len}) on {self.device} "
-            f"({'CUDA graphs' if self.graphs else 'eager'}), {self.replays} replays, "
+            f"({'CUDA graphs' if self.graphs == 'cuda' else 'eager'}), {self.replays} replays, "
             f"{self.rows_checked} real rows checked, capture {self.capture_ms:.1f} ms",
         ]
         if self.shrunk:

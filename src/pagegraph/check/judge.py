@@ -15,7 +15,7 @@ from ..kernels.registry import raised_at
 from .config import REPLAY_PROPERTIES, CheckConfig
 from .graph_safety import EVERY_REPLAY, SAMPLE, never_compared
 from .probes import BuilderProbe, CompileCounter, EagerCall
-from .report import BucketStats, Failure, PropertyResult, Report
+from .report import REAL_DETECTORS, BucketStats, Failure, PropertyResult, Report
 from .state import ALLOCATION_PROBES, ReplayMeasure, ReplayState
 from .verify import CANARY_ROWS, POISON, ModelStep, TableVerifier, read_mask
 
@@ -23,6 +23,36 @@ Props = dict[str, PropertyResult]
 
 #: The tables' names, by table index in the checker's allocation.
 TABLE_NAMES = ("page_table", "swa_page_table")
+
+#: Properties judged by a sync detector: real only with the torch or cupti detector.
+SYNC_PROPERTIES = ("sync-free builder call", "sync-free replay path")
+#: Properties about what a captured graph does: real only with CUDA graphs.
+GRAPH_PROPERTIES = (
+    "capture",
+    "graph-safe (captured short, replayed long)",
+    "static buffers unmoved",
+    "no allocation in replay",
+    "no memory growth",
+)
+
+
+def record_how_judged(report: Report) -> None:
+    """Each judged property's ``judged`` (``pagegraph.check.report.JUDGED``): "real" on a CUDA
+    device, with a torch or cupti detector for a sync property and CUDA graphs for a property
+    about graphs; else "emulated" (the CPU standing in for the device, the cpu detector, an
+    emulated capture). Skipped and incomplete properties were not judged: ""."""
+    cuda = not report.on_cpu
+    real_syncs = any(d in REAL_DETECTORS for d in report.detectors)
+    for p in report.properties:
+        if p.status in ("skip", "incomplete"):
+            p.judged = ""
+            continue
+        real = cuda
+        if p.name in SYNC_PROPERTIES:
+            real = real and real_syncs
+        elif p.name in GRAPH_PROPERTIES:
+            real = real and report.graphs == "cuda"
+        p.judged = "real" if real else "emulated"
 
 
 # -- the builder alone -------------------------------------------------------------------------

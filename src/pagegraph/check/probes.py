@@ -187,6 +187,9 @@ def measure_eager_call(warm_up: Callable[[], None], call: Callable[[], None], bs
         with sync.record_device_syncs(detectors) as rec, phase("build", bs):
             call()
         return EagerCall(bs, cuda_allocations(device) - a0, [], rec.events if detectors else [])
-    with AllocationCounter() as counter, phase("build", bs):
-        call()
-    return EagerCall(bs, counter.count, counter.ops, [])
+    # On a CPU the allocation counter and the cpu detector are both dispatch modes; the
+    # detector (innermost) is left before the counter, as modes must be.
+    with AllocationCounter() as counter, sync.record_device_syncs(detectors) as rec:
+        with phase("build", bs):
+            call()
+    return EagerCall(bs, counter.count, counter.ops, rec.events if detectors else [])

@@ -86,6 +86,18 @@ class Failure:
 #: before judging it.
 STATUSES = ("pass", "FAIL", "advice", "skip", "incomplete")
 
+#: How a judged property was judged (``PropertyResult.judged``): "real" on a CUDA device with
+#: the real thing (CUDA graphs for a property about graphs, the torch or cupti detector for a
+#: sync property); "emulated" on the CPU standing in for the device (eager or emulated replays,
+#: the Triton interpreter, the cpu sync detector), or with an emulated capture. A property not
+#: judged (skip, incomplete) has "".
+JUDGED = ("real", "emulated")
+#: ``Report.graphs``: what the runner replayed: CUDA graphs, an emulated capture and replay,
+#: or nothing captured (eager replays).
+GRAPH_MODES = ("cuda", "emulated", "none")
+#: The detectors that watch a real device (the cpu detector emulates them).
+REAL_DETECTORS = ("torch", "cupti")
+
 
 @dataclass
 class PropertyResult:
@@ -95,6 +107,8 @@ class PropertyResult:
     status: str = "pass"
     detail: str = ""
     first_failure: Failure | str | None = None
+    #: how it was judged (``JUDGED``), "" when it was not (skipped, incomplete)
+    judged: str = ""
 
     @property
     def passed(self) -> bool | None:
@@ -159,7 +173,8 @@ class Report:
     builder: str
     config: CheckConfig
     device: str
-    graphs: bool
+    #: ``GRAPH_MODES``: "cuda", "emulated" or "none" (a bool is read as "cuda" / "none")
+    graphs: str
     properties: list[PropertyResult] = field(default_factory=list)
     buckets: dict[int, BucketStats] = field(default_factory=dict)
     replays: int = 0
@@ -189,6 +204,46 @@ class Report:
     #: batch (the children's start-up, outside the steady state; 0 without children)
     workload_start_ms: float = 0.0
 
+    def __post_init__(self) -> None:
+        if isinstance(self.graphs, bool):
+            self.graphs = "cuda" if self.graphs else "none"
+        if self.graphs not in GRAPH_MODES:
+            raise ValueError(f"graphs must be one of {GRAPH_MODES}, got {self.graphs!r}")
+
+    @property
+    def captured(self) -> bool:
+        """Whether graphs were captured (real or emulated), not replayed eagerly."""
+        return self.graphs != "none"
+
+    @property
+    def on_cpu(self) -> bool:
+        return not self.device.startswith("cuda")
+
+    def checked_on(self) -> str:
+        """Where the verdict stands, e.g. ``on CPU: syncs by the cpu detector, graphs not
+        captured``."""
+        real = [d for d in self.detectors if d in REAL_DETECTORS]
+        if real:
+            syncs = f"syncs by {', '.join(real)}"
+        elif self.detectors:
+            syncs = f"syncs by the {', '.join(self.detectors)} detector"
+        else:
+            syncs = "syncs not checked"
+        graphs = {"cuda": "CUDA graphs", "emulated": "graphs emulated",
+                  "none": "graphs not captured"}[self.graphs]  # fmt: skip
+        return f"on {'CPU' if self.on_cpu else 'CUDA'}: {syncs}, {graphs}"
+
+    def not_checked(self) -> list[str]:
+        """What this device did not check that a GPU run does (or can, for the sanitizer)."""
+        missing = [d for d in REAL_DETECTORS if d not in self.detectors]
+        names = {"torch": "torch sync-debug", "cupti": "CUPTI"}
+        out = [names[d] for d in missing]
+        if self.graphs != "cuda":
+            out.append("CUDA graph capture")
+        if self.on_cpu:
+            out += ["compute-sanitizer", "stream ordering"]
+        return out
+
     @property
     def safe(self) -> bool:
         """No property failed and none is incomplete (skipped ones are listed in
@@ -217,6 +272,18 @@ class Report:
     def property(self, name: str) -> PropertyResult:
         return next(p for p in self.properties if p.name == name)
 
+    def _safe_scope(self) -> str:
+        """What a SAFE verdict stands on: where it was judged and what was not checked there
+        (nothing to add on CUDA with real graphs and detectors), then the skipped properties."""
+        parts = []
+        missing = self.not_checked()
+        if missing:
+            parts.append(f"{self.checked_on()}; not checked here: {', '.join(missing)}")
+        skipped = "; ".join(f"{p.name}: {p.detail}" for p in self.properties if p.status == "skip")
+        if skipped:
+            parts.append(f"skipped: {skipped}")
+        return f" ({'; '.join(parts)})" if parts else ""
+
     def to_dict(self) -> dict:
         return {
             "builder": self.builder,
@@ -238,6 +305,8 @@ class Report:
             "workload_in_process": self.workload_in_process,
             "workload_start_ms": self.workload_start_ms,
             "detectors": list(self.detectors),
+            "checked_on": self.checked_on(),
+            "not_checked": self.not_checked(),
             "errors": self.errors,
             "properties": [
                 {
@@ -245,6 +314,7 @@ class Report:
                     "kind": p.kind,
                     "covers": p.covers,
                     "status": p.status,
+                    "judged": p.judged,
                     "detail": p.detail,
                     "first_failure": None if p.first_failure is None else str(p.first_failure),
                 }
@@ -271,7 +341,9 @@ class Report:
         first failures come back as text."""
         report = cls(d["builder"], CheckConfig.from_dict(d["config"]), d["device"], d["graphs"])
         report.properties = [
-            PropertyResult(p["name"], p["status"], p["detail"], p["first_failure"])
+            PropertyResult(
+                p["name"], p["status"], p["detail"], p["first_failure"], p.get("judged", "")
+            )
             for p in d["properties"]
         ]
         for b in d["buckets"]:
@@ -303,7 +375,9 @@ class Report:
             else (f", {self.replays_per_s:.0f} checked replays/s")
         )
         lines = [
-            f"builder {self.builder} on {self.device} ({'CUDA graphs' if self.graphs else 'eager'})"
+            f"builder {self.builder} on {self.device} ("
+            + {"cuda": "CUDA graphs", "emulated": "emulated graphs", "none": "eager"}[self.graphs]
+            + ")"
             f", {self.replays} replays ({len(self.out_of_contract_replays)} out of contract, "
             f"{self.config.injection_level} injections)"
             f", capture {self.capture_ms:.1f} ms{rate}, detectors: "
@@ -330,12 +404,16 @@ class Report:
                 f"| {b.bucket} | {b.replays} | {b.out_of_contract} | {b.mismatches} | "
                 f"{b.oob_writes} | {b.escaped_writes} | {b.syncs} | {b.median_replay_us:.1f} |"
             )
-        lines += ["", "| property | covers | status | detail |", "|---|---|---|---|"]
+        lines += [
+            "",
+            "| property | covers | status | judged | detail |",
+            "|---|---|---|---|---|",
+        ]
         for p in self.properties:
             detail = p.detail
             if p.first_failure and p.status == "FAIL" and str(p.first_failure) not in detail:
                 detail += ("; " if detail else "") + f"first failure: {p.first_failure}"
-            lines.append(f"| {p.name} | {p.covers} | {p.status} | {detail} |")
+            lines.append(f"| {p.name} | {p.covers} | {p.status} | {p.judged or '-'} | {detail} |")
         if self.crash:
             lines += ["", f"crash: {self.crash}"]
         advice = self.advice
@@ -347,10 +425,7 @@ class Report:
             verdict += f" (stopped early: {self.stopped})"
         elif self.crash:
             verdict += " (the check process crashed: see above)"
-        elif verdict == "SAFE" and self.skipped:
-            reasons = "; ".join(
-                f"{p.name}: {p.detail}" for p in self.properties if p.status == "skip"
-            )
-            verdict += f" (skipped: {reasons})"
+        elif verdict == "SAFE":
+            verdict += self._safe_scope()
         lines += ["", f"verdict: {verdict}"]
         return "\n".join(lines)

@@ -9,15 +9,19 @@ from __future__ import annotations
 
 from collections.abc import Iterable
 
-__all__ = ["DETECTORS", "parse_detectors"]
+__all__ = ["DETECTORS", "GPU_DETECTORS", "parse_detectors"]
 
 #: Every detector pagegraph knows, in the order they are started.
-DETECTORS = ("torch", "cupti")
+DETECTORS = ("torch", "cupti", "cpu")
+#: The detectors that watch a real CUDA device: what ``"auto"`` runs where CUDA is present
+#: (``"cpu"``, which sees operators rather than waits, is ``"auto"``'s choice without CUDA).
+GPU_DETECTORS = ("torch", "cupti")
 
 
 def parse_detectors(spec, *, known: Iterable[str] = DETECTORS) -> str | tuple[str, ...]:
     """Normalise a detector choice: ``"auto"``; ``"none"``, ``""``, ``None`` or an empty
-    sequence (no detector); a name (``"torch"``); a comma-separated list (``"torch,cupti"``);
+    sequence (no detector); a name (``"torch"``, ``"cupti"``, ``"cpu"``); a comma-separated
+    list (``"torch,cupti"``);
     or a sequence of names (``("torch", "cupti")``, ``["cupti"]``).
 
     Returns ``"auto"`` or a tuple of distinct names in the order given. ``ValueError`` names

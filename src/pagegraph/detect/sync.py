@@ -4,7 +4,7 @@ The builder contract says a page-table build does no host synchronization and no
 of a device value. Capturing it in a CUDA graph proves that only for the captured region;
 the host code around ``replay()`` (staging inputs, bucket selection, verification hooks) can
 still sync, and one D2H copy plus sync per decode step costs a serving engine on every
-iteration. Two detectors look at a region from two sides:
+iteration. Three detectors look at a region, two of them on a GPU from two sides:
 
 ``"torch"`` (:mod:`.sync_torch`)
     ``torch.cuda.set_sync_debug_mode("warn")`` for ``.item()``, ``bool(t)``, ``nonzero``,
@@ -18,6 +18,12 @@ iteration. Two detectors look at a region from two sides:
     synchronizing driver call whoever makes it (:mod:`.sync_calls` lists them, for the
     trace analyzer too). CUPTI allows one subscriber per process, so it cannot run while
     nsys, ncu or torch.profiler is attached.
+``"cpu"`` (:mod:`.sync_cpu`)
+    runs everywhere: torch's Python dispatch and function modes flag the operators that
+    would make the host wait on CUDA (scalar reads, copies to the host, outputs whose shape
+    depends on the data, explicit ``synchronize()`` calls) on device-side tensors, with
+    their file:line. It emulates the torch detector's view on a CPU; ``"auto"`` runs it only
+    without CUDA.
 
 Every offending call is recorded as a :class:`SyncEvent` with the innermost
 :mod:`pagegraph.detect.ranges` range open on the calling thread, so an in-process report and
@@ -42,7 +48,7 @@ This module gathers the public names of the modules that implement it.
 
 from __future__ import annotations
 
-from .detector_spec import DETECTORS, parse_detectors
+from .detector_spec import DETECTORS, GPU_DETECTORS, parse_detectors
 from .sync_calls import (
     SYNC_API_NAMES,
     api_base_name,
@@ -50,6 +56,7 @@ from .sync_calls import (
     is_forbidden_api,
     is_sync_api,
 )
+from .sync_cpu import mark_host
 from .sync_events import (
     DetectorUnavailable,
     DeviceSyncError,
@@ -59,10 +66,11 @@ from .sync_events import (
     summarize,
 )
 from .sync_hub import SyncRecorder
-from .sync_record import available_detectors, no_device_sync, record_device_syncs
+from .sync_record import auto_detectors, available_detectors, no_device_sync, record_device_syncs
 
 __all__ = [
     "DETECTORS",
+    "GPU_DETECTORS",
     "SYNC_API_NAMES",
     "DetectorUnavailable",
     "DeviceSyncError",
@@ -70,11 +78,13 @@ __all__ = [
     "SyncGroup",
     "SyncRecorder",
     "api_base_name",
+    "auto_detectors",
     "available_detectors",
     "format_sync_report",
     "is_d2h_copy_api",
     "is_forbidden_api",
     "is_sync_api",
+    "mark_host",
     "no_device_sync",
     "parse_detectors",
     "record_device_syncs",

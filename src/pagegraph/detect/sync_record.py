@@ -9,18 +9,42 @@ import os
 import traceback
 from collections.abc import Iterable, Iterator
 
-from .detector_spec import DETECTORS, parse_detectors
+from . import sync_hub
+from .detector_spec import DETECTORS, GPU_DETECTORS, parse_detectors
+from .sync_cpu import CpuHub
 from .sync_cupti import CuptiHub
 from .sync_events import DetectorUnavailable, DeviceSyncError, SyncEvent, format_sync_report
 from .sync_hub import Hub, SyncRecorder
 from .sync_stacks import STACK_FRAMES, TORCH_DIR
 from .sync_torch import TorchHub, is_torch_sync_error
 
-__all__ = ["HUBS", "available_detectors", "no_device_sync", "record_device_syncs"]
+__all__ = [
+    "HUBS",
+    "auto_detectors",
+    "available_detectors",
+    "no_device_sync",
+    "record_device_syncs",
+]
 
 #: Detector name -> its hub, in the order they are started; tests swap in fakes.
-HUBS: dict[str, Hub] = {"torch": TorchHub(), "cupti": CuptiHub()}
+HUBS: dict[str, Hub] = {"torch": TorchHub(), "cupti": CuptiHub(), "cpu": CpuHub()}
 assert tuple(HUBS) == DETECTORS
+
+#: Why ``"auto"`` leaves the cpu detector out where CUDA is present.
+CPU_NOT_AUTO = "auto runs the cpu detector only without CUDA (here torch and cupti watch the GPU)"
+
+
+def auto_detectors(device_type: str | None = None) -> tuple[str, ...]:
+    """The detectors ``"auto"`` tries, in order: the GPU ones (torch, cupti) for a CUDA
+    device, the cpu detector for a CPU one. ``device_type``: the region's device (``"cuda"``,
+    ``"cpu"``); default CUDA when it is available. Names that are not in :data:`HUBS` (tests
+    swap in fakes) are left out, and fakes are all tried."""
+    if device_type is None:
+        device_type = "cuda" if sync_hub.cuda_available() else "cpu"
+    wanted = GPU_DETECTORS if device_type == "cuda" else ("cpu",)
+    if set(HUBS) <= set(DETECTORS):
+        return tuple(n for n in HUBS if n in wanted)
+    return tuple(HUBS)
 
 
 def available_detectors() -> dict[str, str | None]:
@@ -63,16 +87,23 @@ def _start(recorder: SyncRecorder, names: tuple[str, ...], auto: bool) -> None:
 def record_device_syncs(detectors="auto") -> Iterator[SyncRecorder]:
     """Record every synchronizing call made while the body runs; never raises on syncs.
 
-    ``detectors``: ``"auto"`` (every detector that can run here; check ``.detectors`` for
-    which did), or any spelling :func:`~pagegraph.detect.detector_spec.parse_detectors`
-    takes (``"torch"``, ``"torch,cupti"``, ``("cupti",)``, ``"none"``). A named detector
-    that cannot run raises :class:`DetectorUnavailable` before the body runs.
+    ``detectors``: ``"auto"`` (where CUDA is present, the torch and cupti detectors that can
+    run; without CUDA, the cpu detector: :func:`auto_detectors`; check ``.detectors`` for
+    which ran, ``.unavailable`` for why the others did not), or any spelling
+    :func:`~pagegraph.detect.detector_spec.parse_detectors` takes (``"torch"``, ``"cpu"``,
+    ``"torch,cupti"``, ``("cupti",)``, ``"none"``). A named detector that cannot run raises
+    :class:`DetectorUnavailable` before the body runs.
     """
     choice = parse_detectors(detectors, known=HUBS)
     auto = choice == "auto"
-    names = tuple(HUBS) if auto else choice
+    names = auto_detectors() if auto else choice
     recorder = SyncRecorder(names)
-    if not auto:
+    if auto:
+        for name in HUBS:
+            if name not in names:
+                reason = HUBS[name].unavailable_reason(probe=False)
+                recorder.unavailable[name] = reason or CPU_NOT_AUTO
+    else:
         _refuse_unavailable(names)
     try:
         _start(recorder, names, auto)
@@ -97,7 +128,7 @@ def _event_from_torch_error(exc: BaseException) -> SyncEvent:
 
 
 @contextlib.contextmanager
-def no_device_sync(detectors=DETECTORS, *, allow: Iterable[str] = ()) -> Iterator[SyncRecorder]:
+def no_device_sync(detectors=GPU_DETECTORS, *, allow: Iterable[str] = ()) -> Iterator[SyncRecorder]:
     """Assert that the body makes no synchronizing call; yields the recorder.
 
     On normal exit, raises :class:`DeviceSyncError` listing every offending call (so the body
@@ -106,8 +137,9 @@ def no_device_sync(detectors=DETECTORS, *, allow: Iterable[str] = ()) -> Iterato
     exception propagates unchanged (a note lists the syncs seen, on Python 3.11+), except
     torch's sync-debug ``RuntimeError``, which becomes a :class:`DeviceSyncError`.
 
-    ``detectors="auto"`` uses whatever can run here, but raises :class:`DetectorUnavailable`
-    when nothing can: an assertion that checked nothing must not pass.
+    ``detectors``: default the torch and cupti detectors (each must run); ``"cpu"`` for the
+    cpu detector; ``"auto"`` uses what :func:`record_device_syncs` would, but raises
+    :class:`DetectorUnavailable` when nothing can: an assertion that checked nothing must not pass.
     """
     patterns = tuple(allow)
 

@@ -17,9 +17,12 @@ __all__ = [
     "TORCH_DIR",
     "add_machinery",
     "add_machinery_dir",
+    "add_machinery_file",
     "caller_frame",
     "code_location",
+    "code_site",
     "format_stack",
+    "user_frame",
 ]
 
 #: Frames kept of the Python stack of the first occurrence of each offending call.
@@ -29,6 +32,7 @@ TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 _WARNINGS_FILE = warnings.__file__
 _machinery_codes: set = set()
 _machinery_dirs: list[str] = []
+_machinery_files: set[str] = set()
 
 
 def add_machinery(*functions: Callable) -> None:
@@ -41,11 +45,18 @@ def add_machinery_dir(directory: str) -> None:
     _machinery_dirs.append(directory.rstrip(os.sep) + os.sep)
 
 
+def add_machinery_file(filename: str) -> None:
+    """Leave every frame of this source file (a detector's own module) out."""
+    _machinery_files.add(filename)
+
+
 def _is_machinery(frame) -> bool:
     code = frame.f_code
     if code in _machinery_codes:
         return True
     filename = code.co_filename
+    if filename in _machinery_files:
+        return True
     if filename == _WARNINGS_FILE:
         return True
     # torch's CallbackRegistry.fire_callbacks, between the C++ trace hook and our callback.
@@ -58,6 +69,17 @@ def caller_frame():
     """Innermost frame that is not detector machinery (our hooks, warnings, trampolines)."""
     frame = sys._getframe(1)
     while frame is not None and _is_machinery(frame):
+        frame = frame.f_back
+    return frame
+
+
+def user_frame():
+    """Innermost frame that is neither detector machinery nor torch's own code: the line that
+    called into torch (for a detector inside torch's operator dispatch)."""
+    frame = sys._getframe(1)
+    while frame is not None and (
+        _is_machinery(frame) or frame.f_code.co_filename.startswith(TORCH_DIR)
+    ):
         frame = frame.f_back
     return frame
 
@@ -83,4 +105,15 @@ def code_location(frame) -> str:
     return code if len(code) <= 60 else code[:57] + "..."
 
 
-add_machinery(caller_frame)
+def code_site(frame) -> str:
+    """``file.py:LINE: source`` of ``frame`` (``<unknown location>`` without one): where an
+    event happened, for a report that must name the line."""
+    if frame is None:
+        return "<unknown location>"
+    filename, lineno = frame.f_code.co_filename, frame.f_lineno
+    code = linecache.getline(filename, lineno).strip()
+    code = code if len(code) <= 60 else code[:57] + "..."
+    return f"{os.path.basename(filename)}:{lineno}" + (f": {code}" if code else "")
+
+
+add_machinery(caller_frame, user_frame)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..detect import ranges
-from ..detect.sync import available_detectors, record_device_syncs
+from ..detect.sync import GPU_DETECTORS, available_detectors, record_device_syncs
 
 __all__ = ["PlantedSync", "detector_matrix", "format_detector_matrix", "planted_syncs"]
 
@@ -282,11 +282,13 @@ def detector_matrix(device="cuda") -> list[dict]:
     or ``"error"``), ``names`` (distinct call names recorded), ``count``, ``expected``
     (whether the detector should catch it), ``reason`` (for n/a and error).
     """
-    available = available_detectors()
+    # The GPU detectors only: the planted syncs are CUDA calls, and the cpu detector's own
+    # planted operations and twins are in tests/test_sync_cpu.py.
+    available = {d: r for d, r in available_detectors().items() if d in GPU_DETECTORS}
     rows = []
     for planted in planted_syncs().values():
         planted_reason = planted.unavailable_reason()
-        for det in available:  # every detector, in the order they are started
+        for det in available:  # every GPU detector, in the order they are started
             row = {
                 "planted": planted.name,
                 "detector": det,
