@@ -260,11 +260,18 @@ def _capture(run: CheckRun) -> bool:
         report.stopped = what
         return False
     report.capture_ms = (time.perf_counter() - t0) * 1e3
+    report.emulated = run.emulated
     props["capture"].detail = f"{len(run.runner.buckets)} buckets" + (
-        " captured" if run.graphs else " warmed up eagerly (no CUDA graphs)"
+        " captured"
+        if run.graphs
+        else " captured (emulated)"
+        if run.emulated
+        else " warmed up eagerly (no CUDA graphs)"
     )
     judge_builder_calls(run.probe, run.compiles, props, run.cfg.strict)
-    run.probe.measure = not run.graphs  # eager replays run the builder: keep measuring it
+    # Eager replays run the builder: keep measuring it. Graph replays, emulated ones
+    # included, never call it.
+    run.probe.measure = not (run.graphs or run.emulated)
     if run.hooks.on_chunk is not None:  # a supervisor keeps what the capture found
         run.hooks.on_chunk(report)
     return True

@@ -460,8 +460,10 @@ def _summarise_allocations(state: ReplayState) -> None:
             "chunk at a time)"
         )
     else:
-        alloc_prop.detail = "torch operators seen allocating during staging + eager replay: " + (
-            "none" if alloc_prop.status == "pass" else "some"
+        replay = "emulated" if state.run.emulated else "eager"
+        seen = "none" if alloc_prop.status == "pass" else "some"
+        alloc_prop.detail = (
+            f"torch operators seen allocating during staging + {replay} replay: {seen}"
         )
 
 

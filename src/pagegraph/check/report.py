@@ -188,6 +188,8 @@ class Report:
     #: milliseconds the replays waited, after capture, for every workload child's first
     #: batch (the children's start-up, outside the steady state; 0 without children)
     workload_start_ms: float = 0.0
+    #: whether the replays ran emulated graphs on the CPU (``pagegraph.graph.emulate``)
+    emulated: bool = False
 
     @property
     def safe(self) -> bool:
@@ -223,6 +225,7 @@ class Report:
             "config": dataclasses.asdict(self.config),
             "device": self.device,
             "graphs": self.graphs,
+            "emulated": self.emulated,
             "verdict": self.verdict,
             "safe": self.safe,
             "complete": self.stopped is None,
@@ -294,7 +297,11 @@ class Report:
         report.phase_us = dict(d.get("phase_us", {}))
         report.workload_in_process = bool(d.get("workload_in_process", False))
         report.workload_start_ms = float(d.get("workload_start_ms", 0.0))
+        report.emulated = bool(d.get("emulated", False))
         return report
+
+    def _replay_mode(self) -> str:
+        return "CUDA graphs" if self.graphs else "emulated graphs" if self.emulated else "eager"
 
     def format(self) -> str:
         rate = (
@@ -303,7 +310,7 @@ class Report:
             else (f", {self.replays_per_s:.0f} checked replays/s")
         )
         lines = [
-            f"builder {self.builder} on {self.device} ({'CUDA graphs' if self.graphs else 'eager'})"
+            f"builder {self.builder} on {self.device} ({self._replay_mode()})"
             f", {self.replays} replays ({len(self.out_of_contract_replays)} out of contract, "
             f"{self.config.injection_level} injections)"
             f", capture {self.capture_ms:.1f} ms{rate}, detectors: "

@@ -89,6 +89,12 @@ class CheckRun:
         return self.device.type == "cuda"
 
     @property
+    def emulated(self) -> bool:
+        """Whether the runner replays emulated graphs on the CPU (``GraphRunner.emulated``):
+        then replays, as with CUDA graphs, never call the builder."""
+        return bool(getattr(self.runner, "emulated", False))
+
+    @property
     def len_limit(self) -> int:
         """The longest in-contract row: past it a length is out of the contract."""
         return max(self.cfg.max_context_len, self.cfg.width * self.cfg.page_size)
