@@ -366,6 +366,16 @@ def width_frozen_per_batch_size(
     build_page_table(req_to_token, req_pool_indices, seq_lens, page_table[:, :n], page_size, **kw)
 
 
+def width_from_host_max(req_to_token, req_pool_indices, seq_lens, page_table, page_size, **kw):
+    """The width read on the host from the batch's longest length at every call."""
+    # Right at every eager call (one sync each); a capture freezes the capture-time width.
+    longest = int(seq_lens.max()) if seq_lens.numel() else 0
+    n = max(1, min(cdiv(max(longest, 0), page_size), page_table.shape[1]))
+    if "swa_page_table" in kw:
+        kw = dict(kw, swa_page_table=kw["swa_page_table"][:, :n])
+    build_page_table(req_to_token, req_pool_indices, seq_lens, page_table[:, :n], page_size, **kw)
+
+
 _host_lengths: dict[int, torch.Tensor] = {}
 
 
@@ -634,6 +644,9 @@ MUTANTS: dict[str, Mutant] = {
         Mutant("side_stream_not_joined", side_stream_not_joined, False, "capture"),
         Mutant("width_frozen_per_batch_size", width_frozen_per_batch_size, True,
                "graph-safe (captured short, replayed long)"),
+        Mutant("width_from_host_max", width_from_host_max, True,
+               "graph-safe (on a CPU through emulated graphs); on a GPU also the eager call's "
+               "sync and the capture"),
         Mutant("stale_host_copy_grid", stale_host_copy_grid, True,
                "correct / graph-safe; on a GPU also sync-free builder call (cupti)"),
         Mutant("launch_plan_cached_by_address", launch_plan_cached_by_address, True,

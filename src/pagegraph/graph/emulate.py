@@ -10,7 +10,7 @@ record without calling the body again:
 * aten ops are seen through a ``TorchDispatchMode``: each one is kept with its tensor
   arguments by identity (the tensor objects themselves, kept alive) and its other arguments
   as the values capture saw. On replay, view ops are skipped (their recorded outputs still
-  alias their bases; ``replay`` checks that they still sit where capture saw them), in-place
+  alias their bases), in-place
   and ``out=`` ops run again on the recorded tensors, and functional ops run again with
   their result copied into the recorded output tensor, so every later op that captured that
   tensor reads the new values. Allocation-only ops (``empty``) run nothing, as on a GPU.
@@ -20,6 +20,10 @@ record without calling the body again:
   scalar arguments and constexprs as values, tensors by identity. The interpreter's own host
   copies of its arguments are not recorded (they are how it runs a kernel, not the body).
 * Tensors made during capture stay alive with the record: the graph's private pool.
+* A graph holds addresses: every tensor the record touches (views and their bases included)
+  must be where capture saw it. A replay after one was given new storage (``set_``, a
+  growing ``resize_``) raises ``EmulationError``: a GPU would read the old memory silently,
+  an emulation would read the new one, and neither is what the body meant.
 
 What cannot be replayed faithfully stays frozen as capture saw it, and is listed in
 ``frozen``: an op with a Python-scalar output (``_local_scalar_dense`` behind ``.item()``,
@@ -117,8 +121,9 @@ class EmulatedGraph:
         self._steps: list[Callable[[], None]] = []
         #: every tensor the record touched: the graph's private pool, kept alive
         self._keep: list = []
-        #: (view output, its data_ptr at capture): replay checks that none moved
-        self._views: list[tuple[torch.Tensor, int]] = []
+        #: id -> (tensor, data_ptr at capture) of every tensor the record touches
+        self._watch: dict[int, tuple[torch.Tensor, int]] = {}
+        self._watched: list[tuple[torch.Tensor, int]] = []
         #: ops whose results stay frozen as captured (host reads, data-dependent shapes)
         self.frozen: list[str] = []
         self.launches = 0
@@ -146,6 +151,7 @@ class EmulatedGraph:
         finally:
             self._unhook_triton()
             self._recorder = None
+        self._watched = list(self._watch.values())
         self.captured = True
 
     @contextmanager
@@ -166,6 +172,7 @@ class EmulatedGraph:
         """One aten op seen at capture, turned into what its replay runs (or nothing)."""
         self._keep.append((args, kwargs, out))
         outputs = _tensors(out)
+        self._watch_tensors(_tensors((args, kwargs)) + outputs)
         if func in _ALLOCATION_ONLY:
             return
         flat_out = tree_flatten(out)[0]
@@ -183,7 +190,6 @@ class EmulatedGraph:
         if func.is_view or any(_storage(o) in inputs for o in outputs):
             # An alias of an input (a view, lift_fresh, _unsafe_view): nothing to run; its
             # memory is its base's.
-            self._views.extend((o, o.data_ptr()) for o in outputs)
             return
         self._steps.append(self._functional_step(func, args, kwargs, outputs))
 
@@ -255,8 +261,14 @@ class EmulatedGraph:
 
     def _record_launch(self, run, fn, args, kwargs, grid: tuple) -> None:
         self._keep.append((fn, args, kwargs))
+        self._watch_tensors(_tensors((args, kwargs)))
         self.launches += 1
         self._steps.append(lambda: run(fn, *args, grid=grid, warmup=False, **kwargs))
+
+    def _watch_tensors(self, tensors: list[torch.Tensor]) -> None:
+        for t in tensors:
+            if id(t) not in self._watch:
+                self._watch[id(t)] = (t, t.data_ptr())
 
     # -- replay -------------------------------------------------------------------------------
 
@@ -271,11 +283,11 @@ class EmulatedGraph:
         nothing and dispatches nothing on the host."""
         if not self.captured:
             raise EmulationError("replay() before capture")
-        for view, ptr in self._views:
-            if view.data_ptr() != ptr:
+        for t, ptr in self._watched:
+            if t.data_ptr() != ptr:
                 raise EmulationError(
-                    f"a view recorded at capture moved ({ptr:#x} -> {view.data_ptr():#x}): "
-                    "its base was given new storage after capture"
+                    f"a tensor of shape {tuple(t.shape)} recorded at capture moved ({ptr:#x} "
+                    f"-> {t.data_ptr():#x}): it was given new storage after capture"
                 )
         if torch._C._len_torch_dispatch_stack():
             with _disable_current_modes():
