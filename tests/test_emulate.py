@@ -20,9 +20,11 @@ import triton.language as tl
 
 from pagegraph import GraphRunner, build_page_table, check_replay_safety
 from pagegraph.check.config import CheckConfig
+from pagegraph.check.decode_step import check_decode_step, shrink_for_cpu
 from pagegraph.check.mutants import reset_caches
 from pagegraph.check.probes import AllocationCounter
 from pagegraph.check.scenario import load_scenario
+from pagegraph.consumers.paged_attention import BLOCK_N, default_num_splits
 from pagegraph.graph.emulate import EmulatedGraph, EmulationError
 from pagegraph.kernels.contract import cdiv
 
@@ -301,3 +303,33 @@ def test_mutants_that_freeze_at_capture_die_emulated(mutant, scenario, eager_die
     emulated, eager = _both(f"pagegraph.check.mutants:{mutant}", _scenario(scenario))
     assert emulated.verdict == "UNSAFE", emulated.format()
     assert (eager.verdict == "UNSAFE") is eager_dies, eager.format()
+
+
+# -- the decode step ---------------------------------------------------------------------------
+
+STEP = CheckConfig(max_bs=4, max_context_len=256, page_size=16, steps=6, seed=3,
+                   consumer="paged", num_q_heads=4, num_kv_heads=2, head_dim=16)  # fmt: skip
+
+
+@pytest.mark.parametrize("name", ["decode-step", "decode-step-csr"])
+def test_the_shrunk_decode_step_keeps_two_split_k_splits(name):
+    """The consumer's combine step merges partial results only with two splits or more, and
+    the second split holds tokens only in rows longer than a tile."""
+    small, note = shrink_for_cpu(load_scenario(ROOT / "graphs" / f"{name}.toml").config)
+    assert note is not None  # shrunk
+    tokens = small.width * small.page_size
+    assert default_num_splits(tokens) >= 2 and tokens > BLOCK_N
+    assert small.initial_len[1] > BLOCK_N  # the workload makes such rows
+
+
+@pytest.mark.heavy
+def test_the_decode_step_replays_emulated_graphs_and_a_frozen_width_fails_there_only():
+    honest = check_decode_step("build_page_table", STEP)
+    assert honest.emulated and honest.verdict == "SAFE", honest.format()
+    assert honest.property("capture").detail.endswith("buckets captured (emulated)")
+    frozen = "pagegraph.check.mutants:width_from_host_max"
+    eager = check_decode_step(frozen, STEP, emulate=False)
+    assert not eager.emulated and eager.verdict == "SAFE", eager.format()
+    emulated = check_decode_step(frozen, STEP)
+    assert emulated.verdict == "UNSAFE", emulated.format()
+    assert "output correct through the consumer" in _failing(emulated), emulated.format()

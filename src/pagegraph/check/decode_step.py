@@ -54,6 +54,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ..consumers.paged_attention import BLOCK_N, TOKENS_PER_SPLIT
 from ..consumers.reference import attend, live_kv, tolerances
 from ..graph.buckets import Buckets, resolve_padding
 from ..kernels.contract import cdiv
@@ -102,9 +103,12 @@ STEP_PROPERTIES: dict[str, tuple[str, str]] = {
         "a replay raised, or the check process died (run in a child process)",
     ),
 }
-#: Caps on the shapes without CUDA (the Triton interpreter runs every program on the CPU).
+#: Caps on the shapes without CUDA (the Triton interpreter runs every program on the CPU). The
+#: context keeps one tile past one split's worth of tokens, so the consumer's workspace has
+#: two split-K splits (``default_num_splits``), rows longer than a tile fill both, and the
+#: combine kernel merges more than one partial result.
 CPU_LIMITS = {"num_q_heads": 4, "num_kv_heads": 2, "head_dim": 16, "max_bs": 4,
-              "max_context_len": 64}  # fmt: skip
+              "max_context_len": TOKENS_PER_SPLIT + BLOCK_N}  # fmt: skip
 #: Pages a row can hold at least after shrinking, so stale tails stay in the table.
 CPU_MIN_PAGES = 4
 _NAMES = list(STEP_PROPERTIES)
@@ -176,7 +180,7 @@ class DecodeStepReport(Report):
             f"({c.consumer_dtype}, {c.num_q_heads} q heads over {c.num_kv_heads} kv heads, "
             f"head_dim {c.head_dim}, page size {c.page_size}, max_bs {c.max_bs}, context "
             f"{c.max_context_len}) on {self.device} "
-            f"({'CUDA graphs' if self.graphs else 'eager'}), {self.replays} replays, "
+            f"({self._replay_mode()}), {self.replays} replays, "
             f"{self.rows_checked} real rows checked, capture {self.capture_ms:.1f} ms",
         ]
         if self.shrunk:
@@ -266,6 +270,7 @@ def check_decode_step(
     on_phase: Callable[[str], None] | None = None,
     on_report: Callable[[DecodeStepReport], None] | None = None,
     stop_on_failure: bool = False,
+    emulate: bool | None = None,
 ) -> DecodeStepReport:
     """Capture ``builder`` + the consumer over the config's buckets, replay the workload and
     judge the attention's output (see the module docstring).
@@ -284,6 +289,8 @@ def check_decode_step(
             report to keep).
         stop_on_failure: stop after the first replay in which a property failed, the rest
             left incomplete and the timing skipped (mutation testing).
+        emulate: without CUDA, replay emulated graphs (default) or, with ``False``, run the
+            step eagerly at every replay (``StepGraphs``).
 
     Returns a ``DecodeStepReport``; a builder or consumer that raises is reported, not raised.
     A stop asked for by a signal (``pagegraph.check.signals``) ends the replays early, the
@@ -304,7 +311,7 @@ def check_decode_step(
                               consumer=cfg.consumer, shrunk=note)  # fmt: skip
     props = {name: StepProperty(name) for name in _NAMES}
     report.properties = list(props.values())
-    run = _setup(fn, kind == "decode_metadata", consumer, cfg, dev, report, props)
+    run = _setup(fn, kind == "decode_metadata", consumer, cfg, dev, report, props, emulate)
     run.on_phase = on_phase or _no_phase
     if on_report is not None:
         on_report(report)  # the shapes and device, before anything can crash
@@ -323,7 +330,8 @@ def _no_phase(phase: str) -> None:
     pass
 
 
-def _setup(fn, metadata: bool, consumer, cfg: CheckConfig, dev, report, props) -> _Run:
+def _setup(fn, metadata: bool, consumer, cfg: CheckConfig, dev, report, props,
+           emulate: bool | None = None) -> _Run:  # fmt: skip
     pool = KVPool(**pool_kwargs(cfg), device=dev)
     shape = StepShape(
         max_bs=cfg.max_bs, width=cfg.width, page_size=cfg.page_size, num_pages=pool.num_pages,
@@ -333,7 +341,7 @@ def _setup(fn, metadata: bool, consumer, cfg: CheckConfig, dev, report, props) -
     )  # fmt: skip
     buckets = Buckets(cfg.buckets, cfg.max_bs)
     graphs = StepGraphs(fn, metadata, consumer or default_consumer(cfg.consumer), shape,
-                        pool.req_to_token, buckets.sizes, cfg.seed + 2)  # fmt: skip
+                        pool.req_to_token, buckets.sizes, cfg.seed + 2, emulate)  # fmt: skip
     gen = torch.Generator().manual_seed(cfg.seed + 3)
     return _Run(cfg, graphs, pool, report, props, resolve_padding(cfg.padding), buckets, gen)
 
@@ -350,8 +358,14 @@ def _capture(run: _Run) -> bool:
         run.report.stopped = what
         return False
     run.report.capture_ms = (time.perf_counter() - t0) * 1e3
+    g = run.graphs
+    run.report.emulated = g.emulated
     run.props["capture"].detail = f"{len(run.buckets)} buckets" + (
-        " captured" if run.graphs.use_graphs else " warmed up eagerly (no CUDA graphs)"
+        " captured"
+        if g.use_graphs
+        else " captured (emulated)"
+        if g.emulated
+        else " warmed up eagerly (no CUDA graphs)"
     )
     if not run.graphs.sentinel_intact():
         run.props["sentinel page untouched"].fail("the sentinel page changed during capture")

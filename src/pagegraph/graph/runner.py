@@ -25,12 +25,8 @@ kernels on the same addresses, so between replays only the buffers' contents may
   check and the post, which read each tensor's attributes once a call.
 
 All replays are issued on the caller's current stream, one after another, so graphs that share
-the pool never run concurrently, whatever the bucket order. Without CUDA the same code path
-runs on a CPU: by default each bucket is captured into an ``EmulatedGraph``
-(``pagegraph.graph.emulate``), which replays what capture recorded without calling the builder
-again, so a width, grid or host value frozen at capture is as wrong there as on a GPU; staging
-and padding stay eager, into the same static buffers the recorded ops read. ``use_graphs=False``
-or ``emulate=False`` replays by calling the builder eagerly instead.
+the pool never run concurrently, whatever the bucket order. Without CUDA each bucket's graph is
+an ``EmulatedGraph`` (``pagegraph.graph.emulate``; ``emulate=False``: the builder runs eagerly).
 """
 
 from __future__ import annotations
@@ -46,7 +42,7 @@ from ..kernels.decode_metadata import DECODE_ERROR_KINDS
 from ..kernels.page_table import build_page_table
 from ..kernels.registry import builder_kind, resolve_builder
 from .buckets import Buckets, PaddingPolicy, resolve_padding
-from .emulate import EmulatedGraph
+from .emulate import capture_emulated, emulation_wanted
 from .staging import Mailbox
 
 
@@ -118,9 +114,7 @@ class GraphRunner:
         full_to_swa: ``[num_slots + 1]`` int32/int64 enables the SWA table.
         errors: allocate an ``errors`` counter buffer and pass it to the builder.
         use_graphs: capture CUDA graphs (default: when ``req_to_token`` is on CUDA).
-        emulate: on the CPU with ``use_graphs`` unset, capture emulated graphs
-            (``pagegraph.graph.emulate.EmulatedGraph``; the default there) or, with
-            ``False``, replay by calling the builder eagerly.
+        emulate: without CUDA graphs on the CPU, emulated ones (default) or none (``False``).
         index_dtype: dtype of the static ``req_pool_indices`` and ``seq_lens``.
         page_table, swa_page_table: an engine's own static output buffers
             (``[>= max_bs, >= max_num_pages]`` int32, inner stride 1), used instead of new
@@ -179,10 +173,8 @@ class GraphRunner:
             max_bs, index_dtype, errors, page_table, swa_page_table, metadata_given
         )
         self._init_staging(max_bs, index_dtype)
-        #: whether each bucket is an ``EmulatedGraph`` (a CPU runner without CUDA graphs)
-        self.emulated = self._emulation(use_graphs, emulate)
-
-        self.graphs: dict[int, torch.cuda.CUDAGraph | EmulatedGraph] = {}
+        self.emulated = emulation_wanted(self.device, use_graphs, emulate)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}  # or EmulatedGraph (self.emulated)
         self.pool = None
         self._addresses: dict[str, tuple] | None = None
         # With graphs captured: the bucket of each batch size 0..max_bs (None for 0), which
@@ -398,34 +390,6 @@ class GraphRunner:
         )  # fmt: skip
         self._build(bs)
 
-    def _emulation(self, use_graphs: bool | None, emulate: bool | None) -> bool:
-        """Whether this runner captures emulated graphs: on the CPU, unless ``use_graphs`` or
-        ``emulate`` says otherwise (``ValueError`` for ``emulate=True`` where it cannot)."""
-        possible = self.device.type == "cpu" and use_graphs is None
-        if emulate and not possible:
-            raise ValueError("emulate=True needs a CPU runner with use_graphs unset")
-        return possible and emulate is not False
-
-    def _capture_emulated(self, sizes: list[int], step: list) -> None:
-        """Capture every bucket (warmed up already), largest first, into an
-        ``EmulatedGraph``. The body is the builder alone: on the CPU staging stays outside the
-        graph (no mailbox), writing the static inputs that the recorded ops read by identity."""
-        step[0] = "capture"
-        for bs in sizes:
-            step[1] = bs
-            graph = EmulatedGraph()
-            with phase("capture", bs), graph.capture():
-                self._build(bs)
-            self.graphs[bs] = graph
-
-    def _run_bucket(self, bucket: int) -> None:
-        """Eager replay's build of a staged bucket: its emulated graph's replay when there
-        is one (the builder is not called), else the builder."""
-        if self.emulated:
-            self.graphs[bucket].replay()
-        else:
-            self._build(bucket)
-
     def _buffers(self) -> dict[str, torch.Tensor | None]:
         return {
             "req_to_token": self.req_to_token,
@@ -480,8 +444,7 @@ class GraphRunner:
 
     def capture(self) -> None:
         """Warm every bucket up, then capture one graph per bucket, largest first, in one
-        shared pool (on the CPU: one ``EmulatedGraph`` per bucket, or with emulation off
-        only the warm-up and the buffer addresses)."""
+        shared pool (eager mode: only records the buffer addresses; emulated: see the top)."""
         # Short lengths in the buffers at capture: replays must not depend on them.
         self.seq_lens.fill_(1)
         self.req_pool_indices.fill_(0)
@@ -514,8 +477,8 @@ class GraphRunner:
                     step[1] = bs
                     with phase("warmup", bs):
                         self._build(bs)
-                if self.emulated:
-                    self._capture_emulated(sizes, step)
+                if self.emulated:  # staging stays outside: it writes what the record reads
+                    self.graphs.update(capture_emulated(sizes, self._build, step))
         except torch.OutOfMemoryError as exc:
             raise CaptureOutOfMemory(self._oom_message(step[0], step[1], exc)) from exc
         self._addresses = self.addresses()
@@ -671,7 +634,7 @@ class GraphRunner:
                 pop()
             push(replay_range)
             try:
-                self._run_bucket(bucket)
+                self.graphs[bucket].replay() if self.emulated else self._build(bucket)
             finally:
                 pop()
         elif torch._C._cuda_getDevice() == self._device_index:
