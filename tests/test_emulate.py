@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import functools
 import gc
+import threading
 import weakref
 from pathlib import Path
 
@@ -171,6 +172,38 @@ def test_triton_launches_replay_with_the_frozen_grid(grid_from_host):
         assert torch.equal(dst[:4], src[:4] * 2) and dst[4:].eq(0).all()
     else:
         assert torch.equal(dst, src * 2)
+
+
+def test_a_capture_that_raises_leaves_no_graph():
+    x = _seeded(4, 14)
+    g = EmulatedGraph()
+    with pytest.raises(RuntimeError, match="planted"), g.capture():
+        x.add_(1)
+        raise RuntimeError("planted")
+    assert not g.captured and g.steps == 0
+    with pytest.raises(EmulationError, match="before capture"):
+        g.replay()
+    with g.capture():  # the twin: the same graph captures again
+        x.add_(1)
+    assert g.captured and g.steps == 1
+
+
+def test_launches_from_other_threads_are_not_recorded():
+    """The launch hook is process-wide while capturing; only the capturing thread's launches
+    belong to the graph (as only the capturing stream's work belongs to a CUDA graph)."""
+    src, n = _seeded(16, 13), torch.tensor([16])
+    mine, theirs = torch.zeros(16, dtype=torch.int64), torch.zeros(16, dtype=torch.int64)
+    g = EmulatedGraph()
+    with g.capture():
+        other = threading.Thread(target=lambda: _double[(4,)](src, theirs, n, 2, BLOCK=4))
+        other.start()
+        other.join()
+        _double[(4,)](src, mine, n, 2, BLOCK=4)
+    assert g.launches == 1 and torch.equal(theirs, src * 2)
+    mine.zero_()
+    theirs.zero_()
+    g.replay()
+    assert torch.equal(mine, src * 2) and theirs.eq(0).all()
 
 
 # -- the runner --------------------------------------------------------------------------------

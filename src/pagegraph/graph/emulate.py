@@ -39,6 +39,7 @@ and its result is frozen like any other host value.
 
 from __future__ import annotations
 
+import threading
 from collections.abc import Callable
 from contextlib import contextmanager
 
@@ -158,12 +159,16 @@ class EmulatedGraph:
 
     @contextmanager
     def capture(self):
-        """Record everything the block runs (it runs once, for real)."""
+        """Record everything the block runs (it runs once, for real). A block that raises
+        leaves no graph (as a failed CUDA capture): the record is dropped."""
         self.capture_begin()
         try:
             yield self
-        finally:
+        except BaseException:
             self.capture_end()
+            self.reset()
+            raise
+        self.capture_end()
 
     def record(self, fn: Callable, *args, **kwargs):
         """Capture ``fn(*args, **kwargs)``; return what it returned."""
@@ -229,10 +234,12 @@ class EmulatedGraph:
         except ImportError:  # no Triton: only aten ops can be recorded
             return
         original = InterpretedFunction.run
-        graph, recorder = self, self._recorder
+        graph, recorder, capturing = self, self._recorder, threading.get_ident()
 
         def run(fn_self, *args, grid, warmup, **kwargs):
-            if warmup:
+            # The class is patched for every thread; the dispatch mode, like a CUDA capture's
+            # stream, sees only the capturing thread's work, so the launches recorded do too.
+            if warmup or threading.get_ident() != capturing:
                 return original(fn_self, *args, grid=grid, warmup=warmup, **kwargs)
             frozen = {}
             if callable(grid):
