@@ -24,7 +24,7 @@ from pagegraph.check.config import CheckConfig
 from pagegraph.check.decode_step import check_decode_step, shrink_for_cpu
 from pagegraph.check.mutants import reset_caches
 from pagegraph.check.probes import AllocationCounter
-from pagegraph.check.scenario import load_scenario
+from pagegraph.check.scenario import ScenarioError, load_scenario
 from pagegraph.consumers.paged_attention import BLOCK_N, default_num_splits
 from pagegraph.graph.emulate import EmulatedGraph, EmulationError
 from pagegraph.kernels.contract import cdiv
@@ -246,7 +246,6 @@ def test_emulation_can_be_turned_off_and_not_forced_where_it_cannot_run():
 
 # -- whole checks, both ways ---------------------------------------------------------------------
 
-EAGER = functools.partial(GraphRunner, emulate=False)
 SMALL = CheckConfig(max_bs=10, max_context_len=256, page_size=16, steps=12, buckets="pow2")
 
 
@@ -256,10 +255,24 @@ def _both(builder, cfg: CheckConfig, reset=reset_caches):
     reset()
     emulated = check_replay_safety(builder, cfg)
     reset()
-    eager = check_replay_safety(builder, cfg, runner_factory=EAGER)
+    eager = check_replay_safety(builder, cfg.replace(emulate=False))
     assert emulated.emulated and not eager.emulated
     assert emulated.property("capture").detail.endswith("buckets captured (emulated)")
     return emulated, eager
+
+
+def test_a_runner_factory_and_a_scenario_can_turn_emulation_off(tmp_path):
+    factory = functools.partial(GraphRunner, emulate=False)
+    eager = check_replay_safety("build_page_table", SMALL.replace(steps=2), runner_factory=factory)
+    assert not eager.emulated and eager.safe, eager.format()
+    text = (ROOT / "graphs" / "default.toml").read_text()
+    path = tmp_path / "eager.toml"
+    path.write_text(text.replace("[check]\n", "[check]\nemulate = false\n"))
+    assert load_scenario(path).config.emulate is False
+    assert load_scenario(ROOT / "graphs" / "default.toml").config.emulate is True
+    path.write_text(text.replace("[check]\n", "[check]\nemulate = 1\n"))
+    with pytest.raises(ScenarioError, match="emulate"):
+        load_scenario(path)
 
 
 def _failing(report) -> set[str]:

@@ -215,6 +215,7 @@ def _start_workload_and_runner(run: CheckRun) -> Step:
         index_dtype=INDEX_DTYPES[cfg.index_dtype],
         table_width=cfg.width,
         **run.buffers.runner_kwargs(cfg),
+        **({} if cfg.emulate else {"emulate": False}),  # a custom factory may not take it
     )
     run.steps = iter(run.workload)
     return next(run.steps)

@@ -289,8 +289,8 @@ def check_decode_step(
             report to keep).
         stop_on_failure: stop after the first replay in which a property failed, the rest
             left incomplete and the timing skipped (mutation testing).
-        emulate: without CUDA, replay emulated graphs (default) or, with ``False``, run the
-            step eagerly at every replay (``StepGraphs``).
+        emulate: without CUDA, replay emulated graphs or, with ``False``, run the step
+            eagerly at every replay (``StepGraphs``); default ``cfg.emulate``.
 
     Returns a ``DecodeStepReport``; a builder or consumer that raises is reported, not raised.
     A stop asked for by a signal (``pagegraph.check.signals``) ends the replays early, the
@@ -311,6 +311,7 @@ def check_decode_step(
                               consumer=cfg.consumer, shrunk=note)  # fmt: skip
     props = {name: StepProperty(name) for name in _NAMES}
     report.properties = list(props.values())
+    emulate = cfg.emulate if emulate is None else emulate
     run = _setup(fn, kind == "decode_metadata", consumer, cfg, dev, report, props, emulate)
     run.on_phase = on_phase or _no_phase
     if on_report is not None:
