@@ -30,6 +30,7 @@ from collections.abc import Callable
 import torch
 
 from ..detect.ranges import phase
+from ..graph.emulate import describe_frozen
 from ..graph.runner import GraphRunner
 from ..kernels.registry import (
     builder_capabilities,
@@ -265,7 +266,7 @@ def _capture(run: CheckRun) -> bool:
     props["capture"].detail = f"{len(run.runner.buckets)} buckets" + (
         " captured"
         if run.graphs
-        else " captured (emulated)"
+        else " captured (emulated)" + describe_frozen(run.runner.graphs)
         if run.emulated
         else " warmed up eagerly (no CUDA graphs)"
     )

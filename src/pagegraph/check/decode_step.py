@@ -57,6 +57,7 @@ import torch
 from ..consumers.paged_attention import BLOCK_N, TOKENS_PER_SPLIT
 from ..consumers.reference import attend, live_kv, tolerances
 from ..graph.buckets import Buckets, resolve_padding
+from ..graph.emulate import describe_frozen
 from ..kernels.contract import cdiv
 from ..kernels.registry import builder_kind, builder_name, resolve_builder, signature_problem
 from ..workload.decode import DecodeWorkload, Injection
@@ -364,7 +365,7 @@ def _capture(run: _Run) -> bool:
     run.props["capture"].detail = f"{len(run.buckets)} buckets" + (
         " captured"
         if g.use_graphs
-        else " captured (emulated)"
+        else " captured (emulated)" + describe_frozen(g.graphs)
         if g.emulated
         else " warmed up eagerly (no CUDA graphs)"
     )

@@ -49,7 +49,13 @@ from torch.utils._pytree import tree_flatten
 
 from ..detect.ranges import phase
 
-__all__ = ["EmulatedGraph", "EmulationError", "capture_emulated", "emulation_wanted"]
+__all__ = [
+    "EmulatedGraph",
+    "EmulationError",
+    "capture_emulated",
+    "describe_frozen",
+    "emulation_wanted",
+]
 
 aten = torch.ops.aten
 
@@ -338,3 +344,14 @@ def capture_emulated(sizes: list[int], build: Callable[[int], None],
         with phase("capture", bs), graph.capture():
             build(bs)
     return graphs
+
+
+def describe_frozen(graphs) -> str:
+    """``"; N op(s) frozen at capture (names)"`` over emulated ``graphs`` (a dict or list),
+    or ``""``: what the replays could not redo, which on a GPU would have synced."""
+    frozen = [op for g in (graphs.values() if isinstance(graphs, dict) else graphs)
+              for op in getattr(g, "frozen", ())]  # fmt: skip
+    if not frozen:
+        return ""
+    names = ", ".join(sorted({op.removeprefix("aten.") for op in frozen}))
+    return f"; {len(frozen)} op(s) frozen at capture, a sync on a GPU ({names})"
