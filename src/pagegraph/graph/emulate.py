@@ -10,10 +10,10 @@ record without calling the body again:
 * aten ops are seen through a ``TorchDispatchMode``: each one is kept with its tensor
   arguments by identity (the tensor objects themselves, kept alive) and its other arguments
   as the values capture saw. On replay, view ops are skipped (their recorded outputs still
-  alias their bases), in-place
-  and ``out=`` ops run again on the recorded tensors, and functional ops run again with
-  their result copied into the recorded output tensor, so every later op that captured that
-  tensor reads the new values. Allocation-only ops (``empty``) run nothing, as on a GPU.
+  alias their bases), in-place and ``out=`` ops run again on the recorded tensors, and
+  functional ops run again with their result copied into the recorded output tensor, so
+  every later op that captured that tensor reads the new values. Allocation-only ops
+  (``empty``) run nothing, as on a GPU.
 * Triton launches under the interpreter (``TRITON_INTERPRET=1``) are seen at
   ``InterpretedFunction.run``, the entry every ``kernel[grid](...)`` call reaches in Triton
   3.6: the jitted function, the grid (a callable grid is evaluated at capture and frozen),
@@ -29,8 +29,9 @@ What cannot be replayed faithfully stays frozen as capture saw it, and is listed
 ``frozen``: an op with a Python-scalar output (``_local_scalar_dense`` behind ``.item()``,
 ``int()``, ``bool()``), whose value the body went on with as a host value, and an op whose
 output shape depends on the data (``nonzero``, ``masked_select``, ``unique``, ...), whose
-recorded output keeps its captured contents. On a GPU either would have synced: the capture
-would have failed, or (outside it) the value would have been frozen in just the same way.
+recorded output keeps its captured contents. On a GPU either syncs, which fails a capture;
+here the rest of the record is built on the capture-time value, which is what a builder that
+read it outside the capture (at warm-up, say) would have frozen into the graph.
 Random ops run again on replay and draw new values from the CPU generator (a CUDA graph
 advances its Philox offset at each replay: new values too, from another generator).
 Host code that reads a tensor without dispatching an op (``.numpy()``) is invisible here,
@@ -70,10 +71,10 @@ _ALLOCATION_ONLY = {
 }
 
 #: Ops whose output shape depends on the data: on CUDA each syncs (the capture fails); here
-#: the recorded output keeps its captured contents (torch's sync debug mode lists the same).
+#: the recorded output keeps its captured contents (torch's sync debug mode lists the same;
+#: ``repeat_interleave`` given its ``output_size`` does not sync, and runs again).
 _DATA_DEPENDENT_SHAPE = {
     aten.nonzero.default,
-    aten.nonzero_static.default,
     aten.masked_select.default,
     aten._unique.default,
     aten._unique2.default,
@@ -196,7 +197,7 @@ class EmulatedGraph:
         if _mutates(func):
             self._steps.append(lambda: func(*args, **kwargs))
             return
-        if func in _DATA_DEPENDENT_SHAPE:
+        if func in _DATA_DEPENDENT_SHAPE and kwargs.get("output_size") is None:
             self.frozen.append(str(func))
             return
         inputs = {_storage(t) for t in _tensors((args, kwargs))}
