@@ -6,6 +6,8 @@ staged, and a run that stops early reports what it could not finish as incomplet
 
 from __future__ import annotations
 
+import functools
+
 import numpy as np
 import pytest
 import torch
@@ -42,6 +44,11 @@ HOSTILE = SMALL.replace(
     overlong=0.5, negative=0.2, bad_index=0.2, zero_len=0.3, errors=True, table_pad_cols=2,
     steps=16,
 )  # fmt: skip
+
+
+#: A CPU runner that calls the builder at every replay (emulated graphs, the CPU's default,
+#: replay what capture recorded instead).
+EAGER_RUNNER = functools.partial(GraphRunner, emulate=False)
 
 
 def failing(report: Report) -> list[str]:
@@ -298,7 +305,8 @@ def test_batched_verification_judges_each_replay_as_alone(monkeypatch, batch):
             armed["on"] = done >= 11
 
         cfg = SMALL.replace(steps=20, chunk=7, swa=False)
-        return check_replay_safety(late_wrong_builder, cfg, progress=progress)
+        return check_replay_safety(late_wrong_builder, cfg, progress=progress,
+                                   runner_factory=EAGER_RUNNER)  # fmt: skip
 
     alone, batched = run(1), run(batch)
     assert batched.replays == alone.replays == 20
@@ -394,7 +402,7 @@ def test_raising_builder_fails_capture_and_nothing_passes_unreached():
 
 @pytest.mark.skipif(CUDA, reason="under CUDA graphs the builder's Python runs only until capture")
 def test_builder_raising_mid_run_leaves_properties_incomplete():
-    report = check_replay_safety(Raises9th(), SMALL, detectors="none")
+    report = check_replay_safety(Raises9th(), SMALL, detectors="none", runner_factory=EAGER_RUNNER)
     assert report.property("replays completed").passed is False
     assert "ninth call" in report.property("replays completed").detail
     assert report.stopped and report.replays < SMALL.steps

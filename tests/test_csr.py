@@ -124,14 +124,17 @@ def _small(**kw) -> CheckConfig:
 
 
 # The oracle reads the lengths on the host: on a GPU it is not sync-free, nor capturable; on a
-# CPU its values are checked with the detectors off (the cpu detector sees its syncs).
+# CPU an emulated graph freezes what it read at capture, and the cpu detector sees its reads:
+# its values are checked with eager replays and the detectors off.
 ORACLE = [] if torch.cuda.is_available() else [reference_kv_indices]
 
 
 @pytest.mark.parametrize("builder", [build_kv_indices, plain_kv_indices, *ORACLE])
 def test_correct_csr_builders_are_safe(builder):
     detectors = "none" if builder is reference_kv_indices else "auto"
-    report = check_replay_safety(builder, _small(detectors=detectors))
+    report = check_replay_safety(
+        builder, _small(detectors=detectors, emulate=builder is not reference_kv_indices)
+    )
     assert report.verdict == "SAFE", report.format()
     assert _status(report, "correct") == "pass"
     assert _status(report, "row containment") == "pass"  # out-of-contract replays ran
@@ -139,10 +142,17 @@ def test_correct_csr_builders_are_safe(builder):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the oracle is not capturable on a GPU")
 def test_the_oracles_host_reads_fail_the_sync_properties_on_a_cpu():
-    report = check_replay_safety(reference_kv_indices, _small(steps=4))
+    report = check_replay_safety(reference_kv_indices, _small(steps=4, emulate=False))
     for name in ("sync-free builder call", "sync-free replay path"):
         assert _status(report, name) == "FAIL", report.format()
     assert "reference.py:" in str(report.property("sync-free builder call").first_failure)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="emulated graphs are the CPU's")
+def test_the_oracle_fails_under_emulated_graphs():
+    """Its host reads of the lengths are frozen at capture, as a CUDA graph would freeze them."""
+    report = check_replay_safety(reference_kv_indices, _small(steps=6))
+    assert report.verdict == "UNSAFE" and _status(report, "correct") == "FAIL", report.format()
 
 
 def test_a_write_past_the_stream_fails_bounded_writes_and_names_the_entry():

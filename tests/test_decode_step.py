@@ -208,8 +208,8 @@ def test_consumer_that_raises_is_reported():
 
 
 def test_consumer_that_raises_in_a_replay_fails_replays_completed():
-    """Eagerly (no CUDA graphs) the consumer's Python runs at every replay: one that raises
-    after the warm-up stops the run, and the replay is named."""
+    """Eagerly (no graphs, emulated ones included) the consumer's Python runs at every
+    replay: one that raises after the warm-up stops the run, and the replay is named."""
     if CUDA:
         pytest.skip("under CUDA graphs the consumer's Python runs only at capture")
     calls = [0]
@@ -220,7 +220,7 @@ def test_consumer_that_raises_in_a_replay_fails_replays_completed():
             raise RuntimeError("planted")
         return paged_decode_attention(*args, **kwargs)
 
-    report = check_decode_step("build_page_table", tiny(), consumer=late)
+    report = check_decode_step("build_page_table", tiny(), consumer=late, emulate=False)
     done = report.property("replays completed")
     assert done.status == "FAIL" and report.verdict == "UNSAFE", report.format()
     assert "replay 0 raised RuntimeError: planted" in str(done.first_failure)

@@ -21,6 +21,9 @@ pytestmark = pytest.mark.heavy
 
 SMALL = CheckConfig(max_bs=6, max_context_len=128, page_size=16, steps=10, buckets="pow2",
                     chunk=2)  # fmt: skip
+#: Replays that call the builder (on the CPU; emulated graphs, like CUDA graphs, do not): a
+#: crash planted in the builder's replay calls happens there.
+EAGER = SMALL.replace(emulate=False)
 
 CRASHERS = """
 import os, ctypes, sys, time
@@ -78,7 +81,8 @@ def test_an_abort_is_reported_and_the_run_goes_on(crashers):
 
 # One child each (a test apiece, so that a parallel run starts them at once).
 def test_a_segfault_is_reported(crashers):
-    (segv,) = run_isolated([Job(f"{crashers}:segfaults_in_replays", SMALL)], timeout=120)
+    # Eager replays on the CPU (emulated ones, like CUDA graphs, never call the builder).
+    (segv,) = run_isolated([Job(f"{crashers}:segfaults_in_replays", EAGER)], timeout=120)
     assert segv.verdict == "UNSAFE"
     # Under CUDA graphs the builder's Python runs only until capture: it dies there.
     died = segv.property("capture" if torch.cuda.is_available() else "replays completed")
@@ -96,7 +100,7 @@ def test_an_exit_is_reported(crashers):
     torch.cuda.is_available(), reason="under CUDA graphs the builder's Python never runs in replays"
 )
 def test_what_was_found_before_a_crash_is_kept(crashers):
-    (report,) = run_isolated([Job(f"{crashers}:wrong_then_abort", SMALL)], timeout=120)
+    (report,) = run_isolated([Job(f"{crashers}:wrong_then_abort", EAGER)], timeout=120)
     assert report.property("correct").status == "FAIL", report.format()
     assert "expected" in str(report.property("correct").first_failure)
     assert "SIGABRT" in report.property("replays completed").detail
@@ -170,7 +174,8 @@ def test_isolate_runs_the_decode_step_in_a_child(capsys):
     torch.cuda.is_available(), reason="under CUDA graphs the builder's Python never runs in replays"
 )
 def test_a_decode_step_crash_in_a_replay_is_reported(crashers):
-    (report,) = run_isolated([Job(f"{crashers}:aborts_in_replays", STEP)], timeout=120)
+    job = Job(f"{crashers}:aborts_in_replays", STEP.replace(emulate=False))
+    (report,) = run_isolated([job], timeout=120)
     assert isinstance(report, DecodeStepReport) and report.verdict == "UNSAFE"
     done = report.property("replays completed")
     assert done.status == "FAIL" and "SIGABRT during replay 0" in done.detail, report.format()

@@ -300,9 +300,10 @@ def build(req_to_token, req_pool_indices, seq_lens, page_table, page_size, **kw)
 def test_a_crash_during_replays_is_explained_by_a_serialised_rerun(tmp_path):
     # Eager replays call the builder once a replay, after the two eager calls and one warm-up
     # a bucket: its 12th call falls inside the replays. The re-run crashes at the same call.
+    # (Emulated replays, the CPU's default, call it no more than CUDA graphs do.)
     path = tmp_path / "crashing.py"
     path.write_text(textwrap.dedent(CRASHING_BUILDER).replace("{n}", "12"))
-    cfg = HOSTILE.replace(steps=10)
+    cfg = HOSTILE.replace(steps=10, emulate=False)
     (report,) = run_isolated([Job(f"{path}:build", cfg)])
     assert report.verdict == "UNSAFE"
     assert report.crash is not None and "CUDA error: an illegal memory access" in report.crash
@@ -340,7 +341,7 @@ def build(req_to_token, req_pool_indices, seq_lens, page_table, page_size, **kw)
 def test_a_rerun_that_does_not_crash_names_no_replay(tmp_path):
     path = tmp_path / "once.py"
     path.write_text(ONCE_CRASHING_BUILDER.format(marker=str(tmp_path / "crashed")))
-    (report,) = run_isolated([Job(f"{path}:build", HOSTILE.replace(steps=10))])
+    (report,) = run_isolated([Job(f"{path}:build", HOSTILE.replace(steps=10, emulate=False))])
     assert report.verdict == "UNSAFE" and "illegal memory access" in report.crash
     assert "came from" not in report.crash, report.crash
 

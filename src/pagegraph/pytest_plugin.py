@@ -43,7 +43,7 @@ def assert_replay_safe(builder, config=None, *, isolate: bool = False, **shape):
     ``torch.testing.assert_close`` does, so ``pytest.raises(AssertionError)`` works.
     ``shape`` overrides fields of ``CheckConfig`` (max_bs, max_context_len, page_size,
     buckets, padding, swa, steps, ...). ``isolate=True`` runs the check in a child process
-    (``pagegraph.isolate``): a builder that crashes its process or its CUDA context is then
+    (``pagegraph.check.isolate``): a builder that crashes its process or its CUDA context is then
     reported UNSAFE instead of taking the test session down; the builder must be a name or
     an importable ``module:function``. Returns the report."""
     __tracebackhide__ = True  # a failure shows the report, not this function's source

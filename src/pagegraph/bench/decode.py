@@ -9,10 +9,10 @@ For every config, on the config's inputs, these variants (``DECODE_VARIANTS``):
 * ``PreparedDecodeMetadata``: the same call through ``prepare_decode_metadata`` (checks done
   once), eager only;
 * ``unfused_decode_metadata``: the clamp / add / cumsum / fill / arange / ``build_page_table``
-  chain of ``pagegraph.reference``, ``draft_tokens`` 0.
+  chain of ``pagegraph.kernels.reference``, ``draft_tokens`` 0.
 
 Each row: its outputs once, exactly (``torch.equal`` of every output tensor, page tables
-whole, POISON tails included) against ``pagegraph.reference.reference_decode_metadata`` on
+whole, POISON tails included) against ``pagegraph.kernels.reference.reference_decode_metadata`` on
 POISON-filled buffers, before anything is timed; device time per call in a CUDA graph
 (rotated out of L2 and L2-warm, as the builder rows), checked again after a replay of the
 graph; eager host time per call. ``decode_summary`` derives, per config, the device-time

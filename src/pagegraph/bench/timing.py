@@ -53,7 +53,7 @@ class Settings:
 
 
 def bench_environment(cuda: bool) -> dict:
-    """``pagegraph.environment.environment()`` plus what the bench reports of the device:
+    """``pagegraph.jobs.environment.environment()`` plus what the bench reports of the device:
     ``cuda_available``, ``sm_count`` and ``l2_bytes`` (``None`` without CUDA)."""
     env = environment()
     env["cuda_available"] = cuda

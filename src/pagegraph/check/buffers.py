@@ -162,7 +162,7 @@ def engine_capacity(cfg: CheckConfig, kind: KindSpec) -> int:
 def table_bytes(cfg: CheckConfig, kind: KindSpec = PAGE_TABLE) -> int:
     """Device bytes the checker's tables and their verification take (an upper estimate of
     the working set, for the memory check before allocating): the tables, and twice the
-    snapshots and intermediates of one verification batch (``pagegraph.verify.replay_bytes``):
+    snapshots and intermediates of one verification batch (``pagegraph.check.verify.replay_bytes``):
     the warm-up run before capture leaves its intermediates cached beside the graph's own."""
     tables = 2 if cfg.swa else 1
     rows = cfg.max_bs + 2 * CANARY_ROWS

@@ -6,10 +6,10 @@ against its own model of what should have happened, never against what the runne
 
 * the expected inputs of each replay come from the batch the workload asked for, padded by
   the checker's own reading of the padding policy into the bucket the checker picks
-  (``pagegraph.verify.BatchModel``);
+  (``pagegraph.check.verify.BatchModel``);
 * the expected tables come from an independent plain-torch gather of those inputs, compared
   exactly with the whole allocation the tables live in, canary rows and columns included
-  (``pagegraph.verify.TableVerifier``), on the device, with no sync per replay.
+  (``pagegraph.check.verify.TableVerifier``), on the device, with no sync per replay.
 
 Each property says what it covers (``PROPERTIES``): the builder, the runner, or both. A
 property that could not run is reported as skipped with its reason; a run that stopped early
@@ -30,6 +30,7 @@ from collections.abc import Callable
 import torch
 
 from ..detect.ranges import phase
+from ..graph.emulate import describe_frozen
 from ..graph.runner import GraphRunner
 from ..kinds import KindSpec, kind_of
 from ..kinds.builders import (
@@ -237,6 +238,7 @@ def _start_workload_and_runner(run: CheckRun) -> Step:
         table_width=cfg.width,
         engine=run.engine,
         **run.buffers.runner_kwargs(cfg),
+        **({} if cfg.emulate else {"emulate": False}),  # a custom factory may not take it
     )
     run.steps = iter(run.workload)
     first = next(run.steps)
@@ -286,11 +288,20 @@ def _capture(run: CheckRun) -> bool:
         report.stopped = what
         return False
     report.capture_ms = (time.perf_counter() - t0) * 1e3
+    report.emulated = run.emulated
+    if run.emulated:
+        report.graphs = "emulated"
     props["capture"].detail = f"{len(run.runner.buckets)} buckets" + (
-        " captured" if run.graphs else " warmed up eagerly (no CUDA graphs)"
+        " captured"
+        if run.graphs
+        else " captured (emulated)" + describe_frozen(run.runner.graphs)
+        if run.emulated
+        else " warmed up eagerly (no CUDA graphs)"
     )
     judge_builder_calls(run.probe, run.compiles, props, run.cfg.strict)
-    run.probe.measure = not run.graphs  # eager replays run the builder: keep measuring it
+    # Eager replays run the builder: keep measuring it. Graph replays, emulated ones
+    # included, never call it.
+    run.probe.measure = run.kind.where == "eager" or not (run.graphs or run.emulated)
     if run.hooks.on_chunk is not None:  # a supervisor keeps what the capture found
         run.hooks.on_chunk(report)
     return True

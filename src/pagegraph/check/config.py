@@ -209,6 +209,9 @@ class CheckConfig:
     #: (``ProducedWorkload``), "off": in this one, "auto": in children for CUDA-graph runs of
     #: at least ``PRODUCER_MIN_STEPS`` replays, where their start-up (a second or two) pays off
     workload_process: str = "auto"
+    #: without CUDA, replay emulated graphs (``pagegraph.graph.emulate``: what the capture
+    #: recorded, the builder not called again); False: replays call the builder eagerly
+    emulate: bool = True
     #: advice promoted to failures (names of ``ADVICE``)
     strict: tuple[str, ...] = ()
     #: decode-metadata or CSR entries set once at allocation that the builder never writes
@@ -368,6 +371,8 @@ def _check_consumer(c: CheckConfig, name: FieldNamer) -> None:
     for field in ("num_q_heads", "num_kv_heads"):
         if getattr(c, field) < 1:
             _fail(field, f"must be >= 1, got {getattr(c, field)}", name)
+    if not isinstance(c.emulate, bool):
+        _fail("emulate", f"must be true or false, got {c.emulate!r}", name)
     if c.timing_iters < 0:
         _fail("timing_iters", f"must be >= 0 (0: no timing), got {c.timing_iters}", name)
     if c.num_q_heads % c.num_kv_heads:

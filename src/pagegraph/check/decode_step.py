@@ -54,8 +54,10 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ..consumers.paged_attention import BLOCK_N, TOKENS_PER_SPLIT
 from ..consumers.reference import attend, live_kv, tolerances
 from ..graph.buckets import Buckets, resolve_padding
+from ..graph.emulate import describe_frozen
 from ..kernels.contract import cdiv
 from ..kinds import kind_of
 from ..kinds.builders import builder_name, resolve_builder, signature_problem
@@ -105,9 +107,12 @@ STEP_PROPERTIES: dict[str, tuple[str, str]] = {
 }
 #: One replay in this many fills the stale table entries with the NaN page (``_poison_tails``).
 NAN_TAIL_EVERY = 3
-#: Caps on the shapes without CUDA (the Triton interpreter runs every program on the CPU).
+#: Caps on the shapes without CUDA (the Triton interpreter runs every program on the CPU). The
+#: context keeps one tile past one split's worth of tokens, so the consumer's workspace has
+#: two split-K splits (``default_num_splits``), rows longer than a tile fill both, and the
+#: combine kernel merges more than one partial result.
 CPU_LIMITS = {"num_q_heads": 4, "num_kv_heads": 2, "head_dim": 16, "max_bs": 4,
-              "max_context_len": 64}  # fmt: skip
+              "max_context_len": TOKENS_PER_SPLIT + BLOCK_N}  # fmt: skip
 #: Pages a row can hold at least after shrinking, so stale tails stay in the table.
 CPU_MIN_PAGES = 4
 _NAMES = list(STEP_PROPERTIES)
@@ -179,7 +184,7 @@ class DecodeStepReport(Report):
             f"({c.consumer_dtype}, {c.num_q_heads} q heads over {c.num_kv_heads} kv heads, "
             f"head_dim {c.head_dim}, page size {c.page_size}, max_bs {c.max_bs}, context "
             f"{c.max_context_len}) on {self.device} "
-            f"({'CUDA graphs' if self.graphs == 'cuda' else 'eager'}), {self.replays} replays, "
+            f"({self._replay_mode()}), {self.replays} replays, "
             f"{self.rows_checked} real rows checked, capture {self.capture_ms:.1f} ms",
         ]
         if self.shrunk:
@@ -269,6 +274,7 @@ def check_decode_step(
     on_phase: Callable[[str], None] | None = None,
     on_report: Callable[[DecodeStepReport], None] | None = None,
     stop_on_failure: bool = False,
+    emulate: bool | None = None,
 ) -> DecodeStepReport:
     """Capture ``builder`` + the consumer over the config's buckets, replay the workload and
     judge the attention's output (see the module docstring).
@@ -287,6 +293,8 @@ def check_decode_step(
             report to keep).
         stop_on_failure: stop after the first replay in which a property failed, the rest
             left incomplete and the timing skipped (mutation testing).
+        emulate: without CUDA, replay emulated graphs or, with ``False``, run the step
+            eagerly at every replay (``StepGraphs``); default ``cfg.emulate``.
 
     Returns a ``DecodeStepReport``; a builder or consumer that raises is reported, not raised.
     A stop asked for by a signal (``pagegraph.check.signals``) ends the replays early, the
@@ -307,7 +315,8 @@ def check_decode_step(
                               consumer=cfg.consumer, shrunk=note)  # fmt: skip
     props = {name: StepProperty(name) for name in _NAMES}
     report.properties = list(props.values())
-    run = _setup(fn, kind, consumer, cfg, dev, report, props)
+    emulate = cfg.emulate if emulate is None else emulate
+    run = _setup(fn, kind, consumer, cfg, dev, report, props, emulate)
     run.on_phase = on_phase or _no_phase
     if on_report is not None:
         on_report(report)  # the shapes and device, before anything can crash
@@ -326,7 +335,8 @@ def _no_phase(phase: str) -> None:
     pass
 
 
-def _setup(fn, kind, consumer, cfg: CheckConfig, dev, report, props) -> _Run:
+def _setup(fn, kind, consumer, cfg: CheckConfig, dev, report, props,
+           emulate: bool | None = None) -> _Run:  # fmt: skip
     pool = KVPool(**pool_kwargs(cfg), device=dev)
     shape = StepShape(
         max_bs=cfg.max_bs, width=cfg.width, page_size=cfg.page_size, num_pages=pool.num_pages,
@@ -336,7 +346,7 @@ def _setup(fn, kind, consumer, cfg: CheckConfig, dev, report, props) -> _Run:
     )  # fmt: skip
     buckets = Buckets(cfg.buckets, cfg.max_bs)
     graphs = StepGraphs(fn, kind, consumer or default_consumer(cfg.consumer), shape,
-                        pool.req_to_token, buckets.sizes, cfg.seed + 2)  # fmt: skip
+                        pool.req_to_token, buckets.sizes, cfg.seed + 2, emulate)  # fmt: skip
     gen = torch.Generator().manual_seed(cfg.seed + 3)
     return _Run(cfg, graphs, pool, report, props, resolve_padding(cfg.padding), buckets, gen)
 
@@ -353,8 +363,14 @@ def _capture(run: _Run) -> bool:
         run.report.stopped = what
         return False
     run.report.capture_ms = (time.perf_counter() - t0) * 1e3
+    g = run.graphs
+    run.report.emulated = g.emulated
     run.props["capture"].detail = f"{len(run.buckets)} buckets" + (
-        " captured" if run.graphs.use_graphs else " warmed up eagerly (no CUDA graphs)"
+        " captured"
+        if g.use_graphs
+        else " captured (emulated)" + describe_frozen(g.graphs)
+        if g.emulated
+        else " warmed up eagerly (no CUDA graphs)"
     )
     if not run.graphs.sentinel_intact():
         run.props["sentinel page untouched"].fail("the sentinel page changed during capture")

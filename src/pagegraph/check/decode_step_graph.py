@@ -23,7 +23,9 @@ it.
 ``capture()`` warms every bucket up on a side stream (a Triton kernel's first launch loads its
 module, illegal inside a capture), then captures one graph per bucket, largest first, all in
 one memory pool, with lengths of one token in the inputs. ``replay(bucket)`` launches the
-bucket's graph; without CUDA the same body runs eagerly (Triton interpreter).
+bucket's graph; without CUDA each bucket's step is captured into an ``EmulatedGraph``
+(``pagegraph.graph.emulate``: what the capture recorded replays, builder and consumer are not
+called again; Triton interpreter), or with ``emulate=False`` the body runs eagerly.
 
 Timing (``capture_timing``, ``time_bucket``): per bucket, three more graphs, in a pool of their
 own, each of ``TIMING_CALLS`` back-to-back calls of one body: the whole step, the builder
@@ -51,6 +53,7 @@ import numpy as np
 import torch
 
 from ..consumers import csr_decode_attention, paged_decode_attention, prepare_decode_attention
+from ..graph.emulate import EmulatedGraph
 from ..kinds import KindSpec
 from .config import CSR_CONSUMERS
 
@@ -155,10 +158,13 @@ class StepGraphs:
         req_to_token: the pool's ``[max_reqs + 1, >= max_context_len]`` table.
         buckets: batch sizes to capture.
         seed: the KV pages' random values.
+        emulate: without CUDA, capture the step's graphs as ``EmulatedGraph`` (default) or,
+            with ``False``, run the step eagerly at every replay. Timing stays eager there.
     """
 
     def __init__(self, builder, kind: KindSpec, consumer: Callable, shape: StepShape,
-                 req_to_token: torch.Tensor, buckets, seed: int):  # fmt: skip
+                 req_to_token: torch.Tensor, buckets, seed: int,
+                 emulate: bool | None = None):  # fmt: skip
         self.builder, self.kind, self.consumer = builder, kind, consumer
         #: the builder writes the consumer's lengths itself (a decode-metadata builder)
         self.writes_lengths = "cache_seqlens" in kind.vector_names
@@ -170,6 +176,7 @@ class StepGraphs:
         self.buckets = sorted(buckets, reverse=True)
         self.device = dev = req_to_token.device
         self.use_graphs = dev.type == "cuda"
+        self.emulated = not self.use_graphs and emulate is not False
         s, i32 = shape, torch.int32
         self.req_pool_indices = torch.zeros(s.max_bs, dtype=s.index_dtype, device=dev)
         self.seq_lens = torch.zeros(s.max_bs, dtype=s.index_dtype, device=dev)
@@ -193,7 +200,7 @@ class StepGraphs:
             s.max_bs, s.num_q_heads, s.head_dim, device=dev,
             max_context_len=s.width * s.page_size,
         )  # fmt: skip
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.graphs: dict[int, torch.cuda.CUDAGraph | EmulatedGraph] = {}
         #: part ("step", "builder", "consumer") -> bucket -> graph of ``timing_calls`` calls
         self.timing_graphs: dict[str, dict[int, torch.cuda.CUDAGraph]] = {}
         self._timing_bodies: dict[str, Callable[[int], None]] = {}
@@ -252,9 +259,11 @@ class StepGraphs:
 
     # -- capture and replay ------------------------------------------------------------------
 
-    def _capture(self, body: Callable[[int], None], graphs: dict, pool=None) -> None:
+    def _capture(self, body: Callable[[int], None], graphs: dict, pool=None,
+                 emulate: bool = False) -> None:  # fmt: skip
         """Warm ``body`` up for every bucket on a side stream, then capture it, largest bucket
-        first, in one pool (``pool``, default a new one); eagerly, only the warm-up."""
+        first, in one pool (``pool``, default a new one); without CUDA the warm-up, then
+        (``emulate``) one ``EmulatedGraph`` per bucket, largest first."""
         # Short lengths at capture: replays must not depend on them.
         self.seq_lens.fill_(1)
         self.req_pool_indices.fill_(0)
@@ -262,6 +271,11 @@ class StepGraphs:
             with _quiet_interpreter():
                 for bs in self.buckets:
                     body(bs)
+                for bs in self.buckets if emulate else ():
+                    graph = EmulatedGraph()
+                    with graph.capture():
+                        body(bs)
+                    graphs[bs] = graph
             return
         with torch.cuda.device(self.device):
             current = torch.cuda.current_stream()
@@ -282,15 +296,19 @@ class StepGraphs:
 
     def capture(self) -> None:
         """The step's graphs (builder then consumer), one per bucket."""
-        self._capture(self.step, self.graphs)
+        self._capture(self.step, self.graphs, emulate=self.emulated)
 
     def replay(self, bucket: int) -> None:
-        """Run bucket ``bucket``'s step: its graph, or eagerly without CUDA."""
+        """Run bucket ``bucket``'s step: its graph (emulated without CUDA), or the step
+        eagerly."""
         if self.use_graphs:
             self.graphs[bucket].replay()
             return
         with _quiet_interpreter():
-            self.step(bucket)
+            if self.emulated:
+                self.graphs[bucket].replay()
+            else:
+                self.step(bucket)
 
     # -- timing ----------------------------------------------------------------------------
 

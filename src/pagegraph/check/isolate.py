@@ -2,7 +2,7 @@
 illegal address, a device-side assert, a segfault, ``os.abort()``, a hang) cannot take the
 run down.
 
-``run_isolated(jobs)`` starts one child (``python -m pagegraph.isolate``) for a list of
+``run_isolated(jobs)`` starts one child (``python -m pagegraph.check.isolate``) for a list of
 checks (one builder over several configs, say) and returns one report per check. The child:
 
 * writes its report after every chunk of replays (``check_replay_safety``'s ``on_chunk``)

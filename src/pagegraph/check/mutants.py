@@ -31,6 +31,13 @@ from ..kernels.contract import ERROR_KINDS, cdiv, check_builder_args
 from ..kernels.decode_metadata import build_decode_metadata
 from ..kernels.kv_indices import build_kv_indices
 from ..kernels.page_table import build_page_table
+from .mutants_csr import (
+    csr_ell_offsets,
+    csr_one_page_past,
+    csr_pages_frozen,
+    plain_kv_indices,
+    reset_csr_caches,
+)
 from .mutants_vllm import VLLM_CONTROLS, reset_vllm_caches, vllm_mutants
 
 # Bug codes of _mutant_kernel (0: none, the plain kernel is correct).
@@ -367,6 +374,16 @@ def width_frozen_per_batch_size(
     build_page_table(req_to_token, req_pool_indices, seq_lens, page_table[:, :n], page_size, **kw)
 
 
+def width_from_host_max(req_to_token, req_pool_indices, seq_lens, page_table, page_size, **kw):
+    """The width read on the host from the batch's longest length at every call."""
+    # Right at every eager call (one sync each); a capture freezes the capture-time width.
+    longest = int(seq_lens.max()) if seq_lens.numel() else 0
+    n = max(1, min(cdiv(max(longest, 0), page_size), page_table.shape[1]))
+    if "swa_page_table" in kw:
+        kw = dict(kw, swa_page_table=kw["swa_page_table"][:, :n])
+    build_page_table(req_to_token, req_pool_indices, seq_lens, page_table[:, :n], page_size, **kw)
+
+
 _host_lengths: dict[int, torch.Tensor] = {}
 
 
@@ -470,82 +487,6 @@ def cu_q_unscaled(req_to_token, req_pool_indices, seq_lens, page_size, **kw):
         torch.arange(cu_q.shape[0], out=cu_q)
 
 
-# -- CSR bugs (build_kv_indices's signature) ---------------------------------------------------
-
-_csr_frozen: dict[tuple[int, int], int] = {}
-
-
-def _csr(fn: Callable) -> Callable:
-    fn.pagegraph_outputs = "csr"
-    return fn
-
-
-def _torch_csr(req_to_token, req_pool_indices, seq_lens, page_size, kv_indptr, kv_indices,
-               *, bug: str = "", max_pages: int | None = None) -> None:  # fmt: skip
-    """The CSR contract in sync-free torch ops (one scatter through a dump entry), with one
-    ``bug`` switched in: ``"ell"`` (row i written at ``i * row_pages``), ``"past_end"`` (each
-    row writes one page too many)."""
-    bs, C = seq_lens.shape[0], kv_indices.shape[0]
-    row_pages = cdiv(req_to_token.shape[1], page_size)
-    tokens = seq_lens.long().clamp(0, row_pages * page_size)  # clamped before rounding up
-    n = (tokens + page_size - 1) // page_size
-    if max_pages is not None:
-        n = n.clamp(max=max_pages)
-    ends = torch.cumsum(n, 0).clamp(max=C)
-    starts = torch.cat([ends.new_zeros(1), ends[:-1]])
-    kv_indptr[1 : bs + 1] = ends.to(torch.int32)
-    kv_indptr[:1].fill_(0)
-    cols = torch.arange(row_pages, device=seq_lens.device)
-    counts = (ends - starts)[:, None]
-    base = torch.arange(bs, device=seq_lens.device) * row_pages if bug == "ell" else starts
-    dest = base[:, None] + cols
-    rows = req_pool_indices.long().clamp(0, req_to_token.shape[0] - 1)
-    cols_tokens = (cols * page_size).clamp(max=req_to_token.shape[1] - 1)
-    ids = (req_to_token[rows[:, None], cols_tokens].long() // page_size).to(torch.int32)
-    padded = torch.cat([kv_indices, kv_indices.new_zeros(1)])
-    # Scatters with one destination each (their order on a GPU is undefined for repeats):
-    # past_end's extra pages first, so that the next row's own first page overwrites them.
-    passes = [cols < counts] if bug != "past_end" else [cols == counts, cols < counts]
-    for live in passes:
-        padded.scatter_(0, torch.where(live & (dest < C), dest, C).reshape(-1), ids.reshape(-1))
-    kv_indices.copy_(padded[:C])
-
-
-@_csr
-def csr_ell_offsets(req_to_token, req_pool_indices, seq_lens, page_size, *, kv_indptr,
-                    kv_indices):  # fmt: skip
-    """Row i's pages written at i * row_pages (a padded layout) while kv_indptr is packed."""
-    _torch_csr(req_to_token, req_pool_indices, seq_lens, page_size, kv_indptr, kv_indices,
-               bug="ell")  # fmt: skip
-
-
-@_csr
-def csr_one_page_past(req_to_token, req_pool_indices, seq_lens, page_size, *, kv_indptr,
-                      kv_indices):  # fmt: skip
-    """Each row copies pages p <= n: one entry too many, past kv_indptr[bs] at the last row."""
-    _torch_csr(req_to_token, req_pool_indices, seq_lens, page_size, kv_indptr, kv_indices,
-               bug="past_end")  # fmt: skip
-
-
-@_csr
-def csr_pages_frozen(req_to_token, req_pool_indices, seq_lens, page_size, *, kv_indptr,
-                     kv_indices):  # fmt: skip
-    """Pages per row capped at what a batch size's first call (its warm-up) needed."""
-    key = (kv_indices.data_ptr(), seq_lens.shape[0])
-    if key not in _csr_frozen:
-        longest = int(seq_lens.cpu().numpy().max()) if seq_lens.numel() else 0
-        _csr_frozen[key] = max(1, cdiv(max(longest, 0), page_size))
-    _torch_csr(req_to_token, req_pool_indices, seq_lens, page_size, kv_indptr, kv_indices,
-               max_pages=_csr_frozen[key])  # fmt: skip
-
-
-@_csr
-def plain_kv_indices(req_to_token, req_pool_indices, seq_lens, page_size, *, kv_indptr,
-                     kv_indices):  # fmt: skip
-    """The CSR contract in sync-free torch ops: the mutants' base, correct (a control)."""
-    _torch_csr(req_to_token, req_pool_indices, seq_lens, page_size, kv_indptr, kv_indices)
-
-
 # -- the zoo -----------------------------------------------------------------------------------
 
 
@@ -635,6 +576,9 @@ MUTANTS: dict[str, Mutant] = {
         Mutant("side_stream_not_joined", side_stream_not_joined, False, "capture"),
         Mutant("width_frozen_per_batch_size", width_frozen_per_batch_size, True,
                "graph-safe (captured short, replayed long)"),
+        Mutant("width_from_host_max", width_from_host_max, True,
+               "graph-safe (on a CPU through emulated graphs); on a GPU also the eager call's "
+               "sync and the capture"),
         Mutant("stale_host_copy_grid", stale_host_copy_grid, True,
                "correct / graph-safe; on a GPU also sync-free builder call (cupti)"),
         Mutant("launch_plan_cached_by_address", launch_plan_cached_by_address, True,
@@ -674,8 +618,9 @@ CONTROLS: dict[str, Callable] = {
 
 def reset_caches() -> None:
     """Forget what host-bug mutants cached (tests run several checks in one process)."""
-    for cache in (_logged, _streams, _frozen_pages, _host_lengths, _plans, _mappings, _csr_frozen):
+    for cache in (_logged, _streams, _frozen_pages, _host_lengths, _plans, _mappings):
         cache.clear()
+    reset_csr_caches()
     reset_vllm_caches()
 
 

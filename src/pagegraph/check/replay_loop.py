@@ -195,6 +195,8 @@ def _replay(state: ReplayState, i: int, mstep: ModelStep, args: tuple) -> Replay
     allocations = tally.read() - a0 if tally.per_replay else 0
     builder_calls = state.run.probe.calls[calls_before:]
     del state.run.probe.calls[calls_before:]  # eager replays: measured here, not kept
+    if state.graphs and not tally.per_replay:  # a chunk's tally is the runner's alone
+        tally.base += sum(c.allocations for c in builder_calls)
     return ReplayMeasure(dt, allocations, counter, before, builder_calls)
 
 

@@ -203,6 +203,8 @@ class Report:
     #: milliseconds the replays waited, after capture, for every workload child's first
     #: batch (the children's start-up, outside the steady state; 0 without children)
     workload_start_ms: float = 0.0
+    #: whether the replays ran emulated graphs on the CPU (``pagegraph.graph.emulate``)
+    emulated: bool = False
 
     def __post_init__(self) -> None:
         if isinstance(self.graphs, bool):
@@ -290,6 +292,7 @@ class Report:
             "config": dataclasses.asdict(self.config),
             "device": self.device,
             "graphs": self.graphs,
+            "emulated": self.emulated,
             "verdict": self.verdict,
             "safe": self.safe,
             "complete": self.stopped is None,
@@ -366,7 +369,13 @@ class Report:
         report.phase_us = dict(d.get("phase_us", {}))
         report.workload_in_process = bool(d.get("workload_in_process", False))
         report.workload_start_ms = float(d.get("workload_start_ms", 0.0))
+        report.emulated = bool(d.get("emulated", False))
+        if report.emulated and report.graphs == "none":  # a report written before the field
+            report.graphs = "emulated"
         return report
+
+    def _replay_mode(self) -> str:
+        return {"cuda": "CUDA graphs", "emulated": "emulated graphs", "none": "eager"}[self.graphs]
 
     def format(self) -> str:
         rate = (
@@ -375,9 +384,7 @@ class Report:
             else (f", {self.replays_per_s:.0f} checked replays/s")
         )
         lines = [
-            f"builder {self.builder} on {self.device} ("
-            + {"cuda": "CUDA graphs", "emulated": "emulated graphs", "none": "eager"}[self.graphs]
-            + ")"
+            f"builder {self.builder} on {self.device} ({self._replay_mode()})"
             f", {self.replays} replays ({len(self.out_of_contract_replays)} out of contract, "
             f"{self.config.injection_level} injections)"
             f", capture {self.capture_ms:.1f} ms{rate}, detectors: "

@@ -63,6 +63,7 @@ the problem, raised before anything runs::
                                           #   build_kv_indices's signature)
     workload_process = "auto"             # on | off | auto: the workload's host model in a
                                           #   child process (auto: CUDA graphs, >= 1000 steps)
+    emulate = true                        # no CUDA: emulated graphs (false: eager replays)
     strict = []                           # advice promoted to failures: compilations,
                                           #   allocations, error-counters
     preset_outputs = []                   # entries set at allocation, never written by the
@@ -163,6 +164,7 @@ _SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], str | None]]] = {
         "chunk": (_INT, "chunk"),
         "outputs": ((str,), "outputs"),
         "workload_process": ((str,), "workload_process"),
+        "emulate": ((bool,), "emulate"),
         "strict": ((list,), "strict"),
         "preset_outputs": ((list,), "preset_outputs"),
     },

@@ -97,6 +97,12 @@ class CheckRun:
         return "nothing was captured: the replays are eager calls of the builder"
 
     @property
+    def emulated(self) -> bool:
+        """Whether the runner replays emulated graphs on the CPU (``GraphRunner.emulated``):
+        then replays, as with CUDA graphs, never call the builder."""
+        return bool(getattr(self.runner, "emulated", False))
+
+    @property
     def len_limit(self) -> int:
         """The longest in-contract row: past it a length is out of the contract."""
         return max(self.cfg.max_context_len, self.cfg.width * self.cfg.page_size)

@@ -134,7 +134,7 @@ def pop() -> str:
     """Close the innermost range opened on this thread; returns its full name."""
     stack = _stack()
     if not stack:
-        raise RuntimeError("pagegraph.ranges.pop() without a matching push() on this thread")
+        raise RuntimeError("pagegraph.detect.ranges.pop() without a matching push() on this thread")
     full_name, rf = stack.pop()
     if rf is not None:
         rf.__exit__(None, None, None)

@@ -25,8 +25,8 @@ kernels on the same addresses, so between replays only the buffers' contents may
   check and the post, which read each tensor's attributes once a call.
 
 All replays are issued on the caller's current stream, one after another, so graphs that share
-the pool never run concurrently, whatever the bucket order. Without CUDA the same code path
-runs the builder eagerly (no graph), so buckets, padding and staging are exercised on a CPU.
+the pool never run concurrently, whatever the bucket order. Without CUDA each bucket's graph is
+an ``EmulatedGraph`` (``pagegraph.graph.emulate``; ``emulate=False``: the builder runs eagerly).
 """
 
 from __future__ import annotations
@@ -42,7 +42,14 @@ from ..kernels.page_table import build_page_table
 from ..kinds import kind_of
 from ..kinds.builders import builder_capabilities, resolve_builder
 from .buckets import Buckets, PaddingPolicy, resolve_padding
-from .errors import BufferAllocationError, CaptureOutOfMemory, NotCaptured, StaticBufferMoved
+from .emulate import capture_emulated, emulation_wanted
+from .errors import (
+    BufferAllocationError,
+    CaptureOutOfMemory,
+    NotCaptured,
+    StaticBufferMoved,
+    oom_message,
+)
 from .staging import Mailbox
 
 __all__ = [
@@ -102,6 +109,7 @@ class GraphRunner:
         full_to_swa: ``[num_slots + 1]`` int32/int64 enables the SWA table.
         errors: allocate an ``errors`` counter buffer and pass it to the builder.
         use_graphs: capture CUDA graphs (default: when ``req_to_token`` is on CUDA).
+        emulate: without CUDA graphs on the CPU, emulated ones (default) or none (``False``).
         index_dtype: dtype of the static ``req_pool_indices`` and ``seq_lens``.
         page_table, swa_page_table: an engine's own static output buffers
             (``[>= max_bs, >= max_num_pages]`` int32, inner stride 1), used instead of new
@@ -147,6 +155,7 @@ class GraphRunner:
         kv_indices: torch.Tensor | None = None,
         vectors: dict[str, torch.Tensor] | None = None,
         engine=None,
+        emulate: bool | None = None,
     ):
         _check_arguments(req_to_token, page_size, max_context_len, index_dtype, full_to_swa)
         self._configure(
@@ -168,8 +177,8 @@ class GraphRunner:
             )
         self._allocate_buffers(max_bs, index_dtype, errors, page_table, swa_page_table, given)
         self._init_staging(max_bs, index_dtype)
-
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}
+        self.emulated = emulation_wanted(self.device, use_graphs, emulate)
+        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}  # or EmulatedGraph (self.emulated)
         self.pool = None
         self._addresses: dict[str, tuple] | None = None
         # With graphs captured: the bucket of each batch size 0..max_bs (None for 0), which
@@ -435,7 +444,7 @@ class GraphRunner:
 
     def capture(self) -> None:
         """Warm every bucket up, then capture one graph per bucket, largest first, in one
-        shared pool (eager mode: only records the buffer addresses)."""
+        shared pool (eager mode: only records the buffer addresses; emulated: see the top)."""
         # Short lengths in the buffers at capture: replays must not depend on them.
         self.seq_lens.fill_(1)
         self.req_pool_indices.fill_(0)
@@ -472,8 +481,11 @@ class GraphRunner:
                         self._build(bs)
                         if self.eager_builder:
                             self.graph_reads(bs)
+                if self.emulated:  # staging stays outside: it writes what the record reads
+                    body = self.graph_reads if self.eager_builder else self._build
+                    self.graphs.update(capture_emulated(sizes, body, step))
         except torch.OutOfMemoryError as exc:
-            raise CaptureOutOfMemory(self._oom_message(step[0], step[1], exc)) from exc
+            raise CaptureOutOfMemory(oom_message(self, step[0], step[1], exc)) from exc
         self._addresses = self.addresses()
         self._watch = [
             (name, t, t.data_ptr(), t.shape, t.stride())
@@ -493,22 +505,6 @@ class GraphRunner:
             self._range_names = {
                 bs: (range_name("stage", bs), range_name("replay", bs)) for bs in self.buckets.sizes
             }
-
-    def _oom_message(self, what: str, bucket: int, exc: BaseException) -> str:
-        tables = 2 if self.swa_page_table is not None else 1
-        table_bytes = tables * bucket * self.max_num_pages * 4
-        free = ""
-        if self.device.type == "cuda":
-            try:
-                free_bytes, total = torch.cuda.mem_get_info(self.device)
-                free = f", {free_bytes / 2**30:.2f} of {total / 2**30:.2f} GiB free now"
-            except Exception:  # noqa: BLE001 - the message matters more than this figure
-                pass
-        return (
-            f"out of memory during {what} of bucket {bucket}: {tables} page table(s) of "
-            f"[{bucket}, {self.max_num_pages}] int32 ({table_bytes / 2**20:.1f} MiB), "
-            f"{len(self.graphs)} graph(s) captured so far{free} ({exc})"
-        )
 
     @property
     def captured(self) -> bool:
@@ -634,7 +630,7 @@ class GraphRunner:
                     else:
                         self.graph_reads(bucket)
                 else:
-                    self._build(bucket)
+                    self.graphs[bucket].replay() if self.emulated else self._build(bucket)
             finally:
                 pop()
         elif torch._C._cuda_getDevice() == self._device_index:
@@ -688,7 +684,7 @@ class GraphRunner:
         """Release the graphs and their pool (pending replays finish first). The references
         are dropped even when that wait raises (a CUDA context a builder broke)."""
         try:
-            if self.graphs:
+            if self.graphs and self.use_graphs:
                 torch.cuda.synchronize(self.device)
         finally:
             self.graphs.clear()

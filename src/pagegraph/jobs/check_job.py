@@ -2,7 +2,7 @@
 
 ``run_check`` loads and validates every scenario first (a bad file, a bad option or a scenario
 that does not fit the device's memory is a usage error, exit 2, before anything runs), then
-checks each one with ``pagegraph.checker.check_replay_safety`` (a scenario with a
+checks each one with ``pagegraph.check.checker.check_replay_safety`` (a scenario with a
 ``[consumer]`` table: ``pagegraph.check.decode_step.check_decode_step``, the decode step end to
 end), in this process or, for a user's ``module:function`` or file builder (or
 ``isolate=True``), in a child process each (``pagegraph.check.isolate``). Ctrl-C and

@@ -9,7 +9,7 @@ Without nsys, the same check runs in-process under torch.profiler with ``record_
 ranges standing in for the NVTX ones (torch.profiler does not see NVTX), and with
 ``enable_cuda_sync_events`` so sync records are in the trace too.
 
-Either way the trace goes through :mod:`pagegraph.trace` with ``--forbid-sync 'replay/*'``
+Either way the trace goes through :mod:`pagegraph.detect.trace` with ``--forbid-sync 'replay/*'``
 and a markdown report lands beside it: ``OUT/NAME.{nsys-rep,sqlite | json}`` + ``OUT/NAME.md``.
 """
 

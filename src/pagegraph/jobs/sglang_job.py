@@ -2,7 +2,7 @@
 fits them, and the findings with their reproducers (``make sglang``).
 
 For each SGLang client of ``pagegraph.clients.sglang`` (``CLIENTS``) and each scenario whose
-builder kind (``pagegraph.kernels.registry.builder_kind``) is the client's, the job runs the
+builder kind (``pagegraph.kinds.kind_of``) is the client's, the job runs the
 check in a child process of its own (``pagegraph.check.isolate.run_isolated``), so a client
 that kills its process is reported with the cause and the next check still runs. A page-table
 client is not run on a scenario whose page size does not divide 4096 (its kernel works in

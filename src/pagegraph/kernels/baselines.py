@@ -5,7 +5,7 @@ covering the whole static width of the table. Each program loads its row's ``seq
 exits when its block starts past the row's page count, so the work done is bounded by the real
 lengths, but the number of programs is ``bs * width / 64`` whatever the lengths: its cost
 follows the width of the table. ``pagegraph.build_page_table`` instead sizes its grid from the
-batch size alone and walks each row's live pages in a loop (see ``pagegraph.kernel``).
+batch size alone and walks each row's live pages in a loop (see ``pagegraph.kernels.page_table``).
 
 It is graph-safe, sync-free and exact (same contract and outputs as ``build_page_table``, SWA
 included), so the checker accepts it (``pagegraph check --builder block_grid``) and the bench

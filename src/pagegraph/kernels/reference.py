@@ -164,7 +164,7 @@ def static_width_gather(
         swa_page_table[:, :n] = _swa_pages(full_to_swa, slots, page_size)
 
 
-# -- decode metadata: the oracle and the unfused chain of pagegraph.metadata -------------------
+# -- decode metadata: the oracle and the unfused chain of kernels/decode_metadata.py ---------
 #
 # Both take build_decode_metadata's signature and accept and refuse the same calls (they run
 # its host checks, with CPU tensors allowed). The metadata module is imported inside the
@@ -188,13 +188,15 @@ def reference_decode_metadata(
     full_to_swa=None,
     errors=None,
 ) -> None:
-    """The oracle of ``pagegraph.metadata.build_decode_metadata``, in Python ints on the host.
+    """The oracle of ``pagegraph.kernels.decode_metadata.build_decode_metadata``, in Python
+    ints on the host.
 
     ``cache_seqlens[i] = min(max(seq_lens[i], 0) + draft_tokens, 2^31 - 1)``;
     ``cu_seqlens_k = [0, running sums of cache_seqlens]`` (an int32 ``cu_seqlens_k`` saturated
     at 2^31 - 1, as the kernel stores it); ``cu_seqlens_q[i] = i * max(draft_tokens, 1)``; the
     page tables from ``reference_page_table`` with lengths ``cache_seqlens``. With ``errors``
-    it adds the counts the kernel adds (``pagegraph.metadata.DECODE_ERROR_KINDS``). Shapes and
+    it adds the counts the kernel adds
+    (``pagegraph.kernels.decode_contract.DECODE_ERROR_KINDS``). Shapes and
     dtypes as ``build_decode_metadata``; reads values on the host (syncs).
     """
     from .decode_metadata import check_decode_args

@@ -1,4 +1,5 @@
-"""The fused decode-metadata kind: ``pagegraph.build_decode_metadata``'s contract.
+"""The fused decode-metadata kind: the contract of
+``pagegraph.kernels.decode_metadata.build_decode_metadata``.
 
 ``build(req_to_token, req_pool_indices, seq_lens, page_size, *, cache_seqlens, cu_seqlens_k,
 page_table, draft_tokens=0, cu_seqlens_q=None, swa_page_table=None, full_to_swa=None,

@@ -1,0 +1,89 @@
+"""The mutant zoo's CSR builders (``build_kv_indices``'s signature): one plain-torch base,
+``plain_kv_indices`` (a control), with one bug switched in each; ``pagegraph.check.mutants``
+lists them in ``MUTANTS``."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+
+import torch
+
+from ..kernels.contract import cdiv
+
+_csr_frozen: dict[tuple[int, int], int] = {}
+
+
+def _csr(fn: Callable) -> Callable:
+    fn.pagegraph_outputs = "csr"
+    return fn
+
+
+def _torch_csr(req_to_token, req_pool_indices, seq_lens, page_size, kv_indptr, kv_indices,
+               *, bug: str = "", max_pages: int | None = None) -> None:  # fmt: skip
+    """The CSR contract in sync-free torch ops (one scatter through a dump entry), with one
+    ``bug`` switched in: ``"ell"`` (row i written at ``i * row_pages``), ``"past_end"`` (each
+    row writes one page too many)."""
+    bs, C = seq_lens.shape[0], kv_indices.shape[0]
+    row_pages = cdiv(req_to_token.shape[1], page_size)
+    tokens = seq_lens.long().clamp(0, row_pages * page_size)  # clamped before rounding up
+    n = (tokens + page_size - 1) // page_size
+    if max_pages is not None:
+        n = n.clamp(max=max_pages)
+    ends = torch.cumsum(n, 0).clamp(max=C)
+    starts = torch.cat([ends.new_zeros(1), ends[:-1]])
+    kv_indptr[1 : bs + 1] = ends.to(torch.int32)
+    kv_indptr[:1].fill_(0)
+    cols = torch.arange(row_pages, device=seq_lens.device)
+    counts = (ends - starts)[:, None]
+    base = torch.arange(bs, device=seq_lens.device) * row_pages if bug == "ell" else starts
+    dest = base[:, None] + cols
+    rows = req_pool_indices.long().clamp(0, req_to_token.shape[0] - 1)
+    cols_tokens = (cols * page_size).clamp(max=req_to_token.shape[1] - 1)
+    ids = (req_to_token[rows[:, None], cols_tokens].long() // page_size).to(torch.int32)
+    padded = torch.cat([kv_indices, kv_indices.new_zeros(1)])
+    # Scatters with one destination each (their order on a GPU is undefined for repeats):
+    # past_end's extra pages first, so that the next row's own first page overwrites them.
+    passes = [cols < counts] if bug != "past_end" else [cols == counts, cols < counts]
+    for live in passes:
+        padded.scatter_(0, torch.where(live & (dest < C), dest, C).reshape(-1), ids.reshape(-1))
+    kv_indices.copy_(padded[:C])
+
+
+@_csr
+def csr_ell_offsets(req_to_token, req_pool_indices, seq_lens, page_size, *, kv_indptr,
+                    kv_indices):  # fmt: skip
+    """Row i's pages written at i * row_pages (a padded layout) while kv_indptr is packed."""
+    _torch_csr(req_to_token, req_pool_indices, seq_lens, page_size, kv_indptr, kv_indices,
+               bug="ell")  # fmt: skip
+
+
+@_csr
+def csr_one_page_past(req_to_token, req_pool_indices, seq_lens, page_size, *, kv_indptr,
+                      kv_indices):  # fmt: skip
+    """Each row copies pages p <= n: one entry too many, past kv_indptr[bs] at the last row."""
+    _torch_csr(req_to_token, req_pool_indices, seq_lens, page_size, kv_indptr, kv_indices,
+               bug="past_end")  # fmt: skip
+
+
+@_csr
+def csr_pages_frozen(req_to_token, req_pool_indices, seq_lens, page_size, *, kv_indptr,
+                     kv_indices):  # fmt: skip
+    """Pages per row capped at what a batch size's first call (its warm-up) needed."""
+    key = (kv_indices.data_ptr(), seq_lens.shape[0])
+    if key not in _csr_frozen:
+        longest = int(seq_lens.cpu().numpy().max()) if seq_lens.numel() else 0
+        _csr_frozen[key] = max(1, cdiv(max(longest, 0), page_size))
+    _torch_csr(req_to_token, req_pool_indices, seq_lens, page_size, kv_indptr, kv_indices,
+               max_pages=_csr_frozen[key])  # fmt: skip
+
+
+@_csr
+def plain_kv_indices(req_to_token, req_pool_indices, seq_lens, page_size, *, kv_indptr,
+                     kv_indices):  # fmt: skip
+    """The CSR contract in sync-free torch ops: the mutants' base, correct (a control)."""
+    _torch_csr(req_to_token, req_pool_indices, seq_lens, page_size, kv_indptr, kv_indices)
+
+
+def reset_csr_caches() -> None:
+    """Forget what ``csr_pages_frozen`` cached."""
+    _csr_frozen.clear()

@@ -1,0 +1,358 @@
+"""``EmulatedGraph``: what a CUDA graph freezes at capture, imitated on a CPU.
+
+A captured CUDA graph replays exactly what was recorded: every kernel's grid, scalar
+arguments and constexprs, every tensor address, and whatever host-side decisions the body
+made while it was captured (a width from an ``.item()``, an entry of a host dict, a Python
+int computed from data). Calling the builder again at each replay, as an eager runner does,
+hides every bug of that class on a CPU. This module records the body once and replays the
+record without calling the body again:
+
+* aten ops are seen through a ``TorchDispatchMode``: each one is kept with its tensor
+  arguments by identity (the tensor objects themselves, kept alive) and its other arguments
+  as the values capture saw. On replay, view ops are skipped (their recorded outputs still
+  alias their bases), in-place and ``out=`` ops run again on the recorded tensors, and
+  functional ops run again with their result copied into the recorded output tensor, so
+  every later op that captured that tensor reads the new values. Allocation-only ops
+  (``empty``) run nothing, as on a GPU.
+* Triton launches under the interpreter (``TRITON_INTERPRET=1``) are seen at
+  ``InterpretedFunction.run``, the entry every ``kernel[grid](...)`` call reaches in Triton
+  3.6: the jitted function, the grid (a callable grid is evaluated at capture and frozen),
+  scalar arguments and constexprs as values, tensors by identity. The interpreter's own host
+  copies of its arguments are not recorded (they are how it runs a kernel, not the body).
+* Tensors made during capture stay alive with the record: the graph's private pool.
+* A graph holds addresses: every tensor the record touches (views and their bases included)
+  must be where capture saw it. A replay after one was given new storage (``set_``, a
+  growing ``resize_``) raises ``EmulationError``: a GPU would read the old memory silently,
+  an emulation would read the new one, and neither is what the body meant.
+
+What cannot be replayed faithfully stays frozen as capture saw it, and is listed in
+``frozen``: an op with a Python-scalar output (``_local_scalar_dense`` behind ``.item()``,
+``int()``, ``bool()``), whose value the body went on with as a host value, and an op whose
+output shape depends on the data (``nonzero``, ``masked_select``, ``unique``, ...), whose
+recorded output keeps its captured contents. On a GPU either syncs, which fails a capture;
+here the rest of the record is built on the capture-time value, which is what a builder that
+read it outside the capture (at warm-up, say) would have frozen into the graph.
+Random ops run again on replay and draw new values from the CPU generator (a CUDA graph
+advances its Philox offset at each replay: new values too, from another generator).
+Host code that reads a tensor without dispatching an op (``.numpy()``) is invisible here,
+and its result is frozen like any other host value.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections.abc import Callable
+from contextlib import contextmanager
+
+import torch
+from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
+from torch.utils._pytree import tree_flatten
+
+from ..detect.ranges import phase
+
+__all__ = [
+    "EmulatedGraph",
+    "EmulationError",
+    "capture_emulated",
+    "describe_frozen",
+    "emulation_wanted",
+]
+
+aten = torch.ops.aten
+
+#: Ops that only allocate: a graph runs nothing for them at replay (the memory keeps what the
+#: last kernel left there), so neither does the emulation.
+_ALLOCATION_ONLY = {
+    aten.empty.memory_format,
+    aten.empty_strided.default,
+    aten.empty_like.default,
+    aten.new_empty.default,
+    aten.new_empty_strided.default,
+}
+
+#: Ops whose output shape depends on the data: on CUDA each syncs (the capture fails); here
+#: the recorded output keeps its captured contents (torch's sync debug mode lists the same;
+#: ``repeat_interleave`` given its ``output_size`` does not sync, and runs again).
+_DATA_DEPENDENT_SHAPE = {
+    aten.nonzero.default,
+    aten.masked_select.default,
+    aten._unique.default,
+    aten._unique2.default,
+    aten.unique_dim.default,
+    aten.unique_consecutive.default,
+    aten.repeat_interleave.Tensor,
+}
+
+
+class EmulationError(RuntimeError):
+    """The record cannot be replayed as captured (a view moved, a shape changed)."""
+
+
+def _mutates(func) -> bool:
+    """Whether an op writes one of its arguments (in place or ``out=``)."""
+    return any(a.alias_info is not None and a.alias_info.is_write for a in func._schema.arguments)
+
+
+def _tensors(tree) -> list[torch.Tensor]:
+    return [t for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor)]
+
+
+def _storage(t: torch.Tensor) -> int:
+    return t.untyped_storage().data_ptr()
+
+
+class _Recorder(TorchDispatchMode):
+    """Records every aten op dispatched while active, except while ``paused`` (inside a
+    Triton launch, whose interpreter copies are not part of the body)."""
+
+    def __init__(self, graph: EmulatedGraph):
+        super().__init__()
+        self.graph = graph
+        self.paused = 0
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        out = func(*args, **kwargs)
+        if not self.paused:
+            self.graph._record_op(func, args, kwargs, out)
+        return out
+
+
+class EmulatedGraph:
+    """A CUDA graph's capture and replay, imitated on CPU tensors (see the module's notes).
+
+    The interface the runner uses of ``torch.cuda.CUDAGraph``: ``with graph.capture():
+    body()`` (or ``graph.record(fn, *args)``, or ``capture_begin()``/``capture_end()``), then
+    ``graph.replay()`` any number of times. ``frozen`` names the ops whose results stay as
+    capture saw them; ``steps`` counts what a replay runs (ops and launches).
+    """
+
+    def __init__(self):
+        self._steps: list[Callable[[], None]] = []
+        #: every tensor the record touched: the graph's private pool, kept alive
+        self._keep: list = []
+        #: id -> (tensor, data_ptr at capture) of every tensor the record touches
+        self._watch: dict[int, tuple[torch.Tensor, int]] = {}
+        self._watched: list[tuple[torch.Tensor, int]] = []
+        #: ops whose results stay frozen as captured (host reads, data-dependent shapes)
+        self.frozen: list[str] = []
+        self.launches = 0
+        self._recorder: _Recorder | None = None
+        self._saved_run = None
+        self.captured = False
+
+    # -- capture ----------------------------------------------------------------------------
+
+    def capture_begin(self) -> None:
+        if self.captured or self._recorder is not None:
+            raise EmulationError("this EmulatedGraph has a capture already: reset() it first")
+        self._recorder = _Recorder(self)
+        self._hook_triton()
+        try:
+            self._recorder.__enter__()
+        except BaseException:
+            self._unhook_triton()
+            self._recorder = None
+            raise
+
+    def capture_end(self) -> None:
+        try:
+            self._recorder.__exit__(None, None, None)
+        finally:
+            self._unhook_triton()
+            self._recorder = None
+        self._watched = list(self._watch.values())
+        self.captured = True
+
+    @contextmanager
+    def capture(self):
+        """Record everything the block runs (it runs once, for real). A block that raises
+        leaves no graph (as a failed CUDA capture): the record is dropped."""
+        self.capture_begin()
+        try:
+            yield self
+        except BaseException:
+            self.capture_end()
+            self.reset()
+            raise
+        self.capture_end()
+
+    def record(self, fn: Callable, *args, **kwargs):
+        """Capture ``fn(*args, **kwargs)``; return what it returned."""
+        with self.capture():
+            return fn(*args, **kwargs)
+
+    def _record_op(self, func, args, kwargs, out) -> None:
+        """One aten op seen at capture, turned into what its replay runs (or nothing)."""
+        self._keep.append((args, kwargs, out))
+        outputs = _tensors(out)
+        self._watch_tensors(_tensors((args, kwargs)) + outputs)
+        if func in _ALLOCATION_ONLY:
+            return
+        flat_out = tree_flatten(out)[0]
+        if any(not isinstance(o, torch.Tensor) and o is not None for o in flat_out):
+            # A Python scalar the body went on with on the host: frozen, as capture saw it.
+            self.frozen.append(str(func))
+            return
+        if _mutates(func):
+            self._steps.append(lambda: func(*args, **kwargs))
+            return
+        if func in _DATA_DEPENDENT_SHAPE and kwargs.get("output_size") is None:
+            self.frozen.append(str(func))
+            return
+        inputs = {_storage(t) for t in _tensors((args, kwargs))}
+        if func.is_view or any(_storage(o) in inputs for o in outputs):
+            # An alias of an input (a view, lift_fresh, _unsafe_view): nothing to run; its
+            # memory is its base's.
+            return
+        self._steps.append(self._functional_step(func, args, kwargs, outputs))
+
+    @staticmethod
+    def _functional_step(func, args, kwargs, outputs: list[torch.Tensor]) -> Callable[[], None]:
+        """Run ``func`` again and copy its result into the tensors capture returned."""
+        if len(outputs) == 1:
+            target = outputs[0]
+
+            def step() -> None:
+                new = func(*args, **kwargs)
+                if new.shape != target.shape:
+                    raise EmulationError(f"{func} made shape {tuple(new.shape)} at replay, "
+                                         f"{tuple(target.shape)} at capture")  # fmt: skip
+                target.copy_(new)
+
+            return step
+
+        def steps() -> None:
+            news = _tensors(func(*args, **kwargs))
+            for new, target in zip(news, outputs, strict=True):
+                if new.shape != target.shape:
+                    raise EmulationError(f"{func} changed an output's shape at replay")
+                target.copy_(new)
+
+        return steps
+
+    # -- Triton launches ----------------------------------------------------------------------
+
+    def _hook_triton(self) -> None:
+        """Wrap the interpreter's launch entry while capturing: every ``kernel[grid](...)``
+        call is recorded with its grid frozen, and runs with op recording paused."""
+        try:
+            from triton.runtime.interpreter import InterpretedFunction
+        except ImportError:  # no Triton: only aten ops can be recorded
+            return
+        original = InterpretedFunction.run
+        graph, recorder, capturing = self, self._recorder, threading.get_ident()
+
+        def run(fn_self, *args, grid, warmup, **kwargs):
+            # The class is patched for every thread; the dispatch mode, like a CUDA capture's
+            # stream, sees only the capturing thread's work, so the launches recorded do too.
+            if warmup or threading.get_ident() != capturing:
+                return original(fn_self, *args, grid=grid, warmup=warmup, **kwargs)
+            frozen = {}
+            if callable(grid):
+                # Evaluated once, by the interpreter, on this launch's arguments; frozen.
+                def frozen_grid(meta, _grid=grid):
+                    frozen["grid"] = tuple(_grid(meta))
+                    return frozen["grid"]
+
+                launch_grid = frozen_grid
+            else:
+                frozen["grid"] = launch_grid = tuple(grid)
+            recorder.paused += 1
+            try:
+                result = original(fn_self, *args, grid=launch_grid, warmup=False, **kwargs)
+            finally:
+                recorder.paused -= 1
+            graph._record_launch(original, fn_self, args, kwargs, frozen["grid"])
+            return result
+
+        self._saved_run = (InterpretedFunction, original)
+        InterpretedFunction.run = run
+
+    def _unhook_triton(self) -> None:
+        if self._saved_run is not None:
+            cls, original = self._saved_run
+            cls.run = original
+            self._saved_run = None
+
+    def _record_launch(self, run, fn, args, kwargs, grid: tuple) -> None:
+        self._keep.append((fn, args, kwargs))
+        self._watch_tensors(_tensors((args, kwargs)))
+        self.launches += 1
+        self._steps.append(lambda: run(fn, *args, grid=grid, warmup=False, **kwargs))
+
+    def _watch_tensors(self, tensors: list[torch.Tensor]) -> None:
+        for t in tensors:
+            if id(t) not in self._watch:
+                self._watch[id(t)] = (t, t.data_ptr())
+
+    # -- replay -------------------------------------------------------------------------------
+
+    @property
+    def steps(self) -> int:
+        """Ops and launches a replay runs."""
+        return len(self._steps)
+
+    def replay(self) -> None:
+        """Run the record again on the recorded tensors, never the body. Dispatch modes the
+        caller has on (an allocation counter, say) do not see it: a graph's replay allocates
+        nothing and dispatches nothing on the host."""
+        if not self.captured:
+            raise EmulationError("replay() before capture")
+        for t, ptr in self._watched:
+            if t.data_ptr() != ptr:
+                raise EmulationError(
+                    f"a tensor of shape {tuple(t.shape)} recorded at capture moved ({ptr:#x} "
+                    f"-> {t.data_ptr():#x}): it was given new storage after capture"
+                )
+        if torch._C._len_torch_dispatch_stack():
+            with _disable_current_modes():
+                for step in self._steps:
+                    step()
+        else:
+            for step in self._steps:
+                step()
+
+    def reset(self) -> None:
+        """Drop the record and release its tensors."""
+        self.__init__()
+
+
+# -- GraphRunner's use ---------------------------------------------------------------------------
+
+
+def emulation_wanted(device: torch.device, use_graphs: bool | None, emulate: bool | None) -> bool:
+    """Whether a runner on ``device`` captures emulated graphs: on the CPU with ``use_graphs``
+    unset, unless ``emulate=False`` (``ValueError`` for ``emulate=True`` anywhere else)."""
+    possible = device.type == "cpu" and use_graphs is None
+    if emulate and not possible:
+        raise ValueError("emulate=True needs a CPU runner with use_graphs unset")
+    return possible and emulate is not False
+
+
+def capture_emulated(sizes: list[int], build: Callable[[int], None],
+                     step: list) -> dict[int, EmulatedGraph]:  # fmt: skip
+    """One ``EmulatedGraph`` of ``build(bs)`` per bucket of ``sizes`` (warmed up already), in
+    that order (the runner's: largest first), each in its ``capture/bs=N`` range. ``step`` is
+    the runner's ``[what, bucket]`` reached, for an out-of-memory message. The body is the
+    builder alone: on the CPU the runner stages outside the graph (no mailbox), into the very
+    static inputs the recorded ops read by identity."""
+    graphs = {}
+    step[0] = "capture"
+    for bs in sizes:
+        step[1] = bs
+        graph = graphs[bs] = EmulatedGraph()
+        with phase("capture", bs), graph.capture():
+            build(bs)
+    return graphs
+
+
+def describe_frozen(graphs) -> str:
+    """``"; N op(s) frozen at capture (names)"`` over emulated ``graphs`` (a dict or list),
+    or ``""``: what the replays could not redo, which on a GPU would have synced."""
+    frozen = [op for g in (graphs.values() if isinstance(graphs, dict) else graphs)
+              for op in getattr(g, "frozen", ())]  # fmt: skip
+    if not frozen:
+        return ""
+    names = ", ".join(sorted({op.removeprefix("aten.") for op in frozen}))
+    return f"; {len(frozen)} op(s) frozen at capture, a sync on a GPU ({names})"
