@@ -165,8 +165,7 @@ class DecodeStepReport(Report):
         """The report ``to_dict`` wrote (a child process's): ``Report.from_dict`` plus the
         step's fields."""
         report = super().from_dict(d)
-        report.properties = [StepProperty(p.name, p.status, p.detail, p.first_failure)
-                             for p in report.properties]  # fmt: skip
+        report.properties = [StepProperty(**vars(p)) for p in report.properties]
         step = d.get("decode_step") or {}
         report.consumer = step.get("consumer") or report.config.consumer or "paged"
         report.shrunk = step.get("shrunk")
@@ -365,6 +364,8 @@ def _capture(run: _Run) -> bool:
     run.report.capture_ms = (time.perf_counter() - t0) * 1e3
     g = run.graphs
     run.report.emulated = g.emulated
+    if g.emulated:
+        run.report.graphs = "emulated"
     run.props["capture"].detail = f"{len(run.buckets)} buckets" + (
         " captured"
         if g.use_graphs

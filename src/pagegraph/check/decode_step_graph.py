@@ -53,6 +53,7 @@ import numpy as np
 import torch
 
 from ..consumers import csr_decode_attention, paged_decode_attention, prepare_decode_attention
+from ..graph.capture import capture_buckets
 from ..graph.emulate import EmulatedGraph
 from ..kinds import KindSpec
 from .config import CSR_CONSUMERS
@@ -267,32 +268,12 @@ class StepGraphs:
         # Short lengths at capture: replays must not depend on them.
         self.seq_lens.fill_(1)
         self.req_pool_indices.fill_(0)
-        if not self.use_graphs:
-            with _quiet_interpreter():
-                for bs in self.buckets:
-                    body(bs)
-                for bs in self.buckets if emulate else ():
-                    graph = EmulatedGraph()
-                    with graph.capture():
-                        body(bs)
-                    graphs[bs] = graph
-            return
-        with torch.cuda.device(self.device):
-            current = torch.cuda.current_stream()
-            side = torch.cuda.Stream()
-            side.wait_stream(current)
-            with torch.cuda.stream(side):
-                for bs in self.buckets:
-                    body(bs)
-            current.wait_stream(side)
-            torch.cuda.synchronize()
-            pool = pool or torch.cuda.graph_pool_handle()
-            for bs in self.buckets:
-                graph = torch.cuda.CUDAGraph()
-                with torch.cuda.graph(graph, pool=pool):
-                    body(bs)
-                graphs[bs] = graph
-            torch.cuda.synchronize()
+        mode = "cuda" if self.use_graphs else "emulated" if emulate else "eager"
+        quiet = _quiet_interpreter() if not self.use_graphs else contextlib.nullcontext()
+        with quiet:
+            captured, _ = capture_buckets(self.buckets, warm_up=body, body=body, mode=mode,
+                                          device=self.device, pool=pool, ranges=False)  # fmt: skip
+        graphs.update(captured)
 
     def capture(self) -> None:
         """The step's graphs (builder then consumer), one per bucket."""

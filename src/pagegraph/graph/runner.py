@@ -42,7 +42,8 @@ from ..kernels.page_table import build_page_table
 from ..kinds import kind_of
 from ..kinds.builders import builder_capabilities, resolve_builder
 from .buckets import Buckets, PaddingPolicy, resolve_padding
-from .emulate import capture_emulated, emulation_wanted
+from .capture import capture_buckets
+from .emulate import emulation_wanted
 from .errors import (
     BufferAllocationError,
     CaptureOutOfMemory,
@@ -363,6 +364,20 @@ class GraphRunner:
         (a copy into ``read_table``), as an attention kernel would."""
         self.read_table[:bs].copy_(self.page_table[:bs])
 
+    def _warm_up_graph(self, bs: int) -> None:
+        """A bucket's warm-up before its CUDA graph: the graph's body, after the builder of a
+        kind built eagerly (the graph then reads what it wrote)."""
+        if self.eager_builder:
+            self._build(bs)
+        self._graph_body(bs)
+
+    def _warm_up_eagerly(self, bs: int) -> None:
+        """A bucket's warm-up without CUDA graphs (no mailbox: the builder, then what a graph
+        of an eagerly built kind reads)."""
+        self._build(bs)
+        if self.eager_builder:
+            self.graph_reads(bs)
+
     def _graph_body(self, bs: int) -> None:
         """What a bucket's graph runs: the stage from the mailbox (a no-op when nothing was
         posted, as in warm-up), then the builder."""
@@ -452,38 +467,15 @@ class GraphRunner:
         step = ["warm-up", sizes[0]]  # where an out-of-memory error happened
         try:
             if self.use_graphs:
-                with torch.cuda.device(self.device):
-                    current = torch.cuda.current_stream()
-                    side = torch.cuda.Stream()
-                    side.wait_stream(current)
-                    with torch.cuda.stream(side):
-                        for bs in sizes:
-                            step[1] = bs
-                            with phase("warmup", bs):
-                                if self.eager_builder:
-                                    self._build(bs)
-                                self._graph_body(bs)
-                    current.wait_stream(side)
-                    torch.cuda.synchronize()
-                    self.pool = torch.cuda.graph_pool_handle()
-                    step[0] = "capture"
-                    for bs in sizes:
-                        step[1] = bs
-                        graph = torch.cuda.CUDAGraph()
-                        with phase("capture", bs), torch.cuda.graph(graph, pool=self.pool):
-                            self._graph_body(bs)
-                        self.graphs[bs] = graph
-                    torch.cuda.synchronize()
-            else:
-                for bs in sizes:
-                    step[1] = bs
-                    with phase("warmup", bs):
-                        self._build(bs)
-                        if self.eager_builder:
-                            self.graph_reads(bs)
-                if self.emulated:  # staging stays outside: it writes what the record reads
-                    body = self.graph_reads if self.eager_builder else self._build
-                    self.graphs.update(capture_emulated(sizes, body, step))
+                mode, warm_up, body = "cuda", self._warm_up_graph, self._graph_body
+            else:  # the body excludes staging, which writes what the record reads
+                mode = "emulated" if self.emulated else "eager"
+                warm_up = self._warm_up_eagerly
+                body = self.graph_reads if self.eager_builder else self._build
+            graphs, self.pool = capture_buckets(
+                sizes, warm_up=warm_up, body=body, mode=mode, device=self.device, step=step
+            )
+            self.graphs.update(graphs)
         except torch.OutOfMemoryError as exc:
             raise CaptureOutOfMemory(oom_message(self, step[0], step[1], exc)) from exc
         self._addresses = self.addresses()

@@ -1,0 +1,88 @@
+"""Capturing one graph per batch bucket: the one capture path of the runner and of the decode
+step's graphs (``pagegraph.check.decode_step_graph``).
+
+``capture_buckets`` warms a body up for every bucket, then captures it once per bucket in the
+order given (largest first: later, smaller graphs fit in the memory the first one reserved),
+all graphs in one memory pool:
+
+* ``"cuda"``: the warm-up on a side stream (a Triton kernel's first launch loads its module,
+  which is illegal inside a capture), then ``torch.cuda.CUDAGraph`` captures;
+* ``"emulated"``: the warm-up, then one ``pagegraph.graph.emulate.EmulatedGraph`` a bucket,
+  which records the body's operations and replays them without calling it again;
+* ``"eager"``: the warm-up only (replays call the body again).
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Callable
+
+import torch
+
+from ..detect.ranges import phase
+from .emulate import EmulatedGraph
+
+#: Values of ``capture_buckets``' ``mode``.
+CAPTURE_MODES = ("cuda", "emulated", "eager")
+
+
+def capture_buckets(
+    sizes: list[int],
+    *,
+    warm_up: Callable[[int], None],
+    body: Callable[[int], None],
+    mode: str,
+    device: torch.device,
+    pool=None,
+    step: list | None = None,
+    ranges: bool = True,
+) -> tuple[dict, object]:
+    """Warm ``warm_up(bs)`` up for each of ``sizes``, then capture ``body(bs)`` into one
+    graph per size (see the module docstring); returns ``(graphs by size, pool)``.
+
+    ``pool``: the CUDA memory pool to share (default a new one). ``step``: a ``[what,
+    bucket]`` list kept up to date (``"warm-up"`` or ``"capture"``), for an out-of-memory
+    message. ``ranges``: each call inside a ``warmup/bs=N`` or ``capture/bs=N`` NVTX range.
+    """
+    if mode not in CAPTURE_MODES:
+        raise ValueError(f"mode must be one of {CAPTURE_MODES}, got {mode!r}")
+    step = step if step is not None else ["warm-up", sizes[0]]
+    graphs: dict = {}
+
+    def ranged(name: str, bs: int):
+        return phase(name, bs) if ranges else contextlib.nullcontext()
+
+    if mode == "cuda":
+        with torch.cuda.device(device):
+            current = torch.cuda.current_stream()
+            side = torch.cuda.Stream()
+            side.wait_stream(current)
+            with torch.cuda.stream(side):
+                for bs in sizes:
+                    step[1] = bs
+                    with ranged("warmup", bs):
+                        warm_up(bs)
+            current.wait_stream(side)
+            torch.cuda.synchronize()
+            pool = pool or torch.cuda.graph_pool_handle()
+            step[0] = "capture"
+            for bs in sizes:
+                step[1] = bs
+                graph = torch.cuda.CUDAGraph()
+                with ranged("capture", bs), torch.cuda.graph(graph, pool=pool):
+                    body(bs)
+                graphs[bs] = graph
+            torch.cuda.synchronize()
+        return graphs, pool
+    for bs in sizes:
+        step[1] = bs
+        with ranged("warmup", bs):
+            warm_up(bs)
+    if mode == "emulated":
+        step[0] = "capture"
+        for bs in sizes:
+            step[1] = bs
+            graph = graphs[bs] = EmulatedGraph()
+            with ranged("capture", bs), graph.capture():
+                body(bs)
+    return graphs, pool
