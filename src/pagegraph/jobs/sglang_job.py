@@ -36,11 +36,12 @@ from pathlib import Path
 import torch
 
 from ..check.config import CheckConfig
-from ..check.isolate import IsolatedError, Job, run_isolated, write_json_atomic
+from ..check.isolate import IsolatedError, Job, child_env, run_isolated, write_json_atomic
 from ..check.report import Report
 from ..check.scenario import load_scenario
 from ..clients import sglang as sglang_client
 from ..kernels.registry import builder_kind, resolve_builder, signature_problem
+from ..workload.lifetime import script_command
 from .check_job import _memory_problem
 from .environment import environment
 from .scenario_paths import scenario_path, shipped_scenarios
@@ -288,8 +289,8 @@ def run_reproducer(path: str, timeout: float = REPRODUCER_TIMEOUT) -> dict:
         return {"exit_code": None, "state": f"not found at {script}"}
     try:
         done = subprocess.run(
-            [sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True,
-            timeout=timeout,
+            script_command(str(script)), cwd=ROOT, capture_output=True, text=True,
+            timeout=timeout, env=child_env(),
         )  # fmt: skip
     except subprocess.TimeoutExpired:
         return {"exit_code": None, "state": f"timed out after {timeout:.0f} s"}
