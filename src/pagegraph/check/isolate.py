@@ -281,11 +281,14 @@ def run_isolated(
     *,
     timeout: float | None = DEFAULT_TIMEOUT,
     on_report=None,
+    on_phase=None,
 ) -> list[Report]:
     """Run every job in child processes (one at a time, in order); one report per job.
 
     ``timeout``: seconds a single check may take before it is killed. ``on_report(i,
-    report)`` is called as each job's report is known. Ctrl-C in the parent reaches the
+    report)`` is called as each job's report is known; ``on_phase(i, phase)`` about five
+    times a second with the phase the child noted last (``"capture"``, ``"replay 17"``, ...:
+    progress for the caller to show). Ctrl-C in the parent reaches the
     child too (same process group): the child writes its partial report and exits, and the
     parent raises ``KeyboardInterrupt`` with ``.reports`` holding what was done.
     """
@@ -300,7 +303,9 @@ def run_isolated(
             limit = None if timeout is None else timeout * (len(jobs) - next_job)
             with open(err_path, "w") as err:
                 proc = subprocess.Popen(cmd, env=child_env(), stderr=err, stdout=subprocess.DEVNULL)
-                ended = _wait_for_child(proc, limit, paused=lambda: _waiting_for_a_slot(tmp))
+                watch = None if on_phase is None else (lambda: _tell_phase(tmp, on_phase))
+                ended = _wait_for_child(proc, limit, paused=lambda: _waiting_for_a_slot(tmp),
+                                        watch=watch)  # fmt: skip
             ended.stderr = err_path.read_text(errors="replace")
             ended.progress = (tmp / "progress").read_bytes().decode(errors="replace").strip()
             next_job = _collect_reports(jobs, next_job, tmp, ended, reports, on_report)
@@ -308,6 +313,17 @@ def run_isolated(
                 ended.interrupted.reports = [r for r in reports if r is not None]
                 raise ended.interrupted
     return [r for r in reports if r is not None]
+
+
+def _tell_phase(tmp: Path, on_phase) -> None:
+    """Call ``on_phase(job, phase)`` with what the child's progress note says, if anything."""
+    try:
+        text = (tmp / "progress").read_bytes().decode(errors="replace").strip()
+    except OSError:
+        return
+    job, _, phase = text.partition("\t")
+    if job.isdigit() and phase:
+        on_phase(int(job), phase)
 
 
 def _waiting_for_a_slot(tmp: Path) -> bool:
@@ -355,10 +371,12 @@ class _ChildEnd:
     progress: str = ""
 
 
-def _wait_for_child(proc: subprocess.Popen, limit: float | None, paused=None) -> _ChildEnd:
+def _wait_for_child(proc: subprocess.Popen, limit: float | None, paused=None,
+                    watch=None) -> _ChildEnd:  # fmt: skip
     """Wait for the child, forwarding a stop request to it; kill it past ``limit`` seconds
     (or ``FORWARDED_STOP_S`` after a forwarded stop). While ``paused()`` is true (the child
-    waits for a memory slot) the limit's clock stands still."""
+    waits for a memory slot) the limit's clock stands still. ``watch()`` is called at every
+    poll (a fifth of a second)."""
     interrupted = None
     timed_out = False
     deadline = None if limit is None else time.monotonic() + limit
@@ -373,6 +391,8 @@ def _wait_for_child(proc: subprocess.Popen, limit: float | None, paused=None) ->
         except KeyboardInterrupt as exc:  # no stop_on_signals in the caller
             interrupted = interrupted or exc
             request_stop(getattr(exc, "signum", signal.SIGINT))
+        if watch is not None:
+            watch()
         if deadline is not None and not forwarded and paused is not None and paused():
             deadline += time.monotonic() - polled
         signum = stop_requested()

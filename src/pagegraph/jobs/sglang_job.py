@@ -27,6 +27,7 @@ kernel files are not installed or the arguments are bad, 130 when interrupted.
 from __future__ import annotations
 
 import argparse
+import contextlib
 import subprocess
 import sys
 from concurrent.futures import ThreadPoolExecutor
@@ -44,6 +45,7 @@ from ..kernels.registry import builder_kind, resolve_builder, signature_problem
 from ..workload.lifetime import script_command
 from .check_job import _memory_problem
 from .environment import environment
+from .progress import Progress
 from .scenario_paths import scenario_path, shipped_scenarios
 
 __all__ = ["CLIENTS", "FINDINGS", "Finding", "SGLangRun", "grid_columns", "main", "run_job"]
@@ -216,12 +218,30 @@ def _summary(run: SGLangRun) -> str:
 
 def run_checks(runs: list[SGLangRun], *, timeout: float | None, quiet: bool) -> bool:
     """Run each planned check in a child process; False when interrupted (the runs not
-    reached keep no report, the one running keeps what it had found)."""
+    reached keep no report, the one running keeps what it had found). Unless ``quiet``, a
+    progress line on stderr at least every ``progress.EVERY_S``: checks done, the time left,
+    the running check's phase."""
+    total = sum(run.skipped is None for run in runs)
+    progress = Progress("sglang_job", total, "checks")
+    with contextlib.ExitStack() as stack:
+        if not quiet:
+            stack.enter_context(progress.heartbeat())
+        return _run_each(runs, timeout, quiet, progress)
+
+
+def _run_each(runs: list[SGLangRun], timeout: float | None, quiet: bool,
+              progress: Progress) -> bool:  # fmt: skip
     for k, run in enumerate(runs):
         if run.skipped is None:
-            job = Job(run.client, run.config, f"{run.client} on {run.scenario}")
+            label = f"{run.client} on {run.scenario}"
+            job = Job(run.client, run.config, label)
+            progress.detail = label
+
+            def on_phase(_, phase: str, label=label, steps=run.config.steps) -> None:
+                progress.detail = f"{label}: {phase} of {steps} replays"
+
             try:
-                run.report = run_isolated([job], timeout=timeout)[0]
+                run.report = run_isolated([job], timeout=timeout, on_phase=on_phase)[0]
             except IsolatedError as exc:
                 run.error = f"could not run: {exc}"
             except KeyboardInterrupt as exc:
@@ -230,6 +250,7 @@ def run_checks(runs: list[SGLangRun], *, timeout: float | None, quiet: bool) -> 
                 for rest in runs[k + (run.report is not None) :]:
                     rest.skipped = rest.skipped or "interrupted before it ran"
                 return False
+            progress.advance(detail="")
         _say(quiet, _summary(run))
     return True
 
@@ -462,6 +483,9 @@ def run_job(args: argparse.Namespace) -> int:
         f"{sglang_client.TESTED_VERSION} (kernel files only, no package metadata)"
     )
     completed = run_checks(runs, timeout=args.timeout, quiet=args.quiet)
+    if completed:
+        _say(args.quiet, f"running the {len(FINDINGS)} findings' reproducers (at most "
+                         f"{REPRODUCER_TIMEOUT:.0f} s each, side by side)")  # fmt: skip
     found = collect_findings(runs, reproducers=completed)
     for f in found["findings"]:
         _say(args.quiet, f"finding {f['key']}: {len(f['hits'])} check(s) hit it; "
