@@ -11,6 +11,7 @@ from __future__ import annotations
 import io
 
 import pytest
+import torch
 
 from pagegraph.check.config import CheckConfig
 from pagegraph.jobs.progress import Progress, check_estimate, format_seconds, slow_warning
@@ -119,10 +120,28 @@ def test_a_big_scenario_on_the_cpu_is_announced_with_an_estimate():
     assert format_seconds(seconds) in line
     # the estimate grows with the replays and the table's size
     assert check_estimate(cfg.replace(steps=cfg.steps * 2), "cpu") > seconds
-    assert check_estimate(cfg.replace(max_context_len=cfg.max_context_len // 2), "cpu") < seconds
+    assert check_estimate(cfg.replace(max_bs=cfg.max_bs // 2), "cpu") < seconds
+    assert check_estimate(cfg.replace(initial_len=(1, 1024)), "cpu") < seconds
 
 
 def test_the_default_scenario_and_a_gpu_are_not_announced():
     assert slow_warning("default", _scenario_config("default"), "cpu") is None
     assert slow_warning("sglang-h200", _scenario_config("sglang-h200"), "cuda") is None
     assert check_estimate(CheckConfig(), "cuda") is None
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU's announcement")
+def test_check_announces_a_slow_scenario_before_it_starts(monkeypatch, capsys):
+    from pagegraph.jobs import check_job
+
+    before = {}
+
+    def not_run(plan, show, results, progress):  # the check itself is not the point
+        before["err"] = capsys.readouterr().err
+        return None
+
+    monkeypatch.setattr(check_job, "_run_in_process", not_run)
+    check_job.run_check(["sglang-h200"], replays=1)
+    cfg = _scenario_config("sglang-h200").replace(steps=1)
+    assert before["err"].splitlines() == [slow_warning("sglang-h200", cfg, "cpu")]
+    assert before["err"].startswith("pagegraph check: sglang-h200 will be slow on the CPU")

@@ -24,9 +24,10 @@ import time
 
 #: Seconds between two progress lines at most.
 EVERY_S = 5.0
-#: Checked table entries a second on a CPU (the Triton interpreter), measured with
-#: ``pagegraph check default`` (see ``check_estimate``).
-CPU_ENTRIES_PER_S = 60_000
+#: Table entries a second a check builds and checks on a CPU (the Triton interpreter),
+#: measured with ``pagegraph check default`` (``check_entries``: 24 rows x 32 pages x 2
+#: tables a replay, about 0.1 s a replay on two cores).
+CPU_ENTRIES_PER_S = 15_000
 #: A check estimated to take longer than this many seconds is announced with its estimate.
 SLOW_CHECK_S = 60.0
 
@@ -138,19 +139,27 @@ class Progress:
             thread.join()
 
 
+def live_pages(cfg) -> int:
+    """Pages a row of ``cfg`` about holds: its longest initial length's, within the width
+    (the builder's work, in the interpreter, goes with the live pages)."""
+    width = -(-cfg.max_context_len // cfg.page_size)
+    return max(1, min(width, -(-cfg.initial_len[1] // cfg.page_size)))
+
+
 def check_entries(cfg) -> int:
-    """Table entries a replay of ``cfg`` checks at most: the largest bucket's rows times the
-    pages of the longest context, for the full table and the SWA one."""
-    pages = -(-cfg.max_context_len // cfg.page_size)
-    return cfg.max_bs * pages * (2 if cfg.swa else 1)
+    """Live table entries a replay of ``cfg`` builds at most: the largest bucket's rows times
+    ``live_pages``, for the full table and the SWA one."""
+    return cfg.max_bs * live_pages(cfg) * (2 if cfg.swa else 1)
 
 
 def check_estimate(cfg, device: str) -> float | None:
     """Seconds a check of ``cfg`` is estimated to take on ``device`` (``"cpu"`` or
     ``"cuda"``); None where pagegraph has no rate (a GPU: checks there run at thousands of
     replays a second). On a CPU: entries per replay (``check_entries``) times replays, plus
-    one replay's worth for every bucket captured, at ``CPU_ENTRIES_PER_S``. An estimate: the
-    interpreter's time also depends on the rows' lengths and on the builder."""
+    one replay's worth for every bucket captured, at ``CPU_ENTRIES_PER_S``. An estimate, and
+    a low one for big scenarios: the interpreter's time also goes with the rows' lengths as
+    they grow, the host's pool model and the builder (measured on ``sglang-h200``: one
+    replay a minute on two busy cores, against the estimate's 9 s)."""
     if device != "cpu":
         return None
     from ..graph.buckets import Buckets
@@ -167,7 +176,6 @@ def slow_warning(name: str, cfg, device: str, limit: float = SLOW_CHECK_S) -> st
         return None
     return (
         f"pagegraph check: {name} will be slow on the CPU (Triton interpreter): estimate "
-        f"{format_seconds(seconds)} for {cfg.steps} replays of up to {cfg.max_bs} rows x "
-        f"{-(-cfg.max_context_len // cfg.page_size)} pages; --replays N shortens it, a GPU "
-        "runs it in seconds"
+        f"{format_seconds(seconds)} or more for {cfg.steps} replays of up to {cfg.max_bs} rows "
+        f"x {live_pages(cfg)} live pages; --replays N shortens it, a GPU runs it in seconds"
     )
