@@ -35,7 +35,10 @@ def test_check_default_scenario(tmp_path, capsys):
     assert "| property | covers | status | detail |" in text
     assert "verdict: SAFE" in text
     if not CUDA:
-        assert "| sync-free replay path | runner (with graphs); runner + builder (eager) | skip "
+        assert (
+            "| sync-free replay path | runner (with graphs); runner + builder (eager) | skip "
+            in text
+        )
         assert "needs a GPU" in text
     doc = json.loads(out_json.read_text())
     assert doc["complete"] is True and doc["interrupted"] is None

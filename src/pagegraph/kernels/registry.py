@@ -83,6 +83,8 @@ def resolve_builder(spec: str | Callable) -> Callable:
     clients = client_builders()
     if spec in clients:
         return clients[spec]
+    if ":" not in spec and _is_path(spec):
+        raise BuilderLoadError(_file_without_function(spec))
     if ":" not in spec:
         known = ", ".join(sorted([*BUILDERS, *METADATA_BUILDERS, *CSR_BUILDERS, *clients]))
         raise BuilderLoadError(
@@ -93,17 +95,32 @@ def resolve_builder(spec: str | Callable) -> Callable:
     module = _load_module(spec, target)
     fn = getattr(module, attr, None)
     if fn is None:
-        public = sorted(
-            n for n, v in vars(module).items()
-            if callable(v) and n[:1] != "_" and getattr(v, "__module__", None) == module.__name__
-        )  # fmt: skip
         raise BuilderLoadError(
             f"cannot load builder {spec!r}: {target} has no attribute {attr!r} "
-            f"(its functions: {', '.join(public) or 'none'})"
+            f"(its functions: {', '.join(_functions(module)) or 'none'})"
         )
     if not callable(fn):
         raise BuilderLoadError(f"builder {spec!r} is not callable")
     return fn
+
+
+def _functions(module) -> list[str]:
+    """The public functions defined in ``module`` (not imported into it), sorted."""
+    return sorted(
+        n for n, v in vars(module).items()
+        if callable(v) and n[:1] != "_" and getattr(v, "__module__", None) == module.__name__
+    )  # fmt: skip
+
+
+def _file_without_function(spec: str) -> str:
+    """The message for a builder given as a file without ``:function``."""
+    if not Path(spec).is_file():
+        return f"builder {spec!r} names a file but no function, and there is no such file"
+    functions = ", ".join(_functions(_load_module(f"{spec}:FUNCTION", spec))) or "none"
+    return (
+        f"builder {spec!r} names a file but no function: use {spec}:FUNCTION "
+        f"(its functions: {functions})"
+    )
 
 
 def builder_spec_for_child(spec: str) -> str:
