@@ -145,3 +145,15 @@ def test_the_readme_trace_command_runs_on_a_fresh_clone(capsys, monkeypatch):
     monkeypatch.chdir(ROOT)
     assert main(["trace", str(trace.relative_to(ROOT)), "--forbid-sync", "replay/*"]) == 0
     assert "PASS: no synchronization or device-to-host copy inside" in capsys.readouterr().out
+
+
+@pytest.mark.skipif(CUDA, reason="the torch detector runs where there is CUDA")
+def test_a_detector_that_cannot_run_is_refused_before_anything_else(capsys):
+    # make soak on a CPU: one usage line, not a slow-scenario estimate and then the refusal
+    assert main(["check", "sglang-h200", "--replays", "100000", "--detectors", "torch"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1, err
+    assert (
+        err[0].startswith("pagegraph check: ")
+        and "requested detector(s) cannot run: torch" in (err[0])
+    )

@@ -233,6 +233,7 @@ def _plan(scenarios, *, replays, builder, detectors, workload_process, strict,
             cfg = cfg.replace(workload_process=workload_process)
         if strict is not None:
             cfg = cfg.replace(strict=tuple(dict.fromkeys((*cfg.strict, *parse_strict(strict)))))
+        _refuse_detectors(s.path, cfg.detectors)
         kind = builder_kind(fn, cfg.outputs)
         if builder is not None:  # the scenario's presets are its own builder's
             cfg = presets_of_kind(cfg, kind)
@@ -246,6 +247,18 @@ def _plan(scenarios, *, replays, builder, detectors, workload_process, strict,
             raise ValueError(f"{s.path}: {problem}")
         configs.append(cfg)
     return _Plan(loaded, [builder_spec_for_child(s) for s in specs], fns, configs)
+
+
+def _refuse_detectors(path, detectors) -> None:
+    """A ``ValueError`` when a detector asked for by name cannot run here: a usage error
+    before anything runs (and before a slow scenario is announced)."""
+    from ..detect.sync_record import refuse_unavailable
+
+    if detectors and detectors != "auto":
+        try:
+            refuse_unavailable(parse_detectors(detectors))
+        except DetectorUnavailable as exc:
+            raise ValueError(f"{path}: {exc}") from None
 
 
 def run_check(
