@@ -45,7 +45,7 @@ from ..kernels.registry import builder_kind, resolve_builder, signature_problem
 from ..workload.lifetime import script_command
 from .check_job import _memory_problem
 from .environment import environment
-from .progress import Progress
+from .progress import Progress, check_estimate, format_seconds
 from .scenario_paths import scenario_path, shipped_scenarios
 
 __all__ = ["CLIENTS", "FINDINGS", "Finding", "SGLangRun", "grid_columns", "main", "run_job"]
@@ -223,6 +223,11 @@ def run_checks(runs: list[SGLangRun], *, timeout: float | None, quiet: bool) -> 
     the running check's phase."""
     total = sum(run.skipped is None for run in runs)
     progress = Progress("sglang_job", total, "checks")
+    if not quiet and not torch.cuda.is_available():
+        seconds = sum(check_estimate(run.config, "cpu") for run in runs if run.skipped is None)
+        print(f"sglang_job: {total} checks on the CPU (Triton interpreter): estimate "
+              f"{format_seconds(seconds)} or more; a GPU runs them in minutes",
+              file=sys.stderr, flush=True)  # fmt: skip
     with contextlib.ExitStack() as stack:
         if not quiet:
             stack.enter_context(progress.heartbeat())
@@ -238,7 +243,8 @@ def _run_each(runs: list[SGLangRun], timeout: float | None, quiet: bool,
             progress.detail = label
 
             def on_phase(_, phase: str, label=label, steps=run.config.steps) -> None:
-                progress.detail = f"{label}: {phase} of {steps} replays"
+                of = f" of {steps}" if phase.startswith("replay") else ""
+                progress.detail = f"{label}: {phase}{of}"
 
             try:
                 run.report = run_isolated([job], timeout=timeout, on_phase=on_phase)[0]
