@@ -145,3 +145,22 @@ def test_check_announces_a_slow_scenario_before_it_starts(monkeypatch, capsys):
     cfg = _scenario_config("sglang-h200").replace(steps=1)
     assert before["err"].splitlines() == [slow_warning("sglang-h200", cfg, "cpu")]
     assert before["err"].startswith("pagegraph check: sglang-h200 will be slow on the CPU")
+
+
+def test_an_isolated_checks_phase_notes_drive_its_progress():
+    from types import SimpleNamespace
+
+    from pagegraph.jobs.check_job import _CheckProgress
+
+    cfg = _scenario_config("default")
+    plan = SimpleNamespace(scenarios=[SimpleNamespace(name="default")], configs=[cfg])
+    shown = _CheckProgress(plan, quiet=False)
+    shown.phase(0, "capture")
+    p = shown.current
+    assert (p.label, p.total, p.done, p.detail) == ("pagegraph check: default", cfg.steps, 0,
+                                                    "capture")  # fmt: skip
+    shown.phase(0, "replay 7 (bucket 4), rows 2, 3 overlong")  # the explaining re-run's note
+    assert (p.done, p.detail) == (7, "")
+    shown.phase(0, "replay 12")
+    assert p.done == 12
+    assert _CheckProgress(plan, quiet=True).scenario(0) is None
