@@ -124,6 +124,14 @@ def test_a_big_scenario_on_the_cpu_is_announced_with_an_estimate():
     assert check_estimate(cfg.replace(initial_len=(1, 1024)), "cpu") < seconds
 
 
+def test_a_config_without_initial_lengths_has_an_estimate():
+    cfg = CheckConfig(max_bs=4, max_context_len=300, page_size=16, steps=8)
+    assert cfg.initial_len is None
+    # the workload's default: up to a quarter of the context, 75 tokens, 5 pages
+    assert check_estimate(cfg, "cpu") > 0
+    assert check_estimate(cfg.replace(initial_len=(1, 75)), "cpu") == check_estimate(cfg, "cpu")
+
+
 def test_the_default_scenario_and_a_gpu_are_not_announced():
     assert slow_warning("default", _scenario_config("default"), "cpu") is None
     assert slow_warning("sglang-h200", _scenario_config("sglang-h200"), "cuda") is None

@@ -140,10 +140,12 @@ class Progress:
 
 
 def live_pages(cfg) -> int:
-    """Pages a row of ``cfg`` about holds: its longest initial length's, within the width
-    (the builder's work, in the interpreter, goes with the live pages)."""
+    """Pages a row of ``cfg`` about holds: its longest initial length's (the workload's
+    default: a quarter of the context), within the width (the builder's work, in the
+    interpreter, goes with the live pages)."""
     width = -(-cfg.max_context_len // cfg.page_size)
-    return max(1, min(width, -(-cfg.initial_len[1] // cfg.page_size)))
+    longest = cfg.initial_len[1] if cfg.initial_len else max(1, cfg.max_context_len // 4)
+    return max(1, min(width, -(-longest // cfg.page_size)))
 
 
 def check_entries(cfg) -> int:
