@@ -58,6 +58,11 @@ def test_a_builder_file_without_a_function_names_its_functions(tmp_path, monkeyp
         "pagegraph check: builder 'good.py' names a file but no function: use "
         "good.py:FUNCTION (its functions: build, helper)"
     ]
+    assert main(["check", "default", "--builder", "good"]) == 2  # the module, by name
+    assert capsys.readouterr().err.strip().splitlines() == [
+        "pagegraph check: builder 'good' names a module but no function: use "
+        "good:FUNCTION (its functions: build, helper)"
+    ]
     assert main(["check", "default", "--builder", "missing.py"]) == 2
     assert capsys.readouterr().err.strip().splitlines() == [
         "pagegraph check: builder 'missing.py' names a file but no function, and there is "

@@ -83,7 +83,7 @@ def resolve_builder(spec: str | Callable) -> Callable:
     clients = client_builders()
     if spec in clients:
         return clients[spec]
-    if ":" not in spec and _is_path(spec):
+    if ":" not in spec and (_is_path(spec) or _local_module_file(spec)):
         raise BuilderLoadError(_file_without_function(spec))
     if ":" not in spec:
         known = ", ".join(sorted([*BUILDERS, *METADATA_BUILDERS, *CSR_BUILDERS, *clients]))
@@ -112,13 +112,22 @@ def _functions(module) -> list[str]:
     )  # fmt: skip
 
 
+def _local_module_file(spec: str) -> Path | None:
+    """The file in the current folder a dotted name without ``:function`` names, if any."""
+    path = Path(spec.replace(".", "/") + ".py")
+    return path if spec.replace(".", "").isidentifier() and path.is_file() else None
+
+
 def _file_without_function(spec: str) -> str:
-    """The message for a builder given as a file without ``:function``."""
-    if not Path(spec).is_file():
-        return f"builder {spec!r} names a file but no function, and there is no such file"
-    functions = ", ".join(_functions(_load_module(f"{spec}:FUNCTION", spec))) or "none"
+    """The message for a builder given as a file (or a module of the current folder)
+    without ``:function``."""
+    path = _local_module_file(spec) or Path(spec)
+    what = "a file" if _is_path(spec) else "a module"
+    if not path.is_file():
+        return f"builder {spec!r} names {what} but no function, and there is no such file"
+    functions = ", ".join(_functions(_load_module(f"{spec}:FUNCTION", str(path)))) or "none"
     return (
-        f"builder {spec!r} names a file but no function: use {spec}:FUNCTION "
+        f"builder {spec!r} names {what} but no function: use {spec}:FUNCTION "
         f"(its functions: {functions})"
     )
 
