@@ -7,6 +7,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -133,12 +134,13 @@ def test_an_interrupted_check_writes_its_reports_marked_incomplete(tmp_path, sig
          "--json", str(out_json), "--markdown", str(out_md)],
         env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
     )  # fmt: skip
-    # Wait until replays are running (the progress bar shows on stderr), then interrupt.
+    # Wait until replays are running (a progress line on stderr counts some), then interrupt.
     deadline = time.monotonic() + 120
     seen = ""
-    while time.monotonic() < deadline and "/100000" not in seen:
+    running = re.compile(r" [1-9][0-9]*/100000 replays")
+    while time.monotonic() < deadline and not running.search(seen):
         seen += proc.stderr.read(1)
-    assert "/100000" in seen, "the check never started replaying"
+    assert running.search(seen), "the check never started replaying"
     time.sleep(1.0)
     proc.send_signal(sig)
     out, _ = proc.communicate(timeout=120)
