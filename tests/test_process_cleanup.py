@@ -10,6 +10,7 @@ processes it had started. The waits are bounded by a test time-out, never assert
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import subprocess
@@ -108,19 +109,11 @@ def slow_check(tmp_path):
     yield start
     for proc in started:  # whatever a failed test left: ours, by pid
         for pid in descendants(proc.pid):
-            with _suppress():
+            with contextlib.suppress(ProcessLookupError):
                 os.kill(pid, signal.SIGKILL)
         if proc.poll() is None:
             proc.kill()
         proc.communicate()
-
-
-class _suppress:
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        return exc[0] is ProcessLookupError
 
 
 @pytest.mark.parametrize(
