@@ -75,3 +75,37 @@ def edge_lengths(page_size: int, capacity_tokens: int) -> list[int]:
         capacity_tokens + 3 * page_size,
         max(1, capacity_tokens // 2 + 1),
     ]
+
+
+def assert_passed(report, *names: str) -> None:
+    """Each named property of ``report`` has status ``"pass"``: a SAFE verdict (or
+    ``report.safe``) also accepts a skip, so a property that silently turned into a skip
+    would pass a test that meant a pass."""
+    statuses = {p.name: p.status for p in report.properties}
+    for name in names:
+        assert name in statuses, f"the report has no property {name!r}: {sorted(statuses)}"
+        assert statuses[name] == "pass", f"{name}: {statuses[name]}\n{report.format()}"
+
+
+def assert_passed_in_text(text: str, *names: str) -> None:
+    """``assert_passed`` on a printed report: each named property's row says ``pass``."""
+    import re
+
+    for name in names:
+        rows = re.findall(rf"^\| {re.escape(name)} \| [^|\n]* \| (\w+) \|", text, re.M)
+        assert rows, f"no row for {name!r} in the report:\n{text}"
+        assert all(s == "pass" for s in rows), f"{name}: {rows}\n{text}"
+
+
+#: The properties a correct page-table builder passes on the CPU too (the Triton interpreter,
+#: eager replays); "row containment" where the replays go out of contract. Not "sync-free
+#: builder call" nor "graph-safe (captured short, replayed long)", whose CPU status is not
+#: a pass by design (no detector; nothing captured).
+CPU_PASSES = (
+    "correct",
+    "bounded writes",
+    "staged inputs",
+    "capture",
+    "replays completed",
+    "static buffers unmoved",
+)

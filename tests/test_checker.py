@@ -25,7 +25,7 @@ from pagegraph.detect.sync import DetectorUnavailable, parse_detectors
 from pagegraph.graph.buckets import resolve_padding
 from pagegraph.pytest_plugin import assert_replay_safe
 
-from helpers import assert_equal_tables
+from helpers import CPU_PASSES, assert_equal_tables, assert_passed
 
 CUDA = torch.cuda.is_available()
 SMALL = CheckConfig(
@@ -238,6 +238,7 @@ def test_kernel_passes_everything_checkable_here():
 def test_out_of_contract_replays_are_judged_by_containment():
     report = check_replay_safety("build_page_table", HOSTILE)
     assert report.safe, report.format()
+    assert_passed(report, *CPU_PASSES, "row containment")
     assert 0 < len(report.out_of_contract_replays) < report.replays
     assert report.property("row containment").passed is True
     assert report.property("error counters").passed is True
@@ -251,6 +252,7 @@ def test_out_of_contract_replays_are_judged_by_containment():
 def test_padding_policies_pass(padding):
     report = check_replay_safety("build_page_table", SMALL, padding=padding, steps=6)
     assert report.safe, report.format()
+    assert_passed(report, *CPU_PASSES)
     if padding == "overlong":
         assert report.out_of_contract_replays, "padded rows carry huge lengths"
 
@@ -269,6 +271,7 @@ def test_padding_policies_pass(padding):
 def test_layouts_pass(layout):
     report = check_replay_safety("build_page_table", SMALL, steps=6, overlong=0.3, **layout)
     assert report.safe, report.format()
+    assert_passed(report, *CPU_PASSES, "row containment")
 
 
 # -- every property can fail -----------------------------------------------------------------
@@ -607,6 +610,7 @@ def test_assert_replay_safe_raises_assertion_error_with_the_report():
     assert info.value.report.property("bounded writes").passed is False
     report = assert_replay_safe("build_page_table", SMALL, steps=3)
     assert report.safe
+    assert_passed(report, *CPU_PASSES)
 
 
 # -- GPU: conformance at real sizes, and the GPU-only properties failing -----------------------
@@ -798,6 +802,7 @@ def test_gpu_decode_metadata_builder_passes_every_property():
 def test_decode_metadata_builder_passes_here():
     report = check_replay_safety("build_decode_metadata", HOSTILE, steps=6, draft_tokens=2)
     assert report.safe, report.format()
+    assert_passed(report, *CPU_PASSES, "row containment")
 
 
 @pytest.mark.parametrize("draft_tokens, len_limit", [(0, 1000), (3, 1000), (8, 5)])

@@ -174,6 +174,7 @@ def test_whole_width_builder_with_a_bounded_consumer_is_safe():
     """What the builder writes past the lengths is invisible to a consumer bounded by them."""
     report = check_decode_step("static_width_gather", tiny())
     assert report.verdict == "SAFE", report.format()
+    assert all(statuses(report)[name] == "pass" for name in PROPS), report.format()
 
 
 def test_csr_consumer_ignoring_last_page_len_fails():

@@ -23,6 +23,8 @@ import pytest
 from pagegraph.cli import main
 from pagegraph.jobs.scenario_paths import shipped_scenarios
 
+from helpers import CPU_PASSES, assert_passed_in_text
+
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
 POISON = -94741925
@@ -136,6 +138,7 @@ def test_a_builder_by_absolute_file_path_is_checked(tmp_path, capsys):
     out = capsys.readouterr().out
     assert code == 0, out
     assert "verdict: SAFE" in out
+    assert_passed_in_text(out, *CPU_PASSES, "row containment")
 
 
 @pytest.mark.heavy
@@ -389,6 +392,8 @@ def test_readme_builder_gets_the_verdict_the_readme_promises(tmp_path, walk):
         out = proc.stdout + proc.stderr
         assert f"verdict: {verdict}" in proc.stdout, out
         assert proc.returncode == exit_code, out
+        if verdict == "SAFE":
+            assert_passed_in_text(proc.stdout, *CPU_PASSES)
 
 
 @pytest.mark.heavy

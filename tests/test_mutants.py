@@ -7,6 +7,7 @@ builders stay SAFE."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 from pathlib import Path
 
@@ -14,6 +15,8 @@ import pytest
 import torch
 
 from pagegraph.check.checker import PROPERTIES
+from pagegraph.check.decode_step import STEP_PROPERTIES
+from pagegraph.check.isolate import run_isolated
 from pagegraph.check.mutants import CONTROLS, MUTANTS
 from pagegraph.jobs.mutate import (
     Outcome,
@@ -40,6 +43,8 @@ def test_the_zoo_is_big_and_documented():
     for m in MUTANTS.values():
         assert m.bug and m.bug.endswith("."), m.name
         assert m.killed_by
+        # every mutant names the properties that catch its bug, real property names
+        assert m.kills and set(m.kills) <= {*PROPERTIES, *STEP_PROPERTIES}, m.name
     assert sum(m.cpu for m in MUTANTS.values()) >= 18
 
 
@@ -66,6 +71,8 @@ def test_every_cpu_killable_mutant_dies_on_the_cpu_scenarios(tmp_path, capsys):
         elif m.cpu:
             assert builders[name]["killed"], name
             assert set(builders[name]["killers"].values()) <= set(PROPERTIES)
+            # killed by its own bug's property, not by a crash or another property alone
+            assert failed_properties(builders[name]) & set(m.kills), (name, builders[name])
         else:
             assert builders[name]["skipped"] == "can only die on a GPU"
     assert "| no_row_clamp |" in text and "smallest killing set: default" in text
@@ -94,6 +101,59 @@ def test_csr_mutants_die_on_the_csr_scenario_and_its_controls_pass(tmp_path, cap
     }
     for name, prop in expected.items():
         assert builders[name]["killers"] == {"csr": prop}, (name, builders[name]["killers"])
+        assert prop in MUTANTS[name].kills
+        assert failed_properties(builders[name]) & set(MUTANTS[name].kills), name
+
+
+def failed_properties(builder: dict) -> set[str]:
+    """The properties that failed in any scenario of a builder's JSON outcome."""
+    return {
+        p["name"]
+        for report in builder["reports"].values()
+        for p in report["properties"]
+        if p["status"] == "FAIL"
+    }
+
+
+#: A quick GPU kill set: representative mutants (each kind of bug, the GPU-only ones among
+#: them) on the scenario that kills them in ``profiles/mutate.md`` and ``mutate-csr.md``.
+GPU_KILL_SET = {
+    "no_row_clamp": "default",  # row containment
+    "extra_last_page": "default",  # bounded writes
+    "floor_last_page": "default",  # correct
+    "errors_stored": "default",  # error counters
+    "debug_sync_outside_capture": "default",  # sync-free builder call
+    "side_stream_not_joined": "default",  # capture / correct
+    "width_frozen_per_batch_size": "default",  # graph-safe / correct
+    "scan_exclusive": "spec-metadata",  # correct (cu_seqlens_k)
+    "csr_one_page_past": "csr",  # kv_indices past kv_indptr[bs]
+}
+
+
+@pytest.mark.gpu
+def test_gpu_kill_set_fails_each_mutants_own_property_and_the_control_is_safe():
+    """What ``make mutate`` shows at length, in seconds: each mutant, checked in a child
+    process (a crash must not take the test process's CUDA context), fails one of its own
+    properties (``Mutant.kills``), and the correct builder is SAFE on the same scenario."""
+    from pagegraph.check.scenario import load_scenario
+    from pagegraph.jobs.mutate import _fitted_jobs, _scenario_jobs
+    from pagegraph.jobs.scenario_paths import scenario_path
+
+    names = sorted(set(GPU_KILL_SET.values()))
+    loaded = {n: load_scenario(scenario_path(n)) for n in names}
+    jobs = []
+    for name, scenario in GPU_KILL_SET.items():
+        (job,) = _scenario_jobs([loaded[scenario]], None, control=False)
+        (job,) = _fitted_jobs(f"pagegraph.check.mutants:{name}", [job], Outcome(name, "", False))
+        jobs.append(dataclasses.replace(job, label=name))
+    (control,) = _scenario_jobs([loaded["default"]], None, control=True)
+    jobs.append(dataclasses.replace(control, builder="build_page_table", label="control"))
+    reports = dict(zip((j.label for j in jobs), run_isolated(jobs, timeout=120)))
+    assert reports["control"].verdict == "SAFE", reports["control"].format()
+    for name in GPU_KILL_SET:
+        report = reports[name]
+        failed = {p.name for p in report.properties if p.status == "FAIL"}
+        assert failed & set(MUTANTS[name].kills), (name, failed, report.format())
 
 
 def test_smallest_killing_set_is_a_cover():

@@ -24,6 +24,8 @@ from pagegraph.kernels.decode_metadata import build_decode_metadata
 from pagegraph.kinds import PAGE_TABLE
 from pagegraph.kinds.builders import builder_capabilities, signature_problem
 
+from helpers import CPU_PASSES, assert_passed
+
 SMALL = CheckConfig(max_bs=8, max_context_len=256, page_size=16, steps=12, buckets="pow2")
 HOSTILE = SMALL.replace(overlong=0.5, negative=0.2, bad_index=0.2, zero_len=0.3, errors=True)
 
@@ -97,6 +99,7 @@ leaves_first_entries.pagegraph_outputs = "decode_metadata"
 def test_allocating_torch_builder_is_safe_with_advice():
     report = check_replay_safety(torch_builder, SMALL)
     assert report.verdict == "SAFE", report.format()
+    assert_passed(report, *CPU_PASSES)
     assert status(report, "no allocation in builder") == "advice"
     assert "allocation" in report.property("no allocation in builder").first_failure
     assert "advice" in report.format()
@@ -141,6 +144,7 @@ def test_builder_without_errors_skips_the_counters_with_the_reason():
     prop = report.property("error counters")
     assert prop.status == "skip" and "takes no errors=" in prop.detail
     assert report.verdict == "SAFE", report.format()
+    assert_passed(report, *CPU_PASSES, "row containment")
 
 
 def test_strict_error_counters_fails_a_builder_without_them():
@@ -176,7 +180,9 @@ def test_the_same_builder_without_freezing_is_safe():
     def unfrozen(req_to_token, req_pool_indices, seq_lens, page_table, page_size, **kw):
         build_page_table(req_to_token, req_pool_indices, seq_lens, page_table, page_size, **kw)
 
-    assert check_replay_safety(unfrozen, SMALL).verdict == "SAFE"
+    report = check_replay_safety(unfrozen, SMALL)
+    assert report.verdict == "SAFE", report.format()
+    assert_passed(report, *CPU_PASSES)
 
 
 # -- preset outputs ----------------------------------------------------------------------------
@@ -193,6 +199,7 @@ def test_outputs_set_at_allocation_pass_with_the_preset():
     cfg = META.replace(preset_outputs=("cu_seqlens_k[0]", "cu_seqlens_q[0]"))
     report = check_replay_safety(leaves_first_entries, cfg)
     assert report.verdict == "SAFE", report.format()
+    assert_passed(report, *CPU_PASSES)
 
 
 def test_preset_does_not_hide_a_wrong_first_entry():

@@ -9,7 +9,10 @@ set -uo pipefail
 cd "$(dirname "$0")/.."
 PY=${PY:-python3}
 CS=$(command -v compute-sanitizer || find /usr/local/cuda*/bin /opt/nvidia -name compute-sanitizer -type f 2>/dev/null | head -n 1)
-if [ -z "$CS" ]; then echo "compute-sanitizer not found"; exit 2; fi
+if [ -z "$CS" ]; then
+  echo "make sanitize needs a CUDA GPU and the CUDA toolkit's compute-sanitizer, not found on PATH or under /usr/local/cuda*/bin"
+  exit 2
+fi
 export PYTHONPATH="$PWD/src${PYTHONPATH:+:$PYTHONPATH}"
 logs=$(mktemp -d)
 trap 'rm -rf "$logs"' EXIT

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from ..detect.ranges import phase
+from ..jobs.progress import Progress
 from .checker_rate import bench_checker
 from .configs import CONFIG_NAMES, TUNE_CONFIGS, BenchConfig, get_config, smoke_config
 from .decode import bench_decode_config, decode_summary
@@ -158,25 +159,32 @@ def _run_sections(
     cuda = s.cuda
     measured: dict = {"rows": [], "replay": None, "decode": [], "sweeps": {}, "plots": []}
     measured["checker"] = []
-    if "builders" in sections:
-        for cfg in chosen:
-            _progress(f"{cfg.name} ...")
-            measured["rows"] += bench_config(cfg, s, env, env["launch_floor_us"])
-    if "replay" in sections:
-        _progress("runner replay vs bare graph replay ...")
-        measured["replay"] = bench_replay_overhead(s)
-    if "metadata" in sections:
-        for cfg in chosen:
-            _progress(f"decode metadata {cfg.name} ...")
-            measured["decode"] += bench_decode_config(cfg, s)
-    if cuda and "sweeps" in sections:
-        _progress("sweeps ...")
-        measured["sweeps"] = run_sweeps(s, quick)
-        if plot_dir is not None:
-            measured["plots"] = _plot_sweeps(measured["sweeps"], plot_dir, env, notes)
-    if "checker" in sections:
-        _progress("checker throughput ...")
-        measured["checker"] = bench_checker(cuda, quick)
+    total = (len(chosen) * (("builders" in sections) + ("metadata" in sections))
+             + ("replay" in sections) + (cuda and "sweeps" in sections)
+             + ("checker" in sections))  # fmt: skip
+    # Each item's "[bench] ..." line, and a line with the time left at least every 5 s.
+    progress = Progress("pagegraph bench", total, "items")
+    with progress.heartbeat():
+        if "builders" in sections:
+            for cfg in chosen:
+                _progress(f"{cfg.name} ...", progress)
+                measured["rows"] += bench_config(cfg, s, env, env["launch_floor_us"])
+        if "replay" in sections:
+            _progress("runner replay vs bare graph replay ...", progress)
+            measured["replay"] = bench_replay_overhead(s)
+        if "metadata" in sections:
+            for cfg in chosen:
+                _progress(f"decode metadata {cfg.name} ...", progress)
+                measured["decode"] += bench_decode_config(cfg, s)
+        if cuda and "sweeps" in sections:
+            _progress("sweeps ...", progress)
+            measured["sweeps"] = run_sweeps(s, quick)
+            if plot_dir is not None:
+                measured["plots"] = _plot_sweeps(measured["sweeps"], plot_dir, env, notes)
+        if "checker" in sections:
+            _progress("checker throughput ...", progress)
+            measured["checker"] = bench_checker(cuda, quick)
+        progress.update(total)
     return measured
 
 
@@ -203,7 +211,12 @@ def _write_outputs(result: dict, out: Path) -> None:
     print(markdown)
 
 
-def _progress(what: str) -> None:
+def _progress(what: str, progress: Progress | None = None) -> None:
+    """Say what starts now; the item before it is done (``progress`` advances)."""
+    if progress is not None:
+        if progress.detail:
+            progress.advance()
+        progress.detail = what.removesuffix(" ...")
     print(f"[bench] {what}", file=sys.stderr, flush=True)
 
 

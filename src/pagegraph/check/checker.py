@@ -59,6 +59,7 @@ from .judge import (
     judge_eager_call_raised,
     mark_not_reached,
     record_how_judged,
+    sync_capture_cause,
 )
 from .probes import BuilderProbe, CompileCounter, measure_eager_call
 from .reference import expected_tables
@@ -262,6 +263,7 @@ def _probe_eager_call(run: CheckRun, first: Step) -> bool:
     except Exception as exc:  # noqa: BLE001 - a builder that raises is reported, not fatal
         run.report.stopped = judge_eager_call_raised(run.props, exc, run.builder)
         return False
+    run.probe.eager_call = measured  # its syncs explain a capture that fails on them
     judge_eager_call(run.props, measured, run.detectors, run.no_detector_reason, run.cfg.strict)
     return True
 
@@ -280,7 +282,9 @@ def _capture(run: CheckRun) -> bool:
             torch.cuda.synchronize(run.device)
     except Exception as exc:  # noqa: BLE001 - a builder that raises is reported
         where = run.probe.current_phase
-        what = f"{where} raised {describe_exception(exc, run.builder)}"
+        # A sync the eager call found just before is what broke the capture: say so.
+        what = sync_capture_cause(exc, run.probe.eager_call, run.builder)
+        what = what or f"{where} raised {describe_exception(exc, run.builder)}"
         props["capture"].fail(what)
         props["capture"].detail = what
         judge_builder_calls(run.probe, run.compiles, props, run.cfg.strict)

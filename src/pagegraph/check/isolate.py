@@ -33,9 +33,11 @@ import signal
 import subprocess
 import sys
 import tempfile
+import threading
 import time
 from pathlib import Path
 
+from ..workload.lifetime import die_with_parent, escalate_stop
 from .config import PROPERTIES, REPLAY_PROPERTIES, CheckConfig
 from .report import PropertyResult, Report
 from .signals import request_stop, stop_requested
@@ -44,6 +46,9 @@ from .signals import request_stop, stop_requested
 DEFAULT_TIMEOUT = None
 #: Size of the file in which a child notes its phase (rewritten in place, never grown).
 PROGRESS_BYTES = 2048
+#: Seconds a child has to end after the parent forwarded a stop to it, before it is killed
+#: (the child itself ends within ``lifetime.STOP_GRACE_S`` of the signal).
+FORWARDED_STOP_S = 10.0
 
 
 class IsolatedError(RuntimeError):
@@ -130,6 +135,9 @@ class Job:
 def _death(returncode: int | None, timed_out: bool) -> str:
     if timed_out:
         return "timed out (killed)"
+    if returncode in (128 + signal.SIGINT, 128 + signal.SIGTERM):
+        # the child's own handler ended it (a stop it was told, or could not obey in time)
+        return f"stopped by {signal.Signals(returncode - 128).name}"
     if returncode is not None and returncode < 0:
         try:
             name = signal.Signals(-returncode).name
@@ -202,7 +210,7 @@ def _crash_report(job: Job, partial: dict | None, cause: str, phase: str, stderr
     serialised re-run found about the crashing replay."""
     report = report_from_dict(partial) if partial is not None else _blank_report(job)
     error = crash_cause(stderr)
-    if cause.startswith(("killed", "timed out")):
+    if cause.startswith(("killed", "timed out", "stopped")):
         cause = f"was {cause}"
     crash = f"the check process {cause} during {phase or 'start-up'}"
     if error:
@@ -269,11 +277,14 @@ def run_isolated(
     *,
     timeout: float | None = DEFAULT_TIMEOUT,
     on_report=None,
+    on_phase=None,
 ) -> list[Report]:
     """Run every job in child processes (one at a time, in order); one report per job.
 
     ``timeout``: seconds a single check may take before it is killed. ``on_report(i,
-    report)`` is called as each job's report is known. Ctrl-C in the parent reaches the
+    report)`` is called as each job's report is known; ``on_phase(i, phase)`` about five
+    times a second with the phase the child noted last (``"capture"``, ``"replay 17"``, ...:
+    progress for the caller to show). Ctrl-C in the parent reaches the
     child too (same process group): the child writes its partial report and exits, and the
     parent raises ``KeyboardInterrupt`` with ``.reports`` holding what was done.
     """
@@ -288,7 +299,9 @@ def run_isolated(
             limit = None if timeout is None else timeout * (len(jobs) - next_job)
             with open(err_path, "w") as err:
                 proc = subprocess.Popen(cmd, env=child_env(), stderr=err, stdout=subprocess.DEVNULL)
-                ended = _wait_for_child(proc, limit, paused=lambda: _waiting_for_a_slot(tmp))
+                watch = None if on_phase is None else (lambda: _tell_phase(tmp, on_phase))
+                ended = _wait_for_child(proc, limit, paused=lambda: _waiting_for_a_slot(tmp),
+                                        watch=watch)  # fmt: skip
             ended.stderr = err_path.read_text(errors="replace")
             ended.progress = (tmp / "progress").read_bytes().decode(errors="replace").strip()
             next_job = _collect_reports(jobs, next_job, tmp, ended, reports, on_report)
@@ -296,6 +309,17 @@ def run_isolated(
                 ended.interrupted.reports = [r for r in reports if r is not None]
                 raise ended.interrupted
     return [r for r in reports if r is not None]
+
+
+def _tell_phase(tmp: Path, on_phase) -> None:
+    """Call ``on_phase(job, phase)`` with what the child's progress note says, if anything."""
+    try:
+        text = (tmp / "progress").read_bytes().decode(errors="replace").strip()
+    except OSError:
+        return
+    job, _, phase = text.partition("\t")
+    if job.isdigit() and phase:
+        on_phase(int(job), phase)
 
 
 def _waiting_for_a_slot(tmp: Path) -> bool:
@@ -322,6 +346,7 @@ def _write_spec(jobs: list[Job], first: int, tmp: Path) -> Path:
         ][first:],
         "progress": str(tmp / "progress"),
         "first": first,
+        "parent": os.getpid(),
     }
     spec_path = tmp / f"spec-{first}.json"
     spec_path.write_text(json.dumps(spec, default=str))
@@ -342,10 +367,12 @@ class _ChildEnd:
     progress: str = ""
 
 
-def _wait_for_child(proc: subprocess.Popen, limit: float | None, paused=None) -> _ChildEnd:
+def _wait_for_child(proc: subprocess.Popen, limit: float | None, paused=None,
+                    watch=None) -> _ChildEnd:  # fmt: skip
     """Wait for the child, forwarding a stop request to it; kill it past ``limit`` seconds
-    (or 60 s after a forwarded stop). While ``paused()`` is true (the child waits for a
-    memory slot) the limit's clock stands still."""
+    (or ``FORWARDED_STOP_S`` after a forwarded stop). While ``paused()`` is true (the child
+    waits for a memory slot) the limit's clock stands still. ``watch()`` is called at every
+    poll (a fifth of a second)."""
     interrupted = None
     timed_out = False
     deadline = None if limit is None else time.monotonic() + limit
@@ -360,6 +387,8 @@ def _wait_for_child(proc: subprocess.Popen, limit: float | None, paused=None) ->
         except KeyboardInterrupt as exc:  # no stop_on_signals in the caller
             interrupted = interrupted or exc
             request_stop(getattr(exc, "signum", signal.SIGINT))
+        if watch is not None:
+            watch()
         if deadline is not None and not forwarded and paused is not None and paused():
             deadline += time.monotonic() - polled
         signum = stop_requested()
@@ -369,7 +398,7 @@ def _wait_for_child(proc: subprocess.Popen, limit: float | None, paused=None) ->
             forwarded = True
             interrupted = interrupted or KeyboardInterrupt()
             interrupted.signum = signum
-            deadline = time.monotonic() + 60
+            deadline = time.monotonic() + FORWARDED_STOP_S
             try:
                 proc.send_signal(signum)
             except ProcessLookupError:
@@ -497,12 +526,52 @@ def memory_slot(paths: list[str] | tuple[str, ...], on_wait=None, should_stop=No
         time.sleep(0.05)
 
 
+class _ResultWriter:
+    """A child's report file for the check it runs: partial reports at most every 0.2 s (at
+    once on a failure), the partial report kept last written on demand (``flush``, from the
+    stop escalation's thread), the final document. A lock keeps a flush from overwriting a
+    final document written meanwhile."""
+
+    def __init__(self) -> None:
+        self.lock = threading.Lock()
+        self.path: str | None = None
+        self.unwritten: Report | None = None
+        self.last = 0.0
+
+    def start(self, path: str) -> None:
+        with self.lock:
+            self.path, self.unwritten, self.last = path, None, 0.0
+
+    def keep(self, report: Report) -> None:
+        """A partial report (``check_replay_safety``'s ``on_chunk``)."""
+        now = time.monotonic()
+        with self.lock:
+            self.unwritten = report
+            if now - self.last > 0.2 or any(p.status == "FAIL" for p in report.properties):
+                self.last = now
+                self.unwritten = None
+                write_json_atomic(self.path, {"final": False, "report": report.to_dict()})
+
+    def flush(self) -> None:
+        with self.lock:
+            if self.unwritten is not None:
+                report, self.unwritten = self.unwritten, None
+                write_json_atomic(self.path, {"final": False, "report": report.to_dict()})
+
+    def write(self, doc: dict) -> None:
+        with self.lock:
+            self.unwritten = None
+            write_json_atomic(self.path, doc)
+
+
 def _child(spec_path: str) -> int:
     import faulthandler
     import mmap
 
     faulthandler.enable()  # a segfault leaves a traceback on stderr for the parent
     spec = json.loads(Path(spec_path).read_text())
+    # Nobody reads this child's reports once its parent is gone, however the parent ended.
+    die_with_parent(spec.get("parent"))
     with open(spec["progress"], "r+b") as f:
         progress = mmap.mmap(f.fileno(), PROGRESS_BYTES)
     from ..detect.sync import DetectorUnavailable
@@ -511,8 +580,14 @@ def _child(spec_path: str) -> int:
 
     stop = stop_on_signals()  # SIGINT/SIGTERM: stop between two replays, keep the report
     stop.__enter__()
+    writer = _ResultWriter()
+    # A stop the check cannot see soon (a long capture, an interpreted kernel): the child
+    # writes the report it kept last and ends itself a moment after the signal.
+    escalation = escalate_stop(writer.flush)  # held: a context manager collected exits
+    escalation.__enter__()
     for k, job in enumerate(spec["jobs"], start=spec["first"]):
         result = job["result"]
+        writer.start(result)
 
         def note(phase: str, k=k) -> None:
             # Rewritten in place in a mapped page (no system call): the parent reads it
@@ -525,15 +600,8 @@ def _child(spec_path: str) -> int:
             cfg = CheckConfig.from_dict(job["config"])
             builder = resolve_builder(job["builder"])
         except Exception as exc:  # noqa: BLE001 - told to the parent as a usage error
-            write_json_atomic(result, {"final": True, "error": f"{exc}"})
+            writer.write({"final": True, "error": f"{exc}"})
             return 2
-        last = [0.0]
-
-        def keep(report: Report, result=result, last=last) -> None:
-            now = time.monotonic()
-            if now - last[0] > 0.2 or any(p.status == "FAIL" for p in report.properties):
-                last[0] = now
-                write_json_atomic(result, {"final": False, "report": report.to_dict()})
 
         try:
             with memory_slot(
@@ -543,20 +611,20 @@ def _child(spec_path: str) -> int:
             ):
                 note("setup")  # the slot is held: the parent's clock runs again
                 try:
-                    report = _run_check(builder, cfg, job, note, keep)
+                    report = _run_check(builder, cfg, job, note, writer.keep)
                 finally:
                     _free_cached_memory()  # before the slot goes to another check
         except CheckInterrupted as exc:
-            write_json_atomic(result, {"final": False, "report": exc.report.to_dict()})
+            writer.write({"final": False, "report": exc.report.to_dict()})
             return 130 if exc.signum == signal.SIGINT else 143
         except SlotWaitStopped:  # stopped before the check began: nothing to report
             return 130 if stop_requested() == signal.SIGINT else 143
         except (DetectorUnavailable, ValueError) as exc:  # usage: a detector, a config value
-            write_json_atomic(result, {"final": True, "error": f"{type(exc).__name__}: {exc}"})
+            writer.write({"final": True, "error": f"{type(exc).__name__}: {exc}"})
             return 2
         # Anything else escaping the check (out of memory while setting up, say) ends this
         # child with a traceback on stderr: the parent reports the job as crashed with it.
-        write_json_atomic(result, {"final": True, "report": report.to_dict()})
+        writer.write({"final": True, "report": report.to_dict()})
     return 0
 
 

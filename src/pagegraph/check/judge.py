@@ -8,6 +8,7 @@ the counts of the per-bucket table."""
 from __future__ import annotations
 
 import collections
+import re
 
 import numpy as np
 
@@ -105,6 +106,42 @@ def describe_exception(exc: BaseException, builder=None) -> str:
     if len(text) > 300:
         text = text[:297] + "..."
     return text + (f" at {where}" if where else "")
+
+
+#: How a capture broken by a host sync reads (torch's and the CUDA runtime's words).
+_CAPTURE_ERROR = re.compile(r"captur|cudaErrorStreamCapture|operation not permitted", re.I)
+_STACK_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
+
+
+def _sync_site(stack: str | None, builder) -> str:
+    """``file:line`` of a sync's stack (``traceback.format_list`` text): its innermost frame
+    in the builder's file, else its innermost frame outside pagegraph, torch and triton."""
+    frames = _STACK_FRAME.findall(stack or "")
+    own = getattr(getattr(builder, "__code__", None), "co_filename", None)
+    if own is None:
+        inner = getattr(builder, "fn", None)  # a probe wrapping the builder
+        own = getattr(getattr(inner, "__code__", None), "co_filename", None)
+    library = ("/pagegraph/", "/torch/", "/triton/", "<frozen")
+    for wanted in (lambda f: f == own, lambda f: not any(p in f for p in library)):
+        for filename, line in reversed(frames):
+            if wanted(filename):
+                return f"{filename}:{line}"
+    return "an unknown place"
+
+
+def sync_capture_cause(exc: BaseException, call: EagerCall | None, builder) -> str | None:
+    """The line for a capture that raised because the builder synchronises: when the
+    exception reads as a capture error and the eager call before the capture saw a sync,
+    ``capture failed: the builder synchronised at FILE:LINE (WHAT), which a CUDA graph
+    cannot capture``; else None (the exception is reported as it is)."""
+    if call is None or not call.sync_events or not _CAPTURE_ERROR.search(str(exc)):
+        return None
+    event = next((e for e in call.sync_events if e.stack), call.sync_events[0])
+    what = event.name.removeprefix("sync_debug: ")
+    return (
+        f"capture failed: the builder synchronised at {_sync_site(event.stack, builder)} "
+        f"({what}), which a CUDA graph cannot capture"
+    )
 
 
 def judge_builder_calls(probe: BuilderProbe, compiles: CompileCounter, props: Props,
@@ -447,8 +484,9 @@ def _summarise_entries(state: ReplayState) -> None:
         else ""
     )
     props["row containment"].detail = (
-        f"{_bucket_total(report, 'escaped_writes')} entries written outside out-of-contract "
-        f"rows over {n_ooc} out-of-contract replays"
+        f"{_bucket_total(report, 'escaped_writes')} entries outside out-of-contract rows "
+        f"written where they must not be, or wrong or never written, over {n_ooc} "
+        "out-of-contract replays"
     )
 
 

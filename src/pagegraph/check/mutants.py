@@ -501,99 +501,117 @@ class Mutant:
     #: the one sync detector that can see it (its bug is a sync no other detector reports),
     #: or None
     needs_detector: str | None = None
+    #: the properties whose failure is this bug caught (every mutant has some): failing only
+    #: others (a crash under "capture" for a wrong value, say) is not catching this bug
+    kills: tuple[str, ...] = ()
 
     @property
     def bug(self) -> str:
         return (self.builder.__doc__ or "").strip().splitlines()[0]
 
 
-def _k(name: str, bug: int, doc: str, cpu: bool, killed_by: str) -> Mutant:
+def _k(name: str, bug: int, doc: str, cpu: bool, killed_by: str,
+       kills: tuple[str, ...]) -> Mutant:  # fmt: skip
     fn = _kernel_mutant(bug, doc)
     fn.__name__ = fn.__qualname__ = name
     fn.__module__ = __name__
-    return Mutant(name, fn, cpu, killed_by)
+    return Mutant(name, fn, cpu, killed_by, kills=kills)
 
+
+# The properties that catch each kind of bug (``Mutant.kills``).
+_WRONG = ("correct",)
+_SPILL = ("row containment", "correct")  # an overlong row's spill lands in the next row
+_OUTSIDE = ("bounded writes", "row containment")
+_GRAPH = ("correct", "graph-safe (captured short, replayed long)")
 
 MUTANTS: dict[str, Mutant] = {
     m.name: m
     for m in [
         _k("no_row_clamp", NO_ROW_CLAMP,
            "Pages per row not clamped to the table width: an overlong row spills into the "
-           "next request's row (the trtllm_mha failure).", True, "row containment"),
+           "next request's row (the trtllm_mha failure).", True, "row containment", _SPILL),
         _k("swa_unclamped", SWA_UNCLAMPED,
            "The full table is clamped to its width, the SWA table is not.", True,
-           "row containment"),
+           "row containment", _SPILL),
         _k("pt_stride_from_width", PT_STRIDE_FROM_WIDTH,
            "The tables' row stride taken from their width, not their stride.", True,
-           "correct (tables as column slices)"),
+           "correct (tables as column slices)", ("correct", "bounded writes")),
         _k("r2t_stride_from_width", R2T_STRIDE_FROM_WIDTH,
            "req_to_token's row length assumed to be width * page_size.", True,
-           "correct (req_to_token rows longer than the table)"),
+           "correct (req_to_token rows longer than the table)", _WRONG),
         _k("int32_row_offset", INT32_ROW_OFFSET,
            "req_pool_index * stride computed in 32 bits: wraps past 2^31 pool entries.",
-           False, "correct (big-pool)"),
+           False, "correct (big-pool)", ("correct", "capture", "replays completed")),
         _k("hard_coded_page_size", HARD_CODED_PAGE_SIZE,
            f"Page size {HARD_CODED} hard-coded in the kernel.", True,
-           "correct (a page size other than 64)"),
+           "correct (a page size other than 64)", _WRONG),
         _k("floor_last_page", FLOOR_LAST_PAGE,
            "Pages per row as seq_len // page_size: the partial last page is missed.", True,
-           "correct"),
+           "correct", _WRONG),
         _k("extra_last_page", EXTRA_LAST_PAGE,
            "Pages per row as seq_len // page_size + 1: a page too many when page-aligned.",
-           True, "bounded writes"),
+           True, "bounded writes", _OUTSIDE),
         _k("zero_len_writes", ZERO_LEN_WRITES,
            "A zero-length row still writes its first page.", True,
-           "bounded writes (zero lengths, vLLM padding)"),
+           "bounded writes (zero lengths, vLLM padding)", _OUTSIDE),
         _k("no_request_indirection", NO_INDIRECTION,
            "Batch row i read as request row i: the req_pool_indices lookup forgotten.", True,
-           "correct"),
+           "correct", _WRONG),
         _k("swa_page_ids", SWA_PAGE_IDS,
            "The SWA table translates page ids instead of token slots.", True,
-           "correct (SWA)"),
+           "correct (SWA)", _WRONG),
         _k("swa_not_divided", SWA_NOT_DIVIDED,
-           "SWA entries written as slots: the // page_size forgotten.", True, "correct (SWA)"),
+           "SWA entries written as slots: the // page_size forgotten.", True, "correct (SWA)",
+           _WRONG),
         _k("swa_evicted_as_full", SWA_EVICTED_AS_FULL,
            "Evicted SWA slots (mapped to 0) translated to the full page instead.", True,
-           "correct (SWA eviction)"),
+           "correct (SWA eviction)", _WRONG),
         _k("clears_tail", CLEARS_TAIL,
-           "The stale tail cleared to 0 up to the width.", True, "bounded writes"),
+           "The stale tail cleared to 0 up to the width.", True, "bounded writes", _OUTSIDE),
         _k("rows_to_longest", ROWS_TO_LONGEST,
            "Every row written to the batch's longest length (a device max, no sync).", True,
-           "bounded writes"),
+           "bounded writes", _OUTSIDE),
         _k("lengths_as_int32", LENGTHS_AS_INT32,
            "int64 req_pool_indices and seq_lens read through int32 pointers.", True,
-           "correct (int64 indices)"),
+           "correct (int64 indices)", _WRONG),
         _k("r2t_as_int32", R2T_AS_INT32,
            "An int64 req_to_token read through an int32 pointer.", True,
-           "correct (int64 req_to_token)"),
+           "correct (int64 req_to_token)", _WRONG),
         _k("errors_stored", ERRORS_STORED,
            "Error counters stored, not added: rows overwrite each other's counts.", True,
-           "error counters"),
+           "error counters", ("error counters",)),
         Mutant("debug_sync_outside_capture", debug_sync_outside_capture, False,
-               "sync-free builder call"),
+               "sync-free builder call", kills=("sync-free builder call",)),
         Mutant("hidden_dtoh_copy", hidden_dtoh_copy, False, "sync-free builder call (cupti)",
-               needs_detector="cupti"),  # fmt: skip
-        Mutant("side_stream_not_joined", side_stream_not_joined, False, "capture"),
+               needs_detector="cupti", kills=("sync-free builder call",)),  # fmt: skip
+        Mutant("side_stream_not_joined", side_stream_not_joined, False, "capture",
+               kills=("capture", "correct")),  # the capture fails, or misses the build
         Mutant("width_frozen_per_batch_size", width_frozen_per_batch_size, True,
-               "graph-safe (captured short, replayed long)"),
+               "graph-safe (captured short, replayed long)", kills=_GRAPH),
         Mutant("width_from_host_max", width_from_host_max, True,
                "graph-safe (on a CPU through emulated graphs); on a GPU also the eager call's "
-               "sync and the capture"),
+               "sync and the capture",
+               kills=(*_GRAPH, "sync-free builder call", "capture")),
         Mutant("stale_host_copy_grid", stale_host_copy_grid, True,
-               "correct / graph-safe; on a GPU also sync-free builder call (cupti)"),
+               "correct / graph-safe; on a GPU also sync-free builder call (cupti)",
+               kills=(*_GRAPH, "sync-free builder call")),
         Mutant("launch_plan_cached_by_address", launch_plan_cached_by_address, True,
-               "correct"),
-        Mutant("swa_mapping_copied_once", swa_mapping_copied_once, True, "correct (SWA)"),
-        Mutant("scan_exclusive", scan_exclusive, True, "correct (cu_seqlens_k)"),
-        Mutant("draft_pages_missing", draft_pages_missing, True,
-               "correct (draft tokens' pages)"),
+               "correct", kills=("correct", "row containment")),
+        Mutant("swa_mapping_copied_once", swa_mapping_copied_once, True, "correct (SWA)",
+               kills=_WRONG),
+        Mutant("scan_exclusive", scan_exclusive, True, "correct (cu_seqlens_k)", kills=_WRONG),
+        Mutant("draft_pages_missing", draft_pages_missing, True,  # their tokens uncounted too
+               "correct (draft tokens' pages)", kills=("correct", "error counters")),
         Mutant("scan_restarts_per_block", scan_restarts_per_block, True,
-               "correct (cu_seqlens_k past 8 rows)"),
-        Mutant("cu_q_unscaled", cu_q_unscaled, True, "correct (cu_seqlens_q, draft > 0)"),
-        Mutant("csr_ell_offsets", csr_ell_offsets, True, "correct (kv_indices)"),
-        Mutant("csr_one_page_past", csr_one_page_past, True, "bounded writes (kv_indices)"),
+               "correct (cu_seqlens_k past 8 rows)", kills=_WRONG),
+        Mutant("cu_q_unscaled", cu_q_unscaled, True, "correct (cu_seqlens_q, draft > 0)",
+               kills=_WRONG),
+        Mutant("csr_ell_offsets", csr_ell_offsets, True, "correct (kv_indices)", kills=_WRONG),
+        # the extra entry also lands on the next row's first, left wrong by rows built at once
+        Mutant("csr_one_page_past", csr_one_page_past, True, "bounded writes (kv_indices)",
+               kills=(*_OUTSIDE, "correct")),
         Mutant("csr_pages_frozen", csr_pages_frozen, True,
-               "correct / graph-safe (captured short, replayed long)"),
+               "correct / graph-safe (captured short, replayed long)", kills=_GRAPH),
     ]
 }  # fmt: skip
 

@@ -48,12 +48,16 @@ VLLM_CONTROLS: dict[str, Callable] = {
 
 
 def vllm_mutants(mutant: type) -> dict:
-    """The two kinds' mutants as ``mutant(name, builder, cpu, kills)`` records (the zoo's
-    ``Mutant``), every one able to die on a CPU."""
-    found = {name: mutant(name, BLOCK_TABLE_MUTANTS[name], True, kills)
-             for name, kills in BLOCK_TABLE_KILLS.items()}  # fmt: skip
-    found.update({name: mutant(name, SLOT_MAPPING_MUTANTS[name], True, kills)
-                  for name, kills in SLOT_MAPPING_KILLS.items()})  # fmt: skip
+    """The two kinds' mutants as the zoo's ``Mutant`` records, every one able to die on a
+    CPU; each is caught by the property its ``killed_by`` text starts with."""
+
+    def record(name: str, builder, killed_by: str):
+        return mutant(name, builder, True, killed_by, kills=(killed_by.split(" (")[0],))
+
+    found = {name: record(name, BLOCK_TABLE_MUTANTS[name], why)
+             for name, why in BLOCK_TABLE_KILLS.items()}  # fmt: skip
+    found.update({name: record(name, SLOT_MAPPING_MUTANTS[name], why)
+                  for name, why in SLOT_MAPPING_KILLS.items()})  # fmt: skip
     return found
 
 

@@ -138,6 +138,8 @@ class BuilderProbe:
         self.measure = True
         #: the NVTX phase of the call in progress (or the last one): what raised, if it raised
         self.current_phase = "capture"
+        #: the builder's measured eager call before the capture (its syncs, if any)
+        self.eager_call: EagerCall | None = None
 
     def __call__(self, *args, **kwargs):
         if not self.measure:

@@ -66,10 +66,18 @@ class Failure:
             "the bucket) must stay untouched"
         )
 
+    def got_meaning(self) -> str:
+        """What the value found says happened: ``" (the poison: never written)"`` for an
+        entry that should have been written and kept the poison, else ``""`` (a value
+        written where the poison must stay, or a wrong value written)."""
+        if self.poison is not None and self.got == self.poison != self.expected:
+            return " (the poison: never written)"
+        return ""
+
     def __str__(self) -> str:
         text = (
             f"replay {self.replay} (bucket {self.bucket}): {self.where()} "
-            f"expected {self.expected} ({self.meaning()}), got {self.got}"
+            f"expected {self.expected} ({self.meaning()}), got {self.got}{self.got_meaning()}"
         )
         if self.seq_len is not None:
             text += (

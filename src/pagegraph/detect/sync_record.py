@@ -52,6 +52,12 @@ def available_detectors() -> dict[str, str | None]:
     return {name: hub.unavailable_reason() for name, hub in HUBS.items()}
 
 
+def refuse_unavailable(names: tuple[str, ...]) -> None:
+    """``DetectorUnavailable`` naming each of ``names`` that cannot run here (the cheap
+    checks: package, device), before anything runs."""
+    _refuse_unavailable(names)
+
+
 def _refuse_unavailable(names: tuple[str, ...]) -> None:
     # Cheap checks only (package, device): a subscription that is taken surfaces when the
     # detector starts, which saves a trial subscribe on every call.

@@ -17,9 +17,11 @@ are documented there.
 
 from __future__ import annotations
 
+import contextlib
 import os
 import signal
 import sys
+import threading
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -51,6 +53,7 @@ from ..kinds.builders import resolve_builder, signature_problem
 from ..workload.pool import writer_bytes
 from ..workload.producer import SEGMENT_STEPS, streams_with_steps
 from .environment import environment
+from .progress import Progress, slow_warning
 from .scenario_paths import scenario_path
 
 __all__ = [
@@ -64,21 +67,57 @@ __all__ = [
 # -- check ------------------------------------------------------------------------------------
 
 
-def _progress(label: str):
-    last = [0.0]
+class _CheckProgress:
+    """Progress lines of the scenarios a check runs, one after another (``Progress``: replays
+    done, elapsed, time left), and a heartbeat while a scenario sets up and captures."""
 
-    def show(done: int, total: int) -> None:
-        now = time.monotonic()
-        if done != total and now - last[0] < 0.5:
+    def __init__(self, plan: _Plan, quiet: bool):
+        self.plan, self.quiet = plan, quiet
+        self.current: Progress | None = None
+        self.index = -1
+
+    def scenario(self, k: int) -> Progress | None:
+        """The progress of scenario ``k``, started when first asked for."""
+        if self.quiet:
+            return None
+        if k != self.index:
+            self.index = k
+            name, cfg = self.plan.scenarios[k].name, self.plan.configs[k]
+            self.current = Progress(f"pagegraph check: {name}", cfg.steps, "replays")
+        return self.current
+
+    def phase(self, k: int, phase: str) -> None:
+        """A child's phase note (``run_isolated``'s ``on_phase``): ``replay N`` is N done."""
+        p = self.scenario(k)
+        if p is None:
             return
-        last[0] = now
-        width = 30
-        filled = width * done // total
-        bar = "#" * filled + "-" * (width - filled)
-        end = "\n" if done == total else ""
-        print(f"\r{label} [{bar}] {done}/{total}", end=end, file=sys.stderr, flush=True)
+        word, _, rest = phase.partition(" ")
+        number = rest.split(" ", 1)[0]
+        if word == "replay" and number.isdigit():
+            p.update(int(number), detail="")
+        else:
+            p.detail = phase
+            p.tick()
 
-    return show
+    @contextlib.contextmanager
+    def heartbeat(self):
+        """While the body runs, the current scenario's line at least every ``EVERY_S``."""
+        stop = threading.Event()
+
+        def beat() -> None:
+            while not stop.wait(1.0):
+                if self.current is not None:
+                    self.current.tick()
+
+        thread = threading.Thread(target=beat, name="pagegraph-check-progress", daemon=True)
+        if not self.quiet:
+            thread.start()
+        try:
+            yield self
+        finally:
+            stop.set()
+            if thread.is_alive():
+                thread.join()
 
 
 def memory_need(cfg, kind: KindSpec = PAGE_TABLE) -> tuple[int, dict[str, int]]:
@@ -190,6 +229,7 @@ def _plan(scenarios, *, replays, builder, detectors, workload_process, strict,
             cfg = cfg.replace(workload_process=workload_process)
         if strict is not None:
             cfg = cfg.replace(strict=tuple(dict.fromkeys((*cfg.strict, *parse_strict(strict)))))
+        _refuse_detectors(s.path, cfg.detectors)
         kind = kind_of(fn, cfg.outputs)
         if builder is not None:  # the scenario's presets are its own builder's
             cfg = presets_of_kind(cfg, kind)
@@ -208,6 +248,18 @@ def _plan(scenarios, *, replays, builder, detectors, workload_process, strict,
             raise ValueError(f"{s.path}: {problem}")
         configs.append(cfg)
     return _Plan(loaded, [builder_spec_for_child(s) for s in specs], fns, configs)
+
+
+def _refuse_detectors(path, detectors) -> None:
+    """A ``ValueError`` when a detector asked for by name cannot run here: a usage error
+    before anything runs (and before a slow scenario is announced)."""
+    from ..detect.sync_record import refuse_unavailable
+
+    if detectors and detectors != "auto":
+        try:
+            refuse_unavailable(parse_detectors(detectors))
+        except DetectorUnavailable as exc:
+            raise ValueError(f"{path}: {exc}") from None
 
 
 def run_check(
@@ -237,6 +289,11 @@ def run_check(
         return 2
     if isolate is None:
         isolate = any(spec not in PAGE_TABLE.builders for spec in plan.specs)
+    device = "cuda" if torch.cuda.is_available() else "cpu"
+    for scenario, cfg in zip(plan.scenarios, plan.configs):
+        warning = slow_warning(scenario.name, cfg, device)
+        if warning:  # before it starts: the user may rather shorten it
+            print(warning, file=sys.stderr, flush=True)
     results: list = []
 
     def show(scenario, report) -> None:
@@ -253,7 +310,9 @@ def run_check(
     with stop_on_signals():
         try:
             run = _run_isolated if isolate else _run_in_process
-            interrupted = run(plan, show, results, quiet)
+            progress = _CheckProgress(plan, quiet)
+            with progress.heartbeat():
+                interrupted = run(plan, show, results, progress)
         except _UsageError as exc:
             print(f"pagegraph check: {exc}", file=sys.stderr)
             return 2
@@ -266,12 +325,13 @@ class _UsageError(Exception):
     """A problem found only once the check started (a detector that cannot run here)."""
 
 
-def _run_isolated(plan: _Plan, show, results, quiet) -> int | None:
+def _run_isolated(plan: _Plan, show, results, progress: _CheckProgress) -> int | None:
     """Each scenario in a child process; the signal number if interrupted, else None."""
     jobs = [Job(spec, cfg, s.name) for s, spec, cfg in zip(plan.scenarios, plan.specs,
                                                             plan.configs)]  # fmt: skip
     try:
-        run_isolated(jobs, on_report=lambda k, r: show(plan.scenarios[k], r))
+        run_isolated(jobs, on_report=lambda k, r: show(plan.scenarios[k], r),
+                     on_phase=progress.phase)  # fmt: skip
     except IsolatedError as exc:
         raise _UsageError(str(exc)) from None
     except KeyboardInterrupt as exc:
@@ -282,10 +342,11 @@ def _run_isolated(plan: _Plan, show, results, quiet) -> int | None:
     return None
 
 
-def _run_in_process(plan: _Plan, show, results, quiet) -> int | None:
+def _run_in_process(plan: _Plan, show, results, scenarios: _CheckProgress) -> int | None:
     """Each scenario in this process; the signal number if interrupted, else None."""
-    for scenario, fn, cfg in zip(plan.scenarios, plan.builders, plan.configs):
-        progress = None if quiet or cfg.steps < 200 else _progress(scenario.name)
+    for k, (scenario, fn, cfg) in enumerate(zip(plan.scenarios, plan.builders, plan.configs)):
+        p = scenarios.scenario(k)
+        progress = None if p is None else (lambda done, total, p=p: p.update(done))
         try:
             if cfg.consumer:
                 report = check_decode_step(fn, cfg, progress=progress)

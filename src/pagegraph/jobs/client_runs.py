@@ -4,11 +4,16 @@ report as JSON and Markdown: what ``make sglang`` and ``make vllm`` share
 
 from __future__ import annotations
 
+import contextlib
+import sys
 from dataclasses import dataclass
+
+import torch
 
 from ..check.config import CheckConfig
 from ..check.isolate import IsolatedError, Job, run_isolated
 from ..check.report import Report
+from .progress import Progress, check_estimate, format_seconds
 
 __all__ = ["ClientRun", "run_checks", "run_doc", "run_section", "say", "table_cell"]
 
@@ -53,14 +58,39 @@ def _summary(run: ClientRun) -> str:
     return f"{head}, {run.report.replays} replays" + (f" ({extra})" if extra else "")
 
 
-def run_checks(runs: list[ClientRun], *, timeout: float | None, quiet: bool) -> bool:
+def run_checks(runs: list[ClientRun], *, timeout: float | None, quiet: bool,
+               job: str) -> bool:  # fmt: skip
     """Run each planned check in a child process; False when interrupted (the runs not
-    reached keep no report, the one running keeps what it had found)."""
+    reached keep no report, the one running keeps what it had found). Unless ``quiet``, a
+    progress line on stderr at least every ``progress.EVERY_S``: checks done, the time left,
+    the running check's phase (``job`` names the job in it)."""
+    total = sum(run.skipped is None for run in runs)
+    progress = Progress(job, total, "checks")
+    if not quiet and not torch.cuda.is_available():
+        seconds = sum(check_estimate(run.config, "cpu") for run in runs if run.skipped is None)
+        print(f"{job}: {total} checks on the CPU (Triton interpreter): estimate "
+              f"{format_seconds(seconds)} or more; a GPU runs them in minutes",
+              file=sys.stderr, flush=True)  # fmt: skip
+    with contextlib.ExitStack() as stack:
+        if not quiet:
+            stack.enter_context(progress.heartbeat())
+        return _run_each(runs, timeout, quiet, progress)
+
+
+def _run_each(runs: list[ClientRun], timeout: float | None, quiet: bool,
+              progress: Progress) -> bool:  # fmt: skip
     for k, run in enumerate(runs):
         if run.skipped is None:
-            job = Job(run.client, run.config, f"{run.client} on {run.scenario}")
+            label = f"{run.client} on {run.scenario}"
+            job = Job(run.client, run.config, label)
+            progress.detail = label
+
+            def on_phase(_, phase: str, label=label, steps=run.config.steps) -> None:
+                of = f" of {steps}" if phase.startswith("replay") else ""
+                progress.detail = f"{label}: {phase}{of}"
+
             try:
-                run.report = run_isolated([job], timeout=timeout)[0]
+                run.report = run_isolated([job], timeout=timeout, on_phase=on_phase)[0]
             except IsolatedError as exc:
                 run.error = f"could not run: {exc}"
             except KeyboardInterrupt as exc:
@@ -69,6 +99,7 @@ def run_checks(runs: list[ClientRun], *, timeout: float | None, quiet: bool) -> 
                 for rest in runs[k + (run.report is not None) :]:
                     rest.skipped = rest.skipped or "interrupted before it ran"
                 return False
+            progress.advance(detail="")
         say(quiet, _summary(run))
     return True
 

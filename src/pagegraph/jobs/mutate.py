@@ -37,7 +37,11 @@ from ..check.decode_step import STEP_PROPERTIES
 from ..check.isolate import IsolatedError, Job, run_isolated, write_json_atomic
 from ..check.mutants import CONTROLS, MUTANTS
 from ..check.scenario import ScenarioError, load_scenario
+from .progress import Progress
 from .scenario_paths import scenario_path, shipped_scenarios
+
+#: Seconds between two heartbeat lines of ``--quiet`` (without it: ``progress.EVERY_S``).
+QUIET_EVERY_S = 15.0
 
 #: Every property a report can fail, in the order the kill table names the first: the
 #: checker's, then the decode step's that the checker does not have.
@@ -178,10 +182,18 @@ def run_mutate(
             workers = min(jobs, sum(1 for o in outcomes if not o.skipped))
             slots = memory_slots(configs, workers, Path(tmp))
 
-            def run_one(k: int) -> Outcome:
-                return _check_builder(outcomes[k], k, loaded, slots, replays, timeout, quiet)
+            progress = Progress("pagegraph mutate", _count_checks(outcomes, loaded, replays),
+                                "checks", every=QUIET_EVERY_S if quiet else 5.0)  # fmt: skip
+            if quiet:
+                print(f"pagegraph mutate: quiet: {progress.total} checks, a progress line "
+                      f"every {QUIET_EVERY_S:.0f} s, then the summary", file=sys.stderr,
+                      flush=True)  # fmt: skip
 
-            with ThreadPoolExecutor(max_workers=jobs) as pool:
+            def run_one(k: int) -> Outcome:
+                return _check_builder(outcomes[k], k, loaded, slots, replays, timeout, quiet,
+                                      progress)  # fmt: skip
+
+            with progress.heartbeat(), ThreadPoolExecutor(max_workers=jobs) as pool:
                 list(pool.map(run_one, range(len(outcomes))))
     except IsolatedError as exc:
         print(f"pagegraph mutate: {exc}", file=sys.stderr)
@@ -356,6 +368,15 @@ def _fitted_jobs(spec: str, scenario_jobs: list[Job], o: Outcome) -> list[Job]:
     return out
 
 
+def _count_checks(outcomes: list[Outcome], loaded: list, replays: int | None) -> int:
+    """How many checks (a builder on a scenario) the run will make."""
+    return sum(
+        len(_fitted_jobs(_builder_spec(o), _scenario_jobs(loaded, replays, o.control), o))
+        for o in outcomes
+        if not o.skipped
+    )
+
+
 def _builder_spec(o: Outcome) -> str:
     """How a child process finds the builder: a registry name, else the mutant's path."""
     from ..kinds.builders import is_builtin
@@ -371,9 +392,11 @@ def _check_builder(
     replays: int | None,
     timeout: float | None,
     quiet: bool,
+    progress: Progress | None = None,
 ) -> Outcome:
     """Check builder number ``k`` over every scenario in a child process, into ``o.reports``
-    (a skipped one is left as it is); unless ``quiet``, one progress line on stderr. The
+    (a skipped one is left as it is); unless ``quiet``, one line on stderr when it is done;
+    each check done advances ``progress``. The
     builder starts at scenario ``k`` (modulo their count), so that builders checked at once
     are mostly on different scenarios (and the big ones' slots are seldom waited for)."""
     if o.skipped:
@@ -387,7 +410,9 @@ def _check_builder(
     start = k % len(js)
     js = js[start:] + js[:start]
     t0 = time.monotonic()
-    done = dict(zip((j.label for j in js), run_isolated(js, timeout=timeout)))
+    on_report = None if progress is None else (lambda i, r: progress.advance(detail=o.name))
+    done = dict(zip((j.label for j in js), run_isolated(js, timeout=timeout,
+                                                        on_report=on_report)))  # fmt: skip
     o.reports.update((s.name, done[s.name]) for s in loaded if s.name in done)
     if not quiet:
         state = (
@@ -489,8 +514,8 @@ def add_arguments(parser):
         "ran was killed and every control is SAFE, 1 otherwise, 2 for bad usage."
     )
     parser.add_argument("scenarios", nargs="*", default=None, metavar="SCENARIO",
-                        help="scenario TOML files (default: every graphs/*.toml in the "
-                        "current folder)")  # fmt: skip
+                        help="scenario names or TOML files (default: every scenario "
+                        "shipped with pagegraph, whatever the current folder)")  # fmt: skip
     parser.add_argument("--mutant", action="append", dest="mutants", metavar="NAME",
                         help="run only this mutant (repeatable)")  # fmt: skip
     parser.add_argument("--replays", type=int, help="replays per scenario (default: its steps)")
@@ -501,7 +526,9 @@ def add_arguments(parser):
     parser.add_argument("--markdown", dest="markdown_path", metavar="PATH",
                         help="write the summary, kill table and scenario matrix there as "
                         "Markdown")  # fmt: skip
-    parser.add_argument("--quiet", action="store_true", help="only the summary line")
+    parser.add_argument("--quiet", action="store_true",
+                        help="only a progress line every 15 s on stderr, then the "
+                        "summary")  # fmt: skip
     return parser
 
 

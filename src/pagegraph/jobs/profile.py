@@ -313,7 +313,20 @@ def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     return parser
 
 
+#: What ``pagegraph profile`` says on a machine without CUDA (exit 2, nothing recorded).
+NEEDS_GPU = (
+    "pagegraph profile needs a CUDA GPU (and Nsight Systems, nsys, on PATH for NVTX ranges): "
+    "it traces the CUDA calls and syncs of a check's replays, and none run on this CPU; "
+    "`pagegraph check SCENARIO` runs the check itself here"
+)
+
+
 def run(args: argparse.Namespace) -> int:
+    import torch
+
+    if not torch.cuda.is_available():
+        print(NEEDS_GPU, file=sys.stderr)
+        return 2
     return profile(args.scenario, out_dir=args.out, name=args.name, replays=args.replays)
 
 

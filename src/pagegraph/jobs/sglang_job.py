@@ -36,11 +36,12 @@ from pathlib import Path
 import torch
 
 from ..check.config import CheckConfig
-from ..check.isolate import write_json_atomic
+from ..check.isolate import child_env, write_json_atomic
 from ..check.scenario import load_scenario
 from ..clients import sglang as sglang_client
 from ..kinds import PAGE_TABLE, KindSpec, kind_named, kind_of
 from ..kinds.builders import resolve_builder, signature_problem
+from ..workload.lifetime import script_command
 from .check_job import _memory_problem
 from .client_runs import ClientRun, run_checks, run_doc, run_section, say, table_cell
 from .environment import environment
@@ -232,8 +233,8 @@ def run_reproducer(path: str, timeout: float = REPRODUCER_TIMEOUT) -> dict:
         return {"exit_code": None, "state": f"not found at {script}"}
     try:
         done = subprocess.run(
-            [sys.executable, str(script)], cwd=ROOT, capture_output=True, text=True,
-            timeout=timeout,
+            script_command(str(script)), cwd=ROOT, capture_output=True, text=True,
+            timeout=timeout, env=child_env(),
         )  # fmt: skip
     except subprocess.TimeoutExpired:
         return {"exit_code": None, "state": f"timed out after {timeout:.0f} s"}
@@ -353,7 +354,10 @@ def run_job(args: argparse.Namespace) -> int:
     env["sglang"] = sglang_client.sglang_version() or (
         f"{sglang_client.TESTED_VERSION} (kernel files only, no package metadata)"
     )
-    completed = run_checks(runs, timeout=args.timeout, quiet=args.quiet)
+    completed = run_checks(runs, timeout=args.timeout, quiet=args.quiet, job="sglang_job")
+    if completed:
+        say(args.quiet, f"running the {len(FINDINGS)} findings' reproducers (at most "
+                        f"{REPRODUCER_TIMEOUT:.0f} s each, side by side)")  # fmt: skip
     found = collect_findings(runs, reproducers=completed)
     for f in found["findings"]:
         say(args.quiet, f"finding {f['key']}: {len(f['hits'])} check(s) hit it; "

@@ -132,7 +132,7 @@ def run_job(args: argparse.Namespace) -> int:
     env = environment()
     env["vllm_files"] = str(vllm_root())
     env["vllm_stubs"] = "; ".join(f"{k} ({v})" for k, v in vllm_client.STUBBED_IMPORTS.items())
-    completed = run_checks(runs, timeout=args.timeout, quiet=args.quiet)
+    completed = run_checks(runs, timeout=args.timeout, quiet=args.quiet, job="vllm_job")
     doc = {
         "environment": env,
         "replays": "the scenario's steps" if replays is None else str(replays),

@@ -23,6 +23,8 @@ def load_builder(spec: str, known: list[str] | tuple[str, ...] = ()) -> Callable
     ``BuilderLoadError`` with the reason otherwise (``known``: the built-in names, listed
     when ``spec`` is neither). A module is looked for on ``sys.path`` and then in the current
     folder, as ``python -m`` would."""
+    if ":" not in spec and (_is_path(spec) or _local_module_file(spec)):
+        raise BuilderLoadError(_file_without_function(spec))
     if ":" not in spec:
         raise BuilderLoadError(
             f"unknown builder {spec!r}: use one of {', '.join(known)}, 'module:function' or "
@@ -32,17 +34,41 @@ def load_builder(spec: str, known: list[str] | tuple[str, ...] = ()) -> Callable
     module = _load_module(spec, target)
     fn = getattr(module, attr, None)
     if fn is None:
-        public = sorted(
-            n for n, v in vars(module).items()
-            if callable(v) and n[:1] != "_" and getattr(v, "__module__", None) == module.__name__
-        )  # fmt: skip
         raise BuilderLoadError(
             f"cannot load builder {spec!r}: {target} has no attribute {attr!r} "
-            f"(its functions: {', '.join(public) or 'none'})"
+            f"(its functions: {', '.join(_functions(module)) or 'none'})"
         )
     if not callable(fn):
         raise BuilderLoadError(f"builder {spec!r} is not callable")
     return fn
+
+
+def _functions(module) -> list[str]:
+    """The public functions defined in ``module`` (not imported into it), sorted."""
+    return sorted(
+        n for n, v in vars(module).items()
+        if callable(v) and n[:1] != "_" and getattr(v, "__module__", None) == module.__name__
+    )  # fmt: skip
+
+
+def _local_module_file(spec: str) -> Path | None:
+    """The file in the current folder a dotted name without ``:function`` names, if any."""
+    path = Path(spec.replace(".", "/") + ".py")
+    return path if spec.replace(".", "").isidentifier() and path.is_file() else None
+
+
+def _file_without_function(spec: str) -> str:
+    """The message for a builder given as a file (or a module of the current folder)
+    without ``:function``."""
+    path = _local_module_file(spec) or Path(spec)
+    what = "a file" if _is_path(spec) else "a module"
+    if not path.is_file():
+        return f"builder {spec!r} names {what} but no function, and there is no such file"
+    functions = ", ".join(_functions(_load_module(f"{spec}:FUNCTION", str(path)))) or "none"
+    return (
+        f"builder {spec!r} names {what} but no function: use {spec}:FUNCTION "
+        f"(its functions: {functions})"
+    )
 
 
 def builder_spec_for_child(spec: str) -> str:

@@ -36,7 +36,8 @@ context), so each costs an interpreter start and a ``torch`` import; they
 start generating at construction, while the caller captures its graphs. A child that fails
 sends its exception, which is raised at the step where it happened; a child that dies without
 a word (killed, out of memory) is reported with its exit code; a child whose parent is gone
-exits. ``close()`` (or the end of the iteration) stops them.
+exits (``lifetime.die_with_parent``: at once, however the parent ended). ``close()`` (or the
+end of the iteration) stops them.
 """
 
 from __future__ import annotations
@@ -54,6 +55,7 @@ import torch
 
 from .batch_ring import RING_BYTES, RING_SUPPORTED, ReaderGone, RingReader, RingWriter
 from .decode import DecodeWorkload, Step
+from .lifetime import die_with_parent
 from .pool import KVPool, WriteAhead
 
 #: Steps per batch (a child's message): also how far ``WriteAhead`` stages at once.
@@ -199,8 +201,10 @@ def _produce(
 ) -> None:
     """A child's body: send ``("steps", batch)`` or ``("ring", ...)`` messages (see
     ``_pack``), then ``("done", None)``; on an exception, ``("error", exc)``."""
-    # Ctrl-C reaches the whole process group: the parent decides when the child stops.
+    # Ctrl-C reaches the whole process group: the parent decides when the child stops. A
+    # parent that ends without stopping it (killed) takes it along.
     signal.signal(signal.SIGINT, signal.SIG_IGN)
+    die_with_parent(parent)
     torch.set_num_threads(1)
 
     def alive() -> bool:

@@ -1,0 +1,183 @@
+"""Progress lines for the jobs that can run for minutes: ``pagegraph check``, ``mutate``,
+``make sglang``, ``bench``, ``profile``.
+
+A ``Progress`` prints one line on stderr, at most every ``every`` seconds (and, when it printed
+any, once more at the end: a job shorter than ``every`` prints none), each a complete line, so
+that logs keep every one:
+
+    pagegraph check: default: 120/300 replays, 12 s elapsed, about 18 s left
+
+The time left is an estimate from the rate so far: since the first item done (a job's
+set-up, a check's captures, is not a rate), or over the whole elapsed time while one update
+is all there is.
+``heartbeat()`` keeps a thread printing the line while nothing is done, so a job whose first
+item takes minutes is never silent. ``slow_warning`` says, before a check starts, that a
+scenario will take long on this device, with an estimate from its size.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import sys
+import threading
+import time
+
+#: Seconds between two progress lines at most.
+EVERY_S = 5.0
+#: Table entries a second a check builds and checks on a CPU (the Triton interpreter),
+#: measured with ``pagegraph check default`` (``check_entries``: 24 rows x 32 pages x 2
+#: tables a replay, about 0.1 s a replay on two cores).
+CPU_ENTRIES_PER_S = 15_000
+#: A check estimated to take longer than this many seconds is announced with its estimate.
+SLOW_CHECK_S = 60.0
+
+
+def format_seconds(seconds: float) -> str:
+    """``42 s``, ``3 min 5 s``, ``2 h 10 min``."""
+    seconds = max(0, int(round(seconds)))
+    if seconds < 60:
+        return f"{seconds} s"
+    if seconds < 3600:
+        return f"{seconds // 60} min {seconds % 60} s"
+    return f"{seconds // 3600} h {seconds % 3600 // 60} min"
+
+
+class Progress:
+    """``done``/``total`` ``unit`` of a job labelled ``label``, its elapsed time and the time
+    left at the rate so far, on ``stream`` (default stderr). ``clock`` is injectable (tests).
+    Thread-safe: workers of a pool may call ``advance`` / ``update`` at once."""
+
+    def __init__(self, label: str, total: int, unit: str = "", *, every: float = EVERY_S,
+                 stream=None, clock=time.monotonic):  # fmt: skip
+        self.label, self.total, self.unit = label, total, unit
+        self.every = every
+        self.stream = stream
+        self.clock = clock
+        self.start = clock()
+        self.done = 0
+        self.detail = ""
+        self._printed_at: float | None = None
+        self._closed = False  # the end line printed
+        self._first: tuple[float, int] | None = None  # (time, done) at the first done item
+        self._lock = threading.Lock()
+
+    def line(self) -> str:
+        """The current progress line."""
+        elapsed = self.clock() - self.start
+        unit = f" {self.unit}" if self.unit else ""
+        text = f"{self.label}: {self.done}/{self.total}{unit}, {format_seconds(elapsed)} elapsed"
+        if self.done >= self.total:
+            text += ", done"
+        elif self.done > 0:
+            since, done_then = self._first or (self.start, 0)
+            if self.done > done_then:
+                rate = (self.clock() - since) / (self.done - done_then)
+            else:
+                rate = elapsed / self.done
+            text += f", about {format_seconds(rate * (self.total - self.done))} left"
+        else:
+            text += ", time left not known yet"
+        return text + (f" ({self.detail})" if self.detail else "")
+
+    def update(self, done: int, detail: str | None = None, force: bool = False) -> None:
+        """Set what is done; print the line if ``every`` seconds passed since the last one,
+        at the end if a line was printed before, or when ``force``."""
+        with self._lock:
+            self.done = done
+            self._note_first()
+            if detail is not None:
+                self.detail = detail
+            self._maybe_print(force or self._ended())
+
+    def advance(self, n: int = 1, detail: str | None = None) -> None:
+        """``n`` more done."""
+        with self._lock:
+            self.done += n
+            self._note_first()
+            if detail is not None:
+                self.detail = detail
+            self._maybe_print(self._ended())
+
+    def _note_first(self) -> None:
+        if self._first is None and self.done > 0:
+            self._first = (self.clock(), self.done)
+
+    def _ended(self) -> bool:
+        """Whether the end line is due: all done, a line printed before, not this one yet."""
+        return self.done >= self.total and self._printed_at is not None and not self._closed
+
+    def tick(self) -> None:
+        """Print the line if ``every`` seconds passed since the last one (a heartbeat)."""
+        with self._lock:
+            self._maybe_print(False)
+
+    def _maybe_print(self, force: bool) -> None:
+        now = self.clock()
+        last = self._printed_at if self._printed_at is not None else self.start
+        if self._closed or (not force and now - last < self.every):
+            return
+        self._printed_at = now
+        self._closed = self.done >= self.total
+        stream = self.stream if self.stream is not None else sys.stderr
+        print(self.line(), file=stream, flush=True)
+
+    @contextlib.contextmanager
+    def heartbeat(self, period: float = 1.0):
+        """While the body runs, a thread calls ``tick()`` every ``period`` seconds."""
+        stop = threading.Event()
+
+        def beat() -> None:
+            while not stop.wait(period):
+                self.tick()
+
+        thread = threading.Thread(target=beat, name="pagegraph-progress", daemon=True)
+        thread.start()
+        try:
+            yield self
+        finally:
+            stop.set()
+            thread.join()
+
+
+def live_pages(cfg) -> int:
+    """Pages a row of ``cfg`` about holds: its longest initial length's (the workload's
+    default: a quarter of the context), within the width (the builder's work, in the
+    interpreter, goes with the live pages)."""
+    width = -(-cfg.max_context_len // cfg.page_size)
+    longest = cfg.initial_len[1] if cfg.initial_len else max(1, cfg.max_context_len // 4)
+    return max(1, min(width, -(-longest // cfg.page_size)))
+
+
+def check_entries(cfg) -> int:
+    """Live table entries a replay of ``cfg`` builds at most: the largest bucket's rows times
+    ``live_pages``, for the full table and the SWA one."""
+    return cfg.max_bs * live_pages(cfg) * (2 if cfg.swa else 1)
+
+
+def check_estimate(cfg, device: str) -> float | None:
+    """Seconds a check of ``cfg`` is estimated to take on ``device`` (``"cpu"`` or
+    ``"cuda"``); None where pagegraph has no rate (a GPU: checks there run at thousands of
+    replays a second). On a CPU: entries per replay (``check_entries``) times replays, plus
+    one replay's worth for every bucket captured, at ``CPU_ENTRIES_PER_S``. An estimate for an
+    idle machine: on two cores shared with other jobs, ``sglang-h200`` took about a minute a
+    replay and ``default`` 0.6 s (a ratio near the estimate's, 8.7 s against 0.1 s), and the
+    time also goes with the rows' lengths as they grow and with the builder."""
+    if device != "cpu":
+        return None
+    from ..graph.buckets import Buckets
+
+    buckets = len(Buckets(cfg.buckets, cfg.max_bs))
+    return check_entries(cfg) * (cfg.steps + buckets) / CPU_ENTRIES_PER_S
+
+
+def slow_warning(name: str, cfg, device: str, limit: float = SLOW_CHECK_S) -> str | None:
+    """The line that announces a check of scenario ``name`` estimated to take longer than
+    ``limit`` seconds here, or None."""
+    seconds = check_estimate(cfg, device)
+    if seconds is None or seconds <= limit:
+        return None
+    return (
+        f"pagegraph check: {name} will be slow on the CPU (Triton interpreter): estimate "
+        f"{format_seconds(seconds)} or more for {cfg.steps} replays of up to {cfg.max_bs} rows "
+        f"x {live_pages(cfg)} live pages; --replays N shortens it, a GPU runs it in seconds"
+    )
