@@ -74,7 +74,8 @@ def test_every_cpu_killable_mutant_dies_on_the_cpu_scenarios(tmp_path, capsys):
             # killed by its own bug's property, not by a crash or another property alone
             assert failed_properties(builders[name]) & set(m.kills), (name, builders[name])
         else:
-            assert builders[name]["skipped"] == "can only die on a GPU"
+            assert builders[name]["skipped"] == f"can only die on a GPU: {m.gpu_only}", name
+            assert m.gpu_only, name  # every GPU-only mutant says why
     assert "| no_row_clamp |" in text and "smallest killing set: default" in text
 
 

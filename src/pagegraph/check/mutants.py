@@ -322,7 +322,7 @@ def debug_sync_outside_capture(
     req_to_token, req_pool_indices, seq_lens, page_table, page_size, **kw
 ):
     """A debug check of the lengths that reads them on the host, skipped only during capture."""
-    if seq_lens.is_cuda and not _capturing():
+    if not _capturing():
         if not bool((seq_lens >= 0).all()):
             pass  # the check itself is the bug: bool() of a device tensor syncs
     build_page_table(req_to_token, req_pool_indices, seq_lens, page_table, page_size, **kw)
@@ -504,6 +504,8 @@ class Mutant:
     #: the properties whose failure is this bug caught (every mutant has some): failing only
     #: others (a crash under "capture" for a wrong value, say) is not catching this bug
     kills: tuple[str, ...] = ()
+    #: why a mutant that cannot die on a CPU needs a GPU (for the kill table)
+    gpu_only: str = ""
 
     @property
     def bug(self) -> str:
@@ -511,11 +513,11 @@ class Mutant:
 
 
 def _k(name: str, bug: int, doc: str, cpu: bool, killed_by: str,
-       kills: tuple[str, ...]) -> Mutant:  # fmt: skip
+       kills: tuple[str, ...], gpu_only: str = "") -> Mutant:  # fmt: skip
     fn = _kernel_mutant(bug, doc)
     fn.__name__ = fn.__qualname__ = name
     fn.__module__ = __name__
-    return Mutant(name, fn, cpu, killed_by, kills=kills)
+    return Mutant(name, fn, cpu, killed_by, kills=kills, gpu_only=gpu_only)
 
 
 # The properties that catch each kind of bug (``Mutant.kills``).
@@ -541,7 +543,8 @@ MUTANTS: dict[str, Mutant] = {
            "correct (req_to_token rows longer than the table)", _WRONG),
         _k("int32_row_offset", INT32_ROW_OFFSET,
            "req_pool_index * stride computed in 32 bits: wraps past 2^31 pool entries.",
-           False, "correct (big-pool)", ("correct", "capture", "replays completed")),
+           False, "correct (big-pool)", ("correct", "capture", "replays completed"),
+           "needs req_pool_index * stride past 2^31: big-pool's 10 GB req_to_token"),
         _k("hard_coded_page_size", HARD_CODED_PAGE_SIZE,
            f"Page size {HARD_CODED} hard-coded in the kernel.", True,
            "correct (a page size other than 64)", _WRONG),
@@ -580,12 +583,15 @@ MUTANTS: dict[str, Mutant] = {
         _k("errors_stored", ERRORS_STORED,
            "Error counters stored, not added: rows overwrite each other's counts.", True,
            "error counters", ("error counters",)),
-        Mutant("debug_sync_outside_capture", debug_sync_outside_capture, False,
+        Mutant("debug_sync_outside_capture", debug_sync_outside_capture, True,
                "sync-free builder call", kills=("sync-free builder call",)),
         Mutant("hidden_dtoh_copy", hidden_dtoh_copy, False, "sync-free builder call (cupti)",
-               needs_detector="cupti", kills=("sync-free builder call",)),  # fmt: skip
+               needs_detector="cupti", kills=("sync-free builder call",),
+               gpu_only="a non-blocking copy into pageable memory blocks inside the CUDA "
+               "driver: only CUPTI sees it"),  # fmt: skip
         Mutant("side_stream_not_joined", side_stream_not_joined, False, "capture",
-               kills=("capture", "correct")),  # the capture fails, or misses the build
+               kills=("capture", "correct"),  # the capture fails, or misses the build
+               gpu_only="needs real CUDA streams: a side stream the graph never joins"),
         Mutant("width_frozen_per_batch_size", width_frozen_per_batch_size, True,
                "graph-safe (captured short, replayed long)", kills=_GRAPH),
         Mutant("width_from_host_max", width_from_host_max, True,

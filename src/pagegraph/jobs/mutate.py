@@ -250,7 +250,7 @@ def _initial_outcomes(names: list[str], gpu_mutants: bool, loaded: list = ()) ->
         m = MUTANTS[name]
         o = Outcome(name, m.bug, False)
         if not m.cpu and not gpu_mutants:
-            o.skipped = "can only die on a GPU"
+            o.skipped = "can only die on a GPU" + (f": {m.gpu_only}" if m.gpu_only else "")
         elif m.needs_detector and (why := _detector_missing(m.needs_detector, loaded)):
             o.skipped = f"only the {m.needs_detector} detector sees it, {why}"
         outcomes.append(o)
