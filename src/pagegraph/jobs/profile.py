@@ -104,7 +104,10 @@ def _record_nsys(nsys: str, scenario, out: Path, name: str, replays) -> tuple[in
     shown = shlex.join(cmd)
     print(f"pagegraph profile: {shown}", flush=True)
     # nsys exits with the profiled program's status: that is the check's verdict.
-    check_rc = subprocess.run(cmd, env=child_env(), check=False).returncode
+    # PAGEGRAPH_NVTX: the check loads nvtx even if nsys injected itself some other way than
+    # through NVTX_INJECTION64_PATH (pagegraph.detect.ranges).
+    env = {**child_env(), "PAGEGRAPH_NVTX": "1"}
+    check_rc = subprocess.run(cmd, env=env, check=False).returncode
     report = base.with_name(base.name + ".nsys-rep")
     if not report.exists():
         raise _trace.TraceError(f"nsys wrote no report {report} (exit code {check_rc})")
