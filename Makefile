@@ -38,18 +38,19 @@ setup: $(SETUP)
 	.venv/bin/python -m pip install -q --upgrade pip
 	.venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/python -m pip install -q torch==2.13.0
 	.venv/bin/python -c "import triton" 2>/dev/null || .venv/bin/python -m pip install -q triton==3.6.0
-	.venv/bin/python -m pip install -q numpy nvtx pytest pytest-benchmark hypothesis matplotlib ruff
+	.venv/bin/python -m pip install -q numpy nvtx pytest pytest-xdist pytest-benchmark hypothesis matplotlib ruff
 	.venv/bin/python -m pip install -q --no-deps $(SGLANG_WHEEL) || echo "sglang not installed: its client tests will skip"
 	PYTHON=.venv/bin/python tools/fetch_vllm_files.sh .venv/vllm-lite
 	.venv/bin/python -m pip install -q --no-deps --no-build-isolation -e .
 	touch $@
 
-# With a GPU and pytest-xdist: several workers, one per CPU core (at most TEST_WORKERS, the
-# suite's small kernels share a GPU) and at least one per GPU (tests/conftest.py pins each
-# worker to one). The GPUs are counted from CUDA_VISIBLE_DEVICES when it is set, else by
-# nvidia-smi, else by torch. Many tests mostly wait for child processes, so a worker a core
-# pays (profiles/gpu-test.log). The sm_90 compile tests come in parts, one fixture each:
-# --dist loadgroup keeps a part in one worker.
+# With pytest-xdist: several workers, one per CPU core (at most TEST_WORKERS, the suite's small
+# kernels share a GPU) and at least one per GPU (tests/conftest.py pins each worker to one).
+# The GPUs are counted from CUDA_VISIBLE_DEVICES when it is set, else by nvidia-smi, else by
+# torch. Many tests mostly wait for child processes, so a worker a core pays on a GPU host
+# (profiles/gpu-test.log) and on a CPU one alike (the heavy tests start first, conftest.py).
+# The sm_90 compile tests come in parts, one fixture each: --dist loadgroup keeps a part in
+# one worker. TEST_WORKERS=1: one process, no xdist.
 TEST_WORKERS ?= 16
 test: $(SETUP)
 	@if [ -n "$${CUDA_VISIBLE_DEVICES+set}" ]; then g=$$(tr ',' '\n' <<< "$$CUDA_VISIBLE_DEVICES" | grep -c '^[^-]'); \
@@ -57,7 +58,7 @@ test: $(SETUP)
 	else g=$$($(PY) -c "import torch; print(torch.cuda.device_count())" 2>/dev/null || echo 0); fi; \
 	c=$$(nproc 2>/dev/null || echo 2); w=$$(( c < $(TEST_WORKERS) ? c : $(TEST_WORKERS) )); \
 	w=$$(( w > g ? w : g )); x=""; \
-	if [ "$${g:-0}" -ge 1 ] && $(PY) -c "import xdist" 2>/dev/null; then x="-n $$w --dist loadgroup"; fi; \
+	if [ "$$w" -ge 2 ] && $(PY) -c "import xdist" 2>/dev/null; then x="-n $$w --dist loadgroup"; fi; \
 	echo "$(PYTEST) tests $$x"; $(PYTEST) tests $$x
 
 run: $(SETUP)

@@ -182,6 +182,11 @@ def test_with_nsys_profiles_exports_and_checks(planted, want, monkeypatch, tmp_p
     md = (tmp_path / "h200.md").read_text()
     assert "Nsight Systems" in md and "| replay/bs=1 |" in md
     assert ("FAIL" in md) is planted
+    # The timeline of the replay window, beside the report and shown in it, with the planted
+    # sync named.
+    assert "![replay timeline](h200-timeline.png)" in md
+    assert (tmp_path / "h200-timeline.png").stat().st_size > 0
+    assert ("cudaStreamSynchronize in replay/bs=1" in md) is planted
 
 
 def test_nsys_without_report_exits_2(monkeypatch, tmp_path):

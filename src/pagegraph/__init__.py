@@ -13,20 +13,49 @@ if "TRITON_INTERPRET" not in os.environ:
     if not torch.cuda.is_available():
         os.environ["TRITON_INTERPRET"] = "1"
 
-from .check.checker import CheckConfig, Report, check_replay_safety  # noqa: E402
-from .detect.sync import DetectorUnavailable, DeviceSyncError, no_device_sync  # noqa: E402
-from .graph.buckets import Buckets, PaddingPolicy  # noqa: E402
-from .graph.runner import GraphRunner, NotCaptured, StaticBufferMoved  # noqa: E402
-from .jobs.environment import PAGEGRAPH_VERSION  # noqa: E402
-from .kernels.contract import ERROR_KINDS  # noqa: E402
-from .kernels.page_table import BuffersChanged, PreparedBuild, build_page_table, prepare_build  # noqa: E402
-from .kernels.reference import (  # noqa: E402
-    host_max_gather,
-    reference_page_table,
-    static_width_gather,
-)
-from .workload.decode import DecodeWorkload  # noqa: E402
-from .workload.pool import KVPool  # noqa: E402
+#: public name -> the module that defines it, imported at first use (``__getattr__``): importing
+#: pagegraph alone (``pagegraph trace``, ``--help``, a child process) loads none of them.
+_LAZY = {
+    "CheckConfig": "check.checker",
+    "Report": "check.checker",
+    "check_replay_safety": "check.checker",
+    "DetectorUnavailable": "detect.sync",
+    "DeviceSyncError": "detect.sync",
+    "no_device_sync": "detect.sync",
+    "Buckets": "graph.buckets",
+    "PaddingPolicy": "graph.buckets",
+    "GraphRunner": "graph.runner",
+    "NotCaptured": "graph.runner",
+    "StaticBufferMoved": "graph.runner",
+    "PAGEGRAPH_VERSION": "jobs.environment",
+    "ERROR_KINDS": "kernels.contract",
+    "BuffersChanged": "kernels.page_table",
+    "PreparedBuild": "kernels.page_table",
+    "build_page_table": "kernels.page_table",
+    "prepare_build": "kernels.page_table",
+    "host_max_gather": "kernels.reference",
+    "reference_page_table": "kernels.reference",
+    "static_width_gather": "kernels.reference",
+    "DecodeWorkload": "workload.decode",
+    "KVPool": "workload.pool",
+}
+
+
+def __getattr__(name: str):
+    defined = "PAGEGRAPH_VERSION" if name == "__version__" else name
+    module = _LAZY.get(defined)
+    if module is None:
+        raise AttributeError(f"module 'pagegraph' has no attribute {name!r}")
+    import importlib
+
+    value = getattr(importlib.import_module(f".{module}", __name__), defined)
+    globals()[name] = value  # found once: later lookups do not come here
+    return value
+
+
+def __dir__() -> list[str]:
+    return sorted({*globals(), *_LAZY, "__version__"})
+
 
 __all__ = [
     "ERROR_KINDS",
@@ -51,4 +80,3 @@ __all__ = [
     "reference_page_table",
     "static_width_gather",
 ]
-__version__ = PAGEGRAPH_VERSION

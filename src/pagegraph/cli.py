@@ -10,15 +10,23 @@ import json
 import sys
 from pathlib import Path
 
-from .check.checker import WORKLOAD_PROCESS_MODES
-from .check.config import ADVICE
-
-# The check job lives in pagegraph.jobs.check_job; run_check stays importable from here.
-from .jobs.check_job import run_check, run_kernel_table
+from .check.config import ADVICE, WORKLOAD_PROCESS_MODES
 from .jobs.environment import PAGEGRAPH_VERSION
 from .jobs.scenario_paths import DEFAULT_SCENARIO
 
-__all__ = ["DEFAULT_SCENARIO", "build_parser", "main", "run_check"]
+__all__ = ["DEFAULT_SCENARIO", "build_parser", "main", "run_check"]  # noqa: F822 - lazy
+
+
+def __getattr__(name: str):
+    # The check job lives in pagegraph.jobs.check_job (the checker, the kernels, Triton): run_check
+    # stays importable from here, loaded at first use, so that another command does not pay
+    # for it.
+    if name in ("run_check", "run_kernel_table"):
+        from .jobs import check_job
+
+        return getattr(check_job, name)
+    raise AttributeError(f"module 'pagegraph.cli' has no attribute {name!r}")
+
 
 DESCRIPTION = """\
 pagegraph judges whether an attention-metadata builder (a page table, or a decode step's
@@ -57,10 +65,15 @@ incomplete).
 """
 
 
+#: The commands whose options ``build_parser(command)`` can build alone.
+COMMANDS = ("check", "mutate", "kernel-table", "bench", "profile", "trace", "sync-table")
+
 # -- entry point --------------------------------------------------------------------------------
 
 
-def build_parser() -> argparse.ArgumentParser:
+def build_parser(command: str | None = None) -> argparse.ArgumentParser:
+    """The command line's parser; with ``command``, only that command's options are filled
+    in (the others keep their one-line help), so that parsing it imports only its job."""
     parser = argparse.ArgumentParser(
         prog="pagegraph", description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
@@ -72,6 +85,55 @@ def build_parser() -> argparse.ArgumentParser:
         "check", help="judge a builder's graph-replay safety on scenarios",
         description=CHECK_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
     )  # fmt: skip
+    _add_check_arguments(p)
+
+    def wanted(name: str) -> bool:
+        return command is None or command == name
+
+    m = sub.add_parser("mutate", help="kill table of the mutant zoo")
+    if wanted("mutate"):
+        from .jobs import mutate
+
+        mutate.add_arguments(m)
+    sub.add_parser(
+        "kernel-table", help="pagegraph's kernel against the reference over default shapes",
+        description="Build page tables with pagegraph's kernel over a default set of shapes "
+        "on this machine's device (the Triton interpreter on a CPU), compare each exactly with "
+        "the reference and time the eager call. Exit 1 on any mismatch.",
+    )  # fmt: skip
+
+    b = sub.add_parser("bench", help="benchmark suite")
+    if wanted("bench"):
+        from . import bench
+
+        bench.add_arguments(b)
+        b.add_argument(
+            "--consumer-floor", action="store_true",
+            help="instead of the suite: paged decode attention (both formats) against the DRAM "
+            "floor measured in the same process, sglang-h200 shapes, into --out as "
+            "consumer-floor.md/.json (CUDA only: exit 2 without)",
+        )  # fmt: skip
+    prof = sub.add_parser("profile", help="Nsight Systems profile of a scenario")
+    if wanted("profile"):
+        from .jobs import profile
+
+        profile.add_arguments(prof)
+    t = sub.add_parser("trace", help="analyse an nsys SQLite or torch trace")
+    if wanted("trace"):
+        from .detect import trace
+
+        trace.add_arguments(t)
+    s = sub.add_parser(
+        "sync-table", help="which detector catches which planted sync",
+        description="Run each planted sync (an .item(), a blocking copy, a synchronize, ...) "
+        "under each sync detector available here and print which caught it.",
+    )  # fmt: skip
+    s.add_argument("--json", dest="json_path", metavar="PATH", help="also write the rows there")
+    return parser
+
+
+def _add_check_arguments(p: argparse.ArgumentParser) -> None:
+    """The ``check`` command's arguments."""
     p.add_argument(
         "scenarios", nargs="*", default=[DEFAULT_SCENARIO], metavar="SCENARIO",
         help=f"a shipped scenario's name or a TOML file (default: {DEFAULT_SCENARIO})",
@@ -125,42 +187,17 @@ def build_parser() -> argparse.ArgumentParser:
         help="check in this process, even a module:function builder",
     )  # fmt: skip
 
-    from .jobs import mutate
-
-    mutate.add_arguments(sub.add_parser("mutate", help="kill table of the mutant zoo"))
-    sub.add_parser(
-        "kernel-table", help="pagegraph's kernel against the reference over default shapes",
-        description="Build page tables with pagegraph's kernel over a default set of shapes "
-        "on this machine's device (the Triton interpreter on a CPU), compare each exactly with "
-        "the reference and time the eager call. Exit 1 on any mismatch.",
-    )  # fmt: skip
-
-    from . import bench
-    from .detect import trace
-    from .jobs import profile
-
-    b = bench.add_arguments(sub.add_parser("bench", help="benchmark suite"))
-    b.add_argument(
-        "--consumer-floor", action="store_true",
-        help="instead of the suite: paged decode attention (both formats) against the DRAM "
-        "floor measured in the same process, sglang-h200 shapes, into --out as "
-        "consumer-floor.md/.json (CUDA only: exit 2 without)",
-    )  # fmt: skip
-    profile.add_arguments(sub.add_parser("profile", help="Nsight Systems profile of a scenario"))
-    trace.add_arguments(sub.add_parser("trace", help="analyse an nsys SQLite or torch trace"))
-    s = sub.add_parser(
-        "sync-table", help="which detector catches which planted sync",
-        description="Run each planted sync (an .item(), a blocking copy, a synchronize, ...) "
-        "under each sync detector available here and print which caught it.",
-    )  # fmt: skip
-    s.add_argument("--json", dest="json_path", metavar="PATH", help="also write the rows there")
-    return parser
-
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
+    argv = sys.argv[1:] if argv is None else list(argv)
+    # The command is the first word that is not an option (the top level's options take no
+    # value): only its options are built, and only its job imported.
+    command = next((a for a in argv if not a.startswith("-")), None)
+    parser = build_parser(command if command in COMMANDS else None)
     args = parser.parse_args(argv)
     if args.command == "check":
+        from .jobs.check_job import run_check
+
         return run_check(
             args.scenarios,
             replays=args.replays,
@@ -178,6 +215,8 @@ def main(argv: list[str] | None = None) -> int:
 
         return mutate.run(args)
     if args.command == "kernel-table":
+        from .jobs.check_job import run_kernel_table
+
         return run_kernel_table()
     if args.command == "sync-table":
         from .jobs.sync_table import detector_matrix, format_detector_matrix

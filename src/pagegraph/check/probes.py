@@ -29,6 +29,13 @@ class AllocationCounter:
         counter = self
 
         class _Mode(TorchDispatchMode):
+            @classmethod
+            def _should_skip_dynamo(cls) -> bool:
+                # torch otherwise wraps __torch_dispatch__ in a dynamo-disable, which imports
+                # torch._dynamo (seconds) at its first call; nothing here runs under
+                # torch.compile, so there is nothing to disable.
+                return False
+
             def __torch_dispatch__(self, func, types, args=(), kwargs=None):
                 out = func(*args, **(kwargs or {}))
                 if func is torch.ops.aten.lift_fresh.default:

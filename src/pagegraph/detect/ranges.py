@@ -28,6 +28,7 @@ ranges but not NVTX ones).
 
 from __future__ import annotations
 
+import os
 import threading
 import time
 
@@ -74,9 +75,24 @@ _domain = _UNRESOLVED
 _attributes: dict[str, object] = {}
 
 
+#: The variables through which a tool (Nsight Systems, Nsight Compute) injects itself into
+#: NVTX: without one, every NVTX call is a no-op, and importing nvtx (its native library)
+#: costs a few tenths of a second of start-up for nothing. ``PAGEGRAPH_NVTX=1`` loads it
+#: anyway (a tool injected some other way).
+NVTX_INJECTION_VARS = ("NVTX_INJECTION64_PATH", "NVTX_INJECTION32_PATH", "PAGEGRAPH_NVTX")
+
+
+def nvtx_tool_attached() -> bool:
+    """Whether a tool listens to NVTX in this process (see ``NVTX_INJECTION_VARS``)."""
+    return any(os.environ.get(v) for v in NVTX_INJECTION_VARS)
+
+
 def _get_domain():
     global _domain
     if _domain is _UNRESOLVED:
+        if not nvtx_tool_attached():
+            _domain = None  # no tool: the ranges are only tracked (current_range)
+            return _domain
         try:
             import nvtx
 

@@ -9,11 +9,16 @@ run every replay. The result is a kill table (mutant, bug, first scenario and pr
 caught it), the matrix of which scenario kills which mutant, and the smallest scenario set that
 kills them all.
 
-With ``--jobs N`` builders run N at a time. Each starts at a different scenario, and the
-scenarios too big for every worker to hold at once on the GPU run in a few shared slots
-(``memory_slots``): a control must not be called NOT SAFE because its neighbours took the
-memory. A decode step (a scenario with a consumer) is not timed here, and a mutant stops at its
-first failing replay there.
+The checks (one builder on one scenario each) run on ``--jobs N`` warm worker processes
+(``pagegraph.check.worker_pool``), which keep torch, Triton and the compiled kernels loaded
+from one check to the next; a worker that crashed, or whose check may have left it unfit
+(a failed capture, a raised replay, a write outside the tables), is replaced by a fresh
+one. The checks too big for every worker to hold at once on the GPU run in a few shared
+slots (``memory_slots``), whenever one is free, the others cheapest first: a control must
+not be called NOT SAFE because its neighbours took the memory. ``--fresh-processes`` runs
+each builder in a fresh child process instead (``isolate.run_isolated``), N at a time, each
+starting at a different scenario. A decode step (a scenario with a consumer) is not timed
+here, and a mutant stops at its first failing replay there.
 
 Exit code: 0 when every mutant that ran was killed and every control is SAFE everywhere, 1
 otherwise, 2 for bad usage.
@@ -26,6 +31,7 @@ import os
 import sys
 import tempfile
 import time
+from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -37,6 +43,7 @@ from ..check.decode_step import STEP_PROPERTIES
 from ..check.isolate import IsolatedError, Job, run_isolated, write_json_atomic
 from ..check.mutants import CONTROLS, MUTANTS
 from ..check.scenario import ScenarioError, load_scenario
+from ..check.worker_pool import Task, WorkerPool, task_cost
 from .progress import Progress
 from .scenario_paths import scenario_path, shipped_scenarios
 
@@ -162,9 +169,13 @@ def run_mutate(
     markdown_path: str | None = None,
     gpu_mutants: bool | None = None,
     quiet: bool = False,
+    pool: bool = True,
+    png_path: str | None = None,
 ) -> int:
     """Run the kill table; see the module docstring. ``gpu_mutants``: also run the mutants
-    that can only die on a GPU (default: when CUDA is present)."""
+    that can only die on a GPU (default: when CUDA is present). ``pool``: warm worker
+    processes (False: a fresh child per builder). ``png_path``: the kill-table image there
+    (default: beside ``markdown_path``)."""
     try:
         loaded, names = _load_and_validate(scenarios, mutants, replays, jobs)
     except (ScenarioError, ValueError) as exc:
@@ -176,25 +187,31 @@ def run_mutate(
     outcomes = _initial_outcomes(names, gpu_mutants, loaded)
 
     t0 = time.monotonic()
+    progress = Progress("pagegraph mutate", _count_checks(outcomes, loaded, replays), "checks",
+                        every=QUIET_EVERY_S if quiet else 5.0)  # fmt: skip
+    if quiet:
+        print(f"pagegraph mutate: quiet: {progress.total} checks, a progress line every "
+              f"{QUIET_EVERY_S:.0f} s, then the summary", file=sys.stderr, flush=True)  # fmt: skip
     try:
         with tempfile.TemporaryDirectory(prefix="pagegraph-mutate-") as tmp:
             configs = {j.label: j.config for j in _scenario_jobs(loaded, replays, True)}
-            workers = min(jobs, sum(1 for o in outcomes if not o.skipped))
-            slots = memory_slots(configs, workers, Path(tmp))
+            if pool:
+                tasks = _pool_tasks(outcomes, loaded, replays, {})
+                slots = memory_slots(configs, min(jobs, len(tasks)), Path(tmp))
+                tasks = _pool_tasks(outcomes, loaded, replays, slots)
+                with progress.heartbeat():
+                    _check_in_pool(outcomes, loaded, tasks, jobs, timeout, quiet, Path(tmp),
+                                   progress)  # fmt: skip
+            else:
+                workers = min(jobs, sum(1 for o in outcomes if not o.skipped))
+                slots = memory_slots(configs, workers, Path(tmp))
 
-            progress = Progress("pagegraph mutate", _count_checks(outcomes, loaded, replays),
-                                "checks", every=QUIET_EVERY_S if quiet else 5.0)  # fmt: skip
-            if quiet:
-                print(f"pagegraph mutate: quiet: {progress.total} checks, a progress line "
-                      f"every {QUIET_EVERY_S:.0f} s, then the summary", file=sys.stderr,
-                      flush=True)  # fmt: skip
+                def run_one(k: int) -> Outcome:
+                    return _check_builder(outcomes[k], k, loaded, slots, replays, timeout,
+                                          quiet, progress)  # fmt: skip
 
-            def run_one(k: int) -> Outcome:
-                return _check_builder(outcomes[k], k, loaded, slots, replays, timeout, quiet,
-                                      progress)  # fmt: skip
-
-            with progress.heartbeat(), ThreadPoolExecutor(max_workers=jobs) as pool:
-                list(pool.map(run_one, range(len(outcomes))))
+                with progress.heartbeat(), ThreadPoolExecutor(max_workers=jobs) as threads:
+                    list(threads.map(run_one, range(len(outcomes))))
     except IsolatedError as exc:
         print(f"pagegraph mutate: {exc}", file=sys.stderr)
         return 2
@@ -219,9 +236,31 @@ def run_mutate(
     _print_results(table, matrix, survivors, bad_controls, summary)
     if json_path:
         _write_json(json_path, loaded, outcomes, smallest, survivors, bad_controls, elapsed)
+    image = _write_image(png_path, markdown_path, outcomes, labels, summary)
     if markdown_path:
-        _write_markdown(markdown_path, summary, table, matrix)
+        _write_markdown(markdown_path, summary, table, matrix, image)
     return 1 if survivors or bad_controls else 0
+
+
+def _write_image(png_path: str | None, markdown_path: str | None, outcomes: list[Outcome],
+                 labels: list[str], summary: str) -> str:  # fmt: skip
+    """The kill-table image at ``png_path`` (default: beside ``markdown_path``; neither: no
+    image); the Markdown line that shows it, or says why there is none."""
+    if not png_path and not markdown_path:
+        return ""
+    from .kill_image import write_kill_image
+
+    png = Path(png_path) if png_path else Path(markdown_path).with_suffix(".png")
+    title = summary.removeprefix("pagegraph mutate: ").split("; smallest")[0]
+    if write_kill_image(png, outcomes, labels, title=title) is None:
+        print("pagegraph mutate: matplotlib not installed: no kill-table image", file=sys.stderr)
+        return "(matplotlib not installed: no kill-table image)"
+    if markdown_path:
+        folder = Path(markdown_path).resolve().parent
+        shown = png.resolve()
+        shown = shown.relative_to(folder) if shown.is_relative_to(folder) else shown
+        return f"![kill table]({shown})"
+    return ""
 
 
 def _load_and_validate(
@@ -415,14 +454,62 @@ def _check_builder(
                                                         on_report=on_report)))  # fmt: skip
     o.reports.update((s.name, done[s.name]) for s in loaded if s.name in done)
     if not quiet:
-        state = (
-            ("SAFE everywhere" if o.safe_everywhere else "NOT SAFE")
-            if o.control
-            else ("killed: " + ", ".join(f"{s} ({p})" for s, p in o.killers().items())
-                  if o.killed else "SURVIVED")
-        )  # fmt: skip
-        print(f"{o.name}: {state} ({time.monotonic() - t0:.1f} s)", file=sys.stderr)
+        _print_progress(o, time.monotonic() - t0)
     return o
+
+
+def _print_progress(o: Outcome, seconds: float) -> None:
+    """One line on stderr: the builder's state once all its checks are done."""
+    state = (
+        ("SAFE everywhere" if o.safe_everywhere else "NOT SAFE")
+        if o.control
+        else ("killed: " + ", ".join(f"{s} ({p})" for s, p in o.killers().items())
+              if o.killed else "SURVIVED")
+    )  # fmt: skip
+    print(f"{o.name}: {state} ({seconds:.1f} s)", file=sys.stderr)
+
+
+def _pool_tasks(
+    outcomes: list[Outcome], loaded: list, replays: int | None, slots: dict[str, tuple[str, ...]]
+) -> list[Task]:
+    """A pool task per builder and scenario it fits, keyed ``(outcome index, scenario)``;
+    a builder that fits no scenario is marked skipped (its ``not_applicable`` filled in)."""
+    tasks = []
+    for k, o in enumerate(outcomes):
+        if o.skipped:
+            continue
+        o.not_applicable.clear()
+        js = _fitted_jobs(_builder_spec(o), _scenario_jobs(loaded, replays, o.control, slots), o)
+        if not js:
+            o.skipped = "no scenario here fits its outputs"
+        tasks += [Task((k, j.label), j, task_cost(j.config)) for j in js]
+    return tasks
+
+
+def _check_in_pool(outcomes: list[Outcome], loaded: list, tasks: list[Task], jobs: int,
+                   timeout: float | None, quiet: bool, tmp: Path,
+                   progress: Progress | None = None) -> None:  # fmt: skip
+    """Run ``tasks`` on ``jobs`` warm workers, into the outcomes' reports (in scenario
+    order); unless ``quiet``, a builder's progress line once its last check is done (with
+    the seconds its checks took)."""
+    left = Counter(t.key[0] for t in tasks)
+    done: dict[int, dict[str, Report]] = {k: {} for k in left}
+    seconds = Counter()
+
+    def on_report(task: Task, report: Report) -> None:
+        k, label = task.key
+        done[k][label] = report
+        seconds[k] += task.seconds
+        left[k] -= 1
+        if progress is not None:
+            progress.advance(detail=f"{outcomes[k].name} on {label}")
+        if left[k] == 0:
+            o = outcomes[k]
+            o.reports.update((s.name, done[k][s.name]) for s in loaded if s.name in done[k])
+            if not quiet:
+                _print_progress(o, seconds[k])
+
+    WorkerPool(jobs, tmp / "pool", timeout=timeout, on_report=on_report).run(tasks)
 
 
 def _print_results(
@@ -477,8 +564,10 @@ def _write_json(
     )
 
 
-def _write_markdown(markdown_path: str, summary: str, table: str, matrix: str) -> None:
-    """The summary, the kill table and the matrix as Markdown."""
+def _write_markdown(markdown_path: str, summary: str, table: str, matrix: str,
+                    image: str = "") -> None:  # fmt: skip
+    """The summary, the kill table and the matrix as Markdown (``image``: the line that
+    shows the kill-table image, after the summary)."""
     from .environment import environment
 
     env = environment()
@@ -493,6 +582,7 @@ def _write_markdown(markdown_path: str, summary: str, table: str, matrix: str) -
                 "",
                 summary,
                 "",
+                *([image, ""] if image else []),
                 "## Kill table",
                 "",
                 table,
@@ -526,6 +616,12 @@ def add_arguments(parser):
     parser.add_argument("--markdown", dest="markdown_path", metavar="PATH",
                         help="write the summary, kill table and scenario matrix there as "
                         "Markdown")  # fmt: skip
+    parser.add_argument("--png", dest="png_path", metavar="PATH",
+                        help="write the kill table as an image there (default: beside "
+                        "--markdown; needs matplotlib)")  # fmt: skip
+    parser.add_argument("--fresh-processes", dest="pool", action="store_false",
+                        help="a fresh child process per builder instead of warm workers "
+                        "(slower; the reports are the same)")  # fmt: skip
     parser.add_argument("--quiet", action="store_true",
                         help="only a progress line every 15 s on stderr, then the "
                         "summary")  # fmt: skip
@@ -543,4 +639,6 @@ def run(args) -> int:
         json_path=args.json_path,
         markdown_path=args.markdown_path,
         quiet=args.quiet,
+        pool=args.pool,
+        png_path=args.png_path,
     )

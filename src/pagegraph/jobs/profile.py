@@ -104,7 +104,10 @@ def _record_nsys(nsys: str, scenario, out: Path, name: str, replays) -> tuple[in
     shown = shlex.join(cmd)
     print(f"pagegraph profile: {shown}", flush=True)
     # nsys exits with the profiled program's status: that is the check's verdict.
-    check_rc = subprocess.run(cmd, env=child_env(), check=False).returncode
+    # PAGEGRAPH_NVTX: the check loads nvtx even if nsys injected itself some other way than
+    # through NVTX_INJECTION64_PATH (pagegraph.detect.ranges).
+    env = {**child_env(), "PAGEGRAPH_NVTX": "1"}
+    check_rc = subprocess.run(cmd, env=env, check=False).returncode
     report = base.with_name(base.name + ".nsys-rep")
     if not report.exists():
         raise _trace.TraceError(f"nsys wrote no report {report} (exit code {check_rc})")
@@ -171,6 +174,28 @@ def _record_torch(scenario, out: Path, name: str, replays) -> tuple[int, Path, s
     return check_rc, json_path, shown
 
 
+def _write_timeline(trace: _trace.Trace, png: Path) -> str:
+    """The timeline image of a replay window of ``trace`` at ``png``
+    (``detect.trace_timeline``); the Markdown that shows it, or says why there is none."""
+    from ..detect.trace_timeline import timeline_layout, write_timeline_image
+
+    try:
+        layout = timeline_layout(trace)
+    except ValueError as exc:  # no replay range: the verdict says so too
+        return f"(no timeline: {exc})"
+    if write_timeline_image(png, layout) is None:
+        print("pagegraph profile: matplotlib not installed: no timeline image", file=sys.stderr)
+        return "(matplotlib not installed: no timeline image)"
+    inside = [m for m in layout.markers if m.in_replay]
+    note = (
+        f"{len(inside)} host sync(s) or device-to-host copies inside replay ranges (marked "
+        f"large): " + ", ".join(f"{m.call} in {m.range}" for m in inside[:5])
+        if inside
+        else "No host sync or device-to-host copy inside the replay ranges shown."
+    )
+    return f"![replay timeline]({png.name})\n\n{note}"
+
+
 def _gpu_name(summary: _trace.TraceSummary | None) -> str:
     if summary is not None and summary.device:
         return summary.device
@@ -196,6 +221,7 @@ def _report(
     result: _trace.CheckResult | None,
     error: str | None,
     exit_code: int,
+    timeline: str = "",
 ) -> str:
     now = _dt.datetime.now().astimezone().isoformat(timespec="seconds")
     lines = [
@@ -213,6 +239,8 @@ def _report(
     ]
     if summary is not None:
         lines += ["## Ranges", "", _trace.format_markdown(summary).rstrip(), ""]
+    if timeline:
+        lines += ["## Timeline of a replay window", "", timeline, ""]
     lines += ["## Verdict", ""]
     if error:
         lines.append(f"CANNOT CHECK: {error}")
@@ -242,6 +270,7 @@ def profile(
     name = name or Path(scenario).stem
     nsys = shutil.which("nsys")
     summary = result = trace_path = error = None
+    timeline = ""
     check_rc = 0
     if nsys is not None:
         recorder = f"Nsight Systems ({nsys})"
@@ -259,7 +288,9 @@ def profile(
             check_rc, trace_path, command = _record_nsys(nsys, scenario, out, name, replays)
         else:
             check_rc, trace_path, command = _record_torch(scenario, out, name, replays)
-        summary = _trace.analyze(trace_path)
+        trace = _trace.load_trace(trace_path)
+        summary = _trace.summarize(trace)
+        timeline = _write_timeline(trace, out / f"{name}-timeline.png")
         result = _trace.check(summary, list(FORBID))
         code = result.exit_code
     except _trace.TraceError as e:
@@ -279,6 +310,7 @@ def profile(
             result=result,
             error=error,
             exit_code=code,
+            timeline=timeline,
         )
     )
     if summary is not None:
