@@ -41,13 +41,24 @@ def wrong_row(req_to_token, req_pool_indices, seq_lens, page_table, page_size, *
 
 
 def test_without_a_capture_graph_safe_is_a_skip_not_a_pass():
-    report = check_replay_safety(build_page_table, SMALL.replace(steps=6), device="cpu")
-    if report.captured:
-        pytest.skip("graphs (real or emulated) were captured on this device")
+    report = check_replay_safety(build_page_table, SMALL.replace(steps=6, emulate=False),
+                                 device="cpu")  # fmt: skip
+    assert not report.captured
     prop = report.property(GRAPH_SAFE)
-    assert prop.status in ("skip", "pass")
-    if prop.status == "skip":
-        assert "nothing was captured" in prop.detail
+    assert prop.status == "skip", report.format()
+    assert "nothing was captured" in prop.detail
+
+
+def test_emulated_graphs_judge_graph_safe_both_ways():
+    """On the CPU an emulated capture freezes what the builder decided on the host: the
+    frozen builder fails graph-safe, the wrong-row one fails correct and passes it."""
+    _widths.clear()
+    cfg = SMALL.replace(detectors="none")  # what the capture froze, not the builder's syncs
+    report = check_replay_safety(frozen_at_capture, cfg, device="cpu")
+    assert report.captured and report.property(GRAPH_SAFE).status == "FAIL", report.format()
+    report = check_replay_safety(wrong_row, cfg, device="cpu")
+    assert report.property(GRAPH_SAFE).status == "pass", report.format()
+    assert report.property("correct").status == "FAIL"
 
 
 def test_a_builder_reading_the_wrong_row_fails_correct_not_graph_safe():

@@ -74,5 +74,23 @@ def test_a_scenario_of_no_kernels_kind_is_a_usage_error(capsys):
     assert "no scenario of the kernels' kinds" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("job", ["vllm", "sglang", "mutate"])
+def test_a_timeout_that_is_not_positive_is_a_usage_error(job, capsys):
+    from pagegraph.cli import main as cli_main
+    from pagegraph.jobs import sglang_job
+
+    main = {"vllm": vllm_job.main, "sglang": sglang_job.main,
+            "mutate": lambda argv: cli_main(["mutate", "default", *argv])}[job]  # fmt: skip
+    if job == "vllm" and MISSING is not None:
+        pytest.skip(f"vLLM's kernel files: {MISSING}")
+    if job == "sglang":
+        from pagegraph.clients.sglang import sglang_unavailable_reason
+
+        if sglang_unavailable_reason() is not None:
+            pytest.skip("SGLang's kernel files are not installed")
+    assert main(["--timeout", "0"]) == 2
+    assert "--timeout must be > 0 seconds" in capsys.readouterr().err
+
+
 def test_the_stubs_are_named():
     assert "vllm.v1.attention.backends.utils.PAD_SLOT_ID" in vllm_files.STUBBED_IMPORTS

@@ -26,7 +26,7 @@ import torch
 from ..kinds.builders import builder_capabilities
 from .buffers import CheckBuffers, allocate_check_buffers
 from .report import Failure
-from .verify import POISON, ModelStep, preset_views
+from .verify import CANARY_ROWS, POISON, ModelStep, preset_views
 
 #: Replays that are all compared with an eager call; after them one in ``SAMPLE``.
 EVERY_REPLAY = 64
@@ -54,6 +54,8 @@ class EagerTwin:
             self._extra = {"swa_page_table": self.buffers.views[1],
                            "full_to_swa": run.pool.full_to_swa}  # fmt: skip
         self._takes_batch = builder_capabilities(run.builder).batch
+        if run.errors:  # the same specialisation as the replays' (a scratch buffer)
+            self._extra["errors"] = torch.zeros_like(run.runner.errors)
         runner = run.runner
         self._io = SimpleNamespace(
             req_to_token=run.pool.req_to_token, req_pool_indices=runner.req_pool_indices,
@@ -75,6 +77,19 @@ class EagerTwin:
         captured and the builder runs inside it."""
         graphs = getattr(run.runner, "graphs", None)
         return bool(graphs) and run.kind.where == "graph"
+
+    def warm_up(self) -> None:
+        """One eager call into the twin buffers on the inputs the capture left (every length
+        1), then the poison again: what a builder allocates or compiles at its first call on
+        new buffers is done before the replays' memory and allocation baselines are read."""
+        bucket = self.run.cfg.max_bs
+        extra = dict(self._extra)
+        if "swa_page_table" in extra:
+            extra["swa_page_table"] = self.buffers.views[1][:bucket]
+        if self._takes_batch:
+            extra["batch"] = self.run.kind.batch_context(bucket, bucket, bucket)
+        self.run.kind.call(self.run.builder, self._io, bucket, extra)
+        self._poison()
 
     def wanted(self, mstep: ModelStep) -> bool:
         if mstep.out_of_contract:
@@ -135,10 +150,10 @@ class EagerTwin:
         tables = self.buffers.tables
         T, rows, width = tables.shape
         names = ("page_table", "swa_page_table")
-        if flat < tables.numel():
+        if flat < tables.numel():  # laid out as the verifier reads it: each table by its stride
             t, rest = divmod(flat, rows * width)
-            row, col = divmod(rest, width)
-            where, row = names[t], row - 1
+            row, col = divmod(rest, self.buffers.row_strides[t])
+            where, row = names[t], row - CANARY_ROWS
         else:
             vectors = self.buffers.vectors
             v, col = divmod(flat - tables.numel(), vectors.shape[1])
@@ -150,7 +165,7 @@ class EagerTwin:
             f"{count} entr{'y' if count == 1 else 'ies'} of the replay differ from an eager "
             f"call of the builder on the same inputs (expected: the eager call's value)"
         )
-        if 0 <= row < len(mstep.asked_sl):
+        if not failure.vector and 0 <= row < len(mstep.asked_sl):
             failure.seq_len = int(mstep.asked_sl[row])
             failure.req_pool_index = int(mstep.asked_rpi[row])
         failure.poison = POISON

@@ -264,14 +264,22 @@ def _judge_addresses(state: ReplayState, i: int) -> None:
     moved = state.props["static buffers unmoved"]
     runner = state.runner
     for name, address in state.watched.live:
-        now = getattr(runner, name, None)
+        now = _current(runner, name)
         if now is None:
             moved.fail(f"replay {i}: {name} replaced")
         elif now.data_ptr() != address and moved.status == "pass":
             moved.fail(f"replay {i}: {name} moved ({address:#x} -> {now.data_ptr():#x})")
     for name in state.watched.absent:
-        if getattr(runner, name, None) is not None:
+        if _current(runner, name) is not None:
             moved.fail(f"replay {i}: {name} replaced")
+
+
+def _current(runner, name: str):
+    """The runner's buffer ``name`` now (``None`` when it is gone)."""
+    try:
+        return runner.static_buffer(name)
+    except AttributeError:
+        return None
 
 
 def judge_chunk_allocations(state: ReplayState) -> None:

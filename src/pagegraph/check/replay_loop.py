@@ -213,7 +213,11 @@ def _verify(state: ReplayState, i: int, mstep: ModelStep, measured: ReplayMeasur
             if state.graphs and not tally.per_replay:
                 tally.base += tally.read() - a0  # the eager call's, not the replay's
         if state.reads is not None:
+            tally = state.allocations
+            a0 = tally.read() if state.graphs and not tally.per_replay else 0
             state.reads.compare(len(state.pending), mstep)
+            if state.graphs and not tally.per_replay:
+                tally.base += tally.read() - a0  # the check's own, not the replay's
         state.verifier.verify()
     if state.graphs:
         event = state.events[i % len(state.events)]

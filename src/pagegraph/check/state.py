@@ -10,6 +10,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from ..detect.ranges import phase
 from ..graph.buckets import Buckets, resolve_padding
 from ..graph.runner import GraphRunner
 from ..kernels.contract import cdiv
@@ -144,16 +145,9 @@ class WatchedBuffers:
 
     @classmethod
     def of(cls, runner: GraphRunner) -> WatchedBuffers:
-        watched = {
-            "req_pool_indices": runner.req_pool_indices,
-            "seq_lens": runner.seq_lens,
-            "page_table": runner.page_table,
-            "swa_page_table": runner.swa_page_table,
-            "errors": runner.errors,
-            "req_to_token": runner.req_to_token,
-            "full_to_swa": runner.full_to_swa,
-            **runner.vectors,
-        }
+        # Every buffer a graph reads or writes (the runner's, the kind's derived inputs, the
+        # engine state's): a runner's own list, as its address check keeps it.
+        watched = dict(runner.static_buffers())
         return cls(
             [(k, t.data_ptr()) for k, t in watched.items() if t is not None],
             [k for k, t in watched.items() if t is None],
@@ -269,6 +263,8 @@ class ReplayState:
         )
         if EagerTwin.applies(run):
             state.twin = EagerTwin(run, chunk)
+            with phase("verify"):
+                state.twin.warm_up()
         if GraphReads.applies(run.runner):
             state.reads = GraphReads(run.runner, chunk, run.cfg.width)
         if graphs:

@@ -84,6 +84,16 @@ _DATA_DEPENDENT_SHAPE = {
 }
 
 
+def _masked(func, args) -> bool:
+    """``index`` / ``index_put`` with a boolean (or uint8) mask: the mask's ``nonzero`` runs
+    inside the operator, so its output shape comes from the data as ``nonzero``'s does."""
+    if func.overloadpacket not in (aten.index, aten.index_put, aten.index_put_):
+        return False
+    indices = args[1] if len(args) > 1 else ()
+    return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8)
+               for i in indices or ())  # fmt: skip
+
+
 class EmulationError(RuntimeError):
     """The record cannot be replayed as captured (a view moved, a shape changed)."""
 
@@ -197,7 +207,9 @@ class EmulatedGraph:
         if _mutates(func):
             self._steps.append(lambda: func(*args, **kwargs))
             return
-        if func in _DATA_DEPENDENT_SHAPE and kwargs.get("output_size") is None:
+        if (func in _DATA_DEPENDENT_SHAPE and kwargs.get("output_size") is None) or _masked(
+            func, args
+        ):
             self.frozen.append(str(func))
             return
         inputs = {_storage(t) for t in _tensors((args, kwargs))}

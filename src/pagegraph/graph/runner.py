@@ -390,7 +390,8 @@ class GraphRunner:
         )  # fmt: skip
         self._build(bs)
 
-    def _buffers(self) -> dict[str, torch.Tensor | None]:
+    def static_buffers(self) -> dict[str, torch.Tensor | None]:
+        """Every buffer a graph reads or writes, by name (``None`` where absent)."""
         own = {
             "read_table": self.read_table,
             **{name: getattr(self, name) for name in self.vectors},
@@ -412,9 +413,9 @@ class GraphRunner:
             "kv_indices": self.kv_indices,
         }
 
-    def _buffer(self, name: str) -> torch.Tensor | None:
-        """The buffer ``name`` of ``_buffers`` as it is now (the runner's attribute, or the
-        engine state's)."""
+    def static_buffer(self, name: str) -> torch.Tensor | None:
+        """The buffer ``name`` of ``static_buffers`` as it is now (the runner's attribute, a
+        derived input, or the engine state's)."""
         if self.engine is not None and name in self._engine_names:
             return self.engine.buffers()[name]
         if name in self.derived:
@@ -427,7 +428,7 @@ class GraphRunner:
 
     def addresses(self) -> dict[str, tuple | None]:
         """``name -> (data_ptr, shape, strides)`` of every buffer a graph reads or writes."""
-        return {name: self._address(t) for name, t in self._buffers().items()}
+        return {name: self._address(t) for name, t in self.static_buffers().items()}
 
     def check_addresses(self) -> None:
         """Raise ``StaticBufferMoved`` if any buffer differs from what was captured."""
@@ -439,7 +440,7 @@ class GraphRunner:
             # The same tensor object at the same address, shape and strides: nothing replaced
             # it, gave it new storage (set_, a growing resize_) or reshaped it in place (a
             # shrinking resize_, as_strided_). Anything else takes the full comparison.
-            now = self._buffer(name)
+            now = self.static_buffer(name)
             if now is not t or now.data_ptr() != ptr or now.shape != shape:
                 break
             if now.stride() != stride:
@@ -481,7 +482,7 @@ class GraphRunner:
         self._addresses = self.addresses()
         self._watch = [
             (name, t, t.data_ptr(), t.shape, t.stride())
-            for name, t in self._buffers().items()
+            for name, t in self.static_buffers().items()
             if t is not None
         ]
         self._views: dict[int, tuple] = {}

@@ -49,7 +49,7 @@ from ..kernels.contract import cdiv
 from ..kernels.page_table import build_page_table
 from ..kernels.registry import builder_spec_for_child
 from ..kinds import PAGE_TABLE, KindSpec, kind_of
-from ..kinds.builders import resolve_builder, signature_problem
+from ..kinds.builders import is_builtin, resolve_builder, signature_problem
 from ..workload.pool import writer_bytes
 from ..workload.producer import SEGMENT_STEPS, streams_with_steps
 from .environment import environment
@@ -288,7 +288,7 @@ def run_check(
         print(f"pagegraph check: {exc}", file=sys.stderr)
         return 2
     if isolate is None:
-        isolate = any(spec not in PAGE_TABLE.builders for spec in plan.specs)
+        isolate = any(not is_builtin(spec) for spec in plan.specs)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     for scenario, cfg in zip(plan.scenarios, plan.configs):
         warning = slow_warning(scenario.name, cfg, device)

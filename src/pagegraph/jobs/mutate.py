@@ -177,6 +177,8 @@ def run_mutate(
     processes (False: a fresh child per builder). ``png_path``: the kill-table image there
     (default: beside ``markdown_path``)."""
     try:
+        if timeout is not None and timeout <= 0:
+            raise ValueError("--timeout must be > 0 seconds")
         loaded, names = _load_and_validate(scenarios, mutants, replays, jobs)
     except (ScenarioError, ValueError) as exc:
         print(f"pagegraph mutate: {exc}", file=sys.stderr)

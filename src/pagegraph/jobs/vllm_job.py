@@ -122,6 +122,8 @@ def run_job(args: argparse.Namespace) -> int:
     try:
         if replays is not None and replays < 1:
             raise ValueError("--replays must be >= 1")
+        if args.timeout is not None and args.timeout <= 0:
+            raise ValueError("--timeout must be > 0 seconds")
         runs = plan_runs(args.scenarios, replays)
     except ValueError as exc:
         print(f"vllm_job: {exc}", file=sys.stderr)

@@ -67,14 +67,14 @@ class SlotMappingKind(KindSpec):
         """The engine's step inputs the graph derives from the staged batch: ``idx_mapping``
         ``[max_bs]`` int32, ``query_start_loc`` ``[max_bs + 1]`` int32 (``i * q``, fixed),
         ``positions`` ``[max_bs * q + SLACK_TOKENS]`` int64, and the constant offsets of a
-        row's tokens ``[q]`` int64 (``j - 1``)."""
+        row's tokens ``[q]`` int64 (``j``)."""
         q = draft_tokens + 1
         total = max_bs * q + SLACK_TOKENS
         return {
             "idx_mapping": torch.zeros(max_bs, dtype=torch.int32, device=device),
             "query_start_loc": torch.arange(max_bs + 1, dtype=torch.int32, device=device) * q,
             "positions": torch.zeros(total, dtype=torch.int64, device=device),
-            "token_offsets": torch.arange(q, dtype=torch.int64, device=device) - 1,
+            "token_offsets": torch.arange(q, dtype=torch.int64, device=device),
         }
 
     def call(self, builder: Callable, io: Any, bs: int, extra: dict) -> None:
@@ -82,9 +82,9 @@ class SlotMappingKind(KindSpec):
         q = d["token_offsets"].shape[0]
         idx = d["idx_mapping"][:bs]
         idx.copy_(io.req_pool_indices[:bs])
-        positions = d["positions"][: bs * q].view(bs, q)
-        torch.add(io.seq_lens[:bs].unsqueeze(1), d["token_offsets"], out=positions)
-        positions.clamp_(min=0)
+        positions = d["positions"][: bs * q].view(bs, q)  # max(len - 1, 0) + j
+        torch.sub(io.seq_lens[:bs].unsqueeze(1).expand(bs, q), 1, out=positions)
+        positions.clamp_(min=0).add_(d["token_offsets"])
         builder(io.engine.block_table, idx, d["query_start_loc"][: bs + 1], d["positions"],
                 io.vectors["slot_mapping"], io.page_size, **extra)  # fmt: skip
 
