@@ -92,12 +92,28 @@ def test_a_check_that_may_leave_its_process_unfit_ends_its_worker():
         return r
 
     assert needs_fresh_process(report("capture"))
-    assert needs_fresh_process(report("bounded writes"))
-    assert not needs_fresh_process(report("correct"))  # a wrong table: the process is fine
+    # A wrong table, or a write the checker caught in its own guarded buffers: the process
+    # is fine.
+    assert not needs_fresh_process(report("correct"))
+    assert not needs_fresh_process(report("bounded writes"))
     assert not needs_fresh_process(report(None))
     crashed = report(None)
     crashed.crash = "the check process was killed by SIGSEGV during replay 3"
     assert needs_fresh_process(crashed)
+
+
+def test_checks_sharing_slots_go_first_while_a_slot_is_free(tmp_path):
+    slots = (str(tmp_path / "slot-0"),)
+    big = [Task(f"big{i}", Job("b", SMALL, memory_slots=slots), cost=100.0) for i in range(2)]
+    small = [Task(f"small{i}", Job("b", SMALL), cost=float(i)) for i in range(3)]
+    pool = WorkerPool(3, tmp_path)
+    pool._pending = sorted([*big, *small], key=lambda t: t.cost)
+    # The one slot is free: a big check first, though it costs the most; then, the slot
+    # taken, the cheapest plain ones, and no worker waits for the slot while they last.
+    assert [pool._take().key for _ in range(3)] == ["big0", "small0", "small1"]
+    pool._done(big[0], None, None)  # the slot is free again
+    assert [pool._take().key for _ in range(2)] == ["big1", "small2"]
+    assert pool._busy_slots[slots] == 1 and not pool._pending
 
 
 def test_tasks_are_ordered_by_cost():

@@ -16,8 +16,8 @@ Isolation is kept:
   fresh child's crash is (the cause, the phase, its stderr since the check began), and a
   fresh worker takes the next task;
 * a worker whose check may have left its process unfit for another is ended and replaced
-  (``needs_fresh_process``: a crash, a failed capture, a raised replay, a write outside the
-  tables), and a worker ends itself when its CUDA context no longer synchronises or a
+  (``needs_fresh_process``: a crash, a failed capture, a raised replay), and a worker ends
+  itself when its CUDA context no longer synchronises or a
   stream is left capturing (``_context_healthy``).
 
 Scheduling: tasks whose check shares memory slots (``isolate.memory_slot``) are handed out
@@ -52,9 +52,12 @@ from .report import Report
 from .signals import request_stop, stop_requested
 
 #: Properties whose failure means the check may have left its process unfit for the next
-#: check: a failed capture can leave a stream capturing or the CUDA context broken; a raised
-#: replay the same; a write outside the tables may have reached memory the process keeps.
-FRESH_PROCESS_AFTER = ("capture", "replays completed", "bounded writes", "row containment")
+#: check: a failed capture can leave a stream capturing or the CUDA context broken (an
+#: unjoined side stream, an illegal address), a raised replay the same. A failed "bounded
+#: writes" or "row containment" is not among them: the checker sees those writes in its own
+#: guarded allocation, freed with the check; a write that escapes it is seen by no property
+#: (it crashes the process, or breaks its context, and both end the worker).
+FRESH_PROCESS_AFTER = ("capture", "replays completed")
 
 #: Exit codes of a child stopped by SIGINT / SIGTERM (``isolate._child``).
 STOPPED_CODES = (130, 143)
@@ -344,7 +347,10 @@ def _worker() -> int:
         if not spec_path:
             break
         code = isolate._child(spec_path)
-        gc.collect()  # the finished check's tensors and notes, before the next one
+        # The finished check's tensors and graphs caught in reference cycles, then their
+        # cached blocks back to the device: a warm worker holds no more than a fresh one.
+        gc.collect()
+        isolate._free_cached_memory()
         healthy = _context_healthy()
         answers.write(f"done {code}\n")
         if code != 0 or not healthy:

@@ -12,10 +12,10 @@ kills them all.
 The checks (one builder on one scenario each) run on ``--jobs N`` warm worker processes
 (``pagegraph.check.worker_pool``), which keep torch, Triton and the compiled kernels loaded
 from one check to the next; a worker that crashed, or whose check may have left it unfit
-(a failed capture, a raised replay, a write outside the tables), is replaced by a fresh
-one. The checks too big for every worker to hold at once on the GPU run in a few shared
-slots (``memory_slots``), whenever one is free, the others cheapest first: a control must
-not be called NOT SAFE because its neighbours took the memory. ``--fresh-processes`` runs
+(a failed capture, a raised replay, a broken CUDA context), is replaced by a fresh one.
+The checks too big for every worker to hold at once on the GPU run in a few shared slots
+(``memory_slots``), whenever one is free, the others cheapest first: a control must not be
+called NOT SAFE because its neighbours took the memory. ``--fresh-processes`` runs
 each builder in a fresh child process instead (``isolate.run_isolated``), N at a time, each
 starting at a different scenario. A decode step (a scenario with a consumer) is not timed
 here, and a mutant stops at its first failing replay there.
@@ -511,7 +511,11 @@ def _check_in_pool(outcomes: list[Outcome], loaded: list, tasks: list[Task], job
             if not quiet:
                 _print_progress(o, seconds[k])
 
-    WorkerPool(jobs, tmp / "pool", timeout=timeout, on_report=on_report).run(tasks)
+    pool = WorkerPool(jobs, tmp / "pool", timeout=timeout, on_report=on_report)
+    pool.run(tasks)
+    if not quiet:
+        print(f"pagegraph mutate: {len(tasks)} checks on {pool.started} worker process(es)",
+              file=sys.stderr)  # fmt: skip
 
 
 def _print_results(
