@@ -153,7 +153,7 @@ def test_reports_keep_the_scenarios_order_whatever_order_they_ran_in(monkeypatch
     loaded = [load_scenario(ROOT / "graphs" / f"{n}.toml") for n in ("default", "spec-metadata")]
     ran = []
 
-    def fake_run_isolated(jobs, timeout=None):
+    def fake_run_isolated(jobs, timeout=None, on_report=None):
         ran.append([j.label for j in jobs])
         return [SimpleNamespace(label=j.label, properties=[], safe=True) for j in jobs]
 

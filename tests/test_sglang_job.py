@@ -205,5 +205,5 @@ def test_a_run_without_a_report_says_why():
     run.skipped = "page_size 48 does not divide 4096"
     doc = sglang_job.run_doc(run)
     assert doc["verdict"] == "not run" and doc["report"] is None
-    section = "\n".join(sglang_job._run_section(doc))
+    section = "\n".join(sglang_job.run_section(doc))
     assert "does not divide 4096" in section

@@ -17,6 +17,8 @@ from __future__ import annotations
 from collections.abc import Callable
 from typing import Any
 
+import torch
+
 from .base import KindSpec, PaddedRows
 
 
@@ -31,6 +33,8 @@ class BlockTableKind(KindSpec):
     error_kinds = ()
     padded_rows = PaddedRows("cleared", 0)
     engine_state = "block_tables"
+    #: vLLM pads with length 0; its padded rows are never read (``num_reqs`` bounds the copy)
+    paddings = ("vllm",)
     reference = "reference_block_table"
 
     def load_builders(self) -> dict[str, Callable]:
@@ -42,12 +46,17 @@ class BlockTableKind(KindSpec):
             "reference_block_table": reference_block_table,
         }
 
+    def derived_inputs(self, max_bs: int, draft_tokens: int, device) -> dict[str, torch.Tensor]:
+        """``idx_mapping`` ``[max_bs]`` int32, the batch's request slots as vLLM holds them
+        (the staged indices may be int64)."""
+        return {"idx_mapping": torch.zeros(max_bs, dtype=torch.int32, device=device)}
+
     def call(self, builder: Callable, io: Any, bs: int, extra: dict) -> None:
         # The whole persistent table, as vLLM passes it: the bucket is ``batch.num_rows``, and
         # a builder that writes rows past it shows.
-        engine = io.engine
-        builder(engine.block_table, engine.num_blocks, io.req_pool_indices[:bs], io.page_table,
-                **extra)  # fmt: skip
+        engine, idx = io.engine, io.derived["idx_mapping"][:bs]
+        idx.copy_(io.req_pool_indices[:bs])
+        builder(engine.block_table, engine.num_blocks, idx, io.page_table, **extra)
 
 
 BLOCK_TABLE = BlockTableKind()
