@@ -319,6 +319,7 @@ def _scenario(name: str, steps: int = 16) -> CheckConfig:
     return load_scenario(ROOT / "graphs" / f"{name}.toml").config.replace(steps=steps)
 
 
+@pytest.mark.cpu_heavy
 @pytest.mark.heavy
 @pytest.mark.parametrize(
     "builder,scenario",
@@ -343,6 +344,7 @@ def test_honest_builders_get_the_same_verdict_both_ways(builder, scenario):
     assert got == statuses
 
 
+@pytest.mark.cpu_heavy
 @pytest.mark.heavy
 @pytest.mark.parametrize(
     "mutant,scenario,eager_dies",

@@ -35,6 +35,7 @@ INDEX = st.sampled_from([torch.int32, torch.int64])
 
 # In four parts (SWA x error counters): each part compiles its own kernel specialisations, so
 # a parallel run (make test on a GPU) compiles them in four workers at once.
+@pytest.mark.cpu_heavy
 @pytest.mark.parametrize(
     "swa, with_errors",
     [(False, False), (False, True), (True, False), (True, True)],
@@ -106,6 +107,7 @@ def test_fuzz_kernel(
         assert not errors.any()
 
 
+@pytest.mark.cpu_heavy
 @settings(max_examples=WORKLOAD_EXAMPLES, deadline=None)
 @given(
     max_bs=st.integers(1, 12),

@@ -48,6 +48,7 @@ def test_the_zoo_is_big_and_documented():
     assert sum(m.cpu for m in MUTANTS.values()) >= 18
 
 
+@pytest.mark.cpu_heavy
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU run covers every mutant")
 def test_every_cpu_killable_mutant_dies_on_the_cpu_scenarios(tmp_path, capsys):
     out = tmp_path / "kill.json"
@@ -79,6 +80,7 @@ def test_every_cpu_killable_mutant_dies_on_the_cpu_scenarios(tmp_path, capsys):
     assert "| no_row_clamp |" in text and "smallest killing set: default" in text
 
 
+@pytest.mark.cpu_heavy
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU run covers every mutant")
 def test_csr_mutants_die_on_the_csr_scenario_and_its_controls_pass(tmp_path, capsys):
     out = tmp_path / "kill.json"

@@ -66,6 +66,7 @@ def test_tasks_are_spread_over_warm_workers(tmp_path):
     assert len({t.worker_pid for t in tasks}) == 2
 
 
+@pytest.mark.cpu_heavy
 def test_a_crashing_check_is_reported_as_a_fresh_child_reports_it(crashers, tmp_path):
     jobs = [Job(f"{crashers}:exits_hard", SMALL), Job(f"{crashers}:segfaults_in_replays", SMALL),
             Job("build_page_table", SMALL)]  # fmt: skip
@@ -132,6 +133,7 @@ def _builders(doc: dict) -> dict:
     return out
 
 
+@pytest.mark.cpu_heavy
 def test_mutate_with_warm_workers_matches_a_fresh_child_per_builder(tmp_path, capsys):
     """A small kill table, once with the pool and once the old way: the same table."""
     runs = {}
