@@ -99,7 +99,8 @@ class KindSpec:
     #: on an out-of-contract replay its vectors stay exact up to the first out-of-contract row
     #: (a longer row shifts only what follows it: CSR), and are judged there
     ooc_prefix_exact: ClassVar[bool] = False
-    #: its tables are built for ``max(len, 0) + draft_tokens`` (a decode step's lengths)
+    #: its outputs cover ``max(len, 0) + draft_tokens`` tokens a row (a decode or verify
+    #: step's: the tables for those lengths, the draft tokens' slots), and the pool holds them
     tables_include_draft: ClassVar[bool] = False
     #: the engine state it reads besides ``req_to_token`` (``"block_tables"``: vLLM's
     #: per-request block tables and ``num_blocks``), or ``None``
