@@ -16,7 +16,7 @@ import pytest
 from pagegraph.check.config import CheckConfig
 from pagegraph.check.report import PropertyResult, Report
 from pagegraph.clients import sglang as sg
-from pagegraph.jobs import sglang_job
+from pagegraph.jobs import client_runs, sglang_job
 from pagegraph.jobs.sglang_job import (
     FINDINGS,
     FLASHMLA_CLIENT,
@@ -205,5 +205,5 @@ def test_a_run_without_a_report_says_why():
     run.skipped = "page_size 48 does not divide 4096"
     doc = sglang_job.run_doc(run)
     assert doc["verdict"] == "not run" and doc["report"] is None
-    section = "\n".join(sglang_job.run_section(doc))
+    section = "\n".join(client_runs.run_section(doc))
     assert "does not divide 4096" in section

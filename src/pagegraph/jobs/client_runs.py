@@ -7,15 +7,19 @@ from __future__ import annotations
 import contextlib
 import sys
 from dataclasses import dataclass
+from pathlib import Path
 
 import torch
 
 from ..check.config import CheckConfig
-from ..check.isolate import IsolatedError, Job, run_isolated
+from ..check.isolate import IsolatedError, Job, run_isolated, write_json_atomic
 from ..check.report import Report
 from .progress import Progress, check_estimate, format_seconds
 
-__all__ = ["ClientRun", "run_checks", "run_doc", "run_section", "say", "table_cell"]
+__all__ = [
+    "ClientRun", "add_job_arguments", "job_replays", "run_checks", "run_doc", "run_section",
+    "say", "table_cell", "verdict_lines", "write_reports",
+]  # fmt: skip
 
 
 @dataclass
@@ -153,3 +157,72 @@ def run_section(doc: dict) -> list[str]:
     if quiet:
         lines += [f"Not judged: {', '.join(quiet)}.", ""]
     return lines
+
+
+# -- what a client job's command line and reports share -----------------------------------------
+
+
+def add_job_arguments(parser, *, cpu_replays: int, check_timeout: float,
+                      scenarios_help: str) -> None:  # fmt: skip
+    """The options every client job takes: ``--out``, ``--json``, ``--replays``,
+    ``--scenarios``, ``--timeout``, ``--quiet``."""
+    parser.add_argument("--out", help="Markdown report (default: stdout)")
+    parser.add_argument("--json", help="the same content as JSON")
+    parser.add_argument(
+        "--replays", type=int,
+        help=f"replays a check (default: the scenario's steps on a GPU, {cpu_replays} on the "
+        "CPU, where the Triton interpreter runs the kernels)",
+    )  # fmt: skip
+    parser.add_argument("--scenarios", nargs="+", metavar="NAME", help=scenarios_help)
+    parser.add_argument(
+        "--timeout", type=float, default=check_timeout,
+        help=f"seconds one check may take before it is killed (default {check_timeout})",
+    )  # fmt: skip
+    parser.add_argument("--quiet", action="store_true", help="print nothing but errors")
+
+
+def job_replays(args, cpu_replays: int) -> int | None:
+    """Replays a check (``None``: each scenario's steps; ``cpu_replays`` without CUDA unless
+    given); ``ValueError`` for ``--replays`` below 1 or a ``--timeout`` not above 0."""
+    replays = args.replays
+    if replays is None and not torch.cuda.is_available():
+        replays = cpu_replays
+    if replays is not None and replays < 1:
+        raise ValueError("--replays must be >= 1")
+    if args.timeout is not None and args.timeout <= 0:
+        raise ValueError("--timeout must be > 0 seconds")
+    return replays
+
+
+def verdict_lines(doc: dict, clients: tuple[str, ...], noun: str) -> list[str]:
+    """The Markdown of ``doc``'s runs: a table of verdicts (``noun`` heads its first column),
+    then each client's runs in ``clients`` order."""
+    lines = ["## Verdicts", "", f"| {noun} | scenario | verdict | replays | failed | advice |",
+             "|---|---|---|---:|---|---|"]  # fmt: skip
+    for r in doc["runs"]:
+        failed = ", ".join(f["property"] for f in r["failures"]) or r["skipped"] or r["error"] or ""
+        advice = ", ".join(a["property"] for a in r["advice"])
+        lines.append(f"| {r['client']} | {r['scenario']} | {r['verdict']} | {r['replays']} | "
+                     f"{table_cell(failed)} | {table_cell(advice)} |")  # fmt: skip
+    lines.append("")
+    for client in clients:
+        runs = [r for r in doc["runs"] if r["client"] == client]
+        if runs:
+            lines += [f"## {client}", ""]
+            for r in runs:
+                lines += run_section(r)
+    return lines
+
+
+def write_reports(doc: dict, text: str, args) -> None:
+    """The Markdown ``text`` to ``args.out`` (else stdout) and ``doc`` as JSON to
+    ``args.json``, each said unless ``args.quiet``."""
+    if args.out:
+        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.out).write_text(text + "\n")
+        say(args.quiet, f"wrote {args.out}")
+    else:
+        print(text)
+    if args.json:
+        write_json_atomic(args.json, doc)
+        say(args.quiet, f"wrote {args.json}")

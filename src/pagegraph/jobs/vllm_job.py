@@ -21,18 +21,22 @@ from __future__ import annotations
 
 import argparse
 import sys
-from pathlib import Path
 
-import torch
-
-from ..check.isolate import write_json_atomic
 from ..check.scenario import load_scenario
 from ..clients import vllm as vllm_client
 from ..clients.vllm_files import vllm_root
 from ..kinds import kind_of
 from ..kinds.builders import resolve_builder, signature_problem
 from .check_job import _memory_problem
-from .client_runs import ClientRun, run_checks, run_doc, run_section, say, table_cell
+from .client_runs import (
+    ClientRun,
+    add_job_arguments,
+    job_replays,
+    run_checks,
+    run_doc,
+    verdict_lines,
+    write_reports,
+)
 from .environment import environment
 from .scenario_paths import scenario_path, shipped_scenarios
 
@@ -93,20 +97,7 @@ def _header(env: dict, replays: str) -> list[str]:
 def markdown(doc: dict) -> str:
     """The Markdown report of ``doc`` (``run_job``'s JSON document)."""
     lines = _header(doc["environment"], doc["replays"])
-    lines += ["## Verdicts", "", "| kernel | scenario | verdict | replays | failed | advice |",
-              "|---|---|---|---:|---|---|"]  # fmt: skip
-    for r in doc["runs"]:
-        failed = ", ".join(f["property"] for f in r["failures"]) or r["skipped"] or r["error"] or ""
-        advice = ", ".join(a["property"] for a in r["advice"])
-        lines.append(f"| {r['client']} | {r['scenario']} | {r['verdict']} | {r['replays']} | "
-                     f"{table_cell(failed)} | {table_cell(advice)} |")  # fmt: skip
-    lines.append("")
-    for client in CLIENTS:
-        runs = [r for r in doc["runs"] if r["client"] == client]
-        if runs:
-            lines += [f"## {client}", ""]
-            for r in runs:
-                lines += run_section(r)
+    lines += verdict_lines(doc, CLIENTS, "kernel")
     return "\n".join(lines)
 
 
@@ -116,14 +107,8 @@ def run_job(args: argparse.Namespace) -> int:
     if reason is not None:
         print(f"vllm_job: vLLM's kernel files unavailable: {reason}", file=sys.stderr)
         return 2
-    replays = args.replays
-    if replays is None and not torch.cuda.is_available():
-        replays = CPU_REPLAYS
     try:
-        if replays is not None and replays < 1:
-            raise ValueError("--replays must be >= 1")
-        if args.timeout is not None and args.timeout <= 0:
-            raise ValueError("--timeout must be > 0 seconds")
+        replays = job_replays(args, CPU_REPLAYS)
         runs = plan_runs(args.scenarios, replays)
     except ValueError as exc:
         print(f"vllm_job: {exc}", file=sys.stderr)
@@ -141,16 +126,7 @@ def run_job(args: argparse.Namespace) -> int:
         "complete": completed,
         "runs": [run_doc(r) for r in runs],
     }
-    text = markdown(doc)
-    if args.out:
-        Path(args.out).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.out).write_text(text + "\n")
-        say(args.quiet, f"wrote {args.out}")
-    else:
-        print(text)
-    if args.json:
-        write_json_atomic(args.json, doc)
-        say(args.quiet, f"wrote {args.json}")
+    write_reports(doc, markdown(doc), args)
     return 0 if completed else 130
 
 
@@ -163,23 +139,11 @@ def build_parser() -> argparse.ArgumentParser:
             "vLLM's kernel files are not found or an argument is bad, 130 when interrupted."
         ),
     )
-    parser.add_argument("--out", help="Markdown report (default: stdout)")
-    parser.add_argument("--json", help="the same content as JSON")
-    parser.add_argument(
-        "--replays", type=int,
-        help=f"replays a check (default: the scenario's steps on a GPU, {CPU_REPLAYS} on the "
-        "CPU, where the Triton interpreter runs the kernels)",
+    add_job_arguments(
+        parser, cpu_replays=CPU_REPLAYS, check_timeout=CHECK_TIMEOUT,
+        scenarios_help="shipped scenario names or scenario files (default: every shipped one "
+        "of the kernels' kinds)",
     )  # fmt: skip
-    parser.add_argument(
-        "--scenarios", nargs="+", metavar="NAME",
-        help="shipped scenario names or scenario files (default: every shipped one of the "
-        "kernels' kinds)",
-    )  # fmt: skip
-    parser.add_argument(
-        "--timeout", type=float, default=CHECK_TIMEOUT,
-        help=f"seconds one check may take before it is killed (default {CHECK_TIMEOUT})",
-    )  # fmt: skip
-    parser.add_argument("--quiet", action="store_true", help="print nothing but errors")
     return parser
 
 
