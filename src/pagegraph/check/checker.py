@@ -36,8 +36,8 @@ from ..kinds import KindSpec, kind_of
 from ..kinds.builders import (
     builder_capabilities,
     builder_name,
+    config_problem,
     resolve_builder,
-    signature_problem,
 )
 from ..workload.decode import Step
 from ..workload.pool import KVPool
@@ -169,7 +169,7 @@ def _start_run(builder, cfg: CheckConfig, device, runner_factory, hooks: CheckHo
     fn = resolve_builder(builder)
     kind = kind_of(fn, cfg.outputs)
     cfg = presets_of_kind(cfg, kind)
-    problem = signature_problem(fn, kind, swa=cfg.swa, page_size=cfg.page_size, padding=cfg.padding)
+    problem = config_problem(fn, kind, cfg)  # a consumer's config went to the decode step
     if problem:
         raise ValueError(problem)
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))

@@ -40,6 +40,7 @@ import time
 from pathlib import Path
 
 from .isolate import (
+    FORWARDED_STOP_S,
     IsolatedError,
     Job,
     _ChildEnd,
@@ -181,7 +182,7 @@ def _wait_for_answer(worker: _Worker, limit: float | None, paused) -> tuple[_Chi
             forwarded = True
             interrupted = interrupted or KeyboardInterrupt()
             interrupted.signum = signum
-            deadline = time.monotonic() + 60
+            deadline = time.monotonic() + FORWARDED_STOP_S
             with contextlib.suppress(ProcessLookupError):
                 worker.proc.send_signal(signum)
         if deadline is not None and time.monotonic() > deadline:

@@ -49,7 +49,7 @@ from ..kernels.contract import cdiv
 from ..kernels.page_table import build_page_table
 from ..kernels.registry import builder_spec_for_child
 from ..kinds import PAGE_TABLE, KindSpec, kind_of
-from ..kinds.builders import is_builtin, resolve_builder, signature_problem
+from ..kinds.builders import config_problem, is_builtin, resolve_builder
 from ..workload.pool import writer_bytes
 from ..workload.producer import SEGMENT_STEPS, streams_with_steps
 from .environment import environment
@@ -233,14 +233,7 @@ def _plan(scenarios, *, replays, builder, detectors, workload_process, strict,
         kind = kind_of(fn, cfg.outputs)
         if builder is not None:  # the scenario's presets are its own builder's
             cfg = presets_of_kind(cfg, kind)
-        problem = signature_problem(
-            fn,
-            kind,
-            swa=cfg.swa,
-            consumer=bool(cfg.consumer),
-            page_size=cfg.page_size,
-            padding=cfg.padding,
-        ) or preset_problem(cfg, kind)
+        problem = config_problem(fn, kind, cfg) or preset_problem(cfg, kind)
         if problem:
             raise ValueError(f"{s.path}: {problem}")
         problem = _memory_problem(cfg, kind)

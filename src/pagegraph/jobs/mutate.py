@@ -387,21 +387,14 @@ def _fitted_jobs(spec: str, scenario_jobs: list[Job], o: Outcome) -> list[Job]:
     outputs of another kind of builder are dropped (they describe the scenario's own)."""
     from ..check.checker import presets_of_kind
     from ..kinds import kind_of
-    from ..kinds.builders import resolve_builder, signature_problem
+    from ..kinds.builders import config_problem, resolve_builder
 
     fn = resolve_builder(spec)
     out = []
     for j in scenario_jobs:
         kind = kind_of(fn, j.config.outputs)
         cfg = j.config
-        problem = signature_problem(
-            fn,
-            kind,
-            swa=cfg.swa,
-            consumer=bool(cfg.consumer),
-            page_size=cfg.page_size,
-            padding=cfg.padding,
-        )
+        problem = config_problem(fn, kind, cfg)
         if problem:
             o.not_applicable[j.label] = problem
             continue

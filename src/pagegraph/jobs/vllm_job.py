@@ -26,7 +26,7 @@ from ..check.scenario import load_scenario
 from ..clients import vllm as vllm_client
 from ..clients.vllm_files import vllm_root
 from ..kinds import kind_of
-from ..kinds.builders import resolve_builder, signature_problem
+from ..kinds.builders import config_problem, resolve_builder
 from .check_job import _memory_problem
 from .client_runs import (
     ClientRun,
@@ -71,10 +71,7 @@ def plan_runs(scenarios: list[str] | None, replays: int | None) -> list[ClientRu
                 continue
             cfg = s.config if replays is None else s.config.replace(steps=replays)
             run = ClientRun(client, s.name, str(s.path), cfg)
-            run.skipped = signature_problem(
-                fn, kind, swa=cfg.swa, consumer=bool(cfg.consumer), page_size=cfg.page_size,
-                padding=cfg.padding,
-            ) or _memory_problem(cfg, kind)  # fmt: skip
+            run.skipped = config_problem(fn, kind, cfg) or _memory_problem(cfg, kind)
             runs.append(run)
     return runs
 

@@ -104,6 +104,13 @@ def builder_capabilities(builder: Callable) -> BuilderCapabilities:
     return replace(found, **{k: bool(v) for k, v in declared.items()})
 
 
+def config_problem(builder: Callable, kind: KindSpec, cfg) -> str | None:
+    """``signature_problem`` on a scenario's config ``cfg`` (a ``CheckConfig``): its SWA
+    outputs, its decode-step consumer, its page size and its padding."""
+    return signature_problem(builder, kind, swa=cfg.swa, consumer=bool(cfg.consumer),
+                             page_size=cfg.page_size, padding=cfg.padding)  # fmt: skip
+
+
 def signature_problem(
     builder: Callable,
     kind: KindSpec,
