@@ -157,6 +157,8 @@ from types import ModuleType
 
 import torch
 
+from .kernel_files import load_file_module
+
 __all__ = [
     "KERNEL_FILES",
     "SGLANG_BUILDERS",
@@ -259,17 +261,7 @@ def load_kernel_file(name: str) -> ModuleType:
         raise SGLangUnavailable(f"{path} is missing (the adapters need sglang {TESTED_VERSION})")
     if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
         _interpreter_indexes_loaded_scalars()
-    spec = importlib.util.spec_from_file_location(key, path)
-    module = importlib.util.module_from_spec(spec)
-    # Registered before it runs, as an import would: @triton.jit reads the source through
-    # the module, and a failed load must not leave a half-made module behind.
-    sys.modules[key] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[key]
-        raise
-    return module
+    return load_file_module(key, path)
 
 
 def _interpreter_indexes_loaded_scalars() -> None:

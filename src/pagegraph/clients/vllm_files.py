@@ -31,9 +31,10 @@ import builtins
 import importlib.util
 import logging
 import os
-import sys
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
+
+from .kernel_files import load_file_module
 
 __all__ = [
     "ENV_VAR",
@@ -203,23 +204,9 @@ def _importer(answers: dict[str, ModuleType]):
 
 
 def _load_file(name: str, path: Path, answers: dict[str, ModuleType]) -> ModuleType:
-    key = _MODULE_KEY.format(name)
-    module = sys.modules.get(key)
-    if module is not None:
-        return module
-    spec = importlib.util.spec_from_file_location(key, path)
-    module = importlib.util.module_from_spec(spec)
-    # exec keeps a module's own __builtins__: the file's imports go through isolated_import.
-    module.__dict__["__builtins__"] = dict(builtins.__dict__, __import__=_importer(answers))
-    # Registered before it runs, as an import would: @triton.jit reads the source through
-    # the module, and a failed load must not leave a half-made module behind.
-    sys.modules[key] = module
-    try:
-        spec.loader.exec_module(module)
-    except BaseException:
-        del sys.modules[key]
-        raise
-    return module
+    # exec keeps a module's own __builtins__: the file's imports go through the importer.
+    own = dict(builtins.__dict__, __import__=_importer(answers))
+    return load_file_module(_MODULE_KEY.format(name), path, own)
 
 
 def load_vllm_kernels() -> SimpleNamespace:
