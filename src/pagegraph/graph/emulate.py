@@ -48,12 +48,9 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten
 
-from ..detect.ranges import phase
-
 __all__ = [
     "EmulatedGraph",
     "EmulationError",
-    "capture_emulated",
     "describe_frozen",
     "emulation_wanted",
 ]
@@ -340,23 +337,6 @@ def emulation_wanted(device: torch.device, use_graphs: bool | None, emulate: boo
     if emulate and not possible:
         raise ValueError("emulate=True needs a CPU runner with use_graphs unset")
     return possible and emulate is not False
-
-
-def capture_emulated(sizes: list[int], build: Callable[[int], None],
-                     step: list) -> dict[int, EmulatedGraph]:  # fmt: skip
-    """One ``EmulatedGraph`` of ``build(bs)`` per bucket of ``sizes`` (warmed up already), in
-    that order (the runner's: largest first), each in its ``capture/bs=N`` range. ``step`` is
-    the runner's ``[what, bucket]`` reached, for an out-of-memory message. The body is the
-    builder alone: on the CPU the runner stages outside the graph (no mailbox), into the very
-    static inputs the recorded ops read by identity."""
-    graphs = {}
-    step[0] = "capture"
-    for bs in sizes:
-        step[1] = bs
-        graph = graphs[bs] = EmulatedGraph()
-        with phase("capture", bs), graph.capture():
-            build(bs)
-    return graphs
 
 
 def describe_frozen(graphs) -> str:
