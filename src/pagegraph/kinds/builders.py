@@ -53,7 +53,13 @@ def is_builtin(name: str) -> bool:
 
 
 def builder_name(builder: Callable) -> str:
-    for name, fn in builtin_builders().items():
+    """A builder's name: its built-in name (pagegraph's first, the clients' only when it is
+    none of those, so naming pagegraph's builders imports no client), else where it lives."""
+    for spec in KINDS.values():
+        for name, fn in spec.builders.items():
+            if fn is builder:
+                return name
+    for name, fn in client_builders().items():
         if fn is builder:
             return name
     module = getattr(builder, "__module__", "?") or "?"
