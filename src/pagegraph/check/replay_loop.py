@@ -17,6 +17,7 @@ replays; the replays already run are judged, and ``CheckInterrupted`` carries th
 
 from __future__ import annotations
 
+import contextlib
 import signal
 import time
 
@@ -207,23 +208,29 @@ def _verify(state: ReplayState, i: int, mstep: ModelStep, measured: ReplayMeasur
     with phase("verify"):
         twin = state.twin
         if twin is not None and twin.wanted(mstep):
-            tally = state.allocations
-            a0 = tally.read() if state.graphs and not tally.per_replay else 0
-            twin.compare(len(state.pending), mstep)
-            if state.graphs and not tally.per_replay:
-                tally.base += tally.read() - a0  # the eager call's, not the replay's
+            with _untallied(state):  # the eager call's allocations, not the replay's
+                twin.compare(len(state.pending), mstep)
         if state.reads is not None:
-            tally = state.allocations
-            a0 = tally.read() if state.graphs and not tally.per_replay else 0
-            state.reads.compare(len(state.pending), mstep)
-            if state.graphs and not tally.per_replay:
-                tally.base += tally.read() - a0  # the check's own, not the replay's
+            with _untallied(state):  # the check's own
+                state.reads.compare(len(state.pending), mstep)
         state.verifier.verify()
     if state.graphs:
         event = state.events[i % len(state.events)]
         event.record()
         state.in_flight.append(event)
     state.pending.append(mstep)
+
+
+@contextlib.contextmanager
+def _untallied(state: ReplayState):
+    """Allocations made in the block are taken out of the chunk's tally (measured a chunk at
+    a time, the tally is the runner's alone)."""
+    tally = state.allocations
+    counted = state.graphs and not tally.per_replay
+    a0 = tally.read() if counted else 0
+    yield
+    if counted:
+        tally.base += tally.read() - a0
 
 
 def _judge_full_chunk(state: ReplayState, i: int) -> bool:
