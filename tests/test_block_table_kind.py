@@ -273,6 +273,13 @@ def test_engine_tables_injection_and_argument_checks():
         tables.update([0, 1], [1], r2t)
     with pytest.raises(ValueError, match="outside"):
         tables.reset(4)
+    with pytest.raises(ValueError, match="twice the width"):
+        tables.inject_num_blocks([3], [2 * 5 + 1])
+    with pytest.raises(ValueError, match="request slots"):
+        tables.inject_num_blocks([4], [6])
+    # A count of up to twice the width reads at most the spare row past the last slot.
+    storage = tables.block_table.untyped_storage().nbytes() // 4
+    assert storage == (4 + 1) * 5 and tables.block_table.data_ptr() % 16 == 0
 
 
 def test_engine_tables_feed_the_builder():

@@ -26,6 +26,7 @@ def test_each_kernel_is_planned_on_the_scenarios_of_its_kind_only():
     assert pairs == {
         ("vllm_gather_block_tables", "vllm-block-table"),
         ("vllm_gather_block_tables", "vllm-block-table-long"),
+        ("vllm_gather_block_tables", "vllm-block-table-hostile"),
         ("vllm_compute_slot_mappings", "vllm-slot-mapping"),
         ("vllm_compute_slot_mappings", "vllm-slot-mapping-spec"),
     }
@@ -34,12 +35,12 @@ def test_each_kernel_is_planned_on_the_scenarios_of_its_kind_only():
 
 def _tiny(tmp_path: Path, name: str) -> Path:
     text = (ROOT / "graphs" / f"{name}.toml").read_text()
-    for key, value in (("max_bs", "8"), ("max_context_len", "512"), ("steps", "4")):
+    for key, value in (("max_bs", "8"), ("max_context_len", "512"), ("steps", "4"),
+                       ("initial_len", "[1, 400]")):  # fmt: skip
         text = "\n".join(
             f"{key} = {value}" if line.startswith(f"{key} =") else line
             for line in text.splitlines()
         )
-    text = text.replace("initial_len = [1, 3000]", "initial_len = [1, 400]")
     path = tmp_path / f"{name}.toml"
     path.write_text(text)
     return path
@@ -56,8 +57,29 @@ def test_the_job_writes_a_verdict_per_pair(tmp_path, capsys):
     assert verdicts == {("vllm_gather_block_tables", "vllm-block-table"): "SAFE",
                         ("vllm_compute_slot_mappings", "vllm-slot-mapping"): "SAFE"}  # fmt: skip
     text = out.read_text()
-    assert "| vllm_gather_block_tables | vllm-block-table | SAFE |" in text
+    assert "| vllm_gather_block_tables | vllm-block-table | engine | SAFE |" in text
     assert "vllm.triton_utils.triton" in text  # the stubbed imports are named
+    assert "outside vLLM's contract" not in text  # no hostile run, no note
+
+
+@needs_vllm
+def test_a_hostile_run_is_labelled_outside_vllms_contract(tmp_path, capsys):
+    # vLLM's gather trusts num_blocks: past the width, it writes past the row. The scenario
+    # breaks that host guarantee, so the finding is labelled as outside vLLM's contract.
+    path = _tiny(tmp_path, "vllm-block-table-hostile")
+    text = path.read_text().replace("steps = 4", "steps = 40")
+    path.write_text(text.replace("num_blocks_overrun = 0.35", "num_blocks_overrun = 0.6"))
+    out, js = tmp_path / "vllm.md", tmp_path / "vllm.json"
+    code = vllm_job.main(["--scenarios", str(path), "--out", str(out), "--json", str(js)])
+    assert code == 0, capsys.readouterr()
+    (run,) = json.loads(js.read_text())["runs"]
+    assert run["hostile"] == ["negative", "num_blocks_overrun"]
+    assert run["verdict"] == "UNSAFE"
+    assert [f["property"] for f in run["failures"]] == ["row containment"]
+    assert "num_blocks past the width" in run["failures"][0]["first_failure"]
+    text = out.read_text()
+    assert vllm_job.HOSTILE_NOTE in text
+    assert "| vllm-block-table-hostile | hostile: negative, num_blocks_overrun | UNSAFE |" in text
 
 
 def test_without_vllms_files_the_job_exits_2_in_one_line(monkeypatch, capsys):

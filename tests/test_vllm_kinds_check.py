@@ -47,11 +47,14 @@ def assert_passes(report, names=PASSING) -> None:
 
 SCENARIOS = {BLOCK_TABLE: ("vllm-block-table", "vllm-block-table-long"),
              SLOT_MAPPING: ("vllm-slot-mapping", "vllm-slot-mapping-spec")}  # fmt: skip
+#: Engine state past vLLM's host guarantees (``num_blocks_overrun``): outside vLLM's contract.
+HOSTILE = "vllm-block-table-hostile"
 
 
 @pytest.mark.parametrize(
     "builder,scenario",
-    [(b, s) for b in ("gather_block_tables", "plain_block_table") for s in SCENARIOS[BLOCK_TABLE]]
+    [(b, s) for b in ("gather_block_tables", "plain_block_table")
+     for s in (*SCENARIOS[BLOCK_TABLE], HOSTILE)]
     + [(b, s) for b in ("compute_slot_mappings", "plain_slot_mapping")
        for s in SCENARIOS[SLOT_MAPPING]],
 )  # fmt: skip
@@ -72,6 +75,17 @@ def test_vllms_kernels_are_safe_under_their_own_contract(client, scenario):
     assert_passes(check_replay_safety(client, small(scenario)))
 
 
+@pytest.mark.skipif(VLLM_MISSING is not None, reason=f"vLLM's kernel files: {VLLM_MISSING}")
+def test_vllms_gather_writes_past_a_row_when_num_blocks_passes_the_width():
+    # Outside vLLM's contract (its host never lets num_blocks pass a row's capacity): the
+    # kernel trusts the count, and the rows it spills into show it.
+    report = check_replay_safety("vllm_gather_block_tables", small(HOSTILE, steps=16))
+    prop = report.property("row containment")
+    assert prop.status == "FAIL", report.format()
+    assert "num_blocks past the width (engine state)" in str(prop.first_failure)
+    assert statuses(report)["correct"] == "pass"  # in-contract replays stay exact
+
+
 def test_block_table_padded_rows_are_checked_cleared():
     report = check_replay_safety("gather_block_tables", small("vllm-block-table", steps=16))
     assert report.replays == 16 and any(b.replays for b in report.buckets.values())
@@ -86,6 +100,7 @@ KILLS = {
     "num_reqs_frozen": ("vllm-block-table", "correct"),
     "num_blocks_by_batch_row": ("vllm-block-table", "correct"),
     "rows_to_max_bs": ("vllm-block-table", "bounded writes"),
+    "num_blocks_unclamped": (HOSTILE, "row containment"),
     "no_tail": ("vllm-slot-mapping", "correct"),
     "tail_from_rows": ("vllm-slot-mapping-spec", "correct"),
     "pad_row_unguarded": ("vllm-slot-mapping", "correct"),
@@ -130,3 +145,32 @@ def test_a_kinds_padding_and_engine_state_are_usage_errors():
     with pytest.raises(ValueError, match="pass engine="):
         GraphRunner(r2t, max_bs=8, max_context_len=64, page_size=16,
                     builder="gather_block_tables")  # fmt: skip
+
+
+def test_a_broken_num_blocks_is_hostile_and_for_block_table_builders_only():
+    from pagegraph.check.config import CheckConfig, ConfigError
+
+    with pytest.raises(ConfigError, match="num_blocks_overrun.*hostile injection"):
+        check_replay_safety("gather_block_tables",
+                            small(HOSTILE, injection_level="engine", negative=0.0))  # fmt: skip
+    with pytest.raises(ValueError, match="only a block_table builder reads"):
+        check_replay_safety("build_page_table", CheckConfig(steps=2, num_blocks_overrun=0.5))
+    assert small(HOSTILE).hostile_injections() == ("negative", "num_blocks_overrun")
+    assert small("vllm-block-table").hostile_injections() == ()
+
+
+def test_the_model_holds_rows_of_broken_engine_state_out_of_contract():
+    import numpy as np
+
+    from pagegraph.check.batch_model import BatchModel
+
+    model = BatchModel(sizes=[4], max_bs=4, pad_seq_len=0, pad_req_pool_index=None,
+                       initial_req_pool_indices=np.zeros(4, np.int64), len_limit=64,
+                       r2t_rows=8, capture_pages=1, page_size=16)  # fmt: skip
+    clean = model.stage(0, [1, 2, 3], [10, 20, 30])
+    assert not clean.out_of_contract and "engine state" not in model.describe_rows(clean)
+    broken = model.stage(1, [1, 2, 3], [10, 20, 30], np.array([False, True, False]))
+    assert broken.out_of_contract and broken.ooc_rows.tolist() == [False, True, False, False]
+    assert "num_blocks past the width (engine state): row(s) 1 (req_pool_index 2)" in (
+        model.describe_rows(broken)
+    )

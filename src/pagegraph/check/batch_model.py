@@ -3,7 +3,8 @@ hold after a batch of ``n`` requests is staged. It picks the bucket itself (the 
 captured size ``>= n``), pads rows ``n:bucket`` by its own reading of the padding policy, and
 keeps its own copy of the request indices that padded rows inherit from earlier batches
 (SGLang does not reset them). It also classifies each row: in the contract, or out of it (a
-negative length, a length past ``len_limit``, a request index outside ``req_to_token``). The
+negative length, a length past ``len_limit``, a request index outside ``req_to_token``, engine
+state a hostile injection broke: ``pagegraph.check.engine_state``). The
 device side that compares a replay's outputs with the reference is
 ``pagegraph.check.verify.TableVerifier``, which reads the model's ``state``."""
 
@@ -34,6 +35,9 @@ class ModelStep:
     #: ``[bucket]`` what the static inputs must hold (the batch, padded)
     asked_rpi: np.ndarray
     asked_sl: np.ndarray
+    #: ``[n]`` bool, real rows whose engine state was broken (``num_blocks`` past the width),
+    #: or None
+    broken_rows: np.ndarray | None = None
 
 
 class BatchModel:
@@ -99,7 +103,9 @@ class BatchModel:
             raise ValueError(f"batch of {n} requests exceeds the largest bucket {self.sizes[-1]}")
         return self.sizes[at]
 
-    def stage(self, index: int, req_pool_indices, seq_lens) -> ModelStep:
+    def stage(self, index: int, req_pool_indices, seq_lens, broken=None) -> ModelStep:
+        """The model's view of the replay of a batch (``[n]`` request indices and lengths);
+        ``broken``: ``[n]`` bool, real rows whose engine state was broken (out of contract)."""
         # Called once a replay: each line is one numpy call on at most max_bs values.
         n = len(seq_lens)
         bucket = self.bucket_for(n)
@@ -120,6 +126,8 @@ class BatchModel:
         pad = self.pad_req_pool_index
         if pad is not None and pad < 0 and bucket > n and self._sl_limit is not None:
             ooc[n:bucket] = self._sl_u[n:bucket] > self._sl_limit  # -1 marks a padded row
+        if broken is not None:
+            ooc[:n] |= broken
         flags = self.flags
         flags[:n] = REAL | IN_BUCKET
         flags[n:bucket] = IN_BUCKET
@@ -136,6 +144,7 @@ class BatchModel:
             ooc_rows=ooc,
             asked_rpi=rpi[:bucket].copy(),
             asked_sl=sl[:bucket].copy(),
+            broken_rows=None if broken is None else broken.copy(),
         )
 
     def describe_rows(self, st: ModelStep, limit: int = 6) -> str:
@@ -151,6 +160,10 @@ class BatchModel:
              (rpi < 0) | (rpi >= self.r2t_rows), rpi, "req_pool_index"),
             ("zero-length (in the contract)", sl == 0, sl, "seq_len"),
         )  # fmt: skip
+        if st.broken_rows is not None:
+            broken = np.zeros(sl.size, dtype=bool)
+            broken[: st.broken_rows.size] = st.broken_rows
+            kinds += (("num_blocks past the width (engine state)", broken, rpi, "req_pool_index"),)
         parts = []
         for label, mask, values, name in kinds:
             rows = np.flatnonzero(mask)

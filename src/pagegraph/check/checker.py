@@ -27,6 +27,7 @@ from __future__ import annotations
 import time
 from collections.abc import Callable
 
+import numpy as np
 import torch
 
 from ..detect.ranges import phase
@@ -208,6 +209,7 @@ def _allocate(run: CheckRun) -> None:
     here on, until ``_release``)."""
     run.pool = KVPool(**pool_kwargs(run.cfg), device=run.device)
     run.engine = make_engine_state(run.kind, run.cfg, run.pool, run.device)
+    run.engine_rng = np.random.default_rng(run.cfg.seed + 11)
     run.buffers = allocate_check_buffers(run.cfg, run.kind, run.device)
     run.compiles = CompileCounter()
     run.probe = BuilderProbe(run.builder, run.device, run.compiles)
@@ -243,7 +245,7 @@ def _start_workload_and_runner(run: CheckRun) -> Step:
     )
     run.steps = iter(run.workload)
     first = next(run.steps)
-    update_engine_state(run, first)
+    update_engine_state(run, first, may_break=False)  # the eager probe's batch is in contract
     return first
 
 

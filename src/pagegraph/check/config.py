@@ -125,8 +125,12 @@ ADVICE_PROPERTIES = ("one compilation for all buckets", "no allocation in builde
 #: values no engine should send (negative lengths, request indices outside ``req_to_token``,
 #: whose slots may fall outside ``full_to_swa``).
 INJECTION_LEVELS = ("engine", "hostile")
-#: The injection knobs only the hostile level allows.
-HOSTILE_INJECTIONS = ("negative", "bad_index")
+#: The injection knobs only the hostile level allows. ``num_blocks_overrun`` breaks a host
+#: guarantee of the engine state (vLLM's per-request ``num_blocks`` within the table's width),
+#: so it applies to a kind that reads that state (``KindSpec.engine_state``).
+HOSTILE_INJECTIONS = ("negative", "bad_index", "num_blocks_overrun")
+#: Every injection knob (probabilities per step).
+INJECTIONS = ("overlong", "negative", "zero_len", "bad_index", "num_blocks_overrun")
 #: Outputs an engine may set once, at allocation, and a builder never write
 #: (``CheckConfig.preset_outputs``): the checker writes their value after each poisoning.
 #: The first two are a decode-metadata builder's, the last a CSR builder's.
@@ -194,6 +198,9 @@ class CheckConfig:
     negative: float = 0.0
     zero_len: float = 0.0
     bad_index: float = 0.0
+    #: one real row's ``num_blocks`` in the engine state set past the table's width (by 1 to
+    #: a whole row) before a replay: hostile, block-table builders only
+    num_blocks_overrun: float = 0.0
     #: independently seeded workload streams taking turns, ``SEGMENT_STEPS`` replays each
     #: (``ProducedWorkload``): with child processes, that many pool models generate steps at
     #: once; a run shorter than one segment replays stream 0 alone
@@ -252,6 +259,11 @@ class CheckConfig:
 
     def injection(self) -> Injection:
         return Injection(self.overlong, self.negative, self.zero_len, self.bad_index)
+
+    def hostile_injections(self) -> tuple[str, ...]:
+        """The hostile knobs this config sets (``HOSTILE_INJECTIONS``): inputs no engine sends,
+        or engine state past what the engine's host guarantees."""
+        return tuple(k for k in HOSTILE_INJECTIONS if getattr(self, k))
 
 
 # -- the one validator ---------------------------------------------------------------------------
@@ -316,7 +328,7 @@ def _check_probabilities(c: CheckConfig, fields: tuple[str, ...], name: FieldNam
 
 
 def _check_injection(c: CheckConfig, name: FieldNamer) -> None:
-    _check_probabilities(c, ("overlong", "negative", "zero_len", "bad_index"), name)
+    _check_probabilities(c, INJECTIONS, name)
     if c.injection_level not in INJECTION_LEVELS:
         _fail("injection_level", f"must be 'engine' or 'hostile', got {c.injection_level!r}",
               name)  # fmt: skip
@@ -382,7 +394,7 @@ def _check_consumer(c: CheckConfig, name: FieldNamer) -> None:
         _fail("head_dim", f"must be a power of two >= 16, got {c.head_dim}", name)
     if c.page_size > 256:
         _fail("page_size", f"must be <= 256 with a consumer, got {c.page_size}", name)
-    for field in ("swa", "draft_tokens", "overlong", "negative", "zero_len", "bad_index"):
+    for field in ("swa", "draft_tokens", *INJECTIONS):
         if getattr(c, field):
             _fail(field, f"is not supported with {name('consumer')} (the decode step runs "
                   "plain decode batches in the contract)", name)  # fmt: skip

@@ -12,6 +12,13 @@ appended to: the check's pool does not know which slot took a new request (its w
 run in child processes), and a builder that honours ``num_blocks`` reads the same entries
 either way. Rows whose request index is outside the pool (a hostile injection) are no
 request's: their slot is not touched, and the builder's row is judged by containment.
+
+A hostile scenario may break the host guarantee itself (``CheckConfig.num_blocks_overrun``):
+on a replay so drawn, one real row's slot gets a device ``num_blocks`` past the width, by 1
+to a whole row (the host copy keeps the true count, and the next update restores the device
+one). That row is out of the contract (``run.engine_overrun``, handed to the model): it may
+hold anything, but a builder that trusts the count writes past its row, which the verifier
+sees as it sees any write outside a row.
 """
 
 from __future__ import annotations
@@ -39,8 +46,9 @@ def make_engine_state(kind: KindSpec, cfg: CheckConfig, pool: KVPool, device: to
     return state(pool.req_to_token.shape[0], cfg.width, cfg.page_size, device)
 
 
-def update_engine_state(run, step: Step) -> None:
-    """Bring ``run.engine`` up to date for ``step``'s batch (see the module docstring)."""
+def update_engine_state(run, step: Step, may_break: bool = True) -> None:
+    """Bring ``run.engine`` up to date for ``step``'s batch (see the module docstring); with
+    ``may_break``, draw the scenario's hostile ``num_blocks_overrun`` for it."""
     engine = run.engine
     if engine is None:
         return
@@ -50,4 +58,26 @@ def update_engine_state(run, step: Step) -> None:
         lens = lens + run.cfg.draft_tokens
     mine = (rpi >= 0) & (rpi < engine.max_reqs)
     with phase("workload"):
+        if run.engine_overrun is not None:  # the last replay's broken count, undone
+            engine.restore_num_blocks()
+            run.engine_overrun = None
         engine.update(rpi[mine], lens[mine], run.pool.req_to_token, new=np.ones(mine.sum(), bool))
+        if may_break:
+            run.engine_overrun = _break_num_blocks(run, rpi, mine)
+
+
+def _break_num_blocks(run, rpi: np.ndarray, mine: np.ndarray) -> np.ndarray | None:
+    """With probability ``cfg.num_blocks_overrun``, one real row's device ``num_blocks`` past
+    the width (the module docstring); the ``[bs]`` bool rows broken, or ``None``."""
+    rate = run.cfg.num_blocks_overrun
+    if not rate or run.engine_rng.random() >= rate:
+        return None
+    rows = np.flatnonzero(mine)
+    if not rows.size:
+        return None
+    row = int(run.engine_rng.choice(rows))
+    width = run.engine.width
+    run.engine.inject_num_blocks([rpi[row]], [width + int(run.engine_rng.integers(1, width + 1))])
+    broken = np.zeros(rpi.size, dtype=bool)
+    broken[row] = True
+    return broken

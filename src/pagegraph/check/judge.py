@@ -580,7 +580,8 @@ def _close_replay_properties(state: ReplayState) -> None:
         containment = props["row containment"]
         if not report.out_of_contract_replays and containment.status == "pass":
             containment.skip(
-                "no out-of-contract replay in this workload (set overlong, negative or bad_index)"
+                "no out-of-contract replay in this workload (set overlong, negative, bad_index "
+                "or num_blocks_overrun)"
             )
         return
     # A run that stopped early has not shown what it did not reach: nothing that was still

@@ -30,6 +30,7 @@ BLOCK_TABLE_KILLS = {
     "num_reqs_frozen": "correct (num_reqs, a host value, frozen at the first call)",
     "num_blocks_by_batch_row": "correct (num_blocks read by batch row)",
     "rows_to_max_bs": "bounded writes (rows past the bucket)",
+    "num_blocks_unclamped": "row containment (num_blocks past the width: hostile scenarios)",
 }
 SLOT_MAPPING_KILLS = {
     "no_tail": "correct (the tail past query_start_loc[rows] filled with PAD_SLOT_ID)",

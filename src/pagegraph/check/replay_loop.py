@@ -136,7 +136,7 @@ def _stage(state: ReplayState, i: int) -> tuple[ModelStep, tuple]:
     """Step 2: the model's expected inputs of replay ``i``, uploaded for the verifier, and the
     runner's arguments (host lists, or ``[n]`` device views of the model's inputs)."""
     step: Step = state.step
-    mstep = state.model.stage(i, step.req_pool_indices, step.seq_lens)
+    mstep = state.model.stage(i, step.req_pool_indices, step.seq_lens, state.run.engine_overrun)
     state.verifier.upload(state.model, len(state.pending))
     if state.graphs and len(state.in_flight) >= IN_FLIGHT:
         # IN_FLIGHT replays at most: the staging rings never wait (outside the replay path,

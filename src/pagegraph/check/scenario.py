@@ -48,9 +48,11 @@ the problem, raised before anything runs::
     negative = 0.0                        # per step: negative lengths
     zero_len = 0.0                        # per step: zero lengths (in the contract)
     bad_index = 0.0                       # per step: req_pool_indices outside req_to_token
+    num_blocks_overrun = 0.0              # per step: a row's num_blocks past the width
+                                          #   (block_table builders' engine state)
     injections = "hostile"                # engine: only what engines send out of contract
-                                          #   (overlong, zero_len); hostile: negative and
-                                          #   bad_index too
+                                          #   (overlong, zero_len); hostile: negative,
+                                          #   bad_index and num_blocks_overrun too
     streams = 1                           # seeded streams taking turns, 256 steps each
 
     [check]
@@ -154,6 +156,7 @@ _SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], str | None]]] = {
         "negative": (_NUM, "negative"),
         "zero_len": (_NUM, "zero_len"),
         "bad_index": (_NUM, "bad_index"),
+        "num_blocks_overrun": (_NUM, "num_blocks_overrun"),
         "streams": (_INT, "workload_streams"),
         "injections": ((str,), "injection_level"),
     },

@@ -8,6 +8,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from ..detect.ranges import phase
@@ -85,6 +86,10 @@ class CheckRun:
     errors: bool = False
     #: the engine state the kind reads between steps (``KindSpec.engine_state``), or None
     engine: object | None = None
+    #: ``[bs]`` bool, the rows of the current batch whose engine state a hostile injection
+    #: broke (``pagegraph.check.engine_state``), or None; drawn from ``engine_rng``
+    engine_overrun: np.ndarray | None = None
+    engine_rng: np.random.Generator | None = None
 
     @property
     def graphs(self) -> bool:

@@ -108,6 +108,13 @@ def _run_each(runs: list[ClientRun], timeout: float | None, quiet: bool,
     return True
 
 
+def inputs_label(doc: dict) -> str:
+    """What a run's inputs were: the engine's (``"engine"``, what an engine sends, out of
+    contract included), or hostile, with the knobs set (a run doc's ``hostile``)."""
+    hostile = doc.get("hostile") or []
+    return f"hostile: {', '.join(hostile)}" if hostile else "engine"
+
+
 def table_cell(text) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
@@ -122,6 +129,7 @@ def run_doc(run: ClientRun) -> dict:
         "skipped": run.skipped,
         "error": run.error,
         "replays": run.report.replays if run.report else 0,
+        "hostile": list(run.config.hostile_injections()) if run.config else [],
         "advice": [{"property": p.name, "detail": p.detail} for p in run.with_status("advice")],
         "failures": [
             {
@@ -197,13 +205,14 @@ def job_replays(args, cpu_replays: int) -> int | None:
 def verdict_lines(doc: dict, clients: tuple[str, ...], noun: str) -> list[str]:
     """The Markdown of ``doc``'s runs: a table of verdicts (``noun`` heads its first column),
     then each client's runs in ``clients`` order."""
-    lines = ["## Verdicts", "", f"| {noun} | scenario | verdict | replays | failed | advice |",
-             "|---|---|---|---:|---|---|"]  # fmt: skip
+    lines = ["## Verdicts", "",
+             f"| {noun} | scenario | inputs | verdict | replays | failed | advice |",
+             "|---|---|---|---|---:|---|---|"]  # fmt: skip
     for r in doc["runs"]:
         failed = ", ".join(f["property"] for f in r["failures"]) or r["skipped"] or r["error"] or ""
         advice = ", ".join(a["property"] for a in r["advice"])
-        lines.append(f"| {r['client']} | {r['scenario']} | {r['verdict']} | {r['replays']} | "
-                     f"{table_cell(failed)} | {table_cell(advice)} |")  # fmt: skip
+        lines.append(f"| {r['client']} | {r['scenario']} | {inputs_label(r)} | {r['verdict']} | "
+                     f"{r['replays']} | {table_cell(failed)} | {table_cell(advice)} |")  # fmt: skip
     lines.append("")
     for client in clients:
         runs = [r for r in doc["runs"] if r["client"] == client]

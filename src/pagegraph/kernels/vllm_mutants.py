@@ -57,6 +57,29 @@ def _torch_block_table(block_table, num_blocks, idx_mapping, out, batch, *, bug:
         out[num_reqs : num_reqs + n] = torch.where(keep, out[num_reqs : num_reqs + n], 0)
         return
     out[num_reqs:num_rows] = 0
+    if bug == "num_blocks_unclamped":
+        _spill_past_width(block_table, out, slots, counts)
+
+
+def _flat(t: torch.Tensor) -> torch.Tensor:
+    """Every element of ``t``'s storage from its first one on, as a 1-D view."""
+    room = t.untyped_storage().nbytes() // t.element_size() - t.storage_offset()
+    return t.as_strided((room,), (1,))
+
+
+def _spill_past_width(block_table, out, slots, counts) -> None:
+    """What a gather that trusts ``num_blocks`` does past the width (vLLM's): entries ``width
+    <= p < count`` of a row read on through the per-request table's storage and land on
+    through the batch table's, in the next row. Within the storages only (at most a row past);
+    each row's spill has its own span, so the indexed write has no duplicate index."""
+    width = block_table.shape[1]
+    src, dst = _flat(block_table), _flat(out)
+    past = torch.arange(width, 2 * width, device=out.device)
+    rows = torch.arange(slots.shape[0], device=out.device)
+    s_idx = (slots[:, None] * block_table.stride(0) + past).clamp(max=src.shape[0] - 1)
+    d_idx = (rows[:, None] * out.stride(0) + past).clamp(max=dst.shape[0] - 1)
+    spill = past < counts.long()[:, None]
+    dst[d_idx] = torch.where(spill, src[s_idx], dst[d_idx])
 
 
 def _block_table_mutant(bug: str, doc: str) -> Callable:
@@ -147,6 +170,9 @@ BLOCK_TABLE_MUTANTS: dict[str, Callable] = {
                             "num_blocks read by batch row instead of by request slot."),
         _block_table_mutant("rows_to_max_bs",
                             "Padded rows written up to max_bs instead of num_rows."),
+        _block_table_mutant("num_blocks_unclamped",
+                            "num_blocks trusted past the width (as vLLM's gather does): a count "
+                            "past the row's capacity spills into the next row."),
     ]
 }  # fmt: skip
 

@@ -112,9 +112,16 @@ def builder_capabilities(builder: Callable) -> BuilderCapabilities:
 
 def config_problem(builder: Callable, kind: KindSpec, cfg) -> str | None:
     """``signature_problem`` on a scenario's config ``cfg`` (a ``CheckConfig``): its SWA
-    outputs, its decode-step consumer, its page size and its padding."""
-    return signature_problem(builder, kind, swa=cfg.swa, consumer=bool(cfg.consumer),
-                             page_size=cfg.page_size, padding=cfg.padding)  # fmt: skip
+    outputs, its decode-step consumer, its page size and its padding; and an injection into
+    engine state (``num_blocks_overrun``) for a kind that reads none."""
+    problem = signature_problem(builder, kind, swa=cfg.swa, consumer=bool(cfg.consumer),
+                                page_size=cfg.page_size, padding=cfg.padding)  # fmt: skip
+    if problem is None and getattr(cfg, "num_blocks_overrun", 0) and kind.engine_state is None:
+        problem = (
+            f"{builder_name(builder)} is a {kind.name} builder: num_blocks_overrun breaks the "
+            "per-request num_blocks of vLLM's block tables, which only a block_table builder reads"
+        )
+    return problem
 
 
 def signature_problem(

@@ -51,7 +51,11 @@ class EngineBlockTables:
             )
         self.max_reqs, self.width, self.page_size = max_reqs, width, page_size
         self.device = torch.device(device)
-        self.block_table = torch.zeros((max_reqs, width), dtype=torch.int32, device=self.device)
+        # One spare row past the last slot: a builder that trusts an injected ``num_blocks``
+        # past the width (``inject_num_blocks``, by at most a row) reads into the next slot's
+        # row, and from the last slot into this one, never past the allocation.
+        rows = torch.zeros((max_reqs + 1, width), dtype=torch.int32, device=self.device)
+        self.block_table = rows[:max_reqs]
         self.num_blocks = torch.zeros(max_reqs, dtype=torch.int32, device=self.device)
         self.host_num_blocks = np.zeros(max_reqs, dtype=np.int64)
         self.host_lengths = np.zeros(max_reqs, dtype=np.int64)
@@ -145,10 +149,19 @@ class EngineBlockTables:
 
     def inject_num_blocks(self, rows, values) -> None:
         """Break the host guarantee ``0 <= num_blocks <= width``: set the device ``num_blocks``
-        of slots ``rows`` to ``values`` (say, ``width + 3`` or ``-1``) without touching the host
-        copy, as a corrupted engine would; ``restore_num_blocks`` undoes it."""
+        of slots ``rows`` to ``values`` (say, ``width + 3`` or ``-1``; at most ``2 * width``,
+        which the spare row keeps inside the allocation) without touching the host copy, as a
+        corrupted engine would; ``restore_num_blocks`` undoes it."""
         rows = np.asarray(rows, dtype=np.int64).reshape(-1)
         values = np.asarray(values, dtype=np.int64).reshape(-1)
+        if rows.shape != values.shape:
+            raise ValueError(f"{rows.size} request slots, {values.size} values")
+        if rows.size and (rows.min() < 0 or rows.max() >= self.max_reqs):
+            raise ValueError(f"request slots must be in [0, {self.max_reqs})")
+        if values.size and values.max() > 2 * self.width:
+            raise ValueError(
+                f"num_blocks past {2 * self.width} (twice the width) would read past the tables"
+            )
         staged = self._upload(np.concatenate([rows, values]))
         self.num_blocks.index_put_((staged[: rows.size],), staged[rows.size :].to(torch.int32))
 
