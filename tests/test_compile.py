@@ -113,7 +113,7 @@ def compile_mutant(bug: int, swa: bool) -> dict:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from pagegraph.check.mutants import BLOCK, HARD_CODED, _mutant_kernel
+    from pagegraph.mutants.page_table import BLOCK, HARD_CODED, _mutant_kernel
 
     sig = {
         "req_to_token_ptr": "*i64", "req_pool_indices_ptr": "*i64", "seq_lens_ptr": "*i64",

@@ -20,7 +20,6 @@ from pagegraph.check import decode_step
 from pagegraph.check.config import CheckConfig
 from pagegraph.check.decode_step import (
     CPU_LIMITS,
-    DecodeStepReport,
     check_decode_step,
     shrink_for_cpu,
 )
@@ -31,11 +30,11 @@ from pagegraph.check.decode_step_graph import (
     StepShape,
     default_consumer,
     per_call_us,
-    share,
     time_interleaved,
 )
-from pagegraph.check.report import BucketStats
+from pagegraph.check.report import BucketStats, Report
 from pagegraph.check.scenario import ScenarioError, load_scenario
+from pagegraph.check.step_report import share
 from pagegraph.cli import main
 from pagegraph.consumers import csr_decode_attention, paged_decode_attention
 from pagegraph.kinds import PAGE_TABLE
@@ -132,7 +131,7 @@ def test_correct_pair_is_safe(fmt, builder):
     report = check_decode_step(builder, tiny(fmt))
     assert report.verdict == "SAFE", report.format()
     assert all(statuses(report)[name] == "pass" for name in PROPS)
-    assert report.replays == 6 and report.rows_checked > 6
+    assert report.replays == 6 and report.step.rows_checked > 6
     assert "padded rows" in report.property("padded rows contained").detail
 
 
@@ -252,28 +251,28 @@ def test_stop_on_failure_stops_at_the_first_failing_replay():
     )
     assert report.verdict == "UNSAFE" and report.replays < cfg.steps, report.format()
     assert report.stopped == f"stopped at the first failure, after {report.replays} replays"
-    assert "stopped early" in report.format() and not report.timing
+    assert "stopped early" in report.format() and not report.step.timing
     safe = check_decode_step("build_page_table", cfg, stop_on_failure=True)
     assert safe.verdict == "SAFE" and safe.replays == cfg.steps and safe.stopped is None
 
 
 def test_timing_iters_zero_means_no_timing():
     report = check_decode_step("build_page_table", tiny(steps=2, timing_iters=0))
-    assert report.verdict == "SAFE" and not report.timing and report.timing_method is None
+    assert report.verdict == "SAFE" and not report.step.timing and report.step.timing_method is None
     if CUDA:
-        assert report.timing_skipped == "timing_iters = 0"
+        assert report.step.timing_skipped == "timing_iters = 0"
     with pytest.raises(ValueError, match="timing_iters must be >= 0"):
         check_decode_step("build_page_table", tiny(steps=2, timing_iters=-1))
 
 
 def test_report_round_trips_with_its_timing():
     report = check_decode_step("build_page_table", tiny("csr", steps=1))
-    report.timing = {1: (20.0, 5.0, 14.0), 4: (40.0, 6.0, 33.0)}
-    for bucket in report.timing:  # _timing lists every timed bucket
+    report.step.timing = {1: (20.0, 5.0, 14.0), 4: (40.0, 6.0, 33.0)}
+    for bucket in report.step.timing:  # _timing lists every timed bucket
         report.buckets.setdefault(bucket, BucketStats(bucket))
-    report.timing_method = "a graph of 20 back-to-back calls"
-    back = DecodeStepReport.from_dict(report.to_dict())
-    assert back.format() == report.format() and back.consumer == "csr"
+    report.step.timing_method = "a graph of 20 back-to-back calls"
+    back = Report.from_dict(report.to_dict())
+    assert back.format() == report.format() and back.step.consumer == "csr"
     assert back.property("replays completed").covers == "builder + consumer"
     rows = {t["bucket"]: t for t in report.to_dict()["decode_step"]["timing"]}
     # The consumer's time is its own measurement, not step minus builder.
@@ -420,10 +419,10 @@ def test_scenario_shapes_on_gpu(name):
     s = load_scenario(SCENARIOS[name])
     report = check_decode_step(s.builder, s.config.replace(steps=40))
     assert report.verdict == "SAFE" and report.graphs == "cuda", report.format()
-    assert set(report.timing) == set(report.buckets) and report.shrunk is None
+    assert set(report.step.timing) == set(report.buckets) and report.step.shrunk is None
     assert all(step > build > 0 and consume > 0
-               for step, build, consume in report.timing.values())  # fmt: skip
-    assert "back-to-back" in report.timing_method
+               for step, build, consume in report.step.timing.values())  # fmt: skip
+    assert "back-to-back" in report.step.timing_method
 
 
 @gpu
@@ -445,11 +444,10 @@ def test_check_replay_safety_runs_the_decode_step_a_config_asks_for():
     """``check_replay_safety`` honours a config's consumer: the step end to end, judged on
     the attention's output, with the same report type the CLI prints."""
     from pagegraph.check.checker import check_replay_safety
-    from pagegraph.check.decode_step import DecodeStepReport
 
     seen = []
     report = check_replay_safety("build_page_table", tiny(steps=3), on_chunk=seen.append)
-    assert isinstance(report, DecodeStepReport), type(report)
+    assert type(report) is Report and report.step is not None, type(report)
     assert statuses(report)["output correct through the consumer"] == "pass", report.format()
     assert seen and seen[-1] is report
     report = check_replay_safety("build_page_table", tiny(steps=3), consumer=None)

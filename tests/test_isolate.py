@@ -11,7 +11,6 @@ import pytest
 import torch
 
 from pagegraph.check.config import CheckConfig
-from pagegraph.check.decode_step import DecodeStepReport
 from pagegraph.check.isolate import IsolatedError, Job, _crash_report, builder_spec, run_isolated
 from pagegraph.cli import main
 from pagegraph.pytest_plugin import assert_replay_safe
@@ -176,16 +175,16 @@ def test_isolate_runs_the_decode_step_in_a_child(capsys):
 def test_a_decode_step_crash_in_a_replay_is_reported(crashers):
     job = Job(f"{crashers}:aborts_in_replays", STEP.replace(emulate=False))
     (report,) = run_isolated([job], timeout=120)
-    assert isinstance(report, DecodeStepReport) and report.verdict == "UNSAFE"
+    assert report.step is not None and report.verdict == "UNSAFE"
     done = report.property("replays completed")
     assert done.status == "FAIL" and "SIGABRT during replay 0" in done.detail, report.format()
     assert report.property("capture").status == "pass"  # kept from the partial report
-    assert report.device == "cpu" and report.shrunk is None
+    assert report.device == "cpu" and report.step.shrunk is None
 
 
 def test_a_decode_step_crash_report_without_a_partial_report():
     report = _crash_report(Job("x", STEP), None, "killed by SIGSEGV", "replay 3", "")
-    assert isinstance(report, DecodeStepReport) and report.verdict == "UNSAFE"
+    assert report.step is not None and report.verdict == "UNSAFE"
     assert report.property("replays completed").status == "FAIL"
     assert report.property("sentinel page untouched").status == "incomplete"
     assert "killed by SIGSEGV during replay 3" in report.format()

@@ -8,9 +8,9 @@ and across subpackages only public names (no leading underscore).
   loading a user's builder), ``consumers`` (paged attention that reads the tables) and
   ``detect`` (sync detectors, NVTX ranges, the trace analyzer);
 * 1, ``clients``: real engines' builders behind the same contracts (the kernels' registry
-  never imports one);
-* 2, ``kinds``: the builder kinds as specs, and builders by name (pagegraph's and the
-  clients');
+  never imports one), and ``mutants``: the mutant zoo, builders with one bug each;
+* 2, ``kinds``: the builder kinds as specs (each with its zoo), and builders by name
+  (pagegraph's and the clients');
 * 3, the graph bed's parts: ``graph`` (buckets, staging, the runner) and ``workload`` (the
   pool, its writes, the decode workload and its producers, the engine's block tables);
 * 4, the checker: ``check``;
@@ -35,8 +35,9 @@ import pagegraph
 SRC = Path(pagegraph.__file__).resolve().parent
 PACKAGE = "pagegraph"
 
-SUBPACKAGE_LAYERS = {"kernels": 0, "detect": 0, "consumers": 0, "clients": 1, "kinds": 2,
-                     "graph": 3, "workload": 3, "check": 4, "jobs": 5, "bench": 5}  # fmt: skip
+SUBPACKAGE_LAYERS = {"kernels": 0, "detect": 0, "consumers": 0, "clients": 1, "mutants": 1,
+                     "kinds": 2, "graph": 3, "workload": 3, "check": 4, "jobs": 5,
+                     "bench": 5}  # fmt: skip
 TOP_LAYER = 6
 LAYER_NAMES = ("bottom", "clients", "kinds", "graph bed", "checker", "jobs", "front")
 

@@ -16,15 +16,15 @@ import torch
 from pagegraph.clients import vllm as vl
 from pagegraph.kernels.block_table import gather_block_tables
 from pagegraph.kernels.slot_mapping import compute_slot_mappings
-from pagegraph.kernels.vllm_mutants import (
-    BLOCK_TABLE_MUTANTS,
-    SLOT_MAPPING_MUTANTS,
+from pagegraph.kernels.vllm_reference import reference_block_table, reference_slot_mapping
+from pagegraph.kinds import BatchContext
+from pagegraph.mutants.vllm import (
+    BLOCK_TABLE_BUGS,
+    SLOT_MAPPING_BUGS,
     plain_block_table,
     plain_slot_mapping,
     reset_caches,
 )
-from pagegraph.kernels.vllm_reference import reference_block_table, reference_slot_mapping
-from pagegraph.kinds import BatchContext
 
 DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 
@@ -32,30 +32,45 @@ DEVICE = "cuda" if torch.cuda.is_available() else "cpu"
 # -- block_table -------------------------------------------------------------------------------
 
 
-def block_table_scenarios():
+def block_table_scenarios(hostile: bool = True):
     """``(name, inputs, [BatchContext, ...])``: inputs as the kind takes them, the output
-    ``max_bs`` rows of random stale ids, contiguous (vLLM's kernel shares one row stride)."""
+    ``max_bs`` rows of random stale ids, contiguous (vLLM's kernel shares one row stride).
+    With ``hostile``, also one whose ``num_blocks`` pass the width (up to twice it: a spare
+    row past the table keeps a trusting reader inside the allocation), a broken host
+    guarantee that builders clamp."""
     out = []
-    for seed, width, steps in [
-        (1, 37, [(5, 8), (3, 8), (7, 8)]),  # shrinking then growing num_reqs in one bucket
-        (2, 1300, [(7, 8), (13, 16)]),
-    ]:
+    cases = [
+        (1, 37, [(5, 8), (3, 8), (7, 8)], False),  # num_reqs shrinking then growing
+        (2, 1300, [(7, 8), (13, 16)], False),
+    ]
+    if hostile:
+        cases.append((3, 29, [(6, 8), (16, 16)], True))
+    for seed, width, steps, past_width in cases:
         gen = torch.Generator().manual_seed(seed)
         max_bs = 16
         max_reqs = max_bs + 6
-        table = torch.randint(1, 1 << 24, (max_reqs, width), generator=gen, dtype=torch.int32)
-        counts = torch.randint(1, width, (max_reqs,), generator=gen, dtype=torch.int32)
+        rows = torch.randint(1, 1 << 24, (max_reqs + 1, width), generator=gen, dtype=torch.int32)
+        table = rows.to(DEVICE)[:max_reqs]  # the view keeps the spare row on any device
+        top = width // 4 if past_width else width
+        counts = torch.randint(1, top, (max_reqs,), generator=gen, dtype=torch.int32)
         idx = torch.randperm(max_reqs, generator=gen)[:max_bs].to(torch.int32)
-        stale = torch.randint(1, 1 << 24, (max_bs, width), generator=gen, dtype=torch.int32)
+        if past_width:  # two rows' counts past the width, the rows after them short
+            counts[idx[[1, 4]].long()] = width + torch.randint(
+                width // 2, width + 1, (2,), generator=gen, dtype=torch.int32
+            )
+        # a spare row past the output too, where the last real row may spill
+        stale = torch.randint(1, 1 << 24, (max_bs + past_width, width), generator=gen,
+                              dtype=torch.int32)  # fmt: skip
         inputs = [t.to(DEVICE) for t in (table, counts, idx, stale)]
         out.append((f"seed{seed}", inputs, [BatchContext(r, n, max_bs) for r, n in steps]))
     return out
 
 
-def block_table_differs(builder) -> bool:
-    """Whether ``builder`` and the oracle write different buffers in some scenario."""
+def block_table_differs(builder, hostile: bool = True) -> bool:
+    """Whether ``builder`` and the oracle write different buffers in some scenario (the
+    hostile one too, with ``hostile``)."""
     differs = False
-    for _, (table, counts, idx, stale), batches in block_table_scenarios():
+    for _, (table, counts, idx, stale), batches in block_table_scenarios(hostile):
         reset_caches()
         got, want = stale.clone(), stale.clone()
         for batch in batches:
@@ -65,9 +80,9 @@ def block_table_differs(builder) -> bool:
     return differs
 
 
-@pytest.mark.parametrize("name", sorted(BLOCK_TABLE_MUTANTS))
+@pytest.mark.parametrize("name", sorted(BLOCK_TABLE_BUGS))
 def test_block_table_mutant_differs_from_oracle(name):
-    builder = BLOCK_TABLE_MUTANTS[name]
+    builder = BLOCK_TABLE_BUGS[name]
     assert builder.pagegraph_outputs == "block_table"
     assert builder.__doc__.strip()
     assert block_table_differs(builder), f"{name} is not caught by any scenario"
@@ -84,7 +99,16 @@ CORRECT_BLOCK_TABLE = {
 def test_correct_block_table_builders_agree(name):
     if name.startswith("vllm") and not vl.vllm_available():
         pytest.skip(f"vLLM unavailable: {vl.vllm_unavailable_reason()}")
-    assert not block_table_differs(CORRECT_BLOCK_TABLE[name])
+    # vLLM's kernel is correct under vLLM's contract: its host never passes num_blocks past
+    # the width, so the hostile case is not its to pass.
+    vllm = name.startswith("vllm")
+    assert not block_table_differs(CORRECT_BLOCK_TABLE[name], hostile=not vllm)
+
+
+def test_vllms_gather_trusts_num_blocks_past_the_width():
+    if not vl.vllm_available():
+        pytest.skip(f"vLLM unavailable: {vl.vllm_unavailable_reason()}")
+    assert block_table_differs(vl.vllm_gather_block_tables, hostile=True)
 
 
 # -- slot_mapping ------------------------------------------------------------------------------
@@ -126,9 +150,9 @@ def slot_mapping_differs(builder) -> bool:
     return differs
 
 
-@pytest.mark.parametrize("name", sorted(SLOT_MAPPING_MUTANTS))
+@pytest.mark.parametrize("name", sorted(SLOT_MAPPING_BUGS))
 def test_slot_mapping_mutant_differs_from_oracle(name):
-    builder = SLOT_MAPPING_MUTANTS[name]
+    builder = SLOT_MAPPING_BUGS[name]
     assert builder.pagegraph_outputs == "slot_mapping"
     assert builder.__doc__.strip()
     assert slot_mapping_differs(builder), f"{name} is not caught by any scenario"

@@ -49,7 +49,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -70,41 +70,14 @@ from .decode_step_graph import (
     StepGraphs,
     StepShape,
     default_consumer,
-    share,
 )
 from .report import BucketStats, PropertyResult, Report
 from .signals import stop_requested
+from .step_report import STEP_PROPERTIES, StepSection
 from .workload_setup import pool_kwargs, workload_kwargs
 
-__all__ = ["CPU_LIMITS", "STEP_PROPERTIES", "DecodeStepReport", "check_decode_step"]
+__all__ = ["CPU_LIMITS", "STEP_PROPERTIES", "check_decode_step", "step_properties"]
 
-#: property -> (what it covers, what makes it fail). The order is the report's.
-STEP_PROPERTIES: dict[str, tuple[str, str]] = {
-    "capture": ("builder + consumer", "warm-up or capture of a bucket's step raised"),
-    "output correct through the consumer": (
-        "builder + consumer",
-        "a real row's output non-finite or outside the reference's tolerance (dense fp32 "
-        "attention over the host model's pages, up to its length)",
-    ),
-    "consumer reads only within cache_seqlens": (
-        "consumer (+ builder)",
-        "a real row's output that changes when only entries past its length change (the "
-        "table's stale tail, other live pages' ids; its last page's slots past the length)",
-    ),
-    "padded rows contained": (
-        "builder + consumer",
-        "a real row non-finite, or changed, when the padded rows' queries go from NaN/Inf to "
-        "finite values",
-    ),
-    "sentinel page untouched": (
-        "builder + consumer",
-        "the KV page past every allocated page changed after capture or a replay",
-    ),
-    "replays completed": (
-        "builder + consumer",
-        "a replay raised, or the check process died (run in a child process)",
-    ),
-}
 #: One replay in this many fills the stale table entries with the NaN page (``_poison_tails``).
 NAN_TAIL_EVERY = 3
 #: Caps on the shapes without CUDA (the Triton interpreter runs every program on the CPU). The
@@ -115,106 +88,12 @@ CPU_LIMITS = {"num_q_heads": 4, "num_kv_heads": 2, "head_dim": 16, "max_bs": 4,
               "max_context_len": TOKENS_PER_SPLIT + BLOCK_N}  # fmt: skip
 #: Pages a row can hold at least after shrinking, so stale tails stay in the table.
 CPU_MIN_PAGES = 4
-_NAMES = list(STEP_PROPERTIES)
 
 
-class StepProperty(PropertyResult):
-    """A property of the decode step: what it covers comes from ``STEP_PROPERTIES``."""
-
-    @property
-    def covers(self) -> str:
-        return STEP_PROPERTIES.get(self.name, ("?", ""))[0]
-
-
-@dataclass
-class DecodeStepReport(Report):
-    """A ``Report`` of the step's properties, with the consumer, a note on shrunk shapes and
-    per-bucket timing: ``bucket -> (step us, builder us, consumer us)``, device time per call
-    (CUDA only; ``timing_method`` says how it was taken)."""
-
-    consumer: str = "paged"
-    shrunk: str | None = None
-    timing: dict[int, tuple[float, float, float]] = field(default_factory=dict)
-    timing_skipped: str | None = None
-    timing_method: str | None = None
-    rows_checked: int = 0
-
-    def to_dict(self) -> dict:
-        d = super().to_dict()
-        d["decode_step"] = {
-            "consumer": self.consumer,
-            "shrunk": self.shrunk,
-            "rows_checked": self.rows_checked,
-            "timing_skipped": self.timing_skipped,
-            "timing_method": self.timing_method,
-            "timing": [
-                {
-                    "bucket": b,
-                    "step_us": s,
-                    "builder_us": u,
-                    "consumer_us": c,
-                    "builder_share": share(u, s),
-                }
-                for b, (s, u, c) in sorted(self.timing.items())
-            ],  # fmt: skip
-        }
-        return d
-
-    @classmethod
-    def from_dict(cls, d: dict) -> DecodeStepReport:
-        """The report ``to_dict`` wrote (a child process's): ``Report.from_dict`` plus the
-        step's fields."""
-        report = super().from_dict(d)
-        report.properties = [StepProperty(**vars(p)) for p in report.properties]
-        step = d.get("decode_step") or {}
-        report.consumer = step.get("consumer") or report.config.consumer or "paged"
-        report.shrunk = step.get("shrunk")
-        report.rows_checked = step.get("rows_checked", 0)
-        report.timing_skipped = step.get("timing_skipped")
-        report.timing_method = step.get("timing_method")
-        report.timing = {t["bucket"]: (t["step_us"], t["builder_us"], t["consumer_us"])
-                         for t in step.get("timing", [])}  # fmt: skip
-        return report
-
-    def format(self) -> str:
-        c = self.config
-        lines = [
-            f"decode step: builder {self.builder} + {self.consumer} attention "
-            f"({c.consumer_dtype}, {c.num_q_heads} q heads over {c.num_kv_heads} kv heads, "
-            f"head_dim {c.head_dim}, page size {c.page_size}, max_bs {c.max_bs}, context "
-            f"{c.max_context_len}) on {self.device} "
-            f"({self._replay_mode()}), {self.replays} replays, "
-            f"{self.rows_checked} real rows checked, capture {self.capture_ms:.1f} ms",
-        ]
-        if self.shrunk:
-            lines.append(self.shrunk)
-        lines += ["", "| bucket | replays | wrong rows | step us | builder us | consumer us | "
-                  "builder share |", "|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
-        nan = float("nan")
-        for b in sorted(self.buckets.values(), key=lambda b: b.bucket):
-            step, build, consume = self.timing.get(b.bucket, (nan, nan, nan))
-            part = share(build, step)
-            pct = "-" if part != part else f"{100 * part:.0f}%"
-            times = " | ".join("-" if t != t else f"{t:.1f}" for t in (step, build, consume))
-            lines.append(f"| {b.bucket} | {b.replays} | {b.mismatches} | {times} | {pct} |")
-        if self.timing_method:
-            lines.append(f"(device us per call: {self.timing_method})")
-        if self.timing_skipped:
-            lines.append(f"(timing skipped: {self.timing_skipped})")
-        lines += ["", "| property | covers | status | detail |", "|---|---|---|---|"]
-        for p in self.properties:
-            detail = p.detail
-            if p.first_failure and p.status == "FAIL" and str(p.first_failure) not in detail:
-                detail += ("; " if detail else "") + f"first failure: {p.first_failure}"
-            lines.append(f"| {p.name} | {p.covers} | {p.status} | {detail} |")
-        if self.crash:
-            lines += ["", f"crash: {self.crash}"]
-        verdict = self.verdict
-        if self.crash:
-            verdict += " (the check process crashed: see above)"
-        elif self.stopped:
-            verdict += f" (stopped early: {self.stopped})"
-        return "\n".join([*lines, "", f"verdict: {verdict}"])
+def step_properties(status: str = "pass") -> dict[str, PropertyResult]:
+    """The step's properties by name, in the report's order, each saying what it covers."""
+    return {name: PropertyResult(name, status, scope=covers)
+            for name, (covers, _) in STEP_PROPERTIES.items()}  # fmt: skip
 
 
 def shrink_for_cpu(cfg: CheckConfig) -> tuple[CheckConfig, str | None]:
@@ -253,8 +132,8 @@ class _Run:
     cfg: CheckConfig
     graphs: StepGraphs
     pool: KVPool
-    report: DecodeStepReport
-    props: dict[str, StepProperty]
+    report: Report
+    props: dict[str, PropertyResult]
     padding: object
     buckets: Buckets
     gen: torch.Generator
@@ -271,10 +150,10 @@ def check_decode_step(
     progress: Callable[[int, int], None] | None = None,
     consumer: Callable | None = None,
     on_phase: Callable[[str], None] | None = None,
-    on_report: Callable[[DecodeStepReport], None] | None = None,
+    on_report: Callable[[Report], None] | None = None,
     stop_on_failure: bool = False,
     emulate: bool | None = None,
-) -> DecodeStepReport:
+) -> Report:
     """Capture ``builder`` + the consumer over the config's buckets, replay the workload and
     judge the attention's output (see the module docstring).
 
@@ -295,9 +174,9 @@ def check_decode_step(
         emulate: without CUDA, replay emulated graphs or, with ``False``, run the step
             eagerly at every replay (``StepGraphs``); default ``cfg.emulate``.
 
-    Returns a ``DecodeStepReport``; a builder or consumer that raises is reported, not raised.
-    A stop asked for by a signal (``pagegraph.check.signals``) ends the replays early, the
-    report marked incomplete.
+    Returns a ``Report`` with its ``step`` section; a builder or consumer that raises is
+    reported, not raised. A stop asked for by a signal (``pagegraph.check.signals``) ends the
+    replays early, the report marked incomplete.
     """
     cfg = cfg.replace(consumer=cfg.consumer or "paged")
     validate_config(cfg)
@@ -310,9 +189,9 @@ def check_decode_step(
     note = None
     if dev.type != "cuda":
         cfg, note = shrink_for_cpu(cfg)
-    report = DecodeStepReport(builder_name(fn), cfg, str(dev), dev.type == "cuda",
-                              consumer=cfg.consumer, shrunk=note)  # fmt: skip
-    props = {name: StepProperty(name) for name in _NAMES}
+    report = Report(builder_name(fn), cfg, str(dev), dev.type == "cuda",
+                    step=StepSection(consumer=cfg.consumer, shrunk=note))  # fmt: skip
+    props = step_properties()
     report.properties = list(props.values())
     emulate = cfg.emulate if emulate is None else emulate
     run = _setup(fn, kind, consumer, cfg, dev, report, props, emulate)
@@ -576,7 +455,7 @@ def _judge_output(run: _Run, b: _Batch, out: torch.Tensor) -> None:
     allowed = atol.to(out.device)[:, None] + rtol * ref.float().abs().flatten(1)
     finite = torch.isfinite(out.float()).flatten(1).all(1)
     bad_rows = (~finite | (err > allowed).any(1)).cpu()
-    run.report.rows_checked += len(b.rpi)
+    run.report.step.rows_checked += len(b.rpi)
     wrong = np.flatnonzero(bad_rows.numpy()).tolist()
     run.report.buckets.setdefault(b.bucket, BucketStats(b.bucket)).mismatches += len(wrong)
     if not wrong:
@@ -612,8 +491,8 @@ def _details(run: _Run) -> None:
     ok = {k: v for k, v in p.items() if v.status == "pass"}
     text = {
         "output correct through the consumer": (
-            f"{r.rows_checked} real rows over {r.replays} replays within tolerance of dense fp32 "
-            "attention over the host model's pages (consumers/reference.py)"
+            f"{r.step.rows_checked} real rows over {r.replays} replays within tolerance of dense "
+            "fp32 attention over the host model's pages (consumers/reference.py)"
         ),
         "consumer reads only within cache_seqlens": (
             f"{r.replays} replays re-run with other live pages' ids in every stale tail and new "
@@ -642,26 +521,26 @@ def _timing(run: _Run) -> None:
     alone (CUDA graphs only; module docstring)."""
     r, g = run.report, run.graphs
     if not g.use_graphs:
-        r.timing_skipped = (
+        r.step.timing_skipped = (
             f"needs a GPU (CUDA events around replays of graphs of {TIMING_CALLS} calls)"
         )
         return
     if r.stopped:
-        r.timing_skipped = "the run stopped early"
+        r.step.timing_skipped = "the run stopped early"
         return
     if run.cfg.timing_iters == 0:
-        r.timing_skipped = "timing_iters = 0"
+        r.step.timing_skipped = "timing_iters = 0"
         return
     reqs = run.pool.requests
     if not reqs:
-        r.timing_skipped = "no running request left to time"
+        r.step.timing_skipped = "no running request left to time"
         return
     try:
         _time_buckets(run, list(reqs.values()))
     except Exception as exc:  # noqa: BLE001 - the verdict stands; only the figures are lost
-        r.timing.clear()
-        r.timing_method = None
-        r.timing_skipped = f"timing raised {type(exc).__name__}: {exc}"
+        r.step.timing.clear()
+        r.step.timing_method = None
+        r.step.timing_skipped = f"timing raised {type(exc).__name__}: {exc}"
 
 
 def _time_buckets(run: _Run, rows: list) -> None:
@@ -669,7 +548,7 @@ def _time_buckets(run: _Run, rows: list) -> None:
     r, g = run.report, run.graphs
     g.capture_timing(TIMING_CALLS)
     iters = run.cfg.timing_iters
-    r.timing_method = (
+    r.step.timing_method = (
         f"a graph of {TIMING_CALLS} back-to-back calls of the step, of the builder and of the "
         f"consumer, replayed in turns between CUDA events; median of {iters} replays over "
         f"{TIMING_CALLS}, {TIMING_WARMUP} warm-up replays untimed; every row real (the running "
@@ -682,4 +561,4 @@ def _time_buckets(run: _Run, rows: list) -> None:
         g.seq_lens[:bucket].copy_(torch.tensor([req.length for req in batch]))
         g.q[:bucket].normal_()
         r.buckets.setdefault(bucket, BucketStats(bucket))
-        r.timing[bucket] = g.time_bucket(bucket, iters)
+        r.step.timing[bucket] = g.time_bucket(bucket, iters)

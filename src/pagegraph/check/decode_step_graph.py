@@ -352,13 +352,6 @@ def per_call_us(replay_ms: Sequence[float], calls: int) -> float:
     return statistics.median(replay_ms) * 1e3 / calls
 
 
-def share(part: float, whole: float) -> float:
-    """``part / whole``, NaN when either is NaN or ``whole`` is not positive."""
-    if part != part or whole != whole or whole <= 0:
-        return float("nan")
-    return part / whole
-
-
 class EventClock:
     """Device time on the current stream: CUDA events, the replays queued behind a spin
     kernel so that the host's launch gaps do not reach the device's timeline."""

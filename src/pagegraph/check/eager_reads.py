@@ -19,7 +19,10 @@ from .verify import ModelStep
 
 class GraphReads:
     """Per replay, the entries of the bucket's rows where the graph read something else than
-    the eager builder wrote (records read back once a chunk)."""
+    the eager builder wrote (records read back once a chunk): a ``ReplayJudge`` of
+    "correct"."""
+
+    property_name = "correct"
 
     def __init__(self, runner, chunk: int, width: int):
         self.runner = runner
@@ -31,6 +34,9 @@ class GraphReads:
     @staticmethod
     def applies(runner) -> bool:
         return getattr(runner, "read_table", None) is not None
+
+    def wanted(self, mstep: ModelStep) -> bool:
+        return True  # every replay: the graph reads the tables each time
 
     def compare(self, slot: int, mstep: ModelStep) -> None:
         b = mstep.bucket

@@ -34,13 +34,16 @@ SAMPLE = 8
 
 
 class EagerTwin:
-    """The eager twin of each sampled replay (see the module docstring).
+    """The eager twin of each sampled replay (see the module docstring): a ``ReplayJudge``
+    of "graph-safe".
 
     Args:
         run: the check (``pagegraph.check.state.CheckRun``) after capture: its builder, kind,
             config, pool, runner and output buffers.
         chunk: replays between two read-backs of the records.
     """
+
+    property_name = "graph-safe (captured short, replayed long)"
 
     def __init__(self, run, chunk: int):
         cfg, dev = run.cfg, run.device

@@ -18,7 +18,7 @@ is an ``IsolatedError``.
 
 A config with a consumer (``cfg.consumer``) is the decode step end to end: the child runs
 ``check_decode_step`` instead of ``check_replay_safety``, with the same phase notes and partial
-reports, and its reports are ``DecodeStepReport``s (``report_from_dict``).
+reports, and its reports carry their ``step`` section (``report_from_dict``).
 """
 
 from __future__ import annotations
@@ -41,6 +41,7 @@ from ..workload.lifetime import die_with_parent, escalate_stop
 from .config import PROPERTIES, REPLAY_PROPERTIES, CheckConfig
 from .report import PropertyResult, Report
 from .signals import request_stop, stop_requested
+from .step_report import StepSection
 
 #: Seconds a child may run one check before it is killed as hung (None: no limit).
 DEFAULT_TIMEOUT = None
@@ -170,24 +171,23 @@ def crash_cause(stderr: str) -> str:
 
 
 def report_from_dict(d: dict) -> Report:
-    """A child's report from its JSON: a ``DecodeStepReport`` for a decode-step check (a
-    config with a consumer), else a ``Report``."""
-    if d.get("decode_step") is not None or (d.get("config") or {}).get("consumer"):
-        from .decode_step import DecodeStepReport
-
-        return DecodeStepReport.from_dict(d)
-    return Report.from_dict(d)
+    """A child's report from its JSON, with a ``step`` section for a decode-step check (a
+    config with a consumer)."""
+    report = Report.from_dict(d)
+    if report.step is None and report.config.consumer:  # written before its step section
+        report.step = StepSection(consumer=report.config.consumer)
+    return report
 
 
 def _blank_report(job: Job) -> Report:
     """The report of a check whose child died before writing one: every property
     incomplete."""
     if job.config.consumer:
-        from .decode_step import STEP_PROPERTIES, DecodeStepReport, StepProperty
+        from .decode_step import step_properties
 
-        report = DecodeStepReport(job.builder, job.config, "?", False,
-                                  consumer=job.config.consumer)  # fmt: skip
-        report.properties = [StepProperty(name, "incomplete", "") for name in STEP_PROPERTIES]
+        report = Report(job.builder, job.config, "?", False,
+                        step=StepSection(consumer=job.config.consumer))  # fmt: skip
+        report.properties = list(step_properties("incomplete").values())
         return report
     report = Report(job.builder, job.config, "?", False)
     report.properties = [PropertyResult(name, "incomplete", "") for name in PROPERTIES]
@@ -367,26 +367,30 @@ class _ChildEnd:
     progress: str = ""
 
 
-def _wait_for_child(proc: subprocess.Popen, limit: float | None, paused=None,
-                    watch=None) -> _ChildEnd:  # fmt: skip
-    """Wait for the child, forwarding a stop request to it; kill it past ``limit`` seconds
-    (or ``FORWARDED_STOP_S`` after a forwarded stop). While ``paused()`` is true (the child
-    waits for a memory slot) the limit's clock stands still. ``watch()`` is called at every
-    poll (a fifth of a second)."""
+def supervise_child(proc: subprocess.Popen, step, limit: float | None, paused=None,
+                    watch=None) -> tuple[object, bool, KeyboardInterrupt | None]:  # fmt: skip
+    """Wait for a child process until ``step(timeout)`` (a wait of at most ``timeout``
+    seconds on it) returns something other than None: forward a stop request to the child,
+    and kill it past ``limit`` seconds (or ``FORWARDED_STOP_S`` after a forwarded stop).
+    While ``paused()`` is true (the child waits for a memory slot) the limit's clock stands
+    still; ``watch()`` is called at every poll (a fifth of a second).
+
+    Returns ``(what step returned, or None when the child was killed; killed for its time
+    limit; the KeyboardInterrupt to raise once its reports are read)``. Fresh children
+    (``_wait_for_child``) and warm workers (``pagegraph.check.worker_pool``) share it."""
     interrupted = None
-    timed_out = False
     deadline = None if limit is None else time.monotonic() + limit
     forwarded = False
     while True:
         polled = time.monotonic()
         try:
-            proc.wait(timeout=0.2)
-            break
-        except subprocess.TimeoutExpired:
-            pass
+            result = step(0.2)
         except KeyboardInterrupt as exc:  # no stop_on_signals in the caller
             interrupted = interrupted or exc
             request_stop(getattr(exc, "signum", signal.SIGINT))
+            result = None
+        if result is not None:
+            return result, False, interrupted
         if watch is not None:
             watch()
         if deadline is not None and not forwarded and paused is not None and paused():
@@ -399,15 +403,26 @@ def _wait_for_child(proc: subprocess.Popen, limit: float | None, paused=None,
             interrupted = interrupted or KeyboardInterrupt()
             interrupted.signum = signum
             deadline = time.monotonic() + FORWARDED_STOP_S
-            try:
+            with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signum)
-            except ProcessLookupError:
-                pass
         if deadline is not None and time.monotonic() > deadline:
-            timed_out = not forwarded
             proc.kill()
             proc.wait()
-            break
+            return None, not forwarded, interrupted
+
+
+def _wait_for_child(proc: subprocess.Popen, limit: float | None, paused=None,
+                    watch=None) -> _ChildEnd:  # fmt: skip
+    """Wait for a fresh child to exit (``supervise_child``): how it ended."""
+
+    def exited(timeout: float) -> bool | None:
+        try:
+            proc.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            return None
+        return True
+
+    _, timed_out, interrupted = supervise_child(proc, exited, limit, paused, watch)
     return _ChildEnd(proc.returncode, timed_out, interrupted)
 
 

@@ -8,7 +8,8 @@ Each replay goes through five steps over one ``ReplayState``:
    device tensors, alternating with ``staging = "mixed"``);
 3. replay: ``runner.replay`` with the sync recorder running and allocations counted;
 4. verify: the host-side judgments of the replay (allocations, syncs, addresses), then the
-   verifier's device snapshot and comparison, queued with no sync;
+   plugged-in judges' comparisons (``ReplayState.judges``: the eager twin, the graph's reads)
+   and the verifier's device snapshot and comparison, queued with no sync;
 5. judge: every ``chunk`` replays, the verifier's records are read back and judged.
 
 A stop requested by a signal (``pagegraph.check.signals``) ends the loop between two
@@ -206,13 +207,10 @@ def _verify(state: ReplayState, i: int, mstep: ModelStep, measured: ReplayMeasur
     comparison on the device (an event marks it in flight)."""
     judge_replay(state, i, mstep, measured)
     with phase("verify"):
-        twin = state.twin
-        if twin is not None and twin.wanted(mstep):
-            with _untallied(state):  # the eager call's allocations, not the replay's
-                twin.compare(len(state.pending), mstep)
-        if state.reads is not None:
-            with _untallied(state):  # the check's own
-                state.reads.compare(len(state.pending), mstep)
+        for judge in state.judges:
+            if judge.wanted(mstep):
+                with _untallied(state):  # the check's own (an eager twin's call), not the replay's
+                    judge.compare(len(state.pending), mstep)
         state.verifier.verify()
     if state.graphs:
         event = state.events[i % len(state.events)]
@@ -256,10 +254,8 @@ def _judge_chunk(state: ReplayState) -> None:
         records = state.verifier.read(len(state.pending))
     judge_records(records, list(state.pending), state.verifier, state.props, state.report,
                   state.cfg, state.model.describe_rows)  # fmt: skip
-    if state.twin is not None:
-        state.twin.judge(state.props["graph-safe (captured short, replayed long)"])
-    if state.reads is not None:
-        state.reads.judge(state.props["correct"])
+    for judge in state.judges:
+        judge.judge(state.props[judge.property_name])
     if state.graphs and not state.allocations.per_replay:
         judge_chunk_allocations(state)
     state.pending.clear()

@@ -1,6 +1,7 @@
 """What a check found: ``Report`` (the verdict, the property table, the per-bucket table),
 its text (``format``) and its JSON (``to_dict`` / ``from_dict``, for a child process's
-report), and the ``Failure`` a property names first."""
+report), and the ``Failure`` a property names first. Every check reports through it: a
+decode-step check adds its ``step`` section (``pagegraph.check.step_report``)."""
 
 from __future__ import annotations
 
@@ -8,6 +9,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from .config import ADVICE, ADVICE_PROPERTIES, PROPERTIES, CheckConfig
+from .step_report import STEP_PROPERTIES, StepSection, format_step_report
 
 
 @dataclass
@@ -117,6 +119,8 @@ class PropertyResult:
     first_failure: Failure | str | None = None
     #: how it was judged (``JUDGED``), "" when it was not (skipped, incomplete)
     judged: str = ""
+    #: what it covers, where its check's table is not ``PROPERTIES`` (the decode step's)
+    scope: str = ""
 
     @property
     def passed(self) -> bool | None:
@@ -125,7 +129,7 @@ class PropertyResult:
 
     @property
     def covers(self) -> str:
-        return PROPERTIES.get(self.name, ("?", ""))[0]
+        return self.scope or PROPERTIES.get(self.name, ("?", ""))[0]
 
     @property
     def kind(self) -> str:
@@ -213,6 +217,8 @@ class Report:
     workload_start_ms: float = 0.0
     #: whether the replays ran emulated graphs on the CPU (``pagegraph.graph.emulate``)
     emulated: bool = False
+    #: a decode-step check's own section (``pagegraph.check.step_report``), else None
+    step: StepSection | None = None
 
     def __post_init__(self) -> None:
         if isinstance(self.graphs, bool):
@@ -295,6 +301,12 @@ class Report:
         return f" ({'; '.join(parts)})" if parts else ""
 
     def to_dict(self) -> dict:
+        d = self._to_dict()
+        if self.step is not None:
+            d["decode_step"] = self.step.to_dict()
+        return d
+
+    def _to_dict(self) -> dict:
         return {
             "builder": self.builder,
             "config": dataclasses.asdict(self.config),
@@ -324,6 +336,7 @@ class Report:
                     "name": p.name,
                     "kind": p.kind,
                     "covers": p.covers,
+                    "scope": p.scope,
                     "status": p.status,
                     "judged": p.judged,
                     "detail": p.detail,
@@ -353,7 +366,12 @@ class Report:
         report = cls(d["builder"], CheckConfig.from_dict(d["config"]), d["device"], d["graphs"])
         report.properties = [
             PropertyResult(
-                p["name"], p["status"], p["detail"], p["first_failure"], p.get("judged", "")
+                p["name"],
+                p["status"],
+                p["detail"],
+                p["first_failure"],
+                p.get("judged", ""),
+                p.get("scope", ""),
             )
             for p in d["properties"]
         ]
@@ -380,19 +398,25 @@ class Report:
         report.emulated = bool(d.get("emulated", False))
         if report.emulated and report.graphs == "none":  # a report written before the field
             report.graphs = "emulated"
+        if d.get("decode_step") is not None:
+            report.step = StepSection.from_dict(d["decode_step"], report.config.consumer)
+            for p in report.properties:  # a report written before properties said their scope
+                p.scope = p.scope or STEP_PROPERTIES.get(p.name, ("", ""))[0]
         return report
 
-    def _replay_mode(self) -> str:
+    def replay_mode(self) -> str:
         return {"cuda": "CUDA graphs", "emulated": "emulated graphs", "none": "eager"}[self.graphs]
 
     def format(self) -> str:
+        if self.step is not None:
+            return format_step_report(self)
         rate = (
             ""
             if self.replays_per_s != self.replays_per_s
             else (f", {self.replays_per_s:.0f} checked replays/s")
         )
         lines = [
-            f"builder {self.builder} on {self.device} ({self._replay_mode()})"
+            f"builder {self.builder} on {self.device} ({self.replay_mode()})"
             f", {self.replays} replays ({len(self.out_of_contract_replays)} out of contract, "
             f"{self.config.injection_level} injections)"
             f", capture {self.capture_ms:.1f} ms{rate}, detectors: "

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import torch
@@ -112,6 +113,24 @@ class CheckRun:
     def len_limit(self) -> int:
         """The longest in-contract row: past it a length is out of the contract."""
         return max(self.cfg.max_context_len, self.cfg.width * self.cfg.page_size)
+
+
+class ReplayJudge(Protocol):
+    """A judge the replay loop plugs in beside the verifier's table comparison: after each
+    replay it ``wanted``, it queues its comparison on the device into record ``slot``
+    (``compare``: no sync), and once a chunk it reads its records back and judges them into
+    its property (``judge``, given the report's property named ``property_name``).
+    ``pagegraph.check.graph_safety.EagerTwin`` ("graph-safe") and
+    ``pagegraph.check.eager_reads.GraphReads`` (the graph's reads of eagerly built tables,
+    "correct") are the two."""
+
+    property_name: str
+
+    def wanted(self, mstep: ModelStep) -> bool: ...
+
+    def compare(self, slot: int, mstep: ModelStep) -> None: ...
+
+    def judge(self, prop: PropertyResult) -> None: ...
 
 
 @dataclass
@@ -226,6 +245,11 @@ class ReplayState:
     twin: EagerTwin | None = None
     #: what the graph read of an eagerly built kind's tables, or None for a kind built in it
     reads: GraphReads | None = None
+
+    @property
+    def judges(self) -> list[ReplayJudge]:
+        """The replay judges besides the verifier's tables that apply to this check."""
+        return [j for j in (self.twin, self.reads) if j is not None]
 
     @property
     def cfg(self) -> CheckConfig:

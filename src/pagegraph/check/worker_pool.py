@@ -32,7 +32,6 @@ import contextlib
 import dataclasses
 import os
 import select
-import signal
 import subprocess
 import sys
 import threading
@@ -40,7 +39,6 @@ import time
 from pathlib import Path
 
 from .isolate import (
-    FORWARDED_STOP_S,
     IsolatedError,
     Job,
     _ChildEnd,
@@ -48,9 +46,9 @@ from .isolate import (
     _waiting_for_a_slot,
     _write_spec,
     child_env,
+    supervise_child,
 )
 from .report import Report
-from .signals import request_stop, stop_requested
 
 #: Properties whose failure means the check may have left its process unfit for the next
 #: check: a failed capture can leave a stream capturing or the CUDA context broken (an
@@ -155,40 +153,24 @@ class _Worker:
 def _wait_for_answer(worker: _Worker, limit: float | None, paused) -> tuple[_ChildEnd, int | None]:
     """Wait for the worker's answer to its current task: ``(how it ended, the check's exit
     code)``; the code is None when the worker died or was killed (then ``returncode`` says
-    how). Like ``isolate._wait_for_child``: a stop request is forwarded to the worker, the
-    time limit stands still while ``paused()``, and it is killed past ``limit`` seconds."""
-    deadline = None if limit is None else time.monotonic() + limit
-    interrupted = None
-    forwarded = False
-    while True:
-        polled = time.monotonic()
-        try:
-            line = worker.answer(0.2)
-        except KeyboardInterrupt as exc:
-            interrupted = interrupted or exc
-            request_stop(getattr(exc, "signum", signal.SIGINT))
-            line = None
+    how). The waiting is ``isolate.supervise_child``'s: a stop request is forwarded to the
+    worker, the time limit stands still while ``paused()``, and it is killed past ``limit``."""
+    died = object()
+
+    def answered(timeout: float):
+        line = worker.answer(timeout)
         if line is not None and line.startswith("done "):
-            code = int(line.split()[1])
-            if code in STOPPED_CODES:
-                interrupted = interrupted or KeyboardInterrupt()
-            return _ChildEnd(None, False, interrupted), code
-        if worker.proc.poll() is not None and line is None:
-            return _ChildEnd(worker.proc.returncode, False, interrupted), None
-        if deadline is not None and not forwarded and paused():
-            deadline += time.monotonic() - polled
-        signum = stop_requested()
-        if signum is not None and not forwarded:
-            forwarded = True
-            interrupted = interrupted or KeyboardInterrupt()
-            interrupted.signum = signum
-            deadline = time.monotonic() + FORWARDED_STOP_S
-            with contextlib.suppress(ProcessLookupError):
-                worker.proc.send_signal(signum)
-        if deadline is not None and time.monotonic() > deadline:
-            worker.proc.kill()
-            worker.proc.wait()
-            return _ChildEnd(worker.proc.returncode, not forwarded, interrupted), None
+            return int(line.split()[1])
+        if line is None and worker.proc.poll() is not None:
+            return died
+        return None
+
+    result, timed_out, interrupted = supervise_child(worker.proc, answered, limit, paused)
+    if result is None or result is died:
+        return _ChildEnd(worker.proc.returncode, timed_out, interrupted), None
+    if result in STOPPED_CODES:
+        interrupted = interrupted or KeyboardInterrupt()
+    return _ChildEnd(None, False, interrupted), result
 
 
 class WorkerPool:

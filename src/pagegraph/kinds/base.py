@@ -19,7 +19,9 @@ A spec says:
 * its padded-row policy (``padded_rows``): rows past the real batch are built from the
   padding's values like any row (SGLang), or cleared to a declared null value (vLLM);
 * its built-in builders (``builders``: pagegraph's own, the oracle, baselines) and its
-  oracle's name (``reference``).
+  oracle's name (``reference``);
+* its mutant zoo (``zoo``: builders with one realistic bug each, and the controls that must
+  be SAFE; ``pagegraph.mutants``).
 """
 
 from __future__ import annotations
@@ -112,6 +114,7 @@ class KindSpec:
 
     def __init__(self) -> None:
         self._builders: dict[str, Callable] | None = None
+        self._zoo = None
 
     def __repr__(self) -> str:
         return f"<kind {self.name}>"
@@ -127,6 +130,18 @@ class KindSpec:
         if self._builders is None:
             self._builders = self.load_builders()
         return self._builders
+
+    def load_zoo(self):
+        """The kind's mutant zoo (a ``pagegraph.mutants.record.Zoo``)."""
+        raise NotImplementedError
+
+    @property
+    def zoo(self):
+        """The kind's ``Zoo``, loaded on first use (mutants are for ``pagegraph mutate`` and
+        tests: a check of one builder never imports them)."""
+        if self._zoo is None:
+            self._zoo = self.load_zoo()
+        return self._zoo
 
     # -- calling --------------------------------------------------------------------------
 

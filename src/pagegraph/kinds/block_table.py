@@ -37,6 +37,11 @@ class BlockTableKind(KindSpec):
     paddings = ("vllm",)
     reference = "reference_block_table"
 
+    def load_zoo(self):
+        from ..mutants.vllm import BLOCK_TABLE_ZOO
+
+        return BLOCK_TABLE_ZOO
+
     def load_builders(self) -> dict[str, Callable]:
         from ..kernels.block_table import gather_block_tables
         from ..kernels.vllm_reference import reference_block_table

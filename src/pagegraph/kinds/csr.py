@@ -35,6 +35,11 @@ class CsrKind(KindSpec):
     ooc_prefix_exact = True
     reference = "reference_kv_indices"
 
+    def load_zoo(self):
+        from ..mutants.csr import ZOO
+
+        return ZOO
+
     def load_builders(self) -> dict[str, Callable]:
         from ..kernels.kv_indices import build_kv_indices
         from ..kernels.reference import reference_kv_indices

@@ -40,6 +40,11 @@ class DecodeMetadataKind(KindSpec):
     tables_include_draft = True
     reference = "reference_decode_metadata"
 
+    def load_zoo(self):
+        from ..mutants.decode_metadata import ZOO
+
+        return ZOO
+
     def load_builders(self) -> dict[str, Callable]:
         from ..kernels.decode_metadata import build_decode_metadata
         from ..kernels.reference import reference_decode_metadata, unfused_decode_metadata

@@ -22,6 +22,11 @@ class PageTableKind(KindSpec):
     positional = 5
     reference = "reference_page_table"
 
+    def load_zoo(self):
+        from ..mutants.page_table import ZOO
+
+        return ZOO
+
     def load_builders(self) -> dict[str, Callable]:
         from ..kernels.baselines import block_grid
         from ..kernels.page_table import build_page_table

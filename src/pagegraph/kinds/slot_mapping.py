@@ -54,6 +54,11 @@ class SlotMappingKind(KindSpec):
     paddings = ("vllm-graph",)
     reference = "reference_slot_mapping"
 
+    def load_zoo(self):
+        from ..mutants.vllm import SLOT_MAPPING_ZOO
+
+        return SLOT_MAPPING_ZOO
+
     def load_builders(self) -> dict[str, Callable]:
         from ..kernels.slot_mapping import compute_slot_mappings
         from ..kernels.vllm_reference import reference_slot_mapping

@@ -1,6 +1,6 @@
-"""The mutant zoo's CSR builders (``build_kv_indices``'s signature): one plain-torch base,
-``plain_kv_indices`` (a control), with one bug switched in each; ``pagegraph.check.mutants``
-lists them in ``MUTANTS``."""
+"""The CSR kind's mutants (``build_kv_indices``'s signature): one plain-torch base,
+``plain_kv_indices`` (a control), with one bug switched in each. ``MUTANTS`` maps each name to
+a ``Mutant``; ``CONTROLS`` holds the kind's correct builders."""
 
 from __future__ import annotations
 
@@ -9,6 +9,8 @@ from collections.abc import Callable
 import torch
 
 from ..kernels.contract import cdiv
+from ..kernels.kv_indices import build_kv_indices
+from .record import GRAPH, OUTSIDE, WRONG, Mutant, Zoo
 
 _csr_frozen: dict[tuple[int, int], int] = {}
 
@@ -84,6 +86,30 @@ def plain_kv_indices(req_to_token, req_pool_indices, seq_lens, page_size, *, kv_
     _torch_csr(req_to_token, req_pool_indices, seq_lens, page_size, kv_indptr, kv_indices)
 
 
-def reset_csr_caches() -> None:
+def reset_caches() -> None:
     """Forget what ``csr_pages_frozen`` cached."""
     _csr_frozen.clear()
+
+
+MUTANTS: dict[str, Mutant] = {
+    m.name: m
+    for m in [
+        Mutant("csr_ell_offsets", csr_ell_offsets, True, "correct (kv_indices)", kills=WRONG),
+        # the extra entry also lands on the next row's first, left wrong by rows built at once
+        Mutant("csr_one_page_past", csr_one_page_past, True, "bounded writes (kv_indices)",
+               kills=(*OUTSIDE, "correct")),
+        Mutant("csr_pages_frozen", csr_pages_frozen, True,
+               "correct / graph-safe (captured short, replayed long)", kills=GRAPH),
+    ]
+}  # fmt: skip
+
+#: The kind's correct builders, run as controls.
+CONTROLS: dict[str, Callable] = {
+    "build_kv_indices": build_kv_indices,
+    "plain_kv_indices": plain_kv_indices,
+}
+
+#: The kind's zoo (``KindSpec.zoo``).
+ZOO = Zoo(MUTANTS, CONTROLS, reset_caches)
+
+__all__ = ["CONTROLS", "MUTANTS", "ZOO", "plain_kv_indices", "reset_caches"]

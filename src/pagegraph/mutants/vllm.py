@@ -2,9 +2,13 @@
 each, for mutation testing (the checker must report every one UNSAFE somewhere).
 
 Each is a sync-free torch function with its kind's signature, built on one correct base
-(``plain_block_table``, ``plain_slot_mapping``: the controls) with one bug switched in, named
-in the docstring's first line. ``BLOCK_TABLE_MUTANTS`` and ``SLOT_MAPPING_MUTANTS`` map their
-names to them.
+(``plain_block_table``, ``plain_slot_mapping``: controls, with pagegraph's builders of the
+kinds) with one bug switched in, named in the docstring's first line. ``BLOCK_TABLE_BUGS`` and
+``SLOT_MAPPING_BUGS`` map their names to them; ``BLOCK_TABLE_MUTANTS`` and
+``SLOT_MAPPING_MUTANTS`` are the zoo's records, with the property each must fail.
+
+The slot-mapping ``int32_slot`` bug is left out of the zoo: it needs slot ids past 2^31, which
+no pool of a real KV cache reaches (it stays in the kind's own tests).
 """
 
 from __future__ import annotations
@@ -13,12 +17,20 @@ from collections.abc import Callable
 
 import torch
 
-from .batch import BatchContext
-from .slot_mapping import PAD_SLOT_ID
+from ..kernels.batch import BatchContext
+from ..kernels.block_table import gather_block_tables
+from ..kernels.slot_mapping import PAD_SLOT_ID, compute_slot_mappings
+from .record import Mutant, Zoo
 
 __all__ = [
+    "BLOCK_TABLE_BUGS",
+    "BLOCK_TABLE_CONTROLS",
     "BLOCK_TABLE_MUTANTS",
+    "SLOT_MAPPING_BUGS",
+    "SLOT_MAPPING_CONTROLS",
     "SLOT_MAPPING_MUTANTS",
+    "SLOT_MAPPING_ZOO",
+    "BLOCK_TABLE_ZOO",
     "plain_block_table",
     "plain_slot_mapping",
     "reset_caches",
@@ -153,7 +165,7 @@ def plain_slot_mapping(block_table, idx_mapping, query_start_loc, positions, slo
 
 plain_slot_mapping.pagegraph_outputs = "slot_mapping"
 
-BLOCK_TABLE_MUTANTS: dict[str, Callable] = {
+BLOCK_TABLE_BUGS: dict[str, Callable] = {
     f.__name__: f
     for f in [
         _block_table_mutant("pad_rows_not_cleared",
@@ -176,7 +188,7 @@ BLOCK_TABLE_MUTANTS: dict[str, Callable] = {
     ]
 }  # fmt: skip
 
-SLOT_MAPPING_MUTANTS: dict[str, Callable] = {
+SLOT_MAPPING_BUGS: dict[str, Callable] = {
     f.__name__: f
     for f in [
         _slot_mapping_mutant("no_tail",
@@ -198,3 +210,44 @@ SLOT_MAPPING_MUTANTS: dict[str, Callable] = {
 def reset_caches() -> None:
     """Forget what the host-value mutants cached."""
     _frozen_num_reqs.clear()
+
+
+#: Mutant -> the property it must fail (what the kill table shows).
+BLOCK_TABLE_KILLS = {
+    "pad_rows_not_cleared": "correct (padded rows cleared to the null block)",
+    "pad_rows_cleared_to_stale_count": "correct (padded rows cleared over the width)",
+    "copies_whole_row": "bounded writes (past num_blocks)",
+    "num_reqs_frozen": "correct (num_reqs, a host value, frozen at the first call)",
+    "num_blocks_by_batch_row": "correct (num_blocks read by batch row)",
+    "rows_to_max_bs": "bounded writes (rows past the bucket)",
+    "num_blocks_unclamped": "row containment (num_blocks past the width: hostile scenarios)",
+}
+SLOT_MAPPING_KILLS = {
+    "no_tail": "correct (the tail past query_start_loc[rows] filled with PAD_SLOT_ID)",
+    "tail_from_rows": "correct (the tail starts at query_start_loc[rows]; draft tokens)",
+    "pad_row_unguarded": "correct (a padded row's index -1)",
+    "block_by_width": "correct (block index position // page_size)",
+}
+
+
+def _records(bugs: dict[str, Callable], kills: dict[str, str]) -> dict[str, Mutant]:
+    """The zoo's records of ``kills``' bugs, every one able to die on a CPU; each is caught
+    by the property its ``killed_by`` text starts with."""
+    return {name: Mutant(name, bugs[name], True, why, kills=(why.split(" (")[0],))
+            for name, why in kills.items()}  # fmt: skip
+
+
+BLOCK_TABLE_MUTANTS = _records(BLOCK_TABLE_BUGS, BLOCK_TABLE_KILLS)
+SLOT_MAPPING_MUTANTS = _records(SLOT_MAPPING_BUGS, SLOT_MAPPING_KILLS)
+#: The kinds' correct builders, run as controls.
+BLOCK_TABLE_CONTROLS: dict[str, Callable] = {
+    "gather_block_tables": gather_block_tables,
+    "plain_block_table": plain_block_table,
+}
+SLOT_MAPPING_CONTROLS: dict[str, Callable] = {
+    "compute_slot_mappings": compute_slot_mappings,
+    "plain_slot_mapping": plain_slot_mapping,
+}
+#: The kinds' zoos (``KindSpec.zoo``).
+BLOCK_TABLE_ZOO = Zoo(BLOCK_TABLE_MUTANTS, BLOCK_TABLE_CONTROLS, reset_caches)
+SLOT_MAPPING_ZOO = Zoo(SLOT_MAPPING_MUTANTS, SLOT_MAPPING_CONTROLS, reset_caches)

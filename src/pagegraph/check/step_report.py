@@ -1,0 +1,141 @@
+"""The decode step's section of a ``Report`` (``StepSection``) and the step report's text.
+
+A check of the decode step (``pagegraph.check.decode_step``) reports through the same
+``Report`` as every check: its properties (``STEP_PROPERTIES``, each ``PropertyResult``
+carrying what it covers), its buckets, replays, capture time, stop and crash. What only the
+step has (the consumer, the shapes shrunk for the CPU, the real rows checked, the per-bucket
+device times of the step, the builder and the consumer) is its ``step`` section, written to
+JSON under ``"decode_step"``.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+__all__ = ["STEP_PROPERTIES", "StepSection", "format_step_report", "share"]
+
+#: property -> (what it covers, what makes it fail). The order is the report's.
+STEP_PROPERTIES: dict[str, tuple[str, str]] = {
+    "capture": ("builder + consumer", "warm-up or capture of a bucket's step raised"),
+    "output correct through the consumer": (
+        "builder + consumer",
+        "a real row's output non-finite or outside the reference's tolerance (dense fp32 "
+        "attention over the host model's pages, up to its length)",
+    ),
+    "consumer reads only within cache_seqlens": (
+        "consumer (+ builder)",
+        "a real row's output that changes when only entries past its length change (the "
+        "table's stale tail, other live pages' ids; its last page's slots past the length)",
+    ),
+    "padded rows contained": (
+        "builder + consumer",
+        "a real row non-finite, or changed, when the padded rows' queries go from NaN/Inf to "
+        "finite values",
+    ),
+    "sentinel page untouched": (
+        "builder + consumer",
+        "the KV page past every allocated page changed after capture or a replay",
+    ),
+    "replays completed": (
+        "builder + consumer",
+        "a replay raised, or the check process died (run in a child process)",
+    ),
+}
+
+
+def share(part: float, whole: float) -> float:
+    """``part / whole``, NaN when either is NaN or ``whole`` is not positive."""
+    if part != part or whole != whole or whole <= 0:
+        return float("nan")
+    return part / whole
+
+
+@dataclass
+class StepSection:
+    """What a decode-step report holds besides a ``Report``'s fields: the consumer, a note on
+    shrunk shapes, the real rows checked and per-bucket timing: ``bucket -> (step us,
+    builder us, consumer us)``, device time per call (CUDA only; ``timing_method`` says how
+    it was taken)."""
+
+    consumer: str = "paged"
+    shrunk: str | None = None
+    timing: dict[int, tuple[float, float, float]] = field(default_factory=dict)
+    timing_skipped: str | None = None
+    timing_method: str | None = None
+    rows_checked: int = 0
+
+    def to_dict(self) -> dict:
+        return {
+            "consumer": self.consumer,
+            "shrunk": self.shrunk,
+            "rows_checked": self.rows_checked,
+            "timing_skipped": self.timing_skipped,
+            "timing_method": self.timing_method,
+            "timing": [
+                {
+                    "bucket": b,
+                    "step_us": s,
+                    "builder_us": u,
+                    "consumer_us": c,
+                    "builder_share": share(u, s),
+                }
+                for b, (s, u, c) in sorted(self.timing.items())
+            ],  # fmt: skip
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict, consumer: str | None) -> StepSection:
+        return cls(
+            consumer=d.get("consumer") or consumer or "paged",
+            shrunk=d.get("shrunk"),
+            rows_checked=d.get("rows_checked", 0),
+            timing_skipped=d.get("timing_skipped"),
+            timing_method=d.get("timing_method"),
+            timing={
+                t["bucket"]: (t["step_us"], t["builder_us"], t["consumer_us"])
+                for t in d.get("timing", [])
+            },  # fmt: skip
+        )
+
+
+def format_step_report(report) -> str:
+    """The text of a decode-step ``Report`` (``report.step`` set): the setup, the per-bucket
+    table with the device times, the property table and the verdict."""
+    c, step = report.config, report.step
+    lines = [
+        f"decode step: builder {report.builder} + {step.consumer} attention "
+        f"({c.consumer_dtype}, {c.num_q_heads} q heads over {c.num_kv_heads} kv heads, "
+        f"head_dim {c.head_dim}, page size {c.page_size}, max_bs {c.max_bs}, context "
+        f"{c.max_context_len}) on {report.device} "
+        f"({report.replay_mode()}), {report.replays} replays, "
+        f"{step.rows_checked} real rows checked, capture {report.capture_ms:.1f} ms",
+    ]
+    if step.shrunk:
+        lines.append(step.shrunk)
+    lines += ["", "| bucket | replays | wrong rows | step us | builder us | consumer us | "
+              "builder share |", "|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    nan = float("nan")
+    for b in sorted(report.buckets.values(), key=lambda b: b.bucket):
+        times = step.timing.get(b.bucket, (nan, nan, nan))
+        part = share(times[1], times[0])
+        pct = "-" if part != part else f"{100 * part:.0f}%"
+        cells = " | ".join("-" if t != t else f"{t:.1f}" for t in times)
+        lines.append(f"| {b.bucket} | {b.replays} | {b.mismatches} | {cells} | {pct} |")
+    if step.timing_method:
+        lines.append(f"(device us per call: {step.timing_method})")
+    if step.timing_skipped:
+        lines.append(f"(timing skipped: {step.timing_skipped})")
+    lines += ["", "| property | covers | status | detail |", "|---|---|---|---|"]
+    for p in report.properties:
+        detail = p.detail
+        if p.first_failure and p.status == "FAIL" and str(p.first_failure) not in detail:
+            detail += ("; " if detail else "") + f"first failure: {p.first_failure}"
+        lines.append(f"| {p.name} | {p.covers} | {p.status} | {detail} |")
+    if report.crash:
+        lines += ["", f"crash: {report.crash}"]
+    verdict = report.verdict
+    if report.crash:
+        verdict += " (the check process crashed: see above)"
+    elif report.stopped:
+        verdict += f" (stopped early: {report.stopped})"
+    return "\n".join([*lines, "", f"verdict: {verdict}"])
