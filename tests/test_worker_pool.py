@@ -44,10 +44,12 @@ def segfaults_in_replays(*args, **kwargs):
 
 @pytest.fixture
 def crashers(tmp_path, monkeypatch):
-    (tmp_path / "crashers.py").write_text(textwrap.dedent(CRASHERS))
+    # A module name of its own: the parent imports it too (it plans each job), and another
+    # test's "crashers" may already be imported in this process.
+    (tmp_path / "pool_crashers.py").write_text(textwrap.dedent(CRASHERS))
     monkeypatch.syspath_prepend(str(tmp_path))
     monkeypatch.setenv("PYTHONPATH", f"{tmp_path}")
-    return "crashers"
+    return "pool_crashers"
 
 
 def _verdicts(report: Report) -> list[tuple]:

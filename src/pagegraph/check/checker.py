@@ -33,13 +33,7 @@ import torch
 from ..detect.ranges import phase
 from ..graph.emulate import describe_frozen
 from ..graph.runner import GraphRunner
-from ..kinds import KindSpec, kind_of
-from ..kinds.builders import (
-    builder_capabilities,
-    builder_name,
-    config_problem,
-    resolve_builder,
-)
+from ..kinds.builders import builder_capabilities, builder_name
 from ..workload.decode import Step
 from ..workload.pool import KVPool
 from ..workload.producer import ProducedWorkload
@@ -50,7 +44,6 @@ from .config import (
     PROPERTIES,
     WORKLOAD_PROCESS_MODES,
     CheckConfig,
-    validate_config,
 )
 from .engine_state import make_engine_state, update_engine_state
 from .judge import (
@@ -62,6 +55,7 @@ from .judge import (
     record_how_judged,
     sync_capture_cause,
 )
+from .plan import CheckPlan, plan_check, preset_problem, presets_of_kind
 from .probes import BuilderProbe, CompileCounter, measure_eager_call
 from .reference import expected_tables
 from .replay_loop import run_replays
@@ -78,12 +72,15 @@ __all__ = [
     "WORKLOAD_PROCESS_MODES",
     "CheckConfig",
     "CheckInterrupted",
+    "CheckPlan",
     "Report",
     "check_replay_safety",
     "expected_tables",
     "pool_kwargs",
+    "plan_check",
     "preset_problem",
     "presets_of_kind",
+    "run_plan",
     "stop_on_signals",
     "stop_requested",
     "table_bytes",
@@ -133,20 +130,43 @@ def check_replay_safety(
     raises ``CheckInterrupted`` carrying the report of what was checked so far.
     """
     cfg = (config or CheckConfig()).replace(**overrides)
-    if cfg.consumer:
-        from .decode_step import check_decode_step
+    plan, fn = plan_check(builder, cfg)
+    return run_plan(
+        plan, fn, device=device, progress=progress, runner_factory=runner_factory,
+        on_phase=on_phase, on_chunk=on_chunk, stop_on_failure=stop_on_failure,
+        explain_replays=explain_replays,
+    )  # fmt: skip
+
+
+def run_plan(
+    plan: CheckPlan,
+    builder: Callable,
+    *,
+    device: str | torch.device | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    runner_factory: Callable[..., GraphRunner] | None = None,
+    on_phase: Callable[[str], None] | None = None,
+    on_chunk: Callable[[Report], None] | None = None,
+    stop_on_failure: bool = False,
+    explain_replays: bool = False,
+) -> Report:
+    """Run a planned check (``plan_check``: validated, nothing validated again here) of
+    ``builder`` (resolved from ``plan.builder``): its pipeline's judges (``plan.pipeline``),
+    with ``check_replay_safety``'s options. A child process runs its parent's plan this way."""
+    if plan.pipeline == "step":
+        from .decode_step import run_decode_step
 
         if runner_factory is not None or explain_replays:
             raise ValueError(
                 "runner_factory and explain_replays do not apply to a decode-step check "
                 "(a config with a consumer)"
             )
-        return check_decode_step(
-            builder, cfg, device=device, progress=progress, on_phase=on_phase,
+        return run_decode_step(
+            builder, plan, device=device, progress=progress, on_phase=on_phase,
             on_report=on_chunk, stop_on_failure=stop_on_failure,
         )  # fmt: skip
     hooks = CheckHooks(progress, on_phase, on_chunk, stop_on_failure, explain_replays)
-    run = _start_run(builder, cfg, device, runner_factory or GraphRunner, hooks)
+    run = _start_run(builder, plan, device, runner_factory or GraphRunner, hooks)
     hooks.note("setup")
     _allocate(run)
     try:
@@ -163,16 +183,11 @@ def check_replay_safety(
 # -- the phases, in order ------------------------------------------------------------------------
 
 
-def _start_run(builder, cfg: CheckConfig, device, runner_factory, hooks: CheckHooks) -> CheckRun:
-    """Validate the config, resolve the builder, the device and the detectors; an empty
-    report with every property passing until judged."""
-    validate_config(cfg)
-    fn = resolve_builder(builder)
-    kind = kind_of(fn, cfg.outputs)
-    cfg = presets_of_kind(cfg, kind)
-    problem = config_problem(fn, kind, cfg)  # a consumer's config went to the decode step
-    if problem:
-        raise ValueError(problem)
+def _start_run(fn: Callable, plan: CheckPlan, device, runner_factory,
+               hooks: CheckHooks) -> CheckRun:  # fmt: skip
+    """The device and the detectors for a planned check; an empty report with every
+    property passing until judged."""
+    cfg, kind = plan.config, plan.kind_spec
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     report = Report(builder_name(fn), cfg, str(dev), dev.type == "cuda")
     detectors, no_detector_reason = _resolve_detectors(cfg.detectors, dev)
@@ -183,25 +198,6 @@ def _start_run(builder, cfg: CheckConfig, device, runner_factory, hooks: CheckHo
                    runner_factory)  # fmt: skip
     run.errors = cfg.errors and builder_capabilities(fn).errors
     return run
-
-
-def presets_of_kind(cfg: CheckConfig, kind: KindSpec) -> CheckConfig:
-    """``cfg`` keeping only the preset outputs a builder of ``kind`` has: a scenario's presets
-    describe its own builder, and another builder put on it (``--builder``, ``mutate``) has
-    none of another kind's."""
-    known = kind.presets
-    return cfg.replace(preset_outputs=tuple(p for p in cfg.preset_outputs if p in known))
-
-
-def preset_problem(cfg: CheckConfig, kind: KindSpec) -> str | None:
-    """Why ``cfg.preset_outputs`` do not fit a builder of ``kind``; ``None`` when they do."""
-    known = kind.presets
-    unfit = [name for name in cfg.preset_outputs if name not in known]
-    if not unfit:
-        return None
-    return f"preset_outputs {unfit} are not outputs of a {kind.name} builder" + (
-        f" (its presettable outputs: {', '.join(known)})" if known else " (it has none)"
-    )
 
 
 def _allocate(run: CheckRun) -> None:

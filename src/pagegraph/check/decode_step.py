@@ -59,11 +59,10 @@ from ..consumers.reference import attend, live_kv, tolerances
 from ..graph.buckets import Buckets, resolve_padding
 from ..graph.emulate import describe_frozen
 from ..kernels.contract import cdiv
-from ..kinds import kind_of
-from ..kinds.builders import builder_name, resolve_builder, signature_problem
+from ..kinds.builders import builder_name
 from ..workload.decode import DecodeWorkload, Injection
 from ..workload.pool import KVPool
-from .config import CONSUMER_DTYPES, INDEX_DTYPES, CheckConfig, validate_config
+from .config import CONSUMER_DTYPES, INDEX_DTYPES, CheckConfig
 from .decode_step_graph import (
     TIMING_CALLS,
     TIMING_WARMUP,
@@ -71,12 +70,14 @@ from .decode_step_graph import (
     StepShape,
     default_consumer,
 )
+from .plan import CheckPlan, plan_check
 from .report import BucketStats, PropertyResult, Report
 from .signals import stop_requested
 from .step_report import STEP_PROPERTIES, StepSection
 from .workload_setup import pool_kwargs, workload_kwargs
 
-__all__ = ["CPU_LIMITS", "STEP_PROPERTIES", "check_decode_step", "step_properties"]
+__all__ = ["CPU_LIMITS", "STEP_PROPERTIES", "check_decode_step", "run_decode_step",
+           "step_properties"]  # fmt: skip
 
 #: One replay in this many fills the stale table entries with the NaN page (``_poison_tails``).
 NAN_TAIL_EVERY = 3
@@ -178,13 +179,28 @@ def check_decode_step(
     reported, not raised. A stop asked for by a signal (``pagegraph.check.signals``) ends the
     replays early, the report marked incomplete.
     """
-    cfg = cfg.replace(consumer=cfg.consumer or "paged")
-    validate_config(cfg)
-    fn = resolve_builder(builder)
-    kind = kind_of(fn, cfg.outputs)
-    problem = signature_problem(fn, kind, swa=False, consumer=True, page_size=cfg.page_size)
-    if problem:
-        raise ValueError(problem)
+    plan, fn = plan_check(builder, cfg.replace(consumer=cfg.consumer or "paged"))
+    return run_decode_step(
+        fn, plan, device=device, progress=progress, consumer=consumer, on_phase=on_phase,
+        on_report=on_report, stop_on_failure=stop_on_failure, emulate=emulate,
+    )  # fmt: skip
+
+
+def run_decode_step(
+    fn: Callable,
+    plan: CheckPlan,
+    *,
+    device: str | torch.device | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    consumer: Callable | None = None,
+    on_phase: Callable[[str], None] | None = None,
+    on_report: Callable[[Report], None] | None = None,
+    stop_on_failure: bool = False,
+    emulate: bool | None = None,
+) -> Report:
+    """The decode-step check of a planned check (``pagegraph.check.plan``: validated, a
+    consumer in its config) of the resolved builder ``fn``; ``check_decode_step``'s options."""
+    cfg, kind = plan.config, plan.kind_spec
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     note = None
     if dev.type != "cuda":

@@ -330,20 +330,34 @@ def _waiting_for_a_slot(tmp: Path) -> bool:
         return False
 
 
+def _plan(job: Job) -> dict:
+    """``job``'s check planned here, in the parent (``pagegraph.check.plan``): the child runs
+    the plan as given. ``IsolatedError`` when the check cannot run (a builder that cannot be
+    loaded, a config that does not fit it), before any child starts."""
+    from .plan import plan_check
+
+    try:
+        plan, _ = plan_check(job.builder, job.config, spec=job.builder)
+    except ValueError as exc:
+        raise IsolatedError(f"{exc}") from None
+    return plan.to_dict()
+
+
 def _write_spec(jobs: list[Job], first: int, tmp: Path) -> Path:
-    """The spec of a child running ``jobs[first:]``, and its progress file, blank."""
+    """The spec of a child running ``jobs[first:]``, each planned (``_plan``), and its
+    progress file, blank."""
     spec = {
         "jobs": [
             {
-                "builder": j.builder,
-                "config": dataclasses.asdict(j.config),
+                "plan": _plan(j),
                 "stop_on_failure": j.stop_on_failure,
                 "explain": j.explain,
                 "memory_slots": list(j.memory_slots),
                 "result": str(tmp / f"result-{k}.json"),
             }
             for k, j in enumerate(jobs)
-        ][first:],
+            if k >= first
+        ],
         "progress": str(tmp / "progress"),
         "first": first,
         "parent": os.getpid(),
@@ -467,26 +481,18 @@ def _collect_reports(jobs: list[Job], first: int, tmp: Path, ended: _ChildEnd,
 # -- the child ---------------------------------------------------------------------------------
 
 
-def _run_check(builder, cfg: CheckConfig, job: dict, note, keep):
-    """One job's check, its partial reports to ``keep``; ``CheckInterrupted`` on a stop."""
-    from .checker import check_replay_safety
-    from .decode_step import check_decode_step
+def _run_check(builder, plan, job: dict, note, keep):
+    """One job's planned check (``pagegraph.check.checker.run_plan``), its partial reports to
+    ``keep``; ``CheckInterrupted`` on a stop."""
+    from .checker import run_plan
     from .signals import CheckInterrupted
 
-    if not cfg.consumer:
-        return check_replay_safety(
-            builder,
-            cfg,
-            on_phase=note,
-            on_chunk=keep,
-            stop_on_failure=job["stop_on_failure"],
-            explain_replays=job.get("explain", False),
-        )
-    report = check_decode_step(
-        builder, cfg, on_phase=note, on_report=keep, stop_on_failure=job["stop_on_failure"]
-    )
-    if stop_requested() is not None:  # it stopped early: not a final report
-        raise CheckInterrupted(report, stop_requested())
+    report = run_plan(
+        plan, builder, on_phase=note, on_chunk=keep, stop_on_failure=job["stop_on_failure"],
+        explain_replays=job.get("explain", False) and plan.pipeline == "tables",
+    )  # fmt: skip
+    if plan.pipeline == "step" and stop_requested() is not None:
+        raise CheckInterrupted(report, stop_requested())  # it stopped early: not final
     return report
 
 
@@ -591,6 +597,7 @@ def _child(spec_path: str) -> int:
         progress = mmap.mmap(f.fileno(), PROGRESS_BYTES)
     from ..detect.sync import DetectorUnavailable
     from ..kinds.builders import resolve_builder
+    from .plan import CheckPlan
     from .signals import CheckInterrupted, stop_on_signals
 
     stop = stop_on_signals()  # SIGINT/SIGTERM: stop between two replays, keep the report
@@ -612,8 +619,8 @@ def _child(spec_path: str) -> int:
 
         note("setup")
         try:
-            cfg = CheckConfig.from_dict(job["config"])
-            builder = resolve_builder(job["builder"])
+            plan = CheckPlan.from_dict(job["plan"])  # planned by the parent: not validated
+            builder = resolve_builder(plan.builder)
         except Exception as exc:  # noqa: BLE001 - told to the parent as a usage error
             writer.write({"final": True, "error": f"{exc}"})
             return 2
@@ -626,7 +633,7 @@ def _child(spec_path: str) -> int:
             ):
                 note("setup")  # the slot is held: the parent's clock runs again
                 try:
-                    report = _run_check(builder, cfg, job, note, writer.keep)
+                    report = _run_check(builder, plan, job, note, writer.keep)
                 finally:
                     _free_cached_memory()  # before the slot goes to another check
         except CheckInterrupted as exc:
