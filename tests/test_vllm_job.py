@@ -60,6 +60,9 @@ def test_the_job_writes_a_verdict_per_pair(tmp_path, capsys):
     assert "| vllm_gather_block_tables | vllm-block-table | engine | SAFE |" in text
     assert "vllm.triton_utils.triton" in text  # the stubbed imports are named
     assert "outside vLLM's contract" not in text  # no hostile run, no note
+    assert (
+        "### Under vLLM's contract (engine inputs)\n\nNone: no UNSAFE verdict in 2 run(s)." in text
+    )
 
 
 @needs_vllm
@@ -80,6 +83,9 @@ def test_a_hostile_run_is_labelled_outside_vllms_contract(tmp_path, capsys):
     text = out.read_text()
     assert vllm_job.HOSTILE_NOTE in text
     assert "| vllm-block-table-hostile | hostile: negative, num_blocks_overrun | UNSAFE |" in text
+    outside = text.split("### Outside vLLM's contract (hostile inputs)")[1]
+    assert "- vllm_gather_block_tables on vllm-block-table-hostile:" in outside
+    assert "  - row containment: replay" in outside
 
 
 def test_without_vllms_files_the_job_exits_2_in_one_line(monkeypatch, capsys):

@@ -100,12 +100,35 @@ def _header(env: dict, replays: str) -> list[str]:
     ]
 
 
+def findings_lines(doc: dict) -> list[str]:
+    """The findings of ``doc``'s runs, split by contract: UNSAFE runs on the engine's inputs
+    (vLLM's own rules: a bug of the kernel's), then those on hostile inputs (outside vLLM's
+    contract), each with its failed properties' first failures."""
+    lines = ["## Findings", ""]
+    for title, hostile in (("Under vLLM's contract (engine inputs)", False),
+                           ("Outside vLLM's contract (hostile inputs)", True)):  # fmt: skip
+        found = [
+            r for r in doc["runs"] if r["verdict"] == "UNSAFE" and bool(r.get("hostile")) == hostile
+        ]
+        lines += [f"### {title}", ""]
+        if not found:
+            ran = [r for r in doc["runs"] if r["report"] and bool(r.get("hostile")) == hostile]
+            lines += [f"None: no UNSAFE verdict in {len(ran)} run(s)." if ran else "No run.", ""]
+            continue
+        for r in found:
+            lines.append(f"- {r['client']} on {r['scenario']}:")
+            lines += [f"  - {f['property']}: {f['first_failure']}" for f in r["failures"]]
+        lines.append("")
+    return lines
+
+
 def markdown(doc: dict) -> str:
     """The Markdown report of ``doc`` (``run_job``'s JSON document)."""
     lines = _header(doc["environment"], doc["replays"])
     if any(r.get("hostile") for r in doc["runs"]):
         lines += [HOSTILE_NOTE, ""]
     lines += verdict_lines(doc, CLIENTS, "kernel")
+    lines += findings_lines(doc)
     return "\n".join(lines)
 
 
