@@ -55,6 +55,7 @@ from .judge import (
     record_how_judged,
     sync_capture_cause,
 )
+from .pipeline import run_pipeline
 from .plan import CheckPlan, plan_check, preset_problem, presets_of_kind
 from .probes import BuilderProbe, CompileCounter, measure_eager_call
 from .reference import expected_tables
@@ -166,18 +167,38 @@ def run_plan(
             on_report=on_chunk, stop_on_failure=stop_on_failure,
         )  # fmt: skip
     hooks = CheckHooks(progress, on_phase, on_chunk, stop_on_failure, explain_replays)
-    run = _start_run(builder, plan, device, runner_factory or GraphRunner, hooks)
-    hooks.note("setup")
-    _allocate(run)
-    try:
-        first = _start_workload_and_runner(run)
-        if _probe_eager_call(run, first) and _capture(run):
-            run_replays(ReplayState.after_capture(run, first))
-    finally:
-        _release(run)
-        _judge_capabilities(run)  # also in the report an interruption carries
-        record_how_judged(run.report)
-    return run.report
+    bench = TableBench(_start_run(builder, plan, device, runner_factory or GraphRunner, hooks))
+    return run_pipeline(bench, hooks)
+
+
+class TableBench:
+    """The tables pipeline (``pagegraph.check.pipeline.Bench``): the builder's outputs after
+    every replay compared exactly with the checker's model, by the phases below."""
+
+    def __init__(self, run: CheckRun):
+        self.run = run
+        self.report = run.report
+        self._first: Step | None = None
+
+    def set_up(self) -> None:
+        _allocate(self.run)
+        self._first = _start_workload_and_runner(self.run)
+
+    def capture(self) -> bool:
+        return _probe_eager_call(self.run, self._first) and _capture(self.run)
+
+    def replay(self) -> None:
+        run_replays(ReplayState.after_capture(self.run, self._first))
+
+    def after_replays(self) -> None:
+        pass
+
+    def release(self) -> None:
+        _release(self.run)
+
+    def finish(self) -> None:
+        _judge_capabilities(self.run)  # also in the report an interruption carries
+        record_how_judged(self.run.report)
 
 
 # -- the phases, in order ------------------------------------------------------------------------

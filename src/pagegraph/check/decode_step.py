@@ -70,9 +70,11 @@ from .decode_step_graph import (
     StepShape,
     default_consumer,
 )
+from .pipeline import run_pipeline
 from .plan import CheckPlan, plan_check
 from .report import BucketStats, PropertyResult, Report
 from .signals import stop_requested
+from .state import CheckHooks
 from .step_report import STEP_PROPERTIES, StepSection
 from .workload_setup import pool_kwargs, workload_kwargs
 
@@ -200,33 +202,56 @@ def run_decode_step(
 ) -> Report:
     """The decode-step check of a planned check (``pagegraph.check.plan``: validated, a
     consumer in its config) of the resolved builder ``fn``; ``check_decode_step``'s options."""
-    cfg, kind = plan.config, plan.kind_spec
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
-    note = None
-    if dev.type != "cuda":
-        cfg, note = shrink_for_cpu(cfg)
-    report = Report(builder_name(fn), cfg, str(dev), dev.type == "cuda",
-                    step=StepSection(consumer=cfg.consumer, shrunk=note))  # fmt: skip
-    props = step_properties()
-    report.properties = list(props.values())
-    emulate = cfg.emulate if emulate is None else emulate
-    run = _setup(fn, kind, consumer, cfg, dev, report, props, emulate)
-    run.on_phase = on_phase or _no_phase
-    if on_report is not None:
-        on_report(report)  # the shapes and device, before anything can crash
-    try:
-        run.on_phase("capture")
-        if _capture(run):
-            _replays(run, progress, on_report, stop_on_failure)
-            run.on_phase("timing")
-            _timing(run)
-    finally:
-        run.graphs.close()
-    return report
+    hooks = CheckHooks(progress, on_phase, on_report, stop_on_failure)
+    return run_pipeline(StepBench(fn, plan, device, consumer, hooks, emulate), hooks)
 
 
-def _no_phase(phase: str) -> None:
-    pass
+class StepBench:
+    """The decode step's pipeline (``pagegraph.check.pipeline.Bench``): the builder and the
+    consumer captured in one graph a bucket, each replay judged on the attention's output
+    (the module docstring)."""
+
+    def __init__(self, fn: Callable, plan: CheckPlan, device, consumer: Callable | None,
+                 hooks: CheckHooks, emulate: bool | None) -> None:  # fmt: skip
+        cfg = plan.config
+        dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        note = None
+        if dev.type != "cuda":
+            cfg, note = shrink_for_cpu(cfg)
+        self.report = Report(builder_name(fn), cfg, str(dev), dev.type == "cuda",
+                             step=StepSection(consumer=cfg.consumer, shrunk=note))  # fmt: skip
+        self._props = step_properties()
+        self.report.properties = list(self._props.values())
+        self._parts = (fn, plan.kind_spec, consumer, cfg, dev)
+        self._emulate = cfg.emulate if emulate is None else emulate
+        self._hooks = hooks
+        self.run: _Run | None = None
+
+    def set_up(self) -> None:
+        fn, kind, consumer, cfg, dev = self._parts
+        self.run = _setup(fn, kind, consumer, cfg, dev, self.report, self._props, self._emulate)
+        self.run.on_phase = self._hooks.note
+        if self._hooks.on_chunk is not None:
+            self._hooks.on_chunk(self.report)  # the shapes and device, before anything can crash
+
+    def capture(self) -> bool:
+        self.run.on_phase("capture")
+        return _capture(self.run)
+
+    def replay(self) -> None:
+        h = self._hooks
+        _replays(self.run, h.progress, h.on_chunk, h.stop_on_failure)
+
+    def after_replays(self) -> None:
+        self.run.on_phase("timing")
+        _timing(self.run)
+
+    def release(self) -> None:
+        if self.run is not None:
+            self.run.graphs.close()
+
+    def finish(self) -> None:
+        pass
 
 
 def _setup(fn, kind, consumer, cfg: CheckConfig, dev, report, props,
