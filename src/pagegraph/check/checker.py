@@ -16,7 +16,9 @@ property that could not run is reported as skipped with its reason; a run that s
 (a replay raised, Ctrl-C) reports the properties it could not finish as incomplete. Only
 passed properties count as passed: ``Report.safe`` needs no failure and nothing incomplete.
 
-This module holds the orchestration only; the check's parts live beside it: ``config``
+This module holds the orchestration of the tables pipeline only (``TableBench``, run by
+``pagegraph.check.pipeline.run_pipeline`` once ``pagegraph.check.plan.plan_check`` has
+validated the check); the check's parts live beside it: ``config``
 (``CheckConfig``, ``PROPERTIES``, the validator), ``report``, ``signals`` (stopping cleanly),
 ``probes`` (allocations, compilations), ``buffers`` (the checker's tables), ``state``,
 ``replay_loop`` and ``judge``.
