@@ -55,6 +55,26 @@ def test_the_time_left_leaves_the_set_up_out():
     )
 
 
+def test_weighed_items_estimate_the_time_left_by_weight():
+    # Four cheap checks done, one big one left: counted by items it would be a fifth of the
+    # time so far; by weight it is ten times a cheap check's.
+    p, clock, out = make(total=5)
+    p.total_weight = 14.0
+    clock.now += 3.0  # set-up
+    p.advance(weight=1.0)
+    for _ in range(3):
+        clock.now += 2.0  # 2 s for a check of weight 1
+        p.advance(weight=1.0)
+    assert p.line() == "pagegraph check: default: 4/5 replays, 9 s elapsed, about 20 s left"
+    unweighed, clock, _ = make(total=5)
+    clock.now += 3.0
+    unweighed.advance()
+    for _ in range(3):
+        clock.now += 2.0
+        unweighed.advance()
+    assert unweighed.line().endswith("about 2 s left")
+
+
 def test_at_most_one_line_a_period_and_one_at_the_end():
     p, clock, out = make(total=100)
     for i in range(1, 101):

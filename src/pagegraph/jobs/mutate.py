@@ -497,13 +497,15 @@ def _check_in_pool(outcomes: list[Outcome], loaded: list, tasks: list[Task], job
         seconds[k] += task.seconds
         left[k] -= 1
         if progress is not None:
-            progress.advance(detail=f"{outcomes[k].name} on {label}")
+            progress.advance(detail=f"{outcomes[k].name} on {label}", weight=task.cost)
         if left[k] == 0:
             o = outcomes[k]
             o.reports.update((s.name, done[k][s.name]) for s in loaded if s.name in done[k])
             if not quiet:
                 _print_progress(o, seconds[k])
 
+    if progress is not None:  # cheapest first: the estimate counts each check by its cost
+        progress.total_weight = sum(t.cost for t in tasks)
     pool = WorkerPool(jobs, tmp / "pool", timeout=timeout, on_report=on_report)
     pool.run(tasks)
     if not quiet:

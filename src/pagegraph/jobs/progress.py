@@ -9,7 +9,10 @@ that logs keep every one:
 
 The time left is an estimate from the rate so far: since the first item done (a job's
 set-up, a check's captures, is not a rate), or over the whole elapsed time while one update
-is all there is.
+is all there is. Items of very different sizes (``mutate``'s checks, cheapest first) are
+counted by weight (``total_weight``, ``advance(weight=...)``): the time left is then the
+time per unit of weight so far times the weight left, not the time per item times the items
+left, which the big items at the end would make far too short.
 ``heartbeat()`` keeps a thread printing the line while nothing is done, so a job whose first
 item takes minutes is never silent. ``slow_warning`` says, before a check starts, that a
 scenario will take long on this device, with an estimate from its size.
@@ -58,8 +61,21 @@ class Progress:
         self.detail = ""
         self._printed_at: float | None = None
         self._closed = False  # the end line printed
-        self._first: tuple[float, int] | None = None  # (time, done) at the first done item
+        self._first: tuple[float, float] | None = None  # (time, progress) at the first done item
+        #: the items' total weight when they are weighed (``advance(weight=...)``), else None
+        self.total_weight: float | None = None
+        self.done_weight = 0.0
         self._lock = threading.Lock()
+
+    @property
+    def _progress(self) -> float:
+        """What is done, in the unit of the estimate: weight when weighed, else items."""
+        return self.done_weight if self.total_weight else float(self.done)
+
+    def _left(self) -> float:
+        if self.total_weight:
+            return max(0.0, self.total_weight - self.done_weight)
+        return float(self.total - self.done)
 
     def line(self) -> str:
         """The current progress line."""
@@ -68,13 +84,13 @@ class Progress:
         text = f"{self.label}: {self.done}/{self.total}{unit}, {format_seconds(elapsed)} elapsed"
         if self.done >= self.total:
             text += ", done"
-        elif self.done > 0:
-            since, done_then = self._first or (self.start, 0)
-            if self.done > done_then:
-                rate = (self.clock() - since) / (self.done - done_then)
+        elif self.done > 0 and self._progress > 0:
+            since, done_then = self._first or (self.start, 0.0)
+            if self._progress > done_then:
+                rate = (self.clock() - since) / (self._progress - done_then)
             else:
-                rate = elapsed / self.done
-            text += f", about {format_seconds(rate * (self.total - self.done))} left"
+                rate = elapsed / self._progress
+            text += f", about {format_seconds(rate * self._left())} left"
         else:
             text += ", time left not known yet"
         return text + (f" ({self.detail})" if self.detail else "")
@@ -89,10 +105,11 @@ class Progress:
                 self.detail = detail
             self._maybe_print(force or self._ended())
 
-    def advance(self, n: int = 1, detail: str | None = None) -> None:
-        """``n`` more done."""
+    def advance(self, n: int = 1, detail: str | None = None, weight: float = 0.0) -> None:
+        """``n`` more done, weighing ``weight`` (when ``total_weight`` is set)."""
         with self._lock:
             self.done += n
+            self.done_weight += weight
             self._note_first()
             if detail is not None:
                 self.detail = detail
@@ -100,7 +117,7 @@ class Progress:
 
     def _note_first(self) -> None:
         if self._first is None and self.done > 0:
-            self._first = (self.clock(), self.done)
+            self._first = (self.clock(), self._progress)
 
     def _ended(self) -> bool:
         """Whether the end line is due: all done, a line printed before, not this one yet."""
