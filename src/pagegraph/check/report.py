@@ -136,6 +136,13 @@ class PropertyResult:
         """``"advice"`` for an advice property, else ``"safety"``."""
         return "advice" if self.name in ADVICE_PROPERTIES else "safety"
 
+    def full_detail(self) -> str:
+        """The detail, with the first failure added when failed (unless the detail says it)."""
+        detail = self.detail
+        if self.first_failure and self.status == "FAIL" and str(self.first_failure) not in detail:
+            detail += ("; " if detail else "") + f"first failure: {self.first_failure}"
+        return detail
+
     def fail(self, failure: Failure | str | None = None) -> None:
         self.status = "FAIL"
         if failure is not None and self.first_failure is None:
@@ -449,10 +456,8 @@ class Report:
             "|---|---|---|---|---|",
         ]
         for p in self.properties:
-            detail = p.detail
-            if p.first_failure and p.status == "FAIL" and str(p.first_failure) not in detail:
-                detail += ("; " if detail else "") + f"first failure: {p.first_failure}"
-            lines.append(f"| {p.name} | {p.covers} | {p.status} | {p.judged or '-'} | {detail} |")
+            cells = f"{p.name} | {p.covers} | {p.status} | {p.judged or '-'} | {p.full_detail()}"
+            lines.append(f"| {cells} |")
         if self.crash:
             lines += ["", f"crash: {self.crash}"]
         advice = self.advice

@@ -127,10 +127,7 @@ def format_step_report(report) -> str:
         lines.append(f"(timing skipped: {step.timing_skipped})")
     lines += ["", "| property | covers | status | detail |", "|---|---|---|---|"]
     for p in report.properties:
-        detail = p.detail
-        if p.first_failure and p.status == "FAIL" and str(p.first_failure) not in detail:
-            detail += ("; " if detail else "") + f"first failure: {p.first_failure}"
-        lines.append(f"| {p.name} | {p.covers} | {p.status} | {detail} |")
+        lines.append(f"| {p.name} | {p.covers} | {p.status} | {p.full_detail()} |")
     if report.crash:
         lines += ["", f"crash: {report.crash}"]
     verdict = report.verdict
