@@ -14,6 +14,7 @@ import torch
 from ..check.config import CheckConfig
 from ..check.isolate import IsolatedError, Job, run_isolated, write_json_atomic
 from ..check.report import Report
+from ..check.worker_pool import task_cost
 from .progress import Progress, check_estimate, format_seconds
 
 __all__ = [
@@ -70,6 +71,8 @@ def run_checks(runs: list[ClientRun], *, timeout: float | None, quiet: bool,
     the running check's phase (``job`` names the job in it)."""
     total = sum(run.skipped is None for run in runs)
     progress = Progress(job, total, "checks")
+    # Checks of very different sizes: the time left counts each by its cost.
+    progress.total_weight = sum(task_cost(run.config) for run in runs if run.skipped is None)
     if not quiet and not torch.cuda.is_available():
         seconds = sum(check_estimate(run.config, "cpu") for run in runs if run.skipped is None)
         print(f"{job}: {total} checks on the CPU (Triton interpreter): estimate "
@@ -103,7 +106,7 @@ def _run_each(runs: list[ClientRun], timeout: float | None, quiet: bool,
                 for rest in runs[k + (run.report is not None) :]:
                     rest.skipped = rest.skipped or "interrupted before it ran"
                 return False
-            progress.advance(detail="")
+            progress.advance(detail="", weight=task_cost(run.config))
         say(quiet, _summary(run))
     return True
 
