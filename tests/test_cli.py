@@ -126,7 +126,7 @@ def _env() -> dict:
     return env
 
 
-@pytest.mark.cpu_heavy  # about 10 s under the interpreter: make test-heavy
+@pytest.mark.cpu_heavy  # 5-10 s under the interpreter: make test-heavy (CI runs it)
 @pytest.mark.heavy
 @pytest.mark.parametrize("sig,code", [(signal.SIGINT, 130), (signal.SIGTERM, 143)])
 def test_an_interrupted_check_writes_its_reports_marked_incomplete(tmp_path, sig, code):

@@ -210,6 +210,7 @@ def test_out_of_contract_replays_still_judge_the_rows_before_the_first_bad_one()
     assert _status(report, "correct") == "pass"  # in-contract replays are right
 
 
+@pytest.mark.cpu_heavy  # 5-10 s under the interpreter: make test-heavy (CI runs it)
 def test_out_of_contract_replays_judge_kv_indptr_past_the_bad_row_for_order_and_bounds():
     def end_past_the_buffer(kv_indptr, kv_indices, bad):
         far = torch.full_like(kv_indptr[-1:], 4 * kv_indices.shape[0])
@@ -223,6 +224,7 @@ def test_out_of_contract_replays_judge_kv_indptr_past_the_bad_row_for_order_and_
     assert report.out_of_contract_replays and report.verdict == "SAFE", report.format()
 
 
+@pytest.mark.cpu_heavy  # 5-10 s under the interpreter: make test-heavy (CI runs it)
 def test_a_batch_past_the_capacity_is_cut_there_and_a_builder_that_runs_on_fails():
     # kv_indices holds max_bs * table_width = 64 pages; in-contract rows hold up to 32 each.
     cfg = _small(table_width=4, overlong=0, negative=0, bad_index=0, initial_len=(300, 500))

@@ -380,7 +380,7 @@ def test_the_shrunk_decode_step_keeps_two_split_k_splits(name):
     assert small.initial_len[1] > BLOCK_N  # the workload makes such rows
 
 
-@pytest.mark.cpu_heavy  # about 10 s under the interpreter: make test-heavy
+@pytest.mark.cpu_heavy  # 5-10 s under the interpreter: make test-heavy (CI runs it)
 @pytest.mark.heavy
 def test_the_decode_step_replays_emulated_graphs_and_a_frozen_width_fails_there_only():
     honest = check_decode_step("build_page_table", STEP)

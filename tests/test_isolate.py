@@ -118,7 +118,7 @@ def test_gpu_a_kernel_that_breaks_its_cuda_context_is_reported():
     assert fine.safe, fine.format()
 
 
-@pytest.mark.cpu_heavy  # about 10 s under the interpreter: make test-heavy
+@pytest.mark.cpu_heavy  # 5-10 s under the interpreter: make test-heavy (CI runs it)
 def test_a_hang_is_killed_at_the_timeout(crashers):
     (report,) = run_isolated([Job(f"{crashers}:hangs", SMALL)], timeout=8)
     assert "timed out" in report.stopped and report.verdict == "UNSAFE"

@@ -257,6 +257,7 @@ def _summary(report) -> tuple:
     )  # fmt: skip
 
 
+@pytest.mark.cpu_heavy  # 5-10 s under the interpreter: make test-heavy (CI runs it)
 @pytest.mark.parametrize("streams", [1, 2])
 @pytest.mark.parametrize(
     "builder", ["build_page_table", _wrong_first_column], ids=["kernel", "wrong"]

@@ -166,7 +166,7 @@ def test_each_client_runs_on_scenarios_of_its_kind(tmp_path):
     assert all(r.config.steps == 3 for r in runs)
 
 
-@pytest.mark.cpu_heavy  # about 10 s under the interpreter: make test-heavy
+@pytest.mark.cpu_heavy  # 5-10 s under the interpreter: make test-heavy (CI runs it)
 @needs_sglang
 @pytest.mark.heavy
 def test_job_writes_the_verdict_table_and_the_reproducers(tmp_path, capsys):

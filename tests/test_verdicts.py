@@ -342,7 +342,7 @@ def build(req_to_token, req_pool_indices, seq_lens, page_table, page_size, **kw)
 """
 
 
-@pytest.mark.cpu_heavy  # about 10 s under the interpreter: make test-heavy
+@pytest.mark.cpu_heavy  # 5-10 s under the interpreter: make test-heavy (CI runs it)
 @pytest.mark.heavy
 @pytest.mark.skipif(torch.cuda.is_available(), reason="graph replays never call the Python "
                     "builder: the planted crash needs eager replays (the CPU)")  # fmt: skip
