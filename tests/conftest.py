@@ -6,11 +6,24 @@ is registered here; installed, the entry point has registered it already.
 
 import os
 
+import pytest
 from hypothesis import settings
 
 settings.register_profile("ci", deadline=None, derandomize=True)
 settings.register_profile("gpu", deadline=None, max_examples=500)
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "ci"))
+
+
+@pytest.fixture
+def no_leaked_ranges():
+    """Fails a test that leaves pagegraph NVTX ranges open (and closes them for the next)."""
+    from pagegraph.detect import ranges
+
+    yield
+    leaked = ranges.range_stack()
+    while ranges.range_stack():
+        ranges.pop()
+    assert leaked == (), f"test left ranges open: {leaked}"
 
 
 def pytest_configure(config):

@@ -222,14 +222,15 @@ class StepBench:
                              step=StepSection(consumer=cfg.consumer, shrunk=note))  # fmt: skip
         self._props = step_properties()
         self.report.properties = list(self._props.values())
-        self._parts = (fn, plan.kind_spec, consumer, cfg, dev)
+        self._fn, self._kind, self._consumer = fn, plan.kind_spec, consumer
+        self._cfg, self._device = cfg, dev
         self._emulate = cfg.emulate if emulate is None else emulate
         self._hooks = hooks
         self.run: _Run | None = None
 
     def set_up(self) -> None:
-        fn, kind, consumer, cfg, dev = self._parts
-        self.run = _setup(fn, kind, consumer, cfg, dev, self.report, self._props, self._emulate)
+        self.run = _setup(self._fn, self._kind, self._consumer, self._cfg, self._device,
+                          self.report, self._props, self._emulate)  # fmt: skip
         self.run.on_phase = self._hooks.note
         if self._hooks.on_chunk is not None:
             self._hooks.on_chunk(self.report)  # the shapes and device, before anything can crash

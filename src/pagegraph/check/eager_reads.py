@@ -13,11 +13,12 @@ from __future__ import annotations
 
 import torch
 
+from .replay_judge import RecordedComparisons
 from .report import Failure
 from .verify import ModelStep
 
 
-class GraphReads:
+class GraphReads(RecordedComparisons):
     """Per replay, the entries of the bucket's rows where the graph read something else than
     the eager builder wrote (records read back once a chunk): a ``ReplayJudge`` of
     "correct"."""
@@ -25,11 +26,10 @@ class GraphReads:
     property_name = "correct"
 
     def __init__(self, runner, chunk: int, width: int):
+        # count, first differing flat index (row * width + col), what was read, what was written
+        super().__init__(chunk, runner.device)
         self.runner = runner
         self.width = width
-        # count, first differing flat index (row * width + col), what was read, what was written
-        self.records = torch.zeros((chunk + 1, 4), dtype=torch.int64, device=runner.device)
-        self.compared: dict[int, ModelStep] = {}
 
     @staticmethod
     def applies(runner) -> bool:
@@ -42,29 +42,14 @@ class GraphReads:
         b = mstep.bucket
         read = self.runner.read_table[:b].reshape(-1).to(torch.int64)
         written = self.runner.page_table[:b].reshape(-1).to(torch.int64)
-        diff = read != written
-        first = diff.to(torch.uint8).argmax().view(1)
-        self.records[slot] = torch.cat(
-            [diff.sum().view(1), first, read.gather(0, first), written.gather(0, first)]
-        )
-        self.compared[slot] = mstep
+        self.record(slot, mstep, read, written)
 
-    def judge(self, prop) -> None:
-        if not self.compared:
-            return
-        records = self.records.cpu().numpy()
-        for slot, mstep in sorted(self.compared.items()):
-            count, flat, read, written = (int(x) for x in records[slot])
-            if not count:
-                continue
-            if prop.first_failure is not None:
-                prop.fail()
-                continue
-            row, col = divmod(flat, self.width)
-            failure = Failure(mstep.index, mstep.bucket, row, col, written, read, "page_table")
-            failure.note = (
-                f"the graph read {read} where the builder, run before it, left {written} "
-                f"({count} entr{'y' if count == 1 else 'ies'} of the bucket)"
-            )
-            prop.fail(failure)
-        self.compared.clear()
+    def describe(self, mstep: ModelStep, count: int, flat: int, read: int,
+                 written: int) -> Failure:  # fmt: skip
+        row, col = divmod(flat, self.width)
+        failure = Failure(mstep.index, mstep.bucket, row, col, written, read, "page_table")
+        failure.note = (
+            f"the graph read {read} where the builder, run before it, left {written} "
+            f"({count} entr{'y' if count == 1 else 'ies'} of the bucket)"
+        )
+        return failure

@@ -25,6 +25,7 @@ import torch
 
 from ..kinds.builders import builder_capabilities
 from .buffers import CheckBuffers, allocate_check_buffers
+from .replay_judge import RecordedComparisons
 from .report import Failure
 from .verify import CANARY_ROWS, POISON, ModelStep, preset_views
 
@@ -33,9 +34,9 @@ EVERY_REPLAY = 64
 SAMPLE = 8
 
 
-class EagerTwin:
+class EagerTwin(RecordedComparisons):
     """The eager twin of each sampled replay (see the module docstring): a ``ReplayJudge``
-    of "graph-safe".
+    of "graph-safe", whose records hold the replay's value and the eager call's.
 
     Args:
         run: the check (``pagegraph.check.state.CheckRun``) after capture: its builder, kind,
@@ -69,9 +70,8 @@ class EagerTwin:
             draft_tokens=cfg.draft_tokens if run.kind.tables_include_draft else 0,
         )  # fmt: skip
         # Per compared replay: differing entries, the first one's flat index, the replay's
-        # value there and the eager call's; a scratch row for replays not compared.
-        self.records = torch.zeros((chunk + 1, 4), dtype=torch.int64, device=dev)
-        self.compared: dict[int, ModelStep] = {}
+        # value there and the eager call's.
+        super().__init__(chunk, dev)
         self.count = 0
 
     @staticmethod
@@ -111,14 +111,7 @@ class EagerTwin:
         if self._takes_batch:
             extra["batch"] = self.run.kind.batch_context(mstep.n, bucket, self.run.cfg.max_bs)
         self.run.kind.call(self.run.builder, self._io, bucket, extra)
-        replayed = self._flat(self.run.buffers)
-        eager = self._flat(self.buffers)
-        diff = replayed != eager
-        first = diff.to(torch.uint8).argmax().view(1)
-        self.records[slot] = torch.cat(
-            [diff.sum().view(1), first, replayed.gather(0, first), eager.gather(0, first)]
-        )
-        self.compared[slot] = mstep
+        self.record(slot, mstep, self._flat(self.run.buffers), self._flat(self.buffers))
         self._poison()
 
     @staticmethod
@@ -135,19 +128,7 @@ class EagerTwin:
             for entry in self._presets:
                 entry.fill_(0)
 
-    def judge(self, prop) -> None:
-        """Fold the compared replays' records into ``prop`` (a read-back: once a chunk)."""
-        if not self.compared:
-            return
-        records = self.records.cpu().numpy()
-        for slot, mstep in sorted(self.compared.items()):
-            count, flat, replayed, eager = (int(x) for x in records[slot])
-            if count:
-                first = prop.first_failure is None
-                prop.fail(self._failure(mstep, count, flat, replayed, eager) if first else None)
-        self.compared.clear()
-
-    def _failure(self, mstep: ModelStep, count: int, flat: int, replayed: int,
+    def describe(self, mstep: ModelStep, count: int, flat: int, replayed: int,
                  eager: int) -> Failure:  # fmt: skip
         """Where the first difference is, as a ``Failure`` of the table or vector it is in."""
         tables = self.buffers.tables

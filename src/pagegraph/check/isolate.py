@@ -173,12 +173,8 @@ def crash_cause(stderr: str) -> str:
 
 
 def report_from_dict(d: dict) -> Report:
-    """A child's report from its JSON, with a ``step`` section for a decode-step check (a
-    config with a consumer)."""
-    report = Report.from_dict(d)
-    if report.step is None and report.config.consumer:  # written before its step section
-        report.step = StepSection(consumer=report.config.consumer)
-    return report
+    """A child's report from its JSON (a decode-step check's with its ``step`` section)."""
+    return Report.from_dict(d)
 
 
 def _blank_report(job: Job) -> Report:

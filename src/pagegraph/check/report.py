@@ -9,7 +9,7 @@ import dataclasses
 from dataclasses import dataclass, field
 
 from .config import ADVICE, ADVICE_PROPERTIES, PROPERTIES, CheckConfig
-from .step_report import STEP_PROPERTIES, StepSection, format_step_report
+from .step_report import StepSection, format_step_report
 
 
 @dataclass
@@ -407,8 +407,6 @@ class Report:
             report.graphs = "emulated"
         if d.get("decode_step") is not None:
             report.step = StepSection.from_dict(d["decode_step"], report.config.consumer)
-            for p in report.properties:  # a report written before properties said their scope
-                p.scope = p.scope or STEP_PROPERTIES.get(p.name, ("", ""))[0]
         return report
 
     def replay_mode(self) -> str:

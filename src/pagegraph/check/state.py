@@ -7,7 +7,6 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
-from typing import Protocol
 
 import numpy as np
 import torch
@@ -25,6 +24,7 @@ from .config import CheckConfig
 from .eager_reads import GraphReads
 from .graph_safety import EagerTwin
 from .probes import AllocationCounter, BuilderProbe, CompileCounter, cuda_allocations
+from .replay_judge import ReplayJudge
 from .report import PropertyResult, Report
 from .verify import BatchModel, ModelStep, TableVerifier
 
@@ -113,24 +113,6 @@ class CheckRun:
     def len_limit(self) -> int:
         """The longest in-contract row: past it a length is out of the contract."""
         return max(self.cfg.max_context_len, self.cfg.width * self.cfg.page_size)
-
-
-class ReplayJudge(Protocol):
-    """A judge the replay loop plugs in beside the verifier's table comparison: after each
-    replay it ``wanted``, it queues its comparison on the device into record ``slot``
-    (``compare``: no sync), and once a chunk it reads its records back and judges them into
-    its property (``judge``, given the report's property named ``property_name``).
-    ``pagegraph.check.graph_safety.EagerTwin`` ("graph-safe") and
-    ``pagegraph.check.eager_reads.GraphReads`` (the graph's reads of eagerly built tables,
-    "correct") are the two."""
-
-    property_name: str
-
-    def wanted(self, mstep: ModelStep) -> bool: ...
-
-    def compare(self, slot: int, mstep: ModelStep) -> None: ...
-
-    def judge(self, prop: PropertyResult) -> None: ...
 
 
 @dataclass
