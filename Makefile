@@ -27,7 +27,8 @@ SCENARIO ?= graphs/default.toml
 SGLANG_WHEEL ?= sglang==0.5.23
 # vLLM's GPU block-table kernel files (pagegraph.clients.vllm): only those files, unpacked
 # from the wheel into .venv/vllm-lite by tools/fetch_vllm_files.sh (never fails the setup).
-PYTEST := $(PY) -m pytest -p no:cacheprovider --durations=15
+DURATIONS ?= 15
+PYTEST := $(PY) -m pytest -p no:cacheprovider --durations=$(DURATIONS)
 
 .PHONY: test test-heavy run lint format bench profile soak fuzz mutate sanitize clean setup sglang vllm
 

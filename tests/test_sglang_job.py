@@ -204,7 +204,7 @@ def test_job_writes_the_verdict_table_and_the_reproducers(tmp_path, capsys):
 def test_a_run_without_a_report_says_why():
     run = _run(PAGE_TABLE_CLIENT)
     run.skipped = "page_size 48 does not divide 4096"
-    doc = sglang_job.run_doc(run)
+    doc = client_runs.run_doc(run)
     assert doc["verdict"] == "not run" and doc["report"] is None
     section = "\n".join(client_runs.run_section(doc))
     assert "does not divide 4096" in section

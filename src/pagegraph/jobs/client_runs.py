@@ -18,8 +18,8 @@ from ..check.worker_pool import task_cost
 from .progress import Progress, check_estimate, format_seconds
 
 __all__ = [
-    "ClientRun", "add_job_arguments", "job_replays", "run_checks", "run_doc", "run_section",
-    "say", "table_cell", "verdict_lines", "write_reports",
+    "ClientRun", "add_job_arguments", "job_doc", "job_replays", "plan_job", "run_checks",
+    "run_doc", "run_section", "say", "table_cell", "verdict_lines", "write_reports",
 ]  # fmt: skip
 
 
@@ -203,6 +203,39 @@ def job_replays(args, cpu_replays: int) -> int | None:
     if args.timeout is not None and args.timeout <= 0:
         raise ValueError("--timeout must be > 0 seconds")
     return replays
+
+
+def plan_job(job: str, args, *, unavailable: str | None, cpu_replays: int,
+             plan_runs) -> tuple[int | None, list[ClientRun]] | int:  # fmt: skip
+    """A client job's replays and runs, or its exit code 2 after one line on stderr: the
+    engine's kernels are ``unavailable`` (the line to print, else None), an argument is bad,
+    or no scenario fits. ``plan_runs(scenarios, replays)`` lists the job's runs."""
+    if unavailable is not None:
+        print(f"{job}: {unavailable}", file=sys.stderr)
+        return 2
+    try:
+        replays = job_replays(args, cpu_replays)
+        runs = plan_runs(args.scenarios, replays)
+    except ValueError as exc:
+        print(f"{job}: {exc}", file=sys.stderr)
+        return 2
+    if not runs:
+        print(f"{job}: no scenario of the kernels' kinds among those given", file=sys.stderr)
+        return 2
+    return replays, runs
+
+
+def job_doc(env: dict, replays: int | None, completed: bool, runs: list[ClientRun],
+            **extra) -> dict:  # fmt: skip
+    """A client job's JSON document: its environment, replays a check, whether every check
+    ran, each run (``run_doc``), then ``extra`` sections."""
+    return {
+        "environment": env,
+        "replays": "the scenario's steps" if replays is None else str(replays),
+        "complete": completed,
+        "runs": [run_doc(r) for r in runs],
+        **extra,
+    }
 
 
 def verdict_lines(doc: dict, clients: tuple[str, ...], noun: str) -> list[str]:

@@ -44,9 +44,9 @@ from .check_job import _memory_problem
 from .client_runs import (
     ClientRun,
     add_job_arguments,
-    job_replays,
+    job_doc,
+    plan_job,
     run_checks,
-    run_doc,
     say,
     verdict_lines,
     write_reports,
@@ -330,15 +330,13 @@ def markdown(doc: dict) -> str:
 def run_job(args: argparse.Namespace) -> int:
     """Plan, check, match findings, write the reports; the job's exit code."""
     reason = sglang_client.sglang_unavailable_reason()
-    if reason is not None:
-        print(f"sglang_job: SGLang unavailable: {reason}", file=sys.stderr)
-        return 2
-    try:
-        replays = job_replays(args, CPU_REPLAYS)
-        runs = plan_runs(args.scenarios, replays)
-    except ValueError as exc:
-        print(f"sglang_job: {exc}", file=sys.stderr)
-        return 2
+    planned = plan_job(
+        "sglang_job", args, cpu_replays=CPU_REPLAYS, plan_runs=plan_runs,
+        unavailable=None if reason is None else f"SGLang unavailable: {reason}",
+    )  # fmt: skip
+    if isinstance(planned, int):
+        return planned
+    replays, runs = planned
     env = environment()
     # An install of the kernel files alone (no package metadata) is the pinned release's.
     env["sglang"] = sglang_client.sglang_version() or (
@@ -352,13 +350,7 @@ def run_job(args: argparse.Namespace) -> int:
     for f in found["findings"]:
         say(args.quiet, f"finding {f['key']}: {len(f['hits'])} check(s) hit it; "
                          f"{f['reproducer']}: {f['state']}")  # fmt: skip
-    doc = {
-        "environment": env,
-        "replays": "the scenario's steps" if replays is None else str(replays),
-        "complete": completed,
-        "runs": [run_doc(r) for r in runs],
-        "found": found,
-    }
+    doc = job_doc(env, replays, completed, runs, found=found)
     write_reports(doc, markdown(doc), args)
     return 0 if completed else 130
 

@@ -32,9 +32,9 @@ from .check_job import _memory_problem
 from .client_runs import (
     ClientRun,
     add_job_arguments,
-    job_replays,
+    job_doc,
+    plan_job,
     run_checks,
-    run_doc,
     verdict_lines,
     write_reports,
 )
@@ -135,28 +135,18 @@ def markdown(doc: dict) -> str:
 def run_job(args: argparse.Namespace) -> int:
     """Plan, check, write the reports; the job's exit code."""
     reason = vllm_client.vllm_unavailable_reason()
-    if reason is not None:
-        print(f"vllm_job: vLLM's kernel files unavailable: {reason}", file=sys.stderr)
-        return 2
-    try:
-        replays = job_replays(args, CPU_REPLAYS)
-        runs = plan_runs(args.scenarios, replays)
-    except ValueError as exc:
-        print(f"vllm_job: {exc}", file=sys.stderr)
-        return 2
-    if not runs:
-        print("vllm_job: no scenario of the kernels' kinds among those given", file=sys.stderr)
-        return 2
+    planned = plan_job(
+        "vllm_job", args, cpu_replays=CPU_REPLAYS, plan_runs=plan_runs,
+        unavailable=None if reason is None else f"vLLM's kernel files unavailable: {reason}",
+    )  # fmt: skip
+    if isinstance(planned, int):
+        return planned
+    replays, runs = planned
     env = environment()
     env["vllm_files"] = str(vllm_root())
     env["vllm_stubs"] = "; ".join(f"{k} ({v})" for k, v in vllm_client.STUBBED_IMPORTS.items())
     completed = run_checks(runs, timeout=args.timeout, quiet=args.quiet, job="vllm_job")
-    doc = {
-        "environment": env,
-        "replays": "the scenario's steps" if replays is None else str(replays),
-        "complete": completed,
-        "runs": [run_doc(r) for r in runs],
-    }
+    doc = job_doc(env, replays, completed, runs)
     write_reports(doc, markdown(doc), args)
     return 0 if completed else 130
 
