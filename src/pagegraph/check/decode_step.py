@@ -29,7 +29,7 @@ cache_seqlens" (A = B), "padded rows contained" (B = C, real rows finite), "sent
 untouched" (the KV page past every allocated one keeps its values after capture and each
 replay), "replays completed" (no replay raised; in a child process, ``pagegraph.check.isolate``,
 the process did not die). The first failing row of each is named with its replay, bucket and
-inputs.
+inputs. A step's replays go to the judges of ``pagegraph.check.step_judges``, one a property.
 
 On CUDA the report also times each bucket, every row real (the running requests repeated to
 fill it): the device time of one step, of the builder alone and of the consumer alone, each
@@ -51,11 +51,9 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass
 
-import numpy as np
 import torch
 
 from ..consumers.paged_attention import BLOCK_N, TOKENS_PER_SPLIT
-from ..consumers.reference import attend, live_kv, tolerances
 from ..graph.buckets import Buckets, resolve_padding
 from ..graph.emulate import describe_frozen
 from ..kernels.contract import cdiv
@@ -75,6 +73,7 @@ from .plan import CheckPlan, plan_check
 from .report import BucketStats, PropertyResult, Report
 from .signals import stop_requested
 from .state import CheckHooks
+from .step_judges import STEP_JUDGES, StepBatch, StepJudge, StepReplays
 from .step_report import STEP_PROPERTIES, StepSection
 from .workload_setup import pool_kwargs, workload_kwargs
 
@@ -143,6 +142,8 @@ class _Run:
     padded_replays: int = 0
     #: told the phase reached (``check_decode_step``'s ``on_phase``)
     on_phase: Callable[[str], None] | None = None
+    #: what judges each step's replays (``pagegraph.check.step_judges``)
+    judges: tuple[StepJudge, ...] = STEP_JUDGES
 
 
 def check_decode_step(
@@ -340,32 +341,18 @@ def _replays(run: _Run, progress, on_report, stop_on_failure: bool) -> None:
 # -- one step ------------------------------------------------------------------------------------
 
 
-@dataclass
-class _Batch:
-    """A step's batch and the host model's view of it."""
-
-    index: int
-    bucket: int
-    rpi: list[int]
-    lens: list[int]
-    #: each real row's ``(page ids up to its length, length)``
-    rows: list[tuple[list[int], int]]
-    #: every page a running request holds
-    live: torch.Tensor
-
-
-def _model(run: _Run, k: int, step) -> _Batch:
+def _model(run: _Run, k: int, step) -> StepBatch:
     reqs = run.pool.requests
     rpi = [int(r) for r in step.req_pool_indices]
     lens = [int(n) for n in step.seq_lens]
     ps = run.cfg.page_size
     rows = [(reqs[r].pages[: cdiv(n, ps)], n) for r, n in zip(rpi, lens)]
     live = torch.tensor(sorted({p for r in reqs.values() for p in r.pages}), dtype=torch.int32)
-    return _Batch(k, run.buckets.bucket_for(len(rpi)), rpi, lens, rows, live)
+    return StepBatch(k, run.buckets.bucket_for(len(rpi)), rpi, lens, rows, live)
 
 
 def _one_step(run: _Run, k: int, step) -> None:
-    """Stage, replay A/B/C (module docstring) and judge one step."""
+    """Stage, replay A/B/C (module docstring), then let each judge judge the step."""
     g, b = run.graphs, _model(run, k, step)
     n, bucket = len(b.rpi), b.bucket
     g.req_pool_indices[:n].copy_(torch.tensor(b.rpi))
@@ -386,35 +373,18 @@ def _one_step(run: _Run, k: int, step) -> None:
     g.replay(bucket)
     out_b = g.out[:n].clone()
     sentinel = sentinel and g.sentinel_intact()
-    _judge_output(run, b, out_a)
-    changed = _changed_rows(out_a, out_b)
-    if changed:
-        i = changed[0]
-        run.props["consumer reads only within cache_seqlens"].fail(
-            f"{_where(b, i)}: the output changed when only entries past the length changed "
-            f"(the table's stale tail, the last page's slots past the length); "
-            f"{len(changed)} row(s) changed"
-        )  # fmt: skip
+    out_c = None
     if n < bucket:
         run.padded_replays += 1
         _padded_queries(g, n, bucket, finite=run.gen)
         g.replay(bucket)
         sentinel = sentinel and g.sentinel_intact()
-        _judge_padded(run, b, out_b, g.out[:n].clone())
-    if not sentinel:
-        run.props["sentinel page untouched"].fail(
-            f"replay {k} (bucket {bucket}): page {g.sentinel} of the KV cache, which no "
-            "request holds, changed"
-        )  # fmt: skip
+        out_c = g.out[:n].clone()
+    replays = StepReplays(out_a, out_b, out_c, sentinel)
+    for judge in run.judges:
+        judge.judge(run, b, replays)
     stats = run.report.buckets.setdefault(bucket, BucketStats(bucket))
     stats.replays += 1
-
-
-def _where(b: _Batch, i: int) -> str:
-    return (
-        f"replay {b.index} (bucket {b.bucket}): row {i} (req_pool_index {b.rpi[i]}, "
-        f"seq_len {b.lens[i]}, {len(b.rpi)} real rows)"
-    )
 
 
 def _padded_queries(g: StepGraphs, n: int, bucket: int, finite) -> None:
@@ -429,7 +399,7 @@ def _padded_queries(g: StepGraphs, n: int, bucket: int, finite) -> None:
     pad[1::2] = float("inf")
 
 
-def _poison_tails(run: _Run, b: _Batch, before: tuple | None = None,
+def _poison_tails(run: _Run, b: StepBatch, before: tuple | None = None,
                   nan_page: bool = False) -> tuple:  # fmt: skip
     """Fill the whole table of the bucket (and CSR's ``kv_indices``) with ids of live pages
     drawn at random, each entry a different page than ``before`` (the picks this returned
@@ -459,7 +429,7 @@ def _poison_tails(run: _Run, b: _Batch, before: tuple | None = None,
     return tuple(picks)
 
 
-def _renew_past_length(run: _Run, b: _Batch) -> None:
+def _renew_past_length(run: _Run, b: StepBatch) -> None:
     """New random K and V in each real row's last page past its length (tokens that row
     does not hold yet; no other request owns them)."""
     ps, pages, slots = run.cfg.page_size, [], []
@@ -474,57 +444,6 @@ def _renew_past_length(run: _Run, b: _Batch) -> None:
     dims = (len(pages), g.shape.num_kv_heads, g.shape.head_dim)
     for cache in (g.k_cache, g.v_cache):
         cache[idx] = torch.randn(dims, generator=run.gen).to(cache.dtype).to(g.device)
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.view(torch.int16) if t.element_size() == 2 else t.view(torch.int32)
-
-
-def _changed_rows(a: torch.Tensor, b: torch.Tensor) -> list[int]:
-    """Rows whose bits differ (NaN included: a NaN row that stays NaN is unchanged)."""
-    diff = (_bits(a) != _bits(b)).flatten(1).any(1)
-    return np.flatnonzero(diff.cpu().numpy()).tolist()
-
-
-def _judge_output(run: _Run, b: _Batch, out: torch.Tensor) -> None:
-    """Real rows finite and within the reference's tolerance."""
-    g = run.graphs
-    q = g.q[: len(b.rpi)]
-    kv = live_kv(g.k_cache, g.v_cache, b.rows, run.cfg.page_size)
-    ref = attend(q, kv)
-    atol, rtol = tolerances(q, kv)
-    err = (out.float() - ref.float()).abs().flatten(1)
-    allowed = atol.to(out.device)[:, None] + rtol * ref.float().abs().flatten(1)
-    finite = torch.isfinite(out.float()).flatten(1).all(1)
-    bad_rows = (~finite | (err > allowed).any(1)).cpu()
-    run.report.step.rows_checked += len(b.rpi)
-    wrong = np.flatnonzero(bad_rows.numpy()).tolist()
-    run.report.buckets.setdefault(b.bucket, BucketStats(b.bucket)).mismatches += len(wrong)
-    if not wrong:
-        return
-    i = wrong[0]
-    what = (
-        "non-finite output"
-        if not bool(finite[i])
-        else f"max |out - ref| {float(err[i].max()):.4g} > allowed "
-        f"{float(allowed[i][err[i].argmax()]):.4g} (atol {float(atol[i]):.3g}, rtol {rtol:.3g})"
-    )
-    run.props["output correct through the consumer"].fail(
-        f"{_where(b, i)}: {what}; {len(wrong)} wrong row(s) in this replay"
-    )
-
-
-def _judge_padded(run: _Run, b: _Batch, nan_pads: torch.Tensor, finite_pads: torch.Tensor):
-    """Real rows finite with NaN/Inf padded queries, and unchanged when those turn finite."""
-    finite = torch.isfinite(nan_pads.float()).flatten(1).all(1).cpu().numpy()
-    bad = sorted(set(np.flatnonzero(~finite).tolist()) | set(_changed_rows(nan_pads, finite_pads)))
-    if bad:
-        i = bad[0]
-        what = "is non-finite" if not finite[i] else "changed"
-        run.props["padded rows contained"].fail(
-            f"{_where(b, i)} {what} with NaN/Inf queries in padded rows "
-            f"{len(b.rpi)}..{b.bucket - 1}; {len(bad)} real row(s) affected"
-        )
 
 
 def _details(run: _Run) -> None:

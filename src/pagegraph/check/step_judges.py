@@ -1,0 +1,168 @@
+"""The decode step's judges of the attention's output (``StepJudge``), one a property.
+
+A step (``pagegraph.check.decode_step``) replays each batch up to three times on the same
+live data and hands every judge the batch (``StepBatch``) and what the replays gave
+(``StepReplays``); each judge folds that into its property. The step's bench runs the judges
+in ``STEP_JUDGES`` order, as the tables check runs its ``ReplayJudge`` s; a judge added here
+is a property the step reports (``pagegraph.check.step_report.STEP_PROPERTIES`` says what
+each covers).
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from typing import Protocol
+
+import numpy as np
+import torch
+
+from ..consumers.reference import attend, live_kv, tolerances
+from .report import BucketStats
+
+__all__ = ["STEP_JUDGES", "StepBatch", "StepJudge", "StepReplays", "changed_rows"]
+
+
+@dataclass
+class StepBatch:
+    """A step's batch and the host model's view of it."""
+
+    index: int
+    bucket: int
+    #: each real row's request slot and length (``int``)
+    rpi: list[int]
+    lens: list[int]
+    #: each real row's ``(page ids up to its length, length)``
+    rows: list[tuple[list[int], int]]
+    #: every page a running request holds, int32 ``[live]`` on the host
+    live: torch.Tensor
+
+    def where(self, i: int) -> str:
+        """Real row ``i`` with its replay, bucket and inputs, for a failure's text."""
+        return (
+            f"replay {self.index} (bucket {self.bucket}): row {i} (req_pool_index "
+            f"{self.rpi[i]}, seq_len {self.lens[i]}, {len(self.rpi)} real rows)"
+        )
+
+
+@dataclass
+class StepReplays:
+    """What one step's replays gave: the real rows' outputs ``[n, heads, head_dim]`` of
+    replay A (stale tails name other live pages, padded queries NaN/Inf), B (other stale ids,
+    new values past each length) and C (finite padded queries; None when ``n`` fills the
+    bucket), and whether the sentinel page stayed intact through all of them."""
+
+    out_a: torch.Tensor
+    out_b: torch.Tensor
+    out_c: torch.Tensor | None
+    sentinel_intact: bool
+
+
+class StepJudge(Protocol):
+    """A judge of a step's replays: ``judge`` folds what ``replays`` gave on ``batch`` into
+    ``run.props[property_name]`` (``run``: the step's run, with ``cfg``, ``graphs``,
+    ``props`` and ``report``)."""
+
+    property_name: str
+
+    def judge(self, run, batch: StepBatch, replays: StepReplays) -> None: ...
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    return t.view(torch.int16) if t.element_size() == 2 else t.view(torch.int32)
+
+
+def changed_rows(a: torch.Tensor, b: torch.Tensor) -> list[int]:
+    """Rows whose bits differ (NaN included: a NaN row that stays NaN is unchanged)."""
+    diff = (_bits(a) != _bits(b)).flatten(1).any(1)
+    return np.flatnonzero(diff.cpu().numpy()).tolist()
+
+
+class OutputCorrect:
+    """Replay A's real rows finite and within the reference's tolerance of dense fp32
+    attention over the host model's pages, up to each row's length."""
+
+    property_name = "output correct through the consumer"
+
+    def judge(self, run, batch: StepBatch, replays: StepReplays) -> None:
+        out, g = replays.out_a, run.graphs
+        q = g.q[: len(batch.rpi)]
+        kv = live_kv(g.k_cache, g.v_cache, batch.rows, run.cfg.page_size)
+        ref = attend(q, kv)
+        atol, rtol = tolerances(q, kv)
+        err = (out.float() - ref.float()).abs().flatten(1)
+        allowed = atol.to(out.device)[:, None] + rtol * ref.float().abs().flatten(1)
+        finite = torch.isfinite(out.float()).flatten(1).all(1)
+        bad_rows = (~finite | (err > allowed).any(1)).cpu()
+        run.report.step.rows_checked += len(batch.rpi)
+        wrong = np.flatnonzero(bad_rows.numpy()).tolist()
+        stats = run.report.buckets.setdefault(batch.bucket, BucketStats(batch.bucket))
+        stats.mismatches += len(wrong)
+        if not wrong:
+            return
+        i = wrong[0]
+        what = (
+            "non-finite output"
+            if not bool(finite[i])
+            else f"max |out - ref| {float(err[i].max()):.4g} > allowed "
+            f"{float(allowed[i][err[i].argmax()]):.4g} (atol {float(atol[i]):.3g}, "
+            f"rtol {rtol:.3g})"
+        )
+        run.props[self.property_name].fail(
+            f"{batch.where(i)}: {what}; {len(wrong)} wrong row(s) in this replay"
+        )
+
+
+class ReadsWithinLength:
+    """Replays A and B bit-identical on every real row: only entries past each length (the
+    stale tail's ids, the last page's slots past the length) changed between them."""
+
+    property_name = "consumer reads only within cache_seqlens"
+
+    def judge(self, run, batch: StepBatch, replays: StepReplays) -> None:
+        changed = changed_rows(replays.out_a, replays.out_b)
+        if changed:
+            run.props[self.property_name].fail(
+                f"{batch.where(changed[0])}: the output changed when only entries past the "
+                "length changed (the table's stale tail, the last page's slots past the "
+                f"length); {len(changed)} row(s) changed"
+            )
+
+
+class PaddedRowsContained:
+    """With padded rows (replay C ran), real rows finite under NaN/Inf padded queries (B) and
+    bit-identical once those turn finite (C)."""
+
+    property_name = "padded rows contained"
+
+    def judge(self, run, batch: StepBatch, replays: StepReplays) -> None:
+        if replays.out_c is None:
+            return
+        nan_pads = replays.out_b
+        finite = torch.isfinite(nan_pads.float()).flatten(1).all(1).cpu().numpy()
+        bad = set(np.flatnonzero(~finite).tolist()) | set(changed_rows(nan_pads, replays.out_c))
+        if bad:
+            i = min(bad)
+            what = "is non-finite" if not finite[i] else "changed"
+            run.props[self.property_name].fail(
+                f"{batch.where(i)} {what} with NaN/Inf queries in padded rows "
+                f"{len(batch.rpi)}..{batch.bucket - 1}; {len(bad)} real row(s) affected"
+            )
+
+
+class SentinelUntouched:
+    """The KV page past every allocated one unchanged through the step's replays."""
+
+    property_name = "sentinel page untouched"
+
+    def judge(self, run, batch: StepBatch, replays: StepReplays) -> None:
+        if not replays.sentinel_intact:
+            run.props[self.property_name].fail(
+                f"replay {batch.index} (bucket {batch.bucket}): page {run.graphs.sentinel} of "
+                "the KV cache, which no request holds, changed"
+            )
+
+
+#: The step's judges, in the order they judge a step (each its property of STEP_PROPERTIES).
+STEP_JUDGES: tuple[StepJudge, ...] = (
+    OutputCorrect(), ReadsWithinLength(), PaddedRowsContained(), SentinelUntouched(),
+)  # fmt: skip
