@@ -98,4 +98,8 @@ def test_sentinel_judge_fails_only_when_the_sentinel_changed():
     assert run.props[judge.property_name].status == "pass"
     judge.judge(run, _batch(), StepReplays(out, out, None, False))
     prop = run.props[judge.property_name]
-    assert prop.status == "FAIL" and "page 9" in prop.first_failure and "replay 5" in prop.first_failure
+    assert (
+        prop.status == "FAIL"
+        and "page 9" in prop.first_failure
+        and "replay 5" in prop.first_failure
+    )
