@@ -320,9 +320,11 @@ def test_seeded_sweep_matches_oracle(seed):
         seed, num_reqs, num_rows, width, max_bs=num_rows + draw(0, 3), extra_cols=draw(0, 5)
     )
     if seed % 2:
-        hostile = torch.randint(0, counts.shape[0], (3,), generator=gen)
-        counts[hostile] = torch.tensor([-7, width + 1, 2**31 - 1], dtype=torch.int32)
-        idx[: min(2, idx.shape[0])] = torch.tensor([-1, 10**6], dtype=torch.int32)[: idx.shape[0]]
+        hostile = torch.randint(0, counts.shape[0], (3,), generator=gen).to(counts.device)
+        counts[hostile] = torch.tensor([-7, width + 1, 2**31 - 1], dtype=torch.int32,
+                                       device=counts.device)  # fmt: skip
+        bad = torch.tensor([-1, 10**6], dtype=torch.int32, device=idx.device)
+        idx[: min(2, idx.shape[0])] = bad[: idx.shape[0]]
     got, want = run_both(gather_block_tables, table, counts, idx, out_big, out, batch)
     assert_equal_tables(got, want, "out buffer")
     assert_frame_intact(got, out.shape[0], width)

@@ -11,6 +11,7 @@ import torch
 
 from pagegraph.check.checker import check_replay_safety
 from pagegraph.check.config import CheckConfig
+from pagegraph.kernels.contract import interpreter_active
 from pagegraph.kernels.page_table import build_page_table
 
 GRAPH_SAFE = "graph-safe (captured short, replayed long)"
@@ -34,12 +35,20 @@ def frozen_at_capture(req_to_token, req_pool_indices, seq_lens, page_table, page
     build_page_table(req_to_token, req_pool_indices, seq_lens, page_table[:, :n], page_size, **kw)
 
 
+#: The CPU checks run pagegraph's Triton kernel on host tensors, which only the interpreter can
+#: (a GPU machine runs the CUDA twins below).
+needs_interpreter = pytest.mark.skipif(
+    not interpreter_active(), reason="CPU tensors need the Triton interpreter"
+)
+
+
 def wrong_row(req_to_token, req_pool_indices, seq_lens, page_table, page_size, **kw):
     """Each row built from the next row's request: wrong in eager calls and replays alike."""
     build_page_table(req_to_token, req_pool_indices.roll(1), seq_lens, page_table, page_size,
                      **kw)  # fmt: skip
 
 
+@needs_interpreter
 def test_without_a_capture_graph_safe_is_a_skip_not_a_pass():
     report = check_replay_safety(build_page_table, SMALL.replace(steps=6, emulate=False),
                                  device="cpu")  # fmt: skip
@@ -49,6 +58,7 @@ def test_without_a_capture_graph_safe_is_a_skip_not_a_pass():
     assert "nothing was captured" in prop.detail
 
 
+@needs_interpreter
 def test_emulated_graphs_judge_graph_safe_both_ways():
     """On the CPU an emulated capture freezes what the builder decided on the host: the
     frozen builder fails graph-safe, the wrong-row one fails correct and passes it."""

@@ -29,6 +29,7 @@ from pagegraph.detect.sync import (
     parse_detectors,
     record_device_syncs,
 )
+from pagegraph.kernels.contract import interpreter_active
 from pagegraph.kernels.decode_metadata import build_decode_metadata
 from pagegraph.kernels.kv_indices import build_kv_indices
 
@@ -264,8 +265,7 @@ def synchronize_sync(t):
 
 
 def synchronize_twin(t):
-    if torch.cuda.is_available():
-        torch.cuda.synchronize()
+    torch.cuda.is_available()  # a host query of the CUDA module: no wait
     return t
 
 
@@ -435,16 +435,21 @@ def _page_table_args(seed: int):
 
 
 def test_pagegraphs_triton_builders_make_no_event():
-    r2t, rpi, sl, bs, ps, width = _page_table_args(3)
-    table = torch.full((bs, width), -1, dtype=torch.int32)
+    """The kernels on the device they run on (the CPU under the interpreter, else CUDA)."""
+    dev = "cpu" if interpreter_active() else "cuda"
+    r2t, rpi, sl, bs, ps, width = (
+        x.to(dev) if isinstance(x, torch.Tensor) else x for x in _page_table_args(3)
+    )
+    i32 = {"dtype": torch.int32, "device": dev}
+    table = torch.full((bs, width), -1, **i32)
     meta = {
-        "page_table": torch.full((bs, width), -1, dtype=torch.int32),
-        "cache_seqlens": torch.zeros(bs, dtype=torch.int32),
-        "cu_seqlens_k": torch.zeros(bs + 1, dtype=torch.int32),
-        "cu_seqlens_q": torch.zeros(bs + 1, dtype=torch.int32),
+        "page_table": torch.full((bs, width), -1, **i32),
+        "cache_seqlens": torch.zeros(bs, **i32),
+        "cu_seqlens_k": torch.zeros(bs + 1, **i32),
+        "cu_seqlens_q": torch.zeros(bs + 1, **i32),
     }
-    indptr = torch.zeros(bs + 1, dtype=torch.int32)
-    indices = torch.full((bs * width,), -1, dtype=torch.int32)
+    indptr = torch.zeros(bs + 1, **i32)
+    indices = torch.full((bs * width,), -1, **i32)
     with record_device_syncs("cpu") as rec:
         build_page_table(r2t, rpi, sl, table, ps)
         build_decode_metadata(r2t, rpi, sl, ps, **meta)
