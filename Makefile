@@ -108,11 +108,13 @@ soak: $(SETUP)
 
 # The checker against the mutant zoo: every mutant must die, the controls stay SAFE. Builders
 # run one a core, at most 12 (the checks too big for every worker at once share a few slots of
-# memory: pagegraph.jobs.mutate.memory_slots).
+# memory: pagegraph.jobs.mutate.memory_slots). A mutant stops at its first kill, cheapest
+# scenarios first; MUTATE_FLAGS=--every-scenario checks it everywhere (the whole matrix).
 MUTATE_SCENARIOS ?= $(wildcard graphs/*.toml)
+MUTATE_FLAGS ?=
 MUTATE_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n < 12 ? n : 12 )))
 mutate: $(SETUP)
-	$(PY) -m pagegraph mutate $(MUTATE_SCENARIOS) --jobs $(MUTATE_JOBS) --json profiles/mutate.json --markdown profiles/mutate.md
+	$(PY) -m pagegraph mutate $(MUTATE_SCENARIOS) --jobs $(MUTATE_JOBS) --json profiles/mutate.json --markdown profiles/mutate.md $(MUTATE_FLAGS)
 
 # SGLang's metadata kernels on every scenario that fits them, and the findings' reproducers
 # (examples/) run again: exit 0 when the job ran, whatever it found.

@@ -107,6 +107,7 @@ GPU_HEAVY: dict[str, tuple[str, ...]] = {
         "test_the_job_writes_a_verdict_per_pair",
     ),
     "test_worker_pool.py": (
+        "test_a_mutant_stops_at_its_first_kill_and_the_killed_set_is_the_same",
         "test_a_crashing_check_is_reported_as_a_fresh_child_reports_it",
         "test_mutate_with_warm_workers_matches_a_fresh_child_per_builder",
         "test_tasks_are_spread_over_warm_workers",

@@ -15,9 +15,11 @@ import pytest
 import torch
 
 from pagegraph.check.checker import PROPERTIES
+from pagegraph.check.config import CheckConfig
 from pagegraph.check.decode_step import STEP_PROPERTIES
 from pagegraph.check.isolate import run_isolated
 from pagegraph.check.mutants import CONTROLS, MUTANTS
+from pagegraph.check.report import Report
 from pagegraph.jobs.mutate import (
     Outcome,
     format_kill_table,
@@ -53,7 +55,7 @@ def test_the_zoo_is_big_and_documented():
 def test_every_cpu_killable_mutant_dies_on_the_cpu_scenarios(tmp_path, capsys):
     out = tmp_path / "kill.json"
     code = run_mutate([DEFAULT, SPEC], mutants=TABLE_MUTANTS, replays=40, jobs=2, timeout=300,
-                      json_path=str(out), quiet=True)  # fmt: skip
+                      json_path=str(out), quiet=True, every_scenario=True)  # fmt: skip
     text = capsys.readouterr().out
     doc = json.loads(out.read_text())
     assert doc["survivors"] == [] and doc["bad_controls"] == [], text
@@ -172,6 +174,19 @@ def test_smallest_killing_set_is_a_cover():
         outcome("d", {}),
     ]
     assert smallest_killing_set(outcomes, ["s1", "s2", "s3"]) == ["s2", "s3"]
+
+
+def test_a_mutant_stopped_at_its_first_kill_says_where_it_was_not_checked():
+    o = Outcome("floor_last_page", "a bug.", False)
+    o.killers = lambda: {"s2": "correct"}
+    o.reports = {"s2": Report("floor_last_page", CheckConfig(), "cpu", False)}
+    o.not_checked_after_kill = ["s1", "s3"]
+    table = format_kill_table([o], ["s1", "s2", "s3"])
+    assert "| killed | s2 | correct | s2 (then not checked on 2 more) |" in table
+    matrix = format_matrix([o], ["s1", "s2", "s3"])
+    assert "| floor_last_page | (killed before) | correct | (killed before) |" in matrix
+    o.not_checked_after_kill = []  # every scenario checked: nothing said
+    assert "| killed | s2 | correct | s2 |" in format_kill_table([o], ["s1", "s2", "s3"])
 
 
 def test_mutate_jobs_skip_the_decode_steps_timing_and_stop_mutants_early():

@@ -75,6 +75,24 @@ def test_weighed_items_estimate_the_time_left_by_weight():
     assert unweighed.line().endswith("about 2 s left")
 
 
+def test_items_forgone_leave_the_total_and_the_time_left():
+    # Two of five checks of weight 4 dropped (a mutant killed before them): 3 to do, and the
+    # time left counts only what is still to run.
+    p, clock, out = make(total=5)
+    p.total_weight = 20.0
+    clock.now += 1.0
+    p.advance(weight=4.0)
+    clock.now += 4.0  # 1 s a unit of weight
+    p.advance(weight=4.0)
+    assert p.line() == "pagegraph check: default: 2/5 replays, 5 s elapsed, about 12 s left"
+    p.forgo(2, weight=8.0)
+    assert p.total == 3
+    assert p.line() == "pagegraph check: default: 2/3 replays, 5 s elapsed, about 4 s left"
+    clock.now += 4.0
+    p.advance(weight=4.0)
+    assert out.getvalue().splitlines()[-1].endswith("3/3 replays, 9 s elapsed, done")
+
+
 def test_at_most_one_line_a_period_and_one_at_the_end():
     p, clock, out = make(total=100)
     for i in range(1, 101):

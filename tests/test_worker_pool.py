@@ -155,3 +155,36 @@ def test_mutate_with_warm_workers_matches_a_fresh_child_per_builder(tmp_path, ca
     # The kill-table image, beside the Markdown report and shown in it.
     assert (tmp_path / "True.png").stat().st_size > 0
     assert "![kill table](True.png)" in (tmp_path / "True.md").read_text()
+
+
+@pytest.mark.cpu_heavy
+def test_a_mutant_stops_at_its_first_kill_and_the_killed_set_is_the_same(tmp_path, capsys):
+    """By default a killed mutant's checks not yet started are dropped (the pool runs
+    cheapest first): fewer checks, the same mutants killed, the same controls SAFE, and
+    each mutant's dropped scenarios named; --every-scenario checks them all."""
+    scenarios = [str(ROOT / "graphs" / name) for name in ("default.toml", "spec-metadata.toml")]
+    mutants = ["floor_last_page", "no_row_clamp"]
+    docs = {}
+    for every in (False, True):
+        out = tmp_path / f"{every}.json"
+        code = run_mutate(scenarios, mutants=mutants, replays=8, jobs=2, timeout=300,
+                          json_path=str(out), quiet=True, every_scenario=every)  # fmt: skip
+        assert code == 0, capsys.readouterr().out
+        docs[every] = {b["name"]: b for b in json.loads(out.read_text())["builders"]}
+    first, every = docs[False], docs[True]
+    for name in mutants:
+        assert first[name]["killed"] and every[name]["killed"]
+        assert set(first[name]["killers"]) <= set(every[name]["killers"])
+        assert every[name]["not_checked_after_kill"] == []
+        ran = set(first[name]["reports"])
+        assert ran.isdisjoint(first[name]["not_checked_after_kill"])
+        assert ran | set(first[name]["not_checked_after_kill"]) == {"default", "spec-metadata"}
+    # floor_last_page dies on both scenarios: one of its checks need not have run
+    assert every["floor_last_page"]["killers"].keys() == {"default", "spec-metadata"}
+    dropped = sum(len(first[n]["not_checked_after_kill"]) for n in mutants)
+    assert dropped >= 1, first
+    for name, b in first.items():
+        if b["control"] and not b["skipped"]:
+            assert b["not_checked_after_kill"] == [] and set(b["reports"]) == set(
+                every[name]["reports"]
+            ), name

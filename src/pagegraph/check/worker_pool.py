@@ -213,6 +213,16 @@ class WorkerPool:
             raise self._error
         return self._reports
 
+    def drop(self, unwanted) -> list[Task]:
+        """Take the pending tasks for which ``unwanted(task)`` is true out of the run (a
+        task already running is left to finish); returns them. Safe to call from
+        ``on_report``."""
+        with self._lock:
+            dropped = [t for t in self._pending if unwanted(t)]
+            self._pending = [t for t in self._pending if not unwanted(t)]
+            self._lock.notify_all()
+            return dropped
+
     def _take(self) -> Task | None:
         """The next task for a free worker (None: nothing left, or the run stops): a task
         whose slot is free, else the cheapest without slots; waits while only tasks with

@@ -13,6 +13,9 @@ The checks (one builder on one scenario each) run on ``--jobs N`` warm worker pr
 (``pagegraph.check.worker_pool``), which keep torch, Triton and the compiled kernels loaded
 from one check to the next; a worker that crashed, or whose check may have left it unfit
 (a failed capture, a raised replay, a broken CUDA context), is replaced by a fresh one.
+The checks run cheapest first, and once a mutant is killed its checks not yet started are
+dropped (the table says on how many scenarios it was not checked); ``--every-scenario``
+checks every mutant everywhere, for the whole matrix and the smallest killing set.
 The checks too big for every worker to hold at once on the GPU run in a few shared slots
 (``memory_slots``), whenever one is free, the others cheapest first: a control must not be
 called NOT SAFE because its neighbours took the memory. ``--fresh-processes`` runs
@@ -70,6 +73,8 @@ class Outcome:
     skipped: str | None = None  # why it was not run
     #: scenario -> why the builder cannot run there (a CSR builder on an SWA scenario)
     not_applicable: dict[str, str] = field(default_factory=dict)
+    #: scenarios a mutant was not checked on because another had killed it already
+    not_checked_after_kill: list[str] = field(default_factory=list)
 
     def killers(self) -> dict[str, str]:
         """scenario -> what killed it there (the first failing property, or the crash)."""
@@ -132,6 +137,8 @@ def format_kill_table(outcomes: list[Outcome], scenarios: list[str]) -> str:
             if first and o.reports[first].stopped and "process" in o.reports[first].stopped:
                 prop += " (process died)"
             where = ", ".join(s for s in scenarios if s in killers)
+            if o.not_checked_after_kill:
+                where += f" (then not checked on {len(o.not_checked_after_kill)} more)"
         lines.append(f"| {o.name} | {o.bug} | {result} | {first} | {prop} | {where} |")
     return "\n".join(lines)
 
@@ -148,6 +155,8 @@ def format_matrix(outcomes: list[Outcome], scenarios: list[str]) -> str:
             r = o.reports.get(s)
             if s in o.not_applicable:
                 cells.append("n/a")
+            elif s in o.not_checked_after_kill:
+                cells.append("(killed before)")
             elif r is None:
                 cells.append("")
             elif s in killers:
@@ -171,11 +180,14 @@ def run_mutate(
     quiet: bool = False,
     pool: bool = True,
     png_path: str | None = None,
+    every_scenario: bool = False,
 ) -> int:
     """Run the kill table; see the module docstring. ``gpu_mutants``: also run the mutants
     that can only die on a GPU (default: when CUDA is present). ``pool``: warm worker
-    processes (False: a fresh child per builder). ``png_path``: the kill-table image there
-    (default: beside ``markdown_path``)."""
+    processes (False: a fresh child per builder, every scenario checked). ``png_path``: the
+    kill-table image there (default: beside ``markdown_path``). ``every_scenario``: check a
+    mutant on every scenario even once killed (the whole matrix; else the warm workers drop
+    a mutant's checks not yet started once one killed it)."""
     try:
         if timeout is not None and timeout <= 0:
             raise ValueError("--timeout must be > 0 seconds")
@@ -203,7 +215,7 @@ def run_mutate(
                 tasks = _pool_tasks(outcomes, loaded, replays, slots)
                 with progress.heartbeat():
                     _check_in_pool(outcomes, loaded, tasks, jobs, timeout, quiet, Path(tmp),
-                                   progress)  # fmt: skip
+                                   progress, first_kill=not every_scenario)  # fmt: skip
             else:
                 workers = min(jobs, sum(1 for o in outcomes if not o.skipped))
                 slots = memory_slots(configs, workers, Path(tmp))
@@ -226,13 +238,17 @@ def run_mutate(
     ]
     smallest = smallest_killing_set(outcomes, labels)
     not_run = sum(1 for o in outcomes if not o.control and o.skipped)
+    partial = any(o.not_checked_after_kill for o in outcomes)
     summary = (
         f"pagegraph mutate: {sum(o.killed for o in ran)}/{len(ran)} mutants killed"
         + (f" ({not_run} not run: see the table)" if not_run else "")
         + ", "
         + f"{len(bad_controls)} control(s) not SAFE, over {len(labels)} scenario(s) in "
-        f"{elapsed:.0f} s; smallest killing set: {', '.join(smallest) or '-'}"
-    )
+        f"{elapsed:.0f} s; "
+        + ("a killing set among the checks run (a mutant stopped at its first kill; "
+           "--every-scenario for the smallest): " if partial else "smallest killing set: ")
+        + (", ".join(smallest) or "-")
+    )  # fmt: skip
     table = format_kill_table(outcomes, labels)
     matrix = format_matrix(outcomes, labels)
     _print_results(table, matrix, survivors, bad_controls, summary)
@@ -483,10 +499,13 @@ def _pool_tasks(
 
 def _check_in_pool(outcomes: list[Outcome], loaded: list, tasks: list[Task], jobs: int,
                    timeout: float | None, quiet: bool, tmp: Path,
-                   progress: Progress | None = None) -> None:  # fmt: skip
+                   progress: Progress | None = None, first_kill: bool = False) -> None:  # fmt: skip
     """Run ``tasks`` on ``jobs`` warm workers, into the outcomes' reports (in scenario
     order); unless ``quiet``, a builder's progress line once its last check is done (with
-    the seconds its checks took)."""
+    the seconds its checks took). With ``first_kill``, a mutant's checks not yet started
+    are dropped once one of its reports fails a property (``Outcome.not_checked_after_kill``
+    names their scenarios): the tasks run cheapest first, so a mutant's expensive scenarios
+    run only while nothing cheaper has killed it."""
     left = Counter(t.key[0] for t in tasks)
     done: dict[int, dict[str, Report]] = {k: {} for k in left}
     seconds = Counter()
@@ -498,6 +517,13 @@ def _check_in_pool(outcomes: list[Outcome], loaded: list, tasks: list[Task], job
         left[k] -= 1
         if progress is not None:
             progress.advance(detail=f"{outcomes[k].name} on {label}", weight=task.cost)
+        o = outcomes[k]
+        if first_kill and not o.control and any(p.status == "FAIL" for p in report.properties):
+            dropped = pool.drop(lambda t: t.key[0] == k)
+            left[k] -= len(dropped)
+            o.not_checked_after_kill += [t.key[1] for t in dropped]
+            if progress is not None and dropped:
+                progress.forgo(len(dropped), weight=sum(t.cost for t in dropped))
         if left[k] == 0:
             o = outcomes[k]
             o.reports.update((s.name, done[k][s.name]) for s in loaded if s.name in done[k])
@@ -557,6 +583,7 @@ def _write_json(
                     "killed": o.killed if not o.control else None,
                     "killers": o.killers(),
                     "not_applicable": o.not_applicable,
+                    "not_checked_after_kill": o.not_checked_after_kill,
                     "reports": {s: r.to_dict() for s, r in o.reports.items()},
                 }
                 for o in outcomes
@@ -623,6 +650,11 @@ def add_arguments(parser):
     parser.add_argument("--fresh-processes", dest="pool", action="store_false",
                         help="a fresh child process per builder instead of warm workers "
                         "(slower; the reports are the same)")  # fmt: skip
+    parser.add_argument("--every-scenario", action="store_true",
+                        help="check each mutant on every scenario even once one killed it "
+                        "(the whole matrix and the smallest killing set; slower: by default "
+                        "a mutant's checks stop at its first kill, cheapest scenarios "
+                        "first)")  # fmt: skip
     parser.add_argument("--quiet", action="store_true",
                         help="only a progress line every 15 s on stderr, then the "
                         "summary")  # fmt: skip
@@ -642,4 +674,5 @@ def run(args) -> int:
         quiet=args.quiet,
         pool=args.pool,
         png_path=args.png_path,
+        every_scenario=args.every_scenario,
     )

@@ -115,6 +115,15 @@ class Progress:
                 self.detail = detail
             self._maybe_print(self._ended())
 
+    def forgo(self, n: int, weight: float = 0.0) -> None:
+        """``n`` planned items, weighing ``weight``, will not be done after all: the total
+        and the time left shrink by them."""
+        with self._lock:
+            self.total -= n
+            if self.total_weight:
+                self.total_weight -= weight
+            self._maybe_print(self._ended())
+
     def _note_first(self) -> None:
         if self._first is None and self.done > 0:
             self._first = (self.clock(), self._progress)
