@@ -3,9 +3,9 @@
 A step (``pagegraph.check.decode_step``) replays each batch up to three times on the same
 live data and hands every judge the batch (``StepBatch``) and what the replays gave
 (``StepReplays``); each judge folds that into its property. The step's bench runs the judges
-in ``STEP_JUDGES`` order, as the tables check runs its ``ReplayJudge`` s; a judge added here
-is a property the step reports (``pagegraph.check.step_report.STEP_PROPERTIES`` says what
-each covers).
+in ``STEP_JUDGES`` order, as the tables check runs its replay judges (``ReplayJudge``); a
+judge added here is a property the step reports (``pagegraph.check.step_report``'s
+``STEP_PROPERTIES`` says what each covers).
 """
 
 from __future__ import annotations
