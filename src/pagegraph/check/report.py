@@ -226,6 +226,10 @@ class Report:
     emulated: bool = False
     #: a decode-step check's own section (``pagegraph.check.step_report``), else None
     step: StepSection | None = None
+    #: wall seconds of the check process by phase (``pagegraph.check.pipeline``): "before"
+    #: (the process's start-up, imports and planning, up to the pipeline), "set-up",
+    #: "capture", "replays", "after replays", "release"
+    wall_s: dict = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if isinstance(self.graphs, bool):
@@ -334,6 +338,7 @@ class Report:
             "phase_us": self.phase_us,
             "workload_in_process": self.workload_in_process,
             "workload_start_ms": self.workload_start_ms,
+            "wall_s": self.wall_s,
             "detectors": list(self.detectors),
             "checked_on": self.checked_on(),
             "not_checked": self.not_checked(),
@@ -394,6 +399,7 @@ class Report:
         report.out_of_contract_replays = list(d.get("out_of_contract_replay_indices", []))
         report.capture_ms = d["capture_ms"]
         report.replays_per_s = d.get("replays_per_s", float("nan"))
+        report.wall_s = dict(d.get("wall_s", {}))
         report.detectors = tuple(d["detectors"])
         report.errors = dict(d["errors"])
         report.stopped = d.get("stopped")
@@ -408,6 +414,13 @@ class Report:
         if d.get("decode_step") is not None:
             report.step = StepSection.from_dict(d["decode_step"], report.config.consumer)
         return report
+
+    def wall_line(self) -> str:
+        """Where the check process's wall time went, by phase (empty without figures)."""
+        if not self.wall_s:
+            return ""
+        parts = ", ".join(f"{k} {v:.2f}" for k, v in self.wall_s.items())
+        return f"wall s by phase: {parts} (total {sum(self.wall_s.values()):.2f})"
 
     def replay_mode(self) -> str:
         return {"cuda": "CUDA graphs", "emulated": "emulated graphs", "none": "eager"}[self.graphs]
@@ -438,6 +451,7 @@ class Report:
                 if self.workload_in_process
                 else ""
             ),
+            *([self.wall_line()] if self.wall_s else []),
             "",
             "| bucket | replays | out of contract | mismatches | oob writes | escaped writes "
             "| syncs | replay us (median) |",

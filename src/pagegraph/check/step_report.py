@@ -110,6 +110,8 @@ def format_step_report(report) -> str:
         f"({report.replay_mode()}), {report.replays} replays, "
         f"{step.rows_checked} real rows checked, capture {report.capture_ms:.1f} ms",
     ]
+    if report.wall_s:
+        lines.append(report.wall_line())
     if step.shrunk:
         lines.append(step.shrunk)
     lines += ["", "| bucket | replays | wrong rows | step us | builder us | consumer us | "
