@@ -119,6 +119,20 @@ def test_checks_sharing_slots_go_first_while_a_slot_is_free(tmp_path):
     assert pool._busy_slots[slots] == 1 and not pool._pending
 
 
+def test_checks_in_cost_order_wait_their_turn_and_drop_takes_them_out(tmp_path):
+    """A mutant's big check waits behind cheaper ones (one of which may kill it), and the
+    checks dropped once it is killed are never handed out."""
+    slots = (str(tmp_path / "slot-0"),)
+    big = Task("big", Job("b", SMALL, memory_slots=slots), cost=100.0, in_cost_order=True)
+    small = [Task(f"small{i}", Job("b", SMALL), cost=float(i)) for i in range(3)]
+    pool = WorkerPool(3, tmp_path)
+    pool._pending = sorted([big, *small], key=lambda t: t.cost)
+    assert [pool._take().key for _ in range(2)] == ["small0", "small1"]
+    assert pool.drop(lambda t: t.key in ("big", "small0")) == [big]  # small0 already out
+    assert [pool._take().key] == ["small2"] and not pool._pending
+    assert pool._take() is None
+
+
 def test_tasks_are_ordered_by_cost():
     small, big = SMALL, SMALL.replace(steps=60, max_bs=12)
     assert task_cost(small) < task_cost(big)

@@ -70,6 +70,10 @@ class Task:
     key: object
     job: Job
     cost: float = 0.0
+    #: a task with memory slots normally starts as soon as a slot is free (the big checks
+    #: must not all wait for the end); with this set it waits its turn by cost like the
+    #: others (a check that may be dropped once a cheaper one decides, ``WorkerPool.drop``)
+    in_cost_order: bool = False
     #: seconds the check took in its worker, and that worker's process id (set by the pool)
     seconds: float = 0.0
     worker_pid: int | None = None
@@ -225,14 +229,22 @@ class WorkerPool:
 
     def _take(self) -> Task | None:
         """The next task for a free worker (None: nothing left, or the run stops): a task
-        whose slot is free, else the cheapest without slots; waits while only tasks with
-        every slot taken are left."""
+        whose slot is free (``in_cost_order`` ones excepted), else the cheapest without
+        slots or with a free one; waits while only tasks with every slot taken are left."""
+
+        def slot_free(t: Task) -> bool:
+            slots = t.job.memory_slots
+            return self._busy_slots.get(slots, 0) < len(slots)
+
         with self._lock:
             while self._pending and self._error is None:
-                free = [t for t in self._pending if t.job.memory_slots
-                        and self._busy_slots.get(t.job.memory_slots, 0)
-                        < len(t.job.memory_slots)]  # fmt: skip
-                plain = [t for t in self._pending if not t.job.memory_slots]
+                free = [
+                    t
+                    for t in self._pending
+                    if t.job.memory_slots and not t.in_cost_order and slot_free(t)
+                ]
+                plain = [t for t in self._pending if not t.job.memory_slots
+                         or (t.in_cost_order and slot_free(t))]  # fmt: skip
                 task = free[0] if free else (plain[0] if plain else None)
                 if task is not None:
                     self._pending.remove(task)

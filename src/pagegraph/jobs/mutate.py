@@ -214,7 +214,8 @@ def run_mutate(
             if pool:
                 tasks = _pool_tasks(outcomes, loaded, replays, {})
                 slots = memory_slots(configs, min(jobs, len(tasks)), Path(tmp))
-                tasks = _pool_tasks(outcomes, loaded, replays, slots)
+                tasks = _pool_tasks(outcomes, loaded, replays, slots,
+                                    first_kill=not every_scenario)  # fmt: skip
                 with progress.heartbeat():
                     _check_in_pool(outcomes, loaded, tasks, jobs, timeout, quiet, Path(tmp),
                                    progress, first_kill=not every_scenario)  # fmt: skip
@@ -483,10 +484,16 @@ def _print_progress(o: Outcome, seconds: float) -> None:
 
 
 def _pool_tasks(
-    outcomes: list[Outcome], loaded: list, replays: int | None, slots: dict[str, tuple[str, ...]]
+    outcomes: list[Outcome],
+    loaded: list,
+    replays: int | None,
+    slots: dict[str, tuple[str, ...]],
+    first_kill: bool = False,
 ) -> list[Task]:
     """A pool task per builder and scenario it fits, keyed ``(outcome index, scenario)``;
-    a builder that fits no scenario is marked skipped (its ``not_applicable`` filled in)."""
+    a builder that fits no scenario is marked skipped (its ``not_applicable`` filled in).
+    With ``first_kill`` a mutant's big checks wait their turn by cost (``in_cost_order``):
+    a cheaper check may kill it first, and they are then dropped."""
     tasks = []
     for k, o in enumerate(outcomes):
         if o.skipped:
@@ -495,7 +502,8 @@ def _pool_tasks(
         js = _fitted_jobs(_builder_spec(o), _scenario_jobs(loaded, replays, o.control, slots), o)
         if not js:
             o.skipped = "no scenario here fits its outputs"
-        tasks += [Task((k, j.label), j, task_cost(j.config)) for j in js]
+        defer = first_kill and not o.control
+        tasks += [Task((k, j.label), j, task_cost(j.config), in_cost_order=defer) for j in js]
     return tasks
 
 
