@@ -109,7 +109,7 @@ soak: $(SETUP)
 # The checker against the mutant zoo: every mutant must die, the controls stay SAFE. Builders
 # run one a core, at most 12 (the checks too big for every worker at once share a few slots of
 # memory: pagegraph.jobs.mutate.memory_slots). A mutant stops at its first kill, its cheap
-# scenarios mostly first; MUTATE_FLAGS=--every-scenario checks it everywhere (the whole matrix).
+# scenarios first; MUTATE_FLAGS=--every-scenario checks it everywhere (the whole matrix).
 MUTATE_SCENARIOS ?= $(wildcard graphs/*.toml)
 MUTATE_FLAGS ?=
 MUTATE_JOBS ?= $(shell n=$$(nproc 2>/dev/null || echo 2); echo $$(( n < 12 ? n : 12 )))

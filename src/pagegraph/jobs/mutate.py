@@ -14,8 +14,9 @@ The checks (one builder on one scenario each) run on ``--jobs N`` warm worker pr
 from one check to the next; a worker that crashed, or whose check may have left it unfit
 (a failed capture, a raised replay, a broken CUDA context), is replaced by a fresh one.
 Once a mutant is killed its checks not yet started are dropped (the table says on how many
-scenarios it was not checked): as the checks run cheapest first (but for the big ones below),
-a mutant's expensive scenarios mostly run only while nothing cheaper killed it.
+scenarios it was not checked): a mutant's checks run cheapest first, its big ones too (only
+the controls' big checks start whenever a memory slot is free, below), so its expensive
+scenarios run only while nothing cheaper killed it.
 ``--every-scenario`` checks every mutant everywhere, for the whole matrix and the smallest
 killing set.
 The checks too big for every worker to hold at once on the GPU run in a few shared slots
@@ -514,9 +515,9 @@ def _check_in_pool(outcomes: list[Outcome], loaded: list, tasks: list[Task], job
     order); unless ``quiet``, a builder's progress line once its last check is done (with
     the seconds its checks took). With ``first_kill``, a mutant's checks not yet started
     are dropped once one of its reports fails a property (``Outcome.not_checked_after_kill``
-    names their scenarios): the pool hands out the cheapest tasks first (a big task whenever
-    its memory slot is free), so a mutant's expensive scenarios mostly run only while nothing
-    cheaper has killed it."""
+    names their scenarios): the pool hands out the cheapest tasks first, a mutant's big ones
+    too (``_pool_tasks``: ``in_cost_order``), so its expensive scenarios run only while
+    nothing cheaper has killed it."""
     left = Counter(t.key[0] for t in tasks)
     done: dict[int, dict[str, Report]] = {k: {} for k in left}
     seconds = Counter()
@@ -536,7 +537,6 @@ def _check_in_pool(outcomes: list[Outcome], loaded: list, tasks: list[Task], job
             if progress is not None and dropped:
                 progress.forgo(len(dropped), weight=sum(t.cost for t in dropped))
         if left[k] == 0:
-            o = outcomes[k]
             o.reports.update((s.name, done[k][s.name]) for s in loaded if s.name in done[k])
             if not quiet:
                 _print_progress(o, seconds[k])
