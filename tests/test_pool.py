@@ -4,6 +4,11 @@ into distinct SWA pages, and freed or evicted slots map to 0."""
 
 from __future__ import annotations
 
+import os
+import subprocess
+import sys
+from pathlib import Path
+
 import numpy as np
 import pytest
 import torch
@@ -447,3 +452,23 @@ def test_random_runs_never_write_an_entry_twice():
         runs = _random_runs(np.random.default_rng(page), 5 * 6 * page, page, 20)
         assert len(np.unique(runs[:, 0])) == len(runs)
         assert runs[-1, 0] == (5 * 6 - 1) * page
+
+
+def test_the_host_model_on_meta_loads_no_symbolic_shapes_machinery():
+    """The producer's host model (a ``KVPool`` on ``meta``) is made at every check's start: a
+    factory operator on ``meta`` that goes through torch's Python references imports sympy
+    there, seconds of a first verdict where Python has no bytecode cache."""
+    code = (
+        "import sys, torch\n"
+        "before = 'sympy' in sys.modules\n"
+        "from pagegraph.workload.pool import KVPool\n"
+        "for swa in (False, True):\n"
+        "    KVPool(max_reqs=4, max_context_len=256, page_size=16, swa=swa, device='meta')\n"
+        "print(before, 'sympy' in sys.modules)\n"
+    )
+    src = str(Path(__file__).resolve().parent.parent / "src")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
+                          timeout=120, env={**os.environ, "PYTHONPATH": src})  # fmt: skip
+    assert done.returncode == 0, done.stderr
+    before, after = done.stdout.split()
+    assert after == "False" or before == "True", done.stdout

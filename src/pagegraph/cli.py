@@ -6,15 +6,18 @@ the texts users read are ``DESCRIPTION`` and ``CHECK_DESCRIPTION`` below.
 from __future__ import annotations
 
 import argparse
+import atexit
 import json
+import os
 import sys
+import threading
 from pathlib import Path
 
 from .check.config import ADVICE, WORKLOAD_PROCESS_MODES
 from .jobs.environment import PAGEGRAPH_VERSION
 from .jobs.scenario_paths import DEFAULT_SCENARIO
 
-__all__ = ["DEFAULT_SCENARIO", "build_parser", "main", "run_check"]  # noqa: F822 - lazy
+__all__ = ["DEFAULT_SCENARIO", "build_parser", "main", "run", "run_check"]  # noqa: F822 - lazy
 
 
 def __getattr__(name: str):
@@ -238,5 +241,38 @@ def main(argv: list[str] | None = None) -> int:
     return module.run(args)
 
 
+#: Set in a process that a CUDA tool is injected into (Nsight Systems, compute-sanitizer, a
+#: CUPTI profiler): such a tool writes its results from library destructors, which the quick
+#: exit below skips.
+_INJECTION_VARIABLES = ("CUDA_INJECTION64_PATH", "LD_PRELOAD")
+
+
+def run() -> None:
+    """The ``pagegraph`` command's process entry (its console script and ``python -m
+    pagegraph``): ``main``, then an exit without the interpreter's teardown where nothing
+    needs it.
+
+    After ``import torch`` and a CUDA context, Python's finalisation (freeing every module,
+    destroying the context) takes a good part of a second, after the verdict is printed. The
+    quick exit runs the ``atexit`` handlers (the workload's child processes, worker pools),
+    flushes the standard streams and ends the process. It is skipped, and the exit is the
+    usual one, when another non-daemon thread is alive (it may still have work to finish) or
+    a CUDA tool is injected. ``main`` itself returns its code, for callers in Python."""
+    code = main()
+    if threading.active_count() > 1 and any(
+        not t.daemon for t in threading.enumerate() if t is not threading.main_thread()
+    ):
+        sys.exit(code)
+    if any(os.environ.get(name) for name in _INJECTION_VARIABLES):
+        sys.exit(code)
+    atexit._run_exitfuncs()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe or stream: nothing more can be shown
+            pass
+    os._exit(code if isinstance(code, int) else 0)
+
+
 if __name__ == "__main__":
-    sys.exit(main())
+    run()

@@ -139,7 +139,9 @@ class _PageWriter:
         if self._kernel is not None:
             return
         self.last = torch.empty((n, 1), dtype=torch.int64, device=dev)
-        self.lane = torch.arange(ps, dtype=torch.int64, device=dev)[None, :]
+        # Made on the host and moved: ``arange`` on the ``meta`` device (the producer's host
+        # model) goes through torch's Python references, whose first use imports sympy.
+        self.lane = torch.arange(ps, dtype=torch.int64).to(dev)[None, :]
         self.eff = torch.empty((n, ps), dtype=torch.int64, device=dev)
         self.index = torch.empty((n, ps), dtype=torch.int64, device=dev)
         self.value = torch.empty((n, ps), dtype=torch.int64, device=dev)
