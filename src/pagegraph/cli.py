@@ -253,15 +253,13 @@ def run() -> None:
     needs it.
 
     After ``import torch`` and a CUDA context, Python's finalisation (freeing every module,
-    destroying the context) takes a good part of a second, after the verdict is printed. The
+    destroying the context) keeps the process alive well after the verdict is printed. The
     quick exit runs the ``atexit`` handlers (the workload's child processes, worker pools),
     flushes the standard streams and ends the process. It is skipped, and the exit is the
     usual one, when another non-daemon thread is alive (it may still have work to finish) or
     a CUDA tool is injected. ``main`` itself returns its code, for callers in Python."""
     code = main()
-    if threading.active_count() > 1 and any(
-        not t.daemon for t in threading.enumerate() if t is not threading.main_thread()
-    ):
+    if any(not t.daemon for t in threading.enumerate() if t is not threading.main_thread()):
         sys.exit(code)
     if any(os.environ.get(name) for name in _INJECTION_VARIABLES):
         sys.exit(code)
