@@ -83,10 +83,9 @@ class Outcome:
         """scenario -> what killed it there (the first failing property, or the crash)."""
         out = {}
         for scenario, report in self.reports.items():
-            failed = [p for p in report.properties if p.status == "FAIL"]
-            if failed:
-                first = min(failed, key=lambda p: PROPERTY_ORDER.index(p.name))
-                out[scenario] = first.name
+            prop = killing_property(report)
+            if prop is not None:
+                out[scenario] = prop
         return out
 
     @property
@@ -96,6 +95,14 @@ class Outcome:
     @property
     def safe_everywhere(self) -> bool:
         return bool(self.reports) and all(r.safe for r in self.reports.values())
+
+
+def killing_property(report: Report) -> str | None:
+    """The property by which ``report`` kills its builder (the first failing one, in
+    ``PROPERTY_ORDER``), or None: the one definition of a kill, for the table and for
+    stopping a mutant at its first kill."""
+    failed = [p.name for p in report.properties if p.status == "FAIL"]
+    return min(failed, key=PROPERTY_ORDER.index) if failed else None
 
 
 def smallest_killing_set(outcomes: list[Outcome], scenarios: list[str]) -> list[str]:
@@ -530,7 +537,7 @@ def _check_in_pool(outcomes: list[Outcome], loaded: list, tasks: list[Task], job
         if progress is not None:
             progress.advance(detail=f"{outcomes[k].name} on {label}", weight=task.cost)
         o = outcomes[k]
-        if first_kill and not o.control and any(p.status == "FAIL" for p in report.properties):
+        if first_kill and not o.control and killing_property(report) is not None:
             dropped = pool.drop(lambda t: t.key[0] == k)
             left[k] -= len(dropped)
             o.not_checked_after_kill += [t.key[1] for t in dropped]
