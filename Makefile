@@ -1,4 +1,4 @@
-# pagegraph: make test | run | lint | bench | profile | soak | fuzz | mutate | sanitize | sglang | vllm
+# pagegraph: make test | run | lint | bench | profile | soak | fuzz | mutate | sanitize | sglang | vllm | wild
 #
 # With an interpreter that already has torch, triton and pytest (a GPU machine), everything
 # runs with it from src/ and nothing is installed. Otherwise a virtual environment is made in
@@ -30,7 +30,7 @@ SGLANG_WHEEL ?= sglang==0.5.23
 DURATIONS ?= 15
 PYTEST := $(PY) -m pytest -p no:cacheprovider --durations=$(DURATIONS)
 
-.PHONY: test test-heavy run lint format bench profile soak fuzz mutate sanitize clean setup sglang vllm
+.PHONY: test test-heavy run lint format bench profile soak fuzz mutate sanitize clean setup sglang vllm wild
 
 setup: $(SETUP)
 
@@ -125,6 +125,12 @@ sglang: $(SETUP)
 # scenario of their kinds: exit 0 when the job ran, whatever it found.
 vllm: $(SETUP)
 	$(PY) -m pagegraph.jobs.vllm_job --out profiles/vllm-0.34.0.md --json profiles/vllm-0.34.0.json
+
+# The corpus of bugs from the wild (pagegraph.wild): each entry's buggy twin UNSAFE through its
+# property, its fixed twin SAFE; the table by class in profiles/wild.md, each twin's report in
+# profiles/wild/. Exit 1 when an entry did not hold.
+wild: $(SETUP)
+	$(PY) -m pagegraph wild --markdown profiles/wild.md --json profiles/wild.json --reports profiles/wild
 
 fuzz: $(SETUP)
 	HYPOTHESIS_PROFILE=$${HYPOTHESIS_PROFILE:-gpu} $(PYTEST) tests -k "property or fuzz"

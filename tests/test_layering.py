@@ -13,7 +13,8 @@ and across subpackages only public names (no leading underscore).
   (pagegraph's and the clients');
 * 3, the graph bed's parts: ``graph`` (buckets, staging, the runner) and ``workload`` (the
   pool, its writes, the decode workload and its producers, the engine's block tables);
-* 4, the checker: ``check``;
+* 4, the checker: ``check``, and ``wild``: public engines' bugs reproduced as twins the
+  checker judges;
 * 5, the jobs: ``jobs`` (check, profile, mutate) and ``bench``;
 * 6, the front: ``cli``, ``__main__`` and ``pytest_plugin``, modules at the package's top.
 
@@ -36,7 +37,7 @@ SRC = Path(pagegraph.__file__).resolve().parent
 PACKAGE = "pagegraph"
 
 SUBPACKAGE_LAYERS = {"kernels": 0, "detect": 0, "consumers": 0, "clients": 1, "mutants": 1,
-                     "kinds": 2, "graph": 3, "workload": 3, "check": 4, "jobs": 5,
+                     "kinds": 2, "graph": 3, "workload": 3, "check": 4, "wild": 4, "jobs": 5,
                      "bench": 5}  # fmt: skip
 TOP_LAYER = 6
 LAYER_NAMES = ("bottom", "clients", "kinds", "graph bed", "checker", "jobs", "front")

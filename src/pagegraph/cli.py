@@ -45,6 +45,7 @@ host syncs, allocations and moved buffers.
   pagegraph profile [SCENARIO]     an Nsight Systems (or torch.profiler) trace, analysed
   pagegraph trace FILE             analyse a trace; --forbid-sync fails on syncs in ranges
   pagegraph sync-table             which sync detector catches which planted sync
+  pagegraph wild [ENTRY ...]       public engines' bugs reproduced: buggy UNSAFE, fixed SAFE
 """
 
 CHECK_DESCRIPTION = """\
@@ -69,7 +70,7 @@ incomplete).
 
 
 #: The commands whose options ``build_parser(command)`` can build alone.
-COMMANDS = ("check", "mutate", "kernel-table", "bench", "profile", "trace", "sync-table")
+COMMANDS = ("check", "mutate", "kernel-table", "bench", "profile", "trace", "sync-table", "wild")
 
 # -- entry point --------------------------------------------------------------------------------
 
@@ -132,6 +133,17 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
         "under each sync detector available here and print which caught it.",
     )  # fmt: skip
     s.add_argument("--json", dest="json_path", metavar="PATH", help="also write the rows there")
+    w = sub.add_parser(
+        "wild", help="public engines' CUDA-graph metadata bugs: each buggy twin UNSAFE, fixed SAFE",
+        description="Run the corpus of bugs from the wild (pagegraph.wild): for each entry, its "
+        "buggy builder, reader or runner must be UNSAFE through the entry's property and its "
+        "fixed twin SAFE. Exit 0 when every entry that can run here held, 1 otherwise, 2 on "
+        "bad usage.",
+    )  # fmt: skip
+    if wanted("wild"):
+        from .jobs import wild_job
+
+        wild_job.add_arguments(w)
     return parser
 
 
@@ -221,6 +233,10 @@ def main(argv: list[str] | None = None) -> int:
         from .jobs.check_job import run_kernel_table
 
         return run_kernel_table()
+    if args.command == "wild":
+        from .jobs import wild_job
+
+        return wild_job.main(args)
     if args.command == "sync-table":
         from .jobs.sync_table import detector_matrix, format_detector_matrix
 

@@ -169,7 +169,8 @@ def check_decode_step(
         device: default CUDA when present, else the CPU (eager, shapes shrunk).
         progress: called as ``progress(done, total)`` after each replay.
         consumer: the attention call (``paged_decode_attention``'s or
-            ``csr_decode_attention``'s signature; default: pagegraph's kernel of the format).
+            ``csr_decode_attention``'s signature; default: pagegraph's kernel of the format),
+            or a ``pagegraph.consumers.reader.Reader`` with host launch arguments.
         on_phase: called with the phase reached: ``"capture"``, ``"replay K"``, ``"timing"``.
         on_report: called with the report after setup and after each replay (a partial
             report to keep).
@@ -355,6 +356,7 @@ def _one_step(run: _Run, k: int, step) -> None:
     """Stage, replay A/B/C (module docstring), then let each judge judge the step."""
     g, b = run.graphs, _model(run, k, step)
     n, bucket = len(b.rpi), b.bucket
+    g.host_lens = list(b.lens)  # what the engine's host work sees where the step runs eagerly
     g.req_pool_indices[:n].copy_(torch.tensor(b.rpi))
     g.seq_lens[:n].copy_(torch.tensor(b.lens))
     run.padding.apply(g.req_pool_indices, g.seq_lens, n, bucket)

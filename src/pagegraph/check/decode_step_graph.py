@@ -53,6 +53,7 @@ import numpy as np
 import torch
 
 from ..consumers import csr_decode_attention, paged_decode_attention, prepare_decode_attention
+from ..consumers.reader import HostBatch, Reader, as_reader
 from ..graph.capture import capture_buckets
 from ..graph.emulate import EmulatedGraph
 from ..kinds import KindSpec
@@ -154,7 +155,8 @@ class StepGraphs:
             metadata).
         consumer: the attention call, with ``paged_decode_attention``'s signature (``fmt``
             "paged") or ``csr_decode_attention``'s ("csr"), given ``page_size=`` and
-            ``workspace=``.
+            ``workspace=``; or a ``pagegraph.consumers.reader.Reader`` (its launch arguments
+            computed on the host at each call: at capture, the capture's lengths).
         shape: the static shapes.
         req_to_token: the pool's ``[max_reqs + 1, >= max_context_len]`` table.
         buckets: batch sizes to capture.
@@ -163,10 +165,15 @@ class StepGraphs:
             with ``False``, run the step eagerly at every replay. Timing stays eager there.
     """
 
-    def __init__(self, builder, kind: KindSpec, consumer: Callable, shape: StepShape,
+    def __init__(self, builder, kind: KindSpec, consumer: Callable | Reader, shape: StepShape,
                  req_to_token: torch.Tensor, buckets, seed: int,
                  emulate: bool | None = None):  # fmt: skip
-        self.builder, self.kind, self.consumer = builder, kind, consumer
+        self.builder, self.kind = builder, kind
+        self.reader = as_reader(consumer)
+        self.consumer = self.reader.attend
+        #: the real rows' lengths as the engine knows them on the host for the next call
+        #: (``None``: a capture's, one token a row, as ``_capture`` stages them)
+        self.host_lens: list[int] | None = None
         #: the builder writes the consumer's lengths itself (a decode-metadata builder)
         self.writes_lengths = "cache_seqlens" in kind.vector_names
         # What the kind's call reads (``pagegraph.kinds.IO_FIELDS``) beyond the buffers below.
@@ -238,6 +245,8 @@ class StepGraphs:
             # The trtllm_mha / FA3 format's lengths are int32, whatever seq_lens holds.
             self.cache_seqlens[:bs].copy_(self.seq_lens[:bs])
         q, out = self.q[:bs], self.out[:bs]
+        lens = tuple(self.host_lens) if self.host_lens is not None else (1,) * bs
+        launch = self.reader.arguments(HostBatch(lens, bs, ps, self.shape.width))
         if self.shape.lists_pages:
             build_csr(
                 self.page_table[:bs], self.cache_seqlens[:bs], ps, kv_pages=self.kv_pages,
@@ -247,11 +256,12 @@ class StepGraphs:
             self.consumer(
                 q, self.k_cache, self.v_cache, self.kv_indptr[: bs + 1], self.kv_indices,
                 self.kv_last_page_len[:bs], out, page_size=ps, workspace=self.workspace,
+                **launch,
             )  # fmt: skip
         else:
             self.consumer(
                 q, self.k_cache, self.v_cache, self.page_table[:bs], self.cache_seqlens[:bs],
-                out, page_size=ps, workspace=self.workspace,
+                out, page_size=ps, workspace=self.workspace, **launch,
             )  # fmt: skip
 
     def step(self, bs: int) -> None:
@@ -265,9 +275,11 @@ class StepGraphs:
         """Warm ``body`` up for every bucket on a side stream, then capture it, largest bucket
         first, in one pool (``pool``, default a new one); without CUDA the warm-up, then
         (``emulate``) one ``EmulatedGraph`` per bucket, largest first."""
-        # Short lengths at capture: replays must not depend on them.
+        # Short lengths at capture: replays must not depend on them (nor on the host values
+        # a reader computes from them).
         self.seq_lens.fill_(1)
         self.req_pool_indices.fill_(0)
+        self.host_lens = None
         mode = "cuda" if self.use_graphs else "emulated" if emulate else "eager"
         quiet = _quiet_interpreter() if not self.use_graphs else contextlib.nullcontext()
         with quiet:

@@ -1,0 +1,1 @@
+"""One module a public bug, each defining ``BUG``, a ``pagegraph.wild.WildBug``."""

@@ -1,0 +1,105 @@
+"""One entry of the corpus of bugs from the wild (``WildBug``) and how its twins are checked.
+
+An entry names a public bug (engine, version, issue or pull request, its state), says in two
+lines what went wrong and why, and holds two ``Twin``s: the buggy one, written from the
+report, and the fixed one. Both run through the bed on the entry's scenario
+(``wild/scenarios/<key>.toml``); the buggy twin must be UNSAFE through the entry's property,
+the fixed twin SAFE. An entry that needs what only a GPU has (a real stream capture, CUPTI)
+says why in ``needs``; elsewhere it is skipped with that reason, never passed.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import torch
+
+from ..check.checker import check_replay_safety
+from ..check.decode_step import check_decode_step
+from ..check.report import Report
+from ..check.scenario import load_scenario
+from ..consumers.reader import Reader
+
+__all__ = ["BUG_CLASSES", "SCENARIO_DIR", "Twin", "WildBug"]
+
+#: The classes of bugs, by letter: where in the metadata's life the bug sits.
+BUG_CLASSES = {
+    "a": "stale tail when the batch shrinks below its bucket",
+    "b": "host value frozen at capture in the reader's launch",
+    "c": "host work inside capture",
+    "d": "reads past a row",
+    "e": "padding conventions drifting between builder and reader",
+    "f": "unstable addresses and aliasing",
+}
+
+#: The entries' scenario files.
+SCENARIO_DIR = Path(__file__).resolve().parent / "scenarios"
+
+
+@dataclass(frozen=True)
+class Twin:
+    """What one side of an entry runs through the bed.
+
+    ``builder``: the metadata builder (a callable of a kind's contract, or a built-in name);
+    ``reader``: the decode step's reader (the scenario then has a ``[consumer]``); ``runner``:
+    the engine's runner, staging the batch into the graph's static inputs (``GraphRunner``'s
+    arguments; default pagegraph's ``GraphRunner``)."""
+
+    builder: Callable | str = "build_page_table"
+    reader: Reader | Callable | None = None
+    runner: Callable | None = None
+
+
+@dataclass(frozen=True)
+class WildBug:
+    """One public bug (see the module docstring)."""
+
+    #: ``engine-number``, e.g. ``"vllm-33664"``; also the scenario file's name
+    key: str
+    engine: str
+    #: the versions the bug was reported against (as the report states them)
+    version: str
+    #: ``owner/repo#number``
+    ref: str
+    #: ``"open"`` or ``"fixed by #N"`` (as the tracker shows it)
+    state: str
+    #: a letter of ``BUG_CLASSES``
+    bug_class: str
+    symptom: str
+    cause: str
+    #: the property of the bed that must fail on the buggy twin
+    prop: str
+    buggy: Twin
+    fixed: Twin
+    #: why the entry needs a GPU (a real stream capture, CUPTI); ``None``: runs anywhere
+    needs: str | None = None
+    #: settings of the entry's check besides its scenario file (``CheckConfig`` fields)
+    overrides: dict = field(default_factory=dict)
+
+    @property
+    def url(self) -> str:
+        repo, number = self.ref.split("#")
+        return f"https://github.com/{repo}/issues/{number}"
+
+    @property
+    def scenario_path(self) -> Path:
+        return SCENARIO_DIR / f"{self.key}.toml"
+
+    def runnable(self, device: torch.device) -> str | None:
+        """Why the entry cannot run on ``device`` (``None`` when it can)."""
+        if self.needs is not None and device.type != "cuda":
+            return f"needs CUDA: {self.needs}"
+        return None
+
+    def check(self, which: str, device: torch.device | str | None = None) -> Report:
+        """The bed's report on the ``"buggy"`` or ``"fixed"`` twin, on the entry's scenario."""
+        twin = {"buggy": self.buggy, "fixed": self.fixed}[which]
+        scenario = load_scenario(self.scenario_path)
+        cfg = scenario.config.replace(**self.overrides)
+        if cfg.consumer is not None:
+            return check_decode_step(twin.builder, cfg, device=device, consumer=twin.reader)
+        if twin.reader is not None:
+            raise ValueError(f"{self.key}: a reader needs a scenario with a [consumer]")
+        return check_replay_safety(twin.builder, cfg, device=device, runner_factory=twin.runner)
