@@ -3,7 +3,8 @@ path, a few imports stubbed, no ``vllm`` module ever made) and, on in-contract i
 exactly what the oracles and pagegraph's builders write, and nothing outside the contract's
 region; their pointer tensors are made once per set of buffers; where vLLM's kernels assume
 more than the contracts, a test pins the difference down next to pagegraph's builder passing
-the same input.
+the same input; the standalone reproducer in ``examples/`` of the gather's overrun (outside
+vLLM's contract) is shown to flag vLLM's kernel, pass pagegraph's builder and exit 1.
 
 Without vLLM's files, every test that needs them skips with the reason.
 """
@@ -12,7 +13,9 @@ from __future__ import annotations
 
 import ast
 import importlib.util
+import subprocess
 import sys
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -229,6 +232,51 @@ def test_vllm_gather_trusts_num_blocks():
     spilled = got["vllm"] != want
     assert spilled.nonzero().tolist() == [[M + 3, c] for c in range(4)]
     assert torch.equal(got["vllm"][M + 3, :4], table[slot + 1, :4])
+
+
+# -- the reproducer in examples/ -------------------------------------------------------------
+
+OVERRUN = Path(__file__).resolve().parents[1] / "examples" / "vllm_gather_block_tables_overrun.py"
+
+
+def _overrun_example():
+    key = "pagegraph_example_vllm_overrun"
+    if key not in sys.modules:
+        spec = importlib.util.spec_from_file_location(key, OVERRUN)
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[key] = module
+        spec.loader.exec_module(module)
+    return sys.modules[key]
+
+
+@needs_vllm
+def test_overrun_reproducer_flags_vllm_and_passes_pagegraph():
+    """The reproducer's gather is vLLM's own kernel, loaded by the script's own loader from the
+    files pagegraph found: it writes the next batch row; pagegraph's builder stays in its row;
+    and the script's stand-ins for vLLM's imports are gone once the files are loaded."""
+    example = _overrun_example()
+
+    def ours(block_table, num_blocks, idx_mapping, out, num_rows):
+        batch = BatchContext(idx_mapping.shape[0], num_rows, out.shape[0])
+        gather_block_tables(block_table, num_blocks, idx_mapping, out, batch=batch)
+
+    assert example.reproduce(ours, DEVICE) == []
+    found = example.reproduce(example.vllm_gather(example.load_vllm_gather(vf.vllm_root())), DEVICE)
+    assert found and all(line.startswith("out[2, ") for line in found), found
+    assert len(found) == example.OVERRUN
+    assert not [k for k in sys.modules if k == "vllm" or k.startswith("vllm.")]
+
+
+@needs_vllm
+def test_overrun_reproducer_exits_1_and_stands_alone():
+    done = subprocess.run(
+        [sys.executable, str(OVERRUN), str(vf.vllm_root())],
+        capture_output=True, text=True, timeout=120,
+    )  # fmt: skip
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert "BUG" in done.stdout and "Outside vLLM's contract" in done.stdout
+    source = OVERRUN.read_text()
+    assert "import pagegraph" not in source and "from pagegraph" not in source
 
 
 # -- slot mapping ----------------------------------------------------------------------------
