@@ -95,6 +95,7 @@ GPU_HEAVY: dict[str, tuple[str, ...]] = {
         "test_streams_take_turns_each_with_its_own_tables",
         "test_the_childs_exception_is_raised_at_its_step",
     ),
+    "test_reader_cli.py": ("test_the_command_runs_a_users_reader_in_a_child_and_exits_1_when_it_fails",),
     "test_sglang_clients.py": (
         "test_flashinfer_overflow_reproducer_flags_sglang_and_passes_pagegraph",
         "test_reproducer_exit_code_follows_its_finding",
@@ -106,6 +107,7 @@ GPU_HEAVY: dict[str, tuple[str, ...]] = {
         "test_a_hostile_run_is_labelled_outside_vllms_contract",
         "test_the_job_writes_a_verdict_per_pair",
     ),
+    "test_wild.py": ("test_the_buggy_twin_fails_its_property_and_the_fixed_twin_is_safe",),
     "test_worker_pool.py": (
         "test_a_mutant_stops_at_its_first_kill_and_the_killed_set_is_the_same",
         "test_a_crashing_check_is_reported_as_a_fresh_child_reports_it",

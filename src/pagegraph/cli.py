@@ -161,6 +161,13 @@ def _add_check_arguments(p: argparse.ArgumentParser) -> None:
         "path/to/file.py:function",
     )
     p.add_argument(
+        "--reader",
+        help="the decode step's reader to judge with the builder (a scenario with a [consumer]):"
+        " package.module:name or path/to/file.py:name naming a pagegraph.consumers.reader."
+        "Reader or an attention call with paged_decode_attention's signature; it runs in a "
+        "child process",
+    )
+    p.add_argument(
         "--detectors",
         help="sync detectors: auto (default: torch and cupti on CUDA, cpu without), none, "
         "torch, cupti, cpu, or a list (torch,cupti)",
@@ -224,6 +231,7 @@ def main(argv: list[str] | None = None) -> int:
             quiet=args.quiet,
             isolate=args.isolate,
             strict=args.strict,
+            reader=args.reader,
         )
     if args.command == "mutate":
         from .jobs import mutate

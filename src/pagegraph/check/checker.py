@@ -39,6 +39,7 @@ from ..kinds.builders import builder_capabilities, builder_name
 from ..workload.decode import Step
 from ..workload.pool import KVPool
 from ..workload.producer import ProducedWorkload
+from .aliasing import judge_aliasing
 from .buffers import allocate_check_buffers, table_bytes
 from .config import (
     INDEX_DTYPES,
@@ -58,7 +59,7 @@ from .judge import (
     sync_capture_cause,
 )
 from .pipeline import run_pipeline
-from .plan import CheckPlan, plan_check, preset_problem, presets_of_kind
+from .plan import CheckPlan, plan_check, preset_problem, presets_of_kind, resolve_reader
 from .probes import BuilderProbe, CompileCounter, measure_eager_call
 from .reference import expected_tables
 from .replay_loop import run_replays
@@ -101,6 +102,7 @@ def check_replay_safety(
     on_chunk: Callable[[Report], None] | None = None,
     stop_on_failure: bool = False,
     explain_replays: bool = False,
+    reader=None,
     **overrides,
 ) -> Report:
     """Capture ``builder`` over the config's buckets, replay the workload, check every replay.
@@ -121,6 +123,10 @@ def check_replay_safety(
         explain_replays: note each replay's bucket and out-of-contract rows through
             ``on_phase`` and wait for the device after each replay (slow), so a supervisor
             can say which replay a crash came from.
+        reader: the decode step's reader (a ``pagegraph.consumers.reader.Reader``, an
+            attention call with ``paged_decode_attention``'s signature, or ``module:name``
+            naming either), for a config with a consumer; default: pagegraph's attention of
+            the consumer's format.
 
     A config with a ``[consumer]`` (``cfg.consumer``) runs the decode step end to end
     (``pagegraph.check.decode_step.check_decode_step``: the builder and the attention in one
@@ -133,11 +139,11 @@ def check_replay_safety(
     raises ``CheckInterrupted`` carrying the report of what was checked so far.
     """
     cfg = (config or CheckConfig()).replace(**overrides)
-    plan, fn = plan_check(builder, cfg)
+    plan, fn = plan_check(builder, cfg, reader=reader)
     return run_plan(
         plan, fn, device=device, progress=progress, runner_factory=runner_factory,
         on_phase=on_phase, on_chunk=on_chunk, stop_on_failure=stop_on_failure,
-        explain_replays=explain_replays,
+        explain_replays=explain_replays, reader=reader,
     )  # fmt: skip
 
 
@@ -152,12 +158,24 @@ def run_plan(
     on_chunk: Callable[[Report], None] | None = None,
     stop_on_failure: bool = False,
     explain_replays: bool = False,
+    reader=None,
 ) -> Report:
     """Run a planned check (``plan_check``: validated, nothing validated again here) of
     ``builder`` (resolved from ``plan.builder``): its pipeline's judges (``plan.pipeline``),
-    with ``check_replay_safety``'s options. A child process runs its parent's plan this way."""
+    with ``check_replay_safety``'s options. A child process runs its parent's plan this way.
+    A config with ``kv_groups`` runs once a group, merged (``pagegraph.check.kv_groups``)."""
+    if plan.config.kv_groups:
+        from .kv_groups import run_groups
+
+        return run_groups(
+            plan, builder, run_plan, device=device, progress=progress,
+            runner_factory=runner_factory, on_phase=on_phase, on_chunk=on_chunk,
+            stop_on_failure=stop_on_failure, explain_replays=explain_replays,
+        )  # fmt: skip
     if plan.pipeline == "step":
         from .decode_step import run_decode_step
+
+        reader = resolve_reader(reader if reader is not None else plan.reader)
 
         if runner_factory is not None or explain_replays:
             raise ValueError(
@@ -166,8 +184,10 @@ def run_plan(
             )
         return run_decode_step(
             builder, plan, device=device, progress=progress, on_phase=on_phase,
-            on_report=on_chunk, stop_on_failure=stop_on_failure,
+            on_report=on_chunk, stop_on_failure=stop_on_failure, consumer=reader,
         )  # fmt: skip
+    if reader is not None:
+        raise ValueError("a reader needs a config with a consumer (a decode-step scenario)")
     hooks = CheckHooks(progress, on_phase, on_chunk, stop_on_failure, explain_replays)
     bench = TableBench(_start_run(builder, plan, device, runner_factory or GraphRunner, hooks))
     return run_pipeline(bench, hooks)
@@ -185,6 +205,8 @@ class TableBench:
     def set_up(self) -> None:
         _allocate(self.run)
         self._first = _start_workload_and_runner(self.run)
+        # Before anything runs: outputs that share memory make every later value suspect.
+        judge_aliasing(self.run.props["outputs unaliased"], self.run.runner, self.run.kind)
 
     def capture(self) -> bool:
         return _probe_eager_call(self.run, self._first) and _capture(self.run)

@@ -133,6 +133,8 @@ class Job:
     #: check runs, so that checks sharing the slots never run more at once than there are
     #: slots (``pagegraph mutate``: the checks too big to run on every worker at once)
     memory_slots: tuple[str, ...] = ()
+    #: the decode step's reader, ``module:name`` (a decode-step config only)
+    reader: str | None = None
 
 
 def _death(returncode: int | None, timed_out: bool) -> str:
@@ -335,7 +337,7 @@ def _plan(job: Job) -> dict:
     from .plan import plan_check
 
     try:
-        plan, _ = plan_check(job.builder, job.config, spec=job.builder)
+        plan, _ = plan_check(job.builder, job.config, spec=job.builder, reader=job.reader)
     except ValueError as exc:
         raise IsolatedError(f"{exc}") from None
     return plan.to_dict()

@@ -24,11 +24,14 @@ import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
 
+from ..consumers.reader import Reader, as_reader
+from ..kernels.registry import BuilderLoadError, load_object
 from ..kinds import KINDS, KindSpec, kind_of
 from ..kinds.builders import builder_name, config_problem, resolve_builder
 from .config import CheckConfig, validate_config
 
-__all__ = ["PIPELINES", "CheckPlan", "plan_check", "preset_problem", "presets_of_kind"]
+__all__ = ["PIPELINES", "CheckPlan", "plan_check", "preset_problem", "presets_of_kind",
+           "resolve_reader"]  # fmt: skip
 
 #: What a plan's check judges: the builder's outputs, or the decode step's attention output.
 PIPELINES = ("tables", "step")
@@ -43,6 +46,9 @@ class CheckPlan:
     config: CheckConfig
     kind: str
     pipeline: str
+    #: the decode step's reader as a child resolves it (``module:name``), ``None``: the
+    #: consumer format's own attention (or a reader object given in this process)
+    reader: str | None = None
 
     @property
     def kind_spec(self) -> KindSpec:
@@ -50,12 +56,28 @@ class CheckPlan:
 
     def to_dict(self) -> dict:
         return {"builder": self.builder, "config": dataclasses.asdict(self.config),
-                "kind": self.kind, "pipeline": self.pipeline}  # fmt: skip
+                "kind": self.kind, "pipeline": self.pipeline, "reader": self.reader}  # fmt: skip
 
     @classmethod
     def from_dict(cls, d: dict) -> CheckPlan:
         """The plan ``to_dict`` wrote (a parent's, for its child): trusted, not validated."""
-        return cls(d["builder"], CheckConfig.from_dict(d["config"]), d["kind"], d["pipeline"])
+        return cls(d["builder"], CheckConfig.from_dict(d["config"]), d["kind"], d["pipeline"],
+                   d.get("reader"))  # fmt: skip
+
+
+def resolve_reader(reader: Reader | Callable | str | None) -> Reader | None:
+    """A decode step's reader: a ``Reader``, an attention call, or ``"module:name"`` /
+    ``"path/to/file.py:name"`` naming either; ``ValueError`` (one line) otherwise."""
+    if reader is None:
+        return None
+    if isinstance(reader, str):
+        try:
+            reader = load_object(reader)
+        except BuilderLoadError as exc:
+            raise ValueError(str(exc).replace("builder", "reader")) from None
+    if not isinstance(reader, Reader) and not callable(reader):
+        raise ValueError(f"reader {reader!r} is neither a Reader nor an attention call")
+    return as_reader(reader)
 
 
 def presets_of_kind(cfg: CheckConfig, kind: KindSpec) -> CheckConfig:
@@ -77,13 +99,21 @@ def preset_problem(cfg: CheckConfig, kind: KindSpec) -> str | None:
     )
 
 
-def plan_check(builder: Callable | str, config: CheckConfig,
-               spec: str | None = None) -> tuple[CheckPlan, Callable]:  # fmt: skip
+def plan_check(builder: Callable | str, config: CheckConfig, spec: str | None = None,
+               reader: Reader | Callable | str | None = None) -> tuple[CheckPlan, Callable]:  # fmt: skip
     """Validate a check of ``builder`` (a callable, a built-in name or ``module:fn``) on
     ``config``; the plan and the resolved builder. ``spec``: the builder as a child process
-    resolves it (default: ``builder`` when a string, else its name). ``ValueError`` when the
-    check cannot run (the module docstring)."""
+    resolves it (default: ``builder`` when a string, else its name). ``reader``: the decode
+    step's reader (``resolve_reader``; a config with a consumer only), kept in the plan when
+    given by name. ``ValueError`` when the check cannot run (the module docstring)."""
     validate_config(config)
+    if reader is not None:
+        if not config.consumer:
+            raise ValueError(
+                "a reader needs a decode-step scenario (one with a [consumer] table): the "
+                "tables check has no reader"
+            )
+        resolve_reader(reader)  # a name that does not load is refused before anything runs
     fn = resolve_builder(builder)
     kind = kind_of(fn, config.outputs)
     cfg = presets_of_kind(config, kind)
@@ -91,4 +121,6 @@ def plan_check(builder: Callable | str, config: CheckConfig,
     if problem:
         raise ValueError(problem)
     name = spec or (builder if isinstance(builder, str) else builder_name(fn))
-    return CheckPlan(name, cfg, kind.name, "step" if cfg.consumer else "tables"), fn
+    pipeline = "step" if cfg.consumer else "tables"
+    return CheckPlan(name, cfg, kind.name, pipeline,
+                     reader if isinstance(reader, str) else None), fn  # fmt: skip

@@ -43,6 +43,7 @@ from ..check.config import CONSUMER_DTYPES
 from ..check.decode_step import check_decode_step
 from ..check.isolate import IsolatedError, Job, run_isolated, write_json_atomic
 from ..check.scenario import load_scenario
+from ..check.plan import resolve_reader
 from ..consumers.reference import GATHER_TOKENS
 from ..detect.sync import DetectorUnavailable, parse_detectors
 from ..kernels.contract import cdiv
@@ -191,6 +192,8 @@ class _Plan:
     specs: list[str]
     builders: list
     configs: list
+    #: the decode step's reader as a child loads it (``--reader``), or None
+    reader: str | None = None
 
 
 def _output_problem(option: str, path: str | None) -> str | None:
@@ -204,7 +207,7 @@ def _output_problem(option: str, path: str | None) -> str | None:
 
 
 def _plan(scenarios, *, replays, builder, detectors, workload_process, strict,
-          json_path, markdown_path) -> _Plan:  # fmt: skip
+          json_path, markdown_path, reader=None) -> _Plan:  # fmt: skip
     """Load and validate every scenario, builder and option; ``ValueError`` (a
     ``ScenarioError``, ``ScenarioNotFound`` or ``BuilderLoadError`` among them) on the first
     problem, before anything runs."""
@@ -236,11 +239,17 @@ def _plan(scenarios, *, replays, builder, detectors, workload_process, strict,
         problem = config_problem(fn, kind, cfg) or preset_problem(cfg, kind)
         if problem:
             raise ValueError(f"{s.path}: {problem}")
+        if reader is not None and not cfg.consumer:
+            raise ValueError(f"{s.path}: --reader needs a decode-step scenario (a [consumer] table)")
         problem = _memory_problem(cfg, kind)
         if problem:
             raise ValueError(f"{s.path}: {problem}")
         configs.append(cfg)
-    return _Plan(loaded, [builder_spec_for_child(s) for s in specs], fns, configs)
+    reader_spec = None
+    if reader is not None:
+        resolve_reader(reader)  # a reader that does not load is refused before anything runs
+        reader_spec = builder_spec_for_child(reader)
+    return _Plan(loaded, [builder_spec_for_child(s) for s in specs], fns, configs, reader_spec)
 
 
 def _refuse_detectors(path, detectors) -> None:
@@ -267,6 +276,7 @@ def run_check(
     quiet: bool = False,
     isolate: bool | None = None,
     strict: list[str] | None = None,
+    reader: str | None = None,
 ) -> int:
     """``pagegraph check``: check ``scenarios`` (names of shipped scenarios or paths) and
     return the exit code (see ``pagegraph.cli.CHECK_DESCRIPTION``). ``isolate``: run each
@@ -276,12 +286,12 @@ def run_check(
     try:
         plan = _plan(scenarios, replays=replays, builder=builder, detectors=detectors,
                      workload_process=workload_process, strict=strict, json_path=json_path,
-                     markdown_path=markdown_path)  # fmt: skip
+                     markdown_path=markdown_path, reader=reader)  # fmt: skip
     except ValueError as exc:  # a bad file, option or builder must not leave a half-run
         print(f"pagegraph check: {exc}", file=sys.stderr)
         return 2
     if isolate is None:
-        isolate = any(not is_builtin(spec) for spec in plan.specs)
+        isolate = plan.reader is not None or any(not is_builtin(spec) for spec in plan.specs)
     device = "cuda" if torch.cuda.is_available() else "cpu"
     for scenario, cfg in zip(plan.scenarios, plan.configs):
         warning = slow_warning(scenario.name, cfg, device)
@@ -320,8 +330,8 @@ class _UsageError(Exception):
 
 def _run_isolated(plan: _Plan, show, results, progress: _CheckProgress) -> int | None:
     """Each scenario in a child process; the signal number if interrupted, else None."""
-    jobs = [Job(spec, cfg, s.name) for s, spec, cfg in zip(plan.scenarios, plan.specs,
-                                                            plan.configs)]  # fmt: skip
+    jobs = [Job(spec, cfg, s.name, reader=plan.reader)
+            for s, spec, cfg in zip(plan.scenarios, plan.specs, plan.configs)]  # fmt: skip
     try:
         run_isolated(jobs, on_report=lambda k, r: show(plan.scenarios[k], r),
                      on_phase=progress.phase)  # fmt: skip
@@ -342,7 +352,8 @@ def _run_in_process(plan: _Plan, show, results, scenarios: _CheckProgress) -> in
         progress = None if p is None else (lambda done, total, p=p: p.update(done))
         try:
             if cfg.consumer:
-                report = check_decode_step(fn, cfg, progress=progress)
+                report = check_decode_step(fn, cfg, progress=progress,
+                                           consumer=resolve_reader(plan.reader))  # fmt: skip
             else:
                 report = check_replay_safety(fn, cfg, progress=progress)
         except DetectorUnavailable as exc:

@@ -23,6 +23,15 @@ def load_builder(spec: str, known: list[str] | tuple[str, ...] = ()) -> Callable
     ``BuilderLoadError`` with the reason otherwise (``known``: the built-in names, listed
     when ``spec`` is neither). A module is looked for on ``sys.path`` and then in the current
     folder, as ``python -m`` would."""
+    fn = load_object(spec, known)
+    if not callable(fn):
+        raise BuilderLoadError(f"builder {spec!r} is not callable")
+    return fn
+
+
+def load_object(spec: str, known: list[str] | tuple[str, ...] = ()):
+    """The attribute ``"package.module:name"`` or ``"path/to/file.py:name"`` names, whatever
+    it is (``load_builder``'s rules and errors, without asking for a callable)."""
     if ":" not in spec and (_is_path(spec) or _local_module_file(spec)):
         raise BuilderLoadError(_file_without_function(spec))
     if ":" not in spec:
@@ -38,8 +47,6 @@ def load_builder(spec: str, known: list[str] | tuple[str, ...] = ()) -> Callable
             f"cannot load builder {spec!r}: {target} has no attribute {attr!r} "
             f"(its functions: {', '.join(_functions(module)) or 'none'})"
         )
-    if not callable(fn):
-        raise BuilderLoadError(f"builder {spec!r} is not callable")
     return fn
 
 

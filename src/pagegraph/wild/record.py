@@ -17,7 +17,6 @@ from pathlib import Path
 import torch
 
 from ..check.checker import check_replay_safety
-from ..check.decode_step import check_decode_step
 from ..check.report import Report
 from ..check.scenario import load_scenario
 from ..consumers.reader import Reader
@@ -98,8 +97,5 @@ class WildBug:
         twin = {"buggy": self.buggy, "fixed": self.fixed}[which]
         scenario = load_scenario(self.scenario_path)
         cfg = scenario.config.replace(**self.overrides)
-        if cfg.consumer is not None:
-            return check_decode_step(twin.builder, cfg, device=device, consumer=twin.reader)
-        if twin.reader is not None:
-            raise ValueError(f"{self.key}: a reader needs a scenario with a [consumer]")
-        return check_replay_safety(twin.builder, cfg, device=device, runner_factory=twin.runner)
+        return check_replay_safety(twin.builder, cfg, device=device, runner_factory=twin.runner,
+                                   reader=twin.reader)  # fmt: skip
