@@ -87,6 +87,24 @@ def assert_passed(report, *names: str) -> None:
         assert statuses[name] == "pass", f"{name}: {statuses[name]}\n{report.format()}"
 
 
+def table_row(text: str, name: str) -> str:
+    """The row of a printed table whose first cell is ``name`` (also inside pytest's ``E   ``
+    lines). With ``CI`` set, pytest repeats the whole failure message in its short summary:
+    every copy of the row must then agree."""
+    import re
+
+    lines = (re.sub(r"^E\s+", "", line).strip() for line in text.splitlines())
+    rows = [line for line in lines if line.startswith(f"| {name} |")]
+    assert rows, f"no row for {name!r} in:\n{text}"
+    assert len(set(rows)) == 1, f"rows for {name!r} disagree in:\n{text}"
+    return rows[0]
+
+
+def table_cells(text: str, name: str) -> list[str]:
+    """The cells of ``table_row(text, name)``, stripped (the first is ``name``)."""
+    return [cell.strip() for cell in table_row(text, name).split("|")[1:-1]]
+
+
 def assert_passed_in_text(text: str, *names: str) -> None:
     """``assert_passed`` on a printed report: each named property's row says ``pass``."""
     import re

@@ -7,6 +7,7 @@ staged, and a run that stops early reports what it could not finish as incomplet
 from __future__ import annotations
 
 import functools
+import re
 
 import numpy as np
 import pytest
@@ -691,6 +692,22 @@ class LeakingRunner(GraphRunner):
         out = super().replay(req_pool_indices, seq_lens)
         self.kept.append(torch.empty(1024, device=self.device))
         return out
+
+
+def test_planted_syncing_runner_fails_sync_free_replay_path():
+    # On a CPU too: the cpu detector judges the stage/replay ranges of emulated replays.
+    report = check_replay_safety("build_page_table", SMALL, runner_factory=SyncingRunner)
+    prop = report.property("sync-free replay path")
+    assert prop.status == "FAIL", report.format()
+    # The runner's read, not the builder's: the builder's own calls stay sync-free.
+    assert report.property("sync-free builder call").status == "pass", report.format()
+    if not CUDA:
+        assert prop.judged == "emulated", report.format()
+        # One scalar read a replay, each inside its bucket's stage range.
+        assert f"{SMALL.steps} sync(s): scalar read" in prop.detail, prop.detail
+        assert re.search(r"^replay 0 \(bucket \d+\): scalar read .* in stage/bs=\d+$",
+                         str(prop.first_failure)), prop.first_failure  # fmt: skip
+    assert report.verdict == "UNSAFE"
 
 
 @gpu

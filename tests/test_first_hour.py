@@ -23,7 +23,7 @@ import pytest
 from pagegraph.cli import main
 from pagegraph.jobs.scenario_paths import shipped_scenarios
 
-from helpers import CPU_PASSES, assert_passed_in_text
+from helpers import CPU_PASSES, assert_passed_in_text, table_row
 
 ROOT = Path(__file__).resolve().parent.parent
 README = ROOT / "README.md"
@@ -82,14 +82,8 @@ def _one_line(err: str) -> str:
 
 
 def _row(out: str, prop: str) -> str:
-    """The property table's row of ``prop`` (also inside pytest's ``E   `` lines). With
-    ``CI`` set, pytest repeats the whole failure message in its short summary: every copy of
-    the row must then agree."""
-    lines = (re.sub(r"^E\s+", "", line).strip() for line in out.splitlines())
-    rows = [line for line in lines if line.startswith(f"| {prop} |")]
-    assert rows, f"no row for {prop!r} in:\n{out}"
-    assert len(set(rows)) == 1, f"rows for {prop!r} disagree in:\n{out}"
-    return rows[0]
+    """The property table's row of ``prop`` (``helpers.table_row``)."""
+    return table_row(out, prop)
 
 
 def _status(out: str, prop: str) -> str:

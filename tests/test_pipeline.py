@@ -5,9 +5,11 @@ both benches (tables, decode step) run through it and note the same first phases
 
 from __future__ import annotations
 
+import inspect
+import io
+import os
 import subprocess
 import sys
-import time
 from types import SimpleNamespace
 
 import pytest
@@ -19,17 +21,36 @@ from pagegraph.check.pipeline import process_age_s, run_pipeline
 from pagegraph.check.state import CheckHooks
 
 
-class Recording:
-    """A bench that records its phases; ``captures`` and ``raises`` set what it does."""
+class FakeClock:
+    """``time.perf_counter`` for the pipeline: it moves only when a phase says so."""
 
-    def __init__(self, captures: bool = True, raises: str | None = None):
+    def __init__(self):
+        self.now = 1000.0
+
+    def perf_counter(self) -> float:
+        return self.now
+
+
+#: Seconds each phase of a ``Recording`` bench takes on a ``FakeClock``: powers of two, so
+#: every phase's share is told apart from any sum of the others.
+PHASE_S = {"set_up": 1.0, "capture": 2.0, "replay": 4.0, "after_replays": 8.0,
+           "release": 16.0, "finish": 32.0}  # fmt: skip
+
+
+class Recording:
+    """A bench that records its phases; ``captures`` and ``raises`` set what it does. With a
+    ``clock``, each phase advances it by its ``PHASE_S`` (before raising, if it raises)."""
+
+    def __init__(self, captures: bool = True, raises: str | None = None,
+                 clock: FakeClock | None = None):  # fmt: skip
         self.calls: list[str] = []
         self.report = SimpleNamespace(wall_s={})
-        self.captures, self.raises = captures, raises
-        self.replay_s = 0.0
+        self.captures, self.raises, self.clock = captures, raises, clock
 
     def _call(self, name: str):
         self.calls.append(name)
+        if self.clock is not None:
+            self.clock.now += PHASE_S[name]
         if self.raises == name:
             raise KeyboardInterrupt(name)
 
@@ -42,7 +63,6 @@ class Recording:
 
     def replay(self):
         self._call("replay")
-        time.sleep(self.replay_s)
 
     def after_replays(self):
         self._call("after_replays")
@@ -92,37 +112,77 @@ def test_both_benches_note_the_same_first_phases(consumer):
     assert report.to_dict()["wall_s"] == report.wall_s
 
 
-def test_each_phases_wall_time_goes_into_the_report(monkeypatch):
+@pytest.fixture
+def clock(monkeypatch):
+    """The pipeline's clock, faked: the wall times are the phases' ``PHASE_S``, exactly."""
+    fake = FakeClock()
+    monkeypatch.setattr(pipeline, "time", fake)
+    return fake
+
+
+def test_each_phases_wall_time_goes_into_the_report(monkeypatch, clock):
     monkeypatch.setattr(pipeline, "_ran_one", False)
-    bench = Recording()
-    bench.replay_s = 0.05
+    monkeypatch.setattr(pipeline, "process_age_s", lambda: 7.5)
+    bench = Recording(clock=clock)
     run_pipeline(bench, CheckHooks())
-    wall = bench.report.wall_s
-    assert list(wall) == ["before", "set-up", "capture", "replays", "after replays", "release"]
-    assert wall["replays"] >= 0.05 and all(v >= 0 for v in wall.values())
-    assert wall["replays"] > wall["capture"]
+    # Each phase's own time, in order; "finish" comes after the last phase closed (untimed).
+    assert bench.report.wall_s == {"before": 7.5, "set-up": 1.0, "capture": 2.0, "replays": 4.0,
+                                   "after replays": 8.0, "release": 16.0}  # fmt: skip
+    assert list(bench.report.wall_s) == ["before", "set-up", "capture", "replays",
+                                         "after replays", "release"]  # fmt: skip
     # a warm worker's next check had no start-up of its own: no "before" there
-    again = Recording()
+    again = Recording(clock=clock)
     run_pipeline(again, CheckHooks())
-    assert "before" not in again.report.wall_s and "replays" in again.report.wall_s
+    assert again.report.wall_s == {"set-up": 1.0, "capture": 2.0, "replays": 4.0,
+                                   "after replays": 8.0, "release": 16.0}  # fmt: skip
 
 
-def test_an_interrupted_phase_keeps_its_time_and_the_release_is_timed():
-    bench = Recording(raises="replay")
+def test_a_failed_capture_times_no_replay(clock):
+    bench = Recording(captures=False, clock=clock)
+    run_pipeline(bench, CheckHooks())
+    assert {k: v for k, v in bench.report.wall_s.items() if k != "before"} == {
+        "set-up": 1.0, "capture": 2.0, "release": 16.0}  # fmt: skip
+
+
+def test_an_interrupted_phase_keeps_its_time_and_the_release_is_timed(clock):
+    bench = Recording(raises="replay", clock=clock)
     with pytest.raises(KeyboardInterrupt):
         run_pipeline(bench, CheckHooks())
-    assert {"set-up", "capture", "replays", "release"} <= set(bench.report.wall_s)
-    assert "after replays" not in bench.report.wall_s
+    wall = {k: v for k, v in bench.report.wall_s.items() if k != "before"}
+    assert wall == {"set-up": 1.0, "capture": 2.0, "replays": 4.0, "release": 16.0}
 
 
-def test_the_process_age_counts_from_the_process_start():
-    """A child that sleeps 0.3 s before asking is at least that old, and not minutes old."""
-    code = (
-        "import time; time.sleep(0.3); "
-        "from pagegraph.check.pipeline import process_age_s; print(process_age_s())"
-    )
+def test_the_process_age_counts_from_the_process_start(monkeypatch):
+    """The age is the system's uptime less the process's start time (field 22 of
+    ``/proc/self/stat``, in clock ticks, counted after the command name, which may hold
+    spaces and parentheses)."""
+    ticks = os.sysconf("SC_CLK_TCK")
+    fields = ["S", *[str(k) for k in range(4, 22)], str(250 * ticks), "0", "0"]
+    files = {
+        "/proc/self/stat": f"4242 (a) b (c) {' '.join(fields)}\n",
+        "/proc/uptime": "1000.50 3000.00\n",
+    }
+
+    def fake_open(path):
+        if path not in files:
+            raise FileNotFoundError(path)
+        return io.StringIO(files[path])
+
+    monkeypatch.setattr(pipeline, "open", fake_open, raising=False)
+    assert process_age_s() == pytest.approx(750.5)
+    files["/proc/uptime"] = "100.00 300.00\n"  # started "after" now: never negative
+    assert process_age_s() == 0.0
+    del files["/proc/uptime"]  # no /proc (another platform): no age
+    assert process_age_s() is None
+
+
+def test_a_child_process_is_younger_than_its_parent():
+    """On the real ``/proc``: a child started after this process, asked before it, is younger
+    (an order, not a speed)."""
+    # The function's own source, run bare: the child needs no pagegraph (nor torch) import.
+    code = f"import os\n{inspect.getsource(process_age_s)}\nprint(process_age_s())"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
                          check=True).stdout  # fmt: skip
-    age = float(out)
-    assert 0.3 <= age < 30, age
-    assert process_age_s() is not None
+    child = float(out)
+    parent = process_age_s()
+    assert parent is not None and 0.0 <= child <= parent, (child, parent)

@@ -76,14 +76,14 @@ def alive(pids) -> set[int]:
     return {p for p in pids if p in parents}
 
 
-def wait_until(predicate, what: str):
-    deadline = time.monotonic() + TIMEOUT_S
+def wait_until(predicate, what: str, timeout: float = TIMEOUT_S):
+    deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
         value = predicate()
         if value:
             return value
         time.sleep(0.05)
-    pytest.fail(f"gave up waiting ({TIMEOUT_S:.0f} s) for {what}")
+    pytest.fail(f"gave up waiting ({timeout:.0f} s) for {what}")
 
 
 @pytest.fixture
@@ -197,9 +197,179 @@ def test_script_command_runs_a_script_as_main(tmp_path):
     assert (done.returncode, done.stdout) == (3, "__main__ ['x']\n")
 
 
+#: Seconds a child whose parent was SIGKILLed may take to end: the kernel's parent-death
+#: signal ends it at once, the watchdog within ``lifetime.WATCH_S`` (a bound, not a speed).
+ORPHAN_END_S = 5.0
+
+LONG_REPRODUCER = """
+import os, time
+from pathlib import Path
+Path({pid_file!r}).write_text(str(os.getpid()))
+time.sleep(600)
+"""
+
+
 def test_reproducers_run_as_children_that_end_with_the_job(tmp_path):
     from pagegraph.jobs.sglang_job import run_reproducer
 
     script = tmp_path / "repro.py"
     script.write_text("import sys\nsys.exit(1 if __name__ == '__main__' else 0)\n")
     assert run_reproducer(str(script)) == {"exit_code": 1, "state": "bug present (exit 1)"}
+
+    # A job running a reproducer that lasts long is SIGKILLed (a CI time-out): the
+    # reproducer, its child, ends with it instead of sleeping on.
+    pid_file = tmp_path / "repro.pid"
+    long_script = tmp_path / "long_repro.py"
+    long_script.write_text(textwrap.dedent(LONG_REPRODUCER.format(pid_file=str(pid_file))))
+    code = "import sys; from pagegraph.jobs.sglang_job import run_reproducer as r; r(sys.argv[1])"
+    job = subprocess.Popen([sys.executable, "-c", code, str(long_script)], env=child_env())
+    reproducer = None
+    try:
+        wait_until(lambda: pid_file.exists() and pid_file.read_text() or job.poll() is not None,
+                   "the reproducer to start")  # fmt: skip
+        assert job.poll() is None, f"the job ended with code {job.returncode}"
+        reproducer = int(pid_file.read_text())
+        assert _parents().get(reproducer) == job.pid, "the reproducer is not the job's child"
+        job.kill()
+        job.wait(timeout=TIMEOUT_S)
+        wait_until(lambda: not alive([reproducer]), f"the reproducer {reproducer} to end",
+                   timeout=ORPHAN_END_S)  # fmt: skip
+    finally:
+        if job.poll() is None:
+            job.kill()
+            job.wait()
+        if reproducer is not None and alive([reproducer]):
+            os.kill(reproducer, signal.SIGKILL)
+
+
+# -- die_with_parent's fallbacks, and warm workers ---------------------------------------------
+
+#: A grandchild armed with the watchdog alone: the kernel's parent-death signal switched off
+#: (as where prctl is missing), and its exit recorded (``os._exit`` is how the watchdog ends
+#: the process: the code and the thread that called it go to the marker file).
+WATCHDOG_ONLY = """
+import os, sys, threading, time
+from pagegraph.workload import lifetime
+
+marker = sys.argv[1]
+real_exit = os._exit
+
+def recorded_exit(code):
+    with open(marker, "w") as f:
+        f.write(f"{code} {threading.current_thread().name}")
+    real_exit(code)
+
+os._exit = recorded_exit
+lifetime._set_pdeathsig = lambda signum: False
+lifetime.WATCH_S = 0.05
+armed = lifetime.die_with_parent()
+print("armed" if not armed else "prctl armed", flush=True)
+time.sleep(600)
+"""
+
+
+def test_the_watchdog_alone_ends_an_orphan(tmp_path):
+    script = tmp_path / "watchdog_only.py"
+    script.write_text(textwrap.dedent(WATCHDOG_ONLY))
+    marker = tmp_path / "exit"
+    code = textwrap.dedent(
+        f"""
+        import subprocess, sys, time
+        child = subprocess.Popen([sys.executable, {str(script)!r}, {str(marker)!r}],
+                                 stdout=subprocess.PIPE, text=True)
+        print(child.stdout.readline().strip(), child.pid, flush=True)
+        time.sleep(600)
+        """
+    )
+    parent = subprocess.Popen([sys.executable, "-c", code], env=child_env(),
+                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    grandchild = None
+    try:
+        state, pid = parent.stdout.readline().split()
+        grandchild = int(pid)
+        assert state == "armed", "the kernel's signal was set: not the watchdog alone"
+        assert alive([grandchild])
+        parent.kill()
+        parent.wait()
+        wait_until(lambda: not alive([grandchild]), "the orphan to end", timeout=ORPHAN_END_S)
+        assert marker.read_text() == "1 pagegraph-parent-watchdog"
+    finally:
+        parent.kill()
+        parent.communicate()
+        if grandchild is not None and alive([grandchild]):
+            os.kill(grandchild, signal.SIGKILL)
+
+
+def test_a_child_whose_parent_is_already_gone_ends_at_once():
+    # The parent ended while the child started: the pid it passed is no longer the child's
+    # parent by the time die_with_parent runs.
+    gone = subprocess.Popen([sys.executable, "-c", ""])
+    gone.wait()
+    code = ("import sys; from pagegraph.workload.lifetime import die_with_parent; "
+            "die_with_parent(int(sys.argv[1])); print('survived', flush=True)")  # fmt: skip
+    done = subprocess.run([sys.executable, "-c", code, str(gone.pid)], env=child_env(),
+                          capture_output=True, text=True, timeout=TIMEOUT_S)  # fmt: skip
+    assert (done.returncode, done.stdout, done.stderr) == (1, "", "")
+    # Its parent alive (the default: the parent now), the same call returns.
+    done = subprocess.run([sys.executable, "-c", code, str(os.getpid())], env=child_env(),
+                          capture_output=True, text=True, timeout=TIMEOUT_S)  # fmt: skip
+    assert (done.returncode, done.stdout) == (0, "survived\n"), done.stderr
+
+
+#: A builder that records which worker called it (a file named by its pid) and then sleeps
+#: past any bound of the test: a worker is inside a check when its parent is killed.
+POOL_BUILDER = """
+import os, time
+from pathlib import Path
+
+def build(req_to_token, req_pool_indices, seq_lens, page_table, page_size, **kwargs):
+    Path(os.environ["PAGEGRAPH_TEST_CALLED"], str(os.getpid())).touch()
+    time.sleep(600)
+"""
+
+POOL_PARENT = """
+import sys
+from pathlib import Path
+from pagegraph.check.config import CheckConfig
+from pagegraph.check.isolate import Job
+from pagegraph.check.worker_pool import Task, WorkerPool
+
+builder, tmp = sys.argv[1], Path(sys.argv[2])
+cfg = CheckConfig(max_bs=4, max_context_len=64, page_size=16, steps=2, buckets="pow2")
+tasks = [Task(i, Job(builder, cfg.replace(seed=i))) for i in range(2)]
+WorkerPool(2, tmp).run(tasks)
+"""
+
+
+@pytest.mark.heavy
+def test_a_warm_pools_workers_end_with_a_killed_parent(tmp_path, monkeypatch):
+    builder = tmp_path / "pool_builder.py"
+    builder.write_text(textwrap.dedent(POOL_BUILDER))
+    called = tmp_path / "called"
+    called.mkdir()
+    monkeypatch.setenv("PAGEGRAPH_TEST_CALLED", str(called))
+    parent = subprocess.Popen(
+        [sys.executable, "-c", textwrap.dedent(POOL_PARENT), f"{builder}:build",
+         str(tmp_path / "pool")],
+        env=child_env(),
+    )  # fmt: skip
+    workers: set[int] = set()
+    try:
+        # Both workers inside their check's first builder call.
+        wait_until(lambda: len(list(called.iterdir())) >= 2 or parent.poll() is not None,
+                   "both workers' first builder call")  # fmt: skip
+        assert parent.poll() is None, f"the pool's parent ended with code {parent.returncode}"
+        workers = {int(p.name) for p in called.iterdir()}
+        assert workers <= descendants(parent.pid) and len(workers) == 2
+        assert all("pagegraph.check.worker_pool" in _cmdline(p) for p in workers)
+        parent.kill()
+        parent.wait(timeout=TIMEOUT_S)
+        wait_until(lambda: not alive(workers), f"workers {sorted(alive(workers))} to end",
+                   timeout=ORPHAN_END_S)  # fmt: skip
+    finally:
+        if parent.poll() is None:
+            parent.kill()
+            parent.wait()
+        for pid in alive(workers):
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGKILL)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import itertools
 import os
 import signal
+from types import SimpleNamespace
 
 import numpy as np
 import pytest
@@ -106,12 +107,31 @@ def test_same_steps_and_tables_as_decode_workload(case, processes):
     assert n == workload_kwargs["steps"]
 
 
+def timed_wait_started(produced: ProducedWorkload, monkeypatch) -> float:
+    """``produced.wait_started()`` on a fake clock that moves one second each time a child's
+    message is received, and only then: the seconds it returns are the children it waited
+    for (a wait that returns early, or times only a part of the waits, says fewer)."""
+    clock = [0.0]
+    with monkeypatch.context() as m:
+        m.setattr(producer, "time", SimpleNamespace(perf_counter=lambda: clock[0]))
+        for child in produced._sources:
+            if hasattr(child, "wait_first"):
+
+                def receive(*args, _real=child._receive, **kwargs):
+                    item = _real(*args, **kwargs)
+                    clock[0] += 1.0
+                    return item
+
+                m.setattr(child, "_receive", receive)
+        return produced.wait_started()
+
+
 @pytest.mark.parametrize(
     "streams, steps, processes",
     [(3, 100, False), (3, 100, True), (2, 7, False), (4, 40, False)],
     ids=["3x100-here", "3x100-child", "2x7-here", "4x40-here"],
 )
-def test_streams_take_turns_each_with_its_own_tables(streams, steps, processes):
+def test_streams_take_turns_each_with_its_own_tables(streams, steps, processes, monkeypatch):
     """Segments of 16 steps: stream k's steps and tables are those of its own DecodeWorkload
     (seeds shifted), and a run shorter than one segment is stream 0 alone."""
     pool_kwargs, workload_kwargs = CASES["swa-injections-int64"]
@@ -133,9 +153,11 @@ def test_streams_take_turns_each_with_its_own_tables(streams, steps, processes):
     # for (its first batch received and kept, handed out at its stream's first turn).
     steps_iter = iter(produced)
     first = next(steps_iter)
-    assert produced.wait_started() >= 0
     children = [s for s in produced._sources if hasattr(s, "wait_first")]
     assert len(children) == (produced.streams if processes else 0)
+    # The time waited spans the start-up of every child not heard from yet (streams 1 on;
+    # stream 0 sent the first step), and nothing without children.
+    assert timed_wait_started(produced, monkeypatch) == (len(children) - 1 if processes else 0)
     assert all(s._received for s in children)
     assert all(s._first is not None for s in children[1:])  # kept for their first turn
     for index, got in enumerate(itertools.chain([first], steps_iter)):
@@ -191,7 +213,7 @@ def test_a_child_that_dies_is_reported():
             pass
 
 
-def test_stopping_early_stops_the_child():
+def test_stopping_early_stops_the_child(monkeypatch):
     pool_kwargs, workload_kwargs = CASES["plain"]
     produced = ProducedWorkload(
         KVPool(**pool_kwargs),
@@ -209,7 +231,8 @@ def test_stopping_early_stops_the_child():
     assert asked == [1]
     for step in produced:
         if step.index == 3:
-            assert produced.wait_started() >= 0  # stream 1's first batch, kept for its turn
+            # Stream 1's first batch, the one start-up left to wait for, kept for its turn.
+            assert timed_wait_started(produced, monkeypatch) == 1
             assert all(s._received for s in produced._sources)
             break
     produced.close()

@@ -28,10 +28,14 @@ PASSING = ("capture", "replays completed", "staged inputs", "correct", "bounded 
            "static buffers unmoved", "no allocation in replay")  # fmt: skip
 
 
+#: Replays of every check here: a mutant runs the very workload its control passes.
+STEPS = 16
+
+
 def small(name: str, **changes):
     """A shipped vLLM scenario shrunk for the Triton interpreter."""
     cfg = load_scenario(ROOT / "graphs" / f"{name}.toml").config
-    base = dict(steps=10, max_bs=8, max_context_len=512, initial_len=(1, 400))
+    base = dict(steps=STEPS, max_bs=8, max_context_len=512, initial_len=(1, 400))
     return cfg.replace(**{**base, **changes})
 
 
@@ -79,7 +83,7 @@ def test_vllms_kernels_are_safe_under_their_own_contract(client, scenario):
 def test_vllms_gather_writes_past_a_row_when_num_blocks_passes_the_width():
     # Outside vLLM's contract (its host never lets num_blocks pass a row's capacity): the
     # kernel trusts the count, and the rows it spills into show it.
-    report = check_replay_safety("vllm_gather_block_tables", small(HOSTILE, steps=16))
+    report = check_replay_safety("vllm_gather_block_tables", small(HOSTILE))
     prop = report.property("row containment")
     assert prop.status == "FAIL", report.format()
     assert "num_blocks past the width (engine state)" in str(prop.first_failure)
@@ -87,8 +91,8 @@ def test_vllms_gather_writes_past_a_row_when_num_blocks_passes_the_width():
 
 
 def test_block_table_padded_rows_are_checked_cleared():
-    report = check_replay_safety("gather_block_tables", small("vllm-block-table", steps=16))
-    assert report.replays == 16 and any(b.replays for b in report.buckets.values())
+    report = check_replay_safety("gather_block_tables", small("vllm-block-table"))
+    assert report.replays == STEPS and any(b.replays for b in report.buckets.values())
     assert_passes(report)
 
 
@@ -108,19 +112,53 @@ KILLS = {
 }
 
 
+#: The mutants whose bug is in the padded rows (``n <= row < bucket``): their first failure
+#: must name an entry of one.
+PADDED_ROW_BUGS = ("pad_rows_not_cleared", "pad_rows_cleared_to_stale_count", "pad_row_unguarded")
+
+
+def counting_runner(sizes: list[int]):
+    """A ``GraphRunner`` class that appends each replay's batch size ``n`` to ``sizes``
+    (replay ``i`` is the runner's ``i``-th ``replay`` call)."""
+
+    class CountingRunner(GraphRunner):
+        def replay(self, req_pool_indices, seq_lens):
+            sizes.append(len(seq_lens))
+            return super().replay(req_pool_indices, seq_lens)
+
+    return CountingRunner
+
+
 @pytest.mark.parametrize("name", sorted(KILLS))
 def test_each_mutant_fails_its_property(name):
     scenario, prop = KILLS[name]
     reset_caches()
     mutant = MUTANTS[name].builder
     assert kind_of(mutant) in SCENARIOS
-    report = check_replay_safety(mutant, small(scenario, steps=16))
+    cfg = small(scenario)  # the config its controls pass
+    sizes: list[int] = []
+    report = check_replay_safety(mutant, cfg, runner_factory=counting_runner(sizes))
     assert statuses(report)[prop] == "FAIL", report.format()
+    if name in PADDED_ROW_BUGS:
+        failure = report.property(prop).first_failure
+        n, bucket = sizes[failure.replay], failure.bucket
+        if failure.vector:  # slot_mapping: row i owns tokens [i * q, (i + 1) * q)
+            q = cfg.draft_tokens + 1
+            row, text = failure.row // q, f"{failure.table}[{failure.row}]"
+            assert failure.row < bucket * q, str(failure)
+        else:
+            row, text = failure.row, f"{failure.table}[{failure.row}, {failure.col}]"
+        assert n <= row < bucket, f"row {row} of {n} real in bucket {bucket}: {failure}"
+        assert str(failure).startswith(f"replay {failure.replay} (bucket {bucket}): {text} ")
 
 
 def test_every_mutant_of_the_two_kinds_is_in_the_table():
     ours = {n for n, m in MUTANTS.items() if kind_of(m.builder) in SCENARIOS}
     assert ours == set(KILLS)
+    assert set(PADDED_ROW_BUGS) <= ours
+    # each mutant's scenario is one its controls pass (test_pagegraphs_builders_...)
+    controlled = {*SCENARIOS[BLOCK_TABLE], *SCENARIOS[SLOT_MAPPING], HOSTILE}
+    assert {scenario for scenario, _ in KILLS.values()} <= controlled
 
 
 class UnreadRunner(GraphRunner):
