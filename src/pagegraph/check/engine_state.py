@@ -54,8 +54,11 @@ def update_engine_state(run, step: Step, may_break: bool = True) -> None:
         return
     rpi = np.asarray(step.req_pool_indices, dtype=np.int64)
     lens = np.asarray(step.seq_lens, dtype=np.int64)
-    if run.kind.tables_include_draft:  # the step's draft tokens have their blocks too
-        lens = lens + run.cfg.draft_tokens
+    if run.kind.tables_include_draft:
+        # The step's tokens, at positions max(len - 1, 0) + j for j <= draft_tokens, have
+        # their blocks: a zero-length row's token at position 0 too, as vLLM's scheduler
+        # allocates the block of every token it schedules.
+        lens = np.maximum(lens, 1) + run.cfg.draft_tokens
     mine = (rpi >= 0) & (rpi < engine.max_reqs)
     with phase("workload"):
         if run.engine_overrun is not None:  # the last replay's broken count, undone

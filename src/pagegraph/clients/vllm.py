@@ -184,11 +184,19 @@ def vllm_compute_slot_mappings(
     positions: torch.Tensor,
     slot_mapping: torch.Tensor,
     page_size: int,
+    *,
+    group=None,
 ) -> None:
     """vLLM's ``_compute_slot_mappings_kernel`` under the ``"slot_mapping"`` contract (shapes as
     ``pagegraph.kernels.slot_mapping.compute_slot_mappings``), launched as
     ``BlockTables.compute_slot_mappings`` launches it for one group, no context parallelism.
-    ``ValueError`` when ``block_table`` does not start on a 16-byte boundary."""
+    ``ValueError`` when ``block_table`` does not start on a 16-byte boundary.
+
+    ``group`` (a ``pagegraph.check.kv_groups.KVGroup`` on a scenario with ``kv_groups``):
+    the group's block size and row stride are ``page_size`` and ``block_table``'s; its slot
+    mapping is enabled whatever its kind, as ``BlockTables`` enables every group by default
+    (``slot_mapping_enabled=None``; which groups vLLM's runner disables is decided outside
+    the files loaded here)."""
     _check_aligned("block_table", block_table)
     kernels = load_vllm_kernels()
     args = slot_mapping_launch_args(block_table, page_size)

@@ -58,6 +58,18 @@ HOSTILE_NOTE = (
     "not a bug of vLLM's under its own rules. Runs on *engine* inputs are under vLLM's rules."
 )
 
+#: What a run over KV-cache groups means (the report says it above the table when it has one).
+GROUPS_NOTE = (
+    "Scenarios with `kv_groups` check each KV-cache group with its own block size and row "
+    "width (`pagegraph.check.kv_groups`), as `BlockTables` holds them; a run's verdict is its "
+    "groups' worst, and a failure names its group. vLLM's slot-mapping kernel is launched with "
+    "the group's mapping enabled, `BlockTables`' default (`slot_mapping_enabled=None`); a "
+    "ring group (narrower than the sequence: `CircularBufferSpec`, `KpoolTailSpec`) is judged "
+    "by the ring's own mapping, `block_table[r, (pos // block_size) % width]`. Which groups "
+    "vLLM's runner disables (`uses_slot_mapping`, decided outside the kernel files loaded "
+    "here) decides whether a ring failure is reachable: vLLM #53982, #56469."
+)
+
 
 def _scenario_kind(scenario):
     """The kind of a scenario's own builder, or None when it cannot load."""
@@ -127,6 +139,9 @@ def markdown(doc: dict) -> str:
     lines = _header(doc["environment"], doc["replays"])
     if any(r.get("hostile") for r in doc["runs"]):
         lines += [HOSTILE_NOTE, ""]
+    if doc.get("kv_groups"):
+        groups = "; ".join(f"{k}: {', '.join(v)}" for k, v in doc["kv_groups"].items())
+        lines += [GROUPS_NOTE, "", f"Groups: {groups}.", ""]
     lines += verdict_lines(doc, CLIENTS, "kernel")
     lines += findings_lines(doc)
     return "\n".join(lines)
@@ -146,7 +161,9 @@ def run_job(args: argparse.Namespace) -> int:
     env["vllm_files"] = str(vllm_root())
     env["vllm_stubs"] = "; ".join(f"{k} ({v})" for k, v in vllm_client.STUBBED_IMPORTS.items())
     completed = run_checks(runs, timeout=args.timeout, quiet=args.quiet, job="vllm_job")
-    doc = job_doc(env, replays, completed, runs)
+    groups = {r.scenario: [str(g.get("name", i)) for i, g in enumerate(r.config.kv_groups)]
+              for r in runs if r.config is not None and r.config.kv_groups}  # fmt: skip
+    doc = job_doc(env, replays, completed, runs, kv_groups=groups)
     write_reports(doc, markdown(doc), args)
     return 0 if completed else 130
 

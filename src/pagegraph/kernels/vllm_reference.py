@@ -15,7 +15,12 @@ import torch
 from .batch import BatchContext
 from .slot_mapping import PAD_SLOT_ID
 
-__all__ = ["reference_block_table", "reference_slot_mapping"]
+__all__ = [
+    "reference_block_table",
+    "reference_group_slot_mapping",
+    "reference_ring_slot_mapping",
+    "reference_slot_mapping",
+]
 
 
 def _clamp(value: int, lo: int, hi: int) -> int:
@@ -57,6 +62,8 @@ def reference_slot_mapping(
     positions: torch.Tensor,
     slot_mapping: torch.Tensor,
     page_size: int,
+    *,
+    ring: bool = False,
 ) -> None:
     """What a ``"slot_mapping"`` builder must write into ``slot_mapping`` (shapes as
     ``compute_slot_mappings``): each token ``t`` of row ``i`` gets
@@ -69,6 +76,10 @@ def reference_slot_mapping(
     len(positions)))`` and the tail's start into ``[0, max_num_tokens]``. Rows are written
     in order, then the tail (a ``query_start_loc`` that decreases makes rows overlap, and
     the builders' order of writes is then not defined).
+
+    ``ring``: the table is a ring group's (``pagegraph.check.kv_groups``): its ``width``
+    blocks are used in turn, so a position past ``width * page_size`` is in the contract and
+    goes to column ``(pos // page_size) % width`` (a negative position is still clamped to 0).
     """
     max_reqs, width = block_table.shape
     rows = idx_mapping.shape[0]
@@ -87,11 +98,38 @@ def reference_slot_mapping(
                 values[t] = PAD_SLOT_ID
                 continue
             r = min(slots[i], max_reqs - 1)
-            pos = _clamp(pos_all[t], 0, width * page_size - 1)
-            values[t] = table[r][pos // page_size] * page_size + pos % page_size
+            if ring:
+                pos = max(pos_all[t], 0)
+                col = (pos // page_size) % width
+            else:
+                pos = _clamp(pos_all[t], 0, width * page_size - 1)
+                col = pos // page_size
+            values[t] = table[r][col] * page_size + pos % page_size
     for t in range(_clamp(qsl[rows], 0, max_num_tokens), max_num_tokens):
         values[t] = PAD_SLOT_ID
     slot_mapping.copy_(torch.tensor(values, dtype=torch.int64))
 
 
 reference_slot_mapping.pagegraph_outputs = "slot_mapping"
+
+
+def reference_ring_slot_mapping(block_table, idx_mapping, query_start_loc, positions,
+                                slot_mapping, page_size) -> None:  # fmt: skip
+    """``reference_slot_mapping`` of a ring group's table (``ring=True``)."""
+    reference_slot_mapping(block_table, idx_mapping, query_start_loc, positions, slot_mapping,
+                           page_size, ring=True)  # fmt: skip
+
+
+reference_ring_slot_mapping.pagegraph_outputs = "slot_mapping"
+
+
+def reference_group_slot_mapping(block_table, idx_mapping, query_start_loc, positions,
+                                 slot_mapping, page_size, *, group=None) -> None:  # fmt: skip
+    """What the slot mapping of KV-cache group ``group`` must be (a
+    ``pagegraph.check.kv_groups.KVGroup``, or ``None``: a single group): the ring's on a ring
+    group, ``reference_slot_mapping``'s on any other."""
+    reference_slot_mapping(block_table, idx_mapping, query_start_loc, positions, slot_mapping,
+                           page_size, ring=group is not None and group.ring)  # fmt: skip
+
+
+reference_group_slot_mapping.pagegraph_outputs = "slot_mapping"

@@ -121,6 +121,11 @@ def config_problem(builder: Callable, kind: KindSpec, cfg) -> str | None:
             f"{builder_name(builder)} is a {kind.name} builder: num_blocks_overrun breaks the "
             "per-request num_blocks of vLLM's block tables, which only a block_table builder reads"
         )
+    if problem is None and getattr(cfg, "kv_groups", ()):
+        from ..check.kv_groups import builder_group_problem  # the check imports the kinds
+
+        found = builder_group_problem(builder, kind.name, cfg)
+        problem = found and f"{builder_name(builder)} {found}"
     return problem
 
 

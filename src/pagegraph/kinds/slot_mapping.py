@@ -18,6 +18,14 @@ drafter graph). The graph derives ``idx_mapping`` and ``positions`` from the sta
 before calling the builder (``call``), as an engine's own input preparation would. Every
 entry of ``slot_mapping`` is determined, so all of it is compared; a canary entry either side
 must keep the poison.
+
+KV-cache groups (``[layout] kv_groups``, ``pagegraph.check.kv_groups``): each group is checked
+with its own block size and width. A table narrower than the positions the engine sends is a
+ring group's (vLLM's only groups narrower than the sequence: ``CircularBufferSpec``,
+``KpoolTailSpec``), whose blocks are used in turn: the slot of position ``pos`` is
+``block_table[idx, (pos // page_size) % width] * page_size + pos % page_size``
+(``compute_group_slot_mappings``, oracle ``reference_group_slot_mapping``). Where the table
+spans the context, as in every single-group scenario, that is the rule above.
 """
 
 from __future__ import annotations
@@ -60,12 +68,15 @@ class SlotMappingKind(KindSpec):
         return SLOT_MAPPING_ZOO
 
     def load_builders(self) -> dict[str, Callable]:
+        from ..kernels.kv_groups import compute_group_slot_mappings
         from ..kernels.slot_mapping import compute_slot_mappings
-        from ..kernels.vllm_reference import reference_slot_mapping
+        from ..kernels.vllm_reference import reference_group_slot_mapping, reference_slot_mapping
 
         return {
             "compute_slot_mappings": compute_slot_mappings,
             "reference_slot_mapping": reference_slot_mapping,
+            "compute_group_slot_mappings": compute_group_slot_mappings,
+            "reference_group_slot_mapping": reference_group_slot_mapping,
         }
 
     def derived_inputs(self, max_bs: int, draft_tokens: int, device) -> dict[str, torch.Tensor]:
@@ -97,8 +108,10 @@ class SlotMappingKind(KindSpec):
         """``slot_mapping`` against the model (see ``KindSpec.vector_fields``): token ``t``
         of a real row ``i = t // q`` holds the slot of position ``max(len_i - 1, 0) + t % q``
         (the page's first slot, gathered at the replay, plus the offset in the page: a page's
-        slots are consecutive); a padded row's tokens and every token past the bucket's rows
-        hold ``PAD_SLOT_ID``. An out-of-contract row's tokens are not judged."""
+        slots are consecutive), its page ``(pos // page_size) % width``: a position past the
+        table in the contract is a ring group's (the module docstring); a padded row's tokens
+        and every token past the bucket's rows hold ``PAD_SLOT_ID``. An out-of-contract row's
+        tokens are not judged."""
         K, M, ps, cap, poison = v.batch, v.max_bs, v.page_size, v.cap, v.poison_value
         q = v.draft_tokens + 1
         exp = v.expected_vectors
@@ -107,7 +120,9 @@ class SlotMappingKind(KindSpec):
         row = (t // q).clamp(max=M - 1).expand(K, L)
         in_rows = (t // q < M).expand(K, L)
         pos = (m.sl.gather(1, row) - 1).clamp(min=0) + (t % q)
-        page = (pos // ps).clamp(max=cap - 1)
+        # A ring's blocks in turn (a table spanning the context has pos < width * ps in the
+        # contract: the token's own page).
+        page = ((pos // ps) % v.width).clamp(max=cap - 1)
         first = m.slots.reshape(K, M * cap).gather(1, row * cap + page)
         real = m.real.gather(1, row) & in_rows
         ooc = m.ooc.gather(1, row) & in_rows
