@@ -95,7 +95,9 @@ GPU_HEAVY: dict[str, tuple[str, ...]] = {
         "test_streams_take_turns_each_with_its_own_tables",
         "test_the_childs_exception_is_raised_at_its_step",
     ),
-    "test_reader_cli.py": ("test_the_command_runs_a_users_reader_in_a_child_and_exits_1_when_it_fails",),
+    "test_reader_cli.py": (
+        "test_the_command_runs_a_users_reader_in_a_child_and_exits_1_when_it_fails",
+    ),
     "test_sglang_clients.py": (
         "test_flashinfer_overflow_reproducer_flags_sglang_and_passes_pagegraph",
         "test_reproducer_exit_code_follows_its_finding",

@@ -18,7 +18,6 @@ import torch
 
 from pagegraph.check.checker import check_replay_safety
 from pagegraph.check.config import ConfigError, validate_config
-from pagegraph.check.kv_groups import KVGroup, parse_groups
 from pagegraph.check.scenario import ScenarioError, load_scenario
 from pagegraph.kernels.kv_groups import compute_group_slot_mappings, ring_slot_mappings
 from pagegraph.kernels.slot_mapping import PAD_SLOT_ID
@@ -27,6 +26,7 @@ from pagegraph.kernels.vllm_reference import (
     reference_ring_slot_mapping,
     reference_slot_mapping,
 )
+from pagegraph.kinds.kv_groups import KVGroup, parse_groups
 
 ROOT = Path(__file__).resolve().parents[1]
 SLOTS = ROOT / "graphs" / "vllm-slot-mapping-groups.toml"

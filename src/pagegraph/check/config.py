@@ -38,6 +38,11 @@ CONSUMERS = ("paged", "csr")
 CSR_CONSUMERS = CONSUMERS[1:]
 #: Values of ``CheckConfig.consumer_dtype`` -> the query and KV-cache dtype.
 CONSUMER_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
+#: Values of ``CheckConfig.null_block``: what the decode step's page 0 (the null block) holds.
+#: "nan": NaN, a convention whose padded rows read no page (their outputs are not judged);
+#: "finite": data, a convention whose padded rows may read the null block (vLLM's block 0),
+#: so their own outputs are judged ("padded rows read inside the KV pool").
+NULL_BLOCKS = ("nan", "finite")
 
 #: property -> (what it covers, what makes it fail). The order is the report's.
 PROPERTIES: dict[str, tuple[str, str]] = {
@@ -61,6 +66,11 @@ PROPERTIES: dict[str, tuple[str, str]] = {
         "runner",
         "static inputs after staging and padding that differ from the batch asked for, padded "
         "by the policy into the right bucket",
+    ),
+    "outputs unaliased": (
+        "runner",
+        "at set-up, two outputs (tables, vectors, error counters) whose views share a byte, or "
+        "an output sharing one with an input the builder reads (pagegraph.check.aliasing)",
     ),
     "correct": (
         "builder + runner",
@@ -191,6 +201,10 @@ class CheckConfig:
     r2t_offset: int = 0
     r2t_dtype: str = "int32"
     full_to_swa_dtype: str = "int64"
+    #: vLLM's KV-cache groups, each a dict (``name``, ``kind``, ``block_size``, ``width``):
+    #: a block-table or slot-mapping builder is checked over every group
+    #: (``pagegraph.check.kv_groups``); empty: one group, the page size and width above
+    kv_groups: tuple = ()
     # -- out-of-contract and edge values in the batches (probabilities per step) --
     #: "engine" or "hostile" (``INJECTION_LEVELS``): which injections the scenario may ask for
     injection_level: str = "hostile"
@@ -236,6 +250,9 @@ class CheckConfig:
     #: timed graph replays per bucket (CUDA only), for the medians of the step and the builder;
     #: 0: no timing (``pagegraph mutate`` needs only the verdict)
     timing_iters: int = 20
+    #: what the decode step's null block (page 0) holds (``NULL_BLOCKS``): "nan", or
+    #: "finite" where the engine's padded rows may read it (their outputs are then judged)
+    null_block: str = "nan"
 
     def replace(self, **changes) -> CheckConfig:
         return dataclasses.replace(self, **changes)
@@ -251,6 +268,7 @@ class CheckConfig:
             config.detectors = tuple(config.detectors)
         config.strict = tuple(config.strict)
         config.preset_outputs = tuple(config.preset_outputs)
+        config.kv_groups = tuple(dict(g) for g in config.kv_groups)
         return config
 
     @property
@@ -313,6 +331,12 @@ def _check_layout(c: CheckConfig, name: FieldNamer) -> None:
     for field in ("table_pad_cols", "r2t_extra_cols", "r2t_offset"):
         if getattr(c, field) < 0:
             _fail(field, f"must be >= 0, got {getattr(c, field)}", name)
+    if c.kv_groups:
+        from ..kinds.kv_groups import groups_problem
+
+        problem = groups_problem(c)
+        if problem:
+            _fail("kv_groups", problem, name)
     if c.swa_table_pad_cols is not None:
         if c.swa_table_pad_cols < 0:
             _fail("swa_table_pad_cols", f"must be >= 0, got {c.swa_table_pad_cols}", name)
@@ -387,6 +411,8 @@ def _check_consumer(c: CheckConfig, name: FieldNamer) -> None:
         _fail("emulate", f"must be true or false, got {c.emulate!r}", name)
     if c.timing_iters < 0:
         _fail("timing_iters", f"must be >= 0 (0: no timing), got {c.timing_iters}", name)
+    if c.null_block not in NULL_BLOCKS:
+        _fail("null_block", f"must be 'nan' or 'finite', got {c.null_block!r}", name)
     if c.num_q_heads % c.num_kv_heads:
         _fail("num_q_heads", f"must be a multiple of {name('num_kv_heads')} "
               f"({c.num_kv_heads}), got {c.num_q_heads}", name)  # fmt: skip

@@ -22,12 +22,20 @@ B. the tails get other live page ids again, and each real row's last page gets n
 C. (when ``n < b``) the padded rows' queries are finite: real rows must again be
    bit-identical.
 
+A planned reader (``Reader.plan``) is planned on the step's host batch before A, and replays
+once more after B on B's inputs (D), the workspace entries its plan did not write holding
+other values (``pagegraph.check.step_plan``): real rows must be bit-identical with B's.
+
 Properties (``STEP_PROPERTIES``): "output correct through the consumer" (A's real rows finite
 and within ``pagegraph.consumers.reference``'s tolerance of dense fp32 attention over the
 pages the host model gives each row, up to its length), "consumer reads only within
-cache_seqlens" (A = B), "padded rows contained" (B = C, real rows finite), "sentinel page
-untouched" (the KV page past every allocated one keeps its values after capture and each
-replay), "replays completed" (no replay raised; in a child process, ``pagegraph.check.isolate``,
+cache_seqlens" (A = B), "padded rows contained" (B = C, real rows finite), "padded rows read
+inside the KV pool" (C's padded rows finite where the null block holds data:
+``pagegraph.check.padded_rows``), "null block and guard page untouched" (page 0 and the guard
+page before it keep their values), "reader reads only what the current plan wrote" (B = D),
+"sentinel page untouched" (the KV page past every allocated one keeps its values after
+capture and each replay), "replays
+completed" (no replay raised; in a child process, ``pagegraph.check.isolate``,
 the process did not die). The first failing row of each is named with its replay, bucket and
 inputs. A step's replays go to the judges of ``pagegraph.check.step_judges``, one a property.
 
@@ -68,12 +76,17 @@ from .decode_step_graph import (
     StepShape,
     default_consumer,
 )
+from .padded_rows import describe as describe_padded_rows
+from .padded_rows import judge_capture as judge_reserved_at_capture
+from .padded_rows import nan_page as nan_page_id
+from .padded_rows import note_convention
 from .pipeline import run_pipeline
 from .plan import CheckPlan, plan_check
 from .report import BucketStats, PropertyResult, Report
 from .signals import stop_requested
 from .state import CheckHooks
 from .step_judges import STEP_JUDGES, StepBatch, StepJudge, StepReplays
+from .step_plan import plan_detail, replay_refilled
 from .step_report import STEP_PROPERTIES, StepSection
 from .workload_setup import pool_kwargs, workload_kwargs
 
@@ -223,6 +236,7 @@ class StepBench:
         self.report = Report(builder_name(fn), cfg, str(dev), dev.type == "cuda",
                              step=StepSection(consumer=cfg.consumer, shrunk=note))  # fmt: skip
         self._props = step_properties()
+        note_convention(self._props, cfg.null_block)
         self.report.properties = list(self._props.values())
         self._fn, self._kind, self._consumer = fn, plan.kind_spec, consumer
         self._cfg, self._device = cfg, dev
@@ -268,7 +282,8 @@ def _setup(fn, kind, consumer, cfg: CheckConfig, dev, report, props,
     )  # fmt: skip
     buckets = Buckets(cfg.buckets, cfg.max_bs)
     graphs = StepGraphs(fn, kind, consumer or default_consumer(cfg.consumer), shape,
-                        pool.req_to_token, buckets.sizes, cfg.seed + 2, emulate)  # fmt: skip
+                        pool.req_to_token, buckets.sizes, cfg.seed + 2, emulate,
+                        null_block=cfg.null_block)  # fmt: skip
     gen = torch.Generator().manual_seed(cfg.seed + 3)
     return _Run(cfg, graphs, pool, report, props, resolve_padding(cfg.padding), buckets, gen)
 
@@ -298,6 +313,7 @@ def _capture(run: _Run) -> bool:
     )
     if not run.graphs.sentinel_intact():
         run.props["sentinel page untouched"].fail("the sentinel page changed during capture")
+    judge_reserved_at_capture(run)
     return True
 
 
@@ -360,6 +376,7 @@ def _one_step(run: _Run, k: int, step) -> None:
     g.req_pool_indices[:n].copy_(torch.tensor(b.rpi))
     g.seq_lens[:n].copy_(torch.tensor(b.lens))
     run.padding.apply(g.req_pool_indices, g.seq_lens, n, bucket)
+    g.plan(bucket)  # a planned reader's host plan, eagerly, before the step's replays
     dims = (n, run.cfg.num_q_heads, run.cfg.head_dim)
     g.q[:n].copy_(torch.randn(dims, generator=run.gen).to(g.q.dtype))
     _padded_queries(g, n, bucket, finite=None)
@@ -375,14 +392,20 @@ def _one_step(run: _Run, k: int, step) -> None:
     g.replay(bucket)
     out_b = g.out[:n].clone()
     sentinel = sentinel and g.sentinel_intact()
-    out_c = None
+    out_d = replay_refilled(run, b)  # D: the entries the plan left unwritten changed
+    sentinel = sentinel and g.sentinel_intact()
+    out_c = pad_c = None
     if n < bucket:
         run.padded_replays += 1
         _padded_queries(g, n, bucket, finite=run.gen)
         g.replay(bucket)
         sentinel = sentinel and g.sentinel_intact()
         out_c = g.out[:n].clone()
-    replays = StepReplays(out_a, out_b, out_c, sentinel)
+        pad_c = g.out[n:bucket].clone()
+    # Page 0 and the guard are never restored: one read-back after the step's last replay
+    # sees a write in any of them.
+    replays = StepReplays(out_a, out_b, out_c, sentinel, pad_c=pad_c,
+                          reserved_changed=g.reserved_changed(), out_plan=out_d)  # fmt: skip
     for judge in run.judges:
         judge.judge(run, b, replays)
     stats = run.report.buckets.setdefault(bucket, BucketStats(bucket))
@@ -407,9 +430,10 @@ def _poison_tails(run: _Run, b: StepBatch, before: tuple | None = None,
     drawn at random, each entry a different page than ``before`` (the picks this returned
     last) where two pages live: the builder overwrites the live entries, and a stale tail
     then names real data, so reading it changes the output (-1 or 0 might be skipped or read
-    as padding's page). With ``nan_page`` every entry is page 0, whose K and V are NaN: a
-    read of a stale entry, even one whose score is masked by a multiplication by zero,
-    makes the row NaN. The picks are returned either way (``before`` of the next fill)."""
+    as padding's page). With ``nan_page`` every entry is the NaN page (page 0, or the guard
+    page -1 where the null block holds data: ``pagegraph.check.padded_rows``): a read of a
+    stale entry, even one whose score is masked by a multiplication by zero, makes the row
+    NaN. The picks are returned either way (``before`` of the next fill)."""
     g, live = run.graphs, len(b.live)
     sizes = [(b.bucket, g.shape.width)]
     if g.shape.lists_pages:
@@ -421,9 +445,10 @@ def _poison_tails(run: _Run, b: StepBatch, before: tuple | None = None,
             pick = (before[k] + 1 + torch.randint(live - 1, size, generator=run.gen)) % live
         picks.append(pick)
     if nan_page:
-        g.page_table[: b.bucket].fill_(0)
+        page = nan_page_id(g.null_block)
+        g.page_table[: b.bucket].fill_(page)
         if len(picks) > 1:
-            g.kv_indices.fill_(0)
+            g.kv_indices.fill_(page)
         return tuple(picks)
     g.page_table[: b.bucket].copy_(b.live[picks[0]])
     if len(picks) > 1:
@@ -452,6 +477,7 @@ def _details(run: _Run) -> None:
     """What each passed property covered."""
     p, r, ps = run.props, run.report, run.cfg.page_size
     ok = {k: v for k, v in p.items() if v.status == "pass"}
+    nan_pages = "page 0" if run.graphs.null_block == "nan" else "the guard page and the sentinel"
     text = {
         "output correct through the consumer": (
             f"{r.step.rows_checked} real rows over {r.replays} replays within tolerance of dense "
@@ -463,7 +489,7 @@ def _details(run: _Run) -> None:
         ),
         "padded rows contained": (
             f"{run.padded_replays} replays with padded rows ({run.cfg.padding} padding, NaN/Inf "
-            "queries, NaN in page 0): real rows finite and bit-identical with finite padded "
+            f"queries, NaN in {nan_pages}): real rows finite and bit-identical with finite padded "
             "queries"
             if run.padded_replays
             else "no replay had padded rows"
@@ -473,10 +499,12 @@ def _details(run: _Run) -> None:
             "capture and every replay"
         ),
         "replays completed": f"{r.replays} replays, none raised",
+        "reader reads only what the current plan wrote": plan_detail(run),
     }
     for name, detail in text.items():
         if name in ok:
             ok[name].detail = detail
+    describe_padded_rows(run)
 
 
 def _timing(run: _Run) -> None:
@@ -522,6 +550,8 @@ def _time_buckets(run: _Run, rows: list) -> None:
         batch = [rows[i % len(rows)] for i in range(bucket)]
         g.req_pool_indices[:bucket].copy_(torch.tensor([req.row for req in batch]))
         g.seq_lens[:bucket].copy_(torch.tensor([req.length for req in batch]))
+        g.host_lens = [req.length for req in batch]
+        g.plan(bucket)  # a planned reader's plan for this batch, outside the timed replays
         g.q[:bucket].normal_()
         r.buckets.setdefault(bucket, BucketStats(bucket))
         r.step.timing[bucket] = g.time_bucket(bucket, iters)

@@ -18,7 +18,10 @@ largest batch, as an engine's attention backend does:
 Page ``num_pages`` of the KV cache (``sentinel``) is past every page the pool allocates, so no
 table may name it and no kernel may write it. Page 0, which the pool never allocates either
 (slot 0 is padding's), holds NaN: only padded rows pointed at a request's zeroed entries read
-it.
+it. The allocation holds one more page before page 0 (the guard, page -1 of the views), NaN:
+a reader whose pointer arithmetic computes page -1 (a -1 block id) reads it inside the
+allocation, on a CPU as on a GPU. With ``null_block="finite"`` page 0 holds data as the others
+do and the sentinel NaN (``pagegraph.check.padded_rows``).
 
 ``capture()`` warms every bucket up on a side stream (a Triton kernel's first launch loads its
 module, illegal inside a capture), then captures one graph per bucket, largest first, all in
@@ -58,6 +61,8 @@ from ..graph.capture import capture_buckets
 from ..graph.emulate import EmulatedGraph
 from ..kinds import KindSpec
 from .config import CSR_CONSUMERS
+from .padded_rows import GUARD_NAME, NULL_BLOCK_NAME
+from .step_plan import PlanWorkspace
 
 #: Calls of one body captured back to back in a timing graph: a replay's launch is shared by
 #: this many calls.
@@ -138,6 +143,12 @@ def build_csr(
     kv_indices.scatter_(0, dest.reshape(-1), page_table.reshape(-1))
 
 
+def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit equality of two tensors of one dtype (NaN equals the same NaN)."""
+    as_int = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    return torch.equal(a.view(as_int), b.view(as_int))
+
+
 @contextlib.contextmanager
 def _quiet_interpreter():
     """The Triton interpreter computes in numpy, which warns on the NaN and Inf the padded
@@ -156,18 +167,21 @@ class StepGraphs:
         consumer: the attention call, with ``paged_decode_attention``'s signature (``fmt``
             "paged") or ``csr_decode_attention``'s ("csr"), given ``page_size=`` and
             ``workspace=``; or a ``pagegraph.consumers.reader.Reader`` (its launch arguments
-            computed on the host at each call: at capture, the capture's lengths).
+            computed on the host at each call: at capture, the capture's lengths; its own
+            workspace, if any, allocated here once, and its plan run by ``plan``).
         shape: the static shapes.
         req_to_token: the pool's ``[max_reqs + 1, >= max_context_len]`` table.
         buckets: batch sizes to capture.
         seed: the KV pages' random values.
         emulate: without CUDA, capture the step's graphs as ``EmulatedGraph`` (default) or,
             with ``False``, run the step eagerly at every replay. Timing stays eager there.
+        null_block: what page 0 holds (``pagegraph.check.config.NULL_BLOCKS``): "nan" or
+            "finite" (then the sentinel holds NaN).
     """
 
     def __init__(self, builder, kind: KindSpec, consumer: Callable | Reader, shape: StepShape,
                  req_to_token: torch.Tensor, buckets, seed: int,
-                 emulate: bool | None = None):  # fmt: skip
+                 emulate: bool | None = None, null_block: str = "nan"):  # fmt: skip
         self.builder, self.kind = builder, kind
         self.reader = as_reader(consumer)
         self.consumer = self.reader.attend
@@ -203,6 +217,7 @@ class StepGraphs:
         heads = (s.max_bs, s.num_q_heads, s.head_dim)
         self.q = torch.zeros(heads, dtype=s.dtype, device=dev)
         self.out = torch.zeros(heads, dtype=s.dtype, device=dev)
+        self.null_block = null_block
         self._fill_cache(seed)
         self.workspace = prepare_decode_attention(
             s.max_bs, s.num_q_heads, s.head_dim, device=dev,
@@ -213,24 +228,59 @@ class StepGraphs:
         self.timing_graphs: dict[str, dict[int, torch.cuda.CUDAGraph]] = {}
         self._timing_bodies: dict[str, Callable[[int], None]] = {}
         self.timing_calls = TIMING_CALLS
+        #: a reader's own buffers (``Reader.workspace``), allocated once; None without
+        self.plan_space = PlanWorkspace.for_reader(self.reader, s.max_bs, s.width, s.page_size,
+                                                   dev)  # fmt: skip
 
     def _fill_cache(self, seed: int) -> None:
         """Seeded random K and V in every page (a misrouted page changes the output), NaN in
-        page 0, and the sentinel's values kept for ``sentinel_intact``."""
+        page 0 (``null_block`` "nan") or in the sentinel ("finite"), NaN in the guard page
+        before page 0, and the sentinel's, the guard's and (``null_block`` "finite") page 0's
+        values kept for ``sentinel_intact`` / ``reserved_changed``."""
         s = self.shape
         gen = torch.Generator(device=self.device).manual_seed(seed)
         dims = (s.num_pages + 1, s.page_size, s.num_kv_heads, s.head_dim)
-        self.k_cache = torch.randn(dims, generator=gen, device=self.device).to(s.dtype)
-        self.v_cache = torch.randn(dims, generator=gen, device=self.device).to(s.dtype)
-        self.k_cache[0] = float("nan")
-        self.v_cache[0] = float("nan")
+        caches = []
+        for _ in range(2):
+            # The guard page, then the views' pages: the same seeded values as without it.
+            alloc = torch.empty((dims[0] + 1, *dims[1:]), dtype=s.dtype, device=self.device)
+            alloc[1:].copy_(torch.randn(dims, generator=gen, device=self.device))
+            alloc[0] = float("nan")
+            caches.append(alloc)
+        self.k_cache, self.v_cache = (alloc[1:] for alloc in caches)
+        # NaN in page 0, or where the null block holds data, in the sentinel (the last page)
+        nan_page = 0 if self.null_block == "nan" else s.num_pages
+        self.k_cache[nan_page] = float("nan")
+        self.v_cache[nan_page] = float("nan")
         self.sentinel = s.num_pages
         self._sentinel_values = (self.k_cache[-1].clone(), self.v_cache[-1].clone())
+        # The pages no row may write (``pagegraph.check.padded_rows``): the guard, and page 0
+        # where it is a block padded rows read (where it holds NaN, it is padding's own).
+        self._reserved = {GUARD_NAME: tuple(alloc[0] for alloc in caches)}
+        if self.null_block != "nan":
+            self._reserved[NULL_BLOCK_NAME] = tuple(alloc[1] for alloc in caches)
+        self.snapshot_reserved()
+
+    def snapshot_reserved(self) -> None:
+        """Keep the values of the pages ``reserved_changed`` compares with."""
+        self._reserved_values = {
+            name: tuple(page.clone() for page in pages) for name, pages in self._reserved.items()
+        }
 
     def sentinel_intact(self) -> bool:
-        """Whether the sentinel page of K and V still holds its values (a read-back)."""
+        """Whether the sentinel page of K and V still holds its values, bit for bit (a
+        read-back)."""
         k, v = self._sentinel_values
-        return torch.equal(self.k_cache[-1], k) and torch.equal(self.v_cache[-1], v)
+        return _same_bits(self.k_cache[-1], k) and _same_bits(self.v_cache[-1], v)
+
+    def reserved_changed(self) -> list[str]:
+        """Which of the guard page and (``null_block`` "finite") page 0 no longer hold their
+        values in K or V, bit for bit (a read-back; ``pagegraph.check.padded_rows``)."""
+        return [
+            name
+            for name, pages in self._reserved.items()
+            if not all(map(_same_bits, pages, self._reserved_values[name]))
+        ]
 
     # -- the step's body ---------------------------------------------------------------------
 
@@ -245,8 +295,7 @@ class StepGraphs:
             # The trtllm_mha / FA3 format's lengths are int32, whatever seq_lens holds.
             self.cache_seqlens[:bs].copy_(self.seq_lens[:bs])
         q, out = self.q[:bs], self.out[:bs]
-        lens = tuple(self.host_lens) if self.host_lens is not None else (1,) * bs
-        launch = self.reader.arguments(HostBatch(lens, bs, ps, self.shape.width))
+        launch = self._launch_args(bs)
         if self.shape.lists_pages:
             build_csr(
                 self.page_table[:bs], self.cache_seqlens[:bs], ps, kv_pages=self.kv_pages,
@@ -268,6 +317,26 @@ class StepGraphs:
         self.build(bs)
         self.consume(bs)
 
+    def host_batch(self, bs: int) -> HostBatch:
+        """What the engine knows on the host for a call on ``bs`` rows: ``host_lens``, or the
+        capture's one token a row."""
+        lens = tuple(self.host_lens) if self.host_lens is not None else (1,) * bs
+        return HostBatch(lens, bs, self.shape.page_size, self.shape.width)
+
+    def _launch_args(self, bs: int) -> dict:
+        """The reader's host launch arguments for a call on ``bs`` rows, and its workspace
+        (``plan=``) when it has one."""
+        launch = self.reader.arguments(self.host_batch(bs))
+        if self.plan_space is not None:
+            launch["plan"] = self.plan_space.tensors
+        return launch
+
+    def plan(self, bucket: int) -> None:
+        """A planned reader's plan for the next step on ``bucket`` (eager, outside the graph;
+        ``pagegraph.check.step_plan``); nothing for other readers."""
+        if self.plan_space is not None:
+            self.plan_space.plan(self.host_batch(bucket))
+
     # -- capture and replay ------------------------------------------------------------------
 
     def _capture(self, body: Callable[[int], None], graphs: dict, pool=None,
@@ -288,7 +357,10 @@ class StepGraphs:
         graphs.update(captured)
 
     def capture(self) -> None:
-        """The step's graphs (builder then consumer), one per bucket."""
+        """The step's graphs (builder then consumer), one per bucket; a planned reader's plan
+        first runs on the capture's batch (the largest bucket, one token a row)."""
+        self.host_lens = None
+        self.plan(self.buckets[0])
         self._capture(self.step, self.graphs, emulate=self.emulated)
 
     def replay(self, bucket: int) -> None:

@@ -99,8 +99,12 @@ def preset_problem(cfg: CheckConfig, kind: KindSpec) -> str | None:
     )
 
 
-def plan_check(builder: Callable | str, config: CheckConfig, spec: str | None = None,
-               reader: Reader | Callable | str | None = None) -> tuple[CheckPlan, Callable]:  # fmt: skip
+def plan_check(
+    builder: Callable | str,
+    config: CheckConfig,
+    spec: str | None = None,
+    reader: Reader | Callable | str | None = None,
+) -> tuple[CheckPlan, Callable]:
     """Validate a check of ``builder`` (a callable, a built-in name or ``module:fn``) on
     ``config``; the plan and the resolved builder. ``spec``: the builder as a child process
     resolves it (default: ``builder`` when a string, else its name). ``reader``: the decode

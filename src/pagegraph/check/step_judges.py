@@ -17,6 +17,7 @@ import numpy as np
 import torch
 
 from ..consumers.reference import attend, live_kv, tolerances
+from .padded_rows import NullBlockUntouched, PaddedReadsInPool
 from .report import BucketStats
 
 __all__ = ["STEP_JUDGES", "StepBatch", "StepJudge", "StepReplays", "changed_rows"]
@@ -49,12 +50,19 @@ class StepReplays:
     """What one step's replays gave: the real rows' outputs ``[n, heads, head_dim]`` of
     replay A (stale tails name other live pages, padded queries NaN/Inf), B (other stale ids,
     new values past each length) and C (finite padded queries; None when ``n`` fills the
-    bucket), and whether the sentinel page stayed intact through all of them."""
+    bucket), and whether the sentinel page stayed intact through all of them; ``pad_c``: the
+    padded rows' outputs ``[bucket - n, heads, head_dim]`` of replay C (None without it), and
+    which of page 0 and the guard page before it changed (``pagegraph.check.padded_rows``)."""
 
     out_a: torch.Tensor
     out_b: torch.Tensor
     out_c: torch.Tensor | None
     sentinel_intact: bool
+    pad_c: torch.Tensor | None = None
+    reserved_changed: tuple[str, ...] = ()
+    #: replay D's real rows (a planned reader's unwritten workspace entries given other
+    #: values, B's inputs otherwise: ``pagegraph.check.step_plan``); None without it
+    out_plan: torch.Tensor | None = None
 
 
 class StepJudge(Protocol):
@@ -162,7 +170,26 @@ class SentinelUntouched:
             )
 
 
+class ReadsOnlyCurrentPlan:
+    """A planned reader's real rows bit-identical between replay B and replay D, whose only
+    change is the workspace entries the step's plan did not write (given other values)."""
+
+    property_name = "reader reads only what the current plan wrote"
+
+    def judge(self, run, batch: StepBatch, replays: StepReplays) -> None:
+        if replays.out_plan is None:
+            return
+        changed = changed_rows(replays.out_b, replays.out_plan)
+        if changed:
+            run.props[self.property_name].fail(
+                f"{batch.where(changed[0])}: the output changed when only the workspace "
+                "entries the current plan did not write changed (an earlier plan's values, "
+                f"then others); {len(changed)} row(s) changed"
+            )
+
+
 #: The step's judges, in the order they judge a step (each its property of STEP_PROPERTIES).
 STEP_JUDGES: tuple[StepJudge, ...] = (
-    OutputCorrect(), ReadsWithinLength(), PaddedRowsContained(), SentinelUntouched(),
+    OutputCorrect(), ReadsWithinLength(), PaddedRowsContained(), PaddedReadsInPool(),
+    NullBlockUntouched(), SentinelUntouched(), ReadsOnlyCurrentPlan(),
 )  # fmt: skip

@@ -32,9 +32,27 @@ STEP_PROPERTIES: dict[str, tuple[str, str]] = {
         "a real row non-finite, or changed, when the padded rows' queries go from NaN/Inf to "
         "finite values",
     ),
+    "padded rows read inside the KV pool": (
+        "builder + consumer",
+        "with [consumer] null_block = 'finite': a padded row's output non-finite with finite "
+        "queries (it read the NaN guard page before page 0, e.g. through a -1 block id, or the "
+        "NaN sentinel); skipped with null_block = 'nan'",
+    ),
+    "null block and guard page untouched": (
+        "builder + consumer",
+        "the guard page before page 0 changed after capture or a replay, or (null_block = "
+        "'finite') page 0, the null block padded rows read, changed after a replay: a write "
+        "from a padded row outside the pages requests hold",
+    ),
     "sentinel page untouched": (
         "builder + consumer",
         "the KV page past every allocated page changed after capture or a replay",
+    ),
+    "reader reads only what the current plan wrote": (
+        "reader's plan + run",
+        "a planned reader's real row that changes when only the workspace entries the step's "
+        "plan did not write (an earlier plan's) get other values (passes trivially without a "
+        "plan)",
     ),
     "replays completed": (
         "builder + consumer",

@@ -192,7 +192,7 @@ def vllm_compute_slot_mappings(
     ``BlockTables.compute_slot_mappings`` launches it for one group, no context parallelism.
     ``ValueError`` when ``block_table`` does not start on a 16-byte boundary.
 
-    ``group`` (a ``pagegraph.check.kv_groups.KVGroup`` on a scenario with ``kv_groups``):
+    ``group`` (a ``pagegraph.kinds.kv_groups.KVGroup`` on a scenario with ``kv_groups``):
     the group's block size and row stride are ``page_size`` and ``block_table``'s; its slot
     mapping is enabled whatever its kind, as ``BlockTables`` enables every group by default
     (``slot_mapping_enabled=None``; which groups vLLM's runner disables is decided outside

@@ -5,12 +5,20 @@ its launch (``max_seqlen_k``, a split count) before the call. Under a CUDA graph
 are whatever the engine computed when it captured, so a reader whose launch depends on them
 is wrong once the lengths grow. A ``Reader`` names that host work, so the bed can run it at
 the moments an engine does (at capture, and at every eager call) and show what a graph froze.
+
+A planned reader splits the work as FlashInfer's ``plan()`` / ``run()`` do: ``plan`` runs on
+the host, eagerly, outside the graph, before each step, and writes a schedule into a workspace
+the bed allocates once (``workspace``: the same tensors for every plan, whatever its size);
+``attend``, the part a graph captures, reads that workspace (its ``plan=`` keyword). What the
+current plan did not write there holds whatever an earlier, larger plan left.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+
+import torch
 
 __all__ = ["HostBatch", "Reader", "as_reader"]
 
@@ -47,11 +55,30 @@ class Reader:
     format), taking the keyword arguments ``launch_args`` returns besides its own.
     ``launch_args(host: HostBatch) -> dict``: host values the engine computes before each
     launch; ``None``: none. Under a CUDA graph (real or emulated) they are computed once, at
-    capture, with the capture's lengths."""
+    capture, with the capture's lengths.
+
+    ``workspace(max_bs, width, page_size, device) -> dict[str, torch.Tensor]``: the reader's
+    buffers, allocated once before capture and given to every call of ``attend`` as its
+    ``plan=`` keyword (``None``: no such buffers, no ``plan=``). ``plan(host: HostBatch,
+    workspace) -> None``: host work that writes the workspace for one step, run eagerly before
+    the step's replays (and once before capture, on the capture's batch); it must depend only
+    on ``host`` (the bed calls it more than once a step to see which entries it writes).
+    ``None``: the reader is not planned (a workspace without a plan is scratch)."""
 
     name: str
     attend: Callable
     launch_args: Callable[[HostBatch], dict] | None = None
+    plan: Callable[[HostBatch, dict[str, torch.Tensor]], None] | None = None
+    workspace: Callable[..., dict[str, torch.Tensor]] | None = None
+
+    def __post_init__(self) -> None:
+        if self.plan is not None and self.workspace is None:
+            raise ValueError(f"reader {self.name}: a plan needs a workspace to write")
+
+    @property
+    def planned(self) -> bool:
+        """Whether the bed runs ``plan`` before each step."""
+        return self.plan is not None
 
     def arguments(self, host: HostBatch) -> dict:
         """The keyword arguments of a launch for ``host`` (empty without ``launch_args``)."""

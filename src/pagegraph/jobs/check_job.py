@@ -42,8 +42,8 @@ from ..check.checker import (
 from ..check.config import CONSUMER_DTYPES
 from ..check.decode_step import check_decode_step
 from ..check.isolate import IsolatedError, Job, run_isolated, write_json_atomic
-from ..check.scenario import load_scenario
 from ..check.plan import resolve_reader
+from ..check.scenario import load_scenario
 from ..consumers.reference import GATHER_TOKENS
 from ..detect.sync import DetectorUnavailable, parse_detectors
 from ..kernels.contract import cdiv
@@ -240,7 +240,9 @@ def _plan(scenarios, *, replays, builder, detectors, workload_process, strict,
         if problem:
             raise ValueError(f"{s.path}: {problem}")
         if reader is not None and not cfg.consumer:
-            raise ValueError(f"{s.path}: --reader needs a decode-step scenario (a [consumer] table)")
+            raise ValueError(
+                f"{s.path}: --reader needs a decode-step scenario (a [consumer] table)"
+            )
         problem = _memory_problem(cfg, kind)
         if problem:
             raise ValueError(f"{s.path}: {problem}")

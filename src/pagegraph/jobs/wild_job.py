@@ -18,10 +18,10 @@ from pathlib import Path
 
 import torch
 
+from ..check.isolate import write_json_atomic
 from ..check.report import Report
 from ..wild import BUG_CLASSES, WildBug, entries
 from .environment import environment
-from ..check.isolate import write_json_atomic
 
 __all__ = ["EntryResult", "add_arguments", "judge_entry", "main", "run_wild"]
 
@@ -123,9 +123,9 @@ def _cell(text: str, limit: int = 220) -> str:
 def markdown_table(results: list[EntryResult], reports_dir: str | None) -> list[str]:
     """The corpus table by class, each row linking the thread and, where written, the reports."""
     env = environment()
-    lines = ["# Bugs from the wild", "",
-             f"{env['date']} on {env['device']} (torch {env['torch']}, triton {env['triton']}); "
-             "each buggy twin must be UNSAFE through its property, each fixed twin SAFE.", ""]  # fmt: skip
+    where = f"{env['date']} on {env['device']} (torch {env['torch']}, triton {env['triton']})"
+    rule = "each buggy twin must be UNSAFE through its property, each fixed twin SAFE."
+    lines = ["# Bugs from the wild", "", f"{where}; {rule}", ""]
     held = [r.held for r in results]
     lines += [f"{held.count(True)} of {len(results)} entries held, {held.count(False)} not, "
               f"{held.count(None)} not run here.", ""]  # fmt: skip
@@ -133,9 +133,8 @@ def markdown_table(results: list[EntryResult], reports_dir: str | None) -> list[
         rows = [r for r in results if r.bug.bug_class == letter]
         if not rows:
             continue
-        lines += [f"## ({letter}) {title}", "",
-                  "| entry | engine, version | state | property | buggy | fixed | what the check printed |",
-                  "|---|---|---|---|---|---|---|"]  # fmt: skip
+        head = "| entry | engine, version | state | property | buggy | fixed | what it printed |"
+        lines += [f"## ({letter}) {title}", "", head, "|---|---|---|---|---|---|---|"]
         for r in rows:
             b = r.bug
             cells = {}

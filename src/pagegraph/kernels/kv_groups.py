@@ -67,7 +67,7 @@ def compute_group_slot_mappings(
     *,
     group=None,
 ) -> None:
-    """The slot mapping of KV-cache group ``group`` (a ``pagegraph.check.kv_groups.KVGroup``,
+    """The slot mapping of KV-cache group ``group`` (a ``pagegraph.kinds.kv_groups.KVGroup``,
     or ``None``: a single group): the ring's own on a ring group, else
     ``compute_slot_mappings``."""
     mapper = ring_slot_mappings if group is not None and group.ring else compute_slot_mappings

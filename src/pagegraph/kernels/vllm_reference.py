@@ -126,7 +126,7 @@ reference_ring_slot_mapping.pagegraph_outputs = "slot_mapping"
 def reference_group_slot_mapping(block_table, idx_mapping, query_start_loc, positions,
                                  slot_mapping, page_size, *, group=None) -> None:  # fmt: skip
     """What the slot mapping of KV-cache group ``group`` must be (a
-    ``pagegraph.check.kv_groups.KVGroup``, or ``None``: a single group): the ring's on a ring
+    ``pagegraph.kinds.kv_groups.KVGroup``, or ``None``: a single group): the ring's on a ring
     group, ``reference_slot_mapping``'s on any other."""
     reference_slot_mapping(block_table, idx_mapping, query_start_loc, positions, slot_mapping,
                            page_size, ring=group is not None and group.ring)  # fmt: skip

@@ -122,7 +122,7 @@ def config_problem(builder: Callable, kind: KindSpec, cfg) -> str | None:
             "per-request num_blocks of vLLM's block tables, which only a block_table builder reads"
         )
     if problem is None and getattr(cfg, "kv_groups", ()):
-        from ..check.kv_groups import builder_group_problem  # the check imports the kinds
+        from .kv_groups import builder_group_problem
 
         found = builder_group_problem(builder, kind.name, cfg)
         problem = found and f"{builder_name(builder)} {found}"
