@@ -34,6 +34,9 @@ here the rest of the record is built on the capture-time value, which is what a 
 read it outside the capture (at warm-up, say) would have frozen into the graph.
 Random ops run again on replay and draw new values from the CPU generator (a CUDA graph
 advances its Philox offset at each replay: new values too, from another generator).
+What a stream capture refuses outright, the emulation refuses too: a device tensor made from
+host data (``torch.tensor(list, device=...)``, ``torch.as_tensor(array, device=...)``) is on
+CUDA a copy from pageable host memory, and the capture raises (``_HostDataGuard``).
 Host code that reads a tensor without dispatching an op (``.numpy()``) is invisible here,
 and its result is frozen like any other host value.
 """
@@ -45,6 +48,7 @@ from collections.abc import Callable
 from contextlib import contextmanager
 
 import torch
+from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten
 
@@ -92,7 +96,41 @@ def _masked(func, args) -> bool:
 
 
 class EmulationError(RuntimeError):
-    """The record cannot be replayed as captured (a view moved, a shape changed)."""
+    """The record cannot be replayed as captured (a view moved, a shape changed), or the body
+    did what a CUDA stream capture refuses."""
+
+
+#: Factories that make a tensor from host data (a list, a number, a numpy array).
+_FROM_HOST_DATA = (torch.tensor, torch.as_tensor)
+
+
+class _HostDataGuard(TorchFunctionMode):
+    """Refuses a device tensor made from host data while a capture records: on CUDA it is a
+    copy from pageable host memory, which a stream capture refuses. A tensor is the device's
+    as the cpu sync detector counts it: ``device=`` given and not spelled as the string
+    "cpu" (on a CPU run ``device=t.device`` names the device), not ``pin_memory``. Not
+    checked inside a Triton launch (the interpreter's own copies of its arguments)."""
+
+    def __init__(self, recorder: _Recorder):
+        super().__init__()
+        self.recorder = recorder
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        if func in _FROM_HOST_DATA and not self.recorder.paused:
+            data = args[0] if args else kwargs.get("data")
+            device = kwargs.get("device")  # keyword-only in both
+            host = kwargs.get("pin_memory") or (
+                isinstance(device, str) and device.strip().startswith("cpu")
+            )
+            if device is not None and not host and not isinstance(data, torch.Tensor):
+                raise EmulationError(
+                    "Cannot copy between CPU and CUDA tensors during CUDA graph capture unless "
+                    f"the CPU tensor is pinned (emulated: torch.{func.__name__} of host data "
+                    f"with device={device} is a copy from pageable host memory on CUDA; make "
+                    "the values on the device, or before the capture)"
+                )
+        return func(*args, **kwargs)
 
 
 def _mutates(func) -> bool:
@@ -145,6 +183,7 @@ class EmulatedGraph:
         self.frozen: list[str] = []
         self.launches = 0
         self._recorder: _Recorder | None = None
+        self._guard: _HostDataGuard | None = None
         self._saved_run = None
         self.captured = False
 
@@ -154,20 +193,27 @@ class EmulatedGraph:
         if self.captured or self._recorder is not None:
             raise EmulationError("this EmulatedGraph has a capture already: reset() it first")
         self._recorder = _Recorder(self)
+        self._guard = _HostDataGuard(self._recorder)
         self._hook_triton()
+        entered = []
         try:
-            self._recorder.__enter__()
+            for mode in (self._recorder, self._guard):
+                mode.__enter__()
+                entered.append(mode)
         except BaseException:
+            for mode in reversed(entered):
+                mode.__exit__(None, None, None)
             self._unhook_triton()
-            self._recorder = None
+            self._recorder = self._guard = None
             raise
 
     def capture_end(self) -> None:
         try:
+            self._guard.__exit__(None, None, None)
             self._recorder.__exit__(None, None, None)
         finally:
             self._unhook_triton()
-            self._recorder = None
+            self._recorder = self._guard = None
         self._watched = list(self._watch.values())
         self.captured = True
 

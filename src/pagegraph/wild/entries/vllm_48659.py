@@ -1,0 +1,96 @@
+"""vLLM #48659: with dual-batch overlap, micro-batch 1 reuses micro-batch 0's metadata tensors.
+
+``AssertionError`` on ``page_table.shape`` in FlashAttention, or wrong attention where the
+shapes happen to agree: the attention-metadata cache was keyed by ``(kv_cache_spec,
+builder_type)`` without the micro-batch id, so micro-batch 1 hit micro-batch 0's entry and,
+through ``update_block_table``, swapped in its own block table but kept micro-batch 0's
+``seq_lens``, ``cu_seqlens_q`` and scheduler metadata. The fix adds the id to the key.
+
+Modelled as an engine that runs each bucket as two micro-batches (its first and second half
+of rows), each built by its own builder call from its rows' request indices and lengths into
+its rows of the page table, through a cache of each micro-batch's metadata. The buckets are
+even, so the two halves agree in shape, and the reuse shows as wrong entries, not a crash.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from types import SimpleNamespace
+
+import torch
+
+from ...graph.runner import GraphRunner
+from ..record import Twin, WildBug
+
+
+@dataclasses.dataclass(frozen=True)
+class UbatchMetadata:
+    """One micro-batch's metadata: views of its rows of the static buffers (``[rows]`` index
+    vectors of the staged batch, ``[rows, width]`` int32 page table)."""
+
+    req_pool_indices: torch.Tensor
+    seq_lens: torch.Tensor
+    page_table: torch.Tensor
+
+
+class DualBatchRunner(GraphRunner):
+    """Runs each bucket of ``bs >= 2`` rows as two micro-batches, rows ``[0, bs // 2)`` and
+    ``[bs // 2, bs)``, each with its own builder call (a page-table builder, no SWA), whose
+    metadata come from a cache keyed by ``cache_key``. A hit keeps the cached metadata and
+    swaps in the micro-batch's own block table (vLLM's ``update_block_table``)."""
+
+    def __init__(self, *args, **kwargs) -> None:
+        super().__init__(*args, **kwargs)
+        self._metadata: dict[tuple, UbatchMetadata] = {}
+
+    def cache_key(self, bucket: int, ubatch: int) -> tuple:
+        """Fixed: the bucket and the micro-batch."""
+        return (bucket, ubatch)
+
+    def _build(self, bs: int, n: int | None = None) -> None:
+        if bs < 2:
+            super()._build(bs, n)
+            return
+        half = bs // 2
+        for ubatch, rows in enumerate((slice(0, half), slice(half, bs))):
+            meta = self._ubatch_metadata(bs, ubatch, rows)
+            io = SimpleNamespace(req_to_token=self.req_to_token, page_size=self.page_size,
+                                 req_pool_indices=meta.req_pool_indices,
+                                 seq_lens=meta.seq_lens, page_table=meta.page_table)  # fmt: skip
+            self.kind.call(self.builder, io, rows.stop - rows.start, {})
+
+    def _ubatch_metadata(self, bucket: int, ubatch: int, rows: slice) -> UbatchMetadata:
+        own_table = self.page_table[rows]
+        key = self.cache_key(bucket, ubatch)
+        meta = self._metadata.get(key)
+        if meta is None:
+            meta = self._metadata[key] = UbatchMetadata(
+                self.req_pool_indices[rows], self.seq_lens[rows], own_table
+            )
+        return dataclasses.replace(meta, page_table=own_table)
+
+
+class UbatchBlindCacheRunner(DualBatchRunner):
+    """Buggy: the key lacks the micro-batch, so micro-batch 1 gets micro-batch 0's lengths and
+    request indices with its own block table."""
+
+    def cache_key(self, bucket: int, ubatch: int) -> tuple:
+        return (bucket,)
+
+
+BUG = WildBug(
+    key="vllm-48659",
+    engine="vLLM",
+    version="V1 main, 2026 (dual-batch overlap, FlashAttention)",
+    ref="vllm-project/vllm#48659",
+    state="open",
+    bug_class="f",
+    symptom="With DBO, FlashAttention's AssertionError on page_table.shape (micro-batch 1 "
+    "run with micro-batch 0's lengths and scheduler metadata).",
+    cause="The attention-metadata cache key was (kv_cache_spec, builder_type) without the "
+    "micro-batch id: micro-batch 1 reused micro-batch 0's metadata tensors, swapping in only "
+    "its own block table.",
+    prop="correct",
+    buggy=Twin("build_page_table", runner=UbatchBlindCacheRunner),
+    fixed=Twin("build_page_table", runner=DualBatchRunner),
+)
