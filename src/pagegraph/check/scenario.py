@@ -29,6 +29,10 @@ the problem, raised before anything runs::
     req_to_token_offset = 0               # req_to_token starts this far into its allocation
     req_to_token_dtype = "int32"          # int32 | int64
     full_to_swa_dtype = "int64"           # int32 | int64
+    kv_groups = [{ name = "full", block_size = 16 },    # vLLM's KV-cache groups (block_table
+                 { name = "ring", kind = "ring",         #   and slot_mapping builders): full |
+                   block_size = 4, width = 1 }]          #   sliding | ring; each checked
+                                          #   (pagegraph.check.kv_groups)
 
     [pool]
     max_reqs = 257                        # default max_bs + 1
@@ -83,6 +87,10 @@ the problem, raised before anything runs::
     num_kv_heads = 8
     head_dim = 128                        # a power of two >= 16
     timing_iters = 20                     # timed replays per bucket (CUDA only; 0: no timing)
+    null_block = "nan"                    # what page 0 (the null block) holds: nan (padded
+                                          #   rows read no page) | finite (padded rows may
+                                          #   read it, as vLLM's block 0: their own outputs
+                                          #   are judged, "padded rows read inside the KV pool")
 """
 
 from __future__ import annotations
@@ -137,6 +145,7 @@ _SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], str | None]]] = {
         "req_to_token_dtype": ((str,), "r2t_dtype"),
         "full_to_swa_dtype": ((str,), "full_to_swa_dtype"),
         "index_dtype": ((str,), "index_dtype"),
+        "kv_groups": ((list,), "kv_groups"),
     },
     "pool": {
         "max_reqs": (_INT, "max_reqs"),
@@ -178,6 +187,7 @@ _SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], str | None]]] = {
         "num_kv_heads": (_INT, "num_kv_heads"),
         "head_dim": (_INT, "head_dim"),
         "timing_iters": (_INT, "timing_iters"),
+        "null_block": ((str,), "null_block"),
     },
 }
 _REQUIRED = {"graph": ("max_bs", "max_context_len", "page_size")}
@@ -273,4 +283,5 @@ def _validate(path, c: CheckConfig) -> None:
         c.initial_len = (c.initial_len[0], c.initial_len[1])
     c.strict = tuple(c.strict)
     c.preset_outputs = tuple(c.preset_outputs)
+    c.kv_groups = tuple(dict(g) for g in c.kv_groups)
     c.detectors = parse_detectors(c.detectors)

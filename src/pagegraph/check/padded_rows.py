@@ -1,0 +1,151 @@
+"""Padded rows under the engine's convention, judged on the reader's side of the decode step.
+
+An engine pads a batch to its bucket by a convention: each padded row's length (0 or 1) and
+request index (stale, or -1), the padding policy (``pagegraph.graph.buckets``), and the block
+its table names (-1, or the null block 0), which its builder writes. The captured reader runs
+on those rows too, so for them it must read nothing outside the KV pool, give them finite
+outputs (which a batch-wide step after attention, a per-tensor quantization scale, would
+otherwise spread to the real rows), and write nothing into the pages no request holds.
+
+The step's KV cache (``pagegraph.check.decode_step_graph.StepGraphs``) has a page no request
+holds on either side of the pool: the sentinel past the last page, and the guard before page
+0 (``GUARD_PAGE``: the allocation starts one page before the ``k_cache`` / ``v_cache`` views,
+so a reader whose pointer arithmetic turns a -1 block id into page -1 reads the guard, inside
+the allocation, on a CPU as on a GPU). The guard holds NaN. What page 0, the null block,
+holds is the scenario's ``[consumer] null_block`` (``CheckConfig.null_block``):
+
+* ``"nan"`` (the default): NaN. Padded rows' own outputs are not judged: "padded rows read
+  inside the KV pool" is skipped, saying so.
+* ``"finite"``: data, as every other page: vLLM's null block 0 is a real block that a padded
+  row may read. The sentinel holds NaN instead, so a -1 that torch's indexing wraps round to
+  the last page reads NaN too, and the stale table entries of the replays that name the NaN
+  page (``nan_page``) name the guard. "padded rows read inside the KV pool": in replay C
+  (finite padded queries, ``pagegraph.check.decode_step``), every padded row's output is
+  finite.
+
+"null block and guard page untouched": the guard page keeps its NaN, bit for bit, after
+capture and after every step, and with ``"finite"`` so does page 0 after every step (a block
+padded rows read, which no row may write; where it holds NaN it is padding's own page, which
+an engine may let padded rows write, as SGLang's slot 0). Page 0 is compared from the end of
+capture on: the capture's batch (one token a row, request row 0) names it like a real row
+would, and the capture's own writes are the engine's warm-up. The sentinel has its own
+property; a padded row's write into a page a request holds is not seen here.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+import torch
+
+__all__ = ["GUARD_NAME", "GUARD_PAGE", "NULL_BLOCK_NAME", "NullBlockUntouched",
+           "PaddedReadsInPool", "READS", "WRITES", "describe", "judge_capture", "nan_page",
+           "note_convention"]  # fmt: skip
+
+#: The page id of the guard page before page 0 of the step's KV cache.
+GUARD_PAGE = -1
+#: The two pages as failures name them.
+GUARD_NAME = f"the guard page before page 0 (page {GUARD_PAGE})"
+NULL_BLOCK_NAME = "page 0 (the null block)"
+#: The properties this module judges (``pagegraph.check.step_report.STEP_PROPERTIES``).
+READS = "padded rows read inside the KV pool"
+WRITES = "null block and guard page untouched"
+#: Table entries of a padded row shown in a failure.
+SHOWN_ENTRIES = 4
+
+
+def nan_page(null_block: str) -> int:
+    """The page id whose K and V are NaN and which no row may read: page 0 where the null
+    block holds NaN, else the guard page (-1)."""
+    return 0 if null_block == "nan" else GUARD_PAGE
+
+
+def note_convention(props: dict, null_block: str) -> None:
+    """Mark "padded rows read inside the KV pool" skipped, with why, where the null block
+    holds NaN (before the run)."""
+    if null_block == "nan":
+        props[READS].skip(
+            "null_block = 'nan': page 0 holds NaN, so padded rows' own outputs are not judged "
+            "(set [consumer] null_block = 'finite' for a convention whose padded rows may read "
+            "the null block)"
+        )
+
+
+def judge_capture(run) -> None:
+    """The guard page after capture (``run``: the decode step's run); page 0's values from
+    here on are the ones the replays keep."""
+    g = run.graphs
+    if GUARD_NAME in g.reserved_changed():
+        run.props[WRITES].fail(f"{GUARD_NAME} of the KV cache changed during capture")
+    g.snapshot_reserved()
+
+
+class PaddedReadsInPool:
+    """With ``null_block = "finite"``, every padded row of replay C finite."""
+
+    property_name = READS
+
+    def judge(self, run, batch, replays) -> None:
+        pads = replays.pad_c
+        if run.graphs.null_block == "nan" or pads is None or not len(pads):
+            return
+        finite = torch.isfinite(pads.float()).flatten(1).all(1).cpu().numpy()
+        bad = np.flatnonzero(~finite).tolist()
+        if bad:
+            where = _padded_row(run, batch, len(batch.rpi) + bad[0])
+            run.props[self.property_name].fail(
+                f"{where} has a non-finite output with finite queries: it read outside the KV "
+                f"pool (the guard page {GUARD_PAGE} or the NaN sentinel); {len(bad)} padded "
+                "row(s) non-finite"
+            )
+
+
+class NullBlockUntouched:
+    """The guard page before page 0, and page 0 where the null block holds data, unchanged
+    through the step's replays."""
+
+    property_name = WRITES
+
+    def judge(self, run, batch, replays) -> None:
+        if replays.reserved_changed:
+            run.props[self.property_name].fail(
+                f"replay {batch.index} (bucket {batch.bucket}, {len(batch.rpi)} real rows): "
+                f"{' and '.join(replays.reserved_changed)} of the KV cache, which no request "
+                "holds, changed"
+            )
+
+
+def _padded_row(run, batch, row: int) -> str:
+    """Padded row ``row`` with its replay, bucket, staged inputs and first table entries."""
+    g = run.graphs
+    entries = g.page_table[row, :SHOWN_ENTRIES].tolist()
+    return (
+        f"replay {batch.index} (bucket {batch.bucket}): padded row {row} (seq_len "
+        f"{int(g.seq_lens[row])}, req_pool_index {int(g.req_pool_indices[row])}, "
+        f"{run.cfg.padding} padding, table entries {entries}...)"
+    )
+
+
+def describe(run) -> None:
+    """What each property covered, once the replays are done (a pass), or why it had
+    nothing to judge (a skip)."""
+    reads, writes = run.props[READS], run.props[WRITES]
+    if writes.status == "pass":
+        writes.detail = (
+            "the guard page before page 0 (NaN, no request holds it) unchanged after capture and "
+            "every replay; "
+            + (
+                "page 0 not judged (null_block = 'nan': padding's own page)"
+                if run.graphs.null_block == "nan"
+                else "page 0 (the null block, data) unchanged after every replay"
+            )
+        )
+    if reads.status != "pass":
+        return
+    if not run.padded_replays:
+        reads.skip("no replay had padded rows")
+        return
+    reads.detail = (
+        f"{run.padded_replays} replays with padded rows ({run.cfg.padding} padding, null block "
+        "page 0 finite, NaN in the guard page before it and in the sentinel): every padded "
+        "row's output finite with finite queries"
+    )

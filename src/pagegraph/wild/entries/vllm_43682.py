@@ -1,0 +1,61 @@
+"""vLLM #43682: the in-graph draft step gives padded rows length 1, so attention reads block -1.
+
+Under Eagle / MTP speculative decoding with CUDA graphs, ``eagle_step_slot_mapping_metadata_
+kernel`` advanced every row's length by the draft token, CUDA-graph padded rows too: their
+seq_len went from 0 to 1 while their block table held -1, and attention read block id -1 (an
+illegal memory access). The fix returns early for a row of length 0, leaving it at 0.
+
+Modelled in the decode step as a decode-metadata builder: pagegraph's page table for the
+staged lengths, padded rows (length 0, the vllm padding) filled with -1, then the draft
+step's kernel, which writes the attention's lengths (``cache_seqlens``) from each row's draft
+position (its length less one, clamped to 0) plus the draft token. The reader is pagegraph's
+paged attention. The null block holds data (``null_block = "finite"``), so a padded row's own
+output is judged: block -1 reads the NaN guard page before page 0.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from ...kernels.page_table import build_page_table
+from ..record import Twin, WildBug
+
+
+def _draft_step(*, skip_padded: bool):
+    """A decode-metadata builder whose lengths come from the draft step's kernel."""
+
+    def build(req_to_token, req_pool_indices, seq_lens, page_size, *, cache_seqlens,
+              cu_seqlens_k, page_table, draft_tokens=0, cu_seqlens_q=None) -> None:  # fmt: skip
+        build_page_table(req_to_token, req_pool_indices, seq_lens, page_table, page_size)
+        padded = seq_lens <= 0  # in the graph a padded row is known by its length 0
+        page_table.masked_fill_(padded[:, None], -1)  # vLLM's block-table padding then
+        # The draft token's position (a padded row's clamped to 0), and the length it makes.
+        lengths = (seq_lens.to(torch.int32) - 1).clamp_(min=0).add_(1)
+        if skip_padded:
+            lengths.masked_fill_(padded, 0)  # the fix: a zero-length row returns early
+        cache_seqlens.copy_(lengths)
+        cu_seqlens_k[0] = 0
+        torch.cumsum(lengths, 0, out=cu_seqlens_k[1:])
+        if cu_seqlens_q is not None:
+            torch.arange(cu_seqlens_q.shape[0], out=cu_seqlens_q)
+
+    build.__name__ = "draft_step_skips_padded_rows" if skip_padded else "draft_step_every_row"
+    build.pagegraph_outputs = "decode_metadata"
+    return build
+
+
+BUG = WildBug(
+    key="vllm-43682",
+    engine="vLLM",
+    version="main, 2026-05 (Eagle, Eagle3 and MTP drafting under CUDA graphs)",
+    ref="vllm-project/vllm#43682",
+    state="closed (a pull request, not merged)",
+    bug_class="e",
+    symptom="Illegal memory access during Eagle / MTP speculative decoding with CUDA graphs "
+    "when the batch size is not a capture size.",
+    cause="The in-graph draft step advanced every row's seq_len, padded rows' 0 to 1, while "
+    "their block tables held -1: attention then read block -1.",
+    prop="padded rows read inside the KV pool",
+    buggy=Twin(_draft_step(skip_padded=False)),
+    fixed=Twin(_draft_step(skip_padded=True)),
+)
