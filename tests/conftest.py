@@ -85,6 +85,7 @@ GPU_HEAVY: dict[str, tuple[str, ...]] = {
         "test_a_child_told_sigterm_stops_and_the_parent_reports_it",
         "test_children_end_with_the_parent",
         "test_reproducers_run_as_children_that_end_with_the_job",
+        "test_a_warm_pools_workers_end_with_a_killed_parent",
         "test_workload_children_end_with_a_killed_parent",
     ),
     "test_producer.py": (

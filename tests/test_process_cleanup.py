@@ -342,6 +342,7 @@ WorkerPool(2, tmp).run(tasks)
 
 
 @pytest.mark.heavy
+@pytest.mark.cpu_heavy
 def test_a_warm_pools_workers_end_with_a_killed_parent(tmp_path, monkeypatch):
     builder = tmp_path / "pool_builder.py"
     builder.write_text(textwrap.dedent(POOL_BUILDER))
@@ -356,8 +357,9 @@ def test_a_warm_pools_workers_end_with_a_killed_parent(tmp_path, monkeypatch):
     workers: set[int] = set()
     try:
         # Both workers inside their check's first builder call.
+        # Two workers start torch and plan a check each: minutes on a loaded 2-core machine.
         wait_until(lambda: len(list(called.iterdir())) >= 2 or parent.poll() is not None,
-                   "both workers' first builder call")  # fmt: skip
+                   "both workers' first builder call", timeout=300)  # fmt: skip
         assert parent.poll() is None, f"the pool's parent ended with code {parent.returncode}"
         workers = {int(p.name) for p in called.iterdir()}
         assert workers <= descendants(parent.pid) and len(workers) == 2

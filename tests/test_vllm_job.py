@@ -27,8 +27,10 @@ def test_each_kernel_is_planned_on_the_scenarios_of_its_kind_only():
         ("vllm_gather_block_tables", "vllm-block-table"),
         ("vllm_gather_block_tables", "vllm-block-table-long"),
         ("vllm_gather_block_tables", "vllm-block-table-hostile"),
+        ("vllm_gather_block_tables", "vllm-block-table-groups"),
         ("vllm_compute_slot_mappings", "vllm-slot-mapping"),
         ("vllm_compute_slot_mappings", "vllm-slot-mapping-spec"),
+        ("vllm_compute_slot_mappings", "vllm-slot-mapping-groups"),
     }
     assert all(r.skipped is None and r.config.steps == 3 for r in runs)
 
