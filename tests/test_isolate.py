@@ -11,9 +11,15 @@ import pytest
 import torch
 
 from pagegraph.check.config import CheckConfig
-from pagegraph.check.isolate import IsolatedError, Job, _crash_report, builder_spec, run_isolated
 from pagegraph.cli import main
 from pagegraph.pytest_plugin import assert_replay_safe
+from pagegraph.supervise.isolate import (
+    IsolatedError,
+    Job,
+    _crash_report,
+    builder_spec,
+    run_isolated,
+)
 
 # Starts child processes: scheduled first in a parallel run (see conftest.py).
 pytestmark = pytest.mark.heavy

@@ -15,8 +15,10 @@ and across subpackages only public names (no leading underscore).
   pool, its writes, the decode workload and its producers, the engine's block tables);
 * 4, the checker: ``check``, and ``wild``: public engines' bugs reproduced as twins the
   checker judges;
-* 5, the jobs: ``jobs`` (check, profile, mutate) and ``bench``;
-* 6, the front: ``cli``, ``__main__`` and ``pytest_plugin``, modules at the package's top.
+* 5, process supervision: ``supervise`` (checks in child processes, warm workers); the
+  checker never imports it;
+* 6, the jobs: ``jobs`` (check, profile, mutate) and ``bench``;
+* 7, the front: ``cli``, ``__main__`` and ``pytest_plugin``, modules at the package's top.
 
 Every module under ``src/pagegraph`` is parsed with ``ast``; every pagegraph-internal import,
 at module level or inside a function, is an edge. The package ``__init__`` re-exports the
@@ -37,10 +39,11 @@ SRC = Path(pagegraph.__file__).resolve().parent
 PACKAGE = "pagegraph"
 
 SUBPACKAGE_LAYERS = {"kernels": 0, "detect": 0, "consumers": 0, "clients": 1, "mutants": 1,
-                     "kinds": 2, "graph": 3, "workload": 3, "check": 4, "wild": 4, "jobs": 5,
-                     "bench": 5}  # fmt: skip
-TOP_LAYER = 6
-LAYER_NAMES = ("bottom", "clients", "kinds", "graph bed", "checker", "jobs", "front")
+                     "kinds": 2, "graph": 3, "workload": 3, "check": 4, "wild": 4,
+                     "supervise": 5, "jobs": 6, "bench": 6}  # fmt: skip
+TOP_LAYER = 7
+LAYER_NAMES = ("bottom", "clients", "kinds", "graph bed", "checker", "supervision", "jobs",
+               "front")  # fmt: skip
 
 
 def layers() -> dict[str, int]:

@@ -22,17 +22,17 @@ import pytest
 import torch
 
 from pagegraph.check.config import CheckConfig
-from pagegraph.check.isolate import (
+from pagegraph.check.scenario import load_scenario
+from pagegraph.jobs import mutate
+from pagegraph.jobs.check_job import memory_need
+from pagegraph.kinds import CSR
+from pagegraph.supervise.isolate import (
     Job,
     SlotWaitStopped,
     _wait_for_child,
     memory_slot,
     run_isolated,
 )
-from pagegraph.check.scenario import load_scenario
-from pagegraph.jobs import mutate
-from pagegraph.jobs.check_job import memory_need
-from pagegraph.kinds import CSR
 
 ROOT = Path(__file__).resolve().parents[1]
 

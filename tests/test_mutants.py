@@ -17,7 +17,6 @@ import torch
 from pagegraph.check.checker import PROPERTIES
 from pagegraph.check.config import CheckConfig
 from pagegraph.check.decode_step import STEP_PROPERTIES
-from pagegraph.check.isolate import run_isolated
 from pagegraph.check.mutants import CONTROLS, MUTANTS
 from pagegraph.check.report import Report
 from pagegraph.jobs.mutate import (
@@ -28,6 +27,7 @@ from pagegraph.jobs.mutate import (
     smallest_killing_set,
 )
 from pagegraph.kinds import BLOCK_TABLE, SLOT_MAPPING, kind_of
+from pagegraph.supervise.isolate import run_isolated
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT = str(ROOT / "graphs" / "default.toml")

@@ -9,11 +9,12 @@ import json
 
 import pytest
 
-from pagegraph.check import isolate, plan
+from pagegraph.check import plan
 from pagegraph.check.checker import check_replay_safety, run_plan
 from pagegraph.check.config import CheckConfig, ConfigError
-from pagegraph.check.isolate import IsolatedError, Job
 from pagegraph.check.plan import CheckPlan, plan_check
+from pagegraph.supervise import isolate
+from pagegraph.supervise.isolate import IsolatedError, Job
 
 SMALL = CheckConfig(steps=3, max_bs=4, max_context_len=256, page_size=16, seed=5,
                     workload_process="off")  # fmt: skip

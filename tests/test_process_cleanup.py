@@ -21,7 +21,7 @@ from pathlib import Path
 
 import pytest
 
-from pagegraph.check.isolate import child_env
+from pagegraph.supervise.isolate import child_env
 from pagegraph.workload import lifetime
 
 pytestmark = pytest.mark.skipif(not Path("/proc/self/stat").exists(), reason="needs /proc")
@@ -147,7 +147,7 @@ def test_workload_children_end_with_a_killed_parent(slow_check):
 
 def test_a_child_told_sigterm_stops_and_the_parent_reports_it(slow_check):
     proc = slow_check(sleep=30.0)
-    (child,) = [p for p in descendants(proc.pid) if "pagegraph.check.isolate" in _cmdline(p)]
+    (child,) = [p for p in descendants(proc.pid) if "pagegraph.supervise.isolate" in _cmdline(p)]
     os.kill(child, signal.SIGTERM)
     out, err = proc.communicate(timeout=TIMEOUT_S)
     assert proc.returncode == 1, err  # the scenario UNSAFE: its check did not finish
@@ -331,8 +331,8 @@ POOL_PARENT = """
 import sys
 from pathlib import Path
 from pagegraph.check.config import CheckConfig
-from pagegraph.check.isolate import Job
-from pagegraph.check.worker_pool import Task, WorkerPool
+from pagegraph.supervise.isolate import Job
+from pagegraph.supervise.worker_pool import Task, WorkerPool
 
 builder, tmp = sys.argv[1], Path(sys.argv[2])
 cfg = CheckConfig(max_bs=4, max_context_len=64, page_size=16, steps=2, buckets="pow2")
@@ -363,7 +363,7 @@ def test_a_warm_pools_workers_end_with_a_killed_parent(tmp_path, monkeypatch):
         assert parent.poll() is None, f"the pool's parent ended with code {parent.returncode}"
         workers = {int(p.name) for p in called.iterdir()}
         assert workers <= descendants(parent.pid) and len(workers) == 2
-        assert all("pagegraph.check.worker_pool" in _cmdline(p) for p in workers)
+        assert all("pagegraph.supervise.worker_pool" in _cmdline(p) for p in workers)
         parent.kill()
         parent.wait(timeout=TIMEOUT_S)
         wait_until(lambda: not alive(workers), f"workers {sorted(alive(workers))} to end",

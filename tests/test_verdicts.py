@@ -19,10 +19,10 @@ import torch
 
 from pagegraph import build_page_table, check_replay_safety
 from pagegraph.check.config import CheckConfig, ConfigError, validate_config
-from pagegraph.check.isolate import Job, _crash_report, crash_cause, run_isolated
 from pagegraph.kernels.decode_metadata import build_decode_metadata
 from pagegraph.kinds import PAGE_TABLE
 from pagegraph.kinds.builders import builder_capabilities, signature_problem
+from pagegraph.supervise.isolate import Job, _crash_report, crash_cause, run_isolated
 
 from helpers import CPU_PASSES, assert_passed
 
@@ -369,8 +369,8 @@ def test_capture_failure_names_the_bucket_that_raised():
 
 
 def test_a_builder_loaded_from_a_file_runs_in_a_child(tmp_path):
-    from pagegraph.check.isolate import builder_spec
     from pagegraph.kinds.builders import resolve_builder
+    from pagegraph.supervise.isolate import builder_spec
 
     path = tmp_path / "filebuilt.py"
     path.write_text("def build(*args, **kwargs):\n    pass\n")

@@ -1,4 +1,4 @@
-"""Invariant: warm worker processes (``pagegraph.check.worker_pool``) run isolated checks as
+"""Invariant: warm worker processes (``pagegraph.supervise.worker_pool``) run isolated checks as
 fresh child processes do: the tasks are spread over the workers, a check that kills its
 worker is reported exactly as ``run_isolated`` reports it and a fresh worker takes the next
 task, a check that may have left its process unfit ends its worker, and ``pagegraph mutate``
@@ -13,10 +13,10 @@ from pathlib import Path
 import pytest
 
 from pagegraph.check.config import CheckConfig
-from pagegraph.check.isolate import Job, run_isolated
 from pagegraph.check.report import PropertyResult, Report
-from pagegraph.check.worker_pool import Task, WorkerPool, needs_fresh_process, task_cost
 from pagegraph.jobs.mutate import run_mutate
+from pagegraph.supervise.isolate import Job, run_isolated
+from pagegraph.supervise.worker_pool import Task, WorkerPool, needs_fresh_process, task_cost
 
 # Starts child processes: scheduled first in a parallel run (see conftest.py).
 pytestmark = pytest.mark.heavy

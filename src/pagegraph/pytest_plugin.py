@@ -43,14 +43,14 @@ def assert_replay_safe(builder, config=None, *, isolate: bool = False, **shape):
     ``torch.testing.assert_close`` does, so ``pytest.raises(AssertionError)`` works.
     ``shape`` overrides fields of ``CheckConfig`` (max_bs, max_context_len, page_size,
     buckets, padding, swa, steps, ...). ``isolate=True`` runs the check in a child process
-    (``pagegraph.check.isolate``): a builder that crashes its process or its CUDA context is then
-    reported UNSAFE instead of taking the test session down; the builder must be a name or
-    an importable ``module:function``. Returns the report."""
+    (``pagegraph.supervise.isolate``): a builder that crashes its process or its CUDA context is
+    then reported UNSAFE instead of taking the test session down; the builder must be a name
+    or an importable ``module:function``. Returns the report."""
     __tracebackhide__ = True  # a failure shows the report, not this function's source
     from .check.checker import CheckConfig, check_replay_safety
 
     if isolate:
-        from .check.isolate import Job, builder_spec, run_isolated
+        from .supervise.isolate import Job, builder_spec, run_isolated
 
         cfg = (config or CheckConfig()).replace(**shape)
         (report,) = run_isolated([Job(builder_spec(builder), cfg)])

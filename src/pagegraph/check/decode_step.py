@@ -35,7 +35,7 @@ inside the KV pool" (C's padded rows finite where the null block holds data:
 page before it keep their values), "reader reads only what the current plan wrote" (B = D),
 "sentinel page untouched" (the KV page past every allocated one keeps its values after
 capture and each replay), "replays
-completed" (no replay raised; in a child process, ``pagegraph.check.isolate``,
+completed" (no replay raised; in a child process, ``pagegraph.supervise.isolate``,
 the process did not die). The first failing row of each is named with its replay, bucket and
 inputs. A step's replays go to the judges of ``pagegraph.check.step_judges``, one a property.
 
@@ -47,7 +47,7 @@ from a graph of ``TIMING_CALLS`` back-to-back calls replayed between CUDA events
 Without CUDA the graphs run eagerly under the Triton interpreter, on shapes shrunk to fit
 (``CPU_LIMITS``; the report says which), and timing is skipped (the report says so).
 
-``on_phase`` and ``on_report`` let ``pagegraph.check.isolate`` run the check in a child
+``on_phase`` and ``on_report`` let ``pagegraph.supervise.isolate`` run the check in a child
 process: the phase reached (``capture``, ``replay 17``, ``timing``) and the partial report
 after setup and after each replay, so a builder that kills its process is reported with where
 it died and what was found before.

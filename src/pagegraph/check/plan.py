@@ -12,7 +12,7 @@ outputs compared exactly with the checker's model (``pagegraph.check.checker``),
 ``"step"``, the decode step's attention output (``pagegraph.check.decode_step``, a config
 with a ``[consumer]``). Both report through one ``Report``.
 
-A parent that runs checks in child processes plans each one (``pagegraph.check.isolate``
+A parent that runs checks in child processes plans each one (``pagegraph.supervise.isolate``
 writes ``CheckPlan.to_dict`` into the child's spec): the child resolves the builder by its
 spec and runs the plan as given (``pagegraph.check.checker.run_plan``), validating nothing
 again.

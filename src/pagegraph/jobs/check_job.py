@@ -5,7 +5,7 @@ that does not fit the device's memory is a usage error, exit 2, before anything 
 checks each one with ``pagegraph.check.checker.check_replay_safety`` (a scenario with a
 ``[consumer]`` table: ``pagegraph.check.decode_step.check_decode_step``, the decode step end to
 end), in this process or, for a user's ``module:function`` or file builder (or
-``isolate=True``), in a child process each (``pagegraph.check.isolate``). Ctrl-C and
+``isolate=True``), in a child process each (``pagegraph.supervise.isolate``). Ctrl-C and
 SIGTERM stop it; the reports then hold what was checked, marked incomplete. It writes the
 JSON and Markdown reports asked for.
 ``run_check_for_profile`` is the check as ``pagegraph profile`` runs it in-process, and
@@ -41,7 +41,6 @@ from ..check.checker import (
 )
 from ..check.config import CONSUMER_DTYPES
 from ..check.decode_step import check_decode_step
-from ..check.isolate import IsolatedError, Job, run_isolated, write_json_atomic
 from ..check.plan import resolve_reader
 from ..check.scenario import load_scenario
 from ..consumers.reference import GATHER_TOKENS
@@ -51,6 +50,7 @@ from ..kernels.page_table import build_page_table
 from ..kernels.registry import builder_spec_for_child
 from ..kinds import PAGE_TABLE, KindSpec, kind_of
 from ..kinds.builders import config_problem, is_builtin, resolve_builder
+from ..supervise.isolate import IsolatedError, Job, run_isolated, write_json_atomic
 from ..workload.pool import writer_bytes
 from ..workload.producer import SEGMENT_STEPS, streams_with_steps
 from .environment import environment

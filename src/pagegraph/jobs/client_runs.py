@@ -12,9 +12,9 @@ from pathlib import Path
 import torch
 
 from ..check.config import CheckConfig
-from ..check.isolate import IsolatedError, Job, run_isolated, write_json_atomic
 from ..check.report import Report
-from ..check.worker_pool import task_cost
+from ..supervise.isolate import IsolatedError, Job, run_isolated, write_json_atomic
+from ..supervise.worker_pool import task_cost
 from .progress import Progress, check_estimate, format_seconds
 
 __all__ = [

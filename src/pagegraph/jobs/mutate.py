@@ -1,16 +1,16 @@
 """``pagegraph mutate``: the checker against the mutant zoo, and the kill table.
 
-Every builder of ``pagegraph.check.mutants.MUTANTS`` (one realistic bug each) and every control (the
-correct builders) is checked over the given scenarios, each builder in its own child process
-(``pagegraph.check.isolate``), several at a time. A mutant is killed when some scenario reports it
-UNSAFE: a property failed, or its process died (a crash counts, with its cause). Each mutant
-stops at its first failing chunk in each scenario (one failure decides the verdict); controls
-run every replay. The result is a kill table (mutant, bug, first scenario and property that
-caught it), the matrix of which scenario kills which mutant, and the smallest scenario set that
-kills them all.
+Every builder of ``pagegraph.check.mutants.MUTANTS`` (one realistic bug each) and every control
+(the correct builders) is checked over the given scenarios, each builder in its own child
+process (``pagegraph.supervise.isolate``), several at a time. A mutant is killed when some
+scenario reports it UNSAFE: a property failed, or its process died (a crash counts, with its
+cause). Each mutant stops at its first failing chunk in each scenario (one failure decides the
+verdict); controls run every replay. The result is a kill table (mutant, bug, first scenario and
+property that caught it), the matrix of which scenario kills which mutant, and the smallest
+scenario set that kills them all.
 
 The checks (one builder on one scenario each) run on ``--jobs N`` warm worker processes
-(``pagegraph.check.worker_pool``), which keep torch, Triton and the compiled kernels loaded
+(``pagegraph.supervise.worker_pool``), which keep torch, Triton and the compiled kernels loaded
 from one check to the next; a worker that crashed, or whose check may have left it unfit
 (a failed capture, a raised replay, a broken CUDA context), is replaced by a fresh one.
 Once a mutant is killed its checks not yet started are dropped (the table says on how many
@@ -46,10 +46,10 @@ import torch
 
 from ..check.checker import PROPERTIES, Report
 from ..check.decode_step import STEP_PROPERTIES
-from ..check.isolate import IsolatedError, Job, run_isolated, write_json_atomic
 from ..check.mutants import CONTROLS, MUTANTS
 from ..check.scenario import ScenarioError, load_scenario
-from ..check.worker_pool import Task, WorkerPool, task_cost
+from ..supervise.isolate import IsolatedError, Job, run_isolated, write_json_atomic
+from ..supervise.worker_pool import Task, WorkerPool, task_cost
 from .progress import Progress
 from .scenario_paths import scenario_path, shipped_scenarios
 

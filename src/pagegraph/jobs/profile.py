@@ -25,8 +25,8 @@ import sys
 import traceback
 from pathlib import Path
 
-from ..check.isolate import child_env
 from ..detect import trace as _trace
+from ..supervise.isolate import child_env
 from .check_job import run_check_for_profile
 
 __all__ = [

@@ -3,7 +3,7 @@ fits them, and the findings with their reproducers (``make sglang``).
 
 For each SGLang client of ``pagegraph.clients.sglang`` (``CLIENTS``) and each scenario whose
 builder kind (``pagegraph.kinds.kind_of``) is the client's, the job runs the
-check in a child process of its own (``pagegraph.check.isolate.run_isolated``), so a client
+check in a child process of its own (``pagegraph.supervise.isolate.run_isolated``), so a client
 that kills its process is reported with the cause and the next check still runs. A page-table
 client is not run on a scenario whose page size does not divide 4096 (its kernel works in
 blocks of 4096 tokens), a FlashInfer CSR client on one whose page size is not 1 (SGLang's
@@ -34,11 +34,11 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..check.config import CheckConfig
-from ..check.isolate import child_env
 from ..check.scenario import load_scenario
 from ..clients import sglang as sglang_client
 from ..kinds import PAGE_TABLE, KindSpec, kind_named, kind_of
 from ..kinds.builders import resolve_builder, signature_problem
+from ..supervise.isolate import child_env
 from ..workload.lifetime import script_command
 from .check_job import _memory_problem
 from .client_runs import (
@@ -128,7 +128,7 @@ FINDINGS = (
         "examples/sglang_flashinfer_kv_indices_overflow.py",
     ),
 )
-#: What a crash of a CSR client on an overlong length says (``pagegraph.check.isolate``).
+#: What a crash of a CSR client on an overlong length says (``pagegraph.supervise.isolate``).
 OVERLONG_CRASH = "seq_len past the row's capacity"
 
 

@@ -18,8 +18,8 @@ from pathlib import Path
 
 import torch
 
-from ..check.isolate import write_json_atomic
 from ..check.report import Report
+from ..supervise.isolate import write_json_atomic
 from ..wild import BUG_CLASSES, WildBug, entries
 from .environment import environment
 

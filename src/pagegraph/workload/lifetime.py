@@ -1,6 +1,6 @@
 """Child processes that end with their parent, and stop promptly when told to.
 
-pagegraph starts children of its own: a check in a child (``pagegraph.check.isolate``), the
+pagegraph starts children of its own: a check in a child (``pagegraph.supervise.isolate``), the
 workload's generators (``pagegraph.workload.producer``), the reproducers of ``make sglang``.
 Nobody reads what a child produces once its parent is gone, so:
 

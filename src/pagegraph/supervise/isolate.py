@@ -4,7 +4,7 @@ run down.
 
 ``run_isolated(jobs)`` plans each check here, in the parent (``pagegraph.check.plan``: the
 config validated, the builder's kind found), starts one child (``python -m
-pagegraph.check.isolate``) for a list of checks (one builder over several configs, say) and
+pagegraph.supervise.isolate``) for a list of checks (one builder over several configs, say) and
 returns one report per check. The child runs the plans as given (``run_plan``) and:
 
 * writes its report after every chunk of replays (``check_replay_safety``'s ``on_chunk``)
@@ -39,11 +39,11 @@ import threading
 import time
 from pathlib import Path
 
+from ..check.config import PROPERTIES, REPLAY_PROPERTIES, CheckConfig
+from ..check.report import PropertyResult, Report
+from ..check.signals import request_stop, stop_requested
+from ..check.step_report import StepSection
 from ..workload.lifetime import die_with_parent, escalate_stop
-from .config import PROPERTIES, REPLAY_PROPERTIES, CheckConfig
-from .report import PropertyResult, Report
-from .signals import request_stop, stop_requested
-from .step_report import StepSection
 
 #: Seconds a child may run one check before it is killed as hung (None: no limit).
 DEFAULT_TIMEOUT = None
@@ -183,7 +183,7 @@ def _blank_report(job: Job) -> Report:
     """The report of a check whose child died before writing one: every property
     incomplete."""
     if job.config.consumer:
-        from .decode_step import step_properties
+        from ..check.decode_step import step_properties
 
         report = Report(job.builder, job.config, "?", False,
                         step=StepSection(consumer=job.config.consumer))  # fmt: skip
@@ -197,7 +197,7 @@ def _blank_report(job: Job) -> Report:
 def _cut_short(job: Job) -> tuple[str, ...]:
     """The properties a crash during the replays leaves unjudged."""
     if job.config.consumer:
-        from .decode_step import STEP_PROPERTIES
+        from ..check.decode_step import STEP_PROPERTIES
 
         return tuple(n for n in STEP_PROPERTIES if n != "capture")
     return (*REPLAY_PROPERTIES, "replays completed")
@@ -251,8 +251,8 @@ def _explain_crash(job: Job, tmp: Path, k: int) -> str | None:
     env["CUDA_LAUNCH_BLOCKING"] = "1"
     err_path = sub / "stderr.txt"
     with open(err_path, "w") as err:
-        proc = subprocess.Popen([sys.executable, "-m", "pagegraph.check.isolate", str(spec_path)],
-                                env=env, stderr=err, stdout=subprocess.DEVNULL)  # fmt: skip
+        cmd = [sys.executable, "-m", "pagegraph.supervise.isolate", str(spec_path)]
+        proc = subprocess.Popen(cmd, env=env, stderr=err, stdout=subprocess.DEVNULL)
         ended = _wait_for_child(proc, 600)
     if ended.interrupted is not None:
         raise ended.interrupted
@@ -294,7 +294,7 @@ def run_isolated(
         tmp = Path(tmp)
         while next_job < len(jobs):
             spec_path = _write_spec(jobs, next_job, tmp)
-            cmd = [sys.executable, "-m", "pagegraph.check.isolate", str(spec_path)]
+            cmd = [sys.executable, "-m", "pagegraph.supervise.isolate", str(spec_path)]
             err_path = tmp / f"stderr-{next_job}.txt"
             limit = None if timeout is None else timeout * (len(jobs) - next_job)
             with open(err_path, "w") as err:
@@ -334,7 +334,7 @@ def _plan(job: Job) -> dict:
     """``job``'s check planned here, in the parent (``pagegraph.check.plan``): the child runs
     the plan as given. ``IsolatedError`` when the check cannot run (a builder that cannot be
     loaded, a config that does not fit it), before any child starts."""
-    from .plan import plan_check
+    from ..check.plan import plan_check
 
     try:
         plan, _ = plan_check(job.builder, job.config, spec=job.builder, reader=job.reader)
@@ -391,7 +391,7 @@ def supervise_child(proc: subprocess.Popen, step, limit: float | None, paused=No
 
     Returns ``(what step returned, or None when the child was killed; killed for its time
     limit; the KeyboardInterrupt to raise once its reports are read)``. Fresh children
-    (``_wait_for_child``) and warm workers (``pagegraph.check.worker_pool``) share it."""
+    (``_wait_for_child``) and warm workers (``pagegraph.supervise.worker_pool``) share it."""
     interrupted = None
     deadline = None if limit is None else time.monotonic() + limit
     forwarded = False
@@ -484,8 +484,8 @@ def _collect_reports(jobs: list[Job], first: int, tmp: Path, ended: _ChildEnd,
 def _run_check(builder, plan, job: dict, note, keep):
     """One job's planned check (``pagegraph.check.checker.run_plan``), its partial reports to
     ``keep``; ``CheckInterrupted`` on a stop."""
-    from .checker import run_plan
-    from .signals import CheckInterrupted
+    from ..check.checker import run_plan
+    from ..check.signals import CheckInterrupted
 
     report = run_plan(
         plan, builder, on_phase=note, on_chunk=keep, stop_on_failure=job["stop_on_failure"],
@@ -595,10 +595,10 @@ def _child(spec_path: str) -> int:
     die_with_parent(spec.get("parent"))
     with open(spec["progress"], "r+b") as f:
         progress = mmap.mmap(f.fileno(), PROGRESS_BYTES)
+    from ..check.plan import CheckPlan
+    from ..check.signals import CheckInterrupted, stop_on_signals
     from ..detect.sync import DetectorUnavailable
     from ..kinds.builders import resolve_builder
-    from .plan import CheckPlan
-    from .signals import CheckInterrupted, stop_on_signals
 
     stop = stop_on_signals()  # SIGINT/SIGTERM: stop between two replays, keep the report
     stop.__enter__()

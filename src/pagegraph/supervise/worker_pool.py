@@ -1,10 +1,10 @@
 """Warm worker processes for many isolated checks: ``pagegraph mutate``'s builders times
 scenarios.
 
-``pagegraph.check.isolate.run_isolated`` starts a fresh child for each list of checks, which
+``pagegraph.supervise.isolate.run_isolated`` starts a fresh child for each list of checks, which
 pays the interpreter, torch, Triton and pagegraph imports, the CUDA context and the kernels'
 loading every time. A ``WorkerPool`` keeps ``workers`` children alive instead
-(``python -m pagegraph.check.worker_pool``): each reads the path of a one-check spec (the
+(``python -m pagegraph.supervise.worker_pool``): each reads the path of a one-check spec (the
 format of ``isolate._write_spec``) on its stdin, runs it with the very code a fresh child
 runs (``isolate._child``: the same phase notes, partial reports, memory slots and signal
 handling) and answers ``done RC`` on its stdout. The parent reads the reports with
@@ -38,6 +38,7 @@ import threading
 import time
 from pathlib import Path
 
+from ..check.report import Report
 from .isolate import (
     IsolatedError,
     Job,
@@ -48,7 +49,6 @@ from .isolate import (
     child_env,
     supervise_child,
 )
-from .report import Report
 
 #: Properties whose failure means the check may have left its process unfit for the next
 #: check: a failed capture can leave a stream capturing or the CUDA context broken (an
@@ -103,7 +103,7 @@ class _Worker:
         self.err_path = folder / "stderr.txt"
         self._err = open(self.err_path, "wb")  # noqa: SIM115 - closed in close()
         self.proc = subprocess.Popen(
-            [sys.executable, "-m", "pagegraph.check.worker_pool"],
+            [sys.executable, "-m", "pagegraph.supervise.worker_pool"],
             env=child_env(),
             stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
