@@ -14,8 +14,9 @@ import torch
 
 from pagegraph import bench
 from pagegraph.bench import checker_rate, decode, replay_overhead, report
-from pagegraph.check.checker import POISON, expected_tables
+from pagegraph.check.reference import expected_tables
 from pagegraph.check.scenario import load_scenario
+from pagegraph.check.verify import POISON
 
 
 def test_rotation_count_divides_builds_and_covers_l2():

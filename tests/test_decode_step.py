@@ -335,7 +335,7 @@ def test_time_interleaved_leaves_the_warm_up_out_and_divides_by_the_calls():
 def test_step_timing_path_runs_eagerly_without_cuda():
     """The timing graphs' bodies (step, builder alone, consumer alone) run and are timed by
     ``HostClock`` when there is no CUDA; the inputs in the buffers are kept."""
-    from pagegraph.check.checker import pool_kwargs
+    from pagegraph.check.workload_setup import pool_kwargs
     from pagegraph.workload.pool import KVPool
 
     cfg = tiny("csr")

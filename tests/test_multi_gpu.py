@@ -10,7 +10,8 @@ import pytest
 import torch
 
 from pagegraph import GraphRunner, KVPool, build_page_table
-from pagegraph.check.checker import POISON, expected_tables
+from pagegraph.check.reference import expected_tables
+from pagegraph.check.verify import POISON
 
 pytestmark = [
     pytest.mark.gpu,

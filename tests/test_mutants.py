@@ -14,8 +14,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from pagegraph.check.checker import PROPERTIES
-from pagegraph.check.config import CheckConfig
+from pagegraph.check.config import PROPERTIES, CheckConfig
 from pagegraph.check.decode_step import STEP_PROPERTIES
 from pagegraph.check.mutants import CONTROLS, MUTANTS
 from pagegraph.check.report import Report

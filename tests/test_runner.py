@@ -11,7 +11,8 @@ import pytest
 import torch
 
 from pagegraph import GraphRunner, KVPool, NotCaptured, StaticBufferMoved
-from pagegraph.check.checker import POISON, expected_tables
+from pagegraph.check.reference import expected_tables
+from pagegraph.check.verify import POISON
 from pagegraph.workload.decode import DecodeWorkload
 
 from helpers import assert_equal_tables

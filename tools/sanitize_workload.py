@@ -20,7 +20,9 @@ import sys
 import torch
 
 from pagegraph import ERROR_KINDS, build_page_table
-from pagegraph.check.checker import CheckConfig, check_replay_safety, expected_tables
+from pagegraph.check.checker import check_replay_safety
+from pagegraph.check.config import CheckConfig
+from pagegraph.check.reference import expected_tables
 
 
 def kernel_cases() -> int:

@@ -16,8 +16,8 @@ if "TRITON_INTERPRET" not in os.environ:
 #: public name -> the module that defines it, imported at first use (``__getattr__``): importing
 #: pagegraph alone (``pagegraph trace``, ``--help``, a child process) loads none of them.
 _LAZY = {
-    "CheckConfig": "check.checker",
-    "Report": "check.checker",
+    "CheckConfig": "check.config",
+    "Report": "check.report",
     "check_replay_safety": "check.checker",
     "DetectorUnavailable": "detect.sync",
     "DeviceSyncError": "detect.sync",

@@ -47,7 +47,8 @@ def assert_replay_safe(builder, config=None, *, isolate: bool = False, **shape):
     then reported UNSAFE instead of taking the test session down; the builder must be a name
     or an importable ``module:function``. Returns the report."""
     __tracebackhide__ = True  # a failure shows the report, not this function's source
-    from .check.checker import CheckConfig, check_replay_safety
+    from .check.checker import check_replay_safety
+    from .check.config import CheckConfig
 
     if isolate:
         from .supervise.isolate import Job, builder_spec, run_isolated

@@ -99,8 +99,8 @@ def shared_interval(ctx, size: int) -> float:
 
 def batch_sizes() -> list[tuple[str, int, float]]:
     """``(scenario, pickled bytes of a batch, page runs a step)`` of the soak scenarios."""
-    from pagegraph.check import checker
     from pagegraph.check.scenario import load_scenario
+    from pagegraph.check.workload_setup import pool_kwargs
     from pagegraph.workload.producer import _batches
 
     found = []
@@ -114,7 +114,7 @@ def batch_sizes() -> list[tuple[str, int, float]]:
             near_capacity=cfg.near_capacity, inject=cfg.injection(),
             capacity=cfg.width * cfg.page_size, max_len=2**31 - 1, committed_lengths=False,
         )  # fmt: skip
-        batches = list(_batches(checker.pool_kwargs(cfg), workload))
+        batches = list(_batches(pool_kwargs(cfg), workload))
         blob = sum(len(pickle.dumps(("steps", b), pickle.HIGHEST_PROTOCOL)) for b in batches)
         runs = sum(len(r) for b in batches for _, writes in b for _, r in writes)
         found.append((path, blob // len(batches), runs / cfg.steps))

@@ -33,7 +33,7 @@ Sections, in the order they run (``runner.SECTIONS``):
   capture), so it has eager wall time only. ``block_grid`` (``pagegraph.kernels.baselines``) is the
   rejected design, kept as a baseline: a fixed ``(bs, cdiv(width, 64))`` grid of page
   blocks over the whole static width. Before timing, every builder's output is checked
-  once, exactly, against ``pagegraph.check.checker.expected_tables`` on the live entries
+  once, exactly, against ``pagegraph.check.reference.expected_tables`` on the live entries
   (``exact``), and again after a graph replay (``graph_exact``).
 * ``replay``: ``GraphRunner.replay()`` host time against a bare ``CUDAGraph.replay()``
   (``replay_overhead``).

@@ -27,7 +27,7 @@ from dataclasses import dataclass
 
 import torch
 
-from ..check.checker import POISON
+from ..check.verify import POISON
 from ..detect.ranges import phase
 from ..kernels.decode_metadata import build_decode_metadata, prepare_decode_metadata
 from ..kernels.page_table import build_page_table

@@ -40,12 +40,11 @@ from ..workload.decode import Step
 from ..workload.pool import KVPool
 from ..workload.producer import ProducedWorkload
 from .aliasing import judge_aliasing
-from .buffers import allocate_check_buffers, table_bytes
+from .buffers import allocate_check_buffers
 from .config import (
     INDEX_DTYPES,
     PRODUCER_MIN_STEPS,
     PROPERTIES,
-    WORKLOAD_PROCESS_MODES,
     CheckConfig,
 )
 from .engine_state import make_engine_state, update_engine_state
@@ -59,36 +58,14 @@ from .judge import (
     sync_capture_cause,
 )
 from .pipeline import run_pipeline
-from .plan import CheckPlan, plan_check, preset_problem, presets_of_kind, resolve_reader
+from .plan import CheckPlan, plan_check, resolve_reader
 from .probes import BuilderProbe, CompileCounter, measure_eager_call
-from .reference import expected_tables
 from .replay_loop import run_replays
 from .report import PropertyResult, Report
-from .signals import CheckInterrupted, stop_on_signals, stop_requested
 from .state import CheckHooks, CheckRun, ReplayState
-from .verify import POISON
 from .workload_setup import pool_kwargs, workload_kwargs
 
-#: Names other modules import from here (``pagegraph.check.checker`` was the whole checker).
-__all__ = [
-    "POISON",
-    "PROPERTIES",
-    "WORKLOAD_PROCESS_MODES",
-    "CheckConfig",
-    "CheckInterrupted",
-    "CheckPlan",
-    "Report",
-    "check_replay_safety",
-    "expected_tables",
-    "pool_kwargs",
-    "plan_check",
-    "preset_problem",
-    "presets_of_kind",
-    "run_plan",
-    "stop_on_signals",
-    "stop_requested",
-    "table_bytes",
-]
+__all__ = ["TableBench", "check_replay_safety", "run_plan"]
 
 
 def check_replay_safety(

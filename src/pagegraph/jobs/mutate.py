@@ -44,9 +44,10 @@ from pathlib import Path
 
 import torch
 
-from ..check.checker import PROPERTIES, Report
+from ..check.config import PROPERTIES
 from ..check.decode_step import STEP_PROPERTIES
 from ..check.mutants import CONTROLS, MUTANTS
+from ..check.report import Report
 from ..check.scenario import ScenarioError, load_scenario
 from ..supervise.isolate import IsolatedError, Job, run_isolated, write_json_atomic
 from ..supervise.worker_pool import Task, WorkerPool, task_cost
@@ -412,7 +413,7 @@ def _fitted_jobs(spec: str, scenario_jobs: list[Job], o: Outcome) -> list[Job]:
     """The jobs builder ``spec`` can run: a scenario whose outputs it cannot write (a CSR
     builder on an SWA scenario) goes into ``o.not_applicable`` with the reason; the preset
     outputs of another kind of builder are dropped (they describe the scenario's own)."""
-    from ..check.checker import presets_of_kind
+    from ..check.plan import presets_of_kind
     from ..kinds import kind_of
     from ..kinds.builders import config_problem, resolve_builder
 
