@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from pagegraph import bench
-from pagegraph.bench import checker_rate, decode, replay_overhead, report
-from pagegraph.check.reference import expected_tables
+from pagegraph.bench import bench_report, checker_rate, decode_bench, replay_overhead
 from pagegraph.check.scenario import load_scenario
+from pagegraph.check.table_reference import expected_tables
 from pagegraph.check.verify import POISON
 
 
@@ -85,8 +85,8 @@ def _decode_rows(config: str, times: dict) -> list[dict]:
     """Metadata rows of one config: ``times[variant] = (device_us, warm_us, eager_us)``."""
     cfg = bench.get_config(config)
     rows = []
-    for name, _, draft, _ in decode.DECODE_VARIANTS:
-        row = decode.decode_row(cfg, name, draft)
+    for name, _, draft, _ in decode_bench.DECODE_VARIANTS:
+        row = decode_bench.decode_row(cfg, name, draft)
         row["device_us"], row["device_warm_us"], row["eager_us"] = times.get(name, (None,) * 3)
         row["exact"] = True
         rows.append(row)
@@ -120,10 +120,10 @@ def test_decode_summary_and_targets():
     assert skewed["diff_draft_us"] is None and skewed["unfused_over_fused_device"] is None
     assert mid["exact"] and skewed["exact"]
 
-    rotated = {t["target"].split(" (")[0]: t for t in report.decode_targets(rows)}
+    rotated = {t["target"].split(" (")[0]: t for t in bench_report.decode_targets(rows)}
     diff = rotated["build_decode_metadata device time within 1 us of build_page_table"]
     assert (diff["measured"], diff["met"]) == (1.5, False) and "worst: skewed" in diff["target"]
-    warm = report.decode_targets(rows, "device_warm_us")[0]
+    warm = bench_report.decode_targets(rows, "device_warm_us")[0]
     assert (warm["measured"], warm["met"]) == (0.75, True)
     fused = rotated["build_decode_metadata eager wall time <= 1.2x build_page_table's"]
     assert (fused["measured"], fused["met"]) == (1.3, False)
@@ -132,19 +132,19 @@ def test_decode_summary_and_targets():
 
     rows[1]["exact"] = False  # an inexact output: no target on it is met
     assert not bench.decode_summary(rows)[0]["exact"]
-    warm = report.decode_targets(rows, "device_warm_us")[0]
+    warm = bench_report.decode_targets(rows, "device_warm_us")[0]
     assert warm["met"] is False and "inexact output: decode-mid" in warm["target"]
 
 
 def test_replay_target_and_failures():
     row = replay_overhead.overhead_row("decode-mid", 64)
-    assert report.replay_target(row)["met"] is None
+    assert bench_report.replay_target(row)["met"] is None
     row.update(runner_replay_us=30.0, bare_replay_us=12.0, ratio=2.5, exact=True)
-    assert report.replay_target(row)["met"] is False
+    assert bench_report.replay_target(row)["met"] is False
     row["ratio"] = 1.5
-    assert report.replay_target(row)["met"] is True
+    assert bench_report.replay_target(row)["met"] is True
     row["exact"] = False
-    assert report.replay_target(row)["met"] is False
+    assert bench_report.replay_target(row)["met"] is False
 
     checker = [
         dict(checker_rate.checker_row("s", "graphs/s.toml", "none", 8), verdict="SAFE"),
@@ -250,7 +250,7 @@ def test_sections_run_and_report(tmp_path):
     assert result["sections"] == ["replay", "metadata"]
     assert result["rows"] == [] and result["checker"] == [] and result["sweeps"] == {}
     assert bench.failures(result) == []
-    variants = [name for name, _, _, _ in decode.DECODE_VARIANTS]
+    variants = [name for name, _, _, _ in decode_bench.DECODE_VARIANTS]
     assert [r["variant"] for r in result["decode_metadata"]] == variants * 2
     assert all(r["exact"] for r in result["decode_metadata"])
     # Every variant's eager time, taken in the shared alternating rounds.

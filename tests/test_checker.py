@@ -19,8 +19,8 @@ from pagegraph import GraphRunner, build_page_table, check_replay_safety, refere
 from pagegraph.check.config import PROPERTIES, REPLAY_PROPERTIES, CheckConfig
 from pagegraph.check.mutants import reset_caches
 from pagegraph.check.probes import CompileCounter
-from pagegraph.check.reference import expected_tables
 from pagegraph.check.report import Report
+from pagegraph.check.table_reference import expected_tables
 from pagegraph.check.verify import POISON
 from pagegraph.detect.sync import DetectorUnavailable, parse_detectors
 from pagegraph.graph.buckets import resolve_padding

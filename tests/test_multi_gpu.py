@@ -10,7 +10,7 @@ import pytest
 import torch
 
 from pagegraph import GraphRunner, KVPool, build_page_table
-from pagegraph.check.reference import expected_tables
+from pagegraph.check.table_reference import expected_tables
 from pagegraph.check.verify import POISON
 
 pytestmark = [

@@ -35,7 +35,7 @@ from pagegraph.consumers import (
     reference_decode_attention,
 )
 from pagegraph.consumers import paged_attention as pa
-from pagegraph.consumers.reference import csr_rows, live_kv, table_rows, tolerances
+from pagegraph.consumers.attention_reference import csr_rows, live_kv, table_rows, tolerances
 
 DTYPES = {"bf16": torch.bfloat16, "fp16": torch.float16, "fp32": torch.float32}
 PAGE_SIZES = [1, 4, 16]

@@ -1,7 +1,8 @@
-"""Invariant: the decode-attention reference (``pagegraph.consumers.reference``), which gathers
-rows in padded, masked chunks, gives what attending each row on its own gives: padding never
-reaches a row (even when the padding's page holds NaN), a NaN in a row's own live tokens does
-(the reference must not hide bad data), and the tolerances follow the documented formula.
+"""Invariant: the decode-attention reference (``pagegraph.consumers.attention_reference``),
+which gathers rows in padded, masked chunks, gives what attending each row on its own gives:
+padding never reaches a row (even when the padding's page holds NaN), a NaN in a row's own live
+tokens does (the reference must not hide bad data), and the tolerances follow the documented
+formula.
 """
 
 from __future__ import annotations
@@ -11,8 +12,8 @@ import math
 import pytest
 import torch
 
-from pagegraph.consumers import reference
-from pagegraph.consumers.reference import (
+from pagegraph.consumers import attention_reference
+from pagegraph.consumers.attention_reference import (
     EXP2_ERROR,
     FP32_EPS,
     UNIT_ROUNDOFF,
@@ -60,7 +61,7 @@ def one_row(q_row, k, v, pages, n) -> torch.Tensor:
 @pytest.mark.parametrize("dtype", [torch.bfloat16, torch.float16, torch.float32])
 @pytest.mark.parametrize("gather_tokens", [1, 50, 1 << 16])  # one row a chunk .. one chunk
 def test_chunked_rows_match_rows_attended_alone(monkeypatch, dtype, gather_tokens):
-    monkeypatch.setattr(reference, "GATHER_TOKENS", gather_tokens)
+    monkeypatch.setattr(attention_reference, "GATHER_TOKENS", gather_tokens)
     gen = torch.Generator().manual_seed(11)
     k, v = pool(gen, dtype)
     rows = rows_of(gen, [0, 1, 3, 4, 5, 37, 0, 16, 22])
@@ -87,7 +88,7 @@ def test_a_nan_in_a_rows_own_tokens_shows_in_that_row_only():
 
 
 def test_tolerances_follow_the_documented_formula(monkeypatch):
-    monkeypatch.setattr(reference, "GATHER_TOKENS", 7)  # several chunks
+    monkeypatch.setattr(attention_reference, "GATHER_TOKENS", 7)  # several chunks
     gen = torch.Generator().manual_seed(13)
     k, v = pool(gen, torch.float16)
     rows = rows_of(gen, [10, 0, 3])

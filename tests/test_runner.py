@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from pagegraph import GraphRunner, KVPool, NotCaptured, StaticBufferMoved
-from pagegraph.check.reference import expected_tables
+from pagegraph.check.table_reference import expected_tables
 from pagegraph.check.verify import POISON
 from pagegraph.workload.decode import DecodeWorkload
 

@@ -12,9 +12,9 @@ Run on the GPU machine through tools/xqa_try.sh (it unpacks .device/xqa/flashinf
   3  per page size, eager: page table from pagegraph.kernels.page_table.build_page_table,
      XQA decode through xqa_batch_decode_with_kv_cache (the function that
      trtllm_batch_decode_with_kv_cache(..., backend="xqa") returns through), checked against
-     pagegraph.consumers.reference (dense fp32), against pagegraph's own Triton consumer, and
-     for reading only within cache_seqlens (stale tails + rewritten slots past the length
-     must give bit-identical output)
+     pagegraph.consumers.attention_reference (dense fp32), against pagegraph's own Triton
+     consumer, and for reading only within cache_seqlens (stale tails + rewritten slots past
+     the length must give bit-identical output)
   4  per page size, CUDA graph: (a) XQA alone, (b) build_page_table + cache_seqlens copy +
      XQA in one graph; replayed with changed lengths / pages / queries in the same buffers,
      every replay checked; with PDL on (FlashInfer's default on sm_90) and off
@@ -405,7 +405,7 @@ def judge(case: Case, out, tag: str, summary: bool = True):
     Returns (ok, max_abs_err, rel_err); logs one line (into the SUMMARY too if summary or not ok)."""  # noqa: E501
     import torch
 
-    from pagegraph.consumers.reference import attend, live_kv, table_rows, tolerances
+    from pagegraph.consumers.attention_reference import attend, live_kv, table_rows, tolerances
 
     rows = table_rows(case.page_table, case.cache_seqlens, case.ps)
     kv = live_kv(case.k_cache, case.v_cache, rows, case.ps)
@@ -459,7 +459,7 @@ def eager_step(fi_decode, ps: int, device) -> None:
     )
     if DRY:
         fake = __import__(
-            "pagegraph.consumers.reference", fromlist=["x"]
+            "pagegraph.consumers.attention_reference", fromlist=["x"]
         ).reference_decode_attention(
             case.q, case.k_cache, case.v_cache, case.page_table, case.cache_seqlens, page_size=ps
         )

@@ -5,7 +5,7 @@ Run: ``pagegraph bench`` (what ``make bench`` runs) or ``python -m pagegraph.ben
 sweep. ``--consumer-floor`` (the second half of ``make bench-decode``) measures the builders'
 consumer instead: paged and CSR decode attention on the ``sglang-h200`` shapes against a DRAM
 floor measured in the same process (``consumer_floor``; ``consumer-floor.md`` and ``.json``).
-Sections, in the order they run (``runner.SECTIONS``):
+Sections, in the order they run (``bench_runner.SECTIONS``):
 
 * ``builders``, per (config, builder) row (``rows``):
 
@@ -33,12 +33,12 @@ Sections, in the order they run (``runner.SECTIONS``):
   capture), so it has eager wall time only. ``block_grid`` (``pagegraph.kernels.baselines``) is the
   rejected design, kept as a baseline: a fixed ``(bs, cdiv(width, 64))`` grid of page
   blocks over the whole static width. Before timing, every builder's output is checked
-  once, exactly, against ``pagegraph.check.reference.expected_tables`` on the live entries
-  (``exact``), and again after a graph replay (``graph_exact``).
+  once, exactly, against ``pagegraph.check.table_reference.expected_tables`` on the live
+  entries (``exact``), and again after a graph replay (``graph_exact``).
 * ``replay``: ``GraphRunner.replay()`` host time against a bare ``CUDAGraph.replay()``
   (``replay_overhead``).
 * ``metadata``: ``build_decode_metadata`` against ``build_page_table`` and the unfused chain,
-  device and eager time, per config (``decode``).
+  device and eager time, per config (``decode_bench``).
 * ``sweeps``: device time against batch size and context, and their plots (``sweeps``).
 * ``checker``: checked replays per second of ``check_replay_safety`` (``checker_rate``).
 
@@ -46,18 +46,19 @@ Without CUDA only a smoke run under the Triton interpreter is possible: tiny sha
 wall times of the interpreter, exactness, and ``None`` for every device field.
 
 Modules: ``configs`` (shapes), ``inputs`` (inputs, L2 rotation, outputs and the exactness
-check), ``floors``, ``timing`` (graph and wall-clock timing, settings), ``rows``, ``decode``,
-``replay_overhead``, ``checker_rate``, ``sweeps`` (and ``--tune``), ``report`` (targets,
-Markdown, plots), ``runner`` (``run_bench`` and the command line), ``consumer_floor``
-(``--consumer-floor``) and ``pytest_bench`` (the pytest-benchmark timings that
-``benchmarks/test_bench.py`` runs). What is imported here is
-the public surface.
+check), ``floors``, ``timing`` (graph and wall-clock timing, settings), ``rows``,
+``decode_bench``, ``replay_overhead``, ``checker_rate``, ``sweeps`` (and ``--tune``),
+``bench_report`` (targets, Markdown, plots), ``bench_runner`` (``run_bench`` and the command
+line), ``consumer_floor`` (``--consumer-floor``) and ``pytest_bench`` (the pytest-benchmark
+timings that ``benchmarks/test_bench.py`` runs). What is imported here is the public surface.
 """
 
 from __future__ import annotations
 
 from ..kernels.baselines import BLOCK_GRID_PAGES, BLOCK_GRID_WARPS, block_grid
 from ..kernels.page_table import build_page_table
+from .bench_report import format_markdown, format_tune_markdown, targets
+from .bench_runner import SECTIONS, add_arguments, failures, main, run, run_bench
 from .checker_rate import bench_checker
 from .configs import (
     CONFIG_NAMES,
@@ -70,7 +71,7 @@ from .configs import (
     get_config,
     smoke_config,
 )
-from .decode import bench_decode_config, decode_summary, first_difference
+from .decode_bench import bench_decode_config, decode_summary, first_difference
 from .floors import (
     COPY_BYTES,
     DEFAULT_L2_BYTES,
@@ -104,9 +105,7 @@ from .pytest_bench import (
     time_replay,
 )
 from .replay_overhead import bench_replay_overhead, interleaved_wall_us
-from .report import format_markdown, format_tune_markdown, targets
 from .rows import BUILDERS, GRAPH_SAFE, bench_config, single_bucket_runner
-from .runner import SECTIONS, add_arguments, failures, main, run, run_bench
 from .sweeps import SWEEP_BS, SWEEP_BUILDERS, SWEEP_CONTEXT, run_sweeps, sweep_kernel_params
 from .timing import (
     EAGER_CALLS,

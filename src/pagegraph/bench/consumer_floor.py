@@ -27,7 +27,8 @@ be read from the L2, not DRAM. So each graph cycles over ``sets`` disjoint copie
 (page tables over other pages of the pool; ``rotation_sets``), enough that one replay's
 footprint is at least ``L2_ROTATION`` times the L2, for the consumer and the floor alike.
 Before timing, each case's outputs are checked: the two formats bit-identical on the same
-pages, and row 0 within ``pagegraph.consumers.reference``'s tolerance of dense fp32 attention.
+pages, and row 0 within ``pagegraph.consumers.attention_reference``'s tolerance of dense fp32
+attention.
 
 Without CUDA the command exits 2 with one line: there is nothing to measure.
 """
@@ -47,7 +48,7 @@ import torch
 
 from ..check.scenario import load_scenario
 from ..consumers import csr_decode_attention, paged_decode_attention, prepare_decode_attention
-from ..consumers.reference import attend, live_kv, tolerances
+from ..consumers.attention_reference import attend, live_kv, tolerances
 from ..graph.buckets import Buckets
 from ..jobs.scenario_paths import scenario_path
 from .floors import measure_bandwidth

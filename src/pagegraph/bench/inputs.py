@@ -9,7 +9,7 @@
   builder over them, as a serving engine's forward pass between two decode steps would have
   evicted the previous step's reads.
 * ``make_outputs`` / ``poison`` / ``Check``: output tables filled with ``POISON`` and an exact
-  comparison of their live entries with ``pagegraph.check.reference.expected_tables``.
+  comparison of their live entries with ``pagegraph.check.table_reference.expected_tables``.
 """
 
 from __future__ import annotations
@@ -20,7 +20,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..check.reference import expected_tables
+from ..check.table_reference import expected_tables
 from ..check.verify import POISON
 from ..kernels.contract import cdiv
 from .configs import BenchConfig

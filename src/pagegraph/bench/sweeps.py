@@ -19,10 +19,10 @@ from ..detect.ranges import phase
 from ..kernels import page_table as _kernel
 from ..kernels.contract import cdiv
 from ..kernels.page_table import build_page_table
+from .bench_report import format_tune_markdown
 from .configs import TUNE_CONFIGS, BenchConfig, K, get_config, smoke_config, tokens
 from .floors import DEFAULT_L2_BYTES
 from .inputs import Check, Rotation, make_inputs, make_outputs, rotate_out_of_l2
-from .report import format_tune_markdown
 from .rows import BUILDERS
 from .timing import Settings, bench_environment, device_time_us, error, recover, sync
 

@@ -27,7 +27,7 @@ once more after B on B's inputs (D), the workspace entries its plan did not writ
 other values (``pagegraph.check.step_plan``): real rows must be bit-identical with B's.
 
 Properties (``STEP_PROPERTIES``): "output correct through the consumer" (A's real rows finite
-and within ``pagegraph.consumers.reference``'s tolerance of dense fp32 attention over the
+and within ``pagegraph.consumers.attention_reference``'s tolerance of dense fp32 attention over the
 pages the host model gives each row, up to its length), "consumer reads only within
 cache_seqlens" (A = B), "padded rows contained" (B = C, real rows finite), "padded rows read
 inside the KV pool" (C's padded rows finite where the null block holds data:
@@ -481,7 +481,7 @@ def _details(run: _Run) -> None:
     text = {
         "output correct through the consumer": (
             f"{r.step.rows_checked} real rows over {r.replays} replays within tolerance of dense "
-            "fp32 attention over the host model's pages (consumers/reference.py)"
+            "fp32 attention over the host model's pages (consumers/attention_reference.py)"
         ),
         "consumer reads only within cache_seqlens": (
             f"{r.replays} replays re-run with other live pages' ids in every stale tail and new "

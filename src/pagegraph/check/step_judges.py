@@ -16,7 +16,7 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from ..consumers.reference import attend, live_kv, tolerances
+from ..consumers.attention_reference import attend, live_kv, tolerances
 from .padded_rows import NullBlockUntouched, PaddedReadsInPool
 from .report import BucketStats
 

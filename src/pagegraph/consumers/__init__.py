@@ -1,6 +1,7 @@
 """Consumers of pagegraph's attention metadata: paged decode attention kernels (page-table
 and CSR formats) and their torch reference."""
 
+from .attention_reference import reference_csr_decode_attention, reference_decode_attention
 from .paged_attention import (
     DecodeWorkspace,
     csr_decode_attention,
@@ -8,7 +9,6 @@ from .paged_attention import (
     paged_decode_attention,
     prepare_decode_attention,
 )
-from .reference import reference_csr_decode_attention, reference_decode_attention
 
 __all__ = [
     "DecodeWorkspace",

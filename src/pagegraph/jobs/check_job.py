@@ -33,11 +33,11 @@ from ..check.checker import check_replay_safety
 from ..check.config import CONSUMER_DTYPES
 from ..check.decode_step import check_decode_step
 from ..check.plan import preset_problem, presets_of_kind, resolve_reader
-from ..check.reference import expected_tables
 from ..check.scenario import load_scenario
 from ..check.signals import CheckInterrupted, stop_on_signals, stop_requested
+from ..check.table_reference import expected_tables
 from ..check.verify import POISON
-from ..consumers.reference import GATHER_TOKENS
+from ..consumers.attention_reference import GATHER_TOKENS
 from ..detect.sync import DetectorUnavailable, parse_detectors
 from ..kernels.contract import cdiv
 from ..kernels.page_table import build_page_table

@@ -12,7 +12,7 @@ import math
 from pathlib import Path
 
 from .configs import SMOKE_BS, SMOKE_CONTEXT, tokens
-from .decode import (
+from .decode_bench import (
     DIFF_TARGET_US,
     EAGER_ROUND_CALLS,
     FUSED_RATIO_TARGET,
@@ -184,7 +184,7 @@ def _builder_targets(rows: list[dict], launch_floor: float | None, key: str) -> 
 
 
 def decode_targets(decode: list[dict], key: str = "device_us") -> list[dict]:
-    """Targets of the decode-metadata rows (``pagegraph.bench.decode``): the worst device-time
+    """Targets of the decode-metadata rows (``pagegraph.bench.decode_bench``): the worst device-time
     difference to ``build_page_table`` over configs and draft settings (within 1 us), the
     worst eager ratio ``build_decode_metadata`` / ``build_page_table`` (at most 1.2x) and the
     smallest eager ratio unfused chain / ``build_decode_metadata`` (at least 3x). Never met
@@ -250,7 +250,7 @@ def replay_target(replay: dict) -> dict:
 
 
 def format_markdown(result: dict) -> str:
-    """``bench.md``: the whole ``run_bench`` result (see ``pagegraph.bench.runner``)."""
+    """``bench.md``: the whole ``run_bench`` result (see ``pagegraph.bench.bench_runner``)."""
     env = result["env"]
     rows = result["rows"]
     cuda = env.get("cuda_available")

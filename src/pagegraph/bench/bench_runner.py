@@ -19,12 +19,12 @@ import torch
 
 from ..detect.ranges import phase
 from ..jobs.progress import Progress
+from .bench_report import format_markdown, plot, targets
 from .checker_rate import bench_checker
 from .configs import CONFIG_NAMES, TUNE_CONFIGS, BenchConfig, get_config, smoke_config
-from .decode import bench_decode_config, decode_summary
+from .decode_bench import bench_decode_config, decode_summary
 from .floors import DEFAULT_L2_BYTES, measure_bandwidth, measure_launch_floor
 from .replay_overhead import bench_replay_overhead
-from .report import format_markdown, plot, targets
 from .rows import bench_config
 from .sweeps import run_sweeps, sweep_kernel_params
 from .timing import Settings, bench_environment, error, make_settings, recover
