@@ -34,7 +34,8 @@ def _draft_step(*, skip_padded: bool):
         if skip_padded:
             lengths.masked_fill_(padded, 0)  # the fix: a zero-length row returns early
         cache_seqlens.copy_(lengths)
-        cu_seqlens_k[0] = 0
+        cu_seqlens_k[:1].zero_()  # a fill on the device: an indexed assignment of a Python
+        # int copies a host scalar, which a CUDA stream capture refuses
         torch.cumsum(lengths, 0, out=cu_seqlens_k[1:])
         if cu_seqlens_q is not None:
             torch.arange(cu_seqlens_q.shape[0], out=cu_seqlens_q)
