@@ -7,30 +7,19 @@ now belong to other requests. The fix fills padded rows with the reserved block 
 
 from __future__ import annotations
 
-import torch
-
 from ...kernels.batch import BatchContext
+from ..block_rows import gather_real_rows
 from ..record import Twin, WildBug
-
-
-def _gather_real_rows(block_table, num_blocks, idx_mapping, out, batch: BatchContext) -> None:
-    """Each real row's live blocks from the per-request table (sync-free torch ops)."""
-    max_reqs, width = block_table.shape
-    n = batch.num_reqs
-    slots = idx_mapping[:n].long().clamp(0, max_reqs - 1)
-    cols = torch.arange(width, device=out.device)
-    live = cols < num_blocks[slots].long().clamp(0, width)[:, None]
-    out[:n] = torch.where(live, block_table[slots], out[:n])
 
 
 def offsets_tail_kept(block_table, num_blocks, idx_mapping, out, *, batch: BatchContext) -> None:
     """Buggy: only the real rows are written; padded rows keep an earlier batch's blocks."""
-    _gather_real_rows(block_table, num_blocks, idx_mapping, out, batch)
+    gather_real_rows(block_table, num_blocks, idx_mapping, out, batch)
 
 
 def offsets_tail_reset(block_table, num_blocks, idx_mapping, out, *, batch: BatchContext) -> None:
     """Fixed: padded rows are filled with the reserved block 0."""
-    _gather_real_rows(block_table, num_blocks, idx_mapping, out, batch)
+    gather_real_rows(block_table, num_blocks, idx_mapping, out, batch)
     out[batch.num_reqs : batch.num_rows] = 0
 
 

@@ -7,32 +7,21 @@ ids of an earlier batch, which the captured kernels then read. The fix zeroes wh
 
 from __future__ import annotations
 
-import torch
-
 from ...kernels.batch import BatchContext
+from ..block_rows import gather_real_rows
 from ..record import Twin, WildBug
-
-
-def _gather_real_rows(block_table, num_blocks, idx_mapping, out, batch: BatchContext) -> None:
-    """Each real row's live blocks from the per-request table (sync-free torch ops)."""
-    max_reqs, width = block_table.shape
-    n = batch.num_reqs
-    slots = idx_mapping[:n].long().clamp(0, max_reqs - 1)
-    cols = torch.arange(width, device=out.device)
-    live = cols < num_blocks[slots].long().clamp(0, width)[:, None]
-    out[:n] = torch.where(live, block_table[slots], out[:n])
 
 
 def pad_rows_first_column(block_table, num_blocks, idx_mapping, out, *,
                           batch: BatchContext) -> None:  # fmt: skip
     """Buggy: a padded row's first entry is the null block, the rest stale."""
-    _gather_real_rows(block_table, num_blocks, idx_mapping, out, batch)
+    gather_real_rows(block_table, num_blocks, idx_mapping, out, batch)
     out[batch.num_reqs : batch.num_rows, 0] = 0
 
 
 def pad_rows_whole(block_table, num_blocks, idx_mapping, out, *, batch: BatchContext) -> None:
     """Fixed: every entry of a padded row is the null block."""
-    _gather_real_rows(block_table, num_blocks, idx_mapping, out, batch)
+    gather_real_rows(block_table, num_blocks, idx_mapping, out, batch)
     out[batch.num_reqs : batch.num_rows] = 0
 
 
