@@ -76,3 +76,57 @@ def test_a_builder_making_a_device_tensor_from_a_list_fails_capture_on_the_cpu()
     # The eager call before it is legal (no sync), as on CUDA.
     assert report.property("sync-free builder call").status == "pass"
     assert check_replay_safety(device_bounds, SMALL, device="cpu").safe
+
+
+#: Bodies assigning a Python number into a device tensor: (name, body, refused on CUDA).
+ASSIGNMENTS = [
+    ("one-element", lambda t: t.__setitem__((0, 1), 3), True),
+    ("one-element-of-a-row", lambda t: t.__setitem__((1, ..., 2), 5), True),
+    ("a-slice", lambda t: t.__setitem__(slice(1, 3), 3), False),
+    ("a-row", lambda t: t.__setitem__(2, 7), False),
+]
+
+
+@pytest.mark.parametrize("name,body,refused", ASSIGNMENTS, ids=[a[0] for a in ASSIGNMENTS])
+def test_a_number_assigned_to_one_element_is_refused_in_capture(name, body, refused):
+    out = torch.zeros(4, 4, dtype=torch.int64)
+    graph = EmulatedGraph()
+    if refused:
+        with pytest.raises(EmulationError, match="one element"):
+            with graph.capture():
+                body(out)
+        assert not graph.captured
+        return
+    with graph.capture():
+        body(out)
+    out.zero_()
+    graph.replay()
+    assert out.count_nonzero().item() > 0  # the fill was recorded and ran again
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="a real stream capture needs CUDA")
+@pytest.mark.parametrize("name,body,refused", ASSIGNMENTS, ids=[a[0] for a in ASSIGNMENTS])
+def test_cuda_capture_refuses_the_same_assignments(name, body, refused):
+    out = torch.zeros(4, 4, dtype=torch.int64, device="cuda")
+    graph, stream = torch.cuda.CUDAGraph(), torch.cuda.Stream()
+    try:
+        with torch.cuda.stream(stream), torch.cuda.graph(graph):
+            body(out)
+        captured = True
+    except RuntimeError as error:
+        assert "Cannot copy between CPU and CUDA tensors" in str(error) or "capture" in str(error)
+        captured = False
+    torch.cuda.synchronize()
+    assert captured != refused
+
+
+def _zeroes_first_element(req_to_token, req_pool_indices, seq_lens, page_table, page_size):
+    device_bounds(req_to_token, req_pool_indices, seq_lens, page_table, page_size)
+    page_table[0, 0] = page_table[0, 0]  # a tensor value: a device copy, legal
+    page_table[-1, -1] = 0  # a Python number into one element: a host copy on CUDA
+
+
+def test_a_builder_assigning_a_number_to_one_element_fails_capture_on_the_cpu():
+    report = check_replay_safety(_zeroes_first_element, SMALL, device="cpu")
+    capture = report.property("capture")
+    assert capture.status == "FAIL" and "one element" in str(capture.first_failure)

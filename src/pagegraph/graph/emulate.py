@@ -103,13 +103,34 @@ class EmulationError(RuntimeError):
 #: Factories that make a tensor from host data (a list, a number, a numpy array).
 _FROM_HOST_DATA = (torch.tensor, torch.as_tensor)
 
+_BASIC_INDEX = (int, slice, type(None), type(Ellipsis))
+
+
+def _element_from_host(args) -> bool:
+    """``t[i] = number`` selecting one element: torch makes the number a host scalar tensor
+    and, the shapes being equal, copies it (a host-to-device copy on CUDA); a selection of
+    several elements is filled on the device instead. Basic indices only: a tensor index
+    goes through ``index_put_``, which takes a host scalar."""
+    if len(args) != 3 or not isinstance(args[2], (int, float, bool)):
+        return False
+    target, index = args[0], args[1]
+    index = index if isinstance(index, tuple) else (index,)
+    if not isinstance(target, torch.Tensor) or target.is_pinned():
+        return False
+    if not all(isinstance(i, _BASIC_INDEX) for i in index):
+        return False
+    with _disable_current_modes():
+        return target[index].dim() == 0
+
 
 class _HostDataGuard(TorchFunctionMode):
     """Refuses a device tensor made from host data while a capture records: on CUDA it is a
     copy from pageable host memory, which a stream capture refuses. A tensor is the device's
     as the cpu sync detector counts it: ``device=`` given and not spelled as the string
     "cpu" (on a CPU run ``device=t.device`` names the device), not ``pin_memory``. Not
-    checked inside a Triton launch (the interpreter's own copies of its arguments)."""
+    checked inside a Triton launch (the interpreter's own copies of its arguments). Also
+    refused: a Python number assigned to one element (``t[0] = 0``), a copy of a host scalar
+    (``_element_from_host``); every tensor of the body counts as the device's here."""
 
     def __init__(self, recorder: _Recorder):
         super().__init__()
@@ -129,6 +150,14 @@ class _HostDataGuard(TorchFunctionMode):
                     f"the CPU tensor is pinned (emulated: torch.{func.__name__} of host data "
                     f"with device={device} is a copy from pageable host memory on CUDA; make "
                     "the values on the device, or before the capture)"
+                )
+        if func is torch.Tensor.__setitem__ and not self.recorder.paused:
+            if _element_from_host(args):
+                raise EmulationError(
+                    "Cannot copy between CPU and CUDA tensors during CUDA graph capture unless "
+                    "the CPU tensor is pinned (emulated: a Python number assigned to one "
+                    "element, t[i] = value, is a copy of a host scalar on CUDA; fill it on "
+                    "the device, e.g. t[i:i + 1].fill_(value))"
                 )
         return func(*args, **kwargs)
 
