@@ -16,7 +16,7 @@ from pagegraph import bench
 from pagegraph.bench import bench_report, checker_rate, decode_bench, replay_overhead
 from pagegraph.check.scenario import load_scenario
 from pagegraph.check.table_reference import expected_tables
-from pagegraph.check.verify import POISON
+from pagegraph.kernels.contract import POISON
 
 
 def test_rotation_count_divides_builds_and_covers_l2():

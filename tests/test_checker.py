@@ -21,9 +21,9 @@ from pagegraph.check.mutants import reset_caches
 from pagegraph.check.probes import CompileCounter
 from pagegraph.check.report import Report
 from pagegraph.check.table_reference import expected_tables
-from pagegraph.check.verify import POISON
 from pagegraph.detect.sync import DetectorUnavailable, parse_detectors
 from pagegraph.graph.buckets import resolve_padding
+from pagegraph.kernels.contract import POISON
 from pagegraph.pytest_plugin import assert_replay_safe
 
 from helpers import CPU_PASSES, assert_equal_tables, assert_passed

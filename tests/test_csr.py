@@ -14,8 +14,8 @@ from pagegraph.check.checker import check_replay_safety
 from pagegraph.check.config import CheckConfig
 from pagegraph.check.mutants import plain_kv_indices
 from pagegraph.check.scenario import load_scenario
-from pagegraph.check.verify import POISON
 from pagegraph.clients.sglang import sglang_unavailable_reason
+from pagegraph.kernels.contract import POISON
 from pagegraph.kernels.kv_indices import build_kv_indices
 from pagegraph.kernels.reference import reference_kv_indices
 from pagegraph.kinds import CSR, PAGE_TABLE, kind_of

@@ -23,7 +23,12 @@ from pagegraph.check.decode_step import (
     check_decode_step,
     shrink_for_cpu,
 )
-from pagegraph.check.decode_step_graph import (
+from pagegraph.check.report import BucketStats, Report
+from pagegraph.check.scenario import ScenarioError, load_scenario
+from pagegraph.check.step_report import share
+from pagegraph.cli import main
+from pagegraph.consumers import csr_decode_attention, paged_decode_attention
+from pagegraph.graph.step_graphs import (
     TIMED_PARTS,
     HostClock,
     StepGraphs,
@@ -32,11 +37,6 @@ from pagegraph.check.decode_step_graph import (
     per_call_us,
     time_interleaved,
 )
-from pagegraph.check.report import BucketStats, Report
-from pagegraph.check.scenario import ScenarioError, load_scenario
-from pagegraph.check.step_report import share
-from pagegraph.cli import main
-from pagegraph.consumers import csr_decode_attention, paged_decode_attention
 from pagegraph.kinds import PAGE_TABLE
 
 ROOT = Path(__file__).resolve().parents[1]

@@ -237,7 +237,7 @@ def test_gpu_two_runners_replay_concurrently_on_two_streams():
     the SWA runner) are snapshotted on its own stream and compared with the asked batches
     only at the end."""
     from pagegraph.check.table_reference import expected_tables
-    from pagegraph.check.verify import POISON
+    from pagegraph.kernels.contract import POISON
 
     runners = []
     for seed in (1, 2):

@@ -15,12 +15,12 @@ import torch
 from pagegraph.check.judge import sync_capture_cause
 from pagegraph.check.probes import EagerCall
 from pagegraph.check.report import Failure
-from pagegraph.check.verify import POISON
 from pagegraph.cli import main
 from pagegraph.detect.sync_events import SyncEvent
 from pagegraph.jobs import mutate
 from pagegraph.jobs.profile import NEEDS_GPU
 from pagegraph.jobs.scenario_paths import shipped_scenarios
+from pagegraph.kernels.contract import POISON
 
 ROOT = Path(__file__).resolve().parent.parent
 CUDA = torch.cuda.is_available()

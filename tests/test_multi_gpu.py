@@ -11,7 +11,7 @@ import torch
 
 from pagegraph import GraphRunner, KVPool, build_page_table
 from pagegraph.check.table_reference import expected_tables
-from pagegraph.check.verify import POISON
+from pagegraph.kernels.contract import POISON
 
 pytestmark = [
     pytest.mark.gpu,

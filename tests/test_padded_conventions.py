@@ -20,8 +20,6 @@ import torch
 from pagegraph.check.config import CheckConfig
 from pagegraph.check.decode_step import check_decode_step, step_properties
 from pagegraph.check.padded_rows import (
-    GUARD_NAME,
-    NULL_BLOCK_NAME,
     READS,
     WRITES,
     NullBlockUntouched,
@@ -31,6 +29,7 @@ from pagegraph.check.scenario import ScenarioError, load_scenario
 from pagegraph.check.step_judges import StepBatch, StepReplays
 from pagegraph.check.step_report import STEP_PROPERTIES
 from pagegraph.consumers import paged_decode_attention
+from pagegraph.graph.step_graphs import GUARD_NAME, NULL_BLOCK_NAME
 from pagegraph.kernels.page_table import build_page_table
 
 

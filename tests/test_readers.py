@@ -18,10 +18,10 @@ import torch
 
 from pagegraph.check.config import CheckConfig
 from pagegraph.check.decode_step import check_decode_step
-from pagegraph.check.step_plan import PlanWorkspace, _poisons
-from pagegraph.check.verify import POISON
 from pagegraph.consumers import paged_decode_attention
 from pagegraph.consumers.reader import HostBatch, Reader, as_reader
+from pagegraph.graph.plan_workspace import PlanWorkspace, _poisons
+from pagegraph.kernels.contract import POISON
 from pagegraph.wild.readers import split_attention
 
 PLAN_PROP = "reader reads only what the current plan wrote"

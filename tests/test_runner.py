@@ -12,7 +12,7 @@ import torch
 
 from pagegraph import GraphRunner, KVPool, NotCaptured, StaticBufferMoved
 from pagegraph.check.table_reference import expected_tables
-from pagegraph.check.verify import POISON
+from pagegraph.kernels.contract import POISON
 from pagegraph.workload.decode import DecodeWorkload
 
 from helpers import assert_equal_tables

@@ -27,8 +27,8 @@ from dataclasses import dataclass
 
 import torch
 
-from ..check.verify import POISON
 from ..detect.ranges import phase
+from ..kernels.contract import POISON
 from ..kernels.decode_metadata import build_decode_metadata, prepare_decode_metadata
 from ..kernels.page_table import build_page_table
 from ..kernels.reference import reference_decode_metadata, unfused_decode_metadata

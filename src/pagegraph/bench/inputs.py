@@ -21,8 +21,7 @@ from dataclasses import dataclass, field
 import torch
 
 from ..check.table_reference import expected_tables
-from ..check.verify import POISON
-from ..kernels.contract import cdiv
+from ..kernels.contract import POISON, cdiv
 from .configs import BenchConfig
 from .floors import floor_bytes, live_pages
 from .timing import recover

@@ -12,7 +12,7 @@ from types import SimpleNamespace
 
 import torch
 
-from ..kernels.contract import cdiv
+from ..kernels.contract import POISON, cdiv
 from ..kinds import CSR, PAGE_TABLE, KindSpec
 from ..kinds.builders import builder_capabilities
 from ..workload.decode import Step
@@ -20,7 +20,6 @@ from ..workload.pool import KVPool
 from .config import INDEX_DTYPES, CheckConfig
 from .verify import (
     CANARY_ROWS,
-    POISON,
     batch_size,
     preset_views,
     replay_bytes,

@@ -16,6 +16,7 @@ from typing import NoReturn
 
 import torch
 
+from ..consumers.formats import CONSUMERS
 from ..graph.buckets import PADDING, PRESETS, Buckets
 from ..kernels.contract import cdiv
 from ..kinds import OUTPUT_KINDS
@@ -31,11 +32,6 @@ WORKLOAD_PROCESS_MODES = ("auto", "on", "off")
 ROW_ORDERS = ("low-first", "high-first")
 #: Replays from which ``workload_process = "auto"`` runs the workload in a child process.
 PRODUCER_MIN_STEPS = 1000
-#: Values of ``CheckConfig.consumer``: the metadata format the decode step's attention reads
-#: (``pagegraph.check.decode_step``): a page table with ``cache_seqlens``, or FlashInfer's CSR.
-CONSUMERS = ("paged", "csr")
-#: The consumers that read FlashInfer's page list instead of the table.
-CSR_CONSUMERS = CONSUMERS[1:]
 #: Values of ``CheckConfig.consumer_dtype`` -> the query and KV-cache dtype.
 CONSUMER_DTYPES = {"bfloat16": torch.bfloat16, "float16": torch.float16}
 #: Values of ``CheckConfig.null_block``: what the decode step's page 0 (the null block) holds.

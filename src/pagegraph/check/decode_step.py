@@ -4,7 +4,7 @@
 (``cfg.consumer``: ``"paged"``, the page table + ``cache_seqlens`` of TensorRT-LLM's MHA and
 FlashAttention-3, or ``"csr"``, FlashInfer's ``kv_indptr`` / ``kv_indices`` /
 ``kv_last_page_len`` built in the graph from the builder's outputs; see
-``pagegraph.check.decode_step_graph``), drives it with the engine-like workload of
+``pagegraph.graph.step_graphs``), drives it with the engine-like workload of
 ``check_replay_safety`` (a ``KVPool`` and a ``DecodeWorkload``: lengths that grow, requests
 that finish and arrive, batches padded by the bucket's padding policy) and judges the
 attention's output, not the tables. The builder's own properties (exact tables, bounded
@@ -43,7 +43,7 @@ On CUDA the report also times each bucket, every row real (the running requests 
 fill it): the device time of one step, of the builder alone and of the consumer alone, each
 from a graph of ``TIMING_CALLS`` back-to-back calls replayed between CUDA events (median of
 ``cfg.timing_iters`` replays over the calls, warm-up replays untimed; see
-``pagegraph.check.decode_step_graph``), and the builder's share of the step (builder / step).
+``pagegraph.graph.step_graphs``), and the builder's share of the step (builder / step).
 Without CUDA the graphs run eagerly under the Triton interpreter, on shapes shrunk to fit
 (``CPU_LIMITS``; the report says which), and timing is skipped (the report says so).
 
@@ -64,18 +64,18 @@ import torch
 from ..consumers.paged_attention import BLOCK_N, TOKENS_PER_SPLIT
 from ..graph.buckets import Buckets, resolve_padding
 from ..graph.emulate import describe_frozen
-from ..kernels.contract import cdiv
-from ..kinds.builders import builder_name
-from ..workload.decode import DecodeWorkload, Injection
-from ..workload.pool import KVPool
-from .config import CONSUMER_DTYPES, INDEX_DTYPES, CheckConfig
-from .decode_step_graph import (
+from ..graph.step_graphs import (
     TIMING_CALLS,
     TIMING_WARMUP,
     StepGraphs,
     StepShape,
     default_consumer,
 )
+from ..kernels.contract import cdiv
+from ..kinds.builders import builder_name
+from ..workload.decode import DecodeWorkload, Injection
+from ..workload.pool import KVPool
+from .config import CONSUMER_DTYPES, INDEX_DTYPES, CheckConfig
 from .padded_rows import describe as describe_padded_rows
 from .padded_rows import judge_capture as judge_reserved_at_capture
 from .padded_rows import nan_page as nan_page_id

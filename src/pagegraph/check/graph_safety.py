@@ -23,11 +23,12 @@ from types import SimpleNamespace
 
 import torch
 
+from ..kernels.contract import POISON
 from ..kinds.builders import builder_capabilities
 from .buffers import CheckBuffers, allocate_check_buffers
 from .replay_judge import RecordedComparisons
 from .report import Failure
-from .verify import CANARY_ROWS, POISON, ModelStep, preset_views
+from .verify import CANARY_ROWS, ModelStep, preset_views
 
 #: Replays that are all compared with an eager call; after them one in ``SAMPLE``.
 EVERY_REPLAY = 64

@@ -7,7 +7,7 @@ on those rows too, so for them it must read nothing outside the KV pool, give th
 outputs (which a batch-wide step after attention, a per-tensor quantization scale, would
 otherwise spread to the real rows), and write nothing into the pages no request holds.
 
-The step's KV cache (``pagegraph.check.decode_step_graph.StepGraphs``) has a page no request
+The step's KV cache (``pagegraph.graph.step_graphs.StepGraphs``) has a page no request
 holds on either side of the pool: the sentinel past the last page, and the guard before page
 0 (``GUARD_PAGE``: the allocation starts one page before the ``k_cache`` / ``v_cache`` views,
 so a reader whose pointer arithmetic turns a -1 block id into page -1 reads the guard, inside
@@ -37,15 +37,11 @@ from __future__ import annotations
 import numpy as np
 import torch
 
-__all__ = ["GUARD_NAME", "GUARD_PAGE", "NULL_BLOCK_NAME", "NullBlockUntouched",
-           "PaddedReadsInPool", "READS", "WRITES", "describe", "judge_capture", "nan_page",
-           "note_convention"]  # fmt: skip
+from ..graph.step_graphs import GUARD_NAME, GUARD_PAGE
 
-#: The page id of the guard page before page 0 of the step's KV cache.
-GUARD_PAGE = -1
-#: The two pages as failures name them.
-GUARD_NAME = f"the guard page before page 0 (page {GUARD_PAGE})"
-NULL_BLOCK_NAME = "page 0 (the null block)"
+__all__ = ["NullBlockUntouched", "PaddedReadsInPool", "READS", "WRITES", "describe",
+           "judge_capture", "nan_page", "note_convention"]  # fmt: skip
+
 #: The properties this module judges (``pagegraph.check.step_report.STEP_PROPERTIES``).
 READS = "padded rows read inside the KV pool"
 WRITES = "null block and guard page untouched"

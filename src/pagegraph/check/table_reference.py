@@ -6,8 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from ..kernels.contract import cdiv
-from .verify import POISON
+from ..kernels.contract import POISON, cdiv
 
 
 def expected_tables(

@@ -32,19 +32,17 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from ..kernels.contract import ERROR_KINDS, cdiv
+from ..kernels.contract import ERROR_KINDS, POISON, cdiv
 from ..kernels.cudart import HostToDevice
 from ..kinds import PAGE_TABLE, KindSpec
 from .batch_model import IN_BUCKET, OUT_OF_CONTRACT, REAL, BatchModel, ModelStep
 
 __all__ = [
-    "CANARY_ROWS", "IN_BUCKET", "OUT_OF_CONTRACT", "POISON",
+    "CANARY_ROWS", "IN_BUCKET", "OUT_OF_CONTRACT",
     "REAL", "BatchModel", "ModelStep", "TableVerifier", "batch_size",
     "preset_views", "read_mask", "replay_bytes", "vector_replay_bytes",
 ]  # fmt: skip
 
-#: Value the tables are filled with before each replay; no builder writes it.
-POISON = -0x5A5A5A5
 INT32_MAX = 2**31 - 1
 
 

@@ -1,5 +1,5 @@
 """Capturing one graph per batch bucket: the one capture path of the runner and of the decode
-step's graphs (``pagegraph.check.decode_step_graph``).
+step's graphs (``pagegraph.graph.step_graphs``).
 
 ``capture_buckets`` warms a body up for every bucket, then captures it once per bucket in the
 order given (largest first: later, smaller graphs fit in the memory the first one reserved),

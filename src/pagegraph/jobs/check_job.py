@@ -36,10 +36,9 @@ from ..check.plan import preset_problem, presets_of_kind, resolve_reader
 from ..check.scenario import load_scenario
 from ..check.signals import CheckInterrupted, stop_on_signals, stop_requested
 from ..check.table_reference import expected_tables
-from ..check.verify import POISON
 from ..consumers.attention_reference import GATHER_TOKENS
 from ..detect.sync import DetectorUnavailable, parse_detectors
-from ..kernels.contract import cdiv
+from ..kernels.contract import POISON, cdiv
 from ..kernels.page_table import build_page_table
 from ..kernels.registry import builder_spec_for_child
 from ..kinds import PAGE_TABLE, KindSpec, kind_of

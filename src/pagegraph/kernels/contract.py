@@ -24,6 +24,10 @@ import torch
 
 INDEX_DTYPES = (torch.int32, torch.int64)
 
+#: A value no builder writes: the checker fills tables with it before each replay, and a
+#: reader's workspace before each plan, so an entry still holding it was never written.
+POISON = -0x5A5A5A5
+
 #: Counters of the optional ``errors`` buffer, in order. Each counts batch rows (or, for the
 #: last one, page entries) whose value was outside the contract and was clamped on the device.
 ERROR_KINDS = (

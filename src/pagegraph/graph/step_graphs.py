@@ -56,14 +56,18 @@ import numpy as np
 import torch
 
 from ..consumers import csr_decode_attention, paged_decode_attention, prepare_decode_attention
+from ..consumers.formats import CSR_CONSUMERS
 from ..consumers.reader import HostBatch, Reader, as_reader
-from ..graph.capture import capture_buckets
-from ..graph.emulate import EmulatedGraph
 from ..kinds import KindSpec
-from .config import CSR_CONSUMERS
-from .padded_rows import GUARD_NAME, NULL_BLOCK_NAME
-from .step_plan import PlanWorkspace
+from .capture import capture_buckets
+from .emulate import EmulatedGraph
+from .plan_workspace import PlanWorkspace
 
+#: The page id of the guard page before page 0 of the step's KV cache.
+GUARD_PAGE = -1
+#: The two reserved pages as failures name them.
+GUARD_NAME = f"the guard page before page 0 (page {GUARD_PAGE})"
+NULL_BLOCK_NAME = "page 0 (the null block)"
 #: Calls of one body captured back to back in a timing graph: a replay's launch is shared by
 #: this many calls.
 TIMING_CALLS = 20
@@ -86,7 +90,7 @@ class StepShape:
     num_kv_heads: int
     head_dim: int
     dtype: torch.dtype
-    #: "paged" or "csr" (``pagegraph.check.config.CONSUMERS``)
+    #: "paged" or "csr" (``pagegraph.consumers.formats.CONSUMERS``)
     fmt: str
     index_dtype: torch.dtype = torch.int32
 
