@@ -186,3 +186,99 @@ def test_a_child_process_is_younger_than_its_parent():
     child = float(out)
     parent = process_age_s()
     assert parent is not None and 0.0 <= child <= parent, (child, parent)
+
+
+# -- the shared replay loop and stages ----------------------------------------------------------
+
+
+def _loop_props():
+    from pagegraph.check.report import PropertyResult
+
+    return {n: PropertyResult(n) for n in ("capture", "replays completed", "correct")}
+
+
+def _report(replays: int = 0):
+    return SimpleNamespace(replays=replays)
+
+
+def test_the_loop_runs_every_replay_and_tells_the_caller():
+    seen, chunks, progress = [], [], []
+    hooks = CheckHooks(progress=lambda d, t: progress.append(d), on_chunk=chunks.append)
+    report = _report()
+    end = pipeline.drive_replays(5, lambda i: seen.append(i) or i % 2 == 1, hooks, report,
+                                 _loop_props())  # fmt: skip
+    assert end == pipeline.LoopEnd() and seen == [0, 1, 2, 3, 4]
+    assert len(chunks) == 2 and progress == [1, 2, 3, 4, 5]  # judged after replays 1 and 3
+
+
+def test_a_replay_that_raises_ends_the_loop_and_fails_replays_completed():
+    props = _loop_props()
+
+    def replay(i):
+        if i == 2:
+            raise RuntimeError("device lost")
+        return True
+
+    end = pipeline.drive_replays(5, replay, CheckHooks(), _report(), props)
+    assert end.stopped == "replay 2 raised RuntimeError: device lost" and end.interrupted is None
+    assert props["replays completed"].status == "FAIL"
+
+
+def test_stop_on_failure_waits_for_judgments():
+    props, report = _loop_props(), _report()
+
+    def replay(i):
+        props["correct"].fail("wrong") if i == 1 else None
+        report.replays = i + 1
+        return i == 3  # a chunk of four is read back after replay 3
+
+    end = pipeline.drive_replays(8, replay, CheckHooks(stop_on_failure=True), report, props)
+    assert end.stopped == "stopped at the first failure, after 4 replays"
+
+
+def test_a_stop_asked_for_by_a_signal_ends_the_loop_as_interrupted(monkeypatch):
+    import signal
+
+    asked = {"signum": None}
+    monkeypatch.setattr(pipeline, "stop_requested", lambda: asked["signum"])
+
+    def replay(i):
+        if i == 2:
+            asked["signum"] = signal.SIGTERM
+        return True
+
+    end = pipeline.drive_replays(5, replay, CheckHooks(), _report(), _loop_props())
+    assert end == pipeline.LoopEnd("interrupted by SIGTERM after 3 replays", signal.SIGTERM)
+
+
+def test_marking_unfinished_spares_capture_and_settled_properties():
+    props = _loop_props()
+    props["correct"].fail("wrong")
+    pipeline.mark_unfinished(props.values(), "stopped")
+    assert props["capture"].status == "pass" and props["correct"].status == "FAIL"
+    assert props["replays completed"].status == "incomplete"
+    assert props["replays completed"].detail == "stopped"
+
+
+def test_a_decode_step_stopped_by_a_signal_raises_with_its_report(monkeypatch):
+    """The step's replays end on a stop as the tables' do: ``CheckInterrupted`` carries the
+    report, what it did not finish marked incomplete."""
+    import signal
+
+    from pagegraph.check.decode_step import check_decode_step
+    from pagegraph.check.signals import CheckInterrupted
+
+    calls = {"n": 0}
+
+    def stop_after_two():
+        calls["n"] += 1
+        return signal.SIGINT if calls["n"] > 2 else None
+
+    monkeypatch.setattr(pipeline, "stop_requested", stop_after_two)
+    cfg = CheckConfig(max_bs=4, max_context_len=128, page_size=16, buckets=[4], steps=6,
+                      seed=3, consumer="paged")  # fmt: skip
+    with pytest.raises(CheckInterrupted) as info:
+        check_decode_step("build_page_table", cfg, device="cpu")
+    report = info.value.report
+    assert report.replays == 2 and report.stopped == "interrupted by SIGINT after 2 replays"
+    assert report.property("output correct through the consumer").status == "incomplete"

@@ -33,7 +33,6 @@ import numpy as np
 import torch
 
 from ..detect.ranges import phase
-from ..graph.emulate import describe_frozen
 from ..graph.runner import GraphRunner
 from ..kinds.builders import builder_capabilities, builder_name
 from ..workload.decode import Step
@@ -53,11 +52,10 @@ from .judge import (
     judge_builder_calls,
     judge_eager_call,
     judge_eager_call_raised,
-    mark_not_reached,
     record_how_judged,
     sync_capture_cause,
 )
-from .pipeline import run_pipeline
+from .pipeline import fail_capture, pick_device, record_capture, run_pipeline
 from .plan import CheckPlan, plan_check, resolve_reader
 from .probes import BuilderProbe, CompileCounter, measure_eager_call
 from .replay_loop import run_replays
@@ -210,7 +208,7 @@ def _start_run(fn: Callable, plan: CheckPlan, device, runner_factory,
     """The device and the detectors for a planned check; an empty report with every
     property passing until judged."""
     cfg, kind = plan.config, plan.kind_spec
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dev = pick_device(device)
     report = Report(builder_name(fn), cfg, str(dev), dev.type == "cuda")
     detectors, no_detector_reason = _resolve_detectors(cfg.detectors, dev)
     report.detectors = detectors
@@ -305,23 +303,11 @@ def _capture(run: CheckRun) -> bool:
         # A sync the eager call found just before is what broke the capture: say so.
         what = sync_capture_cause(exc, run.probe.eager_call, run.builder)
         what = what or f"{where} raised {describe_exception(exc, run.builder)}"
-        props["capture"].fail(what)
-        props["capture"].detail = what
         judge_builder_calls(run.probe, run.compiles, props, run.cfg.strict)
-        mark_not_reached(props, "capture failed")
-        report.stopped = what
+        fail_capture(report, props, what)
         return False
-    report.capture_ms = (time.perf_counter() - t0) * 1e3
-    report.emulated = run.emulated
-    if run.emulated:
-        report.graphs = "emulated"
-    props["capture"].detail = f"{len(run.runner.buckets)} buckets" + (
-        " captured"
-        if run.graphs
-        else " captured (emulated)" + describe_frozen(run.runner.graphs)
-        if run.emulated
-        else " warmed up eagerly (no CUDA graphs)"
-    )
+    record_capture(report, props["capture"], len(run.runner.buckets), run.runner.graphs,
+                   run.graphs, run.emulated, t0)  # fmt: skip
     judge_builder_calls(run.probe, run.compiles, props, run.cfg.strict)
     # Eager replays run the builder: keep measuring it. Graph replays, emulated ones
     # included, never call it.

@@ -63,7 +63,6 @@ import torch
 
 from ..consumers.paged_attention import BLOCK_N, TOKENS_PER_SPLIT
 from ..graph.buckets import Buckets, resolve_padding
-from ..graph.emulate import describe_frozen
 from ..graph.step_graphs import (
     TIMING_CALLS,
     TIMING_WARMUP,
@@ -80,10 +79,17 @@ from .padded_rows import describe as describe_padded_rows
 from .padded_rows import judge_capture as judge_reserved_at_capture
 from .padded_rows import nan_page as nan_page_id
 from .padded_rows import note_convention
-from .pipeline import run_pipeline
+from .pipeline import (
+    drive_replays,
+    fail_capture,
+    mark_unfinished,
+    pick_device,
+    record_capture,
+    run_pipeline,
+)
 from .plan import CheckPlan, plan_check
 from .report import BucketStats, PropertyResult, Report
-from .signals import stop_requested
+from .signals import CheckInterrupted
 from .state import CheckHooks
 from .step_judges import STEP_JUDGES, StepBatch, StepJudge, StepReplays
 from .step_plan import plan_detail, replay_refilled
@@ -229,7 +235,7 @@ class StepBench:
     def __init__(self, fn: Callable, plan: CheckPlan, device, consumer: Callable | None,
                  hooks: CheckHooks, emulate: bool | None) -> None:  # fmt: skip
         cfg = plan.config
-        dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+        dev = pick_device(device)
         note = None
         if dev.type != "cuda":
             cfg, note = shrink_for_cpu(cfg)
@@ -256,8 +262,7 @@ class StepBench:
         return _capture(self.run)
 
     def replay(self) -> None:
-        h = self._hooks
-        _replays(self.run, h.progress, h.on_chunk, h.stop_on_failure)
+        _replays(self.run, self._hooks)
 
     def after_replays(self) -> None:
         self.run.on_phase("timing")
@@ -294,65 +299,39 @@ def _capture(run: _Run) -> bool:
     try:
         run.graphs.capture()
     except Exception as exc:  # noqa: BLE001 - a builder or consumer that raises is reported
-        what = f"capture raised {type(exc).__name__}: {exc}"
-        run.props["capture"].fail(what)
-        _incomplete(run, "capture failed")
-        run.report.stopped = what
+        fail_capture(run.report, run.props, f"capture raised {type(exc).__name__}: {exc}")
         return False
-    run.report.capture_ms = (time.perf_counter() - t0) * 1e3
     g = run.graphs
-    run.report.emulated = g.emulated
-    if g.emulated:
-        run.report.graphs = "emulated"
-    run.props["capture"].detail = f"{len(run.buckets)} buckets" + (
-        " captured"
-        if g.use_graphs
-        else " captured (emulated)" + describe_frozen(g.graphs)
-        if g.emulated
-        else " warmed up eagerly (no CUDA graphs)"
-    )
+    record_capture(run.report, run.props["capture"], len(run.buckets), g.graphs, g.use_graphs,
+                   g.emulated, t0)  # fmt: skip
     if not run.graphs.sentinel_intact():
         run.props["sentinel page untouched"].fail("the sentinel page changed during capture")
     judge_reserved_at_capture(run)
     return True
 
 
-def _incomplete(run: _Run, why: str) -> None:
-    for p in run.props.values():
-        if p.status == "pass" and p.name != "capture":
-            p.status, p.detail = "incomplete", why
-
-
-def _replays(run: _Run, progress, on_report, stop_on_failure: bool) -> None:
-    """The workload's steps, each replayed and judged; a step that raises, a stop asked
-    for by a signal, or (``stop_on_failure``) a failed property stops the run."""
+def _replays(run: _Run, hooks: CheckHooks) -> None:
+    """The workload's steps, each replayed and judged (``drive_replays``); a run that
+    stopped early leaves what it did not finish incomplete, and raises ``CheckInterrupted``
+    when a signal stopped it."""
     cfg = run.cfg
     kwargs = workload_kwargs(cfg, run.graphs.kind.tables_include_draft, cfg.max_context_len)
     kwargs.update(inject=Injection(), draft_tokens=0)
-    workload = DecodeWorkload(run.pool, **kwargs)
-    for k, step in enumerate(workload):
-        if stop_requested() is not None:
-            run.report.stopped = f"interrupted after {k} replays"
-            _incomplete(run, run.report.stopped)
-            return
-        run.on_phase(f"replay {k}")
-        try:
-            _one_step(run, k, step)
-        except Exception as exc:  # noqa: BLE001 - reported with the replay it came from
-            run.report.stopped = f"replay {k} raised {type(exc).__name__}: {exc}"
-            run.props["replays completed"].fail(run.report.stopped)
-            _incomplete(run, run.report.stopped)
-            return
+    steps = iter(DecodeWorkload(run.pool, **kwargs))
+
+    def replay(k: int) -> bool:
+        _one_step(run, k, next(steps))
         run.report.replays = k + 1
-        if stop_on_failure and any(p.status == "FAIL" for p in run.props.values()):
-            run.report.stopped = f"stopped at the first failure, after {k + 1} replays"
-            _incomplete(run, run.report.stopped)
-            return
-        if progress is not None:
-            progress(k + 1, cfg.steps)
-        if on_report is not None:
-            on_report(run.report)
-    _details(run)
+        return True
+
+    end = drive_replays(cfg.steps, replay, hooks, run.report, run.props)
+    if end.stopped is None:
+        _details(run)
+        return
+    run.report.stopped = end.stopped
+    mark_unfinished(run.props.values(), end.stopped)
+    if end.interrupted is not None:
+        raise CheckInterrupted(run.report, end.interrupted)
 
 
 # -- one step ------------------------------------------------------------------------------------

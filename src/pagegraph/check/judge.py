@@ -16,6 +16,7 @@ from ..kernels.contract import POISON
 from ..kernels.registry import raised_at
 from .config import REPLAY_PROPERTIES, CheckConfig
 from .graph_safety import EVERY_REPLAY, SAMPLE, never_compared
+from .pipeline import mark_unfinished
 from .probes import BuilderProbe, CompileCounter, EagerCall
 from .report import REAL_DETECTORS, BucketStats, Failure, PropertyResult, Report
 from .state import ALLOCATION_PROBES, ReplayMeasure, ReplayState
@@ -95,7 +96,8 @@ def judge_eager_call_raised(props: Props, exc: BaseException, builder) -> str:
     what = f"the builder's eager call (before capture) raised {describe_exception(exc, builder)}"
     props["capture"].fail(what)
     props["capture"].detail = what
-    mark_not_reached(props, "the builder's eager call raised")
+    unjudged = (p for p in props.values() if not p.detail)
+    mark_unfinished(unjudged, "not reached: the builder's eager call raised")
     return what
 
 
@@ -182,14 +184,6 @@ def judge_builder_calls(probe: BuilderProbe, compiles: CompileCounter, props: Pr
             + f"): start-up time, {cold_ms:.0f} ms in the calls that compiled",
             strict,
         )
-
-
-def mark_not_reached(props: Props, why: str) -> None:
-    """Properties still passing with nothing judged yet become incomplete: ``why``."""
-    for p in props.values():
-        if p.status == "pass" and not p.detail:
-            p.status = "incomplete"
-            p.detail = f"not reached: {why}"
 
 
 # -- one replay, as it happens -------------------------------------------------------------------
@@ -590,8 +584,5 @@ def _close_replay_properties(state: ReplayState) -> None:
     report.stopped = stopped
     if completed.status == "pass":
         completed.status = "incomplete"
-    for name in REPLAY_PROPERTIES:
-        p = props[name]
-        if p.status == "pass":
-            p.status = "incomplete"
-            p.detail = f"{report.replays} of {cfg.steps} replays checked, then {stopped}"
+    checked = f"{report.replays} of {cfg.steps} replays checked, then {stopped}"
+    mark_unfinished((props[name] for name in REPLAY_PROPERTIES), checked)

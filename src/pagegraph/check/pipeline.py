@@ -1,35 +1,33 @@
 """One check pipeline: a planned check is set up, captured, replayed and finished the same
-way whatever its judges (``run_pipeline``).
-
-A plan (``pagegraph.check.plan``) names the judges: ``"tables"``, the builder's outputs
-compared exactly with the checker's model (``pagegraph.check.checker.TableBench``, its judges
-plugged into ``pagegraph.check.replay_loop``), or ``"step"``, the decode step's attention
-output (``pagegraph.check.decode_step.StepBench``). Each is a ``Bench``: the pipeline calls
-its phases in order, tells the caller the phase reached (``CheckHooks.note``: ``"setup"``,
-then the bench's own ``"capture"``, ``"replay K"``, ...), and always releases what the bench
-holds, then lets it finish its report (also when a stop interrupts the replays: the report
-that ``CheckInterrupted`` carries is finished too). Every bench captures through
-``pagegraph.graph.capture`` and fills one ``Report``, into whose ``wall_s`` the pipeline
-writes the wall seconds of each phase, after the process's own start-up ("before": the
-interpreter, the imports and the planning, where the platform says when the process began;
-only for a process's first check, as a warm worker's later checks had no start-up of their
-own).
+way whatever its judges (``run_pipeline``), and the stages both benches share: the device
+(``pick_device``), the capture's outcome (``record_capture``, ``fail_capture``) and what a
+stopped run did not finish (``mark_unfinished``). docs/ARCHITECTURE.md walks a check through it.
 """
 
 from __future__ import annotations
 
 import os
+import signal
 import time
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass
 from typing import Protocol
 
-from .report import Report
+import torch
+
+from ..graph.emulate import describe_frozen
+from .report import PropertyResult, Report
+from .signals import stop_requested
 from .state import CheckHooks
 
-__all__ = ["Bench", "process_age_s", "run_pipeline"]
+__all__ = ["Bench", "LoopEnd", "ReplayFailed", "drive_replays", "fail_capture",
+           "mark_unfinished", "pick_device", "process_age_s", "record_capture",
+           "run_pipeline"]  # fmt: skip
 
 
 class Bench(Protocol):
-    """The parts of one pipeline (see the module docstring)."""
+    """The parts of one pipeline: ``run_pipeline`` calls them in this order, and always
+    ``release`` then ``finish``."""
 
     report: Report
 
@@ -111,3 +109,98 @@ def run_pipeline(bench: Bench, hooks: CheckHooks) -> Report:
             clock.start(None)
             bench.finish()
     return bench.report
+
+
+# -- the stages both benches share -----------------------------------------------------------
+
+
+def pick_device(device: str | torch.device | None) -> torch.device:
+    """The check's device: the one given, else CUDA when present, else the CPU."""
+    return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+
+
+def record_capture(report: Report, prop: PropertyResult, buckets: int, graphs: object,
+                   use_graphs: bool, emulated: bool, t0: float) -> None:  # fmt: skip
+    """A capture that went through, begun at ``t0`` (``time.perf_counter``): its time, how the
+    graphs replay (CUDA, emulated: naming the ops ``graphs`` froze, or eagerly) in ``prop``."""
+    report.capture_ms = (time.perf_counter() - t0) * 1e3
+    report.emulated = emulated
+    if emulated:
+        report.graphs = "emulated"
+    how = (
+        " captured"
+        if use_graphs
+        else " captured (emulated)" + describe_frozen(graphs)
+        if emulated
+        else " warmed up eagerly (no CUDA graphs)"
+    )
+    prop.detail = f"{buckets} buckets{how}"
+
+
+def fail_capture(report: Report, props: dict[str, PropertyResult], what: str) -> None:
+    """A capture that raised: "capture" fails with ``what``, the run stops there, and what
+    was not judged yet is marked not reached."""
+    props["capture"].fail(what)
+    props["capture"].detail = what
+    report.stopped = what
+    mark_unfinished((p for p in props.values() if not p.detail), "not reached: capture failed")
+
+
+def mark_unfinished(props: Iterable[PropertyResult], why: str) -> None:
+    """Every property given that still passes becomes incomplete, ``why`` its detail: a run
+    that stopped has not shown what it did not finish, and only finished checks pass."""
+    for p in props:
+        if p.status == "pass" and p.name != "capture":
+            p.status, p.detail = "incomplete", why
+
+
+class ReplayFailed(Exception):
+    """Raised by a replay body when its replay (or reading back its judgments) failed: the
+    loop ends, "replays completed" failing with the message."""
+
+
+@dataclass
+class LoopEnd:
+    """Why the replay loop ended early (``stopped``, for ``Report.stopped``), and the signal
+    that asked for it (``interrupted``); both ``None`` when every replay ran."""
+
+    stopped: str | None = None
+    interrupted: int | None = None
+
+
+def drive_replays(steps: int, replay: Callable[[int], bool], hooks: CheckHooks,
+                  report: Report, props: dict[str, PropertyResult]) -> LoopEnd:  # fmt: skip
+    """The one replay loop: ``replay(i)`` for each of ``steps`` replays, which returns whether
+    judgments came in (a chunk read back, a step judged). Between two replays a stop asked for
+    by a signal ends it; a replay that raises ends it with "replays completed" failed; once
+    judgments came in the caller hears of them (``on_chunk``) and ``hooks.stop_on_failure``
+    ends it at the first failed property; then the caller hears of the progress."""
+    i = 0
+    try:
+        for i in range(steps):
+            if stop_requested() is not None:  # a signal asked for a stop (stop_on_signals)
+                raise KeyboardInterrupt()
+            hooks.note(f"replay {i}")
+            try:
+                judged = replay(i)
+            except ReplayFailed as exc:
+                return _failed(props, str(exc))
+            except Exception as exc:  # noqa: BLE001 - reported with the replay it came from
+                return _failed(props, f"replay {i} raised {type(exc).__name__}: {exc}")
+            if judged:
+                if hooks.on_chunk is not None:
+                    hooks.on_chunk(report)
+                if hooks.stop_on_failure and any(p.status == "FAIL" for p in props.values()):
+                    return LoopEnd(f"stopped at the first failure, after {report.replays} replays")
+            if hooks.progress is not None:
+                hooks.progress(i + 1, steps)
+    except KeyboardInterrupt as exc:
+        signum = stop_requested() or getattr(exc, "signum", signal.SIGINT)
+        name = "SIGTERM" if signum == signal.SIGTERM else "SIGINT"
+        return LoopEnd(f"interrupted by {name} after {i} replays", signum)
+    return LoopEnd()
+
+
+def _failed(props: dict[str, PropertyResult], why: str) -> LoopEnd:
+    props["replays completed"].fail(why)
+    return LoopEnd(why)

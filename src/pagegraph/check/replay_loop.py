@@ -19,7 +19,6 @@ replays; the replays already run are judged, and ``CheckInterrupted`` carries th
 from __future__ import annotations
 
 import contextlib
-import signal
 import time
 
 import numpy as np
@@ -35,6 +34,7 @@ from .judge import (
     judge_replay,
     summarise_replays,
 )
+from .pipeline import ReplayFailed, drive_replays
 from .probes import AllocationCounter
 from .signals import CheckInterrupted, stop_requested
 from .state import ALLOCATION_PROBES, IN_FLIGHT, ReplayMeasure, ReplayState
@@ -55,15 +55,12 @@ def run_replays(state: ReplayState) -> None:
         # detector on the workload's and the verification's driver calls only costs time.
         state.recorder.pause()
     try:
-        _wait_for_workload(state)
-        for i in range(state.cfg.steps):
-            if not _replay_one(state, i):
-                break
-    except KeyboardInterrupt as exc:
-        _note_interrupt(state, exc)
+        end = drive_replays(state.cfg.steps, lambda i: _replay_one(state, i), state.run.hooks,
+                            state.report, state.props)  # fmt: skip
     finally:
         if recorder is not None:
             recorder.__exit__(None, None, None)
+    state.stopped, state.interrupted = end.stopped, end.interrupted
     _judge_last_chunk(state)
     _record_rates(state)
     after = None
@@ -83,29 +80,31 @@ def _wait_for_workload(state: ReplayState) -> None:
 
 
 def _replay_one(state: ReplayState, i: int) -> bool:
-    """Replay ``i`` through all five steps; False when the loop must stop (``state.stopped``
-    says why)."""
-    if stop_requested() is not None:  # a signal asked for a stop (see stop_on_signals)
-        raise KeyboardInterrupt()
+    """Replay ``i`` through all five steps; True when it completed a chunk, now judged.
+    ``ReplayFailed`` when the replay or the chunk's read-back raised."""
+    if i == 0:
+        _wait_for_workload(state)
+        if stop_requested() is not None:  # asked while waiting: no replay runs
+            raise KeyboardInterrupt()
     if i == 1:
         state.times.t_start, state.times.steady_from = time.perf_counter(), 1
     _measure_by_chunk_once_trusted(state, i)
     _generate(state, i)
     t_step = time.perf_counter()
-    state.run.hooks.note(f"replay {i}")
     mstep, args = _stage(state, i)
     if state.run.hooks.explain:
         rows = state.model.describe_rows(mstep)
         state.run.hooks.note(f"replay {i} (bucket {mstep.bucket})" + (f", {rows}" if rows else ""))
     measured = _replay(state, i, mstep, args)
-    if measured is None:
-        return False
     _verify(state, i, mstep, measured)
     state.times.checker_us.append((time.perf_counter() - t_step) * 1e6 - measured.dt_us)
-    if len(state.pending) == state.chunk and not _judge_full_chunk(state, i):
+    if len(state.pending) < state.chunk:
         return False
-    if state.run.hooks.progress is not None:
-        state.run.hooks.progress(i + 1, state.cfg.steps)
+    try:
+        _judge_chunk(state)
+    except Exception as exc:  # noqa: BLE001 - e.g. a CUDA context a builder broke
+        state.pending.clear()
+        raise ReplayFailed(f"reading the records after replay {i} raised {exc!r}") from exc
     return True
 
 
@@ -160,9 +159,8 @@ def _device_batch(state: ReplayState, n: int) -> tuple[torch.Tensor, torch.Tenso
     return args
 
 
-def _replay(state: ReplayState, i: int, mstep: ModelStep, args: tuple) -> ReplayMeasure | None:
-    """Step 3: ``runner.replay(*args)``, measured; None when it raised (reported in
-    "replays completed", and the loop stops)."""
+def _replay(state: ReplayState, i: int, mstep: ModelStep, args: tuple) -> ReplayMeasure:
+    """Step 3: ``runner.replay(*args)``, measured; ``ReplayFailed`` when it raised."""
     rec = state.recorder
     before = len(rec.events) if rec is not None else 0
     counter = None if state.graphs else AllocationCounter()
@@ -181,15 +179,12 @@ def _replay(state: ReplayState, i: int, mstep: ModelStep, args: tuple) -> Replay
         if state.run.hooks.explain and state.graphs:
             torch.cuda.synchronize(state.run.device)  # the error surfaces at its replay
     except Exception as exc:  # noqa: BLE001 - reported, then the run stops
-        state.stopped = (
-            f"replay {i} (bucket {mstep.bucket}) raised "
-            f"{describe_exception(exc, state.run.builder)}"
-        )
+        raised = describe_exception(exc, state.run.builder)
+        why = f"replay {i} (bucket {mstep.bucket}) raised {raised}"
         injected = state.model.describe_rows(mstep)
         if injected:
-            state.stopped += f"; the replay's out-of-contract rows: {injected}"
-        state.props["replays completed"].fail(state.stopped)
-        return None
+            why += f"; the replay's out-of-contract rows: {injected}"
+        raise ReplayFailed(why) from exc
     finally:
         if rec is not None:
             rec.pause()
@@ -231,23 +226,8 @@ def _untallied(state: ReplayState):
         tally.base += tally.read() - a0
 
 
-def _judge_full_chunk(state: ReplayState, i: int) -> bool:
-    """Step 5, once ``chunk`` replays are pending; False when the loop must stop."""
-    try:
-        _judge_chunk(state)
-    except Exception as exc:  # noqa: BLE001 - e.g. a CUDA context a builder broke
-        state.stopped = f"reading the records after replay {i} raised {exc!r}"
-        state.props["replays completed"].fail(state.stopped)
-        state.pending.clear()
-        return False
-    if state.run.hooks.stop_on_failure and any(p.status == "FAIL" for p in state.props.values()):
-        state.stopped = f"stopped at the first failure, after {state.report.replays} replays"
-        return False
-    return True
-
-
 def _judge_chunk(state: ReplayState) -> None:
-    """Read back the pending replays' records and judge them; tell the caller (``on_chunk``)."""
+    """Step 5: read back the pending replays' records and judge them."""
     if not state.pending:
         return
     with phase("verify"):
@@ -259,26 +239,20 @@ def _judge_chunk(state: ReplayState) -> None:
     if state.graphs and not state.allocations.per_replay:
         judge_chunk_allocations(state)
     state.pending.clear()
-    if state.run.hooks.on_chunk is not None:
-        state.run.hooks.on_chunk(state.report)
 
 
 def _judge_last_chunk(state: ReplayState) -> None:
+    """The replays still pending when the loop ended, judged; the caller told."""
+    if not state.pending:
+        return
     try:
         _judge_chunk(state)
+        if state.run.hooks.on_chunk is not None:
+            state.run.hooks.on_chunk(state.report)
     except Exception as exc:  # noqa: BLE001 - e.g. a CUDA context a builder broke
         state.stopped = state.stopped or f"reading the records raised {exc!r}"
         state.props["replays completed"].fail(state.stopped)
         state.pending.clear()
-
-
-def _note_interrupt(state: ReplayState, exc: KeyboardInterrupt) -> None:
-    state.interrupted = stop_requested() or getattr(exc, "signum", signal.SIGINT)
-    state.stopped = (
-        "interrupted by "
-        + ("SIGTERM" if state.interrupted == signal.SIGTERM else "SIGINT")
-        + f" after {state.report.replays + len(state.pending)} replays"
-    )
 
 
 def _record_rates(state: ReplayState) -> None:
