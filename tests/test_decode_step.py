@@ -17,12 +17,9 @@ import pytest
 import torch
 
 from pagegraph.check import decode_step
+from pagegraph.check.checker import check_decode_step
 from pagegraph.check.config import CheckConfig
-from pagegraph.check.decode_step import (
-    CPU_LIMITS,
-    check_decode_step,
-    shrink_for_cpu,
-)
+from pagegraph.check.decode_step import CPU_LIMITS, shrink_for_cpu
 from pagegraph.check.report import BucketStats, Report
 from pagegraph.check.scenario import ScenarioError, load_scenario
 from pagegraph.check.step_report import share

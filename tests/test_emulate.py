@@ -20,8 +20,9 @@ import triton
 import triton.language as tl
 
 from pagegraph import GraphRunner, build_page_table, check_replay_safety
+from pagegraph.check.checker import check_decode_step
 from pagegraph.check.config import CheckConfig
-from pagegraph.check.decode_step import check_decode_step, shrink_for_cpu
+from pagegraph.check.decode_step import shrink_for_cpu
 from pagegraph.check.mutants import reset_caches
 from pagegraph.check.probes import AllocationCounter
 from pagegraph.check.scenario import ScenarioError, load_scenario

@@ -219,8 +219,8 @@ def test_a_scenarios_memory_slots_go_with_its_jobs():
 def test_a_mutant_killed_by_the_decode_step_is_named_in_the_kill_table():
     """A decode step's reports fail properties the checker does not have: the kill table
     names them (the first in the decode step's order), as the matrix does."""
+    from pagegraph.check.checker import check_decode_step
     from pagegraph.check.config import CheckConfig
-    from pagegraph.check.decode_step import check_decode_step
 
     cfg = CheckConfig(max_bs=4, max_context_len=64, page_size=16, steps=6, seed=3,
                       consumer="paged", num_q_heads=4, num_kv_heads=2, head_dim=16)  # fmt: skip

@@ -17,8 +17,9 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from pagegraph.check.checker import check_decode_step
 from pagegraph.check.config import CheckConfig
-from pagegraph.check.decode_step import check_decode_step, step_properties
+from pagegraph.check.decode_step import step_properties
 from pagegraph.check.padded_rows import (
     READS,
     WRITES,

@@ -44,7 +44,9 @@ class Recording:
     def __init__(self, captures: bool = True, raises: str | None = None,
                  clock: FakeClock | None = None):  # fmt: skip
         self.calls: list[str] = []
-        self.report = SimpleNamespace(wall_s={})
+        self.report = SimpleNamespace(wall_s={}, replays=0)
+        self.props: dict = {}
+        self.steps = 2
         self.captures, self.raises, self.clock = captures, raises, clock
 
     def _call(self, name: str):
@@ -61,8 +63,15 @@ class Recording:
         self._call("capture")
         return self.captures
 
-    def replay(self):
+    def start_replays(self):
         self._call("replay")
+
+    def replay_one(self, i):
+        self.calls.append(f"replay {i}")
+        return True
+
+    def end_replays(self, end):
+        self.calls.append("end_replays")
 
     def after_replays(self):
         self._call("after_replays")
@@ -77,8 +86,9 @@ class Recording:
 def test_the_phases_run_in_order_and_the_report_comes_back():
     bench, notes = Recording(), []
     assert run_pipeline(bench, CheckHooks(on_phase=notes.append)) is bench.report
-    assert bench.calls == ["set_up", "capture", "replay", "after_replays", "release", "finish"]
-    assert notes == ["setup"]
+    assert bench.calls == ["set_up", "capture", "replay", "replay 0", "replay 1", "end_replays",
+                           "after_replays", "release", "finish"]  # fmt: skip
+    assert notes == ["setup", "replay 0", "replay 1"]
 
 
 def test_a_failed_capture_reaches_no_replay():
@@ -265,7 +275,7 @@ def test_a_decode_step_stopped_by_a_signal_raises_with_its_report(monkeypatch):
     report, what it did not finish marked incomplete."""
     import signal
 
-    from pagegraph.check.decode_step import check_decode_step
+    from pagegraph.check.checker import check_decode_step
     from pagegraph.check.signals import CheckInterrupted
 
     calls = {"n": 0}

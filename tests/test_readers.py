@@ -16,8 +16,8 @@ import re
 import pytest
 import torch
 
+from pagegraph.check.checker import check_decode_step
 from pagegraph.check.config import CheckConfig
-from pagegraph.check.decode_step import check_decode_step
 from pagegraph.consumers import paged_decode_attention
 from pagegraph.consumers.reader import HostBatch, Reader, as_reader
 from pagegraph.graph.plan_workspace import PlanWorkspace, _poisons

@@ -18,8 +18,9 @@ import triton
 import triton.language as tl
 
 from pagegraph import build_page_table
-from pagegraph.check.checker import _resolve_detectors, check_replay_safety
+from pagegraph.check.checker import check_replay_safety
 from pagegraph.check.config import CheckConfig
+from pagegraph.check.table_bench import resolve_detectors
 from pagegraph.detect import ranges, sync_cpu, sync_record
 from pagegraph.detect.sync import (
     DeviceSyncError,
@@ -475,9 +476,9 @@ def test_cpu_is_a_detector_that_runs_everywhere():
 
 @cpu_only
 def test_the_check_chooses_the_cpu_detector_without_cuda():
-    assert _resolve_detectors("auto", torch.device("cpu")) == (("cpu",), None)
-    assert _resolve_detectors("cpu", torch.device("cpu")) == (("cpu",), None)
-    assert _resolve_detectors("none", torch.device("cpu"))[0] == ()
+    assert resolve_detectors("auto", torch.device("cpu")) == (("cpu",), None)
+    assert resolve_detectors("cpu", torch.device("cpu")) == (("cpu",), None)
+    assert resolve_detectors("none", torch.device("cpu"))[0] == ()
 
 
 # -- end to end: the check on a CPU --------------------------------------------------------------

@@ -1,69 +1,29 @@
-"""Replay-safety checks of any page-table builder: ``check_replay_safety(builder, config)``.
-
-For a builder and an engine-like workload, the checker captures the builder into a
-``GraphRunner`` (or a runner of the caller's), replays the workload and judges every replay
-against its own model of what should have happened, never against what the runner staged:
-
-* the expected inputs of each replay come from the batch the workload asked for, padded by
-  the checker's own reading of the padding policy into the bucket the checker picks
-  (``pagegraph.check.verify.BatchModel``);
-* the expected tables come from an independent plain-torch gather of those inputs, compared
-  exactly with the whole allocation the tables live in, canary rows and columns included
-  (``pagegraph.check.verify.TableVerifier``), on the device, with no sync per replay.
-
-Each property says what it covers (``PROPERTIES``): the builder, the runner, or both. A
-property that could not run is reported as skipped with its reason; a run that stopped early
-(a replay raised, Ctrl-C) reports the properties it could not finish as incomplete. Only
-passed properties count as passed: ``Report.safe`` needs no failure and nothing incomplete.
-
-This module holds the orchestration of the tables pipeline only (``TableBench``, run by
-``pagegraph.check.pipeline.run_pipeline`` once ``pagegraph.check.plan.plan_check`` has
-validated the check); the check's parts live beside it: ``config``
-(``CheckConfig``, ``PROPERTIES``, the validator), ``report``, ``signals`` (stopping cleanly),
-``probes`` (allocations, compilations), ``buffers`` (the checker's tables), ``state``,
-``replay_loop`` and ``judge``.
+"""The entry points of a replay-safety check: ``check_replay_safety(builder, config)`` (any
+builder, any scenario), ``check_decode_step`` (a scenario's decode step end to end) and
+``run_plan`` (a planned check, as a child process runs its parent's). Each plans the check
+once (``plan``) and hands it to the pipeline (``pipeline.run_pipeline``) with its bench:
+``table_bench.TableBench`` (the builder's outputs compared exactly with the checker's model)
+or ``decode_step.StepBench`` (the attention's output); a scenario with ``kv_groups`` runs once
+a group (``kv_groups``). Only passed properties count (``Report.safe``).
 """
 
 from __future__ import annotations
 
-import time
 from collections.abc import Callable
 
-import numpy as np
 import torch
 
-from ..detect.ranges import phase
 from ..graph.runner import GraphRunner
-from ..kinds.builders import builder_capabilities, builder_name
-from ..workload.decode import Step
-from ..workload.pool import KVPool
-from ..workload.producer import ProducedWorkload
-from .aliasing import judge_aliasing
-from .buffers import allocate_check_buffers
-from .config import (
-    INDEX_DTYPES,
-    PRODUCER_MIN_STEPS,
-    PROPERTIES,
-    CheckConfig,
-)
-from .engine_state import make_engine_state, update_engine_state
-from .judge import (
-    describe_exception,
-    judge_builder_calls,
-    judge_eager_call,
-    judge_eager_call_raised,
-    record_how_judged,
-    sync_capture_cause,
-)
-from .pipeline import fail_capture, pick_device, record_capture, run_pipeline
+from .config import CheckConfig
+from .decode_step import StepBench
+from .kv_groups import GroupRuns
+from .pipeline import run_pipeline
 from .plan import CheckPlan, plan_check, resolve_reader
-from .probes import BuilderProbe, CompileCounter, measure_eager_call
-from .replay_loop import run_replays
-from .report import PropertyResult, Report
-from .state import CheckHooks, CheckRun, ReplayState
-from .workload_setup import pool_kwargs, workload_kwargs
+from .report import Report
+from .state import CheckHooks
+from .table_bench import TableBench, start_run
 
-__all__ = ["TableBench", "check_replay_safety", "run_plan"]
+__all__ = ["check_decode_step", "check_replay_safety", "run_decode_step", "run_plan"]
 
 
 def check_replay_safety(
@@ -139,17 +99,21 @@ def run_plan(
     ``builder`` (resolved from ``plan.builder``): its pipeline's judges (``plan.pipeline``),
     with ``check_replay_safety``'s options. A child process runs its parent's plan this way.
     A config with ``kv_groups`` runs once a group, merged (``pagegraph.check.kv_groups``)."""
+    options = dict(device=device, runner_factory=runner_factory, on_phase=on_phase,
+                   stop_on_failure=stop_on_failure, explain_replays=explain_replays)  # fmt: skip
     if plan.config.kv_groups:
-        from .kv_groups import run_groups
+        runs = GroupRuns(plan, builder, progress, on_chunk)
+        for group_plan, group_builder, group_progress, group_chunk in runs:
+            runs.add(_run_one(group_plan, group_builder, group_progress, group_chunk, reader,
+                              **options))  # fmt: skip
+        return runs.merged()
+    return _run_one(plan, builder, progress, on_chunk, reader, **options)
 
-        return run_groups(
-            plan, builder, run_plan, device=device, progress=progress,
-            runner_factory=runner_factory, on_phase=on_phase, on_chunk=on_chunk,
-            stop_on_failure=stop_on_failure, explain_replays=explain_replays,
-        )  # fmt: skip
+
+def _run_one(plan: CheckPlan, builder: Callable, progress, on_chunk, reader, *, device,
+             runner_factory, on_phase, stop_on_failure, explain_replays) -> Report:  # fmt: skip
+    """``run_plan`` for a plan of one KV-cache group (every plan without ``kv_groups``)."""
     if plan.pipeline == "step":
-        from .decode_step import run_decode_step
-
         reader = resolve_reader(reader if reader is not None else plan.reader)
 
         if runner_factory is not None or explain_replays:
@@ -164,227 +128,67 @@ def run_plan(
     if reader is not None:
         raise ValueError("a reader needs a config with a consumer (a decode-step scenario)")
     hooks = CheckHooks(progress, on_phase, on_chunk, stop_on_failure, explain_replays)
-    bench = TableBench(_start_run(builder, plan, device, runner_factory or GraphRunner, hooks))
+    bench = TableBench(start_run(builder, plan, device, runner_factory or GraphRunner, hooks))
     return run_pipeline(bench, hooks)
 
 
-class TableBench:
-    """The tables pipeline (``pagegraph.check.pipeline.Bench``): the builder's outputs after
-    every replay compared exactly with the checker's model, by the phases below."""
+def check_decode_step(
+    builder: Callable | str,
+    cfg: CheckConfig,
+    *,
+    device: str | torch.device | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    consumer: Callable | None = None,
+    on_phase: Callable[[str], None] | None = None,
+    on_report: Callable[[Report], None] | None = None,
+    stop_on_failure: bool = False,
+    emulate: bool | None = None,
+) -> Report:
+    """Capture ``builder`` + the consumer over the config's buckets, replay the workload and
+    judge the attention's output (docs/ARCHITECTURE.md, "The decode step end to end").
 
-    def __init__(self, run: CheckRun):
-        self.run = run
-        self.report = run.report
-        self._first: Step | None = None
+    Args:
+        builder: a page-table or decode-metadata builder (callable, built-in name or
+            ``module:fn``).
+        cfg: the setup; ``cfg.consumer`` ("paged" or "csr") picks the format (default
+            "paged"), ``cfg.steps`` the replays.
+        device: default CUDA when present, else the CPU (eager, shapes shrunk).
+        progress: called as ``progress(done, total)`` after each replay.
+        consumer: the attention call (``paged_decode_attention``'s or
+            ``csr_decode_attention``'s signature; default: pagegraph's kernel of the format),
+            or a ``pagegraph.consumers.reader.Reader`` with host launch arguments.
+        on_phase: called with the phase reached: ``"capture"``, ``"replay K"``, ``"timing"``.
+        on_report: called with the report after setup and after each replay (a partial
+            report to keep).
+        stop_on_failure: stop after the first replay in which a property failed, the rest
+            left incomplete and the timing skipped (mutation testing).
+        emulate: without CUDA, replay emulated graphs or, with ``False``, run the step
+            eagerly at every replay (``StepGraphs``); default ``cfg.emulate``.
 
-    def set_up(self) -> None:
-        _allocate(self.run)
-        self._first = _start_workload_and_runner(self.run)
-        # Before anything runs: outputs that share memory make every later value suspect.
-        judge_aliasing(self.run.props["outputs unaliased"], self.run.runner, self.run.kind)
-
-    def capture(self) -> bool:
-        return _probe_eager_call(self.run, self._first) and _capture(self.run)
-
-    def replay(self) -> None:
-        run_replays(ReplayState.after_capture(self.run, self._first))
-
-    def after_replays(self) -> None:
-        pass
-
-    def release(self) -> None:
-        _release(self.run)
-
-    def finish(self) -> None:
-        _judge_capabilities(self.run)  # also in the report an interruption carries
-        record_how_judged(self.run.report)
-
-
-# -- the phases, in order ------------------------------------------------------------------------
-
-
-def _start_run(fn: Callable, plan: CheckPlan, device, runner_factory,
-               hooks: CheckHooks) -> CheckRun:  # fmt: skip
-    """The device and the detectors for a planned check; an empty report with every
-    property passing until judged."""
-    cfg, kind = plan.config, plan.kind_spec
-    dev = pick_device(device)
-    report = Report(builder_name(fn), cfg, str(dev), dev.type == "cuda")
-    detectors, no_detector_reason = _resolve_detectors(cfg.detectors, dev)
-    report.detectors = detectors
-    props = {name: PropertyResult(name) for name in PROPERTIES}
-    report.properties = list(props.values())
-    run = CheckRun(cfg, fn, kind, dev, report, props, detectors, no_detector_reason, hooks,
-                   runner_factory)  # fmt: skip
-    run.errors = cfg.errors and builder_capabilities(fn).errors
-    return run
+    Returns a ``Report`` with its ``step`` section; a builder or consumer that raises is
+    reported, not raised. A stop asked for by a signal (``pagegraph.check.signals``) ends the
+    replays early, the report marked incomplete.
+    """
+    plan, fn = plan_check(builder, cfg.replace(consumer=cfg.consumer or "paged"))
+    return run_decode_step(
+        fn, plan, device=device, progress=progress, consumer=consumer, on_phase=on_phase,
+        on_report=on_report, stop_on_failure=stop_on_failure, emulate=emulate,
+    )  # fmt: skip
 
 
-def _allocate(run: CheckRun) -> None:
-    """The pool, the checker's buffers, and the builder's probe (counting compilations from
-    here on, until ``_release``)."""
-    run.pool = KVPool(**pool_kwargs(run.cfg), device=run.device)
-    run.engine = make_engine_state(run.kind, run.cfg, run.pool, run.device)
-    run.engine_rng = np.random.default_rng(run.cfg.seed + 11)
-    run.buffers = allocate_check_buffers(run.cfg, run.kind, run.device)
-    run.compiles = CompileCounter()
-    run.probe = BuilderProbe(run.builder, run.device, run.compiles)
-
-
-def _start_workload_and_runner(run: CheckRun) -> Step:
-    """Start the workload (before the capture, so child processes generate steps meanwhile),
-    make the runner under test, and return the workload's first batch."""
-    cfg = run.cfg
-    run.report.workload_in_process = _workload_in_process(cfg, run.device)
-    run.workload = ProducedWorkload(
-        run.pool,
-        pool_kwargs(cfg),
-        workload_kwargs(cfg, run.kind.tables_include_draft, run.len_limit),
-        streams=cfg.workload_streams,
-        processes=run.report.workload_in_process,
-    )
-    run.runner = run.runner_factory(
-        run.pool.req_to_token,
-        max_bs=cfg.max_bs,
-        max_context_len=cfg.max_context_len,
-        page_size=cfg.page_size,
-        buckets=cfg.buckets,
-        padding=cfg.padding,
-        builder=run.probe,
-        full_to_swa=run.pool.full_to_swa,
-        errors=run.errors,
-        index_dtype=INDEX_DTYPES[cfg.index_dtype],
-        table_width=cfg.width,
-        engine=run.engine,
-        **run.buffers.runner_kwargs(cfg),
-        **({} if cfg.emulate else {"emulate": False}),  # a custom factory may not take it
-    )
-    run.steps = iter(run.workload)
-    first = next(run.steps)
-    update_engine_state(run, first, may_break=False)  # the eager probe's batch is in contract
-    return first
-
-
-def _probe_eager_call(run: CheckRun, first: Step) -> bool:
-    """The builder's own eager calls: a short one first, as an engine's warm-up is (lengths
-    of one token, the capture's), then the measured one on the first real batch: no sync
-    (safety), allocations (advice). False (the rest not reached) when the builder raised."""
-    from ..detect.sync import DetectorUnavailable
-
-    warm_up, call = run.buffers.eager_calls(
-        run.builder, run.cfg, run.pool, first, run.device, engine=run.engine
-    )
-    try:
-        measured = measure_eager_call(warm_up, call, first.bs, run.device, run.detectors)
-    except DetectorUnavailable:
-        raise
-    except Exception as exc:  # noqa: BLE001 - a builder that raises is reported, not fatal
-        run.report.stopped = judge_eager_call_raised(run.props, exc, run.builder)
-        return False
-    run.probe.eager_call = measured  # its syncs explain a capture that fails on them
-    judge_eager_call(run.props, measured, run.detectors, run.no_detector_reason, run.cfg.strict)
-    return True
-
-
-def _capture(run: CheckRun) -> bool:
-    """Warm up and capture every bucket, judging the builder's calls; False (the rest
-    marked not reached) when the capture raised."""
-    props, report = run.props, run.report
-    run.hooks.note("capture")
-    run.probe.calls.clear()
-    t0 = time.perf_counter()
-    try:
-        with phase("capture"):
-            run.runner.capture()
-        if run.graphs:
-            torch.cuda.synchronize(run.device)
-    except Exception as exc:  # noqa: BLE001 - a builder that raises is reported
-        where = run.probe.current_phase
-        # A sync the eager call found just before is what broke the capture: say so.
-        what = sync_capture_cause(exc, run.probe.eager_call, run.builder)
-        what = what or f"{where} raised {describe_exception(exc, run.builder)}"
-        judge_builder_calls(run.probe, run.compiles, props, run.cfg.strict)
-        fail_capture(report, props, what)
-        return False
-    record_capture(report, props["capture"], len(run.runner.buckets), run.runner.graphs,
-                   run.graphs, run.emulated, t0)  # fmt: skip
-    judge_builder_calls(run.probe, run.compiles, props, run.cfg.strict)
-    # Eager replays run the builder: keep measuring it. Graph replays, emulated ones
-    # included, never call it.
-    run.probe.measure = run.kind.where == "eager" or not (run.graphs or run.emulated)
-    if run.hooks.on_chunk is not None:  # a supervisor keeps what the capture found
-        run.hooks.on_chunk(report)
-    return True
-
-
-def _judge_capabilities(run: CheckRun) -> None:
-    """A scenario with error counters and a builder without ``errors=``: the counters are
-    pagegraph's own extension, so they are skipped, with the reason (a failure only when
-    ``strict`` promotes that advice)."""
-    prop = run.props["error counters"]
-    if not run.cfg.errors or run.errors or prop.status == "incomplete":
-        return
-    why = (
-        "the builder takes no errors= (pagegraph's own extension, which most builders lack): "
-        "its out-of-contract counts are not checked"
-    )
-    if "error-counters" in run.cfg.strict:
-        prop.fail(why)
-        prop.detail = why
-    else:
-        prop.skip(why)
-
-
-def _release(run: CheckRun) -> None:
-    if run.compiles is not None:
-        run.compiles.stop()
-    if run.workload is not None:
-        run.workload.close()
-    if run.runner is not None:
-        try:
-            run.runner.close()
-        except Exception:  # noqa: BLE001 - a dead CUDA context: nothing left to release
-            pass
-
-
-# -- set-up helpers ------------------------------------------------------------------------------
-
-
-def _resolve_detectors(
-    spec, device: torch.device | None = None
-) -> tuple[tuple[str, ...], str | None]:
-    """The detectors to run on ``device`` and, when none runs, why (for the skipped
-    properties). ``auto``: torch and cupti for a CUDA device, the cpu detector for a CPU one
-    (``pagegraph.detect.sync_record.auto_detectors``)."""
-    from ..detect.sync import (
-        DetectorUnavailable,
-        auto_detectors,
-        available_detectors,
-        parse_detectors,
-    )
-
-    choice = parse_detectors(spec)
-    status = available_detectors()
-    if choice == "auto":
-        names = auto_detectors(device.type if device is not None else None)
-        wanted = tuple(name for name in names if status.get(name) is None)
-        if wanted:
-            return wanted, None
-        why = "; ".join(f"{n}: {status.get(n)}" for n in names)
-        return (), f"no sync detector can run here ({why})"
-    if not choice:
-        return (), "detectors off (detectors = none)"
-    missing = {name: status.get(name) for name in choice if status.get(name) is not None}
-    if missing:
-        raise DetectorUnavailable(
-            "requested detector(s) cannot run: "
-            + "; ".join(f"{name}: {reason}" for name, reason in missing.items())
-        )
-    return choice, None
-
-
-def _workload_in_process(cfg: CheckConfig, dev: torch.device) -> bool:
-    """Whether the run's workload goes to a child process (``CheckConfig.workload_process``)."""
-    if cfg.workload_process == "auto":
-        return dev.type == "cuda" and cfg.steps >= PRODUCER_MIN_STEPS
-    return cfg.workload_process == "on"
+def run_decode_step(
+    fn: Callable,
+    plan: CheckPlan,
+    *,
+    device: str | torch.device | None = None,
+    progress: Callable[[int, int], None] | None = None,
+    consumer: Callable | None = None,
+    on_phase: Callable[[str], None] | None = None,
+    on_report: Callable[[Report], None] | None = None,
+    stop_on_failure: bool = False,
+    emulate: bool | None = None,
+) -> Report:
+    """The decode-step check of a planned check (``pagegraph.check.plan``: validated, a
+    consumer in its config) of the resolved builder ``fn``; ``check_decode_step``'s options."""
+    hooks = CheckHooks(progress, on_phase, on_report, stop_on_failure)
+    return run_pipeline(StepBench(fn, plan, device, consumer, hooks, emulate), hooks)

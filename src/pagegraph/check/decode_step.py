@@ -1,56 +1,9 @@
-"""The decode step end to end: a builder's tables consumed by paged attention in one CUDA graph.
-
-``check_decode_step(builder, cfg)`` captures, per bucket, the builder then the consumer
-(``cfg.consumer``: ``"paged"``, the page table + ``cache_seqlens`` of TensorRT-LLM's MHA and
-FlashAttention-3, or ``"csr"``, FlashInfer's ``kv_indptr`` / ``kv_indices`` /
-``kv_last_page_len`` built in the graph from the builder's outputs; see
-``pagegraph.graph.step_graphs``), drives it with the engine-like workload of
-``check_replay_safety`` (a ``KVPool`` and a ``DecodeWorkload``: lengths that grow, requests
-that finish and arrive, batches padded by the bucket's padding policy) and judges the
-attention's output, not the tables. The builder's own properties (exact tables, bounded
-writes, syncs, allocations) are ``pagegraph check`` on a scenario without a consumer; this
-report lists only the step's.
-
-Every replay of a batch of ``n`` real rows padded to bucket ``b`` runs up to three times on
-the same live data:
-
-A. the whole table (and, for CSR, ``kv_indices``) is first filled with ids of other live
-   pages, so each row's stale tail names real data; padded rows' queries are NaN and Inf;
-B. the tails get other live page ids again, and each real row's last page gets new values in
-   its slots past the length: a consumer that reads only within ``cache_seqlens`` gives
-   bit-identical real rows;
-C. (when ``n < b``) the padded rows' queries are finite: real rows must again be
-   bit-identical.
-
-A planned reader (``Reader.plan``) is planned on the step's host batch before A, and replays
-once more after B on B's inputs (D), the workspace entries its plan did not write holding
-other values (``pagegraph.check.step_plan``): real rows must be bit-identical with B's.
-
-Properties (``STEP_PROPERTIES``): "output correct through the consumer" (A's real rows finite
-and within ``pagegraph.consumers.attention_reference``'s tolerance of dense fp32 attention over the
-pages the host model gives each row, up to its length), "consumer reads only within
-cache_seqlens" (A = B), "padded rows contained" (B = C, real rows finite), "padded rows read
-inside the KV pool" (C's padded rows finite where the null block holds data:
-``pagegraph.check.padded_rows``), "null block and guard page untouched" (page 0 and the guard
-page before it keep their values), "reader reads only what the current plan wrote" (B = D),
-"sentinel page untouched" (the KV page past every allocated one keeps its values after
-capture and each replay), "replays
-completed" (no replay raised; in a child process, ``pagegraph.supervise.isolate``,
-the process did not die). The first failing row of each is named with its replay, bucket and
-inputs. A step's replays go to the judges of ``pagegraph.check.step_judges``, one a property.
-
-On CUDA the report also times each bucket, every row real (the running requests repeated to
-fill it): the device time of one step, of the builder alone and of the consumer alone, each
-from a graph of ``TIMING_CALLS`` back-to-back calls replayed between CUDA events (median of
-``cfg.timing_iters`` replays over the calls, warm-up replays untimed; see
-``pagegraph.graph.step_graphs``), and the builder's share of the step (builder / step).
-Without CUDA the graphs run eagerly under the Triton interpreter, on shapes shrunk to fit
-(``CPU_LIMITS``; the report says which), and timing is skipped (the report says so).
-
-``on_phase`` and ``on_report`` let ``pagegraph.supervise.isolate`` run the check in a child
-process: the phase reached (``capture``, ``replay 17``, ``timing``) and the partial report
-after setup and after each replay, so a builder that kills its process is reported with where
-it died and what was found before.
+"""The decode step end to end (``StepBench``): a builder's tables consumed by paged attention
+in one CUDA graph a bucket (``pagegraph.graph.step_graphs``), driven by the engine-like
+workload and judged on the attention's output, each replay up to four times on the same live
+data (stale tails renamed, values past each length renewed, padded queries NaN then finite, a
+planned reader's unwritten workspace refilled) by the judges of ``step_judges``; on CUDA each
+bucket is timed too. docs/ARCHITECTURE.md ("The decode step end to end") walks through it.
 """
 
 from __future__ import annotations
@@ -79,15 +32,8 @@ from .padded_rows import describe as describe_padded_rows
 from .padded_rows import judge_capture as judge_reserved_at_capture
 from .padded_rows import nan_page as nan_page_id
 from .padded_rows import note_convention
-from .pipeline import (
-    drive_replays,
-    fail_capture,
-    mark_unfinished,
-    pick_device,
-    record_capture,
-    run_pipeline,
-)
-from .plan import CheckPlan, plan_check
+from .pipeline import LoopEnd, fail_capture, mark_unfinished, pick_device, record_capture
+from .plan import CheckPlan
 from .report import BucketStats, PropertyResult, Report
 from .signals import CheckInterrupted
 from .state import CheckHooks
@@ -96,8 +42,7 @@ from .step_plan import plan_detail, replay_refilled
 from .step_report import STEP_PROPERTIES, StepSection
 from .workload_setup import pool_kwargs, workload_kwargs
 
-__all__ = ["CPU_LIMITS", "STEP_PROPERTIES", "check_decode_step", "run_decode_step",
-           "step_properties"]  # fmt: skip
+__all__ = ["CPU_LIMITS", "STEP_PROPERTIES", "StepBench", "shrink_for_cpu", "step_properties"]
 
 #: One replay in this many fills the stale table entries with the NaN page (``_poison_tails``).
 NAN_TAIL_EVERY = 3
@@ -165,72 +110,10 @@ class _Run:
     judges: tuple[StepJudge, ...] = STEP_JUDGES
 
 
-def check_decode_step(
-    builder: Callable | str,
-    cfg: CheckConfig,
-    *,
-    device: str | torch.device | None = None,
-    progress: Callable[[int, int], None] | None = None,
-    consumer: Callable | None = None,
-    on_phase: Callable[[str], None] | None = None,
-    on_report: Callable[[Report], None] | None = None,
-    stop_on_failure: bool = False,
-    emulate: bool | None = None,
-) -> Report:
-    """Capture ``builder`` + the consumer over the config's buckets, replay the workload and
-    judge the attention's output (see the module docstring).
-
-    Args:
-        builder: a page-table or decode-metadata builder (callable, built-in name or
-            ``module:fn``).
-        cfg: the setup; ``cfg.consumer`` ("paged" or "csr") picks the format (default
-            "paged"), ``cfg.steps`` the replays.
-        device: default CUDA when present, else the CPU (eager, shapes shrunk).
-        progress: called as ``progress(done, total)`` after each replay.
-        consumer: the attention call (``paged_decode_attention``'s or
-            ``csr_decode_attention``'s signature; default: pagegraph's kernel of the format),
-            or a ``pagegraph.consumers.reader.Reader`` with host launch arguments.
-        on_phase: called with the phase reached: ``"capture"``, ``"replay K"``, ``"timing"``.
-        on_report: called with the report after setup and after each replay (a partial
-            report to keep).
-        stop_on_failure: stop after the first replay in which a property failed, the rest
-            left incomplete and the timing skipped (mutation testing).
-        emulate: without CUDA, replay emulated graphs or, with ``False``, run the step
-            eagerly at every replay (``StepGraphs``); default ``cfg.emulate``.
-
-    Returns a ``Report`` with its ``step`` section; a builder or consumer that raises is
-    reported, not raised. A stop asked for by a signal (``pagegraph.check.signals``) ends the
-    replays early, the report marked incomplete.
-    """
-    plan, fn = plan_check(builder, cfg.replace(consumer=cfg.consumer or "paged"))
-    return run_decode_step(
-        fn, plan, device=device, progress=progress, consumer=consumer, on_phase=on_phase,
-        on_report=on_report, stop_on_failure=stop_on_failure, emulate=emulate,
-    )  # fmt: skip
-
-
-def run_decode_step(
-    fn: Callable,
-    plan: CheckPlan,
-    *,
-    device: str | torch.device | None = None,
-    progress: Callable[[int, int], None] | None = None,
-    consumer: Callable | None = None,
-    on_phase: Callable[[str], None] | None = None,
-    on_report: Callable[[Report], None] | None = None,
-    stop_on_failure: bool = False,
-    emulate: bool | None = None,
-) -> Report:
-    """The decode-step check of a planned check (``pagegraph.check.plan``: validated, a
-    consumer in its config) of the resolved builder ``fn``; ``check_decode_step``'s options."""
-    hooks = CheckHooks(progress, on_phase, on_report, stop_on_failure)
-    return run_pipeline(StepBench(fn, plan, device, consumer, hooks, emulate), hooks)
-
-
 class StepBench:
     """The decode step's pipeline (``pagegraph.check.pipeline.Bench``): the builder and the
     consumer captured in one graph a bucket, each replay judged on the attention's output
-    (the module docstring)."""
+    (docs/ARCHITECTURE.md)."""
 
     def __init__(self, fn: Callable, plan: CheckPlan, device, consumer: Callable | None,
                  hooks: CheckHooks, emulate: bool | None) -> None:  # fmt: skip
@@ -241,9 +124,10 @@ class StepBench:
             cfg, note = shrink_for_cpu(cfg)
         self.report = Report(builder_name(fn), cfg, str(dev), dev.type == "cuda",
                              step=StepSection(consumer=cfg.consumer, shrunk=note))  # fmt: skip
-        self._props = step_properties()
-        note_convention(self._props, cfg.null_block)
-        self.report.properties = list(self._props.values())
+        self.props = step_properties()
+        self.steps = cfg.steps
+        note_convention(self.props, cfg.null_block)
+        self.report.properties = list(self.props.values())
         self._fn, self._kind, self._consumer = fn, plan.kind_spec, consumer
         self._cfg, self._device = cfg, dev
         self._emulate = cfg.emulate if emulate is None else emulate
@@ -252,7 +136,7 @@ class StepBench:
 
     def set_up(self) -> None:
         self.run = _setup(self._fn, self._kind, self._consumer, self._cfg, self._device,
-                          self.report, self._props, self._emulate)  # fmt: skip
+                          self.report, self.props, self._emulate)  # fmt: skip
         self.run.on_phase = self._hooks.note
         if self._hooks.on_chunk is not None:
             self._hooks.on_chunk(self.report)  # the shapes and device, before anything can crash
@@ -261,8 +145,27 @@ class StepBench:
         self.run.on_phase("capture")
         return _capture(self.run)
 
-    def replay(self) -> None:
-        _replays(self.run, self._hooks)
+    def start_replays(self) -> None:
+        cfg = self.run.cfg
+        kwargs = workload_kwargs(cfg, self._kind.tables_include_draft, cfg.max_context_len)
+        kwargs.update(inject=Injection(), draft_tokens=0)
+        self._steps = iter(DecodeWorkload(self.run.pool, **kwargs))
+
+    def replay_one(self, k: int) -> bool:
+        _one_step(self.run, k, next(self._steps))
+        self.report.replays = k + 1
+        return True  # each step is judged as it runs
+
+    def end_replays(self, end: LoopEnd) -> None:
+        """What passed is described, or, after an early end, what was not finished marked
+        incomplete (``CheckInterrupted`` when a signal ended it)."""
+        if end.stopped is None:
+            _details(self.run)
+            return
+        self.report.stopped = end.stopped
+        mark_unfinished(self.props.values(), end.stopped)
+        if end.interrupted is not None:
+            raise CheckInterrupted(self.report, end.interrupted)
 
     def after_replays(self) -> None:
         self.run.on_phase("timing")
@@ -310,30 +213,6 @@ def _capture(run: _Run) -> bool:
     return True
 
 
-def _replays(run: _Run, hooks: CheckHooks) -> None:
-    """The workload's steps, each replayed and judged (``drive_replays``); a run that
-    stopped early leaves what it did not finish incomplete, and raises ``CheckInterrupted``
-    when a signal stopped it."""
-    cfg = run.cfg
-    kwargs = workload_kwargs(cfg, run.graphs.kind.tables_include_draft, cfg.max_context_len)
-    kwargs.update(inject=Injection(), draft_tokens=0)
-    steps = iter(DecodeWorkload(run.pool, **kwargs))
-
-    def replay(k: int) -> bool:
-        _one_step(run, k, next(steps))
-        run.report.replays = k + 1
-        return True
-
-    end = drive_replays(cfg.steps, replay, hooks, run.report, run.props)
-    if end.stopped is None:
-        _details(run)
-        return
-    run.report.stopped = end.stopped
-    mark_unfinished(run.props.values(), end.stopped)
-    if end.interrupted is not None:
-        raise CheckInterrupted(run.report, end.interrupted)
-
-
 # -- one step ------------------------------------------------------------------------------------
 
 
@@ -348,7 +227,7 @@ def _model(run: _Run, k: int, step) -> StepBatch:
 
 
 def _one_step(run: _Run, k: int, step) -> None:
-    """Stage, replay A/B/C (module docstring), then let each judge judge the step."""
+    """Stage, replay A, B, D and C (docs/ARCHITECTURE.md), then let each judge judge it."""
     g, b = run.graphs, _model(run, k, step)
     n, bucket = len(b.rpi), b.bucket
     g.host_lens = list(b.lens)  # what the engine's host work sees where the step runs eagerly
@@ -488,7 +367,7 @@ def _details(run: _Run) -> None:
 
 def _timing(run: _Run) -> None:
     """Per bucket, the device time per call of the step, the builder alone and the consumer
-    alone (CUDA graphs only; module docstring)."""
+    alone (CUDA graphs only; graph/step_graphs.py says how)."""
     r, g = run.report, run.graphs
     if not g.use_graphs:
         r.step.timing_skipped = (

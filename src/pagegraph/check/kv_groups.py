@@ -49,7 +49,7 @@ from ..kinds.kv_groups import KVGroup, bind_group, parse_groups
 from .config import CheckConfig
 from .report import BucketStats, Failure, Report
 
-__all__ = ["group_config", "merge_reports", "run_groups"]
+__all__ = ["group_config", "merge_reports", "GroupRuns"]
 
 #: How bad a property's status is when groups disagree (the merged property takes the worst).
 _STATUS_RANK = {"skip": 0, "pass": 1, "advice": 2, "incomplete": 3, "FAIL": 4}
@@ -111,35 +111,43 @@ def _has(report: Report, name: str) -> bool:
     return any(p.name == name for p in report.properties)
 
 
-def run_groups(plan, builder: Callable, run_one: Callable[..., Report], *,
-               progress=None, on_chunk=None, **options) -> Report:  # fmt: skip
-    """Run a planned check (``pagegraph.check.plan.CheckPlan``) with kv_groups once a group,
-    ``run_one(group_plan, group_builder, progress=..., on_chunk=..., **options)`` each, and
-    merge the reports (``merge_reports``). ``progress`` counts over all groups;
-    ``on_chunk`` gets the merged report so far."""
-    from ..kinds.builders import builder_name  # the kinds import the check's modules
+class GroupRuns:
+    """A planned check (``pagegraph.check.plan.CheckPlan``) with kv_groups, run once a group
+    by its caller: iterating gives each group's plan, builder, ``progress`` (counting over all
+    groups) and ``on_chunk`` (the merged report so far), until a group's check crashed; the
+    caller ``add``s each group's report, and ``merged()`` is the check's."""
 
-    groups = parse_groups(plan.config)
-    name = builder_name(builder)
-    done: list[tuple[KVGroup, Report]] = []
-    for k, group in enumerate(groups):
-        sub = dataclasses.replace(plan, config=group_config(plan.config, group))
+    def __init__(self, plan, builder: Callable, progress=None, on_chunk=None) -> None:
+        from ..kinds.builders import builder_name  # the kinds import the check's modules
 
-        def step(d, t, k=k):
-            if progress is not None:
-                progress(k * t + d, len(groups) * t)
+        self.plan, self.builder = plan, builder
+        self.progress, self.on_chunk = progress, on_chunk
+        self.groups = parse_groups(plan.config)
+        self.name = builder_name(builder)
+        self.done: list[tuple[KVGroup, Report]] = []
 
-        def chunk(report, group=group):
-            if on_chunk is not None:
-                on_chunk(
-                    dataclasses.replace(
-                        merge_reports(plan.config, [*done, (group, report)]), builder=name
-                    )
-                )
+    def __iter__(self):
+        groups = self.groups
+        for k, group in enumerate(groups):
+            if self.done and self.done[-1][1].crash:
+                return
+            sub = dataclasses.replace(self.plan, config=group_config(self.plan.config, group))
 
-        report = run_one(sub, bind_group(builder, group), progress=step, on_chunk=chunk,
-                         **options)  # fmt: skip
-        done.append((group, report))
-        if report.crash:
-            break
-    return dataclasses.replace(merge_reports(plan.config, done), builder=name)
+            def step(d, t, k=k):
+                if self.progress is not None:
+                    self.progress(k * t + d, len(groups) * t)
+
+            def chunk(report, group=group):
+                if self.on_chunk is not None:
+                    merged = merge_reports(self.plan.config, [*self.done, (group, report)])
+                    self.on_chunk(dataclasses.replace(merged, builder=self.name))
+
+            yield sub, bind_group(self.builder, group), step, chunk
+            if len(self.done) != k + 1:
+                raise RuntimeError("GroupRuns: add() each group's report before the next")
+
+    def add(self, report: Report) -> None:
+        self.done.append((self.groups[len(self.done)], report))
+
+    def merged(self) -> Report:
+        return dataclasses.replace(merge_reports(self.plan.config, self.done), builder=self.name)

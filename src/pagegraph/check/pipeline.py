@@ -30,6 +30,10 @@ class Bench(Protocol):
     ``release`` then ``finish``."""
 
     report: Report
+    #: the report's properties by name, judged in place
+    props: dict[str, PropertyResult]
+    #: replays to run
+    steps: int
 
     def set_up(self) -> None:
         """Allocate the pool, the buffers and the graphs' holder; start the workload."""
@@ -38,8 +42,16 @@ class Bench(Protocol):
         """The builder's calls before the replays (eager calls, warm-up, capture); False
         when they failed (the report says why, the rest is not reached)."""
 
-    def replay(self) -> None:
-        """Replay the workload and judge every replay."""
+    def start_replays(self) -> None:
+        """Before the first replay (start the sync recorder, the workload's steps)."""
+
+    def replay_one(self, i: int) -> bool:
+        """Replay ``i``, judged or queued for judging; whether judgments came in (the
+        loop's ``drive_replays``). Raises ``ReplayFailed`` (or any exception) to end it."""
+
+    def end_replays(self, end: LoopEnd) -> None:
+        """After the loop, ``end`` saying why it ended early if it did: the last judgments
+        of the replays; ``CheckInterrupted`` when a signal stopped them."""
 
     def after_replays(self) -> None:
         """Work on the captured graphs once every replay is judged (the step's timing)."""
@@ -98,7 +110,13 @@ def run_pipeline(bench: Bench, hooks: CheckHooks) -> Report:
         clock.start("capture")
         if bench.capture():
             clock.start("replays")
-            bench.replay()
+            bench.start_replays()
+            end = LoopEnd("the loop raised")  # what end_replays sees if the loop itself raised
+            try:
+                end = drive_replays(bench.steps, bench.replay_one, hooks, bench.report,
+                                    bench.props)  # fmt: skip
+            finally:
+                bench.end_replays(end)
             clock.start("after replays")
             bench.after_replays()
     finally:

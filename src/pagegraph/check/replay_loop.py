@@ -1,19 +1,8 @@
-"""The replay loop: replay the workload through the captured runner and judge every replay.
-
-Each replay goes through five steps over one ``ReplayState``:
-
-1. generate: the workload's next batch (the first one was taken for the eager call);
-2. stage: the checker's own model of the static inputs (``BatchModel.stage``), uploaded to
-   the verifier, and the batch in the form the run hands to the runner (host lists or
-   device tensors, alternating with ``staging = "mixed"``);
-3. replay: ``runner.replay`` with the sync recorder running and allocations counted;
-4. verify: the host-side judgments of the replay (allocations, syncs, addresses), then the
-   plugged-in judges' comparisons (``ReplayState.judges``: the eager twin, the graph's reads)
-   and the verifier's device snapshot and comparison, queued with no sync;
-5. judge: every ``chunk`` replays, the verifier's records are read back and judged.
-
-A stop requested by a signal (``pagegraph.check.signals``) ends the loop between two
-replays; the replays already run are judged, and ``CheckInterrupted`` carries the report.
+"""The tables pipeline's replays: ``replay_one`` (between ``start_replays`` and
+``end_replays``), each through five steps over one ``ReplayState``: generate the batch, stage
+the checker's model of it, replay the runner (syncs and allocations watched), verify on the
+device with no sync, and judge the records a chunk at a time. The pipeline drives the loop
+(``pagegraph.check.pipeline.drive_replays``).
 """
 
 from __future__ import annotations
@@ -34,32 +23,39 @@ from .judge import (
     judge_replay,
     summarise_replays,
 )
-from .pipeline import ReplayFailed, drive_replays
+from .pipeline import LoopEnd, ReplayFailed
 from .probes import AllocationCounter
 from .signals import CheckInterrupted, stop_requested
 from .state import ALLOCATION_PROBES, IN_FLIGHT, ReplayMeasure, ReplayState
 from .verify import ModelStep
 
 
-def run_replays(state: ReplayState) -> None:
-    """Replay ``state.cfg.steps`` batches (the first is ``state.step``), judge each, and fill
-    the report's replay properties, rates and host times; raise ``CheckInterrupted`` after
-    judging when a signal stopped the loop."""
+def start_replays(state: ReplayState) -> None:
+    """Before the first replay: the sync recorder started, paused (``end_replays`` stops it)."""
     from ..detect import sync
 
     detectors = state.run.detectors
-    recorder = sync.record_device_syncs(detectors) if detectors else None
-    state.recorder = recorder.__enter__() if recorder is not None else None
+    state.sync_recording = sync.record_device_syncs(detectors) if detectors else None
+    recording = state.sync_recording
+    state.recorder = recording.__enter__() if recording is not None else None
     if state.recorder is not None:
         # Watched while staging and replaying only: the property judges those ranges, and a
         # detector on the workload's and the verification's driver calls only costs time.
         state.recorder.pause()
-    try:
-        end = drive_replays(state.cfg.steps, lambda i: _replay_one(state, i), state.run.hooks,
-                            state.report, state.props)  # fmt: skip
-    finally:
-        if recorder is not None:
-            recorder.__exit__(None, None, None)
+
+
+def stop_recording(state: ReplayState) -> None:
+    """The sync recorder stopped (safe to call twice)."""
+    recording, state.sync_recording = state.sync_recording, None
+    if recording is not None:
+        recording.__exit__(None, None, None)
+
+
+def end_replays(state: ReplayState, end: LoopEnd) -> None:
+    """After the loop (``end``: why it ended early, if it did): the replays still pending
+    judged, the report's replay properties, rates and host times filled; ``CheckInterrupted``
+    when a signal stopped the loop."""
+    stop_recording(state)
     state.stopped, state.interrupted = end.stopped, end.interrupted
     _judge_last_chunk(state)
     _record_rates(state)
@@ -79,7 +75,7 @@ def _wait_for_workload(state: ReplayState) -> None:
         state.report.workload_start_ms = waited_s * 1e3
 
 
-def _replay_one(state: ReplayState, i: int) -> bool:
+def replay_one(state: ReplayState, i: int) -> bool:
     """Replay ``i`` through all five steps; True when it completed a chunk, now judged.
     ``ReplayFailed`` when the replay or the chunk's read-back raised."""
     if i == 0:

@@ -218,6 +218,8 @@ class ReplayState:
     device_batches: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     #: the running sync recorder (paused outside staging and replay), or None
     recorder: object | None = None
+    #: the context that runs the recorder (``record_device_syncs``), exited after the loop
+    sync_recording: object | None = None
     #: why the loop stopped before its last replay, or None
     stopped: str | None = None
     #: the signal that interrupted the loop, or None

@@ -3,7 +3,7 @@
 ``run_check`` loads and validates every scenario first (a bad file, a bad option or a scenario
 that does not fit the device's memory is a usage error, exit 2, before anything runs), then
 checks each one with ``pagegraph.check.checker.check_replay_safety`` (a scenario with a
-``[consumer]`` table: ``pagegraph.check.decode_step.check_decode_step``, the decode step end to
+``[consumer]`` table: ``pagegraph.check.checker.check_decode_step``, the decode step end to
 end), in this process or, for a user's ``module:function`` or file builder (or
 ``isolate=True``), in a child process each (``pagegraph.supervise.isolate``). Ctrl-C and
 SIGTERM stop it; the reports then hold what was checked, marked incomplete. It writes the
@@ -29,9 +29,8 @@ from pathlib import Path
 import torch
 
 from ..check.buffers import table_bytes
-from ..check.checker import check_replay_safety
+from ..check.checker import check_decode_step, check_replay_safety
 from ..check.config import CONSUMER_DTYPES
-from ..check.decode_step import check_decode_step
 from ..check.plan import preset_problem, presets_of_kind, resolve_reader
 from ..check.scenario import load_scenario
 from ..check.signals import CheckInterrupted, stop_on_signals, stop_requested
