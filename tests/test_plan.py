@@ -1,18 +1,28 @@
 """Invariant: a check is validated once, where it is planned (``pagegraph.check.plan``), and
 run as planned: ``check_replay_safety`` validates each config once whichever judges it runs
 (tables or the decode step), a child process runs its parent's plan without validating it
-again, and a check that cannot run is refused in the parent before any child starts."""
+again, and a check that cannot run is refused in the parent before any child starts.
+
+Planning is the one place that decides whether a builder fits a scenario and which preset
+outputs its check keeps: the scenario's own builder must have every preset (else a
+``PlanError``), another builder put on it drops those its kind lacks; the jobs (``check``,
+``mutate``, the engine clients') take the decision from ``plan_check``, and a job that planned
+hands its plan to the child, which runs it without planning again."""
 
 from __future__ import annotations
 
 import json
+import textwrap
 
 import pytest
 
 from pagegraph.check import plan
 from pagegraph.check.checker import check_replay_safety, run_plan
 from pagegraph.check.config import CheckConfig, ConfigError
-from pagegraph.check.plan import CheckPlan, plan_check
+from pagegraph.check.plan import CheckPlan, PlanError, plan_check
+from pagegraph.check.scenario import load_scenario
+from pagegraph.jobs import check_job, client_runs, mutate
+from pagegraph.kernels.registry import BuilderLoadError
 from pagegraph.supervise import isolate
 from pagegraph.supervise.isolate import IsolatedError, Job
 
@@ -34,10 +44,98 @@ def test_a_plan_names_the_kind_and_the_judges_and_drops_other_kinds_presets():
 def test_a_check_that_cannot_run_is_refused_at_planning():
     with pytest.raises(ConfigError, match="steps"):
         plan_check("build_page_table", SMALL.replace(steps=0))
-    with pytest.raises(ValueError, match="cannot load builder"):
+    with pytest.raises(BuilderLoadError, match="cannot load builder"):
         plan_check("no_such_module:fn", SMALL)
-    with pytest.raises(ValueError, match="only a block_table builder reads"):
+    # A builder that does not fit the scenario, and only that, is a PlanError.
+    with pytest.raises(PlanError, match="only a block_table builder reads"):
         plan_check("build_page_table", SMALL.replace(num_blocks_overrun=0.5))
+    for not_a_fit in (ConfigError, BuilderLoadError):
+        assert not issubclass(not_a_fit, PlanError)
+
+
+def test_the_scenarios_own_builder_must_have_its_presets_another_drops_them():
+    presets = ("cu_seqlens_k[0]", "kv_indptr[0]")
+    cfg = SMALL.replace(preset_outputs=presets)
+    with pytest.raises(PlanError) as refused:
+        plan_check("build_kv_indices", cfg, own_builder=True)
+    message = str(refused.value)
+    assert "\n" not in message
+    assert "preset_outputs ['cu_seqlens_k[0]'] are not outputs of a csr builder" in message
+    fits = SMALL.replace(preset_outputs=("kv_indptr[0]",))
+    p, _ = plan_check("build_kv_indices", fits, own_builder=True)
+    assert p.config.preset_outputs == ("kv_indptr[0]",)
+    p, _ = plan_check("build_kv_indices", cfg)  # another builder put on the scenario
+    assert p.config.preset_outputs == ("kv_indptr[0]",)
+    p, _ = plan_check("build_page_table", cfg)
+    assert p.config.preset_outputs == ()
+
+
+SMALL_SCENARIO = """name = "small"
+[graph]
+buckets = [1, 2, 4]
+max_bs = 4
+max_context_len = 256
+page_size = 16
+[workload]
+steps = 3
+initial_len = [1, 200]
+[check]
+builder = "{builder}"
+preset_outputs = ["kv_indptr[0]"]
+"""
+
+
+def _check_plan(path, builder=None):
+    return check_job._plan([str(path)], replays=None, builder=builder, detectors=None,
+                           workload_process=None, strict=None, json_path=None,
+                           markdown_path=None)  # fmt: skip
+
+
+def test_pagegraph_check_plans_by_the_one_rule(tmp_path):
+    own = tmp_path / "own.toml"
+    own.write_text(SMALL_SCENARIO.format(builder="build_kv_indices"))
+    (check,) = _check_plan(own).checks
+    assert check.config.preset_outputs == ("kv_indptr[0]",) and check.kind == "csr"
+    (check,) = _check_plan(own, builder="build_page_table").checks
+    assert check.config.preset_outputs == () and check.kind == "page_table"
+    wrong = tmp_path / "wrong.toml"
+    wrong.write_text(SMALL_SCENARIO.format(builder="build_page_table"))
+    with pytest.raises(ValueError, match=r"wrong.toml: preset_outputs \['kv_indptr\[0\]'\]"):
+        _check_plan(wrong)
+
+
+def test_pagegraph_check_hands_its_plans_to_the_children(tmp_path, monkeypatch):
+    own = tmp_path / "own.toml"
+    own.write_text(SMALL_SCENARIO.format(builder="build_kv_indices"))
+    planned = _check_plan(own)
+    handed = []
+    monkeypatch.setattr(check_job, "run_isolated", lambda jobs, **_: handed.extend(jobs))
+    check_job._run_isolated(planned, None, [], check_job._CheckProgress(planned, quiet=True))
+    assert [j.plan for j in handed] == planned.checks
+
+
+def test_the_jobs_take_the_fit_from_plan_check(monkeypatch, tmp_path):
+    def refuse(builder, config, *_, **__):
+        raise PlanError(f"refused by the plan: {builder}")
+
+    scenario = tmp_path / "small.toml"
+    scenario.write_text(SMALL_SCENARIO.format(builder="build_kv_indices"))
+    scenario_jobs = mutate._scenario_jobs([load_scenario(str(scenario))], 3, True)
+    # A control is put on a scenario not its own: the presets its kind lacks go.
+    o = mutate.Outcome("build_page_table", "", True)
+    (job,) = mutate._fitted_jobs("build_page_table", scenario_jobs, o)
+    assert job.plan.config.preset_outputs == () and job.plan.builder == "build_page_table"
+    assert job.config == job.plan.config and not o.not_applicable
+    monkeypatch.setattr(mutate, "plan_check", refuse)
+    assert mutate._fitted_jobs("build_page_table", scenario_jobs, o) == []
+    assert o.not_applicable == {"small": "refused by the plan: build_page_table"}
+    # An engine's client is a builder put on the scenario: the presets its kind lacks go.
+    cfg = SMALL.replace(preset_outputs=("kv_indptr[0]",))
+    run = client_runs.plan_run(client_runs.ClientRun("build_page_table", "small", "", cfg))
+    assert run.skipped is None and run.plan.config.preset_outputs == ()
+    monkeypatch.setattr(client_runs, "plan_check", refuse)
+    run = client_runs.plan_run(client_runs.ClientRun("build_page_table", "small", "", cfg))
+    assert run.skipped == "refused by the plan: build_page_table" and run.plan is None
 
 
 @pytest.mark.parametrize("cfg", [SMALL, STEP], ids=["tables", "step"])
@@ -72,3 +170,29 @@ def test_the_parent_plans_each_job_and_refuses_a_bad_one_before_any_child(tmp_pa
     monkeypatch.setattr(isolate.subprocess, "Popen", no_child)
     with pytest.raises(IsolatedError, match="steps"):
         isolate.run_isolated([Job("build_page_table", SMALL.replace(steps=0))])
+
+
+#: Installed in a child process (its ``sitecustomize``): planning there fails the check.
+NO_PLANNING = """
+from pagegraph.check import plan
+
+def refuse(*_, **__):
+    raise AssertionError("planned again in the child")
+
+plan.plan_check = plan.validate_config = refuse
+"""
+
+
+def test_a_planned_job_runs_in_a_child_without_planning_again(tmp_path, monkeypatch):
+    p, _ = plan_check("build_page_table", SMALL)
+    calls = []
+    monkeypatch.setattr(isolate, "plan_check", lambda *a, **k: calls.append(a))
+    (tmp_path / "sitecustomize.py").write_text(textwrap.dedent(NO_PLANNING))
+    monkeypatch.setenv("PYTHONPATH", str(tmp_path))
+    (report,) = isolate.run_isolated([Job.planned(p, "small")], timeout=300)
+    assert report.verdict == "SAFE" and calls == [], report.format()
+    # A child that planned again would fail the same way: the check above can fail.
+    replans = "plan.CheckPlan.from_dict = lambda d: plan.plan_check(d)\n"
+    (tmp_path / "sitecustomize.py").write_text(textwrap.dedent(NO_PLANNING) + replans)
+    with pytest.raises(IsolatedError, match="planned again in the child"):
+        isolate.run_isolated([Job.planned(p, "small")], timeout=300)

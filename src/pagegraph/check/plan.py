@@ -1,19 +1,30 @@
 """A check validated once: ``plan_check(builder, config)`` and the ``CheckPlan`` it returns.
 
-Planning is where a check's config is judged runnable, once: the config's own rules
-(``validate_config``), the builder resolved and its kind found (``kind_of``), the preset
-outputs of another kind dropped (``presets_of_kind``, as ``pagegraph check --builder`` drops
-them), and the kind's fit with the scenario (``config_problem``: SWA, a consumer, the page
-size, the padding, engine-state injections). A problem is a ``ValueError`` (a ``ConfigError``
-for the config's own rules) before anything is allocated.
+Planning is where a check's config is judged runnable, once, and the only place that
+decides it (``pagegraph check``, ``pagegraph mutate``, the engine clients' jobs and
+``check_replay_safety`` all plan here): the config's own rules (``validate_config``, a
+``ConfigError``), the builder resolved and its kind found (``resolve_kind``; a
+``BuilderLoadError`` when it does not load), the preset outputs decided, and the kind's fit
+with the scenario (``config_problem``: SWA, a consumer, the page size, the padding,
+engine-state injections). A builder that does not fit is a ``PlanError``, one line, before
+anything is allocated: a job asks "does this builder fit this scenario?" by catching it.
+
+The one rule for preset outputs: a scenario's presets describe its own builder. When the
+check's builder is the scenario's own (``own_builder=True``: ``pagegraph check`` without
+``--builder``), a preset its kind does not have is a ``PlanError`` naming it
+(``preset_problem``): the scenario is wrong. When another builder is put on the scenario
+(the default: ``--builder``, ``mutate``'s mutants and controls, an engine's client, a
+builder handed to ``check_replay_safety``), the presets its kind lacks are dropped: they
+are not its outputs.
 
 The plan says which judges the check runs (``pipeline``): ``"tables"``, the builder's
 outputs compared exactly with the checker's model (``pagegraph.check.checker``), or
 ``"step"``, the decode step's attention output (``pagegraph.check.decode_step``, a config
 with a ``[consumer]``). Both report through one ``Report``.
 
-A parent that runs checks in child processes plans each one (``pagegraph.supervise.isolate``
-writes ``CheckPlan.to_dict`` into the child's spec): the child resolves the builder by its
+A parent that runs checks in child processes hands each its plan
+(``pagegraph.supervise.isolate`` writes ``CheckPlan.to_dict`` into the child's spec; a job
+that planned already passes its plan in the ``Job``): the child resolves the builder by its
 spec and runs the plan as given (``pagegraph.check.checker.run_plan``), validating nothing
 again.
 """
@@ -30,11 +41,16 @@ from ..kinds import KINDS, KindSpec, kind_of
 from ..kinds.builders import builder_name, config_problem, resolve_builder
 from .config import CheckConfig, validate_config
 
-__all__ = ["PIPELINES", "CheckPlan", "plan_check", "preset_problem", "presets_of_kind",
+__all__ = ["PIPELINES", "CheckPlan", "PlanError", "plan_check", "preset_problem", "resolve_kind",
            "resolve_reader"]  # fmt: skip
 
 #: What a plan's check judges: the builder's outputs, or the decode step's attention output.
 PIPELINES = ("tables", "step")
+
+
+class PlanError(ValueError):
+    """A builder that does not fit a check's config (its kind, its preset outputs, SWA, a
+    consumer, the page size, the padding, an injection, a reader): one line, the reason."""
 
 
 @dataclass(frozen=True)
@@ -80,12 +96,12 @@ def resolve_reader(reader: Reader | Callable | str | None) -> Reader | None:
     return as_reader(reader)
 
 
-def presets_of_kind(cfg: CheckConfig, kind: KindSpec) -> CheckConfig:
-    """``cfg`` keeping only the preset outputs a builder of ``kind`` has: a scenario's presets
-    describe its own builder, and another builder put on it (``--builder``, ``mutate``) has
-    none of another kind's."""
-    known = kind.presets
-    return cfg.replace(preset_outputs=tuple(p for p in cfg.preset_outputs if p in known))
+def resolve_kind(builder: Callable | str, outputs: str = "auto") -> tuple[Callable, KindSpec]:
+    """``builder`` resolved (a callable, a built-in name or ``module:fn``; ``BuilderLoadError``
+    otherwise) and the kind of outputs a check of it judges: ``outputs`` when declared (a
+    config's ``outputs``), else what the builder says of itself."""
+    fn = resolve_builder(builder)
+    return fn, kind_of(fn, outputs)
 
 
 def preset_problem(cfg: CheckConfig, kind: KindSpec) -> str | None:
@@ -99,31 +115,46 @@ def preset_problem(cfg: CheckConfig, kind: KindSpec) -> str | None:
     )
 
 
+def _presets(cfg: CheckConfig, kind: KindSpec, own_builder: bool) -> CheckConfig:
+    """``cfg`` with the preset outputs of the one rule (the module docstring): the scenario's
+    own builder must have them all, another builder keeps those its kind has."""
+    if own_builder:
+        problem = preset_problem(cfg, kind)
+        if problem:
+            raise PlanError(problem)
+        return cfg
+    return cfg.replace(preset_outputs=tuple(p for p in cfg.preset_outputs if p in kind.presets))
+
+
 def plan_check(
     builder: Callable | str,
     config: CheckConfig,
     spec: str | None = None,
     reader: Reader | Callable | str | None = None,
+    *,
+    own_builder: bool = False,
 ) -> tuple[CheckPlan, Callable]:
     """Validate a check of ``builder`` (a callable, a built-in name or ``module:fn``) on
     ``config``; the plan and the resolved builder. ``spec``: the builder as a child process
     resolves it (default: ``builder`` when a string, else its name). ``reader``: the decode
     step's reader (``resolve_reader``; a config with a consumer only), kept in the plan when
-    given by name. ``ValueError`` when the check cannot run (the module docstring)."""
+    given by name. ``own_builder``: ``builder`` is the one the config's scenario names, so
+    its preset outputs must all be its kind's (else they are dropped: the module docstring).
+    ``PlanError`` when the builder does not fit, another ``ValueError`` when the config or a
+    name is bad (the module docstring)."""
     validate_config(config)
     if reader is not None:
         if not config.consumer:
-            raise ValueError(
+            raise PlanError(
                 "a reader needs a decode-step scenario (one with a [consumer] table): the "
                 "tables check has no reader"
             )
         resolve_reader(reader)  # a name that does not load is refused before anything runs
-    fn = resolve_builder(builder)
-    kind = kind_of(fn, config.outputs)
-    cfg = presets_of_kind(config, kind)
-    problem = config_problem(fn, kind, cfg)
+    fn, kind = resolve_kind(builder, config.outputs)
+    problem = config_problem(fn, kind, config)
     if problem:
-        raise ValueError(problem)
+        raise PlanError(problem)
+    cfg = _presets(config, kind, own_builder)
     name = spec or (builder if isinstance(builder, str) else builder_name(fn))
     pipeline = "step" if cfg.consumer else "tables"
     return CheckPlan(name, cfg, kind.name, pipeline,

@@ -1,10 +1,10 @@
 """The check job: what ``pagegraph check`` and ``pagegraph kernel-table`` run.
 
-``run_check`` loads and validates every scenario first (a bad file, a bad option or a scenario
-that does not fit the device's memory is a usage error, exit 2, before anything runs), then
-checks each one with ``pagegraph.check.checker.check_replay_safety`` (a scenario with a
-``[consumer]`` table: ``pagegraph.check.checker.check_decode_step``, the decode step end to
-end), in this process or, for a user's ``module:function`` or file builder (or
+``run_check`` loads every scenario and plans its check first (``pagegraph.check.plan``: a bad
+file, a bad option, a builder that does not fit, or a scenario that does not fit the device's
+memory is a usage error, exit 2, before anything runs), then runs each plan as planned
+(``pagegraph.check.checker.run_plan``; a scenario with a ``[consumer]`` table: the decode step
+end to end), in this process or, for a user's ``module:function`` or file builder (or
 ``isolate=True``), in a child process each (``pagegraph.supervise.isolate``). Ctrl-C and
 SIGTERM stop it; the reports then hold what was checked, marked incomplete. It writes the
 JSON and Markdown reports asked for.
@@ -29,9 +29,9 @@ from pathlib import Path
 import torch
 
 from ..check.buffers import table_bytes
-from ..check.checker import check_decode_step, check_replay_safety
+from ..check.checker import run_plan
 from ..check.config import CONSUMER_DTYPES
-from ..check.plan import preset_problem, presets_of_kind, resolve_reader
+from ..check.plan import CheckPlan, PlanError, plan_check
 from ..check.scenario import load_scenario
 from ..check.signals import CheckInterrupted, stop_on_signals, stop_requested
 from ..check.table_reference import expected_tables
@@ -40,8 +40,8 @@ from ..detect.sync import DetectorUnavailable, parse_detectors
 from ..kernels.contract import POISON, cdiv
 from ..kernels.page_table import build_page_table
 from ..kernels.registry import builder_spec_for_child
-from ..kinds import PAGE_TABLE, KindSpec, kind_of
-from ..kinds.builders import config_problem, is_builtin, resolve_builder
+from ..kinds import PAGE_TABLE, KindSpec
+from ..kinds.builders import is_builtin
 from ..supervise.isolate import IsolatedError, Job, run_isolated, write_json_atomic
 from ..workload.pool import writer_bytes
 from ..workload.producer import SEGMENT_STEPS, streams_with_steps
@@ -75,7 +75,7 @@ class _CheckProgress:
             return None
         if k != self.index:
             self.index = k
-            name, cfg = self.plan.scenarios[k].name, self.plan.configs[k]
+            name, cfg = self.plan.scenarios[k].name, self.plan.checks[k].config
             self.current = Progress(f"pagegraph check: {name}", cfg.steps, "replays")
         return self.current
 
@@ -177,15 +177,13 @@ def _memory_problem(cfg, kind: KindSpec = PAGE_TABLE) -> str | None:
 
 @dataclass
 class _Plan:
-    """What ``run_check`` validated before running anything: a scenario, its builder spec,
-    the resolved builder and the configuration, one entry a scenario."""
+    """What ``run_check`` validated before running anything: a scenario, its check as
+    planned (``plan_check``: the builder as a child resolves it, the config, the reader as a
+    child loads it) and the resolved builder, one entry a scenario."""
 
     scenarios: list
-    specs: list[str]
+    checks: list[CheckPlan]
     builders: list
-    configs: list
-    #: the decode step's reader as a child loads it (``--reader``), or None
-    reader: str | None = None
 
 
 def _output_problem(option: str, path: str | None) -> str | None:
@@ -200,9 +198,10 @@ def _output_problem(option: str, path: str | None) -> str | None:
 
 def _plan(scenarios, *, replays, builder, detectors, workload_process, strict,
           json_path, markdown_path, reader=None) -> _Plan:  # fmt: skip
-    """Load and validate every scenario, builder and option; ``ValueError`` (a
-    ``ScenarioError``, ``ScenarioNotFound`` or ``BuilderLoadError`` among them) on the first
-    problem, before anything runs."""
+    """Load every scenario, check the options and plan each check (``plan_check``: the
+    scenario's own builder, or ``builder`` put on it); ``ValueError`` (a ``ScenarioError``,
+    ``ScenarioNotFound`` or ``BuilderLoadError`` among them) on the first problem, before
+    anything runs."""
     for problem in (_output_problem("--json", json_path),
                     _output_problem("--markdown", markdown_path)):  # fmt: skip
         if problem:
@@ -211,10 +210,9 @@ def _plan(scenarios, *, replays, builder, detectors, workload_process, strict,
         raise ValueError("--replays must be >= 1")
     loaded = [load_scenario(scenario_path(p)) for p in scenarios]
     dets = None if detectors is None else parse_detectors(detectors)
-    specs = [builder or s.builder for s in loaded]
-    fns = [resolve_builder(spec) for spec in specs]
-    configs = []
-    for s, fn in zip(loaded, fns):
+    reader_spec = None if reader is None else builder_spec_for_child(reader)
+    checks, fns = [], []
+    for s in loaded:
         cfg = s.config
         if replays is not None:
             cfg = cfg.replace(steps=replays)
@@ -225,25 +223,22 @@ def _plan(scenarios, *, replays, builder, detectors, workload_process, strict,
         if strict is not None:
             cfg = cfg.replace(strict=tuple(dict.fromkeys((*cfg.strict, *parse_strict(strict)))))
         _refuse_detectors(s.path, cfg.detectors)
-        kind = kind_of(fn, cfg.outputs)
-        if builder is not None:  # the scenario's presets are its own builder's
-            cfg = presets_of_kind(cfg, kind)
-        problem = config_problem(fn, kind, cfg) or preset_problem(cfg, kind)
-        if problem:
-            raise ValueError(f"{s.path}: {problem}")
         if reader is not None and not cfg.consumer:
             raise ValueError(
                 f"{s.path}: --reader needs a decode-step scenario (a [consumer] table)"
             )
-        problem = _memory_problem(cfg, kind)
+        spec = builder or s.builder
+        try:
+            check, fn = plan_check(spec, cfg, spec=builder_spec_for_child(spec),
+                                   reader=reader_spec, own_builder=builder is None)  # fmt: skip
+        except PlanError as exc:
+            raise ValueError(f"{s.path}: {exc}") from None
+        problem = _memory_problem(check.config, check.kind_spec)
         if problem:
             raise ValueError(f"{s.path}: {problem}")
-        configs.append(cfg)
-    reader_spec = None
-    if reader is not None:
-        resolve_reader(reader)  # a reader that does not load is refused before anything runs
-        reader_spec = builder_spec_for_child(reader)
-    return _Plan(loaded, [builder_spec_for_child(s) for s in specs], fns, configs, reader_spec)
+        checks.append(check)
+        fns.append(fn)
+    return _Plan(loaded, checks, fns)
 
 
 def _refuse_detectors(path, detectors) -> None:
@@ -285,10 +280,10 @@ def run_check(
         print(f"pagegraph check: {exc}", file=sys.stderr)
         return 2
     if isolate is None:
-        isolate = plan.reader is not None or any(not is_builtin(spec) for spec in plan.specs)
+        isolate = any(c.reader is not None or not is_builtin(c.builder) for c in plan.checks)
     device = "cuda" if torch.cuda.is_available() else "cpu"
-    for scenario, cfg in zip(plan.scenarios, plan.configs):
-        warning = slow_warning(scenario.name, cfg, device)
+    for scenario, check in zip(plan.scenarios, plan.checks):
+        warning = slow_warning(scenario.name, check.config, device)
         if warning:  # before it starts: the user may rather shorten it
             print(warning, file=sys.stderr, flush=True)
     results: list = []
@@ -324,8 +319,7 @@ class _UsageError(Exception):
 
 def _run_isolated(plan: _Plan, show, results, progress: _CheckProgress) -> int | None:
     """Each scenario in a child process; the signal number if interrupted, else None."""
-    jobs = [Job(spec, cfg, s.name, reader=plan.reader)
-            for s, spec, cfg in zip(plan.scenarios, plan.specs, plan.configs)]  # fmt: skip
+    jobs = [Job.planned(check, s.name) for s, check in zip(plan.scenarios, plan.checks)]
     try:
         run_isolated(jobs, on_report=lambda k, r: show(plan.scenarios[k], r),
                      on_phase=progress.phase)  # fmt: skip
@@ -341,15 +335,11 @@ def _run_isolated(plan: _Plan, show, results, progress: _CheckProgress) -> int |
 
 def _run_in_process(plan: _Plan, show, results, scenarios: _CheckProgress) -> int | None:
     """Each scenario in this process; the signal number if interrupted, else None."""
-    for k, (scenario, fn, cfg) in enumerate(zip(plan.scenarios, plan.builders, plan.configs)):
+    for k, (scenario, fn, check) in enumerate(zip(plan.scenarios, plan.builders, plan.checks)):
         p = scenarios.scenario(k)
         progress = None if p is None else (lambda done, total, p=p: p.update(done))
         try:
-            if cfg.consumer:
-                report = check_decode_step(fn, cfg, progress=progress,
-                                           consumer=resolve_reader(plan.reader))  # fmt: skip
-            else:
-                report = check_replay_safety(fn, cfg, progress=progress)
+            report = run_plan(check, fn, progress=progress)
         except DetectorUnavailable as exc:
             raise _UsageError(f"{scenario.path}: {exc}") from None
         except CheckInterrupted as exc:

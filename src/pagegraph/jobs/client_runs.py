@@ -1,5 +1,5 @@
-"""One engine client's check on one scenario, run in a child process of its own, and its
-report as JSON and Markdown: what ``make sglang`` and ``make vllm`` share
+"""One engine client's check on one scenario, planned (``plan_run``), run in a child process of
+its own, and its report as JSON and Markdown: what ``make sglang`` and ``make vllm`` share
 (``pagegraph.jobs.sglang_job``, ``pagegraph.jobs.vllm_job``)."""
 
 from __future__ import annotations
@@ -12,14 +12,17 @@ from pathlib import Path
 import torch
 
 from ..check.config import CheckConfig
+from ..check.plan import CheckPlan, PlanError, plan_check
 from ..check.report import Report
 from ..supervise.isolate import IsolatedError, Job, run_isolated, write_json_atomic
 from ..supervise.worker_pool import task_cost
+from .check_job import _memory_problem
 from .progress import Progress, check_estimate, format_seconds
 
 __all__ = [
-    "ClientRun", "add_job_arguments", "job_doc", "job_replays", "plan_job", "run_checks",
-    "run_doc", "run_section", "say", "table_cell", "verdict_lines", "write_reports",
+    "ClientRun", "add_job_arguments", "job_doc", "job_replays", "plan_job", "plan_run",
+    "run_checks", "run_doc", "run_section", "say", "table_cell", "verdict_lines",
+    "write_reports",
 ]  # fmt: skip
 
 
@@ -34,6 +37,8 @@ class ClientRun:
     skipped: str | None = None
     error: str | None = None
     report: Report | None = None
+    #: the check as planned (``plan_run``), what a run not skipped runs
+    plan: CheckPlan | None = None
 
     @property
     def verdict(self) -> str:
@@ -43,6 +48,21 @@ class ClientRun:
 
     def with_status(self, status: str):
         return [p for p in self.report.properties if p.status == status] if self.report else []
+
+
+def plan_run(run: ClientRun) -> ClientRun:
+    """``run`` planned (``plan_check``: the client is a builder put on the scenario, so the
+    scenario's presets its kind lacks are dropped), or skipped with the reason: it was
+    already, the client does not fit the scenario, or the tables would not fit in memory."""
+    if run.skipped is not None:
+        return run
+    try:
+        run.plan, _ = plan_check(run.client, run.config)
+    except PlanError as exc:
+        run.skipped = str(exc)
+        return run
+    run.skipped = _memory_problem(run.plan.config, run.plan.kind_spec)
+    return run
 
 
 def say(quiet: bool, text: str) -> None:
@@ -89,7 +109,7 @@ def _run_each(runs: list[ClientRun], timeout: float | None, quiet: bool,
     for k, run in enumerate(runs):
         if run.skipped is None:
             label = f"{run.client} on {run.scenario}"
-            job = Job(run.client, run.config, label)
+            job = Job.planned(run.plan, label)
             progress.detail = label
 
             def on_phase(_, phase: str, label=label, steps=run.config.steps) -> None:

@@ -47,6 +47,7 @@ import torch
 from ..check.config import PROPERTIES
 from ..check.decode_step import STEP_PROPERTIES
 from ..check.mutants import CONTROLS, MUTANTS
+from ..check.plan import PlanError, plan_check
 from ..check.report import Report
 from ..check.scenario import ScenarioError, load_scenario
 from ..supervise.isolate import IsolatedError, Job, run_isolated, write_json_atomic
@@ -410,23 +411,18 @@ def _scenario_jobs(
 
 
 def _fitted_jobs(spec: str, scenario_jobs: list[Job], o: Outcome) -> list[Job]:
-    """The jobs builder ``spec`` can run: a scenario whose outputs it cannot write (a CSR
-    builder on an SWA scenario) goes into ``o.not_applicable`` with the reason; the preset
-    outputs of another kind of builder are dropped (they describe the scenario's own)."""
-    from ..check.plan import presets_of_kind
-    from ..kinds import kind_of
-    from ..kinds.builders import config_problem, resolve_builder
-
-    fn = resolve_builder(spec)
+    """The jobs builder ``spec`` can run, each planned (``plan_check``: a mutant or control is
+    put on scenarios not its own, so their presets its kind lacks are dropped); a scenario it
+    does not fit (a CSR builder on an SWA scenario) goes into ``o.not_applicable`` with the
+    reason."""
     out = []
     for j in scenario_jobs:
-        kind = kind_of(fn, j.config.outputs)
-        cfg = j.config
-        problem = config_problem(fn, kind, cfg)
-        if problem:
-            o.not_applicable[j.label] = problem
+        try:
+            plan, _ = plan_check(spec, j.config)
+        except PlanError as exc:
+            o.not_applicable[j.label] = str(exc)
             continue
-        out.append(dataclasses.replace(j, builder=spec, config=presets_of_kind(j.config, kind)))
+        out.append(dataclasses.replace(j, builder=spec, config=plan.config, plan=plan))
     return out
 
 

@@ -2,8 +2,9 @@
 fits them, and the findings with their reproducers (``make sglang``).
 
 For each SGLang client of ``pagegraph.clients.sglang`` (``CLIENTS``) and each scenario whose
-builder kind (``pagegraph.kinds.kind_of``) is the client's, the job runs the
-check in a child process of its own (``pagegraph.supervise.isolate.run_isolated``), so a client
+builder kind (``pagegraph.check.plan.resolve_kind``) is the client's, the job plans the check
+(``pagegraph.check.plan.plan_check``, which decides whether the client fits) and runs it
+in a child process of its own (``pagegraph.supervise.isolate.run_isolated``), so a client
 that kills its process is reported with the cause and the next check still runs. A page-table
 client is not run on a scenario whose page size does not divide 4096 (its kernel works in
 blocks of 4096 tokens), a FlashInfer CSR client on one whose page size is not 1 (SGLang's
@@ -34,18 +35,18 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..check.config import CheckConfig
+from ..check.plan import resolve_kind
 from ..check.scenario import load_scenario
 from ..clients import sglang as sglang_client
-from ..kinds import PAGE_TABLE, KindSpec, kind_named, kind_of
-from ..kinds.builders import resolve_builder, signature_problem
+from ..kinds import PAGE_TABLE, KindSpec, kind_named
 from ..supervise.isolate import child_env
 from ..workload.lifetime import script_command
-from .check_job import _memory_problem
 from .client_runs import (
     ClientRun,
     add_job_arguments,
     job_doc,
     plan_job,
+    plan_run,
     run_checks,
     say,
     verdict_lines,
@@ -138,47 +139,53 @@ OVERLONG_CRASH = "seq_len past the row's capacity"
 def _scenario_kind(scenario) -> KindSpec:
     """What a scenario's own builder outputs; its ``outputs`` when that builder cannot load."""
     try:
-        return kind_of(resolve_builder(scenario.builder), scenario.config.outputs)
+        return resolve_kind(scenario.builder, scenario.config.outputs)[1]
     except ValueError:
         declared = scenario.config.outputs
         return PAGE_TABLE if declared == "auto" else kind_named(declared)
 
 
-def _why_not(client: str, fn, kind: KindSpec, cfg: CheckConfig) -> str | None:
-    """Why ``client`` cannot run on ``cfg``, or None."""
+def _kernel_problem(client: str, cfg: CheckConfig) -> str | None:
+    """Why SGLang's kernel of ``client`` cannot run on ``cfg`` for a reason its adapter does
+    not declare (a page size the kernel asserts on), or None."""
     if client in BLOCK_REASONS and BLOCK_TOKENS % cfg.page_size:
         why = BLOCK_REASONS[client]
         return f"page_size {cfg.page_size} does not divide {BLOCK_TOKENS} ({why})"
-    sizes = getattr(fn, "pagegraph_page_sizes", None)  # what the adapter declares
-    if client in CSR_CLIENTS and sizes is not None and cfg.page_size not in sizes:
-        return (
-            f"page_size {cfg.page_size}: SGLang's FlashInfer backend builds token slots "
+    return None
+
+
+def _in_sglangs_words(run: ClientRun, fn) -> ClientRun:
+    """``run``, with a CSR client's refusal for its page size (``plan_check`` refuses a page
+    size its adapter does not declare) said as SGLang's reason."""
+    if run.plan is not None or run.client not in CSR_CLIENTS:
+        return run
+    sizes = getattr(fn, "pagegraph_page_sizes", None)
+    if sizes is not None and run.config.page_size not in sizes:
+        run.skipped = (
+            f"page_size {run.config.page_size}: SGLang's FlashInfer backend builds token slots "
             f"(page size {' or '.join(map(str, sizes))})"
         )
-    return signature_problem(fn, kind, swa=cfg.swa, consumer=bool(cfg.consumer)) or (
-        _memory_problem(cfg, kind)
-    )
+    return run
 
 
 def plan_runs(scenarios: list[str] | None, replays: int | None) -> list[ClientRun]:
-    """Every (client, scenario) pair whose kinds match, shipped scenarios by default;
+    """Every (client, scenario) pair whose kinds match, shipped scenarios by default, each
+    planned or skipped with the reason (``plan_run``, after the kernel's own preconditions);
     ``ValueError`` for a scenario that cannot be loaded."""
     loaded = [load_scenario(scenario_path(s)) for s in scenarios or shipped_scenarios()]
     runs = []
     for client in CLIENTS:
-        fn = resolve_builder(client)
-        kind = kind_of(fn)
+        fn, kind = resolve_kind(client)
         for s in loaded:
             if _scenario_kind(s) is not kind:
                 continue
             cfg = s.config if replays is None else s.config.replace(steps=replays)
             presets = CLIENT_PRESETS.get(client, ())
-            if presets and hasattr(cfg, "preset_outputs"):
+            if presets:  # what SGLang sets at allocation: part of the config to plan
                 merged = tuple(dict.fromkeys((*cfg.preset_outputs, *presets)))
                 cfg = cfg.replace(preset_outputs=merged)
-            run = ClientRun(client, s.name, str(s.path), cfg)
-            run.skipped = _why_not(client, fn, kind, cfg)
-            runs.append(run)
+            run = ClientRun(client, s.name, str(s.path), cfg, skipped=_kernel_problem(client, cfg))
+            runs.append(_in_sglangs_words(plan_run(run), fn))
     return runs
 
 

@@ -23,17 +23,16 @@ from __future__ import annotations
 import argparse
 import sys
 
+from ..check.plan import resolve_kind
 from ..check.scenario import load_scenario
 from ..clients import vllm as vllm_client
 from ..clients.vllm_files import vllm_root
-from ..kinds import kind_of
-from ..kinds.builders import config_problem, resolve_builder
-from .check_job import _memory_problem
 from .client_runs import (
     ClientRun,
     add_job_arguments,
     job_doc,
     plan_job,
+    plan_run,
     run_checks,
     verdict_lines,
     write_reports,
@@ -74,26 +73,24 @@ GROUPS_NOTE = (
 def _scenario_kind(scenario):
     """The kind of a scenario's own builder, or None when it cannot load."""
     try:
-        return kind_of(resolve_builder(scenario.builder), scenario.config.outputs)
+        return resolve_kind(scenario.builder, scenario.config.outputs)[1]
     except ValueError:
         return None
 
 
 def plan_runs(scenarios: list[str] | None, replays: int | None) -> list[ClientRun]:
-    """Every (client, scenario) pair of one kind, shipped scenarios by default; ``ValueError``
-    for a scenario that cannot be loaded."""
+    """Every (client, scenario) pair of one kind, shipped scenarios by default, each planned
+    or skipped with the reason (``plan_run``); ``ValueError`` for a scenario that cannot be
+    loaded."""
     loaded = [load_scenario(scenario_path(s)) for s in scenarios or shipped_scenarios()]
     runs = []
     for client in CLIENTS:
-        fn = resolve_builder(client)
-        kind = kind_of(fn)
+        _, kind = resolve_kind(client)
         for s in loaded:
             if _scenario_kind(s) is not kind:
                 continue
             cfg = s.config if replays is None else s.config.replace(steps=replays)
-            run = ClientRun(client, s.name, str(s.path), cfg)
-            run.skipped = config_problem(fn, kind, cfg) or _memory_problem(cfg, kind)
-            runs.append(run)
+            runs.append(plan_run(ClientRun(client, s.name, str(s.path), cfg)))
     return runs
 
 

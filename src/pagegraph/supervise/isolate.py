@@ -2,8 +2,9 @@
 illegal address, a device-side assert, a segfault, ``os.abort()``, a hang) cannot take the
 run down.
 
-``run_isolated(jobs)`` plans each check here, in the parent (``pagegraph.check.plan``: the
-config validated, the builder's kind found), starts one child (``python -m
+``run_isolated(jobs)`` plans each check here, in the parent, once (``pagegraph.check.plan``:
+the config validated, the builder's kind found; a job whose caller planned it carries that
+plan, ``Job.planned``, and is not planned again), starts one child (``python -m
 pagegraph.supervise.isolate``) for a list of checks (one builder over several configs, say) and
 returns one report per check. The child runs the plans as given (``run_plan``) and:
 
@@ -40,6 +41,7 @@ import time
 from pathlib import Path
 
 from ..check.config import PROPERTIES, REPLAY_PROPERTIES, CheckConfig
+from ..check.plan import CheckPlan, plan_check
 from ..check.report import PropertyResult, Report
 from ..check.signals import request_stop, stop_requested
 from ..check.step_report import StepSection
@@ -135,6 +137,15 @@ class Job:
     memory_slots: tuple[str, ...] = ()
     #: the decode step's reader, ``module:name`` (a decode-step config only)
     reader: str | None = None
+    #: the check as planned (``pagegraph.check.plan.plan_check``), run as given; None:
+    #: ``run_isolated`` plans it from the fields above
+    plan: CheckPlan | None = None
+
+    @classmethod
+    def planned(cls, plan: CheckPlan, label: str = "", **options) -> Job:
+        """The job that runs ``plan`` as given (its caller planned it: nothing is planned
+        again); ``options``: the other fields (``stop_on_failure``, ...)."""
+        return cls(plan.builder, plan.config, label, reader=plan.reader, plan=plan, **options)
 
 
 def _death(returncode: int | None, timed_out: bool) -> str:
@@ -288,6 +299,7 @@ def run_isolated(
     child too (same process group): the child writes its partial report and exits, and the
     parent raises ``KeyboardInterrupt`` with ``.reports`` holding what was done.
     """
+    jobs = [_planned(j) for j in jobs]  # every one refused or planned before any child
     reports: list[Report | None] = [None] * len(jobs)
     next_job = 0
     with tempfile.TemporaryDirectory(prefix="pagegraph-isolate-") as tmp:
@@ -330,26 +342,28 @@ def _waiting_for_a_slot(tmp: Path) -> bool:
         return False
 
 
-def _plan(job: Job) -> dict:
-    """``job``'s check planned here, in the parent (``pagegraph.check.plan``): the child runs
-    the plan as given. ``IsolatedError`` when the check cannot run (a builder that cannot be
-    loaded, a config that does not fit it), before any child starts."""
-    from ..check.plan import plan_check
-
+def _planned(job: Job) -> Job:
+    """``job`` with its plan: the one it carries, else planned here, in the parent
+    (``pagegraph.check.plan``; the builder put on the config, whose presets of another kind
+    are dropped): the child runs the plan as given. ``IsolatedError`` when the check cannot
+    run (a builder that cannot be loaded, a config that does not fit it), before any child
+    starts."""
+    if job.plan is not None:
+        return job
     try:
         plan, _ = plan_check(job.builder, job.config, spec=job.builder, reader=job.reader)
     except ValueError as exc:
         raise IsolatedError(f"{exc}") from None
-    return plan.to_dict()
+    return dataclasses.replace(job, plan=plan)
 
 
 def _write_spec(jobs: list[Job], first: int, tmp: Path) -> Path:
-    """The spec of a child running ``jobs[first:]``, each planned (``_plan``), and its
-    progress file, blank."""
+    """The spec of a child running ``jobs[first:]``, each with its plan (``_planned``), and
+    its progress file, blank."""
     spec = {
         "jobs": [
             {
-                "plan": _plan(j),
+                "plan": _planned(j).plan.to_dict(),
                 "stop_on_failure": j.stop_on_failure,
                 "explain": j.explain,
                 "memory_slots": list(j.memory_slots),
@@ -595,7 +609,6 @@ def _child(spec_path: str) -> int:
     die_with_parent(spec.get("parent"))
     with open(spec["progress"], "r+b") as f:
         progress = mmap.mmap(f.fileno(), PROGRESS_BYTES)
-    from ..check.plan import CheckPlan
     from ..check.signals import CheckInterrupted, stop_on_signals
     from ..detect.sync import DetectorUnavailable
     from ..kinds.builders import resolve_builder
