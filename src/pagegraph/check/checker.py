@@ -64,7 +64,7 @@ def check_replay_safety(
             the consumer's format.
 
     A config with a ``[consumer]`` (``cfg.consumer``) runs the decode step end to end
-    (``pagegraph.check.decode_step.check_decode_step``: the builder and the attention in one
+    (``pagegraph.check.checker.check_decode_step``: the builder and the attention in one
     graph, judged on the attention's output) and returns its ``Report``, with the step's
     section; ``on_chunk`` then gets the report after each replay. The config's preset
     outputs that the builder's kind does not have are dropped, as ``pagegraph check
