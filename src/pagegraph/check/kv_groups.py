@@ -47,6 +47,7 @@ from collections.abc import Callable
 
 from ..kinds.kv_groups import KVGroup, bind_group, parse_groups
 from .config import CheckConfig
+from .plan import CheckPlan
 from .report import BucketStats, Failure, Report
 
 __all__ = ["group_config", "merge_reports", "run_groups"]
@@ -111,8 +112,10 @@ def _has(report: Report, name: str) -> bool:
     return any(p.name == name for p in report.properties)
 
 
-def run_groups(plan, builder: Callable, run_one: Callable[..., Report], *,
-               progress=None, on_chunk=None, **options) -> Report:  # fmt: skip
+def run_groups(plan: CheckPlan, builder: Callable[..., object], run_one: Callable[..., Report], *,
+               progress: Callable[[int, int], None] | None = None,
+               on_chunk: Callable[[Report], None] | None = None,
+               **options: object) -> Report:  # fmt: skip
     """Run a planned check (``pagegraph.check.plan.CheckPlan``) with kv_groups once a group,
     ``run_one(group_plan, group_builder, progress=..., on_chunk=..., **options)`` each, and
     merge the reports (``merge_reports``). ``progress`` counts over all groups;
@@ -125,11 +128,11 @@ def run_groups(plan, builder: Callable, run_one: Callable[..., Report], *,
     for k, group in enumerate(groups):
         sub = dataclasses.replace(plan, config=group_config(plan.config, group))
 
-        def step(d, t, k=k):
+        def step(d: int, t: int, k: int = k) -> None:
             if progress is not None:
                 progress(k * t + d, len(groups) * t)
 
-        def chunk(report, group=group):
+        def chunk(report: Report, group: KVGroup = group) -> None:
             if on_chunk is not None:
                 on_chunk(
                     dataclasses.replace(
