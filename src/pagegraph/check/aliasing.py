@@ -116,7 +116,8 @@ def _index_of(name: str, t: torch.Tensor, address: int) -> str:
     bytes hold it, by the strides from the largest down)."""
     offset = (address - t.data_ptr()) // t.element_size()
     index = [0] * t.dim()
-    for d in sorted(range(t.dim()), key=lambda d: -t.stride(d)):
+    strides = t.stride()
+    for d in sorted(range(t.dim()), key=lambda d: -strides[d]):
         if t.stride(d) > 0 and t.shape[d] > 1:
             index[d] = min(offset // t.stride(d), t.shape[d] - 1)
             offset -= index[d] * t.stride(d)
@@ -155,8 +156,9 @@ def find_overlaps(outputs: dict[str, torch.Tensor],
     return found
 
 
-def split_buffers(buffers: dict[str, torch.Tensor | None],
-                  kind: KindSpec) -> tuple[dict, dict]:  # fmt: skip
+def split_buffers(
+    buffers: dict[str, torch.Tensor | None], kind: KindSpec
+) -> tuple[dict[str, torch.Tensor], dict[str, torch.Tensor]]:
     """``(outputs, inputs)`` of a runner's ``static_buffers()`` for a builder of ``kind``:
     outputs are what the graph writes (the tables where the kind writes tables, its vectors,
     ``errors``, ``read_table``); the tables of a kind that writes none are neither (nothing
@@ -165,7 +167,8 @@ def split_buffers(buffers: dict[str, torch.Tensor | None],
     tables = ("page_table", "swa_page_table")
     if kind.writes_tables:
         written.update(tables)
-    outputs, inputs = {}, {}
+    outputs: dict[str, torch.Tensor] = {}
+    inputs: dict[str, torch.Tensor] = {}
     for name, t in buffers.items():
         if t is None or (name in tables and not kind.writes_tables):
             continue
@@ -173,7 +176,7 @@ def split_buffers(buffers: dict[str, torch.Tensor | None],
     return outputs, inputs
 
 
-def judge_aliasing(prop: PropertyResult, runner, kind: KindSpec) -> None:
+def judge_aliasing(prop: PropertyResult, runner: object, kind: KindSpec) -> None:
     """Judge ``prop`` ("outputs unaliased") on ``runner``'s static buffers (see the module
     docstring): a failure names the first two buffers that share bytes and how many."""
     static = getattr(runner, "static_buffers", None)

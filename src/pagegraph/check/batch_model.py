@@ -11,6 +11,7 @@ device side that compares a replay's outputs with the reference is
 from __future__ import annotations
 
 import bisect
+from collections.abc import Sequence
 from dataclasses import dataclass
 
 import numpy as np
@@ -103,7 +104,9 @@ class BatchModel:
             raise ValueError(f"batch of {n} requests exceeds the largest bucket {self.sizes[-1]}")
         return self.sizes[at]
 
-    def stage(self, index: int, req_pool_indices, seq_lens, broken=None) -> ModelStep:
+    def stage(self, index: int, req_pool_indices: Sequence[int] | np.ndarray,
+              seq_lens: Sequence[int] | np.ndarray,
+              broken: np.ndarray | None = None) -> ModelStep:  # fmt: skip
         """The model's view of the replay of a batch (``[n]`` request indices and lengths);
         ``broken``: ``[n]`` bool, real rows whose engine state was broken (out of contract)."""
         # Called once a replay: each line is one numpy call on at most max_bs values.
@@ -152,7 +155,7 @@ class BatchModel:
         values: what a failure or a crash on that replay had to deal with; ``""`` when none.
         """
         sl, rpi = st.asked_sl, st.asked_rpi
-        kinds = (
+        kinds: tuple[tuple[str, np.ndarray, np.ndarray, str], ...] = (
             ("negative seq_len", sl < 0, sl, "seq_len"),
             (f"seq_len past the row's capacity ({self.len_limit - self.draft_tokens} tokens)",
              sl > self.len_limit - self.draft_tokens, sl, "seq_len"),

@@ -45,7 +45,7 @@ class CheckBuffers:
     #: the builder kind the buffers are for
     kind: KindSpec = PAGE_TABLE
 
-    def runner_kwargs(self, cfg: CheckConfig) -> dict:
+    def runner_kwargs(self, cfg: CheckConfig) -> dict[str, object]:
         """The runner's output arguments: tables, and the kind's vectors."""
         return dict(
             page_table=self.views[0],
@@ -56,8 +56,8 @@ class CheckBuffers:
         )
 
     def eager_calls(
-        self, fn: Callable, cfg: CheckConfig, pool: KVPool, batch: Step, device: torch.device,
-        engine=None,
+        self, fn: Callable[..., object], cfg: CheckConfig, pool: KVPool, batch: Step,
+        device: torch.device, engine: object | None = None,
     ) -> tuple[Callable[[], None], ...]:  # fmt: skip
         """The builder's calls on one workload batch (its ``bs`` request indices and lengths,
         staged here as ``[bs]`` tensors of ``cfg.index_dtype``), into the first ``bs`` rows of
@@ -70,7 +70,7 @@ class CheckBuffers:
         # A warm-up row's request index must be a real row, as a padded row's is.
         rpi_short = rpi.clamp(0, pool.req_to_token.shape[0] - 1)
         bs = batch.bs
-        extra = {}
+        extra: dict[str, object] = {}
         if pool.full_to_swa is not None:
             extra = {"swa_page_table": self.views[1][:bs], "full_to_swa": pool.full_to_swa}
         if builder_capabilities(fn).batch:

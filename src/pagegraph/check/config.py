@@ -12,7 +12,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import NoReturn
+from typing import Any, NoReturn
 
 import torch
 
@@ -200,7 +200,7 @@ class CheckConfig:
     #: vLLM's KV-cache groups, each a dict (``name``, ``kind``, ``block_size``, ``width``):
     #: a block-table or slot-mapping builder is checked over every group
     #: (``pagegraph.check.kv_groups``); empty: one group, the page size and width above
-    kv_groups: tuple = ()
+    kv_groups: tuple[dict[str, Any], ...] = ()
     # -- out-of-contract and edge values in the batches (probabilities per step) --
     #: "engine" or "hostile" (``INJECTION_LEVELS``): which injections the scenario may ask for
     injection_level: str = "hostile"
@@ -250,11 +250,11 @@ class CheckConfig:
     #: "finite" where the engine's padded rows may read it (their outputs are then judged)
     null_block: str = "nan"
 
-    def replace(self, **changes) -> CheckConfig:
+    def replace(self, **changes: Any) -> CheckConfig:
         return dataclasses.replace(self, **changes)
 
     @classmethod
-    def from_dict(cls, d: dict) -> CheckConfig:
+    def from_dict(cls, d: dict[str, Any]) -> CheckConfig:
         """The config ``dataclasses.asdict`` made (through JSON: lists become tuples again)."""
         names = {f.name for f in dataclasses.fields(cls)}
         config = cls(**{k: v for k, v in d.items() if k in names})

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import torch
 
+from ..graph.runner import GraphRunner
 from .replay_judge import RecordedComparisons
 from .report import Failure
 from .verify import ModelStep
@@ -25,14 +26,14 @@ class GraphReads(RecordedComparisons):
 
     property_name = "correct"
 
-    def __init__(self, runner, chunk: int, width: int):
+    def __init__(self, runner: GraphRunner, chunk: int, width: int) -> None:
         # count, first differing flat index (row * width + col), what was read, what was written
         super().__init__(chunk, runner.device)
         self.runner = runner
         self.width = width
 
     @staticmethod
-    def applies(runner) -> bool:
+    def applies(runner: GraphRunner) -> bool:
         return getattr(runner, "read_table", None) is not None
 
     def wanted(self, mstep: ModelStep) -> bool:
@@ -40,6 +41,7 @@ class GraphReads(RecordedComparisons):
 
     def compare(self, slot: int, mstep: ModelStep) -> None:
         b = mstep.bucket
+        assert self.runner.read_table is not None  # applies(): the runner has a read_table
         read = self.runner.read_table[:b].reshape(-1).to(torch.int64)
         written = self.runner.page_table[:b].reshape(-1).to(torch.int64)
         self.record(slot, mstep, read, written)

@@ -19,20 +19,51 @@ out of the chunk's tally. It is made on the first ``EVERY_REPLAY`` replays and t
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import SimpleNamespace
+from typing import Protocol
 
 import torch
 
+from ..graph.runner import GraphRunner
 from ..kernels.contract import POISON
+from ..kinds import KindSpec
 from ..kinds.builders import builder_capabilities
+from ..workload.pool import KVPool
 from .buffers import CheckBuffers, allocate_check_buffers
+from .config import CheckConfig
 from .replay_judge import RecordedComparisons
-from .report import Failure
+from .report import Failure, PropertyResult
 from .verify import CANARY_ROWS, ModelStep, preset_views
 
 #: Replays that are all compared with an eager call; after them one in ``SAMPLE``.
 EVERY_REPLAY = 64
 SAMPLE = 8
+
+
+class TwinRun(Protocol):
+    """A check after capture as its eager twin reads it (``pagegraph.check.state.CheckRun``,
+    whose module imports this one): its pool, runner and buffers, None before set-up, are
+    set by then."""
+
+    @property
+    def cfg(self) -> CheckConfig: ...
+    @property
+    def builder(self) -> Callable[..., object]: ...
+    @property
+    def kind(self) -> KindSpec: ...
+    @property
+    def device(self) -> torch.device: ...
+    @property
+    def pool(self) -> KVPool | None: ...
+    @property
+    def runner(self) -> GraphRunner | None: ...
+    @property
+    def buffers(self) -> CheckBuffers | None: ...
+    @property
+    def errors(self) -> bool: ...
+    @property
+    def engine(self) -> object | None: ...
 
 
 class EagerTwin(RecordedComparisons):
@@ -47,27 +78,29 @@ class EagerTwin(RecordedComparisons):
 
     property_name = "graph-safe (captured short, replayed long)"
 
-    def __init__(self, run, chunk: int):
+    def __init__(self, run: TwinRun, chunk: int) -> None:
         cfg, dev = run.cfg, run.device
+        pool, runner = run.pool, run.runner
+        assert pool is not None and runner is not None, "the twin is made after capture"
         self.run = run
         self.buffers: CheckBuffers = allocate_check_buffers(cfg, run.kind, dev)
         self._presets = preset_views(
             self.buffers.vectors, cfg.preset_outputs if run.kind.presets else (), run.kind
         )
-        self._extra = {}
-        if run.pool.full_to_swa is not None:
+        self._extra: dict[str, object] = {}
+        if pool.full_to_swa is not None:
             self._extra = {"swa_page_table": self.buffers.views[1],
-                           "full_to_swa": run.pool.full_to_swa}  # fmt: skip
+                           "full_to_swa": pool.full_to_swa}  # fmt: skip
         self._takes_batch = builder_capabilities(run.builder).batch
         if run.errors:  # the same specialisation as the replays' (a scratch buffer)
-            self._extra["errors"] = torch.zeros_like(run.runner.errors)
-        runner = run.runner
+            assert runner.errors is not None  # the runner passes errors= (run.errors)
+            self._extra["errors"] = torch.zeros_like(runner.errors)
         self._io = SimpleNamespace(
-            req_to_token=run.pool.req_to_token, req_pool_indices=runner.req_pool_indices,
+            req_to_token=pool.req_to_token, req_pool_indices=runner.req_pool_indices,
             seq_lens=runner.seq_lens, page_table=self.buffers.views[0], swa_page_table=None,
-            full_to_swa=run.pool.full_to_swa, errors=None, page_size=cfg.page_size,
+            full_to_swa=pool.full_to_swa, errors=None, page_size=cfg.page_size,
             vectors=self.buffers.vector_views, engine=run.engine,
-            derived=run.kind.derived_inputs(cfg.max_bs, run.runner.draft_tokens, dev),
+            derived=run.kind.derived_inputs(cfg.max_bs, runner.draft_tokens, dev),
             draft_tokens=cfg.draft_tokens if run.kind.tables_include_draft else 0,
         )  # fmt: skip
         # Per compared replay: differing entries, the first one's flat index, the replay's
@@ -76,7 +109,7 @@ class EagerTwin(RecordedComparisons):
         self.count = 0
 
     @staticmethod
-    def applies(run) -> bool:
+    def applies(run: TwinRun) -> bool:
         """Whether a replay is more than an eager call here: a graph (real or emulated) was
         captured and the builder runs inside it."""
         graphs = getattr(run.runner, "graphs", None)
@@ -112,7 +145,9 @@ class EagerTwin(RecordedComparisons):
         if self._takes_batch:
             extra["batch"] = self.run.kind.batch_context(mstep.n, bucket, self.run.cfg.max_bs)
         self.run.kind.call(self.run.builder, self._io, bucket, extra)
-        self.record(slot, mstep, self._flat(self.run.buffers), self._flat(self.buffers))
+        replayed = self.run.buffers
+        assert replayed is not None  # set up before capture
+        self.record(slot, mstep, self._flat(replayed), self._flat(self.buffers))
         self._poison()
 
     @staticmethod
@@ -141,6 +176,7 @@ class EagerTwin(RecordedComparisons):
             where, row = names[t], row - CANARY_ROWS
         else:
             vectors = self.buffers.vectors
+            assert vectors is not None  # past the tables: the kind's vectors
             v, col = divmod(flat - tables.numel(), vectors.shape[1])
             where, row, col = self.run.kind.vector_names[v], col - 1, 0
         failure = Failure(mstep.index, mstep.bucket, row, col, eager, replayed, where,
@@ -157,7 +193,7 @@ class EagerTwin(RecordedComparisons):
         return failure
 
 
-def never_compared(prop, why: str) -> None:
+def never_compared(prop: PropertyResult, why: str) -> None:
     """The property when no replay can be compared with an eager call: a skip, never a pass."""
     if prop.status == "pass":
         prop.skip(why)

@@ -43,10 +43,11 @@ group's own table still shows (its canaries).
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 
 from ..kinds.kv_groups import KVGroup, bind_group, parse_groups
 from .config import CheckConfig
+from .plan import CheckPlan
 from .report import BucketStats, Failure, Report
 
 __all__ = ["group_config", "merge_reports", "GroupRuns"]
@@ -117,7 +118,9 @@ class GroupRuns:
     groups) and ``on_chunk`` (the merged report so far), until a group's check crashed; the
     caller ``add``s each group's report, and ``merged()`` is the check's."""
 
-    def __init__(self, plan, builder: Callable, progress=None, on_chunk=None) -> None:
+    def __init__(self, plan: CheckPlan, builder: Callable[..., object],
+                 progress: Callable[[int, int], None] | None = None,
+                 on_chunk: Callable[[Report], None] | None = None) -> None:  # fmt: skip
         from ..kinds.builders import builder_name  # the kinds import the check's modules
 
         self.plan, self.builder = plan, builder
@@ -126,18 +129,24 @@ class GroupRuns:
         self.name = builder_name(builder)
         self.done: list[tuple[KVGroup, Report]] = []
 
-    def __iter__(self):
+    def __iter__(
+        self,
+    ) -> Iterator[
+        tuple[
+            CheckPlan, Callable[..., object], Callable[[int, int], None], Callable[[Report], None]
+        ]
+    ]:
         groups = self.groups
         for k, group in enumerate(groups):
             if self.done and self.done[-1][1].crash:
                 return
             sub = dataclasses.replace(self.plan, config=group_config(self.plan.config, group))
 
-            def step(d, t, k=k):
+            def step(d: int, t: int, k: int = k) -> None:
                 if self.progress is not None:
                     self.progress(k * t + d, len(groups) * t)
 
-            def chunk(report, group=group):
+            def chunk(report: Report, group: KVGroup = group) -> None:
                 if self.on_chunk is not None:
                     merged = merge_reports(self.plan.config, [*self.done, (group, report)])
                     self.on_chunk(dataclasses.replace(merged, builder=self.name))

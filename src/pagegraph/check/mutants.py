@@ -24,7 +24,7 @@ MUTANTS: dict[str, Mutant] = {
     name: m for kind in KINDS.values() for name, m in kind.zoo.mutants.items()
 }
 #: Every kind's controls by name: each must be SAFE everywhere.
-CONTROLS: dict[str, Callable] = {
+CONTROLS: dict[str, Callable[..., object]] = {
     name: fn for kind in KINDS.values() for name, fn in kind.zoo.controls.items()
 }
 

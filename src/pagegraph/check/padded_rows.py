@@ -34,13 +34,19 @@ property; a padded row's write into a page a request holds is not seen here.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
+from typing import Protocol
+
 import numpy as np
 import torch
 
-from ..graph.step_graphs import GUARD_NAME, GUARD_PAGE
+from ..graph.step_graphs import GUARD_NAME, GUARD_PAGE, StepGraphs
+from .config import CheckConfig
+from .report import PropertyResult
 
-__all__ = ["NullBlockUntouched", "PaddedReadsInPool", "READS", "WRITES", "describe",
-           "judge_capture", "nan_page", "note_convention"]  # fmt: skip
+__all__ = ["NullBlockUntouched", "PaddedBatch", "PaddedReadsInPool", "PaddedReplays",
+           "PaddedRun", "READS", "ReplayedRun", "WRITES", "describe", "judge_capture",
+           "nan_page", "note_convention"]  # fmt: skip
 
 #: The properties this module judges (``pagegraph.check.step_report.STEP_PROPERTIES``).
 READS = "padded rows read inside the KV pool"
@@ -49,13 +55,53 @@ WRITES = "null block and guard page untouched"
 SHOWN_ENTRIES = 4
 
 
+class PaddedRun(Protocol):
+    """The decode step's run as this module reads it (``pagegraph.check.decode_step``'s,
+    ``pagegraph.check.step_judges.StepRun``): its config, graphs and properties."""
+
+    @property
+    def cfg(self) -> CheckConfig: ...
+    @property
+    def graphs(self) -> StepGraphs: ...
+    @property
+    def props(self) -> Mapping[str, PropertyResult]: ...
+
+
+class ReplayedRun(PaddedRun, Protocol):
+    """The run once its replays are done: ``padded_replays``, those with padded rows."""
+
+    @property
+    def padded_replays(self) -> int: ...
+
+
+class PaddedBatch(Protocol):
+    """A step's batch as this module reads it (``pagegraph.check.step_judges.StepBatch``)."""
+
+    @property
+    def index(self) -> int: ...
+    @property
+    def bucket(self) -> int: ...
+    @property
+    def rpi(self) -> Sequence[int]: ...
+
+
+class PaddedReplays(Protocol):
+    """What a step's replays gave, as this module reads it
+    (``pagegraph.check.step_judges.StepReplays``)."""
+
+    @property
+    def pad_c(self) -> torch.Tensor | None: ...
+    @property
+    def reserved_changed(self) -> Sequence[str]: ...
+
+
 def nan_page(null_block: str) -> int:
     """The page id whose K and V are NaN and which no row may read: page 0 where the null
     block holds NaN, else the guard page (-1)."""
     return 0 if null_block == "nan" else GUARD_PAGE
 
 
-def note_convention(props: dict, null_block: str) -> None:
+def note_convention(props: Mapping[str, PropertyResult], null_block: str) -> None:
     """Mark "padded rows read inside the KV pool" skipped, with why, where the null block
     holds NaN (before the run)."""
     if null_block == "nan":
@@ -66,7 +112,7 @@ def note_convention(props: dict, null_block: str) -> None:
         )
 
 
-def judge_capture(run) -> None:
+def judge_capture(run: PaddedRun) -> None:
     """The guard page after capture (``run``: the decode step's run); page 0's values from
     here on are the ones the replays keep."""
     g = run.graphs
@@ -80,7 +126,7 @@ class PaddedReadsInPool:
 
     property_name = READS
 
-    def judge(self, run, batch, replays) -> None:
+    def judge(self, run: PaddedRun, batch: PaddedBatch, replays: PaddedReplays) -> None:
         pads = replays.pad_c
         if run.graphs.null_block == "nan" or pads is None or not len(pads):
             return
@@ -101,7 +147,7 @@ class NullBlockUntouched:
 
     property_name = WRITES
 
-    def judge(self, run, batch, replays) -> None:
+    def judge(self, run: PaddedRun, batch: PaddedBatch, replays: PaddedReplays) -> None:
         if replays.reserved_changed:
             run.props[self.property_name].fail(
                 f"replay {batch.index} (bucket {batch.bucket}, {len(batch.rpi)} real rows): "
@@ -110,7 +156,7 @@ class NullBlockUntouched:
             )
 
 
-def _padded_row(run, batch, row: int) -> str:
+def _padded_row(run: PaddedRun, batch: PaddedBatch, row: int) -> str:
     """Padded row ``row`` with its replay, bucket, staged inputs and first table entries."""
     g = run.graphs
     entries = g.page_table[row, :SHOWN_ENTRIES].tolist()
@@ -121,7 +167,7 @@ def _padded_row(run, batch, row: int) -> str:
     )
 
 
-def describe(run) -> None:
+def describe(run: ReplayedRun) -> None:
     """What each property covered, once the replays are done (a pass), or why it had
     nothing to judge (a skip)."""
     reads, writes = run.props[READS], run.props[WRITES]

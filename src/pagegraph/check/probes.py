@@ -6,14 +6,17 @@ verdicts."""
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from types import TracebackType
 
 import torch
 
 from ..detect.ranges import current_range, phase
+from ..detect.sync_events import SyncEvent
 
 
 class AllocationCounter:
@@ -22,13 +25,14 @@ class AllocationCounter:
     output that shares storage with no input (and every tensor made from Python data)
     counts as one allocation. Triton launches allocate nothing it can see."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         from torch.utils._python_dispatch import TorchDispatchMode
         from torch.utils._pytree import tree_flatten
 
         counter = self
 
-        class _Mode(TorchDispatchMode):
+        # torch's TorchDispatchMode is unannotated (its __init_subclass__ and __init__ too).
+        class _Mode(TorchDispatchMode):  # type: ignore[no-untyped-call]
             @classmethod
             def _should_skip_dynamo(cls) -> bool:
                 # torch otherwise wraps __torch_dispatch__ in a dynamo-disable, which imports
@@ -36,7 +40,13 @@ class AllocationCounter:
                 # torch.compile, so there is nothing to disable.
                 return False
 
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            def __torch_dispatch__(
+                self,
+                func: Callable[..., object],
+                types: tuple[type, ...],
+                args: tuple[object, ...] = (),
+                kwargs: dict[str, object] | None = None,
+            ) -> object:
                 out = func(*args, **(kwargs or {}))
                 if func is torch.ops.aten.lift_fresh.default:
                     counter.count += 1
@@ -59,28 +69,36 @@ class AllocationCounter:
 
         self.count = 0
         self.ops: list[str] = []
-        self._mode = _Mode()
+        # (the unannotated TorchDispatchMode.__init__, as above)
+        self._mode: contextlib.AbstractContextManager[object] = _Mode()  # type: ignore[no-untyped-call]
 
     def __enter__(self) -> AllocationCounter:
         self._mode.__enter__()
         return self
 
-    def __exit__(self, *exc) -> None:
-        self._mode.__exit__(*exc)
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
+        self._mode.__exit__(exc_type, exc, tb)
 
 
 def cuda_allocations(device: torch.device) -> int:
     """Allocator events so far on a CUDA ``device`` (allocations and new segments): a
     difference of two readings counts the allocations between them."""
     stats = torch.cuda.memory_stats(device)
-    return stats.get("allocation.all.allocated", 0) + stats.get("segment.all.allocated", 0)
+    allocations: int = stats.get("allocation.all.allocated", 0)
+    segments: int = stats.get("segment.all.allocated", 0)
+    return allocations + segments
 
 
 class CompileCounter:
     """Counts Triton JIT compilations (any kernel) through Triton's post-compile hook, from
     construction to ``stop()``; ``reason`` says why it cannot count (then ``count`` stays 0)."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         from ..kernels.contract import interpreter_active
 
         self.count = 0
@@ -99,7 +117,7 @@ class CompileCounter:
             return
         self._knobs = knobs
 
-        def hook(*args, **kwargs):
+        def hook(*args: object, **kwargs: object) -> object:
             self.count += 1
             if self._previous is not None:
                 return self._previous(*args, **kwargs)
@@ -132,7 +150,8 @@ class BuilderProbe:
     measured for allocations and compilations and recorded with its NVTX phase, while
     ``measure`` is set (graph replays never call it; eager replays do)."""
 
-    def __init__(self, fn: Callable, device: torch.device, compiles: CompileCounter):
+    def __init__(self, fn: Callable[..., object], device: torch.device,
+                 compiles: CompileCounter) -> None:  # fmt: skip
         from ..kinds.builders import builder_capabilities
 
         self.fn = fn
@@ -148,7 +167,7 @@ class BuilderProbe:
         #: the builder's measured eager call before the capture (its syncs, if any)
         self.eager_call: EagerCall | None = None
 
-    def __call__(self, *args, **kwargs):
+    def __call__(self, *args: object, **kwargs: object) -> object:
         if not self.measure:
             return self.fn(*args, **kwargs)
         where = current_range() or "?"
@@ -178,7 +197,7 @@ class EagerCall:
     allocations: int
     allocation_ops: list[str] = field(default_factory=list)
     #: host syncs the detectors saw (events with a ``name``)
-    sync_events: list = field(default_factory=list)
+    sync_events: list[SyncEvent] = field(default_factory=list)
 
 
 def measure_eager_call(warm_up: Callable[[], None], call: Callable[[], None], bs: int,

@@ -40,7 +40,7 @@ class RecordedComparisons:
     compared), and their read-back: every compared replay with a difference fails the
     property, the first one with its ``Failure`` (``describe``)."""
 
-    def __init__(self, chunk: int, device) -> None:
+    def __init__(self, chunk: int, device: torch.device) -> None:
         self.records = torch.zeros((chunk + 1, 4), dtype=torch.int64, device=device)
         self.compared: dict[int, ModelStep] = {}
 

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 from dataclasses import dataclass, field
+from typing import Any
 
 from .config import ADVICE, ADVICE_PROPERTIES, PROPERTIES, CheckConfig
 from .step_report import StepSection, format_step_report
@@ -216,7 +217,7 @@ class Report:
     #: read-back once a chunk is not in it); "workload receive" is the part of the workload
     #: step spent getting batches of steps (from the child processes: when it nears the
     #: whole workload step, the children's generation limits the rate)
-    phase_us: dict = field(default_factory=dict)
+    phase_us: dict[str, float] = field(default_factory=dict)
     #: whether the workload's host models ran in child processes (``workload_process``)
     workload_in_process: bool = False
     #: milliseconds the replays waited, after capture, for every workload child's first
@@ -229,7 +230,7 @@ class Report:
     #: wall seconds of the check process by phase (``pagegraph.check.pipeline``): "before"
     #: (the process's start-up, imports and planning, up to the pipeline), "set-up",
     #: "capture", "replays", "after replays", "release"
-    wall_s: dict = field(default_factory=dict)
+    wall_s: dict[str, float] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if isinstance(self.graphs, bool):
@@ -311,13 +312,13 @@ class Report:
             parts.append(f"skipped: {skipped}")
         return f" ({'; '.join(parts)})" if parts else ""
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         d = self._to_dict()
         if self.step is not None:
             d["decode_step"] = self.step.to_dict()
         return d
 
-    def _to_dict(self) -> dict:
+    def _to_dict(self) -> dict[str, Any]:
         return {
             "builder": self.builder,
             "config": dataclasses.asdict(self.config),
@@ -372,7 +373,7 @@ class Report:
         }
 
     @classmethod
-    def from_dict(cls, d: dict) -> Report:
+    def from_dict(cls, d: dict[str, Any]) -> Report:
         """The report ``to_dict`` wrote (a child process's, say); per-replay times and the
         first failures come back as text."""
         report = cls(d["builder"], CheckConfig.from_dict(d["config"]), d["device"], d["graphs"])

@@ -98,6 +98,7 @@ from __future__ import annotations
 import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any
 
 from .config import CheckConfig, ConfigError, validate_config
 
@@ -234,7 +235,9 @@ def load_scenario(path: str | Path) -> Scenario:
     if "graph.index_dtype" in values and "layout.index_dtype" in values:
         raise ScenarioError(path, "layout.index_dtype", "given in [graph] too: keep one")
     builder = str(values.pop("check.builder", "build_page_table"))
-    config = CheckConfig(**{_SCHEMA_FIELD[k]: v for k, v in values.items()})
+    # Each value's type is the schema's (``_take``); ``_validate`` checks the rest.
+    fields: dict[str, Any] = {_SCHEMA_FIELD[k]: v for k, v in values.items()}
+    config = CheckConfig(**fields)
     _validate(path, config)
     return Scenario(
         name=str(top.get("name", path.stem)),
@@ -255,7 +258,7 @@ _KEY_OF = {fld: key for key, fld in _SCHEMA_FIELD.items()}
 _KEY_OF["index_dtype"] = "graph.index_dtype"
 
 
-def _take(path, table: str, key: str, value, out: dict) -> None:
+def _take(path: Path, table: str, key: str, value: object, out: dict[str, object]) -> None:
     name = f"{table}.{key}" if table else key
     spec = _SCHEMA[table].get(key)
     if spec is None:
@@ -269,7 +272,7 @@ def _take(path, table: str, key: str, value, out: dict) -> None:
     out[name] = value
 
 
-def _validate(path, c: CheckConfig) -> None:
+def _validate(path: Path, c: CheckConfig) -> None:
     """The one config validator (``pagegraph.check.config.validate_config``), its messages
     naming this file's keys; then the TOML-specific normalisation (lists to tuples, the
     detectors to their canonical form)."""

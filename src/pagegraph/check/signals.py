@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import contextlib
 import signal
+from collections.abc import Iterable, Iterator
 
 from .report import Report
 
@@ -32,7 +33,9 @@ def stop_requested() -> int | None:
 
 
 @contextlib.contextmanager
-def stop_on_signals(signals=(signal.SIGINT, signal.SIGTERM)):
+def stop_on_signals(
+    signals: Iterable[int] = (signal.SIGINT, signal.SIGTERM),
+) -> Iterator[None]:
     """While the body runs, SIGINT and SIGTERM request a stop instead of raising wherever the
     interpreter happens to be (inside a CUPTI callback, say, where an exception would be
     lost): the check stops between two replays, reports what it checked, and raises

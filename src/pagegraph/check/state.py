@@ -5,6 +5,7 @@ two replays)."""
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 
@@ -12,6 +13,8 @@ import numpy as np
 import torch
 
 from ..detect.ranges import phase
+from ..detect.sync_events import SyncEvent
+from ..detect.sync_hub import SyncRecorder
 from ..graph.buckets import Buckets, resolve_padding
 from ..graph.runner import GraphRunner
 from ..kernels.contract import cdiv
@@ -22,8 +25,9 @@ from ..workload.producer import ProducedWorkload
 from .buffers import CheckBuffers, engine_capacity
 from .config import CheckConfig
 from .eager_reads import GraphReads
+from .engine_state import EngineState
 from .graph_safety import EagerTwin
-from .probes import AllocationCounter, BuilderProbe, CompileCounter, cuda_allocations
+from .probes import AllocationCounter, BuilderCall, BuilderProbe, CompileCounter, cuda_allocations
 from .replay_judge import ReplayJudge
 from .report import PropertyResult, Report
 from .verify import BatchModel, ModelStep, TableVerifier
@@ -64,7 +68,7 @@ class CheckRun:
 
     cfg: CheckConfig
     #: the builder under test, resolved
-    builder: Callable
+    builder: Callable[..., object]
     #: the builder's kind
     kind: KindSpec
     device: torch.device
@@ -86,7 +90,7 @@ class CheckRun:
     #: whether the runner passes ``errors=`` (the config asks and the builder takes it)
     errors: bool = False
     #: the engine state the kind reads between steps (``KindSpec.engine_state``), or None
-    engine: object | None = None
+    engine: EngineState | None = None
     #: ``[bs]`` bool, the rows of the current batch whose engine state a hostile injection
     #: broke (``pagegraph.check.engine_state``), or None; drawn from ``engine_rng``
     engine_overrun: np.ndarray | None = None
@@ -185,7 +189,7 @@ class ReplayMeasure:
     #: the sync recorder's event count before the replay
     syncs_before: int
     #: the builder's own calls during an eager replay (their allocations are advice)
-    builder_calls: list = field(default_factory=list)
+    builder_calls: list[BuilderCall] = field(default_factory=list)
 
 
 @dataclass
@@ -209,7 +213,7 @@ class ReplayState:
     #: model steps replayed whose records are not read yet
     pending: list[ModelStep] = field(default_factory=list)
     #: syncs seen in a stage/* or replay/* range so far
-    replay_syncs: list = field(default_factory=list)
+    replay_syncs: list[SyncEvent] = field(default_factory=list)
     #: events recorded after replays the host has not waited for (CUDA)
     in_flight: list[torch.cuda.Event] = field(default_factory=list)
     #: events reused in turn (one more than can be in flight): none is created per replay
@@ -217,9 +221,9 @@ class ReplayState:
     #: batch size -> device views of the model's staged inputs, made once per size
     device_batches: dict[int, tuple[torch.Tensor, torch.Tensor]] = field(default_factory=dict)
     #: the running sync recorder (paused outside staging and replay), or None
-    recorder: object | None = None
+    recorder: SyncRecorder | None = None
     #: the context that runs the recorder (``record_device_syncs``), exited after the loop
-    sync_recording: object | None = None
+    sync_recording: contextlib.AbstractContextManager[SyncRecorder] | None = None
     #: why the loop stopped before its last replay, or None
     stopped: str | None = None
     #: the signal that interrupted the loop, or None
@@ -249,7 +253,9 @@ class ReplayState:
 
     @property
     def runner(self) -> GraphRunner:
-        return self.run.runner
+        runner = self.run.runner
+        assert runner is not None, "the replays run after set-up"
+        return runner
 
     @property
     def graphs(self) -> bool:
@@ -259,6 +265,8 @@ class ReplayState:
     def after_capture(cls, run: CheckRun, first: Step) -> ReplayState:
         """The loop's state once ``run``'s runner has captured, the tables poisoned."""
         graphs, dev = run.graphs, run.device
+        runner = run.runner
+        assert runner is not None, "the replays start after capture"
         model = _batch_model(run)
         chunk = min(run.cfg.chunk, run.cfg.steps)
         verifier = _table_verifier(run, chunk)
@@ -268,18 +276,21 @@ class ReplayState:
             model=model,
             verifier=verifier,
             chunk=chunk,
-            watched=WatchedBuffers.of(run.runner),
+            watched=WatchedBuffers.of(runner),
             allocations=AllocationTally(dev, per_replay=graphs),
             memory_before=None,
             step=first,
-            events=[torch.cuda.Event() for _ in range(IN_FLIGHT + 1)] if graphs else [],
+            # torch.cuda.Event's constructor is unannotated
+            events=[torch.cuda.Event() for _ in range(IN_FLIGHT + 1)]  # type: ignore[no-untyped-call]
+            if graphs
+            else [],
         )
         if EagerTwin.applies(run):
             state.twin = EagerTwin(run, chunk)
             with phase("verify"):
                 state.twin.warm_up()
-        if GraphReads.applies(run.runner):
-            state.reads = GraphReads(run.runner, chunk, run.cfg.width)
+        if GraphReads.applies(runner):
+            state.reads = GraphReads(runner, chunk, run.cfg.width)
         if graphs:
             state.allocations.base = state.allocations.read()
             state.memory_before = torch.cuda.memory_allocated(dev)
@@ -288,7 +299,8 @@ class ReplayState:
 
 def _batch_model(run: CheckRun) -> BatchModel:
     """The model of the static inputs, starting from what the runner holds after capture."""
-    cfg, runner = run.cfg, run.runner
+    cfg, runner, pool = run.cfg, run.runner, run.pool
+    assert runner is not None and pool is not None, "the model starts after capture"
     policy = resolve_padding(cfg.padding)
     draft_tokens = cfg.draft_tokens if run.kind.tables_include_draft else 0
     capture_lens = runner.seq_lens[: cfg.max_bs].to(torch.int64).cpu().numpy()
@@ -299,7 +311,7 @@ def _batch_model(run: CheckRun) -> BatchModel:
         pad_req_pool_index=policy.req_pool_index,
         initial_req_pool_indices=runner.req_pool_indices[: cfg.max_bs].cpu().numpy(),
         len_limit=run.len_limit,
-        r2t_rows=run.pool.req_to_token.shape[0],
+        r2t_rows=pool.req_to_token.shape[0],
         capture_pages=cdiv(int(max(capture_lens.max(), 0)) + draft_tokens, cfg.page_size),
         page_size=cfg.page_size,
         draft_tokens=draft_tokens,
@@ -307,22 +319,23 @@ def _batch_model(run: CheckRun) -> BatchModel:
 
 
 def _table_verifier(run: CheckRun, chunk: int) -> TableVerifier:
-    cfg, runner = run.cfg, run.runner
+    cfg, runner, pool, buffers = run.cfg, run.runner, run.pool, run.buffers
+    assert runner is not None and pool is not None and buffers is not None, "after capture"
     return TableVerifier(
-        tables=run.buffers.tables,
+        tables=buffers.tables,
         width=cfg.width,
-        req_to_token=run.pool.req_to_token,
-        full_to_swa=run.pool.full_to_swa,
+        req_to_token=pool.req_to_token,
+        full_to_swa=pool.full_to_swa,
         page_size=cfg.page_size,
         staged=(runner.req_pool_indices, runner.seq_lens),
         errors=runner.errors,
         chunk=chunk,
         use_graph=run.graphs,
-        vectors=run.buffers.vectors,
+        vectors=buffers.vectors,
         draft_tokens=cfg.draft_tokens if run.kind.tables_include_draft else 0,
         preset_outputs=cfg.preset_outputs if run.kind.presets else (),
         error_kinds=len(run.kind.error_kinds),
         kind=run.kind,
-        row_strides=run.buffers.row_strides,
+        row_strides=buffers.row_strides,
         csr_capacity=engine_capacity(cfg, run.kind),
     )

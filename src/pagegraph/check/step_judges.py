@@ -10,6 +10,7 @@ judge added here is a property the step reports (``pagegraph.check.step_report``
 
 from __future__ import annotations
 
+from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -17,10 +18,10 @@ import numpy as np
 import torch
 
 from ..consumers.attention_reference import attend, live_kv, tolerances
-from .padded_rows import NullBlockUntouched, PaddedReadsInPool
-from .report import BucketStats
+from .padded_rows import NullBlockUntouched, PaddedReadsInPool, PaddedRun
+from .report import BucketStats, Report
 
-__all__ = ["STEP_JUDGES", "StepBatch", "StepJudge", "StepReplays", "changed_rows"]
+__all__ = ["STEP_JUDGES", "StepBatch", "StepJudge", "StepReplays", "StepRun", "changed_rows"]
 
 
 @dataclass
@@ -59,10 +60,18 @@ class StepReplays:
     out_c: torch.Tensor | None
     sentinel_intact: bool
     pad_c: torch.Tensor | None = None
-    reserved_changed: tuple[str, ...] = ()
+    reserved_changed: Sequence[str] = ()
     #: replay D's real rows (a planned reader's unwritten workspace entries given other
     #: values, B's inputs otherwise: ``pagegraph.check.step_plan``); None without it
     out_plan: torch.Tensor | None = None
+
+
+class StepRun(PaddedRun, Protocol):
+    """The decode step's run as its judges read it (``pagegraph.check.decode_step``'s): its
+    ``cfg``, ``graphs``, ``props`` (``PaddedRun``) and ``report``."""
+
+    @property
+    def report(self) -> Report: ...
 
 
 class StepJudge(Protocol):
@@ -72,7 +81,7 @@ class StepJudge(Protocol):
 
     property_name: str
 
-    def judge(self, run, batch: StepBatch, replays: StepReplays) -> None: ...
+    def judge(self, run: StepRun, batch: StepBatch, replays: StepReplays) -> None: ...
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -91,7 +100,7 @@ class OutputCorrect:
 
     property_name = "output correct through the consumer"
 
-    def judge(self, run, batch: StepBatch, replays: StepReplays) -> None:
+    def judge(self, run: StepRun, batch: StepBatch, replays: StepReplays) -> None:
         out, g = replays.out_a, run.graphs
         q = g.q[: len(batch.rpi)]
         kv = live_kv(g.k_cache, g.v_cache, batch.rows, run.cfg.page_size)
@@ -101,7 +110,9 @@ class OutputCorrect:
         allowed = atol.to(out.device)[:, None] + rtol * ref.float().abs().flatten(1)
         finite = torch.isfinite(out.float()).flatten(1).all(1)
         bad_rows = (~finite | (err > allowed).any(1)).cpu()
-        run.report.step.rows_checked += len(batch.rpi)
+        step = run.report.step
+        assert step is not None, "a decode-step report has its step section"
+        step.rows_checked += len(batch.rpi)
         wrong = np.flatnonzero(bad_rows.numpy()).tolist()
         stats = run.report.buckets.setdefault(batch.bucket, BucketStats(batch.bucket))
         stats.mismatches += len(wrong)
@@ -126,7 +137,7 @@ class ReadsWithinLength:
 
     property_name = "consumer reads only within cache_seqlens"
 
-    def judge(self, run, batch: StepBatch, replays: StepReplays) -> None:
+    def judge(self, run: StepRun, batch: StepBatch, replays: StepReplays) -> None:
         changed = changed_rows(replays.out_a, replays.out_b)
         if changed:
             run.props[self.property_name].fail(
@@ -142,7 +153,7 @@ class PaddedRowsContained:
 
     property_name = "padded rows contained"
 
-    def judge(self, run, batch: StepBatch, replays: StepReplays) -> None:
+    def judge(self, run: StepRun, batch: StepBatch, replays: StepReplays) -> None:
         if replays.out_c is None:
             return
         nan_pads = replays.out_b
@@ -162,7 +173,7 @@ class SentinelUntouched:
 
     property_name = "sentinel page untouched"
 
-    def judge(self, run, batch: StepBatch, replays: StepReplays) -> None:
+    def judge(self, run: StepRun, batch: StepBatch, replays: StepReplays) -> None:
         if not replays.sentinel_intact:
             run.props[self.property_name].fail(
                 f"replay {batch.index} (bucket {batch.bucket}): page {run.graphs.sentinel} of "
@@ -176,7 +187,7 @@ class ReadsOnlyCurrentPlan:
 
     property_name = "reader reads only what the current plan wrote"
 
-    def judge(self, run, batch: StepBatch, replays: StepReplays) -> None:
+    def judge(self, run: StepRun, batch: StepBatch, replays: StepReplays) -> None:
         if replays.out_plan is None:
             return
         changed = changed_rows(replays.out_b, replays.out_plan)

@@ -26,12 +26,32 @@ The plan's cost is host time outside the graph: the step's replays do not see it
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
-__all__ = ["plan_detail", "replay_refilled"]
+from ..graph.step_graphs import StepGraphs
+from .step_judges import StepBatch
+
+__all__ = ["PlannedRun", "RefilledRun", "plan_detail", "replay_refilled"]
 
 
-def replay_refilled(run, batch) -> torch.Tensor | None:
+class PlannedRun(Protocol):
+    """The decode step's run as its plan's summary reads it (``pagegraph.check.decode_step``'s):
+    its graphs, with the reader's workspace."""
+
+    @property
+    def graphs(self) -> StepGraphs: ...
+
+
+class RefilledRun(PlannedRun, Protocol):
+    """The run as replay D reads it: its graphs and the generator of the step's values."""
+
+    @property
+    def gen(self) -> torch.Generator: ...
+
+
+def replay_refilled(run: RefilledRun, batch: StepBatch) -> torch.Tensor | None:
     """Replay D of a step (``run``: the decode step's run, after replay B): the planned
     reader's unwritten workspace entries refilled, the graph replayed on the same inputs, the
     stale entries restored. Returns the real rows' output, or ``None`` without a planned
@@ -52,7 +72,7 @@ def replay_refilled(run, batch) -> torch.Tensor | None:
     return out
 
 
-def plan_detail(run) -> str:
+def plan_detail(run: PlannedRun) -> str:
     """What "reader reads only what the current plan wrote" covered in ``run``."""
     space = run.graphs.plan_space
     if space is None or not space.reader.planned:

@@ -10,9 +10,13 @@ JSON under ``"decode_step"``.
 
 from __future__ import annotations
 
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import Any, Protocol
 
-__all__ = ["STEP_PROPERTIES", "StepSection", "format_step_report", "share"]
+from .config import CheckConfig
+
+__all__ = ["STEP_PROPERTIES", "StepReport", "StepSection", "format_step_report", "share"]
 
 #: property -> (what it covers, what makes it fail). The order is the report's.
 STEP_PROPERTIES: dict[str, tuple[str, str]] = {
@@ -82,7 +86,7 @@ class StepSection:
     timing_method: str | None = None
     rows_checked: int = 0
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "consumer": self.consumer,
             "shrunk": self.shrunk,
@@ -102,7 +106,7 @@ class StepSection:
         }
 
     @classmethod
-    def from_dict(cls, d: dict, consumer: str | None) -> StepSection:
+    def from_dict(cls, d: dict[str, Any], consumer: str | None) -> StepSection:
         return cls(
             consumer=d.get("consumer") or consumer or "paged",
             shrunk=d.get("shrunk"),
@@ -116,10 +120,66 @@ class StepSection:
         )
 
 
-def format_step_report(report) -> str:
+class _BucketRow(Protocol):
+    """A bucket's row as the step report reads it (``pagegraph.check.report.BucketStats``)."""
+
+    @property
+    def bucket(self) -> int: ...
+    @property
+    def replays(self) -> int: ...
+    @property
+    def mismatches(self) -> int: ...
+
+
+class _PropertyRow(Protocol):
+    """A property as the step report reads it (``pagegraph.check.report.PropertyResult``)."""
+
+    @property
+    def name(self) -> str: ...
+    @property
+    def covers(self) -> str: ...
+    @property
+    def status(self) -> str: ...
+    def full_detail(self) -> str: ...
+
+
+class StepReport(Protocol):
+    """A ``Report`` as its decode-step text reads it (``pagegraph.check.report.Report``, which
+    imports this module for its ``step`` section)."""
+
+    @property
+    def builder(self) -> str: ...
+    @property
+    def config(self) -> CheckConfig: ...
+    @property
+    def device(self) -> str: ...
+    @property
+    def step(self) -> StepSection | None: ...
+    @property
+    def replays(self) -> int: ...
+    @property
+    def capture_ms(self) -> float: ...
+    @property
+    def wall_s(self) -> Mapping[str, float]: ...
+    @property
+    def buckets(self) -> Mapping[int, _BucketRow]: ...
+    @property
+    def properties(self) -> Sequence[_PropertyRow]: ...
+    @property
+    def crash(self) -> str | None: ...
+    @property
+    def stopped(self) -> str | None: ...
+    @property
+    def verdict(self) -> str: ...
+    def replay_mode(self) -> str: ...
+    def wall_line(self) -> str: ...
+
+
+def format_step_report(report: StepReport) -> str:
     """The text of a decode-step ``Report`` (``report.step`` set): the setup, the per-bucket
     table with the device times, the property table and the verdict."""
     c, step = report.config, report.step
+    assert step is not None, "a decode-step report has its step section"
     lines = [
         f"decode step: builder {report.builder} + {step.consumer} attention "
         f"({c.consumer_dtype}, {c.num_q_heads} q heads over {c.num_kv_heads} kv heads, "

@@ -264,9 +264,10 @@ class TableVerifier:
         # The reference's gathers, taken at the replay: the workload's next steps rewrite
         # req_to_token and full_to_swa before the batch is verified.
         self._snap_slots = torch.zeros((K, M, cap), dtype=self.r2t.dtype, device=dev)
-        self._snap_swa = (
-            torch.zeros((K, M, cap), dtype=self.f2s.dtype, device=dev) if self.T == 2 else None
-        )
+        self._snap_swa: torch.Tensor | None = None
+        if self.T == 2:
+            assert self.f2s is not None, "an SWA table is verified against full_to_swa"
+            self._snap_swa = torch.zeros((K, M, cap), dtype=self.f2s.dtype, device=dev)
         self._unverified = 0
         # Constants of the computation.
         self._col_tokens = torch.arange(cap, device=dev, dtype=torch.int64) * self.page_size
@@ -349,7 +350,8 @@ class TableVerifier:
     # -- the computation ------------------------------------------------------------------
 
     def _capture(self) -> None:
-        side = torch.cuda.Stream(self.device)
+        # torch.cuda.Stream's constructor is unannotated
+        side = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             self._compute()  # warm-up: the caching allocator sees every size once
@@ -382,14 +384,17 @@ class TableVerifier:
         slots = self.r2t[rows.unsqueeze(-1), self._col_tokens]  # [M, cap]
         self._snap_slots.index_copy_(0, entry, slots.unsqueeze(0))
         if self._snap_swa is not None:
+            assert self.f2s is not None  # _snap_swa is allocated with full_to_swa (T == 2)
             swa = self.f2s[slots.clamp(0, self.f2s.shape[0] - 1)]
             self._snap_swa.index_copy_(0, entry, swa.unsqueeze(0))
         self._snap_tables.index_copy_(0, entry, self.tables.unsqueeze(0))
         for snap, t in zip(self._snap_staged, self.staged):
             snap.index_copy_(0, entry, t[:M].view(1, -1))
         if self._snap_errors is not None:
+            assert self.errors is not None  # _snap_errors is allocated with errors
             self._snap_errors.index_copy_(0, entry, self.errors[: self.E].view(1, -1))
         if self.snap_vectors is not None:
+            assert self.vectors is not None  # snap_vectors is allocated with vectors
             self.snap_vectors.index_copy_(0, entry, self.vectors.unsqueeze(0))
         self.poison()
 
@@ -420,6 +425,7 @@ class TableVerifier:
         if self.kind.writes_tables:  # else the builder gets no table: it must keep the poison
             self._place(expected, 0, torch.where(live, pages, POISON))
             if self.T == 2:
+                assert self._snap_swa is not None  # allocated for T == 2
                 swa_slots = self._snap_swa.to(torch.int64)
                 self._place(expected, 1, torch.where(live, swa_slots // ps, POISON))
             for t in range(self.T):
@@ -467,6 +473,7 @@ class TableVerifier:
                 (in_bucket & ((rpi < 0) | (rpi >= r2t_rows))).sum(-1),
             ]
             if self.T == 2:
+                assert self.f2s is not None  # given with T == 2 (_allocate_ring)
                 f2s_len = self.f2s.shape[0]
                 parts.append((live & ((slots < 0) | (slots >= f2s_len))).sum((-2, -1)))
             else:
@@ -474,6 +481,7 @@ class TableVerifier:
             if self.E > _E:  # cu_seqlens_k entries whose true running sum passed int32
                 overflowed = self.running_sums(sl, in_bucket) > INT32_MAX
                 parts.append((overflowed & in_bucket).sum(-1))
+            assert self._snap_errors is not None  # allocated with errors
             error_fields = torch.cat(
                 [torch.stack(parts, dim=1), self._snap_errors.to(torch.int64)], dim=1
             )
@@ -506,6 +514,7 @@ class TableVerifier:
         ``exp``, then entries outside it that differ (and are ``judged``, when given)."""
         K = self.batch
         vectors = self.snap_vectors
+        assert vectors is not None, "vector masks are for a kind with vectors"
         diff = vectors != exp
         outside = diff & ~live if judged is None else diff & ~live & judged
         masks = torch.stack([diff & live, outside], dim=1).view(K, 2, -1)

@@ -3,13 +3,16 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from .config import INDEX_DTYPES, CheckConfig
 
 
-def pool_kwargs(cfg: CheckConfig) -> dict:
-    """``KVPool`` arguments of the config, ``device`` aside."""
+def pool_kwargs(cfg: CheckConfig) -> dict[str, Any]:
+    """``KVPool`` arguments of the config, ``device`` aside (keyword arguments of several
+    types, by name)."""
     return dict(
         max_reqs=cfg.max_reqs or cfg.max_bs + 1,
         max_context_len=cfg.max_context_len,
@@ -25,7 +28,7 @@ def pool_kwargs(cfg: CheckConfig) -> dict:
     )
 
 
-def workload_kwargs(cfg: CheckConfig, metadata: bool, len_limit: int) -> dict:
+def workload_kwargs(cfg: CheckConfig, metadata: bool, len_limit: int) -> dict[str, Any]:
     """``DecodeWorkload`` arguments of the config (``ProducedWorkload`` passes them on)."""
     return dict(
         max_bs=cfg.max_bs,

@@ -12,8 +12,11 @@ from ..kernels.contract import POISON
 
 __all__ = ["PlanWorkspace"]
 
+#: A fill value of a workspace tensor's dtype.
+_Fill = bool | int | float
 
-def _poisons(dtype: torch.dtype) -> tuple:
+
+def _poisons(dtype: torch.dtype) -> tuple[_Fill, _Fill]:
     """Two different fill values of ``dtype``, unlikely as a plan's output."""
     if dtype == torch.bool:
         return True, False
@@ -32,8 +35,11 @@ class PlanWorkspace:
     """A reader's workspace (``tensors``: name -> tensor, allocated once) and the entries the
     last plan wrote (``written``: name -> bool tensor of the same shape)."""
 
-    def __init__(self, reader: Reader, max_bs: int, width: int, page_size: int, device):
+    def __init__(self, reader: Reader, max_bs: int, width: int, page_size: int,
+                 device: torch.device) -> None:  # fmt: skip
         self.reader = reader
+        if reader.workspace is None:
+            raise TypeError(f"reader {reader.name}: no workspace() to allocate")
         tensors = reader.workspace(max_bs, width, page_size, device)
         if not isinstance(tensors, dict) or not all(
             isinstance(t, torch.Tensor) for t in tensors.values()
@@ -46,7 +52,8 @@ class PlanWorkspace:
         self.plans = self.unwritten = self.refills = 0
 
     @classmethod
-    def for_reader(cls, reader: Reader, max_bs: int, width: int, page_size: int, device):
+    def for_reader(cls, reader: Reader, max_bs: int, width: int, page_size: int,
+                   device: torch.device) -> PlanWorkspace | None:  # fmt: skip
         """The reader's workspace, or ``None`` for a reader without one."""
         if reader.workspace is None:
             return None
@@ -73,10 +80,13 @@ class PlanWorkspace:
         self.plans += 1
         self.unwritten += sum(int((~w).sum()) for w in self.written.values())
 
-    def _poisoned(self, host: HostBatch, which: int) -> dict:
+    def _poisoned(
+        self, host: HostBatch, which: int
+    ) -> dict[str, tuple[torch.Tensor, torch.Tensor]]:
         """``name -> (values after the plan, entries it changed)``, the workspace filled with
         poison ``which`` first."""
-        fills = {}
+        assert self.reader.plan is not None  # called by plan() for a planned reader
+        fills: dict[str, torch.Tensor] = {}
         for k, t in self.tensors.items():
             fills[k] = torch.full_like(t, _poisons(t.dtype)[which])
             t.copy_(fills[k])
@@ -93,7 +103,7 @@ class PlanWorkspace:
     def refill_unwritten(self, gen: torch.Generator) -> dict[str, torch.Tensor]:
         """Give each entry the last plan left unwritten another plausible value (module
         docstring); returns the stale values to ``restore`` (empty: every entry written)."""
-        saved = {}
+        saved: dict[str, torch.Tensor] = {}
         for k, t in self.tensors.items():
             written = self.written.get(k)
             if written is None or bool(written.all()):
@@ -129,7 +139,7 @@ def _other_values(t: torch.Tensor, written: torch.Tensor, gen: torch.Generator) 
 def _candidates(written: torch.Tensor, stale: torch.Tensor) -> torch.Tensor:
     """Distinct values to draw from: those the plan wrote and the stale ones; one more when
     they are all alike (a bool's other value, an int plus one, a float doubled plus one)."""
-    pool = torch.unique(torch.cat([written, stale]))
+    pool: torch.Tensor = torch.unique(torch.cat([written, stale]))
     if len(pool) >= 2:
         return pool
     if pool.dtype == torch.bool:

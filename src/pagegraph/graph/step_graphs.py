@@ -49,8 +49,9 @@ import contextlib
 import statistics
 import time
 import warnings
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from typing import Any, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -75,6 +76,9 @@ TIMING_CALLS = 20
 TIMING_WARMUP = 3
 #: The parts a decode step is timed in, in the order they are replayed.
 TIMED_PARTS = ("step", "builder", "consumer")
+
+_G = TypeVar("_G")
+_M = TypeVar("_M")
 
 
 @dataclass(frozen=True)
@@ -101,10 +105,14 @@ class StepShape:
         return self.fmt in CSR_CONSUMERS
 
 
-def default_consumer(fmt: str) -> Callable:
+def default_consumer(fmt: str) -> Callable[..., object]:
     """The attention kernel of a format: ``paged_decode_attention`` or
     ``csr_decode_attention``."""
-    return {"paged": paged_decode_attention, "csr": csr_decode_attention}[fmt]
+    kernels: dict[str, Callable[..., object]] = {
+        "paged": paged_decode_attention,
+        "csr": csr_decode_attention,
+    }
+    return kernels[fmt]
 
 
 def build_csr(
@@ -154,7 +162,7 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 @contextlib.contextmanager
-def _quiet_interpreter():
+def _quiet_interpreter() -> Iterator[None]:
     """The Triton interpreter computes in numpy, which warns on the NaN and Inf the padded
     rows carry by design."""
     with np.errstate(invalid="ignore"), warnings.catch_warnings():
@@ -183,9 +191,10 @@ class StepGraphs:
             "finite" (then the sentinel holds NaN).
     """
 
-    def __init__(self, builder, kind: KindSpec, consumer: Callable | Reader, shape: StepShape,
-                 req_to_token: torch.Tensor, buckets, seed: int,
-                 emulate: bool | None = None, null_block: str = "nan"):  # fmt: skip
+    def __init__(self, builder: Callable[..., object], kind: KindSpec,
+                 consumer: Callable[..., object] | Reader, shape: StepShape,
+                 req_to_token: torch.Tensor, buckets: Iterable[int], seed: int,
+                 emulate: bool | None = None, null_block: str = "nan") -> None:  # fmt: skip
         self.builder, self.kind = builder, kind
         self.reader = as_reader(consumer)
         self.consumer = self.reader.attend
@@ -327,7 +336,7 @@ class StepGraphs:
         lens = tuple(self.host_lens) if self.host_lens is not None else (1,) * bs
         return HostBatch(lens, bs, self.shape.page_size, self.shape.width)
 
-    def _launch_args(self, bs: int) -> dict:
+    def _launch_args(self, bs: int) -> dict[str, object]:
         """The reader's host launch arguments for a call on ``bs`` rows, and its workspace
         (``plan=``) when it has one."""
         launch = self.reader.arguments(self.host_batch(bs))
@@ -343,8 +352,8 @@ class StepGraphs:
 
     # -- capture and replay ------------------------------------------------------------------
 
-    def _capture(self, body: Callable[[int], None], graphs: dict, pool=None,
-                 emulate: bool = False) -> None:  # fmt: skip
+    def _capture(self, body: Callable[[int], None], graphs: dict[int, _G],
+                 pool: object | None = None, emulate: bool = False) -> None:  # fmt: skip
         """Warm ``body`` up for every bucket on a side stream, then capture it, largest bucket
         first, in one pool (``pool``, default a new one); without CUDA the warm-up, then
         (``emulate``) one ``EmulatedGraph`` per bucket, largest first."""
@@ -392,7 +401,7 @@ class StepGraphs:
         pool = torch.cuda.graph_pool_handle() if self.use_graphs else None
         for part, body in bodies.items():
 
-            def repeated(bs: int, body=body) -> None:
+            def repeated(bs: int, body: Callable[[int], None] = body) -> None:
                 for _ in range(calls):
                     body(bs)
 
@@ -412,7 +421,8 @@ class StepGraphs:
 
         return eager
 
-    def time_bucket(self, bucket: int, repeats: int, clock=None) -> tuple[float, float, float]:
+    def time_bucket(self, bucket: int, repeats: int,
+                    clock: Clock[Any] | None = None) -> tuple[float, float, float]:  # fmt: skip
         """``(step, builder, consumer)`` device us per call on the inputs now in the buffers:
         the timing graphs (``capture_timing`` first) replayed in turns, ``repeats`` timed
         replays each (``time_interleaved``). ``clock``: default ``EventClock`` (CUDA);
@@ -440,11 +450,22 @@ def per_call_us(replay_ms: Sequence[float], calls: int) -> float:
     return statistics.median(replay_ms) * 1e3 / calls
 
 
+class Clock(Protocol[_M]):
+    """What ``time_interleaved`` times with: ``begin`` before the replays, a ``mark`` before
+    and after each, ``end`` after them all, then ``elapsed_ms`` between two marks
+    (``EventClock``, ``HostClock``)."""
+
+    def begin(self, replays: int) -> None: ...
+    def mark(self) -> _M: ...
+    def end(self) -> None: ...
+    def elapsed_ms(self, a: _M, b: _M, /) -> float: ...
+
+
 class EventClock:
     """Device time on the current stream: CUDA events, the replays queued behind a spin
     kernel so that the host's launch gaps do not reach the device's timeline."""
 
-    def __init__(self, device) -> None:
+    def __init__(self, device: torch.device) -> None:
         self.device = device
 
     def begin(self, replays: int) -> None:
@@ -455,7 +476,8 @@ class EventClock:
             sleep(int((1e-3 + 50e-6 * replays) * 2e9))
 
     def mark(self) -> torch.cuda.Event:
-        event = torch.cuda.Event(enable_timing=True)
+        # torch.cuda.Event's constructor is unannotated
+        event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
         event.record()
         return event
 
@@ -464,7 +486,8 @@ class EventClock:
 
     @staticmethod
     def elapsed_ms(a: torch.cuda.Event, b: torch.cuda.Event) -> float:
-        return a.elapsed_time(b)
+        ms: float = a.elapsed_time(b)
+        return ms
 
 
 class HostClock:
@@ -484,8 +507,13 @@ class HostClock:
         return (b - a) * 1e3
 
 
-def time_interleaved(launch: dict[str, Callable[[], None]], calls: int, repeats: int, clock,
-                     warmup: int = TIMING_WARMUP) -> dict[str, float]:  # fmt: skip
+def time_interleaved(
+    launch: dict[str, Callable[[], None]],
+    calls: int,
+    repeats: int,
+    clock: Clock[_M],
+    warmup: int = TIMING_WARMUP,
+) -> dict[str, float]:
     """Microseconds per call of each of ``launch`` (by key), each a replay of ``calls``
     back-to-back calls: ``warmup`` untimed replays each, then ``repeats`` rounds that time
     one replay of each in turn (a drift of the clocks moves every part alike), the median
@@ -496,7 +524,7 @@ def time_interleaved(launch: dict[str, Callable[[], None]], calls: int, repeats:
         for _ in range(warmup):
             fn()
     clock.begin(repeats * len(launch))
-    marks: dict[str, list] = {name: [] for name in launch}
+    marks: dict[str, list[tuple[_M, _M]]] = {name: [] for name in launch}
     for _ in range(repeats):
         for name, fn in launch.items():
             start = clock.mark()
