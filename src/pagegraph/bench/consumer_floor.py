@@ -1,36 +1,10 @@
-"""The consumer against the DRAM floor: paged decode attention's device time beside the time the
-same bytes take to stream from DRAM, measured in the same process.
+"""The consumer against the DRAM floor: ``pagegraph bench --consumer-floor``.
 
-``pagegraph bench --consumer-floor`` (``make bench-decode``) writes ``consumer-floor.md`` and
-``consumer-floor.json`` into ``--out``. For the shapes of the ``sglang-h200`` scenario (its
-page size and batch buckets) with an attention of ``NUM_Q_HEADS`` query heads over
-``NUM_KV_HEADS`` KV heads, ``HEAD_DIM`` and bf16 pages, per ``(batch, context)`` of
-``BATCHES`` x ``CONTEXTS`` (every row at the context length; a case whose KV does not fit the
-GPU's free memory is skipped, and the report says so):
-
-* **KV bytes** a call must read: ``sum(len) * num_kv_heads * head_dim * 2 (K and V) *
-  itemsize`` (``kv_bytes``); the page table, queries, output and split-K workspace are left
-  out (a few percent at most at these shapes, at the smallest case);
-* **device time per call** of ``paged_decode_attention`` and of ``csr_decode_attention``
-  (FlashInfer's format, its metadata built once, outside the graph): a CUDA graph of
-  ``CALLS`` back-to-back calls, the median of ``REPLAYS`` event-timed replays over
-  ``CALLS``, warm-up replays untimed (``pagegraph.bench.timing.device_time_us``);
-* **the DRAM floor**: ``torch.sum`` over as many bytes of the same pool (K's and V's halves,
-  contiguous), timed the same way: a read-only, contiguous stream of the same byte count by
-  a library reduction, what reading those bytes costs on this device with no paging at all;
-* the achieved bandwidth of each (KV bytes / time), the consumer's time over the floor's, and
-  the fraction of the H200's 4.8 TB/s peak (``H200_PEAK_BYTES_PER_S``, a reference only: the
-  floor is what was measured).
-
-The calls of one graph would read the same bytes: a case whose KV fits in the L2 cache would
-be read from the L2, not DRAM. So each graph cycles over ``sets`` disjoint copies of the case
-(page tables over other pages of the pool; ``rotation_sets``), enough that one replay's
-footprint is at least ``L2_ROTATION`` times the L2, for the consumer and the floor alike.
-Before timing, each case's outputs are checked: the two formats bit-identical on the same
-pages, and row 0 within ``pagegraph.consumers.attention_reference``'s tolerance of dense fp32
-attention.
-
-Without CUDA the command exits 2 with one line: there is nothing to measure.
+For the ``sglang-h200`` shapes, per ``(batch, context)`` case, the device time of paged and CSR
+decode attention (a CUDA graph of ``CALLS`` calls, cycled over copies that keep it out of the
+L2) beside the time a ``torch.sum`` over as many bytes of the same pool takes in the same
+process, each case's outputs checked first; written as ``consumer-floor.md`` and ``.json``.
+Without CUDA it exits 2. The method: docs/ARCHITECTURE.md, "The consumer against the DRAM floor".
 """
 
 from __future__ import annotations

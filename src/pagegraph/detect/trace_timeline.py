@@ -1,13 +1,8 @@
 """A replay window of a trace as a timeline: the ranges of each phase as bars on a row, and
 every host sync or device-to-host copy marked where the host issued it.
 
-``timeline_layout(trace)`` lays it out (plain data: tested without pixels). The window holds
-at most ``max_replays`` consecutive ``replay/*`` ranges and the ranges around them; when a
-hazard falls inside a replay range, the window is centred on that replay, so the image shows
-the offence. A marker sits at the host call that made the host wait: a sync API call, or the
-API call a device-to-host copy or a host-blocking sync record came from (correlation id),
-as ``trace_stats`` counts them. ``write_timeline_image`` draws it with matplotlib, an
-optional dependency.
+``timeline_layout`` lays it out (plain data, tested without pixels), centred on a replay that
+holds a hazard; ``write_timeline_image`` draws it with matplotlib, an optional dependency.
 """
 
 from __future__ import annotations

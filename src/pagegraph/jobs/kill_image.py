@@ -1,12 +1,9 @@
 """The kill table as an image: ``pagegraph mutate --png`` (or beside ``--markdown``).
 
-A grid of builders (rows: the controls first, marked, then the mutants) by scenarios
-(columns), each cell coloured by what the scenario did to the builder: killed (with the
-first failing property written in), missed there but killed elsewhere, survived (no
-scenario kills it), SAFE (a control), NOT SAFE (a control that failed), n/a (the builder
-cannot write that scenario's outputs) or not run. ``kill_grid``
-lays it out (plain data, tested without pixels); ``write_kill_image`` draws it with
-matplotlib, an optional dependency (``pip install pagegraph[plot]``).
+A grid of builders (the controls first, marked, then the mutants) by scenarios, each cell
+coloured by what the scenario did to the builder: killed (with the first failing property),
+missed there but killed elsewhere, survived, SAFE, NOT SAFE, n/a or not run. ``kill_grid`` lays
+it out (plain data, tested without pixels); ``write_kill_image`` draws it with matplotlib.
 """
 
 from __future__ import annotations

@@ -1,18 +1,8 @@
-"""The builder contract, checked on the host from tensor metadata only.
+"""The page-table builder contract, checked on the host from tensor metadata only.
 
 Every page-table builder in pagegraph (the Triton kernel and the torch references) takes the
-same arguments::
-
-    req_to_token      [max_reqs, max_context_len]   int32 | int64   slot of each token
-    req_pool_indices  [bs]                          int32 | int64   request row of each batch row
-    seq_lens          [bs]                          int32 | int64   tokens of each batch row
-    page_table        [bs, width]                   int32           written in place
-    page_size         int >= 1
-    swa_page_table    [bs, width]                   int32           optional (with full_to_swa)
-    full_to_swa       [num_slots + 1]               int32 | int64   optional (with swa table)
-    errors            [len(ERROR_KINDS)]            int32           optional error counters
-
-The checks below read shapes, strides, dtypes and devices, never values: reading a value would
+same arguments (docs/ARCHITECTURE.md, "The page-table contract", has their shapes and dtypes).
+The checks here read shapes, strides, dtypes and devices, never values: reading a value would
 be a device-to-host sync, which is exactly what the builders exist to avoid.
 """
 

@@ -1,15 +1,10 @@
-"""Reference builders in plain torch, with the kernel's signature so every builder plugs in.
+"""Reference builders in plain torch, with the kernels' signatures so every builder plugs in.
 
-* ``reference_page_table``: the oracle. One row at a time, obviously correct, and it reads the
-  lengths on the host (a sync per call): use it to check, never to serve.
-* ``host_max_gather``: the naive baseline engines start from. One ``seq_lens.max().item()``
-  per call, then a strided gather into ``page_table[:, :n]``.
-* ``static_width_gather``: the sync-free baseline. Gathers the whole static width every call,
-  so its cost follows the width of the table, not the real lengths.
-
-All three clamp out-of-contract values the way the kernel does (a ``req_pool_index`` into
-``req_to_token``, a slot into ``full_to_swa``, the width into the pages ``req_to_token`` can
-supply), so they agree with it on any input that does not need the ``errors`` counters.
+``reference_page_table`` is the oracle (row by row, obviously correct, a host read a call: use
+it to check, never to serve); ``host_max_gather`` is the naive baseline engines start from (one
+``seq_lens.max().item()`` a call), ``static_width_gather`` the sync-free one whose cost follows
+the width. All clamp out-of-contract values as the kernel does, so they agree with it on any
+input that does not need the ``errors`` counters. The decode-metadata and CSR oracles are here too.
 """
 
 from __future__ import annotations

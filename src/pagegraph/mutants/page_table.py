@@ -1,17 +1,10 @@
-"""The page-table kind's mutants: page-table builders with one realistic bug each.
+"""The page-table kind's mutants: page-table builders with one realistic bug each, named in the
+docstring's first line.
 
-A test bed is worth the bugs it finds. Each mutant here has the page-table contract's
-signature and one bug that real engines have shipped (DESIGN.md lists the trackers' threads),
-named in its docstring's first line. Two families:
-
-* device bugs, in ``_mutant_kernel`` and its device functions: a plain one-program-per-row
-  Triton page-table kernel (simpler than ``pagegraph.kernels.page_table``, on purpose) whose
-  ``BUG`` constexpr switches one mistake in: arithmetic, clamping, strides, indirection, SWA
-  translation, counters;
-* host bugs around the correct kernel: syncs, frozen or stale host values, caches, streams.
-
-``MUTANTS`` maps each name to a ``Mutant`` (``pagegraph.mutants.record``); ``CONTROLS`` are
-the kind's correct builders, which must be SAFE everywhere.
+Device bugs live in ``_mutant_kernel``, a plain one-program-per-row Triton kernel (simpler than
+``pagegraph.kernels.page_table``, on purpose) whose ``BUG`` constexpr switches one mistake in;
+host bugs wrap the correct kernel (syncs, frozen or stale host values, caches, streams).
+``MUTANTS`` maps each name to its ``Mutant``; ``CONTROLS`` are the kind's correct builders.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
-"""Mutants of the ``"block_table"`` and ``"slot_mapping"`` kinds: builders with one realistic bug
-each, for mutation testing (the checker must report every one UNSAFE somewhere).
+"""Mutants of the ``"block_table"`` and ``"slot_mapping"`` kinds: sync-free torch builders with one
+realistic bug each, built on one correct base (``plain_block_table``, ``plain_slot_mapping``,
+controls with pagegraph's builders of the kinds), the bug named in the docstring's first line.
 
-Each is a sync-free torch function with its kind's signature, built on one correct base
-(``plain_block_table``, ``plain_slot_mapping``: controls, with pagegraph's builders of the
-kinds) with one bug switched in, named in the docstring's first line. ``BLOCK_TABLE_BUGS`` and
-``SLOT_MAPPING_BUGS`` map their names to them; ``BLOCK_TABLE_MUTANTS`` and
-``SLOT_MAPPING_MUTANTS`` are the zoo's records, with the property each must fail.
-
-The slot-mapping ``int32_slot`` bug is left out of the zoo: it needs slot ids past 2^31, which
-no pool of a real KV cache reaches (it stays in the kind's own tests).
+``BLOCK_TABLE_BUGS`` and ``SLOT_MAPPING_BUGS`` map names to builders, ``BLOCK_TABLE_MUTANTS``
+and ``SLOT_MAPPING_MUTANTS`` are the zoo's records. ``int32_slot`` stays out of the zoo: it
+needs slot ids past 2^31, which no real KV cache reaches (the kind's own tests keep it).
 """
 
 from __future__ import annotations

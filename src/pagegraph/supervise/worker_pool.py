@@ -1,29 +1,11 @@
-"""Warm worker processes for many isolated checks: ``pagegraph mutate``'s builders times
-scenarios.
+"""Warm worker processes for many isolated checks: ``pagegraph mutate``'s builders times scenarios.
 
-``pagegraph.supervise.isolate.run_isolated`` starts a fresh child for each list of checks, which
-pays the interpreter, torch, Triton and pagegraph imports, the CUDA context and the kernels'
-loading every time. A ``WorkerPool`` keeps ``workers`` children alive instead
-(``python -m pagegraph.supervise.worker_pool``): each reads the path of a one-check spec (the
-format of ``isolate._write_spec``) on its stdin, runs it with the very code a fresh child
-runs (``isolate._child``: the same phase notes, partial reports, memory slots and signal
-handling) and answers ``done RC`` on its stdout. The parent reads the reports with
-``isolate._collect_reports``, so a check reads the same whichever way it ran.
-
-Isolation is kept:
-
-* a worker that dies (a signal, an exit, its time limit) has its check reported exactly as a
-  fresh child's crash is (the cause, the phase, its stderr since the check began), and a
-  fresh worker takes the next task;
-* a worker whose check may have left its process unfit for another is ended and replaced
-  (``needs_fresh_process``: a crash, a failed capture, a raised replay), and a worker ends
-  itself when its CUDA context no longer synchronises or a
-  stream is left capturing (``_context_healthy``).
-
-Scheduling: tasks whose check shares memory slots (``isolate.memory_slot``) are handed out
-whenever a slot is free (they are the run's critical path: at most one check per slot runs
-at once), the others cheapest first (``Task.cost``), so no worker blocks on a slot while
-other work waits. The slots' lock files still enforce the limit in the workers.
+A ``WorkerPool`` keeps ``workers`` children alive instead of a fresh child for each check, so
+the imports, the CUDA context and the kernels' loading are paid once. Each worker runs a
+one-check spec with the very code a fresh child runs (``isolate._child``) and is replaced when
+it dies or its check may have left it unfit, so a check reads the same whichever way it ran;
+memory-slot tasks go first whenever a slot is free, the others cheapest first
+(docs/ARCHITECTURE.md, "Crashes, interruptions, resources").
 """
 
 from __future__ import annotations

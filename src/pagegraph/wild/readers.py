@@ -1,17 +1,11 @@
 """Decode attention in plain torch, by token ranges, for the corpus entries' readers.
 
-The entries of class (b) model kernels whose launch or schedule depends on host values: a
-split-K over a host number of fixed-size splits, a per-row tile schedule, a work list of
-(row, token range) items. These helpers compute such attention over a page table with static
-shapes and torch ops only (no host read of a device value, no data-dependent shape), so a
-reader built on them is legal inside a CUDA graph and is captured by the CPU's emulated graphs.
-
-A partial result covers one range of one row's tokens: the running max of its scores ``m``
-(``-inf`` when no token is live), their exponential sum (``l``, named ``total``) and the
-unnormalised output ``acc``; ``merge`` combines partials as a split-K combine kernel does.
-Keys and values of tokens that are not live are replaced by zeros before use and their scores
-by ``-inf``, so a stale page id (another live page, or the NaN page) never reaches a real
-row's output.
+Class (b) entries model kernels whose launch or schedule depends on host values (a host number
+of fixed-size splits, a per-row tile schedule, a work list of items). These helpers compute
+such attention with static shapes and torch ops only, so a reader built on them is legal inside
+a CUDA graph and captured by the CPU's emulated graphs. A partial result (running max, sum,
+unnormalised output) covers one range of a row's tokens; ``merge`` combines them as a split-K
+combine does, and dead tokens never reach a real row's output.
 """
 
 from __future__ import annotations
@@ -34,11 +28,12 @@ def token_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Ten
     return k_cache[pages, slot].float(), v_cache[pages, slot].float()
 
 
-def partials(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, live: torch.Tensor,
-             scale: float):  # fmt: skip
+def partials(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, live: torch.Tensor, scale: float):
     """One partial result an item: ``q`` ``[I, Hq, D]``, ``k`` / ``v`` fp32 ``[I, T, Hkv,
-    D]``, ``live`` ``[I, T]`` bool. Returns ``m`` and ``l`` ``[I, Hq]`` and ``acc`` ``[I, Hq,
-    D]``, fp32."""
+    D]``, ``live`` ``[I, T]`` bool. Returns ``m`` (the running max, ``-inf`` with no live
+    token) and ``l`` (the exponential sum) ``[I, Hq]`` and the unnormalised ``acc`` ``[I, Hq,
+    D]``, fp32. Keys and values of dead tokens are zeroed before use and their scores set to
+    ``-inf``, so a stale page id (another live page, or the NaN page) never reaches a real row."""
     items, num_q_heads, head_dim = q.shape
     num_kv_heads = k.shape[2]
     qg = q.float().reshape(items, num_kv_heads, num_q_heads // num_kv_heads, head_dim)

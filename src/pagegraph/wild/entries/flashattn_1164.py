@@ -1,16 +1,11 @@
 """FlashAttention #1164: ``flash_attn_varlen_func`` under a CUDA graph attends as far as the
 ``max_seqlen_k`` it was captured with.
 
-Symptom: a varlen decode captured into a CUDA graph gives outputs that depend on the context
-length at capture. Cause: ``max_seqlen_k`` is a host argument that sizes the kernel's loop over
-key blocks (and the split-KV kernel used it in place of each sequence's own length); a graph
-keeps the value computed from the capture's batch. The fix made the kernel bound each sequence
-by its own length; an engine that captures passes the static capacity as ``max_seqlen_k``.
-
-The reader: each row attends to ``min(cache_seqlens[i], max_seqlen_k)`` tokens (the key
-blocks the launch covers), clamped in a buffer allocated once, then pagegraph's paged
-attention. Buggy: ``max_seqlen_k`` is the batch's longest length, computed on the host at each
-launch (one token at capture). Fixed: the table's capacity, a static bound.
+The reader: each row attends to ``min(cache_seqlens[i], max_seqlen_k)`` tokens (the key blocks
+the launch covers), clamped in a buffer allocated once, then pagegraph's paged attention.
+Buggy: ``max_seqlen_k`` is the batch's longest length, computed on the host at each launch
+(one token at capture). Fixed: the table's capacity, a static bound, as an engine that captures
+passes it.
 """
 
 from __future__ import annotations

@@ -1,18 +1,11 @@
 """FlashInfer #4002: CUDA-graph plans without split-KV launch padded CTAs over scheduler
-entries the current plan never wrote.
+entries the current plan never wrote (the fix masks them with ``block_valid_mask``).
 
-Symptom: illegal memory accesses in FA2 decode and prefill with ``enable_cuda_graph=True``,
-``disable_split_kv=True`` and a uniform query length (correct with a fresh workspace, a crash
-with one an earlier plan used). Cause: the scheduler writes work entries for the real work
-only and pads the grid to a static size; with split-KV off no ``block_valid_mask`` exists, so
-the padded CTAs read whatever an earlier plan left. The fix (PR #5176) materialises
-``block_valid_mask`` whenever CUDA graphs are on and the run skips the masked entries.
-
-The reader, planned: ``plan()`` (host, eager, before each step) writes a work list into the
-workspace, one item per ``TILE`` tokens of each real row (row, token start, token end) and the
-item count; ``run()`` (captured) launches a static grid over every item slot, computes each
-item's partial attention and combines them per row. Buggy: every slot is processed, those past
-the count holding an earlier plan's items. Fixed: slots past the count are masked.
+The reader, planned: ``plan()`` (host, before each step) writes a work list into the workspace,
+one item per ``TILE`` tokens of each real row, and the item count; ``run()`` (captured)
+launches a static grid over every item slot and combines the items' partial attention per row.
+Buggy: every slot is processed, those past the count holding an earlier plan's items. Fixed:
+slots past the count are masked.
 """
 
 from __future__ import annotations

@@ -1,15 +1,10 @@
-"""SGLang #36658: a small metadata tensor made from a Python list inside a captured forward.
-
-"Cannot copy between CPU and CUDA tensors during CUDA graph capture unless the CPU tensor is
-pinned", and the signature silently falls back to eager: ``tail_attn_meta`` built its segment
-bounds with ``torch.tensor([valid, num_pad], device="cuda")`` on every forward, a copy from
-pageable host memory, which a stream capture refuses. The fix makes the same values on the
-device with ``arange`` arithmetic.
+"""SGLang #36658: a small metadata tensor made from a Python list inside a captured forward (the
+fix makes the same values on the device with ``arange`` arithmetic).
 
 Modelled as a plain-torch page-table builder that clamps each row's page count to the segment
-``[0, width]`` of its table, the bounds made at each call: from a Python list (buggy) or on
-the device (fixed). The CPU's emulated capture refuses a device tensor made from host data as
-a CUDA capture does.
+``[0, width]`` of its table, the bounds made at each call from a Python list (buggy) or on the
+device (fixed). The CPU's emulated capture refuses a device tensor made from host data as a
+CUDA capture does.
 """
 
 from __future__ import annotations

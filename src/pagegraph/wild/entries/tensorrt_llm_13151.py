@@ -1,9 +1,5 @@
-"""TensorRT-LLM #13151: CUDA-graph padding dummies alias the state slots of live requests.
-
-Under MTP with CUDA-graph padding, the dummy requests that fill a bucket had no slot of their
-own: they took slots that live requests held, and the state update scattered through them,
-corrupting those requests' caches. The fix reserves a sentinel slot for padding (later one
-shared slot) and scatters only through the indices the caller supplies.
+"""TensorRT-LLM #13151: CUDA-graph padding dummies alias the state slots of live requests (the
+fix reserves a sentinel slot for padding).
 
 Modelled on vLLM's slot mapping, whose padded rows are marked by request index -1: a padded
 row's tokens must map to ``PAD_SLOT_ID`` (a write there is dropped), never to a live slot.

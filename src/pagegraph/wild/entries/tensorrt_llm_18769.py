@@ -1,20 +1,11 @@
 """TensorRT-LLM #18769: a FlashInfer decode wrapper's plan is refreshed only in the forward
-path, which a CUDA-graph replay never runs.
-
-Symptom: wrong attention outputs (accuracy loss) for models with mixed sliding-window and full
-attention (Gemma3-style) under CUDA graphs; batch size 1 looked right. Cause: replay runs the
-split-KV tile schedule ``plan()`` left in the wrapper's workspace; ``prepare()`` re-planned
-only wrappers whose page tuple it recorded, and models with more than one decode wrapper had
-theirs deferred to ``forward_impl``, which runs at warm-up and capture only. Every replay
-reused the warm-up plan: one ``max_seq_len`` dummy in slot 0, one-token dummies elsewhere. The
-fix records the page tuple for every CUDA-graph decode wrapper, so ``prepare()`` re-plans each
-one before every replay.
+path, which a CUDA-graph replay never runs (the fix re-plans every graph wrapper before each
+replay).
 
 The reader, planned: the plan writes each row's tile count (``TILE`` tokens a tile) into a
 workspace allocated once; the captured run reduces only the planned tiles of each row. Buggy:
-the plan runs in the forward path (the attend body) on the engine's warm-up batch; a graph
-records its writes with the warm-up values, and the bed never calls it before a replay. Fixed:
-the same plan, run by the bed before every step (``Reader.plan``), on that step's batch.
+the plan runs in the forward path (the attend body) on the warm-up batch, so a graph keeps its
+writes with the warm-up values. Fixed: the bed runs the same plan before every step.
 """
 
 from __future__ import annotations

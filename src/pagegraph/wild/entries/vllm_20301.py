@@ -1,17 +1,10 @@
 """vLLM #20301: FA3's split count, chosen on the host at capture, caps what a full-graph
-replay reduces.
-
-Symptom: full CUDA graphs with FlashAttention-3's ahead-of-time scheduling hit illegal memory
-accesses, so vLLM had turned AoT scheduling off under full graphs. Cause: FA3's heuristic
-picked ``num_splits`` on the host from the batch being captured; the replayed graph kept that
-split layout and its buffers while later batches needed more splits. The fix passes
-``num_splits`` explicitly, as an upper bound, at both capture and run time.
+replay reduces (the fix passes ``num_splits`` as an upper bound at capture and run time).
 
 The reader: split-K attention whose splits each cover a fixed number of tokens, the combine
 reducing the host ``num_splits`` splits, so tokens past ``num_splits * SPLIT_TOKENS`` are never
 reduced. Buggy: ``num_splits`` from the heuristic on the batch at hand (one split at capture,
-whose rows hold one token). Fixed: the upper bound from the table's capacity, at capture and
-at every launch.
+whose rows hold one token). Fixed: the upper bound from the table's capacity, at every launch.
 """
 
 from __future__ import annotations

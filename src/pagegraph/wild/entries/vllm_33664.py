@@ -1,15 +1,10 @@
-"""vLLM #33664: a zero-length padded row reads block -1 of its block table, outside the KV cache.
+"""vLLM #33664: a zero-length padded row reads block -1 of its block table, outside the KV cache
+(the fix, #35431, pads block tables with the null block 0).
 
-The model runner padded unused CUDA-graph rows with seq_len 0 and block table -1; FlashMLA's
-FP8 decode still reads a row's last block, (n - 1) // page_size, so a padded row read block
-id -1, a negative KV-cache offset (an illegal memory access). The fix (#35431) pads block
-tables with the null block 0, a real block any padded row may read.
-
-Modelled in the decode step: the builder is pagegraph's page-table builder, then the engine's
-padding of the rows whose length is 0 (the vllm padding's padded rows), and the reader is
-paged attention that reads every row's last block, a zero-length row's too (one token of it).
-The scenario's null block holds data (``null_block = "finite"``), so padded rows' outputs are
-judged: block -1 reads the NaN guard page before page 0.
+Modelled in the decode step: pagegraph's page-table builder, then the engine's padding of the
+rows whose length is 0, and a reader (paged attention) that reads every row's last block, a
+zero-length row's too. The scenario's null block holds data (``null_block = "finite"``), so
+padded rows' outputs are judged: block -1 reads the NaN guard page before page 0.
 """
 
 from __future__ import annotations

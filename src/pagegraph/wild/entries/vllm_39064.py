@@ -1,15 +1,9 @@
-"""vLLM #39064: padding named the null block 0, and an ``idx < 0`` guard let padded rows write it.
+"""vLLM #39064: padding named the null block 0, and an ``idx < 0`` guard let padded rows write it
+(the fix turns every guard into ``<= 0`` / ``> 0``).
 
-#35431 changed CUDA-graph padding from -1 to ``NULL_BLOCK_ID = 0``; the GDN / FLA state
-kernels still skipped padded rows by ``state_idx < 0``, which catches -1 but not 0, so padded
-rows read and wrote ``ssm_state[0]``, corrupting the state the null block stands for. The fix
-turns every guard into ``<= 0`` / ``> 0``.
-
-Modelled in the decode step with the KV cache as the state: the builder is pagegraph's page
-table with vLLM's padding of the rows of length 0 (the vllm padding) by block 0, and the
-reader first writes each row's new key and value (a function of its query, as the layer's
-projection makes them) at the slot of its last token, block ``page_table[row, (n - 1) //
-page_size]`` (a zero-length row's position clamped to 0: block 0), unless the block is
+Modelled in the decode step with the KV cache as the state: the vllm padding's rows of length 0
+get block 0, and the reader first writes each row's new key and value at the slot of its last
+token (a zero-length row's position clamped to 0: block 0) unless the guard calls the block
 padding's, then runs paged attention. Property "null block and guard page untouched".
 """
 

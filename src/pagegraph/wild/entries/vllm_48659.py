@@ -1,15 +1,10 @@
-"""vLLM #48659: with dual-batch overlap, micro-batch 1 reuses micro-batch 0's metadata tensors.
+"""vLLM #48659: with dual-batch overlap, micro-batch 1 reuses micro-batch 0's metadata tensors
+(the fix adds the micro-batch id to the metadata cache's key).
 
-``AssertionError`` on ``page_table.shape`` in FlashAttention, or wrong attention where the
-shapes happen to agree: the attention-metadata cache was keyed by ``(kv_cache_spec,
-builder_type)`` without the micro-batch id, so micro-batch 1 hit micro-batch 0's entry and,
-through ``update_block_table``, swapped in its own block table but kept micro-batch 0's
-``seq_lens``, ``cu_seqlens_q`` and scheduler metadata. The fix adds the id to the key.
-
-Modelled as an engine that runs each bucket as two micro-batches (its first and second half
-of rows), each built by its own builder call from its rows' request indices and lengths into
-its rows of the page table, through a cache of each micro-batch's metadata. The buckets are
-even, so the two halves agree in shape, and the reuse shows as wrong entries, not a crash.
+Modelled as an engine that runs each bucket as two micro-batches (its first and second half of
+rows), each built by its own builder call into its rows of the page table, through a cache of
+each micro-batch's metadata. The buckets are even, so the two halves agree in shape, and the
+reuse shows as wrong entries, not a crash.
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
 """vLLM #53982: the generic slot-mapping kernel maps a one-block ring group's raw positions.
 
-A ring group (Qwen's QSA ``CircularBufferSpec``, one block of 128 tokens a request) went
-through the generic ``_compute_slot_mapping_kernel``, which takes ``position // block_size``
-as a column of the group's one-column row with no ``< row width`` mask: long requests read
-the next requests' rows (wrong slots, then a memory fault). The ring's slot is its own
-mapping, modulo its width (the thread: masking the column to PAD alone would leave the ring
-never written).
-
-Modelled over the scenario's KV-cache groups (``[layout] kv_groups``: a full-attention group
-and the ring): the generic mapping reads the per-request tables as the kernel does, through
-the flat allocation at ``row * stride + column``; the bed's allocation ends one spare row past
-the last request slot, so a column past it reads the allocation's last entry (on a GPU, a
-fault). The fixed twin maps the ring group modulo its width.
+Modelled over the scenario's KV-cache groups (a full-attention group and the ring): the
+generic mapping reads the per-request tables as the kernel does, ``position // block_size`` as
+a column through the flat allocation at ``row * stride + column`` with no width mask; the bed's
+allocation ends one spare row past the last request slot, so a column past it reads the
+allocation's last entry (on a GPU, a fault). The fixed twin maps the ring modulo its width.
 """
 
 from __future__ import annotations
