@@ -272,9 +272,13 @@ def bench_decode_config(cfg: BenchConfig, s: Settings) -> list[dict]:
         rounds: dict = {}
         with phase("bench", cfg.bs):
             eager = interleaved_wall_us(
-                calls, eager_calls(s), round_calls=EAGER_ROUND_CALLS,
-                warmup=eager_warmup(s), cuda=s.cuda, per_round=rounds,
-            )  # fmt: skip
+                calls,
+                eager_calls(s),
+                round_calls=EAGER_ROUND_CALLS,
+                warmup=eager_warmup(s),
+                cuda=s.cuda,
+                per_round=rounds,
+            )
         for i, us in eager.items():
             rows[i]["eager_us"] = us
             rows[i]["eager_round_us"] = rounds[i]

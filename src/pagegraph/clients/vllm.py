@@ -137,10 +137,19 @@ def vllm_gather_block_tables(
     args = gather_launch_args(block_table, out)
     counts = num_blocks.unsqueeze(0)  # vLLM's [num_groups, max_reqs] (a view)
     kernel[(1, batch.num_rows)](
-        idx_mapping, args.src_ptrs, args.dst_ptrs, args.strides, counts, counts.stride(0),
-        batch.num_reqs, args.reach, args.reach, args.block_sizes,
-        MASK_SLIDING_WINDOW=False, BLOCK_SIZE=GATHER_BLOCK_SIZE,
-    )  # fmt: skip
+        idx_mapping,
+        args.src_ptrs,
+        args.dst_ptrs,
+        args.strides,
+        counts,
+        counts.stride(0),
+        batch.num_reqs,
+        args.reach,
+        args.reach,
+        args.block_sizes,
+        MASK_SLIDING_WINDOW=False,
+        BLOCK_SIZE=GATHER_BLOCK_SIZE,
+    )
 
 
 vllm_gather_block_tables.pagegraph_outputs = "block_table"
@@ -171,11 +180,23 @@ def vllm_compute_slot_mappings(
     args = slot_mapping_launch_args(block_table, page_size)
     slots = slot_mapping.unsqueeze(0)  # vLLM's [num_groups, max_num_tokens] (a view)
     kernels.slot_mappings[(1, idx_mapping.shape[0] + 1)](
-        slots.shape[1], idx_mapping, query_start_loc, positions, args.ptrs, args.strides,
-        args.block_sizes, args.enabled, args.dcp_sharded, slots, slots.stride(0), 0,
-        CP_SIZE=1, CP_INTERLEAVE=1, PAD_ID=kernels.pad_slot_id,
+        slots.shape[1],
+        idx_mapping,
+        query_start_loc,
+        positions,
+        args.ptrs,
+        args.strides,
+        args.block_sizes,
+        args.enabled,
+        args.dcp_sharded,
+        slots,
+        slots.stride(0),
+        0,
+        CP_SIZE=1,
+        CP_INTERLEAVE=1,
+        PAD_ID=kernels.pad_slot_id,
         TRITON_BLOCK_SIZE=SLOT_BLOCK_SIZE,
-    )  # fmt: skip
+    )
 
 
 vllm_compute_slot_mappings.pagegraph_outputs = "slot_mapping"

@@ -247,24 +247,55 @@ def _launch(q, k_cache, v_cache, out, meta, ws, page_size, sm_scale, block_n, *,
     pages, lens, last, pages_stride, width = meta
     splits = ws.num_splits
     _split_kernel[(bs, num_kv_heads, splits)](
-        q, k_cache, v_cache, pages, lens, last, ws.acc, ws.stats,
-        q.stride(0), q.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        pages_stride, width, num_q_heads, scale,
-        GROUP=group, BLOCK_H=max(MIN_BLOCK_H, triton.next_power_of_2(group)),
-        HEAD_DIM=head_dim, PAGE_SIZE=page_size, BLOCK_N=block_n, NUM_SPLITS=splits, CSR=csr,
+        q,
+        k_cache,
+        v_cache,
+        pages,
+        lens,
+        last,
+        ws.acc,
+        ws.stats,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        pages_stride,
+        width,
+        num_q_heads,
+        scale,
+        GROUP=group,
+        BLOCK_H=max(MIN_BLOCK_H, triton.next_power_of_2(group)),
+        HEAD_DIM=head_dim,
+        PAGE_SIZE=page_size,
+        BLOCK_N=block_n,
+        NUM_SPLITS=splits,
+        CSR=csr,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         WIDEN_DOT=q.dtype == torch.bfloat16 and interpreter_active(),
         num_warps=NUM_WARPS,
-    )  # fmt: skip
+    )
     _combine_kernel[(bs, num_q_heads)](
-        out, lens, last, ws.acc, ws.stats,
-        out.stride(0), out.stride(1), width, num_q_heads,
-        HEAD_DIM=head_dim, PAGE_SIZE=page_size, BLOCK_N=block_n, NUM_SPLITS=splits,
-        SPLITS_P2=triton.next_power_of_2(splits), CSR=csr,
+        out,
+        lens,
+        last,
+        ws.acc,
+        ws.stats,
+        out.stride(0),
+        out.stride(1),
+        width,
+        num_q_heads,
+        HEAD_DIM=head_dim,
+        PAGE_SIZE=page_size,
+        BLOCK_N=block_n,
+        NUM_SPLITS=splits,
+        SPLITS_P2=triton.next_power_of_2(splits),
+        CSR=csr,
         num_warps=NUM_WARPS,
-    )  # fmt: skip
+    )
 
 
 @triton.jit
@@ -310,15 +341,28 @@ def _split_kernel(
     last_ptr,  # [>= bs] int32 kv_last_page_len (CSR; unused otherwise)
     acc_ptr,  # [>= bs, Hq, NUM_SPLITS, D] fp32 workspace
     stats_ptr,  # [>= bs, Hq, NUM_SPLITS, 2] fp32 workspace (max in log2 units, sum)
-    stride_qb, stride_qh,
-    stride_kp, stride_ks, stride_kh,
-    stride_vp, stride_vs, stride_vh,
-    pages_stride, width, num_q_heads,
+    stride_qb,
+    stride_qh,
+    stride_kp,
+    stride_ks,
+    stride_kh,
+    stride_vp,
+    stride_vs,
+    stride_vh,
+    pages_stride,
+    width,
+    num_q_heads,
     qk_scale,  # sm_scale * log2(e): the softmax runs in exp2
-    GROUP: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_DIM: tl.constexpr,
-    PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    CSR: tl.constexpr, DOT_PRECISION: tl.constexpr, WIDEN_DOT: tl.constexpr,
-):  # fmt: skip
+    GROUP: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    CSR: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    WIDEN_DOT: tl.constexpr,
+):
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -380,10 +424,17 @@ def _combine_kernel(
     last_ptr,  # [>= bs] int32 kv_last_page_len (CSR; unused otherwise)
     acc_ptr,  # [>= bs, Hq, NUM_SPLITS, D] fp32 workspace
     stats_ptr,  # [>= bs, Hq, NUM_SPLITS, 2] fp32 workspace
-    stride_ob, stride_oh, width, num_q_heads,
-    HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr, CSR: tl.constexpr,
-):  # fmt: skip
+    stride_ob,
+    stride_oh,
+    width,
+    num_q_heads,
+    HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    SPLITS_P2: tl.constexpr,
+    CSR: tl.constexpr,
+):
     row = tl.program_id(0)
     head = tl.program_id(1)
     # The page-id pointer is not needed here: lens_ptr stands in for it.

@@ -74,8 +74,11 @@ def _interpreter_launch_codes() -> set:
         try:
             from triton.runtime import interpreter as ti
 
-            for fn in (ti.GridExecutor.__call__, ti.InterpretedFunction.run,
-                       ti.InterpretedFunction.__call__):  # fmt: skip
+            for fn in (
+                ti.GridExecutor.__call__,
+                ti.InterpretedFunction.run,
+                ti.InterpretedFunction.__call__,
+            ):
                 codes.add(fn.__code__)
         except (ImportError, AttributeError):
             pass
@@ -340,8 +343,10 @@ class CpuHub(Hub):
 
         if not self._pushed:
             return True
-        if (_get_current_dispatch_mode() is not self._dispatch_mode
-                or _get_current_function_mode() is not self._function_mode):  # fmt: skip
+        if (
+            _get_current_dispatch_mode() is not self._dispatch_mode
+            or _get_current_function_mode() is not self._function_mode
+        ):
             return False
         self._dispatch_mode.__exit__(None, None, None)
         self._function_mode.__exit__(None, None, None)

@@ -39,8 +39,16 @@ class Progress:
     left at the rate so far, on ``stream`` (default stderr). ``clock`` is injectable (tests).
     Thread-safe: workers of a pool may call ``advance`` / ``update`` at once."""
 
-    def __init__(self, label: str, total: int, unit: str = "", *, every: float = EVERY_S,
-                 stream=None, clock=time.monotonic):  # fmt: skip
+    def __init__(
+        self,
+        label: str,
+        total: int,
+        unit: str = "",
+        *,
+        every: float = EVERY_S,
+        stream=None,
+        clock=time.monotonic,
+    ):
         self.label, self.total, self.unit = label, total, unit
         self.every = every
         self.stream = stream

@@ -142,9 +142,16 @@ def cuda_call_metadata(
     except (AttributeError, TypeError, ValueError):
         return None
     return (
-        device, bs, width, r2t_rows, r2t_cols, r2t_strides[0], pt_strides[0], swa_row_stride,
+        device,
+        bs,
+        width,
+        r2t_rows,
+        r2t_cols,
+        r2t_strides[0],
+        pt_strides[0],
+        swa_row_stride,
         f2s_len,
-    )  # fmt: skip
+    )
 
 
 def check_builder_args(
@@ -165,10 +172,19 @@ def check_builder_args(
     ``cpu_ok=False`` is for the Triton kernel: CPU tensors are accepted only under the
     interpreter.
     """
-    if cuda_call_metadata(
-        req_to_token, req_pool_indices, seq_lens, page_table, page_size,
-        swa_page_table, full_to_swa, errors,
-    ) is not None:  # fmt: skip
+    if (
+        cuda_call_metadata(
+            req_to_token,
+            req_pool_indices,
+            seq_lens,
+            page_table,
+            page_size,
+            swa_page_table,
+            full_to_swa,
+            errors,
+        )
+        is not None
+    ):
         return  # the common case, judged in one pass
     _check_tensor("req_to_token", req_to_token, 2, INDEX_DTYPES)
     _check_tensor("req_pool_indices", req_pool_indices, 1, INDEX_DTYPES)

@@ -68,8 +68,12 @@ def runtime() -> ctypes.CDLL | None:
             lib = candidate
             break
     lib.cudaMemcpyAsync.argtypes = [
-        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p
-    ]  # fmt: skip
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_int,
+        ctypes.c_void_p,
+    ]
     lib.cudaMemcpyAsync.restype = ctypes.c_int
     _runtime = lib
     return lib

@@ -110,10 +110,20 @@ def build_decode_metadata(
     eager calls on the same buffers, ``prepare_decode_metadata`` does the checks once.
     """
     tensors, ints, constexprs, grid, bs, draft, _ = _plan(
-        req_to_token, req_pool_indices, seq_lens, page_size, cache_seqlens, cu_seqlens_k,
-        page_table, draft_tokens, cu_seqlens_q, swa_page_table, full_to_swa, errors,
+        req_to_token,
+        req_pool_indices,
+        seq_lens,
+        page_size,
+        cache_seqlens,
+        cu_seqlens_k,
+        page_table,
+        draft_tokens,
+        cu_seqlens_q,
+        swa_page_table,
+        full_to_swa,
+        errors,
         "build_decode_metadata",
-    )  # fmt: skip
+    )
     # Launched even for bs == 0 or a zero-width table: cu_seqlens_k[0] (and cu_seqlens_q[0])
     # must still be written, and cache_seqlens does not depend on the width.
     _launch(grid, bs, draft, tensors, ints, constexprs)
@@ -220,9 +230,14 @@ class PreparedDecodeMetadata:
             self._entry = launch_cache.get(self._key) if self._index >= 0 else None
             return
         launch_compiled(
-            entry, self._index, grid[0], grid[1], self._ptrs, self._ints,
+            entry,
+            self._index,
+            grid[0],
+            grid[1],
+            self._ptrs,
+            self._ints,
             (rows, self._draft, *self._constexprs),
-        )  # fmt: skip
+        )
 
 
 def prepare_decode_metadata(
@@ -244,23 +259,50 @@ def prepare_decode_metadata(
     ``PreparedDecodeMetadata``, for an engine that builds eagerly, every step, into the same
     buffers. Arguments and errors as ``build_decode_metadata``; nothing is launched here."""
     plan = _plan(
-        req_to_token, req_pool_indices, seq_lens, page_size, cache_seqlens, cu_seqlens_k,
-        page_table, draft_tokens, cu_seqlens_q, swa_page_table, full_to_swa, errors,
+        req_to_token,
+        req_pool_indices,
+        seq_lens,
+        page_size,
+        cache_seqlens,
+        cu_seqlens_k,
+        page_table,
+        draft_tokens,
+        cu_seqlens_q,
+        swa_page_table,
+        full_to_swa,
+        errors,
         "prepare_decode_metadata",
-    )  # fmt: skip
+    )
     return PreparedDecodeMetadata(*plan)
 
 
 def _plan(
-    req_to_token, req_pool_indices, seq_lens, page_size, cache_seqlens, cu_seqlens_k,
-    page_table, draft_tokens, cu_seqlens_q, swa_page_table, full_to_swa, errors, caller: str,
-) -> tuple:  # fmt: skip
+    req_to_token,
+    req_pool_indices,
+    seq_lens,
+    page_size,
+    cache_seqlens,
+    cu_seqlens_k,
+    page_table,
+    draft_tokens,
+    cu_seqlens_q,
+    swa_page_table,
+    full_to_swa,
+    errors,
+    caller: str,
+) -> tuple:
     """Checked arguments of one launch: ``(tensors, ints, constexprs, grid, bs, draft,
     max_pages)``."""
     meta = cuda_call_metadata(
-        req_to_token, req_pool_indices, seq_lens, page_table, page_size,
-        swa_page_table, full_to_swa, errors,
-    )  # fmt: skip
+        req_to_token,
+        req_pool_indices,
+        seq_lens,
+        page_table,
+        page_size,
+        swa_page_table,
+        full_to_swa,
+        errors,
+    )
     has_swa = full_to_swa is not None
     if meta is None or not fast_decode_checks(
         meta[0], meta[1], cache_seqlens, cu_seqlens_k, cu_seqlens_q, draft_tokens, errors
@@ -461,9 +503,18 @@ def _decode_metadata_kernel(
             PAGE_SIZE, HAS_SWA, HAS_ERRORS, ROW_I32, BLOCK, UNROLL, ROWS,
         )  # fmt: skip
         _scan_cu_seqlens(
-            head, seq_lens_ptr, cu_seqlens_k_ptr, cu_seqlens_q_ptr, errors_ptr, bs,
-            draft_tokens, HAS_ERRORS, HAS_CU_Q, CU_K_I32, SCAN_BLOCK,
-        )  # fmt: skip
+            head,
+            seq_lens_ptr,
+            cu_seqlens_k_ptr,
+            cu_seqlens_q_ptr,
+            errors_ptr,
+            bs,
+            draft_tokens,
+            HAS_ERRORS,
+            HAS_CU_Q,
+            CU_K_I32,
+            SCAN_BLOCK,
+        )
     else:
         _build_rows(
             req_to_token_ptr, req_pool_indices_ptr, seq_lens_ptr, cache_seqlens_ptr,

@@ -82,10 +82,19 @@ def build_kv_indices(
     row_pages = cdiv(req_to_token.shape[1], page_size)
     grid = (bs, kv_indices_parts(row_pages))
     _kv_indices_kernel[grid](
-        req_to_token, req_pool_indices, seq_lens, kv_indptr, kv_indices,
-        req_to_token.stride(0), req_to_token.shape[0], row_pages, kv_indices.shape[0],
-        PAGE_SIZE=page_size, BLOCK=KV_INDICES_BLOCK, SCAN=SCAN,
-    )  # fmt: skip
+        req_to_token,
+        req_pool_indices,
+        seq_lens,
+        kv_indptr,
+        kv_indices,
+        req_to_token.stride(0),
+        req_to_token.shape[0],
+        row_pages,
+        kv_indices.shape[0],
+        PAGE_SIZE=page_size,
+        BLOCK=KV_INDICES_BLOCK,
+        SCAN=SCAN,
+    )
 
 
 build_kv_indices.pagegraph_outputs = "csr"

@@ -224,14 +224,28 @@ def prepare_build(
 
 
 def _plan(
-    req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table,
-    full_to_swa, errors, builder: str, work_counter=None,
-) -> tuple:  # fmt: skip
+    req_to_token,
+    req_pool_indices,
+    seq_lens,
+    page_table,
+    page_size,
+    swa_page_table,
+    full_to_swa,
+    errors,
+    builder: str,
+    work_counter=None,
+) -> tuple:
     """Checked arguments of one build: ``(tensors, ints, constexprs, max_pages, bs)``."""
     meta = cuda_call_metadata(
-        req_to_token, req_pool_indices, seq_lens, page_table, page_size,
-        swa_page_table, full_to_swa, errors,
-    )  # fmt: skip
+        req_to_token,
+        req_pool_indices,
+        seq_lens,
+        page_table,
+        page_size,
+        swa_page_table,
+        full_to_swa,
+        errors,
+    )
     has_swa = full_to_swa is not None
     if meta is None:
         # Not the common case: the full checks name what is wrong (or accept CPU tensors

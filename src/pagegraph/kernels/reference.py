@@ -197,10 +197,20 @@ def reference_decode_metadata(
     from .decode_metadata import check_decode_args
 
     check_decode_args(
-        req_to_token, req_pool_indices, seq_lens, page_size, cache_seqlens, cu_seqlens_k,
-        page_table, draft_tokens, cu_seqlens_q, swa_page_table, full_to_swa, errors,
+        req_to_token,
+        req_pool_indices,
+        seq_lens,
+        page_size,
+        cache_seqlens,
+        cu_seqlens_k,
+        page_table,
+        draft_tokens,
+        cu_seqlens_q,
+        swa_page_table,
+        full_to_swa,
+        errors,
         caller="reference_decode_metadata",
-    )  # fmt: skip
+    )
     bs = page_table.shape[0]
     lengths = seq_lens.tolist()
     cache = [min(max(n, 0) + draft_tokens, _DECODE_INT32_MAX) for n in lengths]
@@ -274,10 +284,21 @@ def unfused_decode_metadata(
     from .page_table import build_page_table
 
     check_decode_args(
-        req_to_token, req_pool_indices, seq_lens, page_size, cache_seqlens, cu_seqlens_k,
-        page_table, draft_tokens, cu_seqlens_q, swa_page_table, full_to_swa, errors,
-        caller="unfused_decode_metadata", cpu_ok=False,
-    )  # fmt: skip
+        req_to_token,
+        req_pool_indices,
+        seq_lens,
+        page_size,
+        cache_seqlens,
+        cu_seqlens_k,
+        page_table,
+        draft_tokens,
+        cu_seqlens_q,
+        swa_page_table,
+        full_to_swa,
+        errors,
+        caller="unfused_decode_metadata",
+        cpu_ok=False,
+    )
     bs = page_table.shape[0]
     torch.add(seq_lens.clamp(min=0), draft_tokens, out=cache_seqlens)
     torch.cumsum(cache_seqlens, 0, dtype=cu_seqlens_k.dtype, out=cu_seqlens_k[1:])

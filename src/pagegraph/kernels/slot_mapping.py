@@ -98,11 +98,20 @@ def compute_slot_mappings(
     rows = idx_mapping.shape[0]
     grid = (rows + 1, slot_mapping_parts(max_num_tokens))
     _slot_mapping_kernel[grid](
-        block_table, idx_mapping, query_start_loc, positions, slot_mapping,
-        block_table.stride(0), block_table.shape[0], block_table.shape[1] * page_size,
-        max_num_tokens, min(max_num_tokens, positions.shape[0]),
-        PAGE_SIZE=page_size, PAD_ID=PAD_SLOT_ID, BLOCK=SLOT_BLOCK,
-    )  # fmt: skip
+        block_table,
+        idx_mapping,
+        query_start_loc,
+        positions,
+        slot_mapping,
+        block_table.stride(0),
+        block_table.shape[0],
+        block_table.shape[1] * page_size,
+        max_num_tokens,
+        min(max_num_tokens, positions.shape[0]),
+        PAGE_SIZE=page_size,
+        PAD_ID=PAD_SLOT_ID,
+        BLOCK=SLOT_BLOCK,
+    )
 
 
 compute_slot_mappings.pagegraph_outputs = "slot_mapping"

@@ -108,8 +108,9 @@ def plain_block_table(block_table, num_blocks, idx_mapping, out, *, batch: Batch
 plain_block_table.pagegraph_outputs = "block_table"
 
 
-def _torch_slot_mapping(block_table, idx_mapping, qsl, positions, slot_mapping, page_size,
-                        *, bug: str = "") -> None:  # fmt: skip
+def _torch_slot_mapping(
+    block_table, idx_mapping, qsl, positions, slot_mapping, page_size, *, bug: str = ""
+) -> None:
     """The ``"slot_mapping"`` contract in sync-free torch ops, with one ``bug`` switched in.
     Each token finds its row by a search of ``query_start_loc``."""
     max_reqs, width = block_table.shape
@@ -143,8 +144,9 @@ def _torch_slot_mapping(block_table, idx_mapping, qsl, positions, slot_mapping, 
 
 def _slot_mapping_mutant(bug: str, doc: str) -> Callable:
     def builder(block_table, idx_mapping, query_start_loc, positions, slot_mapping, page_size):
-        _torch_slot_mapping(block_table, idx_mapping, query_start_loc, positions, slot_mapping,
-                            page_size, bug=bug)  # fmt: skip
+        _torch_slot_mapping(
+            block_table, idx_mapping, query_start_loc, positions, slot_mapping, page_size, bug=bug
+        )
 
     builder.__doc__ = doc
     builder.__name__ = builder.__qualname__ = bug
@@ -152,11 +154,13 @@ def _slot_mapping_mutant(bug: str, doc: str) -> Callable:
     return builder
 
 
-def plain_slot_mapping(block_table, idx_mapping, query_start_loc, positions, slot_mapping,
-                       page_size) -> None:  # fmt: skip
+def plain_slot_mapping(
+    block_table, idx_mapping, query_start_loc, positions, slot_mapping, page_size
+) -> None:
     """The ``"slot_mapping"`` contract in sync-free torch ops: the mutants' base, correct."""
-    _torch_slot_mapping(block_table, idx_mapping, query_start_loc, positions, slot_mapping,
-                        page_size)  # fmt: skip
+    _torch_slot_mapping(
+        block_table, idx_mapping, query_start_loc, positions, slot_mapping, page_size
+    )
 
 
 plain_slot_mapping.pagegraph_outputs = "slot_mapping"
@@ -229,8 +233,10 @@ SLOT_MAPPING_KILLS = {
 def _records(bugs: dict[str, Callable], kills: dict[str, str]) -> dict[str, Mutant]:
     """The zoo's records of ``kills``' bugs, every one able to die on a CPU; each is caught
     by the property its ``killed_by`` text starts with."""
-    return {name: Mutant(name, bugs[name], True, why, kills=(why.split(" (")[0],))
-            for name, why in kills.items()}  # fmt: skip
+    return {
+        name: Mutant(name, bugs[name], True, why, kills=(why.split(" (")[0],))
+        for name, why in kills.items()
+    }
 
 
 BLOCK_TABLE_MUTANTS = _records(BLOCK_TABLE_BUGS, BLOCK_TABLE_KILLS)

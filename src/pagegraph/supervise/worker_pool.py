@@ -167,8 +167,7 @@ class WorkerPool:
     the pool's lock) as each report is known.
     """
 
-    def __init__(self, workers: int, tmp: Path, *, timeout: float | None = None,
-                 on_report=None):  # fmt: skip
+    def __init__(self, workers: int, tmp: Path, *, timeout: float | None = None, on_report=None):
         self.workers = max(1, workers)
         self.tmp = Path(tmp)
         self.timeout = timeout
@@ -186,8 +185,10 @@ class WorkerPool:
         """Every task's report, by key. ``IsolatedError`` if a check could not run at all;
         ``KeyboardInterrupt`` (``.reports``: what was done) after a stop."""
         self._pending = sorted(tasks, key=lambda t: t.cost)
-        threads = [threading.Thread(target=self._serve, args=(i,), daemon=True)
-                   for i in range(min(self.workers, len(tasks)))]  # fmt: skip
+        threads = [
+            threading.Thread(target=self._serve, args=(i,), daemon=True)
+            for i in range(min(self.workers, len(tasks)))
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -225,8 +226,11 @@ class WorkerPool:
                     for t in self._pending
                     if t.job.memory_slots and not t.in_cost_order and slot_free(t)
                 ]
-                plain = [t for t in self._pending if not t.job.memory_slots
-                         or (t.in_cost_order and slot_free(t))]  # fmt: skip
+                plain = [
+                    t
+                    for t in self._pending
+                    if not t.job.memory_slots or (t.in_cost_order and slot_free(t))
+                ]
                 task = free[0] if free else (plain[0] if plain else None)
                 if task is not None:
                     self._pending.remove(task)

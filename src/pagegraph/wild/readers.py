@@ -15,8 +15,14 @@ import torch
 __all__ = ["merge", "partials", "split_attention", "token_kv"]
 
 
-def token_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
-             rows: torch.Tensor, pos: torch.Tensor, page_size: int):  # fmt: skip
+def token_kv(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    rows: torch.Tensor,
+    pos: torch.Tensor,
+    page_size: int,
+):
     """Keys and values at token positions ``pos`` ``[I, T]`` int64 of table rows ``rows``
     ``[I]`` int64, as fp32 ``[I, T, Hkv, D]``. Rows, columns and page ids are clamped into the
     table and the pool (a garbage schedule reads wrong data, never outside the buffers)."""
@@ -46,8 +52,11 @@ def partials(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, live: torch.Tens
     # A range without a live token has m = -inf: exp(-inf - 0) = 0 everywhere.
     p = torch.exp(scores - torch.where(torch.isfinite(m), m, 0.0)[..., None])
     acc = torch.einsum("ihgt,ithd->ihgd", p, v)
-    return (m.reshape(items, num_q_heads), p.sum(-1).reshape(items, num_q_heads),
-            acc.reshape(items, num_q_heads, head_dim))  # fmt: skip
+    return (
+        m.reshape(items, num_q_heads),
+        p.sum(-1).reshape(items, num_q_heads),
+        acc.reshape(items, num_q_heads, head_dim),
+    )
 
 
 def merge(m: torch.Tensor, total: torch.Tensor, acc: torch.Tensor, dim: int) -> torch.Tensor:
@@ -61,10 +70,18 @@ def merge(m: torch.Tensor, total: torch.Tensor, acc: torch.Tensor, dim: int) -> 
     return torch.where(weight[..., None] > 0, out / weight[..., None], 0.0)
 
 
-def split_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    page_table: torch.Tensor, cache_seqlens: torch.Tensor, *, page_size: int,
-                    splits: int, split_tokens: int,
-                    live_splits: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+def split_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    *,
+    page_size: int,
+    splits: int,
+    split_tokens: int,
+    live_splits: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Split-K decode attention with fixed-size splits: split ``s`` of row ``i`` covers tokens
     ``[s * split_tokens, (s + 1) * split_tokens)`` below ``cache_seqlens[i]`` (clamped to the
     table's capacity), and the combine reduces the ``splits`` splits, those of

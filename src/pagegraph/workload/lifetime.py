@@ -62,8 +62,7 @@ def die_with_parent(parent: int | None = None, signum: int = signal.SIGKILL) -> 
 
 
 @contextlib.contextmanager
-def escalate_stop(flush=None, grace: float = STOP_GRACE_S,
-                  signals=(signal.SIGINT, signal.SIGTERM)):  # fmt: skip
+def escalate_stop(flush=None, grace: float = STOP_GRACE_S, signals=(signal.SIGINT, signal.SIGTERM)):
     """While the body runs (in the main thread, with Python handlers set for ``signals``,
     e.g. by ``stop_on_signals``), a stop signal not obeyed within ``grace`` seconds ends the
     process: ``flush()`` first (its errors ignored), then ``os._exit(128 + signum)``. The

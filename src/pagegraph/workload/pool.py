@@ -123,8 +123,9 @@ class _PageWriter:
         self.eff = torch.empty((n, ps), dtype=torch.int64, device=dev)
         self.index = torch.empty((n, ps), dtype=torch.int64, device=dev)
         self.value = torch.empty((n, ps), dtype=torch.int64, device=dev)
-        self.cast = self.value if dtype == torch.int64 else torch.empty((n, ps), dtype=dtype,
-                                                                        device=dev)  # fmt: skip
+        self.cast = (
+            self.value if dtype == torch.int64 else torch.empty((n, ps), dtype=dtype, device=dev)
+        )
         # Flat views made once: ``apply`` slices them (a slice and a view per call cost more).
         self._index_flat = self.index.view(-1)
         self._cast_flat = self.cast.view(-1)

@@ -86,8 +86,11 @@ def _batches(pool_kwargs: dict, workload_kwargs: dict) -> Iterator[list]:
             # Arrays, converted here rather than by the consumer: they pickle as one buffer,
             # and the checker's model and the runner's post copy them without a Python loop
             # (a list would cost the consumer a Python loop each time).
-            step = Step(i, np.asarray(step.req_pool_indices, dtype=np.int64),
-                        np.asarray(step.seq_lens, dtype=np.int64))  # fmt: skip
+            step = Step(
+                i,
+                np.asarray(step.req_pool_indices, dtype=np.int64),
+                np.asarray(step.seq_lens, dtype=np.int64),
+            )
             batch.append((step, [(tags[id(w)], runs) for w, runs in pool.take_writes()]))
             if len(batch) == BATCH_STEPS:
                 yield batch

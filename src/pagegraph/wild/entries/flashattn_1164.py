@@ -22,14 +22,26 @@ def _lengths_buffer(max_bs: int, width: int, page_size: int, device) -> dict[str
     return {"seqlen_k": torch.zeros(max_bs, dtype=torch.int32, device=device)}
 
 
-def varlen_attention(q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size,
-                     workspace, max_seqlen_k: int, plan: dict) -> torch.Tensor:  # fmt: skip
+def varlen_attention(
+    q,
+    k_cache,
+    v_cache,
+    page_table,
+    cache_seqlens,
+    out,
+    *,
+    page_size,
+    workspace,
+    max_seqlen_k: int,
+    plan: dict,
+) -> torch.Tensor:
     """Decode attention whose key blocks stop at the host ``max_seqlen_k`` (shapes as
     ``paged_decode_attention``'s)."""
     lens = plan["seqlen_k"][: q.shape[0]]
     torch.clamp(cache_seqlens, max=max_seqlen_k, out=lens)
-    return paged_decode_attention(q, k_cache, v_cache, page_table, lens, out,
-                                  page_size=page_size, workspace=workspace)  # fmt: skip
+    return paged_decode_attention(
+        q, k_cache, v_cache, page_table, lens, out, page_size=page_size, workspace=workspace
+    )
 
 
 def _batch_max(host: HostBatch) -> dict:
@@ -61,7 +73,7 @@ BUG = WildBug(
             _batch_max,
             workspace=_lengths_buffer,
         )
-    ),  # fmt: skip
+    ),
     fixed=Twin(
         reader=Reader(
             "varlen attention, max_seqlen_k = capacity",
@@ -69,5 +81,5 @@ BUG = WildBug(
             _capacity,
             workspace=_lengths_buffer,
         )
-    ),  # fmt: skip
+    ),
 )

@@ -18,8 +18,9 @@ from ..record import Twin, WildBug
 FP8_MAX = 448.0
 
 
-def _attention(q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size,
-               guard_empty: bool) -> torch.Tensor:  # fmt: skip
+def _attention(
+    q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size, guard_empty: bool
+) -> torch.Tensor:
     """Decode attention in fp32, torch ops only.
 
     q ``[bs, Hq, D]``, caches ``[pages, page_size, Hkv, D]``, page_table ``[bs, width]`` int32
@@ -49,8 +50,16 @@ def _attention(q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size
 
 def _reader(*, guard_empty: bool) -> Reader:
     def attend(q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size, workspace):
-        o = _attention(q, k_cache, v_cache, page_table, cache_seqlens, out,
-                       page_size=page_size, guard_empty=guard_empty)  # fmt: skip
+        o = _attention(
+            q,
+            k_cache,
+            v_cache,
+            page_table,
+            cache_seqlens,
+            out,
+            page_size=page_size,
+            guard_empty=guard_empty,
+        )
         # The next layer's per-tensor FP8 input scale: one amax over the whole batch.
         scale = o.abs().amax() / FP8_MAX
         out.copy_(o / scale * scale)

@@ -14,8 +14,14 @@ import torch
 from ..record import Twin, WildBug
 
 
-def _build(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
-           page_table: torch.Tensor, page_size: int, bounds: torch.Tensor) -> None:  # fmt: skip
+def _build(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    page_table: torch.Tensor,
+    page_size: int,
+    bounds: torch.Tensor,
+) -> None:
     """``page_table[i, p] = req_to_token[req_pool_indices[i], p * page_size] // page_size`` for
     ``p < clamp(cdiv(seq_lens[i], page_size), bounds[0], bounds[1])``, every other entry
     written back unchanged (``page_table`` ``[bs, width]`` int32; ``bounds`` ``[2]`` int64

@@ -36,14 +36,24 @@ def plan_tiles(host: HostBatch, workspace: dict[str, torch.Tensor]) -> None:
         tiles[row].fill_(cdiv(n, TILE))
 
 
-def run(q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size, workspace,
-        plan: dict) -> torch.Tensor:  # fmt: skip
+def run(
+    q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size, workspace, plan: dict
+) -> torch.Tensor:
     """The captured run: split-KV over the table's capacity in ``TILE`` splits, each row
     reducing only the tiles its plan gave it (shapes as ``paged_decode_attention``'s)."""
     bs, splits = q.shape[0], cdiv(page_table.shape[1] * page_size, TILE)
     planned = torch.arange(splits, device=q.device) < plan["tiles"][:bs, None].long()
-    o = split_attention(q, k_cache, v_cache, page_table, cache_seqlens, page_size=page_size,
-                        splits=splits, split_tokens=TILE, live_splits=planned)  # fmt: skip
+    o = split_attention(
+        q,
+        k_cache,
+        v_cache,
+        page_table,
+        cache_seqlens,
+        page_size=page_size,
+        splits=splits,
+        split_tokens=TILE,
+        live_splits=planned,
+    )
     return out.copy_(o)
 
 
@@ -53,13 +63,33 @@ def _warmup_batch(host: HostBatch) -> HostBatch:
     return HostBatch(lens, host.bucket, host.page_size, host.width)
 
 
-def forward_planned(q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size,
-                    workspace, plan: dict, host: HostBatch) -> torch.Tensor:  # fmt: skip
+def forward_planned(
+    q,
+    k_cache,
+    v_cache,
+    page_table,
+    cache_seqlens,
+    out,
+    *,
+    page_size,
+    workspace,
+    plan: dict,
+    host: HostBatch,
+) -> torch.Tensor:
     """Buggy: ``forward_impl`` plans (on the warm-up batch: it runs at warm-up and capture
     only), then runs."""
     plan_tiles(_warmup_batch(host), plan)
-    return run(q, k_cache, v_cache, page_table, cache_seqlens, out, page_size=page_size,
-               workspace=workspace, plan=plan)  # fmt: skip
+    return run(
+        q,
+        k_cache,
+        v_cache,
+        page_table,
+        cache_seqlens,
+        out,
+        page_size=page_size,
+        workspace=workspace,
+        plan=plan,
+    )
 
 
 def _host(host: HostBatch) -> dict:
@@ -83,10 +113,10 @@ BUG = WildBug(
         reader=Reader(
             "decode wrapper planned in forward", forward_planned, _host, workspace=_workspace
         )
-    ),  # fmt: skip
+    ),
     fixed=Twin(
         reader=Reader(
             "decode wrapper planned by prepare()", run, plan=plan_tiles, workspace=_workspace
         )
-    ),  # fmt: skip
+    ),
 )

@@ -20,12 +20,21 @@ from ..record import Twin, WildBug
 SPLIT_TOKENS = 64
 
 
-def split_k_attention(q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size,
-                      workspace, num_splits: int) -> torch.Tensor:  # fmt: skip
+def split_k_attention(
+    q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size, workspace, num_splits: int
+) -> torch.Tensor:
     """Decode attention reduced over ``num_splits`` splits of ``SPLIT_TOKENS`` tokens (shapes
     as ``paged_decode_attention``'s; ``workspace``, pagegraph's split-K buffers, unused)."""
-    o = split_attention(q, k_cache, v_cache, page_table, cache_seqlens, page_size=page_size,
-                        splits=num_splits, split_tokens=SPLIT_TOKENS)  # fmt: skip
+    o = split_attention(
+        q,
+        k_cache,
+        v_cache,
+        page_table,
+        cache_seqlens,
+        page_size=page_size,
+        splits=num_splits,
+        split_tokens=SPLIT_TOKENS,
+    )
     return out.copy_(o)
 
 
@@ -54,8 +63,8 @@ BUG = WildBug(
     prop="output correct through the consumer",
     buggy=Twin(
         reader=Reader("FA3 split-K, heuristic num_splits", split_k_attention, _heuristic_splits)
-    ),  # fmt: skip
+    ),
     fixed=Twin(
         reader=Reader("FA3 split-K, num_splits upper bound", split_k_attention, _upper_bound_splits)
-    ),  # fmt: skip
+    ),
 )

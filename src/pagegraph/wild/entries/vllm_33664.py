@@ -29,8 +29,9 @@ def _padded_table(fill: int):
     return build
 
 
-def last_block_attention(q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size,
-                         workspace):  # fmt: skip
+def last_block_attention(
+    q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size, workspace
+):
     """Paged decode attention whose block loop always runs on the row's last block.
 
     q ``[bs, Hq, D]``, caches ``[pages, page_size, Hkv, D]``, page_table ``[bs, width]`` int32,
@@ -45,8 +46,9 @@ def last_block_attention(q, k_cache, v_cache, page_table, cache_seqlens, out, *,
     table = page_table.clone()
     table[:, :1] = torch.where((n <= 0)[:, None], block, page_table[:, :1])
     lens = n.clamp(min=1).to(torch.int32)
-    return paged_decode_attention(q, k_cache, v_cache, table, lens, out, page_size=page_size,
-                                  workspace=workspace)  # fmt: skip
+    return paged_decode_attention(
+        q, k_cache, v_cache, table, lens, out, page_size=page_size, workspace=workspace
+    )
 
 
 READER = Reader("flashmla_last_block", last_block_attention)

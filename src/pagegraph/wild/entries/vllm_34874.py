@@ -29,8 +29,7 @@ def each_group_own_buffers(
     req_to_token: torch.Tensor, *, page_table: torch.Tensor, swa_page_table: torch.Tensor, **kwargs
 ) -> GraphRunner:
     """Fixed: each group's metadata are written into that group's own persistent buffer."""
-    return GraphRunner(req_to_token, page_table=page_table, swa_page_table=swa_page_table,
-                       **kwargs)  # fmt: skip
+    return GraphRunner(req_to_token, page_table=page_table, swa_page_table=swa_page_table, **kwargs)
 
 
 BUG = WildBug(

@@ -17,16 +17,16 @@ from ...kernels.page_table import build_page_table
 from ..record import Twin, WildBug
 
 
-def page_table_null_padded(req_to_token, req_pool_indices, seq_lens, page_table,
-                           page_size) -> None:  # fmt: skip
+def page_table_null_padded(req_to_token, req_pool_indices, seq_lens, page_table, page_size) -> None:
     """pagegraph's page table, every row of length 0 padded with the null block 0."""
     build_page_table(req_to_token, req_pool_indices, seq_lens, page_table, page_size)
     # In the graph a padded row is known by its length 0 (real rows hold a token).
     page_table.masked_fill_((seq_lens <= 0)[:, None], 0)
 
 
-def _write_new_tokens(q, k_cache, v_cache, page_table, cache_seqlens, page_size,
-                      *, padding_id_max: int) -> None:  # fmt: skip
+def _write_new_tokens(
+    q, k_cache, v_cache, page_table, cache_seqlens, page_size, *, padding_id_max: int
+) -> None:
     """Each row's new key and value at its last token's slot, for rows whose block is above
     ``padding_id_max`` (a skipped row writes back what its slot holds).
 
@@ -47,10 +47,19 @@ def _write_new_tokens(q, k_cache, v_cache, page_table, cache_seqlens, page_size,
 
 def _reader(*, padding_id_max: int) -> Reader:
     def attend(q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size, workspace):
-        _write_new_tokens(q, k_cache, v_cache, page_table, cache_seqlens, page_size,
-                          padding_id_max=padding_id_max)  # fmt: skip
-        return paged_decode_attention(q, k_cache, v_cache, page_table, cache_seqlens, out,
-                                      page_size=page_size, workspace=workspace)  # fmt: skip
+        _write_new_tokens(
+            q, k_cache, v_cache, page_table, cache_seqlens, page_size, padding_id_max=padding_id_max
+        )
+        return paged_decode_attention(
+            q,
+            k_cache,
+            v_cache,
+            page_table,
+            cache_seqlens,
+            out,
+            page_size=page_size,
+            workspace=workspace,
+        )
 
     name = f"write_then_attend_skip_ids_le_{padding_id_max}".replace("-", "minus_")
     attend.__name__ = name

@@ -19,8 +19,18 @@ from ..record import Twin, WildBug
 def _draft_step(*, skip_padded: bool):
     """A decode-metadata builder whose lengths come from the draft step's kernel."""
 
-    def build(req_to_token, req_pool_indices, seq_lens, page_size, *, cache_seqlens,
-              cu_seqlens_k, page_table, draft_tokens=0, cu_seqlens_q=None) -> None:  # fmt: skip
+    def build(
+        req_to_token,
+        req_pool_indices,
+        seq_lens,
+        page_size,
+        *,
+        cache_seqlens,
+        cu_seqlens_k,
+        page_table,
+        draft_tokens=0,
+        cu_seqlens_q=None,
+    ) -> None:
         build_page_table(req_to_token, req_pool_indices, seq_lens, page_table, page_size)
         padded = seq_lens <= 0  # in the graph a padded row is known by its length 0
         page_table.masked_fill_(padded[:, None], -1)  # vLLM's block-table padding then

@@ -49,9 +49,13 @@ class DualBatchRunner(GraphRunner):
         half = bs // 2
         for ubatch, rows in enumerate((slice(0, half), slice(half, bs))):
             meta = self._ubatch_metadata(bs, ubatch, rows)
-            io = SimpleNamespace(req_to_token=self.req_to_token, page_size=self.page_size,
-                                 req_pool_indices=meta.req_pool_indices,
-                                 seq_lens=meta.seq_lens, page_table=meta.page_table)  # fmt: skip
+            io = SimpleNamespace(
+                req_to_token=self.req_to_token,
+                page_size=self.page_size,
+                req_pool_indices=meta.req_pool_indices,
+                seq_lens=meta.seq_lens,
+                page_table=meta.page_table,
+            )
             self.kind.call(self.builder, io, rows.stop - rows.start, {})
 
     def _ubatch_metadata(self, bucket: int, ubatch: int, rows: slice) -> UbatchMetadata:

@@ -22,8 +22,9 @@ def flat_table(block_table: torch.Tensor) -> torch.Tensor:
     return block_table.as_strided((n - block_table.storage_offset(),), (1,))
 
 
-def map_slots(block_table, idx_mapping, query_start_loc, positions, slot_mapping, page_size,
-              *, column) -> None:  # fmt: skip
+def map_slots(
+    block_table, idx_mapping, query_start_loc, positions, slot_mapping, page_size, *, column
+) -> None:
     """Each token's slot through the flat table (sync-free torch ops): ``column(pos)`` is the
     column its block is read from; a padded row (index -1) and the tail get ``PAD_SLOT_ID``."""
     rows, total = idx_mapping.shape[0], slot_mapping.shape[0]
@@ -40,15 +41,24 @@ def map_slots(block_table, idx_mapping, query_start_loc, positions, slot_mapping
     slot_mapping.copy_(torch.where(t >= qsl[rows], PAD_SLOT_ID, value))
 
 
-def generic_on_every_group(block_table, idx_mapping, query_start_loc, positions, slot_mapping,
-                           page_size, *, group=None) -> None:  # fmt: skip
+def generic_on_every_group(
+    block_table, idx_mapping, query_start_loc, positions, slot_mapping, page_size, *, group=None
+) -> None:
     """Buggy: ``pos // block_size`` as the column on every group, the ring included."""
-    map_slots(block_table, idx_mapping, query_start_loc, positions, slot_mapping, page_size,
-              column=lambda pos: pos // page_size)  # fmt: skip
+    map_slots(
+        block_table,
+        idx_mapping,
+        query_start_loc,
+        positions,
+        slot_mapping,
+        page_size,
+        column=lambda pos: pos // page_size,
+    )
 
 
-def ring_mapped_modulo(block_table, idx_mapping, query_start_loc, positions, slot_mapping,
-                       page_size, *, group=None) -> None:  # fmt: skip
+def ring_mapped_modulo(
+    block_table, idx_mapping, query_start_loc, positions, slot_mapping, page_size, *, group=None
+) -> None:
     """Fixed: a ring group's column is ``(pos // block_size) % width``."""
     ring = group is not None and group.ring
     width = block_table.shape[1]

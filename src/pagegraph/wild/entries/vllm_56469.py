@@ -30,14 +30,22 @@ def _uses_generic(group, *, exclude_builder_managed: bool) -> bool:
 
 
 def _dispatch(*, exclude_builder_managed: bool):
-    def build(block_table, idx_mapping, query_start_loc, positions, slot_mapping, page_size,
-              *, group=None) -> None:  # fmt: skip
+    def build(
+        block_table, idx_mapping, query_start_loc, positions, slot_mapping, page_size, *, group=None
+    ) -> None:
         if _uses_generic(group, exclude_builder_managed=exclude_builder_managed):
             column = lambda pos: pos // page_size  # noqa: E731 - the generic kernel's column
         else:  # the kpool tail's builder: its own block, the offset in it
             column = torch.zeros_like
-        map_slots(block_table, idx_mapping, query_start_loc, positions, slot_mapping,
-                  page_size, column=column)  # fmt: skip
+        map_slots(
+            block_table,
+            idx_mapping,
+            query_start_loc,
+            positions,
+            slot_mapping,
+            page_size,
+            column=column,
+        )
 
     build.__name__ = build.__qualname__ = (
         "kpool_tail_own_mapping" if exclude_builder_managed else "kpool_tail_through_generic"
