@@ -90,9 +90,14 @@ def load_sglang_builder():
         bs = seq_lens.shape[0]
         kv_indptr[1 : bs + 1] = torch.cumsum(seq_lens, dim=0)
         module.create_flashinfer_kv_indices_triton[(bs,)](
-            req_to_token, req_pool_indices, seq_lens, kv_indptr, None, kv_indices,
+            req_to_token,
+            req_pool_indices,
+            seq_lens,
+            kv_indptr,
+            None,
+            kv_indices,
             req_to_token.stride(0),
-        )  # fmt: skip
+        )
 
     return build
 

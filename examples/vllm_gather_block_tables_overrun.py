@@ -202,10 +202,19 @@ def vllm_gather(kernel):
         block_sizes = torch.full((1,), 16, dtype=torch.int32, device=device)  # not read
         counts = num_blocks.view(1, -1)  # [num_kv_cache_groups, max_num_reqs]
         kernel[(1, num_rows)](
-            idx_mapping, src_ptrs, dst_ptrs, strides, counts, counts.stride(0),
-            idx_mapping.shape[0], reach, reach, block_sizes,
-            MASK_SLIDING_WINDOW=False, BLOCK_SIZE=1024,
-        )  # fmt: skip
+            idx_mapping,
+            src_ptrs,
+            dst_ptrs,
+            strides,
+            counts,
+            counts.stride(0),
+            idx_mapping.shape[0],
+            reach,
+            reach,
+            block_sizes,
+            MASK_SLIDING_WINDOW=False,
+            BLOCK_SIZE=1024,
+        )
 
     return gather
 

@@ -190,10 +190,23 @@ def compute_slot_mappings(kernel, tables, idx_mapping, positions, enabled):
     qsl = torch.arange(len(IDX_MAPPING) + 1, dtype=torch.int32, device=device)  # 1 token a row
     out = torch.full((len(tables), MAX_NUM_TOKENS), -7, dtype=torch.int64, device=device)
     kernel[(len(tables), len(IDX_MAPPING) + 1)](
-        MAX_NUM_TOKENS, idx_mapping, qsl, positions, ptrs, strides, sizes, enabled, sharded,
-        out, out.stride(0), 0, CP_SIZE=1, CP_INTERLEAVE=1, PAD_ID=PAD_SLOT_ID,
+        MAX_NUM_TOKENS,
+        idx_mapping,
+        qsl,
+        positions,
+        ptrs,
+        strides,
+        sizes,
+        enabled,
+        sharded,
+        out,
+        out.stride(0),
+        0,
+        CP_SIZE=1,
+        CP_INTERLEAVE=1,
+        PAD_ID=PAD_SLOT_ID,
         TRITON_BLOCK_SIZE=1024,
-    )  # fmt: skip
+    )
     if out.is_cuda:
         torch.cuda.synchronize()
     return out.cpu()
@@ -206,9 +219,10 @@ def reproduce(kernel, device, enabled=(True, True)) -> tuple[list[str], list[str
     blocks ``1000 * (g + 1) + 100 * r + p``."""
     tables = [
         (1000 * (g + 1) + 100 * torch.arange(MAX_NUM_REQS).view(-1, 1) + torch.arange(w))
-        .to(torch.int32).to(device)
+        .to(torch.int32)
+        .to(device)
         for g, w in enumerate(WIDTHS)
-    ]  # fmt: skip
+    ]
     idx = torch.tensor(IDX_MAPPING, dtype=torch.int32, device=device)
     pos = torch.tensor(POSITIONS, dtype=torch.int64, device=device)
     got = compute_slot_mappings(kernel, tables, idx, pos, list(enabled))

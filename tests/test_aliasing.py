@@ -17,8 +17,15 @@ from pagegraph.wild import entry
 PROP = "outputs unaliased"
 
 #: A decode step's metadata on small buckets (every output compared).
-METADATA = CheckConfig(max_bs=4, max_context_len=256, page_size=16, buckets=[2, 4], steps=6,
-                       seed=3, initial_len=(1, 200))  # fmt: skip
+METADATA = CheckConfig(
+    max_bs=4,
+    max_context_len=256,
+    page_size=16,
+    buckets=[2, 4],
+    steps=6,
+    seed=3,
+    initial_len=(1, 200),
+)
 
 
 def test_byte_runs_follow_the_strides_of_a_view():
@@ -26,8 +33,9 @@ def test_byte_runs_follow_the_strides_of_a_view():
     runs = byte_runs(a[:, 2:5]) - a.data_ptr()
     assert runs.tolist() == [[8 + 40 * r, 20 + 40 * r] for r in range(4)]
     assert (byte_runs(a) - a.data_ptr()).tolist() == [[0, 160]]  # contiguous: one run
-    assert (byte_runs(a.t()[1]) - a.data_ptr()).tolist() == [[4 + 40 * r, 8 + 40 * r]
-                                                             for r in range(4)]  # fmt: skip
+    assert (byte_runs(a.t()[1]) - a.data_ptr()).tolist() == [
+        [4 + 40 * r, 8 + 40 * r] for r in range(4)
+    ]
     wide = torch.zeros(3, 1).expand(3, 6)  # a stride-0 dimension repeats, adds nothing
     assert (byte_runs(wide) - wide.data_ptr()).tolist() == [[0, 12]]
 
@@ -48,16 +56,22 @@ def test_overlapping_outputs_name_both_buffers_and_the_common_bytes():
     assert len(found) == 1
     o = found[0]
     assert (o.first, o.second, o.relation, o.common) == (
-        "cu_seqlens_k", "cu_seqlens_q", "two outputs", 16,
-    )  # fmt: skip
+        "cu_seqlens_k",
+        "cu_seqlens_q",
+        "two outputs",
+        16,
+    )
     assert (o.first_at, o.second_at) == ("cu_seqlens_k[5]", "cu_seqlens_q[0]")
     text = str(o)
     assert "cu_seqlens_k" in text and "cu_seqlens_q" in text and "16 bytes" in text
     # One column of two interleaved tables in common: the exact bytes, not the spans'.
     slab = torch.zeros(8, 12, dtype=torch.int32)
     (o,) = find_overlaps({"page_table": slab[:, :6], "swa_page_table": slab[:, 5:11]}, {})
-    assert (o.common, o.first_at, o.second_at) == (8 * 4, "page_table[0, 5]",
-                                                   "swa_page_table[0, 0]")  # fmt: skip
+    assert (o.common, o.first_at, o.second_at) == (
+        8 * 4,
+        "page_table[0, 5]",
+        "swa_page_table[0, 0]",
+    )
 
 
 def test_inputs_may_share_memory_but_not_with_an_output():
@@ -71,8 +85,9 @@ def test_a_runner_writing_into_req_to_token_fails_at_set_up():
     """An engine that hands a view of ``req_to_token`` as the page table: the build overwrites
     what it reads."""
     r2t = torch.zeros(6, 64, dtype=torch.int32)
-    runner = GraphRunner(r2t, max_bs=4, max_context_len=64, page_size=16, buckets=[4],
-                         page_table=r2t[1:5, :4])  # fmt: skip
+    runner = GraphRunner(
+        r2t, max_bs=4, max_context_len=64, page_size=16, buckets=[4], page_table=r2t[1:5, :4]
+    )
     outputs, inputs = split_buffers(runner.static_buffers(), kind_of(runner.builder))
     assert "page_table" in outputs and "req_to_token" in inputs and "seq_lens" in inputs
     prop = PropertyResult(PROP)
@@ -89,8 +104,9 @@ def _shared_cu_seqlens(req_to_token, *, vectors, **kwargs) -> GraphRunner:
 
 
 def test_metadata_outputs_handed_over_as_one_buffer_fail_outputs_unaliased_and_correct():
-    report = check_replay_safety("build_decode_metadata", METADATA,
-                                 runner_factory=_shared_cu_seqlens)  # fmt: skip
+    report = check_replay_safety(
+        "build_decode_metadata", METADATA, runner_factory=_shared_cu_seqlens
+    )
     prop = report.property(PROP)
     assert prop.status == "FAIL", prop.full_detail()
     assert "cu_seqlens_k overlaps cu_seqlens_q (two outputs)" in str(prop.first_failure)

@@ -63,9 +63,13 @@ def test_block_grid_baseline_is_exact_and_registered():
         inp = bench.make_inputs(cfg, "cuda" if torch.cuda.is_available() else "cpu")
         page_table, swa_page_table, kwargs = bench.make_outputs(inp)
         bench.block_grid(
-            inp.req_to_token, inp.req_pool_indices, inp.seq_lens, page_table, cfg.page_size,
+            inp.req_to_token,
+            inp.req_pool_indices,
+            inp.seq_lens,
+            page_table,
+            cfg.page_size,
             **kwargs,
-        )  # fmt: skip
+        )
         assert bench.Check(inp).compare(page_table, swa_page_table) is None
 
 

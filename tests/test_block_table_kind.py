@@ -34,8 +34,14 @@ def framed_table(rows: int, width: int, extra_cols: int = 3) -> tuple[torch.Tens
     return big, big[MARGIN : MARGIN + rows, MARGIN : MARGIN + width]
 
 
-def make_case(seed: int, num_reqs: int, num_rows: int, width: int, max_bs: int | None = None,
-              extra_cols: int = 3):  # fmt: skip
+def make_case(
+    seed: int,
+    num_reqs: int,
+    num_rows: int,
+    width: int,
+    max_bs: int | None = None,
+    extra_cols: int = 3,
+):
     """Seeded inputs: a per-request table (framed, random ids), counts in ``[0, width]`` with 0
     and ``width`` present, a one-to-one ``idx_mapping`` of ``max_bs`` entries (stale past
     ``num_reqs``), and a framed ``out`` full of random stale ids."""
@@ -321,8 +327,9 @@ def test_seeded_sweep_matches_oracle(seed):
     )
     if seed % 2:
         hostile = torch.randint(0, counts.shape[0], (3,), generator=gen).to(counts.device)
-        counts[hostile] = torch.tensor([-7, width + 1, 2**31 - 1], dtype=torch.int32,
-                                       device=counts.device)  # fmt: skip
+        counts[hostile] = torch.tensor(
+            [-7, width + 1, 2**31 - 1], dtype=torch.int32, device=counts.device
+        )
         bad = torch.tensor([-1, 10**6], dtype=torch.int32, device=idx.device)
         idx[: min(2, idx.shape[0])] = bad[: idx.shape[0]]
     got, want = run_both(gather_block_tables, table, counts, idx, out_big, out, batch)

@@ -42,9 +42,14 @@ SMALL = CheckConfig(
 )
 #: Out-of-contract values and error counters, tables as column slices.
 HOSTILE = SMALL.replace(
-    overlong=0.5, negative=0.2, bad_index=0.2, zero_len=0.3, errors=True, table_pad_cols=2,
+    overlong=0.5,
+    negative=0.2,
+    bad_index=0.2,
+    zero_len=0.3,
+    errors=True,
+    table_pad_cols=2,
     steps=16,
-)  # fmt: skip
+)
 
 
 #: A CPU runner that calls the builder at every replay (emulated graphs, the CPU's default,
@@ -215,9 +220,16 @@ def test_kernel_passes_everything_checkable_here():
     assert report.safe and report.verdict == "SAFE", report.format()
     assert report.replays == SMALL.steps and report.stopped is None
     assert [p.name for p in report.properties] == list(PROPERTIES)
-    for name in ("correct", "bounded writes", "staged inputs", "static buffers unmoved",
-                 "capture", "replays completed", "no allocation in builder",
-                 "no allocation in replay"):  # fmt: skip
+    for name in (
+        "correct",
+        "bounded writes",
+        "staged inputs",
+        "static buffers unmoved",
+        "capture",
+        "replays completed",
+        "no allocation in builder",
+        "no allocation in replay",
+    ):
         assert report.property(name).passed is True, report.format()
     if not CUDA:
         # GPU-only checks are listed as skipped with their reason, never as passed; the syncs
@@ -312,8 +324,9 @@ def test_batched_verification_judges_each_replay_as_alone(monkeypatch, batch):
             armed["on"] = done >= 11
 
         cfg = SMALL.replace(steps=20, chunk=7, swa=False)
-        return check_replay_safety(late_wrong_builder, cfg, progress=progress,
-                                   runner_factory=EAGER_RUNNER)  # fmt: skip
+        return check_replay_safety(
+            late_wrong_builder, cfg, progress=progress, runner_factory=EAGER_RUNNER
+        )
 
     alone, batched = run(1), run(batch)
     assert batched.replays == alone.replays == 20
@@ -354,8 +367,17 @@ def test_off_by_one_fails_bounded_writes():
     assert report.property("correct").passed is True
 
 
-def _torch_page_table(req_to_token, req_pool_indices, seq_lens, page_table, page_size, *,
-                      lane=0, skip_len_one=False, **kw):  # fmt: skip
+def _torch_page_table(
+    req_to_token,
+    req_pool_indices,
+    seq_lens,
+    page_table,
+    page_size,
+    *,
+    lane=0,
+    skip_len_one=False,
+    **kw,
+):
     """A page table in plain torch (allocates: a test builder only), reading each page's slot
     ``lane`` instead of its first, or leaving rows of length 1 alone, when asked."""
     width = page_table.shape[1]
@@ -601,9 +623,14 @@ def test_a_safe_verdict_names_where_it_stands():
 
 
 def test_bad_config_values_raise_naming_the_field():
-    for field, value in [("r2t_dtype", "int16"), ("staging", "x"), ("overlong", 2.0),
-                         ("table_width", 0), ("chunk", 0),
-                         ("workload_process", "yes")]:  # fmt: skip
+    for field, value in [
+        ("r2t_dtype", "int16"),
+        ("staging", "x"),
+        ("overlong", 2.0),
+        ("table_width", 0),
+        ("chunk", 0),
+        ("workload_process", "yes"),
+    ]:
         with pytest.raises(ValueError, match=field):
             check_replay_safety("build_page_table", SMALL, **{field: value})
 
@@ -623,25 +650,59 @@ gpu = pytest.mark.gpu
 BIG = [
     # 4 x 520 = 2080 checked replays of build_page_table in the GPU suite
     CheckConfig(
-        max_bs=256, max_context_len=131072, page_size=64, steps=520, seed=1,
-        initial_len=(1, 32768), overlong=0.05, errors=True, table_pad_cols=32,
+        max_bs=256,
+        max_context_len=131072,
+        page_size=64,
+        steps=520,
+        seed=1,
+        initial_len=(1, 32768),
+        overlong=0.05,
+        errors=True,
+        table_pad_cols=32,
     ),
     CheckConfig(
-        max_bs=256, max_context_len=131072, page_size=16, steps=520, seed=2,
-        initial_len=(1, 32768), index_dtype="int64", zero_len=0.05,
+        max_bs=256,
+        max_context_len=131072,
+        page_size=16,
+        steps=520,
+        seed=2,
+        initial_len=(1, 32768),
+        index_dtype="int64",
+        zero_len=0.05,
     ),
     CheckConfig(
-        max_bs=256, max_context_len=131072, page_size=64, steps=520, seed=3, swa=True,
-        swa_window=8192, swa_churn=0.3, initial_len=(1, 32768), r2t_dtype="int64",
-        full_to_swa_dtype="int32", r2t_extra_cols=100, negative=0.05, bad_index=0.05,
+        max_bs=256,
+        max_context_len=131072,
+        page_size=64,
+        steps=520,
+        seed=3,
+        swa=True,
+        swa_window=8192,
+        swa_churn=0.3,
+        initial_len=(1, 32768),
+        r2t_dtype="int64",
+        full_to_swa_dtype="int32",
+        r2t_extra_cols=100,
+        negative=0.05,
+        bad_index=0.05,
         errors=True,
     ),
     CheckConfig(
-        max_bs=256, max_context_len=131072, page_size=16, steps=520, seed=4, swa=True,
-        swa_window=4096, swa_churn=0.3, draft_tokens=4, initial_len=(1, 32768),
-        padding="vllm", table_width=4096, overlong=0.05,
+        max_bs=256,
+        max_context_len=131072,
+        page_size=16,
+        steps=520,
+        seed=4,
+        swa=True,
+        swa_window=4096,
+        swa_churn=0.3,
+        draft_tokens=4,
+        initial_len=(1, 32768),
+        padding="vllm",
+        table_width=4096,
+        overlong=0.05,
     ),
-]  # fmt: skip
+]
 
 
 @gpu
@@ -650,17 +711,22 @@ def test_gpu_kernel_passes_every_property(config):
     report = check_replay_safety("build_page_table", config)
     assert report.safe, report.format()
     assert report.replays == config.steps
-    assert not report.skipped or set(report.skipped) <= {
-        "error counters", "row containment"
-    }, report.format()  # fmt: skip
+    assert not report.skipped or set(report.skipped) <= {"error counters", "row containment"}, (
+        report.format()
+    )
     assert len(report.buckets) > 10, "the workload must cross many buckets"
 
 
 @gpu
 def test_gpu_static_width_gather_is_correct_and_sync_free_but_allocates():
     report = check_replay_safety("static_width_gather", BIG[0], steps=100)
-    passing = ("correct", "sync-free builder call", "sync-free replay path",
-               "no allocation in replay", "graph-safe (captured short, replayed long)")  # fmt: skip
+    passing = (
+        "correct",
+        "sync-free builder call",
+        "sync-free replay path",
+        "no allocation in replay",
+        "graph-safe (captured short, replayed long)",
+    )
     for name in passing:
         assert report.property(name).passed is True, report.format()
     # Its allocations at warm-up and capture come from the graph's pool: advice only.
@@ -705,8 +771,9 @@ def test_planted_syncing_runner_fails_sync_free_replay_path():
         assert prop.judged == "emulated", report.format()
         # One scalar read a replay, each inside its bucket's stage range.
         assert f"{SMALL.steps} sync(s): scalar read" in prop.detail, prop.detail
-        assert re.search(r"^replay 0 \(bucket \d+\): scalar read .* in stage/bs=\d+$",
-                         str(prop.first_failure)), prop.first_failure  # fmt: skip
+        assert re.search(
+            r"^replay 0 \(bucket \d+\): scalar read .* in stage/bs=\d+$", str(prop.first_failure)
+        ), prop.first_failure
     assert report.verdict == "UNSAFE"
 
 
@@ -726,14 +793,22 @@ def test_gpu_planted_runner_defects_are_caught(runner, expect):
     assert expect <= set(failing(report)), report.format()
 
 
-def bs_specialised_builder(req_to_token, req_pool_indices, seq_lens, page_table, page_size,
-                           offset=100, **kw):  # fmt: skip
+def bs_specialised_builder(
+    req_to_token, req_pool_indices, seq_lens, page_table, page_size, offset=100, **kw
+):
     """The plain kernel with the batch size baked in as a constexpr: a compilation a bucket
     (``offset`` picks a family of variants not compiled yet in this process)."""
     from pagegraph.check.mutants import plain_page_table
 
-    plain_page_table(req_to_token, req_pool_indices, seq_lens, page_table, page_size,
-                     bug=offset + page_table.shape[0], **kw)  # fmt: skip
+    plain_page_table(
+        req_to_token,
+        req_pool_indices,
+        seq_lens,
+        page_table,
+        page_size,
+        bug=offset + page_table.shape[0],
+        **kw,
+    )
 
 
 def bs_specialised_builder_2(*args, **kw):
@@ -746,8 +821,7 @@ def test_gpu_per_bucket_compilation_is_advice_unless_strict():
     prop = report.property("one compilation for all buckets")
     assert prop.status == "advice" and report.safe, report.format()
     assert "after the first bucket" in str(prop.first_failure)
-    strict = check_replay_safety(bs_specialised_builder_2, SMALL, steps=4,
-                                 strict=("compilations",))  # fmt: skip
+    strict = check_replay_safety(bs_specialised_builder_2, SMALL, steps=4, strict=("compilations",))
     assert strict.property("one compilation for all buckets").passed is False
 
 
@@ -800,11 +874,23 @@ def test_graph_runner_fixture_releases_its_runners_when_the_test_fails(tmp_path)
     )
     src = str(Path(__file__).resolve().parent.parent / "src")
     proc = subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider", "-p",
-         "pagegraph.pytest_plugin", str(tmp_path / "test_inner.py")],
-        capture_output=True, text=True, timeout=300, cwd=tmp_path,
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "pagegraph.pytest_plugin",
+            str(tmp_path / "test_inner.py"),
+        ],
+        capture_output=True,
+        text=True,
+        timeout=300,
+        cwd=tmp_path,
         env={**__import__("os").environ, "PYTHONPATH": src},
-    )  # fmt: skip
+    )
     assert proc.returncode == 1 and "the test fails" in proc.stdout, proc.stdout[-2000:]
     assert marker.read_text() == "xx", "both runners closed at teardown"
 
@@ -834,10 +920,18 @@ def test_batch_model_flags_exactly_the_rows_out_of_the_contract(draft_tokens, le
 
     rng = np.random.default_rng(draft_tokens * 7 + len_limit)
     rows, sizes = 50, [4, 8, 16]
-    model = BatchModel(sizes=sizes, max_bs=16, pad_seq_len=1, pad_req_pool_index=None,
-                       initial_req_pool_indices=rng.integers(0, rows, 16), len_limit=len_limit,
-                       r2t_rows=rows, capture_pages=1, page_size=4,
-                       draft_tokens=draft_tokens)  # fmt: skip
+    model = BatchModel(
+        sizes=sizes,
+        max_bs=16,
+        pad_seq_len=1,
+        pad_req_pool_index=None,
+        initial_req_pool_indices=rng.integers(0, rows, 16),
+        len_limit=len_limit,
+        r2t_rows=rows,
+        capture_pages=1,
+        page_size=4,
+        draft_tokens=draft_tokens,
+    )
     edges = [-(2**62), -1, 0, 1, len_limit - draft_tokens, len_limit - draft_tokens + 1, 2**40]
     for index in range(200):
         n = int(rng.integers(1, 17))

@@ -136,10 +136,24 @@ def _env() -> dict:
 def test_an_interrupted_check_writes_its_reports_marked_incomplete(tmp_path, sig, code):
     out_json, out_md = tmp_path / "r.json", tmp_path / "r.md"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "pagegraph", "check", DEFAULT, "--replays", "100000",
-         "--json", str(out_json), "--markdown", str(out_md)],
-        env=_env(), stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pagegraph",
+            "check",
+            DEFAULT,
+            "--replays",
+            "100000",
+            "--json",
+            str(out_json),
+            "--markdown",
+            str(out_md),
+        ],
+        env=_env(),
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+    )
     # Wait until replays are running (a progress line on stderr counts some), then interrupt.
     deadline = time.monotonic() + 120
     seen = ""

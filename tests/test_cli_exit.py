@@ -54,8 +54,13 @@ def _run(tmp_path: Path, mode: str, **env) -> subprocess.CompletedProcess:
     for name in ("CUDA_INJECTION64_PATH", "LD_PRELOAD"):
         if name not in env:
             environment.pop(name, None)
-    return subprocess.run([sys.executable, str(script), str(tmp_path), mode], env=environment,
-                          capture_output=True, text=True, timeout=120)  # fmt: skip
+    return subprocess.run(
+        [sys.executable, str(script), str(tmp_path), mode],
+        env=environment,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
 
 
 def test_quick_exit_keeps_the_code_the_output_and_the_atexit_handlers(tmp_path):

@@ -32,8 +32,10 @@ VARIANTS = [
     for k, (r, i, s_, f, e, narrow) in enumerate(
         itertools.product(INT, INT, INT, [None, "int32", "int64"], [False, True], [True, False])
     )
-] + [("int32", "int32", "int32", None, False, True, True, 16),
-     ("int64", "int64", "int32", "int64", True, False, True, 64)]  # fmt: skip
+] + [
+    ("int32", "int32", "int32", None, False, True, True, 16),
+    ("int64", "int64", "int32", "int64", True, False, True, 64),
+]
 
 
 def variant_id(v) -> str:
@@ -116,17 +118,37 @@ def compile_mutant(bug: int, swa: bool) -> dict:
     from pagegraph.mutants.page_table import BLOCK, HARD_CODED, _mutant_kernel
 
     sig = {
-        "req_to_token_ptr": "*i64", "req_pool_indices_ptr": "*i64", "seq_lens_ptr": "*i64",
-        "page_table_ptr": "*i32", "swa_page_table_ptr": "*i32",
-        "full_to_swa_ptr": "*i32", "errors_ptr": "*i32", "r2t_stride": "i64",
-        "r2t_rows": "i32", "pt_stride": "i32", "swa_stride": "i32", "width": "i32",
-        "r2t_pages": "i32", "f2s_len": "i64", "bs": "i32", "PAGE_SIZE": "constexpr",
-        "HAS_SWA": "constexpr", "HAS_ERRORS": "constexpr", "BUG": "constexpr",
-        "HARD_PS": "constexpr", "BLOCK": "constexpr",
-    }  # fmt: skip
+        "req_to_token_ptr": "*i64",
+        "req_pool_indices_ptr": "*i64",
+        "seq_lens_ptr": "*i64",
+        "page_table_ptr": "*i32",
+        "swa_page_table_ptr": "*i32",
+        "full_to_swa_ptr": "*i32",
+        "errors_ptr": "*i32",
+        "r2t_stride": "i64",
+        "r2t_rows": "i32",
+        "pt_stride": "i32",
+        "swa_stride": "i32",
+        "width": "i32",
+        "r2t_pages": "i32",
+        "f2s_len": "i64",
+        "bs": "i32",
+        "PAGE_SIZE": "constexpr",
+        "HAS_SWA": "constexpr",
+        "HAS_ERRORS": "constexpr",
+        "BUG": "constexpr",
+        "HARD_PS": "constexpr",
+        "BLOCK": "constexpr",
+    }
     names = list(sig)
-    values = {"PAGE_SIZE": 16, "HAS_SWA": swa, "HAS_ERRORS": True, "BUG": bug,
-              "HARD_PS": HARD_CODED, "BLOCK": BLOCK}  # fmt: skip
+    values = {
+        "PAGE_SIZE": 16,
+        "HAS_SWA": swa,
+        "HAS_ERRORS": True,
+        "BUG": bug,
+        "HARD_PS": HARD_CODED,
+        "BLOCK": BLOCK,
+    }
     constexprs = {(names.index(k),): v for k, v in values.items()}
     src = ASTSource(fn=_mutant_kernel, signature=sig, constexprs=constexprs)
     out = triton.compile(src, target=GPUTarget("cuda", 90, 32), options={"num_warps": 4})
@@ -152,11 +174,20 @@ def compile_stage(rpi: str, sl: str, pad_rpi: bool) -> dict:
     from pagegraph.graph.staging import HEADER, SLOTS, STAGE_BLOCK, stage_inputs_kernel
 
     sig = {
-        "mailbox": "*i64", "counter": "*i64", "consumed": "*i64", "rpi_dst": "*" + INT[rpi],
-        "sl_dst": "*" + INT[sl], "bucket": "i32", "pad_len": "i32", "pad_rpi": "i32",
-        "slot_size": "i32", "PAD_RPI": "constexpr", "SLOTS": "constexpr",
-        "HEADER": "constexpr", "BLOCK": "constexpr",
-    }  # fmt: skip
+        "mailbox": "*i64",
+        "counter": "*i64",
+        "consumed": "*i64",
+        "rpi_dst": "*" + INT[rpi],
+        "sl_dst": "*" + INT[sl],
+        "bucket": "i32",
+        "pad_len": "i32",
+        "pad_rpi": "i32",
+        "slot_size": "i32",
+        "PAD_RPI": "constexpr",
+        "SLOTS": "constexpr",
+        "HEADER": "constexpr",
+        "BLOCK": "constexpr",
+    }
     names = list(sig)
     values = {"PAD_RPI": pad_rpi, "SLOTS": SLOTS, "HEADER": HEADER, "BLOCK": STAGE_BLOCK}
     constexprs = {(names.index(k),): v for k, v in values.items()}
@@ -189,11 +220,19 @@ def compile_kv_indices(r2t: str, rpi: str, sl: str, page_size: int) -> dict:
     from pagegraph.kernels.kv_indices import KV_INDICES_BLOCK, SCAN, _kv_indices_kernel
 
     sig = {
-        "req_to_token_ptr": "*" + INT[r2t], "req_pool_indices_ptr": "*" + INT[rpi],
-        "seq_lens_ptr": "*" + INT[sl], "kv_indptr_ptr": "*i32", "kv_indices_ptr": "*i32",
-        "r2t_stride": "i32", "r2t_rows": "i32", "row_pages": "i32", "capacity": "i64",
-        "PAGE_SIZE": "constexpr", "BLOCK": "constexpr", "SCAN": "constexpr",
-    }  # fmt: skip
+        "req_to_token_ptr": "*" + INT[r2t],
+        "req_pool_indices_ptr": "*" + INT[rpi],
+        "seq_lens_ptr": "*" + INT[sl],
+        "kv_indptr_ptr": "*i32",
+        "kv_indices_ptr": "*i32",
+        "r2t_stride": "i32",
+        "r2t_rows": "i32",
+        "row_pages": "i32",
+        "capacity": "i64",
+        "PAGE_SIZE": "constexpr",
+        "BLOCK": "constexpr",
+        "SCAN": "constexpr",
+    }
     names = list(sig)
     values = {"PAGE_SIZE": page_size, "BLOCK": KV_INDICES_BLOCK, "SCAN": SCAN}
     constexprs = {(names.index(k),): v for k, v in values.items()}
@@ -208,8 +247,16 @@ def compile_kv_indices(r2t: str, rpi: str, sl: str, page_size: int) -> dict:
 GATHER_VARIANTS = ["i32", "i64", "one"]
 SLOT_VARIANTS = [("i32", 1), ("i32", 16), ("i64", 16), ("i32", 528), ("one", 1)]
 #: The size arguments a "one" variant passes as the constexpr 1.
-ONES = ("src_stride", "out_stride", "max_reqs", "width", "bt_stride", "row_tokens",
-        "max_num_tokens", "token_limit")  # fmt: skip
+ONES = (
+    "src_stride",
+    "out_stride",
+    "max_reqs",
+    "width",
+    "bt_stride",
+    "row_tokens",
+    "max_num_tokens",
+    "token_limit",
+)
 
 
 def _sizes_as_ones(sig: dict, constexprs: dict) -> None:
@@ -230,10 +277,17 @@ def compile_gather(ints: str) -> dict:
     from pagegraph.kernels.block_table import GATHER_BLOCK, _gather_kernel
 
     sig = {
-        "block_table_ptr": "*i32", "num_blocks_ptr": "*i32", "idx_mapping_ptr": "*i32",
-        "out_ptr": "*i32", "src_stride": ints, "out_stride": ints, "max_reqs": "i32",
-        "width": "i32", "num_reqs": "i32", "BLOCK": "constexpr",
-    }  # fmt: skip
+        "block_table_ptr": "*i32",
+        "num_blocks_ptr": "*i32",
+        "idx_mapping_ptr": "*i32",
+        "out_ptr": "*i32",
+        "src_stride": ints,
+        "out_stride": ints,
+        "max_reqs": "i32",
+        "width": "i32",
+        "num_reqs": "i32",
+        "BLOCK": "constexpr",
+    }
     constexprs = {(list(sig).index("BLOCK"),): GATHER_BLOCK}
     if ints == "one":
         _sizes_as_ones(sig, constexprs)
@@ -256,11 +310,20 @@ def compile_slots(ints: str, page_size: int) -> dict:
     from pagegraph.kernels.slot_mapping import PAD_SLOT_ID, SLOT_BLOCK, _slot_mapping_kernel
 
     sig = {
-        "block_table_ptr": "*i32", "idx_mapping_ptr": "*i32", "qsl_ptr": "*i32",
-        "positions_ptr": "*i64", "slot_mapping_ptr": "*i64", "bt_stride": ints,
-        "max_reqs": "i32", "row_tokens": ints, "max_num_tokens": "i32", "token_limit": "i32",
-        "PAGE_SIZE": "constexpr", "PAD_ID": "constexpr", "BLOCK": "constexpr",
-    }  # fmt: skip
+        "block_table_ptr": "*i32",
+        "idx_mapping_ptr": "*i32",
+        "qsl_ptr": "*i32",
+        "positions_ptr": "*i64",
+        "slot_mapping_ptr": "*i64",
+        "bt_stride": ints,
+        "max_reqs": "i32",
+        "row_tokens": ints,
+        "max_num_tokens": "i32",
+        "token_limit": "i32",
+        "PAGE_SIZE": "constexpr",
+        "PAD_ID": "constexpr",
+        "BLOCK": "constexpr",
+    }
     names = list(sig)
     values = {"PAGE_SIZE": page_size, "PAD_ID": PAD_SLOT_ID, "BLOCK": SLOT_BLOCK}
     constexprs = {(names.index(k),): v for k, v in values.items()}
@@ -290,23 +353,39 @@ def compile_vllm(name: str) -> dict:
     kernels = load_vllm_kernels()
     if name == "gather":
         sig = {
-            "batch_idx_to_req_idx": "*i32", "src_block_table_ptrs": "*u64",
-            "dst_block_table_ptrs": "*u64", "block_table_strides": "*i64",
-            "num_blocks_ptr": "*i32", "num_blocks_stride": "i32", "num_reqs": "i32",
-            "num_computed_tokens_ptr": "*i32", "sliding_window_reach_ptr": "*i32",
-            "block_sizes_ptr": "*i32", "MASK_SLIDING_WINDOW": "constexpr",
+            "batch_idx_to_req_idx": "*i32",
+            "src_block_table_ptrs": "*u64",
+            "dst_block_table_ptrs": "*u64",
+            "block_table_strides": "*i64",
+            "num_blocks_ptr": "*i32",
+            "num_blocks_stride": "i32",
+            "num_reqs": "i32",
+            "num_computed_tokens_ptr": "*i32",
+            "sliding_window_reach_ptr": "*i32",
+            "block_sizes_ptr": "*i32",
+            "MASK_SLIDING_WINDOW": "constexpr",
             "BLOCK_SIZE": "constexpr",
-        }  # fmt: skip
+        }
         values = {"MASK_SLIDING_WINDOW": False, "BLOCK_SIZE": 1024}
     else:
         sig = {
-            "max_num_tokens": "i32", "idx_mapping": "*i32", "query_start_loc": "*i32",
-            "pos": "*i64", "block_table_ptrs": "*u64", "block_table_strides": "*i64",
-            "block_sizes": "*i32", "slot_mapping_enabled": "*i1", "dcp_sharded": "*i1",
-            "slot_mappings_ptr": "*i64", "slot_mappings_stride": "i32", "cp_rank": "i32",
-            "CP_SIZE": "constexpr", "CP_INTERLEAVE": "constexpr", "PAD_ID": "constexpr",
+            "max_num_tokens": "i32",
+            "idx_mapping": "*i32",
+            "query_start_loc": "*i32",
+            "pos": "*i64",
+            "block_table_ptrs": "*u64",
+            "block_table_strides": "*i64",
+            "block_sizes": "*i32",
+            "slot_mapping_enabled": "*i1",
+            "dcp_sharded": "*i1",
+            "slot_mappings_ptr": "*i64",
+            "slot_mappings_stride": "i32",
+            "cp_rank": "i32",
+            "CP_SIZE": "constexpr",
+            "CP_INTERLEAVE": "constexpr",
+            "PAD_ID": "constexpr",
             "TRITON_BLOCK_SIZE": "constexpr",
-        }  # fmt: skip
+        }
         values = {"CP_SIZE": 1, "CP_INTERLEAVE": 1, "PAD_ID": -1, "TRITON_BLOCK_SIZE": 1024}
     names = list(sig)
     constexprs = {(names.index(k),): v for k, v in values.items()}

@@ -40,9 +40,7 @@ def test_rotation_keeps_a_replay_past_the_l2():
 
 def test_plan_takes_the_scenario_buckets_and_skips_what_does_not_fit():
     cases, notes = cf.plan_cases(64, SGLANG, 50 * 10**6, None)
-    assert [(c.bs, c.context) for c in cases] == [
-        (b, c) for b in cf.BATCHES for c in cf.CONTEXTS
-    ]  # fmt: skip
+    assert [(c.bs, c.context) for c in cases] == [(b, c) for b in cf.BATCHES for c in cf.CONTEXTS]
     assert notes == []
     big = next(c for c in cases if (c.bs, c.context) == (160, 65536))
     assert big.sets == 1 and big.width == 1024 and big.nbytes == 160 * 65536 * 4096
@@ -55,10 +53,20 @@ def test_plan_takes_the_scenario_buckets_and_skips_what_does_not_fit():
 
 
 def fake_result() -> dict:
-    row = {"bs": 16, "context": 4096, "sets": 4, "kv_bytes": 16 * 4096 * 4096, "checked": True,
-           "error": None, "floor_us": 100.0, "paged_us": 125.0, "csr_us": None,
-           "floor_bytes_per_s": 2.7e12, "paged_bytes_per_s": 2.16e12,
-           "csr_bytes_per_s": None}  # fmt: skip
+    row = {
+        "bs": 16,
+        "context": 4096,
+        "sets": 4,
+        "kv_bytes": 16 * 4096 * 4096,
+        "checked": True,
+        "error": None,
+        "floor_us": 100.0,
+        "paged_us": 125.0,
+        "csr_us": None,
+        "floor_bytes_per_s": 2.7e12,
+        "paged_bytes_per_s": 2.16e12,
+        "csr_bytes_per_s": None,
+    }
     env = {
         "date": "2026-01-02T03:04:05+00:00",
         "device": "NVIDIA H200",
@@ -81,7 +89,7 @@ def fake_result() -> dict:
         "l2_rotation": 4,
         "peak_bytes_per_s": 4.8e12,
     }
-    return {"env": env, "shape": shape, "rows": [cf.derive(row)], "notes": ["a note"]}  # fmt: skip
+    return {"env": env, "shape": shape, "rows": [cf.derive(row)], "notes": ["a note"]}
 
 
 def test_report_names_machine_commit_floor_and_peak():

@@ -116,10 +116,19 @@ def test_csr_builders_are_told_apart_by_their_outputs():
 
 def _small(**kw) -> CheckConfig:
     base = dict(
-        max_bs=16, max_context_len=600, page_size=16, steps=30, buckets=[1, 2, 4, 8, 16],
-        seed=5, initial_len=(1, 500), overlong=0.1, negative=0.05, bad_index=0.05,
-        zero_len=0.05, r2t_extra_cols=5,
-    )  # fmt: skip
+        max_bs=16,
+        max_context_len=600,
+        page_size=16,
+        steps=30,
+        buckets=[1, 2, 4, 8, 16],
+        seed=5,
+        initial_len=(1, 500),
+        overlong=0.1,
+        negative=0.05,
+        bad_index=0.05,
+        zero_len=0.05,
+        r2t_extra_cols=5,
+    )
     return CheckConfig(**{**base, **kw})
 
 
@@ -286,8 +295,14 @@ def test_sglang_flashinfer_csr_is_exact_with_its_preset_and_crashes_without():
     # No overlong rows here: the kernel copies a row's whole length unclamped, and past the
     # last request row of req_to_token that is a read outside the allocation, which the
     # interpreter turns into a segmentation fault.
-    cfg = cfg.replace(steps=20, max_bs=16, buckets=[1, 2, 4, 8, 16], max_context_len=300,
-                      initial_len=(1, 200), overlong=0.0)  # fmt: skip
+    cfg = cfg.replace(
+        steps=20,
+        max_bs=16,
+        buckets=[1, 2, 4, 8, 16],
+        max_context_len=300,
+        initial_len=(1, 200),
+        overlong=0.0,
+    )
     report = check_replay_safety("sglang_flashinfer_kv_indices", cfg)
     assert report.verdict == "SAFE", report.format()
     # Without the preset, row 0 starts at the checker's poison in the never-written

@@ -52,8 +52,17 @@ PROPS = (
 
 def tiny(fmt: str = "paged", **changes) -> CheckConfig:
     """A config the Triton interpreter runs in seconds (width 4 pages, buckets 1, 2, 4)."""
-    base = dict(max_bs=4, max_context_len=64, page_size=16, steps=6, seed=3, consumer=fmt,
-                num_q_heads=4, num_kv_heads=2, head_dim=16)  # fmt: skip
+    base = dict(
+        max_bs=4,
+        max_context_len=64,
+        page_size=16,
+        steps=6,
+        seed=3,
+        consumer=fmt,
+        num_q_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+    )
     return CheckConfig(**{**base, **changes})
 
 
@@ -64,56 +73,97 @@ def statuses(report) -> dict[str, str]:
 # -- planted consumers -------------------------------------------------------------------------
 
 
-def static_width_consumer(q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size,
-                          workspace):  # fmt: skip
+def static_width_consumer(
+    q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size, workspace
+):
     """Bounds every row by the table's static width, not by ``cache_seqlens``."""
     full = torch.full_like(cache_seqlens, page_table.shape[1] * page_size)
-    return paged_decode_attention(q, k_cache, v_cache, page_table, full, out,
-                                  page_size=page_size, workspace=workspace)  # fmt: skip
+    return paged_decode_attention(
+        q, k_cache, v_cache, page_table, full, out, page_size=page_size, workspace=workspace
+    )
 
 
-def one_page_over_consumer(q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size,
-                           workspace):  # fmt: skip
+def one_page_over_consumer(
+    q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size, workspace
+):
     """Reads one page past every row's length (within the width): the smallest over-read."""
     over = (cache_seqlens + page_size).clamp_max(page_table.shape[1] * page_size)
-    return paged_decode_attention(q, k_cache, v_cache, page_table, over, out,
-                                  page_size=page_size, workspace=workspace)  # fmt: skip
+    return paged_decode_attention(
+        q, k_cache, v_cache, page_table, over, out, page_size=page_size, workspace=workspace
+    )
 
 
-def full_last_page_consumer(q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, out,
-                            *, page_size, workspace):  # fmt: skip
+def full_last_page_consumer(
+    q, k_cache, v_cache, kv_indptr, kv_indices, kv_last_page_len, out, *, page_size, workspace
+):
     """Reads every row's last page whole, ignoring ``kv_last_page_len``."""
     full = torch.full_like(kv_last_page_len, page_size)
-    return csr_decode_attention(q, k_cache, v_cache, kv_indptr, kv_indices, full, out,
-                                page_size=page_size, workspace=workspace)  # fmt: skip
+    return csr_decode_attention(
+        q,
+        k_cache,
+        v_cache,
+        kv_indptr,
+        kv_indices,
+        full,
+        out,
+        page_size=page_size,
+        workspace=workspace,
+    )
 
 
-def padded_leak_consumer(q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size,
-                         workspace):  # fmt: skip
+def padded_leak_consumer(
+    q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size, workspace
+):
     """Correct, then mixes the bucket's last row (padded when the batch is short) into row 0:
     zero times a finite value is harmless, zero times NaN is not."""
-    paged_decode_attention(q, k_cache, v_cache, page_table, cache_seqlens, out,
-                           page_size=page_size, workspace=workspace)  # fmt: skip
+    paged_decode_attention(
+        q,
+        k_cache,
+        v_cache,
+        page_table,
+        cache_seqlens,
+        out,
+        page_size=page_size,
+        workspace=workspace,
+    )
     out[0].add_(out[out.shape[0] - 1] * 0)
     return out
 
 
-def sentinel_writer_consumer(q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size,
-                             workspace):  # fmt: skip
+def sentinel_writer_consumer(
+    q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size, workspace
+):
     """Correct, then writes into the last page of the KV pool."""
-    paged_decode_attention(q, k_cache, v_cache, page_table, cache_seqlens, out,
-                           page_size=page_size, workspace=workspace)  # fmt: skip
+    paged_decode_attention(
+        q,
+        k_cache,
+        v_cache,
+        page_table,
+        cache_seqlens,
+        out,
+        page_size=page_size,
+        workspace=workspace,
+    )
     k_cache[k_cache.shape[0] - 1, 0].add_(1)
     return out
 
 
-def masked_read_consumer(q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size,
-                         workspace):  # fmt: skip
+def masked_read_consumer(
+    q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size, workspace
+):
     """Correct, then loads every entry of each row's table up to the width, stale ones too,
     and masks what it loaded by a multiplication by zero: invisible while stale entries name
     pages of finite data."""
-    paged_decode_attention(q, k_cache, v_cache, page_table, cache_seqlens, out,
-                           page_size=page_size, workspace=workspace)  # fmt: skip
+    paged_decode_attention(
+        q,
+        k_cache,
+        v_cache,
+        page_table,
+        cache_seqlens,
+        out,
+        page_size=page_size,
+        workspace=workspace,
+    )
     loaded = k_cache[page_table[: out.shape[0]].long()].float()  # [bs, width, ps, kvh, d]
     out.add_((loaded.sum(dim=(1, 2, 3)) * 0)[:, None, :].to(out.dtype))
     return out
@@ -337,13 +387,28 @@ def test_step_timing_path_runs_eagerly_without_cuda():
 
     cfg = tiny("csr")
     pool = KVPool(**pool_kwargs(cfg), device="cpu")
-    shape = StepShape(max_bs=4, width=cfg.width, page_size=16, num_pages=pool.num_pages,
-                      num_q_heads=4, num_kv_heads=2, head_dim=16, dtype=torch.bfloat16,
-                      fmt="csr")  # fmt: skip
+    shape = StepShape(
+        max_bs=4,
+        width=cfg.width,
+        page_size=16,
+        num_pages=pool.num_pages,
+        num_q_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        dtype=torch.bfloat16,
+        fmt="csr",
+    )
     from pagegraph import build_page_table
 
-    g = StepGraphs(build_page_table, PAGE_TABLE, default_consumer("csr"), shape, pool.req_to_token,
-                   [1, 2, 4], seed=0)  # fmt: skip
+    g = StepGraphs(
+        build_page_table,
+        PAGE_TABLE,
+        default_consumer("csr"),
+        shape,
+        pool.req_to_token,
+        [1, 2, 4],
+        seed=0,
+    )
     g.capture()
     g.req_pool_indices[:2].copy_(torch.tensor([1, 2]))
     g.seq_lens[:2].copy_(torch.tensor([5, 40]))
@@ -371,7 +436,11 @@ def test_scenarios_load_with_their_consumer():
     paged = load_scenario(SCENARIOS["decode-step"]).config
     csr = load_scenario(SCENARIOS["decode-step-csr"]).config
     assert (paged.consumer, paged.consumer_dtype, paged.num_q_heads, paged.num_kv_heads) == (
-        "paged", "bfloat16", 32, 8)  # fmt: skip
+        "paged",
+        "bfloat16",
+        32,
+        8,
+    )
     assert paged.head_dim == 128 and paged.max_bs == 64 and paged.buckets == "sglang"
     assert (csr.consumer, csr.consumer_dtype, csr.page_size) == ("csr", "float16", 16)
 
@@ -380,15 +449,17 @@ def test_scenarios_load_with_their_consumer():
     "body, key",
     [
         ('[consumer]\nformat = "ragged"\n', "consumer.format"),
-        ("[consumer]\nformat = \"paged\"\nnum_q_heads = 6\nnum_kv_heads = 4\n",
-         "consumer.num_q_heads"),
+        (
+            '[consumer]\nformat = "paged"\nnum_q_heads = 6\nnum_kv_heads = 4\n',
+            "consumer.num_q_heads",
+        ),
         ('[consumer]\nformat = "paged"\nhead_dim = 24\n', "consumer.head_dim"),
         ('[consumer]\nformat = "paged"\ndtype = "float32"\n', "consumer.dtype"),
         ('[consumer]\nformat = "paged"\n[workload]\noverlong = 0.1\n', "workload.overlong"),
-        ('[consumer]\nshade = 1\n', "consumer.shade"),
+        ("[consumer]\nshade = 1\n", "consumer.shade"),
         ('[consumer]\ndtype = "float16"\n', "consumer.format"),
     ],
-)  # fmt: skip
+)
 def test_bad_consumer_keys_fail_on_load(tmp_path, body, key):
     f = tmp_path / "bad.toml"
     f.write_text("[graph]\nmax_bs = 4\nmax_context_len = 64\npage_size = 16\n" + body)
@@ -417,8 +488,9 @@ def test_scenario_shapes_on_gpu(name):
     report = check_decode_step(s.builder, s.config.replace(steps=40))
     assert report.verdict == "SAFE" and report.graphs == "cuda", report.format()
     assert set(report.step.timing) == set(report.buckets) and report.step.shrunk is None
-    assert all(step > build > 0 and consume > 0
-               for step, build, consume in report.step.timing.values())  # fmt: skip
+    assert all(
+        step > build > 0 and consume > 0 for step, build, consume in report.step.timing.values()
+    )
     assert "back-to-back" in report.step.timing_method
 
 

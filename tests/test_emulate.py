@@ -213,8 +213,9 @@ def test_launches_from_other_threads_are_not_recorded():
 def _runner(builder, **kw) -> GraphRunner:
     g = torch.Generator().manual_seed(12)
     r2t = torch.randint(1, 500, (9, 256), generator=g, dtype=torch.int32) * 16
-    return GraphRunner(r2t, max_bs=8, max_context_len=256, page_size=16, builder=builder,
-                       buckets="pow2", **kw)  # fmt: skip
+    return GraphRunner(
+        r2t, max_bs=8, max_context_len=256, page_size=16, builder=builder, buckets="pow2", **kw
+    )
 
 
 def test_a_cpu_runner_captures_emulated_graphs_and_replays_never_call_the_builder():
@@ -309,8 +310,9 @@ def _mybuilder():
     """The README's example builder (a copy in ``tests/data``) and a reset of its buffers."""
     import importlib.util
 
-    spec = importlib.util.spec_from_file_location("mybuilder", ROOT / "tests" / "data" /
-                                                  "mybuilder.py")  # fmt: skip
+    spec = importlib.util.spec_from_file_location(
+        "mybuilder", ROOT / "tests" / "data" / "mybuilder.py"
+    )
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module.build, module._work.clear
@@ -366,8 +368,17 @@ def test_mutants_that_freeze_at_capture_die_emulated(mutant, scenario, eager_die
 
 # -- the decode step ---------------------------------------------------------------------------
 
-STEP = CheckConfig(max_bs=4, max_context_len=128, page_size=16, steps=6, seed=3,
-                   consumer="paged", num_q_heads=4, num_kv_heads=2, head_dim=16)  # fmt: skip
+STEP = CheckConfig(
+    max_bs=4,
+    max_context_len=128,
+    page_size=16,
+    steps=6,
+    seed=3,
+    consumer="paged",
+    num_q_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+)
 
 
 @pytest.mark.parametrize("name", ["decode-step", "decode-step-csr"])

@@ -12,8 +12,15 @@ from pagegraph import check_replay_safety
 from pagegraph.check.config import CheckConfig
 from pagegraph.graph.emulate import EmulatedGraph, EmulationError
 
-SMALL = CheckConfig(max_bs=4, max_context_len=256, page_size=16, buckets=[2, 4], steps=6,
-                    seed=5, initial_len=(1, 200))  # fmt: skip
+SMALL = CheckConfig(
+    max_bs=4,
+    max_context_len=256,
+    page_size=16,
+    buckets=[2, 4],
+    steps=6,
+    seed=5,
+    initial_len=(1, 200),
+)
 
 
 @pytest.mark.parametrize(
@@ -52,8 +59,7 @@ def _bounded_build(req_to_token, req_pool_indices, seq_lens, page_table, page_si
     pages = torch.div(seq_lens[:bs].long() + page_size - 1, page_size, rounding_mode="floor")
     live = torch.arange(width) < torch.clamp(pages, bounds[0], bounds[1])[:, None]
     rows = req_pool_indices[:bs].long().clamp(0, req_to_token.shape[0] - 1)
-    ids = torch.div(req_to_token[:, ::page_size][:, :width][rows], page_size,
-                    rounding_mode="floor")  # fmt: skip
+    ids = torch.div(req_to_token[:, ::page_size][:, :width][rows], page_size, rounding_mode="floor")
     page_table.copy_(torch.where(live, ids.to(page_table.dtype), page_table))
 
 

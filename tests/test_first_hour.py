@@ -70,8 +70,12 @@ def pagegraph(*args: str, cwd: Path, timeout: float = 300) -> subprocess.Complet
     """``python -m pagegraph ARGS`` in ``cwd``, pagegraph taken from this source tree."""
     return subprocess.run(
         [sys.executable, "-m", "pagegraph", *args],
-        cwd=cwd, env=_env(), capture_output=True, text=True, timeout=timeout,
-    )  # fmt: skip
+        cwd=cwd,
+        env=_env(),
+        capture_output=True,
+        text=True,
+        timeout=timeout,
+    )
 
 
 def _one_line(err: str) -> str:
@@ -138,8 +142,9 @@ def test_a_builder_by_absolute_file_path_is_checked(tmp_path, capsys):
 @pytest.mark.heavy
 def test_a_builder_module_in_the_current_folder_loads_by_name(tmp_path):
     (tmp_path / "mybuilder.py").write_text(GOOD)
-    proc = pagegraph("check", "default", "--replays", "10", "--builder", "mybuilder:build",
-                     cwd=tmp_path)  # fmt: skip
+    proc = pagegraph(
+        "check", "default", "--replays", "10", "--builder", "mybuilder:build", cwd=tmp_path
+    )
     assert proc.returncode == 0, proc.stdout + proc.stderr
     assert "verdict: SAFE" in proc.stdout
     # From any other folder the module is not importable: one line with the way out.
@@ -188,8 +193,9 @@ def raising_check(tmp_path_factory):
     folder = tmp_path_factory.mktemp("raising")
     path = folder / "mybuilder.py"
     path.write_text(RAISES)
-    proc = pagegraph("check", "default", "--replays", "10", "--builder", f"{path}:build",
-                     cwd=folder)  # fmt: skip
+    proc = pagegraph(
+        "check", "default", "--replays", "10", "--builder", f"{path}:build", cwd=folder
+    )
     return proc.returncode, proc.stdout, path
 
 
@@ -227,8 +233,20 @@ def test_reports_get_the_umasks_permissions(tmp_path, capsys):
     out_json, out_md = tmp_path / "r.json", tmp_path / "r.md"
     old = os.umask(0o022)
     try:
-        code = main(["check", "default", "--replays", "3", "--no-isolate", "--quiet",
-                     "--json", str(out_json), "--markdown", str(out_md)])  # fmt: skip
+        code = main(
+            [
+                "check",
+                "default",
+                "--replays",
+                "3",
+                "--no-isolate",
+                "--quiet",
+                "--json",
+                str(out_json),
+                "--markdown",
+                str(out_md),
+            ]
+        )
         umask = os.umask(0o022)
     finally:
         os.umask(old)
@@ -273,11 +291,23 @@ def inner_pytest(folder: Path, *args: str) -> subprocess.CompletedProcess:
     """pytest on ``folder`` in a child process with pagegraph's plugin (named with -p, and
     entry points off, so an installed pagegraph does not register it twice)."""
     return subprocess.run(
-        [sys.executable, "-m", "pytest", "-q", "-p", "no:cacheprovider",
-         "-p", "pagegraph.pytest_plugin", *args],
-        cwd=folder, env=_env(PYTEST_DISABLE_PLUGIN_AUTOLOAD="1"),
-        capture_output=True, text=True, timeout=300,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pytest",
+            "-q",
+            "-p",
+            "no:cacheprovider",
+            "-p",
+            "pagegraph.pytest_plugin",
+            *args,
+        ],
+        cwd=folder,
+        env=_env(PYTEST_DISABLE_PLUGIN_AUTOLOAD="1"),
+        capture_output=True,
+        text=True,
+        timeout=300,
+    )
 
 
 @pytest.mark.heavy
@@ -374,8 +404,14 @@ def _run_walk(folder: Path, walk: dict, code: str) -> list[tuple]:
     (folder / walk["file"]).write_text(code)
     runs = []
     for argv, verdict, exit_code in walk["commands"]:
-        proc = subprocess.run(_as_module_call(argv), cwd=folder, env=_env(), capture_output=True,
-                              text=True, timeout=300)  # fmt: skip
+        proc = subprocess.run(
+            _as_module_call(argv),
+            cwd=folder,
+            env=_env(),
+            capture_output=True,
+            text=True,
+            timeout=300,
+        )
         runs.append((proc, verdict, exit_code))
     return runs
 

@@ -158,7 +158,9 @@ def test_fuzz_workloads(max_bs, page_size, pages, buckets, padding, swa, draft, 
     else:  # nothing to compare: skipped, and for that reason only
         prop = report.property(graph_safe)
         assert (prop.status, prop.detail) == (
-            "skip", "no in-contract replay longer than at capture"), report.format()  # fmt: skip
+            "skip",
+            "no in-contract replay longer than at capture",
+        ), report.format()
     if report.out_of_contract_replays:
         assert_passed(report, "row containment")
     assert report.safe, report.format()

@@ -15,8 +15,15 @@ from pagegraph.kernels.contract import interpreter_active
 from pagegraph.kernels.page_table import build_page_table
 
 GRAPH_SAFE = "graph-safe (captured short, replayed long)"
-SMALL = CheckConfig(max_bs=6, max_context_len=256, page_size=16, steps=24, seed=5,
-                    detectors="none", near_capacity=0.3)  # fmt: skip
+SMALL = CheckConfig(
+    max_bs=6,
+    max_context_len=256,
+    page_size=16,
+    steps=24,
+    seed=5,
+    detectors="none",
+    near_capacity=0.3,
+)
 
 _widths: dict[int, int] = {}
 
@@ -44,14 +51,14 @@ needs_interpreter = pytest.mark.skipif(
 
 def wrong_row(req_to_token, req_pool_indices, seq_lens, page_table, page_size, **kw):
     """Each row built from the next row's request: wrong in eager calls and replays alike."""
-    build_page_table(req_to_token, req_pool_indices.roll(1), seq_lens, page_table, page_size,
-                     **kw)  # fmt: skip
+    build_page_table(req_to_token, req_pool_indices.roll(1), seq_lens, page_table, page_size, **kw)
 
 
 @needs_interpreter
 def test_without_a_capture_graph_safe_is_a_skip_not_a_pass():
-    report = check_replay_safety(build_page_table, SMALL.replace(steps=6, emulate=False),
-                                 device="cpu")  # fmt: skip
+    report = check_replay_safety(
+        build_page_table, SMALL.replace(steps=6, emulate=False), device="cpu"
+    )
     assert not report.captured
     prop = report.property(GRAPH_SAFE)
     assert prop.status == "skip", report.format()

@@ -311,14 +311,21 @@ def test_out_of_memory_during_capture_names_the_bucket_and_sizes():
 
     capturing_runner = [True]
     pool = KVPool(max_reqs=9, max_context_len=64, page_size=16, device=DEV)
-    runner = GraphRunner(pool.req_to_token, max_bs=8, max_context_len=64, page_size=16,
-                         buckets=[2, 4, 8], builder=oom_builder)  # fmt: skip
+    runner = GraphRunner(
+        pool.req_to_token,
+        max_bs=8,
+        max_context_len=64,
+        page_size=16,
+        buckets=[2, 4, 8],
+        builder=oom_builder,
+    )
     with pytest.raises(CaptureOutOfMemory, match=r"bucket 4: 1 page table\(s\) of \[4, 4\]"):
         runner.capture()
     capturing_runner[0] = False
     calls[0] = 0
-    report = check_replay_safety(oom_builder, max_bs=8, max_context_len=64, page_size=16,
-                                 buckets=[2, 4, 8], steps=3)  # fmt: skip
+    report = check_replay_safety(
+        oom_builder, max_bs=8, max_context_len=64, page_size=16, buckets=[2, 4, 8], steps=3
+    )
     assert report.property("capture").passed is False
     assert "out of memory during" in report.property("capture").detail
     assert "bucket 4" in report.property("capture").detail

@@ -24,8 +24,7 @@ from pagegraph.supervise.isolate import (
 # Starts child processes: scheduled first in a parallel run (see conftest.py).
 pytestmark = pytest.mark.heavy
 
-SMALL = CheckConfig(max_bs=6, max_context_len=128, page_size=16, steps=10, buckets="pow2",
-                    chunk=2)  # fmt: skip
+SMALL = CheckConfig(max_bs=6, max_context_len=128, page_size=16, steps=10, buckets="pow2", chunk=2)
 #: Replays that call the builder (on the CPU; emulated graphs, like CUDA graphs, do not): a
 #: crash planted in the builder's replay calls happens there.
 EAGER = SMALL.replace(emulate=False)
@@ -76,8 +75,9 @@ def crashers(tmp_path, monkeypatch):
 
 
 def test_an_abort_is_reported_and_the_run_goes_on(crashers):
-    aborted, fine = run_isolated([Job(f"{crashers}:aborts", SMALL), Job("build_page_table", SMALL)],
-                                 timeout=120)  # fmt: skip
+    aborted, fine = run_isolated(
+        [Job(f"{crashers}:aborts", SMALL), Job("build_page_table", SMALL)], timeout=120
+    )
     assert aborted.verdict == "UNSAFE"
     capture = aborted.property("capture")
     assert capture.status == "FAIL" and "SIGABRT" in capture.detail, aborted.format()
@@ -117,9 +117,12 @@ def test_gpu_a_kernel_that_breaks_its_cuda_context_is_reported():
     address, which poisons the CUDA context. The child's report says so; the run goes on."""
     cfg = SMALL.replace(overlong=1.0, steps=16)
     bad, fine = run_isolated(
-        [Job("pagegraph.check.mutants:no_row_clamp", cfg, stop_on_failure=False),
-         Job("build_page_table", cfg)], timeout=120,
-    )  # fmt: skip
+        [
+            Job("pagegraph.check.mutants:no_row_clamp", cfg, stop_on_failure=False),
+            Job("build_page_table", cfg),
+        ],
+        timeout=120,
+    )
     assert bad.verdict == "UNSAFE", bad.format()
     assert fine.safe, fine.format()
 
@@ -131,8 +134,9 @@ def test_a_hang_is_killed_at_the_timeout(crashers):
 
 
 def test_cli_isolates_a_user_builder_by_default(crashers, capsys):
-    code = main(["check", "graphs/default.toml", "--replays", "4", "--builder",
-                 f"{crashers}:aborts"])  # fmt: skip
+    code = main(
+        ["check", "graphs/default.toml", "--replays", "4", "--builder", f"{crashers}:aborts"]
+    )
     out = capsys.readouterr().out
     assert code == 1 and "SIGABRT" in out and "Traceback" not in out
 
@@ -152,8 +156,17 @@ def test_unimportable_builders_are_usage_errors():
 
 # -- the decode step (a scenario with a consumer) in a child ----------------------------------
 
-STEP = CheckConfig(max_bs=4, max_context_len=64, page_size=16, steps=4, seed=3, consumer="paged",
-                   num_q_heads=4, num_kv_heads=2, head_dim=16)  # fmt: skip
+STEP = CheckConfig(
+    max_bs=4,
+    max_context_len=64,
+    page_size=16,
+    steps=4,
+    seed=3,
+    consumer="paged",
+    num_q_heads=4,
+    num_kv_heads=2,
+    head_dim=16,
+)
 
 
 def test_cli_isolates_a_decode_step_user_builder_by_default(tmp_path, capsys):

@@ -313,9 +313,15 @@ def test_gpu_eager_call_allocates_nothing_and_syncs_for_no_detector(swa):
     assert "torch" in detectors
     gen = torch.Generator().manual_seed(31)
     r2t, rpi, sl, f2s = random_inputs(
-        gen, bs=64, rows=70, ctx=8192, page_size=16, lengths=[1, 4000, 8192, 9000],
-        swa=swa, device="cuda",
-    )  # fmt: skip
+        gen,
+        bs=64,
+        rows=70,
+        ctx=8192,
+        page_size=16,
+        lengths=[1, 4000, 8192, 9000],
+        swa=swa,
+        device="cuda",
+    )
     pt = torch.zeros((64, 512), dtype=torch.int32, device="cuda")
     kw = {"swa_page_table": torch.zeros_like(pt), "full_to_swa": f2s} if swa else {}
     errors = torch.zeros(len(ERROR_KINDS), dtype=torch.int32, device="cuda")

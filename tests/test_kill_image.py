@@ -19,19 +19,29 @@ SCENARIOS = ["default", "spec-metadata", "csr"]
 
 def _report(failed: str | None = None) -> Report:
     r = Report("b", CheckConfig(), "cpu", True)
-    r.properties = [PropertyResult(n, "FAIL" if n == failed else "pass", "")
-                    for n in ("capture", "correct", "bounded writes")]  # fmt: skip
+    r.properties = [
+        PropertyResult(n, "FAIL" if n == failed else "pass", "")
+        for n in ("capture", "correct", "bounded writes")
+    ]
     return r
 
 
 def _outcomes() -> list[Outcome]:
-    killed = Outcome("floor_last_page", "bug", False,
-                     reports={"default": _report("correct"), "spec-metadata": _report()},
-                     not_applicable={"csr": "no CSR outputs"})  # fmt: skip
+    killed = Outcome(
+        "floor_last_page",
+        "bug",
+        False,
+        reports={"default": _report("correct"), "spec-metadata": _report()},
+        not_applicable={"csr": "no CSR outputs"},
+    )
     survivor = Outcome("lucky", "bug", False, reports={s: _report() for s in SCENARIOS})
-    control = Outcome("build_page_table", "doc", True,
-                      reports={"default": _report(), "spec-metadata": _report("bounded writes")},
-                      not_applicable={"csr": "no CSR outputs"})  # fmt: skip
+    control = Outcome(
+        "build_page_table",
+        "doc",
+        True,
+        reports={"default": _report(), "spec-metadata": _report("bounded writes")},
+        not_applicable={"csr": "no CSR outputs"},
+    )
     skipped = Outcome("gpu_only", "bug", False, skipped="can only die on a GPU")
     return [control, killed, survivor, skipped]
 
@@ -39,8 +49,7 @@ def _outcomes() -> list[Outcome]:
 def test_the_grid_says_what_each_scenario_did_to_each_builder():
     rows = {r.name: r for r in kill_grid(_outcomes(), SCENARIOS)}
     assert list(rows)[0] == "build_page_table" and rows["build_page_table"].control
-    assert rows["floor_last_page"].cells == [("killed", "correct"), ("missed", "SAFE"),
-                                             ("n/a", "")]  # fmt: skip
+    assert rows["floor_last_page"].cells == [("killed", "correct"), ("missed", "SAFE"), ("n/a", "")]
     assert [c[0] for c in rows["lucky"].cells] == ["survived"] * 3
     assert rows["build_page_table"].cells == [("safe", ""), ("not safe", "UNSAFE"), ("n/a", "")]
     assert rows["gpu_only"].cells == [("not run", "")] * 3

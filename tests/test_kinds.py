@@ -44,9 +44,14 @@ def test_no_kind_name_is_compared_outside_the_kinds_folder():
 
 @pytest.mark.parametrize(
     "line",
-    ['if kind == "csr":', 'metadata = outputs != "decode_metadata"', 'if "csr" == kind:',
-     'if name in ("page_table", "csr"):', "ok = fmt != 'decode_metadata'"],
-)  # fmt: skip
+    [
+        'if kind == "csr":',
+        'metadata = outputs != "decode_metadata"',
+        'if "csr" == kind:',
+        'if name in ("page_table", "csr"):',
+        "ok = fmt != 'decode_metadata'",
+    ],
+)
 def test_the_scanner_finds_a_planted_comparison(line):
     assert kind_comparisons(f"x = 1\n    {line}\n") == [line]
 
@@ -107,7 +112,8 @@ def test_signatures_in_the_kinds_match_the_builders_they_document():
     for spec in KINDS.values():
         fn = next(iter(spec.builders.values()))
         params = [
-            p for p in inspect.signature(fn).parameters.values()
+            p
+            for p in inspect.signature(fn).parameters.values()
             if p.kind in (p.POSITIONAL_ONLY, p.POSITIONAL_OR_KEYWORD) and p.default is p.empty
-        ]  # fmt: skip
+        ]
         assert len(params) >= spec.positional, (spec.name, params)

@@ -38,12 +38,23 @@ import pagegraph
 SRC = Path(pagegraph.__file__).resolve().parent
 PACKAGE = "pagegraph"
 
-SUBPACKAGE_LAYERS = {"kernels": 0, "detect": 0, "consumers": 0, "clients": 1, "mutants": 1,
-                     "kinds": 2, "graph": 3, "workload": 3, "check": 4, "wild": 4,
-                     "supervise": 5, "jobs": 6, "bench": 6}  # fmt: skip
+SUBPACKAGE_LAYERS = {
+    "kernels": 0,
+    "detect": 0,
+    "consumers": 0,
+    "clients": 1,
+    "mutants": 1,
+    "kinds": 2,
+    "graph": 3,
+    "workload": 3,
+    "check": 4,
+    "wild": 4,
+    "supervise": 5,
+    "jobs": 6,
+    "bench": 6,
+}
 TOP_LAYER = 7
-LAYER_NAMES = ("bottom", "clients", "kinds", "graph bed", "checker", "supervision", "jobs",
-               "front")  # fmt: skip
+LAYER_NAMES = ("bottom", "clients", "kinds", "graph bed", "checker", "supervision", "jobs", "front")
 
 
 def layers() -> dict[str, int]:
@@ -219,9 +230,13 @@ def private_cross_imports(root: Path = SRC) -> list[str]:
                 ):
                     bad.append(f"{name} imports {base}.{alias.name}")
         for node in ast.walk(tree):
-            if (isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name)
-                    and node.value.id in module_aliases and node.attr.startswith("_")
-                    and not node.attr.startswith("__")):  # fmt: skip
+            if (
+                isinstance(node, ast.Attribute)
+                and isinstance(node.value, ast.Name)
+                and node.value.id in module_aliases
+                and node.attr.startswith("_")
+                and not node.attr.startswith("__")
+            ):
                 target = module_aliases[node.value.id]
                 if top_module(target) != top_module(name):
                     bad.append(f"{name} reads {target}.{node.attr}")

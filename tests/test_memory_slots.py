@@ -76,11 +76,16 @@ def test_two_slots_let_two_in_at_once(tmp_path):
 def test_a_process_that_dies_frees_its_slot(tmp_path):
     path = str(tmp_path / "slot-0")
     holder = subprocess.Popen(
-        [sys.executable, "-c",
-         "import fcntl, sys, time; f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_EX); "
-         "print('held', flush=True); time.sleep(60)", path],
-        stdout=subprocess.PIPE, text=True,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-c",
+            "import fcntl, sys, time; f = open(sys.argv[1], 'a'); fcntl.flock(f, fcntl.LOCK_EX); "
+            "print('held', flush=True); time.sleep(60)",
+            path,
+        ],
+        stdout=subprocess.PIPE,
+        text=True,
+    )
     try:
         assert holder.stdout.readline().strip() == "held"
         waited = []
@@ -216,8 +221,9 @@ def test_a_jobs_slot_is_held_in_the_child_while_its_check_runs(tmp_path, monkeyp
     monkeypatch.setenv("SLOT_NOTES", str(notes))
     cfg = CheckConfig(max_bs=4, max_context_len=64, page_size=16, steps=4, buckets="pow2")
     slots = (str(slot),) if with_slot else ()
-    (report,) = run_isolated([Job("slot_probe:notes_its_slot", cfg, memory_slots=slots)],
-                             timeout=120)  # fmt: skip
+    (report,) = run_isolated(
+        [Job("slot_probe:notes_its_slot", cfg, memory_slots=slots)], timeout=120
+    )
     assert report.safe, report.format()
     seen = set(notes.read_text().split())
     assert seen == ({"held"} if with_slot else {"free"})

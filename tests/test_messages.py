@@ -93,8 +93,9 @@ def test_mutate_help_and_default_are_the_shipped_scenarios(monkeypatch, tmp_path
 
 
 def _failure(expected, got):
-    return Failure(3, 8, 2, 5, expected, got, max_bs=8, width=16, poison=POISON, seq_len=40,
-                   req_pool_index=1)  # fmt: skip
+    return Failure(
+        3, 8, 2, 5, expected, got, max_bs=8, width=16, poison=POISON, seq_len=40, req_pool_index=1
+    )
 
 
 def test_an_entry_never_written_is_told_apart_from_one_written_outside():
@@ -125,8 +126,9 @@ def test_a_capture_broken_by_a_sync_points_at_the_sync():
         "    return int(seq_lens.max().item())\n"
         f'  File "{torch.__file__}", line 10, in item\n'
     )
-    call = EagerCall(4, 0, [], [SyncEvent("torch", "sync_debug: seq_lens.max().item()", "build",
-                                          stack)])  # fmt: skip
+    call = EagerCall(
+        4, 0, [], [SyncEvent("torch", "sync_debug: seq_lens.max().item()", "build", stack)]
+    )
     error = RuntimeError("CUDA error: operation not permitted when stream is capturing")
     assert sync_capture_cause(error, call, _builder_with_a_sync) == (
         f"capture failed: the builder synchronised at {here}:{line} (seq_lens.max().item()), "

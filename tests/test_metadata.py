@@ -90,8 +90,19 @@ class Outputs:
         return all(torch.equal(big, snap[name]) for name, big in self.frames.items())
 
 
-def make_inputs(seed, *, bs, width, page_size, lengths, swa=False, dtypes=("int32",) * 4,
-                rows=None, num_slots=1 << 20, device=DEVICE):  # fmt: skip
+def make_inputs(
+    seed,
+    *,
+    bs,
+    width,
+    page_size,
+    lengths,
+    swa=False,
+    dtypes=("int32",) * 4,
+    rows=None,
+    num_slots=1 << 20,
+    device=DEVICE,
+):
     """Random ``req_to_token`` (rows ``width * page_size`` long), request rows, and the given
     lengths (cycled, shuffled). ``dtypes``: req_to_token, req_pool_indices, seq_lens and
     full_to_swa."""
@@ -113,8 +124,19 @@ def make_inputs(seed, *, bs, width, page_size, lengths, swa=False, dtypes=("int3
     return r2t, rpi, sl.to(DTYPES[dtypes[2]]), f2s
 
 
-def run_against_reference(r2t, rpi, sl, width, page_size, f2s=None, *, draft=0,
-                          cu_k_dtype=torch.int32, cu_q=True, errors=True) -> Outputs:  # fmt: skip
+def run_against_reference(
+    r2t,
+    rpi,
+    sl,
+    width,
+    page_size,
+    f2s=None,
+    *,
+    draft=0,
+    cu_k_dtype=torch.int32,
+    cu_q=True,
+    errors=True,
+) -> Outputs:
     """Kernel and reference into identical framed buffers; every buffer compared exactly."""
     bs = sl.shape[0]
     swa = f2s is not None
@@ -568,8 +590,12 @@ def test_unfused_chain_matches_on_in_contract_inputs(swa, cu_k):
     cap = width * ps - draft
     r2t, rpi, sl, f2s = make_inputs(
         19 + 2 * swa + (cu_k == torch.int64),
-        bs=bs, width=width, page_size=ps, lengths=[0, 1, ps, ps + 1, cap, cap // 2], swa=swa,
-    )  # fmt: skip
+        bs=bs,
+        width=width,
+        page_size=ps,
+        lengths=[0, 1, ps, ps + 1, cap, cap // 2],
+        swa=swa,
+    )
     extra = {"full_to_swa": f2s} if swa else {}
     fused, unfused = (Outputs(bs, width, cu_k_dtype=cu_k, swa=swa) for _ in range(2))
     build_decode_metadata(r2t, rpi, sl, ps, draft_tokens=draft, **fused.kwargs, **extra)
@@ -746,9 +772,15 @@ def test_gpu_real_sizes(bs, page_size, swa):
     lengths = [int(x) for x in torch.randint(1, ctx + 1, (16,), generator=gen)]
     lengths += lengths_for(page_size, width, 4)
     r2t, rpi, sl, f2s = make_inputs(
-        bs * 7 + page_size, bs=bs, width=width, page_size=page_size, lengths=lengths, swa=swa,
-        dtypes=("int32", "int64", "int32", "int64"), device="cuda",
-    )  # fmt: skip
+        bs * 7 + page_size,
+        bs=bs,
+        width=width,
+        page_size=page_size,
+        lengths=lengths,
+        swa=swa,
+        dtypes=("int32", "int64", "int32", "int64"),
+        device="cuda",
+    )
     for draft, cu_k in ((0, torch.int32), (4, torch.int64)):
         run_against_reference(r2t, rpi, sl, width, page_size, f2s, draft=draft, cu_k_dtype=cu_k)
 
@@ -792,9 +824,14 @@ def test_gpu_eager_fast_path_matches_and_compiles_once(monkeypatch):
     new, and still match the reference."""
     bs_max, ps, width = 256, 64, 128
     r2t, rpi, sl, f2s = make_inputs(
-        22, bs=bs_max, width=width, page_size=ps, lengths=[1, width * ps, 333, 4000],
-        swa=True, device="cuda",
-    )  # fmt: skip
+        22,
+        bs=bs_max,
+        width=width,
+        page_size=ps,
+        lengths=[1, width * ps, 333, 4000],
+        swa=True,
+        device="cuda",
+    )
     run_against_reference(r2t, rpi, sl, width, ps, f2s, draft=1)  # compiles, caches the entry
     before = metadata.compiled_variants()
     keys = len(metadata.launch_cache)

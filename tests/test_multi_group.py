@@ -92,16 +92,22 @@ def test_group_oracle_without_a_ring_is_the_single_group_oracle():
 def test_group_scenarios_load():
     groups = parse_groups(load_scenario(SLOTS).config)
     assert [(g.name, g.kind, g.block_size, g.width) for g in groups] == [
-        ("full", "full", 16, 64), ("swa", "sliding", 32, 32), ("ring", "ring", 8, 2)]  # fmt: skip
+        ("full", "full", 16, 64),
+        ("swa", "sliding", 32, 32),
+        ("ring", "ring", 8, 2),
+    ]
     assert [g.width for g in parse_groups(load_scenario(BLOCKS).config)] == [64, 32, 4]
 
 
-@pytest.mark.parametrize("groups, problem", [
-    (({"name": "r", "kind": "ring", "block_size": 4},), "needs its width"),
-    (({"kind": "cross"},), "kind must be one of"),
-    (({"name": "a"}, {"name": "a"}), "names must differ"),
-    (({"block": 4},), "unknown keys"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "groups, problem",
+    [
+        (({"name": "r", "kind": "ring", "block_size": 4},), "needs its width"),
+        (({"kind": "cross"},), "kind must be one of"),
+        (({"name": "a"}, {"name": "a"}), "names must differ"),
+        (({"block": 4},), "unknown keys"),
+    ],
+)
 def test_bad_groups_are_refused(groups, problem):
     cfg = load_scenario(SLOTS).config.replace(kv_groups=groups)
     with pytest.raises(ConfigError, match=problem):
@@ -132,10 +138,10 @@ def test_pagegraph_builders_are_safe_on_every_group():
 def _generic(mapper):
     """A slot-mapping builder that takes group= and maps every group with ``mapper``."""
 
-    def build(block_table, idx_mapping, query_start_loc, positions, slot_mapping, page_size,
-              *, group=None):  # fmt: skip
-        mapper(block_table, idx_mapping, query_start_loc, positions, slot_mapping, page_size,
-               group)  # fmt: skip
+    def build(
+        block_table, idx_mapping, query_start_loc, positions, slot_mapping, page_size, *, group=None
+    ):
+        mapper(block_table, idx_mapping, query_start_loc, positions, slot_mapping, page_size, group)
 
     build.pagegraph_outputs = "slot_mapping"
     return build
@@ -160,7 +166,8 @@ def _ring_of_one(bt, idx, qsl, pos, out, ps, group):
     """The ring mapped modulo another width: one block (the kpool tail's) instead of two."""
     ring = bt[:, :1] if group is not None and group.ring else bt
     (ring_slot_mappings if group is not None and group.ring else compute_group_slot_mappings)(
-        ring, idx, qsl, pos, out, ps)  # fmt: skip
+        ring, idx, qsl, pos, out, ps
+    )
 
 
 _first_block_size: dict[str, int] = {}
@@ -172,10 +179,15 @@ def _first_groups_block_size(bt, idx, qsl, pos, out, ps, group):
     compute_group_slot_mappings(bt, idx, qsl, pos, out, size, group=group)
 
 
-@pytest.mark.parametrize("mapper, group", [
-    (_clamped, "ring"), (_masked_to_pad, "ring"), (_ring_of_one, "ring"),
-    (_first_groups_block_size, "swa"),
-])  # fmt: skip
+@pytest.mark.parametrize(
+    "mapper, group",
+    [
+        (_clamped, "ring"),
+        (_masked_to_pad, "ring"),
+        (_ring_of_one, "ring"),
+        (_first_groups_block_size, "swa"),
+    ],
+)
 def test_a_wrong_group_fails_correct(mapper, group):
     _first_block_size.clear()
     report = check_replay_safety(_generic(mapper), small(SLOTS))
@@ -187,8 +199,9 @@ def test_a_wrong_group_fails_correct(mapper, group):
 
 def test_a_builder_without_group_is_refused_where_a_ring_is():
     def build(block_table, idx_mapping, query_start_loc, positions, slot_mapping, page_size):
-        compute_group_slot_mappings(block_table, idx_mapping, query_start_loc, positions,
-                                    slot_mapping, page_size)  # fmt: skip
+        compute_group_slot_mappings(
+            block_table, idx_mapping, query_start_loc, positions, slot_mapping, page_size
+        )
 
     build.pagegraph_outputs = "slot_mapping"
     with pytest.raises(ValueError, match="takes no group="):

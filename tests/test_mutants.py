@@ -53,8 +53,16 @@ def test_the_zoo_is_big_and_documented():
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the GPU run covers every mutant")
 def test_every_cpu_killable_mutant_dies_on_the_cpu_scenarios(tmp_path, capsys):
     out = tmp_path / "kill.json"
-    code = run_mutate([DEFAULT, SPEC], mutants=TABLE_MUTANTS, replays=40, jobs=2, timeout=300,
-                      json_path=str(out), quiet=True, every_scenario=True)  # fmt: skip
+    code = run_mutate(
+        [DEFAULT, SPEC],
+        mutants=TABLE_MUTANTS,
+        replays=40,
+        jobs=2,
+        timeout=300,
+        json_path=str(out),
+        quiet=True,
+        every_scenario=True,
+    )
     text = capsys.readouterr().out
     doc = json.loads(out.read_text())
     assert doc["survivors"] == [] and doc["bad_controls"] == [], text
@@ -87,8 +95,9 @@ def test_csr_mutants_die_on_the_csr_scenario_and_its_controls_pass(tmp_path, cap
     out = tmp_path / "kill.json"
     csr_mutants = [name for name in MUTANTS if name.startswith("csr_")]
     assert len(csr_mutants) >= 3
-    code = run_mutate([CSR], mutants=csr_mutants, replays=30, jobs=2, timeout=300,
-                      json_path=str(out), quiet=True)  # fmt: skip
+    code = run_mutate(
+        [CSR], mutants=csr_mutants, replays=30, jobs=2, timeout=300, json_path=str(out), quiet=True
+    )
     text = capsys.readouterr().out
     doc = json.loads(out.read_text())
     assert code == 0 and doc["survivors"] == [] and doc["bad_controls"] == [], text
@@ -222,8 +231,17 @@ def test_a_mutant_killed_by_the_decode_step_is_named_in_the_kill_table():
     from pagegraph.check.checker import check_decode_step
     from pagegraph.check.config import CheckConfig
 
-    cfg = CheckConfig(max_bs=4, max_context_len=64, page_size=16, steps=6, seed=3,
-                      consumer="paged", num_q_heads=4, num_kv_heads=2, head_dim=16)  # fmt: skip
+    cfg = CheckConfig(
+        max_bs=4,
+        max_context_len=64,
+        page_size=16,
+        steps=6,
+        seed=3,
+        consumer="paged",
+        num_q_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+    )
     report = check_decode_step("pagegraph.check.mutants:floor_last_page", cfg)
     assert report.verdict == "UNSAFE", report.format()
     o = Outcome("floor_last_page", MUTANTS["floor_last_page"].bug, False)
@@ -257,6 +275,7 @@ def test_a_mutant_only_cupti_sees_is_not_run_without_cupti(monkeypatch):
     torch_only.config = torch_only.config.replace(detectors="torch")
     (o,) = [o for o in mutate._initial_outcomes(needs, True, [torch_only]) if not o.control]
     assert "no scenario here runs it" in o.skipped
-    (o,) = [o for o in mutate._initial_outcomes(needs, True, [load_scenario(DEFAULT)])
-            if not o.control]  # fmt: skip
+    (o,) = [
+        o for o in mutate._initial_outcomes(needs, True, [load_scenario(DEFAULT)]) if not o.control
+    ]
     assert o.skipped is None  # detectors = "auto"

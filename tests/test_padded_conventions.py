@@ -36,9 +36,21 @@ from pagegraph.kernels.page_table import build_page_table
 
 def tiny(**changes) -> CheckConfig:
     """Every batch of 1..3 rows padded to the one bucket of 4, vLLM's zero-length padding."""
-    base = dict(max_bs=4, buckets=[4], max_context_len=64, page_size=16, steps=6, seed=3,
-                consumer="paged", num_q_heads=2, num_kv_heads=1, head_dim=16, padding="vllm",
-                timing_iters=0, null_block="finite")  # fmt: skip
+    base = dict(
+        max_bs=4,
+        buckets=[4],
+        max_context_len=64,
+        page_size=16,
+        steps=6,
+        seed=3,
+        consumer="paged",
+        num_q_heads=2,
+        num_kv_heads=1,
+        head_dim=16,
+        padding="vllm",
+        timing_iters=0,
+        null_block="finite",
+    )
     return CheckConfig(**{**base, **changes})
 
 
@@ -61,29 +73,45 @@ pads_minus_one = _padding_builder(-1)
 pads_null_block = _padding_builder(0)
 
 
-def one_block_always(q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size,
-                     workspace):  # fmt: skip
+def one_block_always(q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size, workspace):
     """A zero-length row still reads one token of its first block."""
     lens = cache_seqlens.clamp(min=1)
-    return paged_decode_attention(q, k_cache, v_cache, page_table, lens, out,
-                                  page_size=page_size, workspace=workspace)  # fmt: skip
+    return paged_decode_attention(
+        q, k_cache, v_cache, page_table, lens, out, page_size=page_size, workspace=workspace
+    )
 
 
-def null_block_writer(q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size,
-                      workspace):  # fmt: skip
+def null_block_writer(q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size, workspace):
     """Correct, then writes into page 0."""
-    paged_decode_attention(q, k_cache, v_cache, page_table, cache_seqlens, out,
-                           page_size=page_size, workspace=workspace)  # fmt: skip
+    paged_decode_attention(
+        q,
+        k_cache,
+        v_cache,
+        page_table,
+        cache_seqlens,
+        out,
+        page_size=page_size,
+        workspace=workspace,
+    )
     k_cache[0, 0].add_(1)
     return out
 
 
 def guard_writer(q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size, workspace):
     """Correct, then writes one page before page 0, as pointer arithmetic on block -1 does."""
-    paged_decode_attention(q, k_cache, v_cache, page_table, cache_seqlens, out,
-                           page_size=page_size, workspace=workspace)  # fmt: skip
-    before = v_cache.as_strided(v_cache.shape[1:], v_cache.stride()[1:],
-                                v_cache.storage_offset() - v_cache.stride(0))  # fmt: skip
+    paged_decode_attention(
+        q,
+        k_cache,
+        v_cache,
+        page_table,
+        cache_seqlens,
+        out,
+        page_size=page_size,
+        workspace=workspace,
+    )
+    before = v_cache.as_strided(
+        v_cache.shape[1:], v_cache.stride()[1:], v_cache.storage_offset() - v_cache.stride(0)
+    )
     before[0].fill_(0)
     return out
 
@@ -94,9 +122,9 @@ def guard_writer(q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_si
 def _scenario(tmp_path, null_block: str):
     path = tmp_path / "s.toml"
     path.write_text(
-        '[graph]\nmax_bs = 4\nmax_context_len = 64\npage_size = 16\n\n[consumer]\n'
+        "[graph]\nmax_bs = 4\nmax_context_len = 64\npage_size = 16\n\n[consumer]\n"
         f'format = "paged"\nnull_block = "{null_block}"\n'
-    )  # fmt: skip
+    )
     return load_scenario(path)
 
 
@@ -118,11 +146,15 @@ def test_both_properties_are_in_the_step_table():
 
 def _run(null_block: str = "finite"):
     table = torch.full((4, 4), -1, dtype=torch.int32)
-    graphs = SimpleNamespace(null_block=null_block, page_table=table,
-                             seq_lens=torch.zeros(4, dtype=torch.int32),
-                             req_pool_indices=torch.zeros(4, dtype=torch.int32))  # fmt: skip
-    return SimpleNamespace(props=step_properties(), graphs=graphs,
-                           cfg=SimpleNamespace(padding="vllm"))  # fmt: skip
+    graphs = SimpleNamespace(
+        null_block=null_block,
+        page_table=table,
+        seq_lens=torch.zeros(4, dtype=torch.int32),
+        req_pool_indices=torch.zeros(4, dtype=torch.int32),
+    )
+    return SimpleNamespace(
+        props=step_properties(), graphs=graphs, cfg=SimpleNamespace(padding="vllm")
+    )
 
 
 def _replays(pads: torch.Tensor | None, changed: tuple[str, ...] = ()) -> StepReplays:
@@ -203,15 +235,17 @@ def test_a_write_into_the_null_block_fails_where_it_holds_data():
     assert statuses(report)[WRITES] == "FAIL", report.format()
     assert NULL_BLOCK_NAME in str(report.property(WRITES).first_failure)
     # Where page 0 holds NaN it is padding's own page: not judged.
-    report = check_decode_step("build_page_table", tiny(null_block="nan"),
-                               consumer=null_block_writer)  # fmt: skip
+    report = check_decode_step(
+        "build_page_table", tiny(null_block="nan"), consumer=null_block_writer
+    )
     assert statuses(report)[WRITES] == "pass", report.format()
 
 
 @pytest.mark.parametrize("null_block", ["nan", "finite"])
 def test_a_write_into_the_guard_page_fails_in_either_convention(null_block):
-    report = check_decode_step("build_page_table", tiny(null_block=null_block),
-                               consumer=guard_writer)  # fmt: skip
+    report = check_decode_step(
+        "build_page_table", tiny(null_block=null_block), consumer=guard_writer
+    )
     assert statuses(report)[WRITES] == "FAIL", report.format()
     assert f"{GUARD_NAME} of the KV cache changed during capture" in str(
         report.property(WRITES).first_failure
@@ -221,8 +255,16 @@ def test_a_write_into_the_guard_page_fails_in_either_convention(null_block):
 def masked_read(q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size, workspace):
     """Correct, then loads every entry of each row's table (stale ones too) by torch indexing,
     masked by a multiplication by zero."""
-    paged_decode_attention(q, k_cache, v_cache, page_table, cache_seqlens, out,
-                           page_size=page_size, workspace=workspace)  # fmt: skip
+    paged_decode_attention(
+        q,
+        k_cache,
+        v_cache,
+        page_table,
+        cache_seqlens,
+        out,
+        page_size=page_size,
+        workspace=workspace,
+    )
     loaded = k_cache[page_table[: out.shape[0]].long()].float()
     out.add_((loaded.sum(dim=(1, 2, 3)) * 0)[:, None, :].to(out.dtype))
     return out

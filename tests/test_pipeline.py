@@ -33,16 +33,23 @@ class FakeClock:
 
 #: Seconds each phase of a ``Recording`` bench takes on a ``FakeClock``: powers of two, so
 #: every phase's share is told apart from any sum of the others.
-PHASE_S = {"set_up": 1.0, "capture": 2.0, "replay": 4.0, "after_replays": 8.0,
-           "release": 16.0, "finish": 32.0}  # fmt: skip
+PHASE_S = {
+    "set_up": 1.0,
+    "capture": 2.0,
+    "replay": 4.0,
+    "after_replays": 8.0,
+    "release": 16.0,
+    "finish": 32.0,
+}
 
 
 class Recording:
     """A bench that records its phases; ``captures`` and ``raises`` set what it does. With a
     ``clock``, each phase advances it by its ``PHASE_S`` (before raising, if it raises)."""
 
-    def __init__(self, captures: bool = True, raises: str | None = None,
-                 clock: FakeClock | None = None):  # fmt: skip
+    def __init__(
+        self, captures: bool = True, raises: str | None = None, clock: FakeClock | None = None
+    ):
         self.calls: list[str] = []
         self.report = SimpleNamespace(wall_s={}, replays=0)
         self.props: dict = {}
@@ -108,9 +115,19 @@ def test_an_interrupted_phase_still_releases_and_finishes(phase):
 
 @pytest.mark.parametrize("consumer", [None, "paged"], ids=["tables", "step"])
 def test_both_benches_note_the_same_first_phases(consumer):
-    cfg = CheckConfig(steps=2, max_bs=4, max_context_len=128, page_size=16, seed=3,
-                      workload_process="off", consumer=consumer, num_q_heads=4,
-                      num_kv_heads=2, head_dim=16, timing_iters=0)  # fmt: skip
+    cfg = CheckConfig(
+        steps=2,
+        max_bs=4,
+        max_context_len=128,
+        page_size=16,
+        seed=3,
+        workload_process="off",
+        consumer=consumer,
+        num_q_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        timing_iters=0,
+    )
     notes: list[str] = []
     report = check_replay_safety("build_page_table", cfg, on_phase=notes.append)
     assert notes[:2] == ["setup", "capture"] and "replay 1" in notes, notes
@@ -136,22 +153,42 @@ def test_each_phases_wall_time_goes_into_the_report(monkeypatch, clock):
     bench = Recording(clock=clock)
     run_pipeline(bench, CheckHooks())
     # Each phase's own time, in order; "finish" comes after the last phase closed (untimed).
-    assert bench.report.wall_s == {"before": 7.5, "set-up": 1.0, "capture": 2.0, "replays": 4.0,
-                                   "after replays": 8.0, "release": 16.0}  # fmt: skip
-    assert list(bench.report.wall_s) == ["before", "set-up", "capture", "replays",
-                                         "after replays", "release"]  # fmt: skip
+    assert bench.report.wall_s == {
+        "before": 7.5,
+        "set-up": 1.0,
+        "capture": 2.0,
+        "replays": 4.0,
+        "after replays": 8.0,
+        "release": 16.0,
+    }
+    assert list(bench.report.wall_s) == [
+        "before",
+        "set-up",
+        "capture",
+        "replays",
+        "after replays",
+        "release",
+    ]
     # a warm worker's next check had no start-up of its own: no "before" there
     again = Recording(clock=clock)
     run_pipeline(again, CheckHooks())
-    assert again.report.wall_s == {"set-up": 1.0, "capture": 2.0, "replays": 4.0,
-                                   "after replays": 8.0, "release": 16.0}  # fmt: skip
+    assert again.report.wall_s == {
+        "set-up": 1.0,
+        "capture": 2.0,
+        "replays": 4.0,
+        "after replays": 8.0,
+        "release": 16.0,
+    }
 
 
 def test_a_failed_capture_times_no_replay(clock):
     bench = Recording(captures=False, clock=clock)
     run_pipeline(bench, CheckHooks())
     assert {k: v for k, v in bench.report.wall_s.items() if k != "before"} == {
-        "set-up": 1.0, "capture": 2.0, "release": 16.0}  # fmt: skip
+        "set-up": 1.0,
+        "capture": 2.0,
+        "release": 16.0,
+    }
 
 
 def test_an_interrupted_phase_keeps_its_time_and_the_release_is_timed(clock):
@@ -191,8 +228,9 @@ def test_a_child_process_is_younger_than_its_parent():
     (an order, not a speed)."""
     # The function's own source, run bare: the child needs no pagegraph (nor torch) import.
     code = f"import os\n{inspect.getsource(process_age_s)}\nprint(process_age_s())"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60,
-                         check=True).stdout  # fmt: skip
+    out = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True
+    ).stdout
     child = float(out)
     parent = process_age_s()
     assert parent is not None and 0.0 <= child <= parent, (child, parent)

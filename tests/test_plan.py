@@ -26,10 +26,10 @@ from pagegraph.kernels.registry import BuilderLoadError
 from pagegraph.supervise import isolate
 from pagegraph.supervise.isolate import IsolatedError, Job
 
-SMALL = CheckConfig(steps=3, max_bs=4, max_context_len=256, page_size=16, seed=5,
-                    workload_process="off")  # fmt: skip
-STEP = SMALL.replace(consumer="paged", num_q_heads=4, num_kv_heads=2, head_dim=16,
-                     timing_iters=0)  # fmt: skip
+SMALL = CheckConfig(
+    steps=3, max_bs=4, max_context_len=256, page_size=16, seed=5, workload_process="off"
+)
+STEP = SMALL.replace(consumer="paged", num_q_heads=4, num_kv_heads=2, head_dim=16, timing_iters=0)
 
 
 def test_a_plan_names_the_kind_and_the_judges_and_drops_other_kinds_presets():

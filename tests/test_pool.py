@@ -213,8 +213,16 @@ def test_lookahead_shows_each_step_the_tables_of_that_step(monkeypatch, chunk, s
 
     def run(lookahead):
         pool = KVPool(max_reqs=13, max_context_len=160, page_size=4, swa=swa, seed=3)
-        work = DecodeWorkload(pool, max_bs=12, steps=45, seed=7, swa_window=32 if swa else None,
-                              swa_churn=0.4, finish_rate=0.15, lookahead=lookahead)  # fmt: skip
+        work = DecodeWorkload(
+            pool,
+            max_bs=12,
+            steps=45,
+            seed=7,
+            swa_window=32 if swa else None,
+            swa_churn=0.4,
+            finish_rate=0.15,
+            lookahead=lookahead,
+        )
         seen = []
         for step in work:
             tables = [pool.req_to_token.clone()]
@@ -280,8 +288,9 @@ def test_a_step_writes_each_swa_page_once():
     mapped by an arrival, evicted behind its window): each is written once, in its final
     state, and the tables stay consistent."""
     pool = KVPool(max_reqs=24, max_context_len=512, page_size=8, swa=True, seed=2)
-    work = DecodeWorkload(pool, max_bs=20, steps=80, seed=5, finish_rate=0.2, swa_window=64,
-                          swa_churn=0.5)  # fmt: skip
+    work = DecodeWorkload(
+        pool, max_bs=20, steps=80, seed=5, finish_rate=0.2, swa_window=64, swa_churn=0.5
+    )
     touched = written = 0
     for i in range(work.steps):
         work._advance(i)
@@ -373,11 +382,16 @@ def _random_runs(rng, numel: int, page: int, k: int) -> np.ndarray:
 
 # The kernel on CPU tensors runs under the Triton interpreter only (set where there is no CUDA).
 _KERNEL_DEVICES = [
-    pytest.param("cpu", marks=pytest.mark.skipif(not interpreter_active(),
-                                                 reason="CPU tensors need the interpreter")),
-    pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
-                                                  reason="needs CUDA")),
-]  # fmt: skip
+    pytest.param(
+        "cpu",
+        marks=pytest.mark.skipif(
+            not interpreter_active(), reason="CPU tensors need the interpreter"
+        ),
+    ),
+    pytest.param(
+        "cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+    ),
+]
 
 
 @pytest.mark.parametrize("device", _KERNEL_DEVICES)
@@ -467,8 +481,13 @@ def test_the_host_model_on_meta_loads_no_symbolic_shapes_machinery():
         "print(before, 'sympy' in sys.modules)\n"
     )
     src = str(Path(__file__).resolve().parent.parent / "src")
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True,
-                          timeout=120, env={**os.environ, "PYTHONPATH": src})  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code],
+        capture_output=True,
+        text=True,
+        timeout=120,
+        env={**os.environ, "PYTHONPATH": src},
+    )
     assert done.returncode == 0, done.stderr
     before, after = done.stdout.split()
     assert after == "False" or before == "True", done.stdout

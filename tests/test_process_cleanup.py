@@ -97,10 +97,22 @@ def slow_check(tmp_path):
 
     def start(*extra: str, sleep: float = 0.05):
         env = dict(child_env(), PAGEGRAPH_TEST_MARKER=str(marker), PAGEGRAPH_TEST_SLEEP=str(sleep))
-        cmd = [sys.executable, "-m", "pagegraph", "check", "default", "--builder",
-               f"{builder}:build", "--isolate", "--replays", "100000", *extra]  # fmt: skip
-        proc = subprocess.Popen(cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)  # fmt: skip
+        cmd = [
+            sys.executable,
+            "-m",
+            "pagegraph",
+            "check",
+            "default",
+            "--builder",
+            f"{builder}:build",
+            "--isolate",
+            "--replays",
+            "100000",
+            *extra,
+        ]
+        proc = subprocess.Popen(
+            cmd, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True
+        )
         started.append(proc)
         wait_until(lambda: marker.exists() or proc.poll() is not None, "the builder's first call")
         assert proc.poll() is None, proc.communicate()
@@ -176,8 +188,9 @@ def test_die_with_parent_ends_an_orphan(tmp_path):
         time.sleep(600)
         """
     )
-    parent = subprocess.Popen([sys.executable, "-c", code], env=child_env(),
-                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    parent = subprocess.Popen(
+        [sys.executable, "-c", code], env=child_env(), stdout=subprocess.PIPE, text=True
+    )
     try:
         grandchild = int(parent.stdout.readline())
         assert alive([grandchild])
@@ -192,8 +205,9 @@ def test_die_with_parent_ends_an_orphan(tmp_path):
 def test_script_command_runs_a_script_as_main(tmp_path):
     script = tmp_path / "s.py"
     script.write_text("import sys\nprint(__name__, sys.argv[1:])\nsys.exit(3)\n")
-    done = subprocess.run(lifetime.script_command(str(script), "x"), env=child_env(),
-                          capture_output=True, text=True)  # fmt: skip
+    done = subprocess.run(
+        lifetime.script_command(str(script), "x"), env=child_env(), capture_output=True, text=True
+    )
     assert (done.returncode, done.stdout) == (3, "__main__ ['x']\n")
 
 
@@ -225,15 +239,20 @@ def test_reproducers_run_as_children_that_end_with_the_job(tmp_path):
     job = subprocess.Popen([sys.executable, "-c", code, str(long_script)], env=child_env())
     reproducer = None
     try:
-        wait_until(lambda: pid_file.exists() and pid_file.read_text() or job.poll() is not None,
-                   "the reproducer to start")  # fmt: skip
+        wait_until(
+            lambda: pid_file.exists() and pid_file.read_text() or job.poll() is not None,
+            "the reproducer to start",
+        )
         assert job.poll() is None, f"the job ended with code {job.returncode}"
         reproducer = int(pid_file.read_text())
         assert _parents().get(reproducer) == job.pid, "the reproducer is not the job's child"
         job.kill()
         job.wait(timeout=TIMEOUT_S)
-        wait_until(lambda: not alive([reproducer]), f"the reproducer {reproducer} to end",
-                   timeout=ORPHAN_END_S)  # fmt: skip
+        wait_until(
+            lambda: not alive([reproducer]),
+            f"the reproducer {reproducer} to end",
+            timeout=ORPHAN_END_S,
+        )
     finally:
         if job.poll() is None:
             job.kill()
@@ -281,8 +300,9 @@ def test_the_watchdog_alone_ends_an_orphan(tmp_path):
         time.sleep(600)
         """
     )
-    parent = subprocess.Popen([sys.executable, "-c", code], env=child_env(),
-                              stdout=subprocess.PIPE, text=True)  # fmt: skip
+    parent = subprocess.Popen(
+        [sys.executable, "-c", code], env=child_env(), stdout=subprocess.PIPE, text=True
+    )
     grandchild = None
     try:
         state, pid = parent.stdout.readline().split()
@@ -305,14 +325,26 @@ def test_a_child_whose_parent_is_already_gone_ends_at_once():
     # parent by the time die_with_parent runs.
     gone = subprocess.Popen([sys.executable, "-c", ""])
     gone.wait()
-    code = ("import sys; from pagegraph.workload.lifetime import die_with_parent; "
-            "die_with_parent(int(sys.argv[1])); print('survived', flush=True)")  # fmt: skip
-    done = subprocess.run([sys.executable, "-c", code, str(gone.pid)], env=child_env(),
-                          capture_output=True, text=True, timeout=TIMEOUT_S)  # fmt: skip
+    code = (
+        "import sys; from pagegraph.workload.lifetime import die_with_parent; "
+        "die_with_parent(int(sys.argv[1])); print('survived', flush=True)"
+    )
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(gone.pid)],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
     assert (done.returncode, done.stdout, done.stderr) == (1, "", "")
     # Its parent alive (the default: the parent now), the same call returns.
-    done = subprocess.run([sys.executable, "-c", code, str(os.getpid())], env=child_env(),
-                          capture_output=True, text=True, timeout=TIMEOUT_S)  # fmt: skip
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(os.getpid())],
+        env=child_env(),
+        capture_output=True,
+        text=True,
+        timeout=TIMEOUT_S,
+    )
     assert (done.returncode, done.stdout) == (0, "survived\n"), done.stderr
 
 
@@ -350,24 +382,35 @@ def test_a_warm_pools_workers_end_with_a_killed_parent(tmp_path, monkeypatch):
     called.mkdir()
     monkeypatch.setenv("PAGEGRAPH_TEST_CALLED", str(called))
     parent = subprocess.Popen(
-        [sys.executable, "-c", textwrap.dedent(POOL_PARENT), f"{builder}:build",
-         str(tmp_path / "pool")],
+        [
+            sys.executable,
+            "-c",
+            textwrap.dedent(POOL_PARENT),
+            f"{builder}:build",
+            str(tmp_path / "pool"),
+        ],
         env=child_env(),
-    )  # fmt: skip
+    )
     workers: set[int] = set()
     try:
         # Both workers inside their check's first builder call.
         # Two workers start torch and plan a check each: minutes on a loaded 2-core machine.
-        wait_until(lambda: len(list(called.iterdir())) >= 2 or parent.poll() is not None,
-                   "both workers' first builder call", timeout=300)  # fmt: skip
+        wait_until(
+            lambda: len(list(called.iterdir())) >= 2 or parent.poll() is not None,
+            "both workers' first builder call",
+            timeout=300,
+        )
         assert parent.poll() is None, f"the pool's parent ended with code {parent.returncode}"
         workers = {int(p.name) for p in called.iterdir()}
         assert workers <= descendants(parent.pid) and len(workers) == 2
         assert all("pagegraph.supervise.worker_pool" in _cmdline(p) for p in workers)
         parent.kill()
         parent.wait(timeout=TIMEOUT_S)
-        wait_until(lambda: not alive(workers), f"workers {sorted(alive(workers))} to end",
-                   timeout=ORPHAN_END_S)  # fmt: skip
+        wait_until(
+            lambda: not alive(workers),
+            f"workers {sorted(alive(workers))} to end",
+            timeout=ORPHAN_END_S,
+        )
     finally:
         if parent.poll() is None:
             parent.kill()

@@ -57,11 +57,11 @@ CASES = {
             swa_churn=0.3,
             inject=Injection(overlong=0.3, negative=0.2, zero=0.2, bad_index=0.2),
         ),
-    ),  # fmt: skip
+    ),
     "spec-committed-page1": (
         dict(max_reqs=6, max_context_len=40, page_size=1, seed=11, extra_cols=3, storage_offset=5),
         dict(max_bs=5, steps=40, seed=9, draft_tokens=3, committed_lengths=True),
-    ),  # fmt: skip
+    ),
 }
 
 
@@ -273,11 +273,18 @@ def _summary(report) -> tuple:
         report.errors,
         [(p.name, p.status, str(p.first_failure)) for p in report.properties],
         sorted(
-            (b.bucket, b.replays, b.out_of_contract, b.mismatches, b.oob_writes,
-             b.escaped_writes, b.syncs)
+            (
+                b.bucket,
+                b.replays,
+                b.out_of_contract,
+                b.mismatches,
+                b.oob_writes,
+                b.escaped_writes,
+                b.syncs,
+            )
             for b in report.buckets.values()
         ),
-    )  # fmt: skip
+    )
 
 
 @pytest.mark.cpu_heavy  # 5-10 s under the interpreter: make test-heavy (CI runs it)
@@ -288,10 +295,22 @@ def _summary(report) -> tuple:
 def test_a_verdict_does_not_depend_on_where_the_workload_ran(builder, streams, monkeypatch):
     monkeypatch.setattr(producer, "SEGMENT_STEPS", BATCH_STEPS)  # 36 steps: 3 segments
     cfg = CheckConfig(
-        max_bs=8, max_context_len=128, page_size=8, steps=36, swa=True, swa_window=32,
-        swa_churn=0.5, buckets="pow2", overlong=0.4, negative=0.2, bad_index=0.2,
-        zero_len=0.2, errors=True, detectors="none", workload_streams=streams,
-    )  # fmt: skip
+        max_bs=8,
+        max_context_len=128,
+        page_size=8,
+        steps=36,
+        swa=True,
+        swa_window=32,
+        swa_churn=0.5,
+        buckets="pow2",
+        overlong=0.4,
+        negative=0.2,
+        bad_index=0.2,
+        zero_len=0.2,
+        errors=True,
+        detectors="none",
+        workload_streams=streams,
+    )
     inline = check_replay_safety(builder, cfg.replace(workload_process="off"))
     produced = check_replay_safety(builder, cfg.replace(workload_process="on"))
     assert not inline.workload_in_process and produced.workload_in_process

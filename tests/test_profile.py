@@ -24,8 +24,14 @@ pytestmark = pytest.mark.torch_profiler
 
 def test_check_command():
     assert pr.check_command("graphs/a.toml", python="py") == [
-        "py", "-m", "pagegraph", "check", "graphs/a.toml", "--detectors", "torch",
-    ]  # fmt: skip
+        "py",
+        "-m",
+        "pagegraph",
+        "check",
+        "graphs/a.toml",
+        "--detectors",
+        "torch",
+    ]
     assert pr.check_command(Path("g.toml"), replays=7)[-2:] == ["--replays", "7"]
     assert pr.check_command("g.toml")[0] == sys.executable
 
@@ -33,20 +39,41 @@ def test_check_command():
 def test_nsys_command():
     got = pr.nsys_command("graphs/default.toml", "profiles/default", replays=50, python="py")
     assert got == [
-        "nsys", "profile", "-t", "cuda,nvtx", "--sample=none", "--cpuctxsw=none",
-        "--cuda-graph-trace=node", "--force-overwrite=true", "-o", "profiles/default",
-        "py", "-m", "pagegraph", "check", "graphs/default.toml", "--detectors", "torch",
-        "--replays", "50",
-    ]  # fmt: skip
+        "nsys",
+        "profile",
+        "-t",
+        "cuda,nvtx",
+        "--sample=none",
+        "--cpuctxsw=none",
+        "--cuda-graph-trace=node",
+        "--force-overwrite=true",
+        "-o",
+        "profiles/default",
+        "py",
+        "-m",
+        "pagegraph",
+        "check",
+        "graphs/default.toml",
+        "--detectors",
+        "torch",
+        "--replays",
+        "50",
+    ]
     assert "--replays" not in pr.nsys_command("g.toml", "o/g", nsys="/opt/nsys")
     assert pr.nsys_command("g.toml", "o/g", nsys="/opt/nsys")[0] == "/opt/nsys"
 
 
 def test_nsys_export_command():
     assert pr.nsys_export_command("o/g.nsys-rep", "o/g.sqlite") == [
-        "nsys", "export", "--type", "sqlite", "--force-overwrite=true", "-o", "o/g.sqlite",
+        "nsys",
+        "export",
+        "--type",
+        "sqlite",
+        "--force-overwrite=true",
+        "-o",
+        "o/g.sqlite",
         "o/g.nsys-rep",
-    ]  # fmt: skip
+    ]
 
 
 def test_arguments_defaults():
@@ -54,8 +81,11 @@ def test_arguments_defaults():
 
     args = pr.add_arguments(argparse.ArgumentParser()).parse_args([])
     assert (args.scenario, args.out, args.name, args.replays) == (
-        "default", "profiles", None, None,
-    )  # fmt: skip
+        "default",
+        "profiles",
+        None,
+        None,
+    )
 
 
 @pytest.fixture
@@ -140,16 +170,22 @@ def _fake_nsys_sqlite(path: Path, *, planted: bool) -> None:
         [(1, "cudaGraphLaunch_v10000"), (2, "cudaStreamSynchronize_v3020"), (3, "k")],
     )
     tid = (77 << 24) | 77
-    con.execute("CREATE TABLE NVTX_EVENTS (start INT, end INT, eventType INT, text TEXT, "
-                "globalTid INT, textId INT, domainId INT)")  # fmt: skip
+    con.execute(
+        "CREATE TABLE NVTX_EVENTS (start INT, end INT, eventType INT, text TEXT, "
+        "globalTid INT, textId INT, domainId INT)"
+    )
     con.execute("INSERT INTO NVTX_EVENTS VALUES (0, 1000, 59, 'replay/bs=1', ?, NULL, 0)", (tid,))
-    con.execute("CREATE TABLE CUPTI_ACTIVITY_KIND_RUNTIME (start INT, end INT, globalTid INT, "
-                "correlationId INT, nameId INT)")  # fmt: skip
+    con.execute(
+        "CREATE TABLE CUPTI_ACTIVITY_KIND_RUNTIME (start INT, end INT, globalTid INT, "
+        "correlationId INT, nameId INT)"
+    )
     con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES (10, 20, ?, 1, 1)", (tid,))
     if planted:
         con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_RUNTIME VALUES (30, 40, ?, 2, 2)", (tid,))
-    con.execute("CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INT, end INT, "
-                "correlationId INT, shortName INT, graphNodeId INT)")  # fmt: skip
+    con.execute(
+        "CREATE TABLE CUPTI_ACTIVITY_KIND_KERNEL (start INT, end INT, "
+        "correlationId INT, shortName INT, graphNodeId INT)"
+    )
     con.execute("INSERT INTO CUPTI_ACTIVITY_KIND_KERNEL VALUES (25, 35, 1, 3, 5)")
     con.commit()
     con.close()

@@ -28,8 +28,13 @@ class FakeClock:
 
 def make(total=10, every=5.0):
     clock, out = FakeClock(), io.StringIO()
-    return Progress("pagegraph check: default", total, "replays", every=every, stream=out,
-                    clock=clock), clock, out  # fmt: skip
+    return (
+        Progress(
+            "pagegraph check: default", total, "replays", every=every, stream=out, clock=clock
+        ),
+        clock,
+        out,
+    )
 
 
 def test_lines_carry_done_total_elapsed_and_the_time_left():
@@ -203,8 +208,12 @@ def test_an_isolated_checks_phase_notes_drive_its_progress():
     shown = _CheckProgress(plan, quiet=False)
     shown.phase(0, "capture")
     p = shown.current
-    assert (p.label, p.total, p.done, p.detail) == ("pagegraph check: default", cfg.steps, 0,
-                                                    "capture")  # fmt: skip
+    assert (p.label, p.total, p.done, p.detail) == (
+        "pagegraph check: default",
+        cfg.steps,
+        0,
+        "capture",
+    )
     shown.phase(0, "replay 7 (bucket 4), rows 2, 3 overlong")  # the explaining re-run's note
     assert (p.done, p.detail) == (7, "")
     shown.phase(0, "replay 12")

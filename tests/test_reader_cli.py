@@ -73,8 +73,10 @@ def test_a_reader_by_name_is_kept_in_the_plan_for_a_child(reader_file):
 def test_a_reader_that_cannot_run_is_one_line_and_exit_2(reader_file, name, scenario, message):
     out = subprocess.run(
         [sys.executable, "-m", "pagegraph", "check", scenario, "--reader", f"{reader_file}:{name}"],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert out.returncode == 2, out.stderr
     lines = out.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], out.stderr
@@ -83,9 +85,20 @@ def test_a_reader_that_cannot_run_is_one_line_and_exit_2(reader_file, name, scen
 @pytest.mark.cpu_heavy
 def test_the_command_runs_a_users_reader_in_a_child_and_exits_1_when_it_fails(reader_file):
     out = subprocess.run(
-        [sys.executable, "-m", "pagegraph", "check", "decode-step", "--replays", "3",
-         "--reader", f"{reader_file}:frozen"],
-        capture_output=True, text=True, timeout=600,
-    )  # fmt: skip
+        [
+            sys.executable,
+            "-m",
+            "pagegraph",
+            "check",
+            "decode-step",
+            "--replays",
+            "3",
+            "--reader",
+            f"{reader_file}:frozen",
+        ],
+        capture_output=True,
+        text=True,
+        timeout=600,
+    )
     assert out.returncode == 1, out.stdout + out.stderr
     assert "output correct through the consumer | builder + consumer | FAIL" in out.stdout

@@ -32,9 +32,21 @@ OUTPUT_PROP = "output correct through the consumer"
 
 def tiny(**changes) -> CheckConfig:
     """A config the Triton interpreter runs in seconds; rows grow far past one token."""
-    base = dict(max_bs=4, max_context_len=128, page_size=16, steps=6, seed=7, consumer="paged",
-                num_q_heads=4, num_kv_heads=2, head_dim=16, buckets=[2, 4],
-                initial_len=(20, 100), timing_iters=0, finish_rate=0.3)  # fmt: skip
+    base = dict(
+        max_bs=4,
+        max_context_len=128,
+        page_size=16,
+        steps=6,
+        seed=7,
+        consumer="paged",
+        num_q_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        buckets=[2, 4],
+        initial_len=(20, 100),
+        timing_iters=0,
+        finish_rate=0.3,
+    )
     return CheckConfig(**{**base, **changes})
 
 
@@ -49,13 +61,15 @@ def _seqlen_k_buffer(max_bs, width, page_size, device):
     return {"seqlen_k": torch.zeros(max_bs, dtype=torch.int32, device=device)}
 
 
-def varlen(q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size, workspace,
-           max_seqlen_k, plan):  # fmt: skip
+def varlen(
+    q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size, workspace, max_seqlen_k, plan
+):
     """Attends to ``min(length, max_seqlen_k)`` tokens a row (a launch over that many keys)."""
     lens = plan["seqlen_k"][: q.shape[0]]
     torch.clamp(cache_seqlens, max=max_seqlen_k, out=lens)
-    return paged_decode_attention(q, k_cache, v_cache, page_table, lens, out,
-                                  page_size=page_size, workspace=workspace)  # fmt: skip
+    return paged_decode_attention(
+        q, k_cache, v_cache, page_table, lens, out, page_size=page_size, workspace=workspace
+    )
 
 
 FROM_BATCH = Reader(
@@ -87,8 +101,9 @@ def test_its_twin_with_the_static_capacity_is_safe():
 
 @cpu_only
 def test_the_same_reader_run_eagerly_is_correct_so_the_graph_froze_it():
-    report = check_decode_step("build_page_table", tiny(steps=3), consumer=FROM_BATCH,
-                               emulate=False)  # fmt: skip
+    report = check_decode_step(
+        "build_page_table", tiny(steps=3), consumer=FROM_BATCH, emulate=False
+    )
     assert report.property(OUTPUT_PROP).status == "pass", report.format()
 
 
@@ -120,8 +135,10 @@ def test_launch_arguments_see_each_batch_where_the_step_runs_eagerly():
 
 
 def _work_list(max_bs, width, page_size, device):
-    return {"rows": torch.zeros(max_bs, dtype=torch.int32, device=device),
-            "count": torch.zeros(1, dtype=torch.int32, device=device)}  # fmt: skip
+    return {
+        "rows": torch.zeros(max_bs, dtype=torch.int32, device=device),
+        "count": torch.zeros(1, dtype=torch.int32, device=device),
+    }
 
 
 def plan_rows(host: HostBatch, ws) -> None:
@@ -138,23 +155,35 @@ def _run_items(q, k_cache, v_cache, page_table, cache_seqlens, out, page_size, w
     valid = torch.ones(slots, dtype=torch.bool, device=q.device)
     if masked:
         valid = torch.arange(slots, device=q.device) < ws["count"].long()
-    o = split_attention(q[rows], k_cache, v_cache, page_table[rows], cache_seqlens[rows],
-                        page_size=page_size, splits=2, split_tokens=64)  # fmt: skip
+    o = split_attention(
+        q[rows],
+        k_cache,
+        v_cache,
+        page_table[rows],
+        cache_seqlens[rows],
+        page_size=page_size,
+        splits=2,
+        split_tokens=64,
+    )
     o = torch.where(valid[:, None, None], o, 0.0)
     acc = torch.zeros((bs, *o.shape[1:]), device=q.device).index_add_(0, rows, o)
     return out.copy_(acc)
 
 
-def run_every_slot(q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size,
-                   workspace, plan):  # fmt: skip
-    return _run_items(q, k_cache, v_cache, page_table, cache_seqlens, out, page_size, plan,
-                      masked=False)  # fmt: skip
+def run_every_slot(
+    q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size, workspace, plan
+):
+    return _run_items(
+        q, k_cache, v_cache, page_table, cache_seqlens, out, page_size, plan, masked=False
+    )
 
 
-def run_counted_slots(q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size,
-                      workspace, plan):  # fmt: skip
-    return _run_items(q, k_cache, v_cache, page_table, cache_seqlens, out, page_size, plan,
-                      masked=True)  # fmt: skip
+def run_counted_slots(
+    q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size, workspace, plan
+):
+    return _run_items(
+        q, k_cache, v_cache, page_table, cache_seqlens, out, page_size, plan, masked=True
+    )
 
 
 UNMASKED = Reader("every slot", run_every_slot, plan=plan_rows, workspace=_work_list)
@@ -189,8 +218,13 @@ def test_a_plain_consumer_passes_the_plan_property_with_nothing_to_check():
 
 
 def _space(plan, tensors) -> PlanWorkspace:
-    return PlanWorkspace(Reader("r", paged_decode_attention, plan=plan,
-                                workspace=lambda *a: tensors), 4, 2, 16, "cpu")  # fmt: skip
+    return PlanWorkspace(
+        Reader("r", paged_decode_attention, plan=plan, workspace=lambda *a: tensors),
+        4,
+        2,
+        16,
+        "cpu",
+    )
 
 
 def _host(*lens) -> HostBatch:
@@ -203,8 +237,9 @@ def test_an_entry_written_with_the_poison_itself_counts_as_written():
         ws["ints"][1] = ~POISON  # the second poison: seen by the first
         ws["flags"][0] = True
 
-    space = _space(plan, {"ints": torch.zeros(4, dtype=torch.int32),
-                          "flags": torch.zeros(3, dtype=torch.bool)})  # fmt: skip
+    space = _space(
+        plan, {"ints": torch.zeros(4, dtype=torch.int32), "flags": torch.zeros(3, dtype=torch.bool)}
+    )
     space.plan(_host(5))
     assert space.written["ints"].tolist() == [True, True, False, False]
     assert space.written["flags"].tolist() == [True, False, False]
@@ -237,8 +272,15 @@ def test_a_plan_that_replaces_a_workspace_tensor_is_refused():
 
 
 def test_poisons_differ_and_fit_their_dtype():
-    for dtype in (torch.int8, torch.int32, torch.int64, torch.float16, torch.bfloat16,
-                  torch.float32, torch.bool):  # fmt: skip
+    for dtype in (
+        torch.int8,
+        torch.int32,
+        torch.int64,
+        torch.float16,
+        torch.bfloat16,
+        torch.float32,
+        torch.bool,
+    ):
         a, b = _poisons(dtype)
         t = torch.tensor([a, b]).to(dtype)
         assert t[0] != t[1] and torch.isfinite(t.float()).all(), dtype

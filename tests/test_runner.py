@@ -482,12 +482,14 @@ def test_gpu_device_tensors_take_the_short_path_and_fall_back_exactly(monkeypatc
     wide = torch.full((2 * len(rpi),), -9, dtype=torch.int32, device="cuda")
     wide[::2] = torch.tensor(rpi, dtype=torch.int32)
     batches = {
-        "int32": (torch.tensor(rpi, dtype=torch.int32, device="cuda"),
-                  torch.tensor(sl, dtype=torch.int32, device="cuda")),
+        "int32": (
+            torch.tensor(rpi, dtype=torch.int32, device="cuda"),
+            torch.tensor(sl, dtype=torch.int32, device="cuda"),
+        ),
         "int64": (torch.tensor(rpi, device="cuda"), torch.tensor(sl, device="cuda")),
         "strided": (wide[::2], torch.tensor(sl, device="cuda")),
         "host-and-device": (torch.tensor(rpi), torch.tensor(sl, device="cuda")),
-    }  # fmt: skip
+    }
     for kind, batch in batches.items():
         runner.page_table.fill_(POISON)
         stale = runner.req_pool_indices.cpu().clone()

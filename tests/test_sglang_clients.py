@@ -268,9 +268,12 @@ def test_normal_decode_metadata_matches_reference(seed, page_size, draft, swa):
         assert_equal(got[name], want[name], name)
     with pytest.raises(ValueError, match="cu_seqlens_q"):
         sg.normal_decode_metadata(
-            req_to_token, *inputs[1:], page_size, cu_seqlens_q=poisoned(bs + 1),
+            req_to_token,
+            *inputs[1:],
+            page_size,
+            cu_seqlens_q=poisoned(bs + 1),
             **_metadata_views(got, bs, width),
-        )  # fmt: skip
+        )
 
 
 # -- kv_indices.py: CSR and FlashMLA ---------------------------------------------------------
@@ -454,8 +457,9 @@ def test_flashinfer_overflow_reproducer_flags_sglang_and_passes_pagegraph():
     spec.loader.exec_module(example)
 
     def ours(req_to_token, req_pool_indices, seq_lens, kv_indptr, kv_indices):
-        build_kv_indices(req_to_token, req_pool_indices, seq_lens, 1, kv_indptr=kv_indptr,
-                         kv_indices=kv_indices)  # fmt: skip
+        build_kv_indices(
+            req_to_token, req_pool_indices, seq_lens, 1, kv_indptr=kv_indptr, kv_indices=kv_indices
+        )
 
     assert example.reproduce(ours, DEVICE) == []
     found = example.reproduce(example.load_sglang_builder(), DEVICE)

@@ -225,8 +225,10 @@ def test_swa_lookups_are_not_clamped_into_full_to_swa():
 
 
 @needs_sglang
-@pytest.mark.parametrize("seed, bs, mode", [(81, 5, "cumsum"), (82, 33, "cumsum"),
-                                            (83, 1, "strided"), (84, 6, "strided")])  # fmt: skip
+@pytest.mark.parametrize(
+    "seed, bs, mode",
+    [(81, 5, "cumsum"), (82, 33, "cumsum"), (83, 1, "strided"), (84, 6, "strided")],
+)
 def test_cu_seqlens_q_by_cumsum_and_by_stride(seed, bs, mode):
     gen = torch.Generator().manual_seed(seed)
     batch = Batch(gen, bs=bs, width=4)

@@ -96,15 +96,21 @@ def test_a_flashinfer_crash_on_an_overlong_row_is_its_finding():
     assert classify(run, completed) is None  # a crash the re-run did not tie to a length
     run.report.crash = None
     past = PropertyResult(
-        "row containment", "FAIL", "",
+        "row containment",
+        "FAIL",
+        "",
         "replay 3 (bucket 4): kv_indices[4096] (past the end of kv_indices (4096 entries)) "
         "...; the replay's out-of-contract rows: seq_len past the row's capacity (1024 "
         "tokens): row(s) 2 (seq_len 5000)",
-    )  # fmt: skip
+    )
     assert classify(run, past) == "flashinfer-overlong"
     # A negative length on the same replay could be the cause too: not matched.
-    mixed = PropertyResult("row containment", "FAIL", "", past.first_failure + "; negative "
-                           "seq_len: row(s) 1 (seq_len -3)")  # fmt: skip
+    mixed = PropertyResult(
+        "row containment",
+        "FAIL",
+        "",
+        past.first_failure + "; negative seq_len: row(s) 1 (seq_len -3)",
+    )
     assert classify(run, mixed) is None
     inside = PropertyResult("row containment", "FAIL", "", "kv_indptr[3] expected ...")
     assert classify(run, inside) is None

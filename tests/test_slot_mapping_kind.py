@@ -31,8 +31,17 @@ def framed_slots(n: int, gen) -> tuple[torch.Tensor, torch.Tensor]:
     return big, big[MARGIN : MARGIN + n]
 
 
-def make_case(seed: int, rows: int, page_size: int, width: int, *, pad_rows: int = 1,
-              long_row: int = 0, first: int = 0, spare: int = 37):  # fmt: skip
+def make_case(
+    seed: int,
+    rows: int,
+    page_size: int,
+    width: int,
+    *,
+    pad_rows: int = 1,
+    long_row: int = 0,
+    first: int = 0,
+    spare: int = 37,
+):
     """Seeded inputs: ``rows`` rows of 0 to 9 tokens (one of ``long_row`` tokens when
     given), the last ``pad_rows`` of them padded (-1; two when there are enough rows), each
     real row on its own request slot; positions inside each row's blocks; a slot mapping
@@ -200,9 +209,15 @@ def test_seeded_sweep_matches_oracle(seed):
     page_size = [1, 2, 16, 64, 528][seed % 5]
     width, rows = draw(1, 1500), draw(1, 15)
     args, positions, big, slots = make_case(
-        seed, rows, page_size, width, pad_rows=draw(0, rows), long_row=draw(0, 1) * draw(0, 1400),
-        first=draw(0, 3), spare=draw(0, 600),
-    )  # fmt: skip
+        seed,
+        rows,
+        page_size,
+        width,
+        pad_rows=draw(0, rows),
+        long_row=draw(0, 1) * draw(0, 1400),
+        first=draw(0, 3),
+        spare=draw(0, 600),
+    )
     if seed % 2 and positions.numel():
         at = torch.randint(0, positions.shape[0], (2,), generator=gen)
         positions[at] = torch.tensor([-3, width * page_size + 17], device=positions.device)

@@ -23,13 +23,15 @@ from pagegraph.check.step_report import STEP_PROPERTIES
 
 def _run():
     report = SimpleNamespace(buckets={})
-    return SimpleNamespace(props=step_properties(), report=report,
-                           graphs=SimpleNamespace(sentinel=9))  # fmt: skip
+    return SimpleNamespace(
+        props=step_properties(), report=report, graphs=SimpleNamespace(sentinel=9)
+    )
 
 
 def _batch(n: int = 3, bucket: int = 4) -> StepBatch:
-    return StepBatch(5, bucket, list(range(n)), [7] * n, [([1], 7)] * n,
-                     torch.tensor([1], dtype=torch.int32))  # fmt: skip
+    return StepBatch(
+        5, bucket, list(range(n)), [7] * n, [([1], 7)] * n, torch.tensor([1], dtype=torch.int32)
+    )
 
 
 def _outs(seed: int = 1, n: int = 3) -> torch.Tensor:

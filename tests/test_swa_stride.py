@@ -17,10 +17,19 @@ from pagegraph.kinds import PAGE_TABLE
 
 def _cfg(pad: int, swa_pad: int | None) -> CheckConfig:
     return CheckConfig(
-        max_bs=8, max_context_len=640, page_size=16, steps=20, buckets=[1, 2, 4, 8], swa=True,
-        table_pad_cols=pad, swa_table_pad_cols=swa_pad, seed=3, initial_len=(1, 500),
-        swa_window=128, swa_churn=0.3,
-    )  # fmt: skip
+        max_bs=8,
+        max_context_len=640,
+        page_size=16,
+        steps=20,
+        buckets=[1, 2, 4, 8],
+        swa=True,
+        table_pad_cols=pad,
+        swa_table_pad_cols=swa_pad,
+        seed=3,
+        initial_len=(1, 500),
+        swa_window=128,
+        swa_churn=0.3,
+    )
 
 
 def _status(report, name: str) -> str:
@@ -47,14 +56,28 @@ def test_a_correct_builder_is_safe_whichever_table_is_wider(pad, swa_pad):
     assert report.verdict == "SAFE", report.format()
 
 
-def _swa_with_page_table_stride(req_to_token, req_pool_indices, seq_lens, page_table,
-                                page_size, *, swa_page_table=None, full_to_swa=None):  # fmt: skip
+def _swa_with_page_table_stride(
+    req_to_token,
+    req_pool_indices,
+    seq_lens,
+    page_table,
+    page_size,
+    *,
+    swa_page_table=None,
+    full_to_swa=None,
+):
     """Writes the SWA rows with the page table's row stride (SGLang's trtllm_mha bug)."""
     if swa_page_table is not None:
-        swa_page_table = torch.as_strided(swa_page_table, swa_page_table.shape,
-                                          page_table.stride())  # fmt: skip
-    build_page_table(req_to_token, req_pool_indices, seq_lens, page_table, page_size,
-                     swa_page_table=swa_page_table, full_to_swa=full_to_swa)  # fmt: skip
+        swa_page_table = torch.as_strided(swa_page_table, swa_page_table.shape, page_table.stride())
+    build_page_table(
+        req_to_token,
+        req_pool_indices,
+        seq_lens,
+        page_table,
+        page_size,
+        swa_page_table=swa_page_table,
+        full_to_swa=full_to_swa,
+    )
 
 
 def test_swa_rows_written_with_the_page_tables_stride_fail_correct():

@@ -761,6 +761,10 @@ def test_cupti_subscribes_the_sync_calls_alone():
         },
     )
     assert sync_cupti.sync_callback_ids(types.SimpleNamespace(driver_api_trace_cbid=table)) == [
-        17, 131, 141, 246, 279,
-    ]  # fmt: skip
+        17,
+        131,
+        141,
+        246,
+        279,
+    ]
     assert sync_cupti.sync_callback_ids(types.SimpleNamespace()) == [], "no table: the whole domain"

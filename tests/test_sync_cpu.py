@@ -295,7 +295,7 @@ PAIRS = {
         "unique_consecutive",
         unique_consecutive_sync,
         unique_consecutive_twin,
-    ),  # fmt: skip
+    ),
     "bincount": ("bincount", bincount_sync, bincount_twin),
     "equal": ("equal", equal_sync, equal_twin),
     "histc": ("histc", histc_sync, histc_twin),
@@ -484,13 +484,27 @@ def test_the_check_chooses_the_cpu_detector_without_cuda():
 # -- end to end: the check on a CPU --------------------------------------------------------------
 
 SMALL = CheckConfig(
-    max_bs=8, max_context_len=256, page_size=16, num_pages=200, steps=6, swa=False,
-    workload_process="off", seed=11,
-)  # fmt: skip
+    max_bs=8,
+    max_context_len=256,
+    page_size=16,
+    num_pages=200,
+    steps=6,
+    swa=False,
+    workload_process="off",
+    seed=11,
+)
 
 
-def host_max_builder(req_to_token, req_pool_indices, seq_lens, page_table, page_size, *,
-                     swa_page_table=None, full_to_swa=None):  # fmt: skip
+def host_max_builder(
+    req_to_token,
+    req_pool_indices,
+    seq_lens,
+    page_table,
+    page_size,
+    *,
+    swa_page_table=None,
+    full_to_swa=None,
+):
     """A plain-torch builder that reads the batch's longest row on the host."""
     bs, width = page_table.shape
     n = int(seq_lens[:bs].max().item())  # SYNC
@@ -499,8 +513,7 @@ def host_max_builder(req_to_token, req_pool_indices, seq_lens, page_table, page_
     live = cols[None, :] * page_size < seq_lens[:bs, None]
     rows = req_pool_indices[:bs].long().clamp(0, req_to_token.shape[0] - 1)
     slots = req_to_token[rows][:, ::page_size][:, :pages] // page_size
-    torch.where(live, slots.to(page_table.dtype), page_table[:, :pages],
-                out=page_table[:, :pages])  # fmt: skip
+    torch.where(live, slots.to(page_table.dtype), page_table[:, :pages], out=page_table[:, :pages])
 
 
 def _readme_builder(tmp_path: Path) -> str:
@@ -540,5 +553,7 @@ def test_check_on_a_cpu_passes_the_readme_builder_with_the_sync_properties_judge
     graph_safe = report.property("graph-safe (captured short, replayed long)")
     assert graph_safe.status == "pass" and graph_safe.judged == "emulated", report.format()
     verdict = report.format().splitlines()[-1]
-    assert verdict.startswith("verdict: SAFE (on CPU: syncs by the cpu detector, graphs "
-                              "emulated; not checked here: torch sync-debug, CUPTI")  # fmt: skip
+    assert verdict.startswith(
+        "verdict: SAFE (on CPU: syncs by the cpu detector, graphs "
+        "emulated; not checked here: torch sync-debug, CUPTI"
+    )

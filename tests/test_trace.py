@@ -34,9 +34,15 @@ def gtid(tid: int) -> int:
 
 def rng(name, start, end, tid=MAIN, domain=None, start_end=False, open_=False):
     return dict(
-        type="range", name=name, start=start, end=end, tid=tid, domain=domain,
-        start_end=start_end, open=open_,
-    )  # fmt: skip
+        type="range",
+        name=name,
+        start=start,
+        end=end,
+        tid=tid,
+        domain=domain,
+        start_end=start_end,
+        open=open_,
+    )
 
 
 def api(name, start, end, corr, tid=MAIN):
@@ -152,14 +158,22 @@ def write_nsys(path: Path, events, *, event_type_enum=True) -> Path:
                 if e["domain"] not in domains:
                     domains[e["domain"]] = len(domains) + 1
                     rows["NVTX_EVENTS"].append(
-                        dict(start=0, eventType=75, text=e["domain"],
-                             globalTid=gtid(e["tid"]), domainId=domains[e["domain"]])
-                    )  # fmt: skip
+                        dict(
+                            start=0,
+                            eventType=75,
+                            text=e["domain"],
+                            globalTid=gtid(e["tid"]),
+                            domainId=domains[e["domain"]],
+                        )
+                    )
                 dom = domains[e["domain"]]
             row = dict(
-                start=e["start"], end=None if e["open"] else e["end"],
-                eventType=60 if e["start_end"] else 59, globalTid=gtid(e["tid"]), domainId=dom,
-            )  # fmt: skip
+                start=e["start"],
+                end=None if e["open"] else e["end"],
+                eventType=60 if e["start_end"] else 59,
+                globalTid=gtid(e["tid"]),
+                domainId=dom,
+            )
             # Registered strings (nvtx's cached domains) arrive as textId, plain ones as text.
             if dom:
                 row["textId"] = sid(e["name"])
@@ -168,19 +182,36 @@ def write_nsys(path: Path, events, *, event_type_enum=True) -> Path:
             rows["NVTX_EVENTS"].append(row)
         elif t == "api":
             rows["CUPTI_ACTIVITY_KIND_RUNTIME"].append(
-                dict(start=e["start"], end=e["end"], eventClass=1, globalTid=gtid(e["tid"]),
-                     correlationId=e["corr"], nameId=sid(NSYS_API.get(e["name"], e["name"])),
-                     returnValue=0)
-            )  # fmt: skip
+                dict(
+                    start=e["start"],
+                    end=e["end"],
+                    eventClass=1,
+                    globalTid=gtid(e["tid"]),
+                    correlationId=e["corr"],
+                    nameId=sid(NSYS_API.get(e["name"], e["name"])),
+                    returnValue=0,
+                )
+            )
         else:
-            base = dict(start=e["start"], end=e["end"], deviceId=0, contextId=1, streamId=7,
-                        correlationId=e["corr"], globalPid=GPU_PID)  # fmt: skip
+            base = dict(
+                start=e["start"],
+                end=e["end"],
+                deviceId=0,
+                contextId=1,
+                streamId=7,
+                correlationId=e["corr"],
+                globalPid=GPU_PID,
+            )
             if t == "kernel":
                 rows["CUPTI_ACTIVITY_KIND_KERNEL"].append(
-                    dict(base, demangledName=sid(f"void {e['name']}<int>(int*)"),
-                         shortName=sid(e["name"]), graphNodeId=e["node"],
-                         graphId=1 if e["node"] else None)
-                )  # fmt: skip
+                    dict(
+                        base,
+                        demangledName=sid(f"void {e['name']}<int>(int*)"),
+                        shortName=sid(e["name"]),
+                        graphNodeId=e["node"],
+                        graphId=1 if e["node"] else None,
+                    )
+                )
             elif t == "memcpy":
                 src, dst = COPY_MEM[e["kind"]]
                 rows["CUPTI_ACTIVITY_KIND_MEMCPY"].append(
@@ -241,8 +272,13 @@ def torch_events(events) -> list[dict]:
         if t == "range":
             ev.update(cat="user_annotation", name=e["name"], pid=PID, tid=e["tid"], args={})
         elif t == "api":
-            ev.update(cat="cuda_runtime", name=e["name"], pid=PID, tid=e["tid"],
-                      args={"cbid": 1, "correlation": e["corr"]})  # fmt: skip
+            ev.update(
+                cat="cuda_runtime",
+                name=e["name"],
+                pid=PID,
+                tid=e["tid"],
+                args={"cbid": 1, "correlation": e["corr"]},
+            )
         else:
             args = {"device": 0, "stream": 7, "correlation": e["corr"]}
             ev.update(pid=0, tid=7, args=args)
@@ -620,12 +656,27 @@ def test_torch_nanosecond_timestamps_are_exact(tmp_path):
     # Kineto writes microseconds with three decimals; a float round trip can move 1 ns.
     doc = {
         "traceEvents": [
-            {"ph": "X", "cat": "user_annotation", "name": "r", "pid": 1, "tid": 1,
-             "ts": 5376108013178.774, "dur": 1.001},
-            {"ph": "X", "cat": "cuda_runtime", "name": "cudaStreamSynchronize", "pid": 1,
-             "tid": 1, "ts": 5376108013179.775, "dur": 0.5, "args": {"correlation": 1}},
+            {
+                "ph": "X",
+                "cat": "user_annotation",
+                "name": "r",
+                "pid": 1,
+                "tid": 1,
+                "ts": 5376108013178.774,
+                "dur": 1.001,
+            },
+            {
+                "ph": "X",
+                "cat": "cuda_runtime",
+                "name": "cudaStreamSynchronize",
+                "pid": 1,
+                "tid": 1,
+                "ts": 5376108013179.775,
+                "dur": 0.5,
+                "args": {"correlation": 1},
+            },
         ]
-    }  # fmt: skip
+    }
     path = tmp_path / "ns.json"
     path.write_text(json.dumps(doc))
     t = tr.load_trace(path)

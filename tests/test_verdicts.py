@@ -37,8 +37,16 @@ def status(report, name: str) -> str:
 # -- plain torch builders --------------------------------------------------------------------
 
 
-def torch_builder(req_to_token, req_pool_indices, seq_lens, page_table, page_size, *,
-                  swa_page_table=None, full_to_swa=None):  # fmt: skip
+def torch_builder(
+    req_to_token,
+    req_pool_indices,
+    seq_lens,
+    page_table,
+    page_size,
+    *,
+    swa_page_table=None,
+    full_to_swa=None,
+):
     """A correct, sync-free page-table builder in plain torch operators (they allocate): no
     ``errors`` parameter, as most real builders."""
     bs, width = page_table.shape
@@ -55,8 +63,9 @@ def torch_builder(req_to_token, req_pool_indices, seq_lens, page_table, page_siz
         sregion.copy_(torch.where(live, swa.to(sregion.dtype), sregion))
 
 
-def errors_ignored_builder(req_to_token, req_pool_indices, seq_lens, page_table, page_size,
-                           errors=None, **kw):  # fmt: skip
+def errors_ignored_builder(
+    req_to_token, req_pool_indices, seq_lens, page_table, page_size, errors=None, **kw
+):
     """Declares ``errors`` and never counts anything."""
     build_page_table(req_to_token, req_pool_indices, seq_lens, page_table, page_size, **kw)
 
@@ -64,8 +73,9 @@ def errors_ignored_builder(req_to_token, req_pool_indices, seq_lens, page_table,
 _FROZEN: dict[int, int] = {}
 
 
-def frozen_at_first_call_builder(req_to_token, req_pool_indices, seq_lens, page_table,
-                                 page_size, **kw):  # fmt: skip
+def frozen_at_first_call_builder(
+    req_to_token, req_pool_indices, seq_lens, page_table, page_size, **kw
+):
     """Sizes its work once, at its very first call (one host read, then never again)."""
     key = page_table.data_ptr() >> 20
     if key not in _FROZEN:
@@ -74,17 +84,35 @@ def frozen_at_first_call_builder(req_to_token, req_pool_indices, seq_lens, page_
     build_page_table(req_to_token, req_pool_indices, capped, page_table, page_size, **kw)
 
 
-def leaves_first_entries(req_to_token, req_pool_indices, seq_lens, page_size, *,
-                         cache_seqlens, cu_seqlens_k, page_table, draft_tokens=0,
-                         cu_seqlens_q=None, **kw):  # fmt: skip
+def leaves_first_entries(
+    req_to_token,
+    req_pool_indices,
+    seq_lens,
+    page_size,
+    *,
+    cache_seqlens,
+    cu_seqlens_k,
+    page_table,
+    draft_tokens=0,
+    cu_seqlens_q=None,
+    **kw,
+):
     """pagegraph's decode metadata, but cu_seqlens_k[0] and cu_seqlens_q[0] left as they
     were (an engine sets them at allocation)."""
     keep_k = cu_seqlens_k[:1].clone()
     keep_q = cu_seqlens_q[:1].clone() if cu_seqlens_q is not None else None
-    build_decode_metadata(req_to_token, req_pool_indices, seq_lens, page_size,
-                          cache_seqlens=cache_seqlens, cu_seqlens_k=cu_seqlens_k,
-                          page_table=page_table, draft_tokens=draft_tokens,
-                          cu_seqlens_q=cu_seqlens_q, **kw)  # fmt: skip
+    build_decode_metadata(
+        req_to_token,
+        req_pool_indices,
+        seq_lens,
+        page_size,
+        cache_seqlens=cache_seqlens,
+        cu_seqlens_k=cu_seqlens_k,
+        page_table=page_table,
+        draft_tokens=draft_tokens,
+        cu_seqlens_q=cu_seqlens_q,
+        **kw,
+    )
     cu_seqlens_k[:1].copy_(keep_k)
     if keep_q is not None:
         cu_seqlens_q[:1].copy_(keep_q)
@@ -238,10 +266,10 @@ def test_containment_failure_lists_the_replays_out_of_contract_rows():
 
 
 def test_bounded_write_failure_says_what_the_poison_means_and_the_row_inputs():
-    def one_page_too_many(req_to_token, req_pool_indices, seq_lens, page_table, page_size,
-                          **kw):  # fmt: skip
-        build_page_table(req_to_token, req_pool_indices, seq_lens + page_size, page_table,
-                         page_size, **kw)  # fmt: skip
+    def one_page_too_many(req_to_token, req_pool_indices, seq_lens, page_table, page_size, **kw):
+        build_page_table(
+            req_to_token, req_pool_indices, seq_lens + page_size, page_table, page_size, **kw
+        )
 
     report = check_replay_safety(one_page_too_many, SMALL)
     first = str(report.property("bounded writes").first_failure)
@@ -279,8 +307,13 @@ def test_crash_cause_finds_the_cuda_error_not_the_module_list():
 
 
 def test_crash_is_stated_once():
-    report = _crash_report(Job("x", SMALL), None, "killed by SIGABRT", "replay 6",
-                           "CUDA error: an illegal memory access was encountered\n")  # fmt: skip
+    report = _crash_report(
+        Job("x", SMALL),
+        None,
+        "killed by SIGABRT",
+        "replay 6",
+        "CUDA error: an illegal memory access was encountered\n",
+    )
     text = report.format()
     assert report.verdict == "UNSAFE"
     assert text.count("illegal memory access") == 1, text
@@ -302,8 +335,11 @@ def build(req_to_token, req_pool_indices, seq_lens, page_table, page_size, **kw)
 
 
 @pytest.mark.heavy
-@pytest.mark.skipif(torch.cuda.is_available(), reason="graph replays never call the Python "
-                    "builder: the planted crash needs eager replays (the CPU)")  # fmt: skip
+@pytest.mark.skipif(
+    torch.cuda.is_available(),
+    reason="graph replays never call the Python "
+    "builder: the planted crash needs eager replays (the CPU)",
+)
 def test_a_crash_during_replays_is_explained_by_a_serialised_rerun(tmp_path):
     # Eager replays call the builder once a replay, after the two eager calls and one warm-up
     # a bucket: its 12th call falls inside the replays. The re-run crashes at the same call.
@@ -344,8 +380,11 @@ def build(req_to_token, req_pool_indices, seq_lens, page_table, page_size, **kw)
 
 @pytest.mark.cpu_heavy  # 5-10 s under the interpreter: make test-heavy (CI runs it)
 @pytest.mark.heavy
-@pytest.mark.skipif(torch.cuda.is_available(), reason="graph replays never call the Python "
-                    "builder: the planted crash needs eager replays (the CPU)")  # fmt: skip
+@pytest.mark.skipif(
+    torch.cuda.is_available(),
+    reason="graph replays never call the Python "
+    "builder: the planted crash needs eager replays (the CPU)",
+)
 def test_a_rerun_that_does_not_crash_names_no_replay(tmp_path):
     path = tmp_path / "once.py"
     path.write_text(ONCE_CRASHING_BUILDER.format(marker=str(tmp_path / "crashed")))

@@ -136,8 +136,7 @@ def gather_case(seed, num_reqs, num_rows, width, stride=None):
     counts[:2] = torch.tensor([0, width])
     idx = torch.randperm(max_reqs, generator=gen)[:max_bs].to(torch.int32)
     big = torch.full((max_bs + 2 * M, stride), CANARY, dtype=torch.int32)
-    big[M:-M, :width] = torch.randint(1, 1 << 24, (max_bs, width), generator=gen,
-                                      dtype=torch.int32)  # fmt: skip
+    big[M:-M, :width] = torch.randint(1, 1 << 24, (max_bs, width), generator=gen, dtype=torch.int32)
     big = big.to(DEVICE)
     out = big[M:-M, :width]
     batch = BatchContext(num_reqs, num_rows, max_bs)
@@ -271,8 +270,10 @@ def test_overrun_reproducer_flags_vllm_and_passes_pagegraph():
 def test_overrun_reproducer_exits_1_and_stands_alone():
     done = subprocess.run(
         [sys.executable, str(OVERRUN), str(vf.vllm_root())],
-        capture_output=True, text=True, timeout=120,
-    )  # fmt: skip
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
     assert done.returncode == 1, done.stdout + done.stderr
     assert "BUG" in done.stdout and "Outside vLLM's contract" in done.stdout
     source = OVERRUN.read_text()
@@ -375,8 +376,9 @@ class RecordingKernel:
 
 @needs_vllm
 def test_adapters_build_launch_tensors_once(monkeypatch):
-    kernels = SimpleNamespace(gather=RecordingKernel(), slot_mappings=RecordingKernel(),
-                              pad_slot_id=-1)  # fmt: skip
+    kernels = SimpleNamespace(
+        gather=RecordingKernel(), slot_mappings=RecordingKernel(), pad_slot_id=-1
+    )
     monkeypatch.setattr(vl, "load_vllm_kernels", lambda: kernels)
     vl.clear_launch_args()
     table, counts, idx, _, out, batch = gather_case(10, 3, 4, 11)

@@ -37,8 +37,12 @@ def test_each_kernel_is_planned_on_the_scenarios_of_its_kind_only():
 
 def _tiny(tmp_path: Path, name: str) -> Path:
     text = (ROOT / "graphs" / f"{name}.toml").read_text()
-    for key, value in (("max_bs", "8"), ("max_context_len", "512"), ("steps", "4"),
-                       ("initial_len", "[1, 400]")):  # fmt: skip
+    for key, value in (
+        ("max_bs", "8"),
+        ("max_context_len", "512"),
+        ("steps", "4"),
+        ("initial_len", "[1, 400]"),
+    ):
         text = "\n".join(
             f"{key} = {value}" if line.startswith(f"{key} =") else line
             for line in text.splitlines()
@@ -56,8 +60,10 @@ def test_the_job_writes_a_verdict_per_pair(tmp_path, capsys):
     assert code == 0, capsys.readouterr()
     doc = json.loads(js.read_text())
     verdicts = {(r["client"], r["scenario"]): r["verdict"] for r in doc["runs"]}
-    assert verdicts == {("vllm_gather_block_tables", "vllm-block-table"): "SAFE",
-                        ("vllm_compute_slot_mappings", "vllm-slot-mapping"): "SAFE"}  # fmt: skip
+    assert verdicts == {
+        ("vllm_gather_block_tables", "vllm-block-table"): "SAFE",
+        ("vllm_compute_slot_mappings", "vllm-slot-mapping"): "SAFE",
+    }
     text = out.read_text()
     assert "| vllm_gather_block_tables | vllm-block-table | engine | SAFE |" in text
     assert "vllm.triton_utils.triton" in text  # the stubbed imports are named
@@ -109,8 +115,11 @@ def test_a_timeout_that_is_not_positive_is_a_usage_error(job, capsys):
     from pagegraph.cli import main as cli_main
     from pagegraph.jobs import sglang_job
 
-    main = {"vllm": vllm_job.main, "sglang": sglang_job.main,
-            "mutate": lambda argv: cli_main(["mutate", "default", *argv])}[job]  # fmt: skip
+    main = {
+        "vllm": vllm_job.main,
+        "sglang": sglang_job.main,
+        "mutate": lambda argv: cli_main(["mutate", "default", *argv]),
+    }[job]
     if job == "vllm" and MISSING is not None:
         pytest.skip(f"vLLM's kernel files: {MISSING}")
     if job == "sglang":

@@ -24,8 +24,15 @@ from pagegraph.kinds import BLOCK_TABLE, SLOT_MAPPING, kind_of
 
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_MISSING = vllm_unavailable_reason()
-PASSING = ("capture", "replays completed", "staged inputs", "correct", "bounded writes",
-           "static buffers unmoved", "no allocation in replay")  # fmt: skip
+PASSING = (
+    "capture",
+    "replays completed",
+    "staged inputs",
+    "correct",
+    "bounded writes",
+    "static buffers unmoved",
+    "no allocation in replay",
+)
 
 
 #: Replays of every check here: a mutant runs the very workload its control passes.
@@ -49,19 +56,27 @@ def assert_passes(report, names=PASSING) -> None:
     assert report.verdict == "SAFE", report.format()
 
 
-SCENARIOS = {BLOCK_TABLE: ("vllm-block-table", "vllm-block-table-long"),
-             SLOT_MAPPING: ("vllm-slot-mapping", "vllm-slot-mapping-spec")}  # fmt: skip
+SCENARIOS = {
+    BLOCK_TABLE: ("vllm-block-table", "vllm-block-table-long"),
+    SLOT_MAPPING: ("vllm-slot-mapping", "vllm-slot-mapping-spec"),
+}
 #: Engine state past vLLM's host guarantees (``num_blocks_overrun``): outside vLLM's contract.
 HOSTILE = "vllm-block-table-hostile"
 
 
 @pytest.mark.parametrize(
     "builder,scenario",
-    [(b, s) for b in ("gather_block_tables", "plain_block_table")
-     for s in (*SCENARIOS[BLOCK_TABLE], HOSTILE)]
-    + [(b, s) for b in ("compute_slot_mappings", "plain_slot_mapping")
-       for s in SCENARIOS[SLOT_MAPPING]],
-)  # fmt: skip
+    [
+        (b, s)
+        for b in ("gather_block_tables", "plain_block_table")
+        for s in (*SCENARIOS[BLOCK_TABLE], HOSTILE)
+    ]
+    + [
+        (b, s)
+        for b in ("compute_slot_mappings", "plain_slot_mapping")
+        for s in SCENARIOS[SLOT_MAPPING]
+    ],
+)
 def test_pagegraphs_builders_and_controls_are_safe(builder, scenario):
     from pagegraph.check.mutants import CONTROLS
 
@@ -169,8 +184,9 @@ class UnreadRunner(GraphRunner):
 
 
 def test_a_graph_that_does_not_read_the_eager_tables_fails_correct():
-    report = check_replay_safety("gather_block_tables", small("vllm-block-table", steps=12),
-                                 runner_factory=UnreadRunner)  # fmt: skip
+    report = check_replay_safety(
+        "gather_block_tables", small("vllm-block-table", steps=12), runner_factory=UnreadRunner
+    )
     prop = report.property("correct")
     assert prop.status == "FAIL", report.format()
     assert "the graph read" in str(prop.first_failure)
@@ -181,16 +197,16 @@ def test_a_kinds_padding_and_engine_state_are_usage_errors():
         check_replay_safety("compute_slot_mappings", small("vllm-slot-mapping", padding="vllm"))
     r2t = torch.zeros((9, 64), dtype=torch.int32)
     with pytest.raises(ValueError, match="pass engine="):
-        GraphRunner(r2t, max_bs=8, max_context_len=64, page_size=16,
-                    builder="gather_block_tables")  # fmt: skip
+        GraphRunner(r2t, max_bs=8, max_context_len=64, page_size=16, builder="gather_block_tables")
 
 
 def test_a_broken_num_blocks_is_hostile_and_for_block_table_builders_only():
     from pagegraph.check.config import CheckConfig, ConfigError
 
     with pytest.raises(ConfigError, match="num_blocks_overrun.*hostile injection"):
-        check_replay_safety("gather_block_tables",
-                            small(HOSTILE, injection_level="engine", negative=0.0))  # fmt: skip
+        check_replay_safety(
+            "gather_block_tables", small(HOSTILE, injection_level="engine", negative=0.0)
+        )
     with pytest.raises(ValueError, match="only a block_table builder reads"):
         check_replay_safety("build_page_table", CheckConfig(steps=2, num_blocks_overrun=0.5))
     assert small(HOSTILE).hostile_injections() == ("negative", "num_blocks_overrun")
@@ -202,9 +218,17 @@ def test_the_model_holds_rows_of_broken_engine_state_out_of_contract():
 
     from pagegraph.check.batch_model import BatchModel
 
-    model = BatchModel(sizes=[4], max_bs=4, pad_seq_len=0, pad_req_pool_index=None,
-                       initial_req_pool_indices=np.zeros(4, np.int64), len_limit=64,
-                       r2t_rows=8, capture_pages=1, page_size=16)  # fmt: skip
+    model = BatchModel(
+        sizes=[4],
+        max_bs=4,
+        pad_seq_len=0,
+        pad_req_pool_index=None,
+        initial_req_pool_indices=np.zeros(4, np.int64),
+        len_limit=64,
+        r2t_rows=8,
+        capture_pages=1,
+        page_size=16,
+    )
     clean = model.stage(0, [1, 2, 3], [10, 20, 30])
     assert not clean.out_of_contract and "engine state" not in model.describe_rows(clean)
     broken = model.stage(1, [1, 2, 3], [10, 20, 30], np.array([False, True, False]))

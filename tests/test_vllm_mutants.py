@@ -59,8 +59,9 @@ def block_table_scenarios(hostile: bool = True):
                 width // 2, width + 1, (2,), generator=gen, dtype=torch.int32
             )
         # a spare row past the output too, where the last real row may spill
-        stale = torch.randint(1, 1 << 24, (max_bs + past_width, width), generator=gen,
-                              dtype=torch.int32)  # fmt: skip
+        stale = torch.randint(
+            1, 1 << 24, (max_bs + past_width, width), generator=gen, dtype=torch.int32
+        )
         inputs = [t.to(DEVICE) for t in (table, counts, idx, stale)]
         out.append((f"seed{seed}", inputs, [BatchContext(r, n, max_bs) for r, n in steps]))
     return out
@@ -126,8 +127,9 @@ def slot_mapping_scenarios():
         gen = torch.Generator().manual_seed(seed)
         max_reqs = rows + 5
         lo = (1 << 27) if big else 1
-        table = torch.randint(lo, lo + (1 << 24), (max_reqs, width), generator=gen,
-                              dtype=torch.int32)  # fmt: skip
+        table = torch.randint(
+            lo, lo + (1 << 24), (max_reqs, width), generator=gen, dtype=torch.int32
+        )
         counts = torch.randint(1, 6, (rows,), generator=gen)
         qsl = torch.cat([torch.zeros(1, dtype=torch.int64), counts.cumsum(0)]).to(torch.int32)
         idx = torch.randperm(max_reqs, generator=gen)[:rows].to(torch.int32)

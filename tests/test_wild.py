@@ -61,8 +61,12 @@ def test_the_buggy_twin_fails_its_property_and_the_fixed_twin_is_safe(bug: WildB
 
 
 def test_the_job_refuses_an_unknown_entry_in_one_line(capsys):
-    assert wild_job.run_wild(["no-such-bug"], device="cpu", markdown=None, json_path=None,
-                             reports=None) == 2  # fmt: skip
+    assert (
+        wild_job.run_wild(
+            ["no-such-bug"], device="cpu", markdown=None, json_path=None, reports=None
+        )
+        == 2
+    )
     err = capsys.readouterr().err.strip()
     assert "\n" not in err and "no entry no-such-bug" in err
 
@@ -73,8 +77,9 @@ def test_an_entry_that_did_not_hold_fails_the_job_and_names_why(tmp_path, monkey
     broken = WildBug(**{**bug.__dict__, "fixed": bug.buggy})
     monkeypatch.setattr(wild_job, "entries", lambda: [broken])
     md = tmp_path / "wild.md"
-    code = wild_job.run_wild([], device="cpu", markdown=str(md), json_path=None,
-                             reports=str(tmp_path / "wild"))  # fmt: skip
+    code = wild_job.run_wild(
+        [], device="cpu", markdown=str(md), json_path=None, reports=str(tmp_path / "wild")
+    )
     assert code == 1
     text = md.read_text()
     assert "0 of 1 entries held, 1 not" in text

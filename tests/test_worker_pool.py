@@ -22,8 +22,7 @@ from pagegraph.supervise.worker_pool import Task, WorkerPool, needs_fresh_proces
 pytestmark = pytest.mark.heavy
 
 ROOT = Path(__file__).resolve().parent.parent
-SMALL = CheckConfig(max_bs=6, max_context_len=128, page_size=16, steps=6, buckets="pow2",
-                    chunk=2)  # fmt: skip
+SMALL = CheckConfig(max_bs=6, max_context_len=128, page_size=16, steps=6, buckets="pow2", chunk=2)
 
 CRASHERS = """
 import ctypes, os
@@ -70,8 +69,11 @@ def test_tasks_are_spread_over_warm_workers(tmp_path):
 
 @pytest.mark.cpu_heavy
 def test_a_crashing_check_is_reported_as_a_fresh_child_reports_it(crashers, tmp_path):
-    jobs = [Job(f"{crashers}:exits_hard", SMALL), Job(f"{crashers}:segfaults_in_replays", SMALL),
-            Job("build_page_table", SMALL)]  # fmt: skip
+    jobs = [
+        Job(f"{crashers}:exits_hard", SMALL),
+        Job(f"{crashers}:segfaults_in_replays", SMALL),
+        Job("build_page_table", SMALL),
+    ]
     tasks = [Task(i, job) for i, job in enumerate(jobs)]  # equal costs: run in this order
     pool = WorkerPool(1, tmp_path / "pool", timeout=300)
     pooled = pool.run(tasks)
@@ -90,8 +92,10 @@ def test_a_crashing_check_is_reported_as_a_fresh_child_reports_it(crashers, tmp_
 def test_a_check_that_may_leave_its_process_unfit_ends_its_worker():
     def report(failed: str | None) -> Report:
         r = Report("b", SMALL, "cpu", True)
-        r.properties = [PropertyResult(n, "FAIL" if n == failed else "pass", "")
-                        for n in ("capture", "correct", "bounded writes")]  # fmt: skip
+        r.properties = [
+            PropertyResult(n, "FAIL" if n == failed else "pass", "")
+            for n in ("capture", "correct", "bounded writes")
+        ]
         return r
 
     assert needs_fresh_process(report("capture"))
@@ -143,8 +147,10 @@ def _builders(doc: dict) -> dict:
     """A mutate JSON's builders without timings: each report's verdicts only."""
     out = {}
     for b in doc["builders"]:
-        reports = {s: [(p["name"], p["status"], p.get("first_failure")) for p in r["properties"]]
-                   for s, r in b["reports"].items()}  # fmt: skip
+        reports = {
+            s: [(p["name"], p["status"], p.get("first_failure")) for p in r["properties"]]
+            for s, r in b["reports"].items()
+        }
         out[b["name"]] = (b["killed"], b["killers"], b["skipped"], b["not_applicable"], reports)
     return out
 
@@ -156,10 +162,17 @@ def test_mutate_with_warm_workers_matches_a_fresh_child_per_builder(tmp_path, ca
     for pool in (True, False):
         out = tmp_path / f"{pool}.json"
         md = tmp_path / f"{pool}.md"
-        code = run_mutate([str(ROOT / "graphs" / "default.toml")],
-                          mutants=["floor_last_page", "extra_last_page"], replays=8, jobs=2,
-                          timeout=300, json_path=str(out), markdown_path=str(md), quiet=True,
-                          pool=pool)  # fmt: skip
+        code = run_mutate(
+            [str(ROOT / "graphs" / "default.toml")],
+            mutants=["floor_last_page", "extra_last_page"],
+            replays=8,
+            jobs=2,
+            timeout=300,
+            json_path=str(out),
+            markdown_path=str(md),
+            quiet=True,
+            pool=pool,
+        )
         text = capsys.readouterr().out
         runs[pool] = (code, text.rsplit("\n", 2)[0], _builders(json.loads(out.read_text())))
     assert runs[True][0] == runs[False][0] == 0, runs[True][1]
@@ -181,8 +194,16 @@ def test_a_mutant_stops_at_its_first_kill_and_the_killed_set_is_the_same(tmp_pat
     docs = {}
     for every in (False, True):
         out = tmp_path / f"{every}.json"
-        code = run_mutate(scenarios, mutants=mutants, replays=8, jobs=2, timeout=300,
-                          json_path=str(out), quiet=True, every_scenario=every)  # fmt: skip
+        code = run_mutate(
+            scenarios,
+            mutants=mutants,
+            replays=8,
+            jobs=2,
+            timeout=300,
+            json_path=str(out),
+            quiet=True,
+            every_scenario=every,
+        )
         assert code == 0, capsys.readouterr().out
         docs[every] = {b["name"]: b for b in json.loads(out.read_text())["builders"]}
     first, every = docs[False], docs[True]

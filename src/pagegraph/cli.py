@@ -79,16 +79,19 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
     """The command line's parser; with ``command``, only that command's options are filled
     in (the others keep their one-line help), so that parsing it imports only its job."""
     parser = argparse.ArgumentParser(
-        prog="pagegraph", description=DESCRIPTION,
+        prog="pagegraph",
+        description=DESCRIPTION,
         formatter_class=argparse.RawDescriptionHelpFormatter,
-    )  # fmt: skip
+    )
     parser.add_argument("--version", action="version", version=f"pagegraph {PAGEGRAPH_VERSION}")
     sub = parser.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     p = sub.add_parser(
-        "check", help="judge a builder's graph-replay safety on scenarios",
-        description=CHECK_DESCRIPTION, formatter_class=argparse.RawDescriptionHelpFormatter,
-    )  # fmt: skip
+        "check",
+        help="judge a builder's graph-replay safety on scenarios",
+        description=CHECK_DESCRIPTION,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     _add_check_arguments(p)
 
     def wanted(name: str) -> bool:
@@ -100,11 +103,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
         mutate.add_arguments(m)
     sub.add_parser(
-        "kernel-table", help="pagegraph's kernel against the reference over default shapes",
+        "kernel-table",
+        help="pagegraph's kernel against the reference over default shapes",
         description="Build page tables with pagegraph's kernel over a default set of shapes "
         "on this machine's device (the Triton interpreter on a CPU), compare each exactly with "
         "the reference and time the eager call. Exit 1 on any mismatch.",
-    )  # fmt: skip
+    )
 
     b = sub.add_parser("bench", help="benchmark suite")
     if wanted("bench"):
@@ -112,11 +116,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
         bench.add_arguments(b)
         b.add_argument(
-            "--consumer-floor", action="store_true",
+            "--consumer-floor",
+            action="store_true",
             help="instead of the suite: paged decode attention (both formats) against the DRAM "
             "floor measured in the same process, sglang-h200 shapes, into --out as "
             "consumer-floor.md/.json (CUDA only: exit 2 without)",
-        )  # fmt: skip
+        )
     prof = sub.add_parser("profile", help="Nsight Systems profile of a scenario")
     if wanted("profile"):
         from .jobs import profile
@@ -128,18 +133,20 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 
         trace.add_arguments(t)
     s = sub.add_parser(
-        "sync-table", help="which detector catches which planted sync",
+        "sync-table",
+        help="which detector catches which planted sync",
         description="Run each planted sync (an .item(), a blocking copy, a synchronize, ...) "
         "under each sync detector available here and print which caught it.",
-    )  # fmt: skip
+    )
     s.add_argument("--json", dest="json_path", metavar="PATH", help="also write the rows there")
     w = sub.add_parser(
-        "wild", help="public engines' CUDA-graph metadata bugs: each buggy twin UNSAFE, fixed SAFE",
+        "wild",
+        help="public engines' CUDA-graph metadata bugs: each buggy twin UNSAFE, fixed SAFE",
         description="Run the corpus of bugs from the wild (pagegraph.wild): for each entry, its "
         "buggy builder, reader or runner must be UNSAFE through the entry's property and its "
         "fixed twin SAFE. Exit 0 when every entry that can run here held, 1 otherwise, 2 on "
         "bad usage.",
-    )  # fmt: skip
+    )
     if wanted("wild"):
         from .jobs import wild_job
 
@@ -150,9 +157,12 @@ def build_parser(command: str | None = None) -> argparse.ArgumentParser:
 def _add_check_arguments(p: argparse.ArgumentParser) -> None:
     """The ``check`` command's arguments."""
     p.add_argument(
-        "scenarios", nargs="*", default=[DEFAULT_SCENARIO], metavar="SCENARIO",
+        "scenarios",
+        nargs="*",
+        default=[DEFAULT_SCENARIO],
+        metavar="SCENARIO",
         help=f"a shipped scenario's name or a TOML file (default: {DEFAULT_SCENARIO})",
-    )  # fmt: skip
+    )
     p.add_argument("--replays", type=int, help="replays per scenario (default: its steps)")
     p.add_argument(
         "--builder",
@@ -173,10 +183,13 @@ def _add_check_arguments(p: argparse.ArgumentParser) -> None:
         "torch, cupti, cpu, or a list (torch,cupti)",
     )
     p.add_argument(
-        "--strict", action="append", metavar="ADVICE", default=None,
+        "--strict",
+        action="append",
+        metavar="ADVICE",
+        default=None,
         help="treat this advice as a failure (repeatable; 'all' for every advice): "
         + ", ".join(ADVICE),
-    )  # fmt: skip
+    )
     p.add_argument(
         "--workload-process",
         choices=WORKLOAD_PROCESS_MODES,
@@ -184,9 +197,11 @@ def _add_check_arguments(p: argparse.ArgumentParser) -> None:
         "[check] workload_process, auto: for CUDA runs of 1000+ replays)",
     )
     p.add_argument(
-        "--json", dest="json_path", metavar="PATH",
+        "--json",
+        dest="json_path",
+        metavar="PATH",
         help="write the machine-readable report there (its folder must exist)",
-    )  # fmt: skip
+    )
     p.add_argument(
         "--markdown",
         dest="markdown_path",
@@ -205,9 +220,11 @@ def _add_check_arguments(p: argparse.ArgumentParser) -> None:
         "down (the default for a module:function builder)",
     )
     iso.add_argument(
-        "--no-isolate", dest="isolate", action="store_false",
+        "--no-isolate",
+        dest="isolate",
+        action="store_false",
         help="check in this process, even a module:function builder",
-    )  # fmt: skip
+    )
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,8 +1,5 @@
 """pytest plugin (entry point ``pytest11``): a ``gpu`` marker, a runner fixture and
-``assert_replay_safe`` for checking any page-table builder from another project's tests.
-
-Example (on a GPU the builder is captured into CUDA graphs; on a CPU the same replays run
-eagerly and the GPU-only properties are reported as skipped)::
+``assert_replay_safe`` for checking any page-table builder from another project's tests::
 
     from pagegraph.pytest_plugin import assert_replay_safe
 

@@ -1,56 +1,11 @@
 """Benchmark suite: the page-table builders against the two floors they cannot beat.
 
-Run: ``pagegraph bench`` (what ``make bench`` runs) or ``python -m pagegraph.bench``;
-``--quick``, ``--configs NAME...``, ``--only SECTION...``, ``--tune`` for the kernel-parameter
-sweep. ``--consumer-floor`` (the second half of ``make bench-decode``) measures the builders'
-consumer instead: paged and CSR decode attention on the ``sglang-h200`` shapes against a DRAM
-floor measured in the same process (``consumer_floor``; ``consumer-floor.md`` and ``.json``).
-Sections, in the order they run (``bench_runner.SECTIONS``):
-
-* ``builders``, per (config, builder) row (``rows``):
-
-  * **device time per build** (``device_us``): a CUDA graph of ``N`` back-to-back builds,
-    median of ``R`` event-timed replays, over ``N`` (``timing``). The page starts one build
-    reads fit in the L2 cache for most configs, so the ``N`` builds of a graph cycle over
-    several ``req_to_token`` tables holding the same requests on other pages
-    (``input_sets``, together four times the L2; ``inputs``): in a serving engine the model's
-    forward pass between two decode steps evicts them too. ``device_warm_us`` reads one
-    table every build; ``l2_resident`` says whether one build's footprint alone would fit.
-  * **the bandwidth floor** (``floor_us``): the bytes that must move (per live page, the
-    page-start read ``min(32, page_size * itemsize)`` bytes, i.e. one sector at most, and
-    the 4-byte write; SWA adds a 32-byte ``full_to_swa`` sector and another 4-byte write)
-    over the device-to-device bandwidth measured in the same run (``floors``).
-  * **the launch floor** (``launch_floor_us``): an empty one-program Triton kernel captured
-    ``N`` times in a graph, per node.
-  * **eager wall time** (``eager_us``): host time of one call (Python + launch), median of
-    many, with the queue drained outside the timed region now and then; for
-    ``build_page_table`` also ``eager_prepared_us`` (a ``PreparedBuild`` call).
-  * **replay wall time** (``replay_us``, ``replay_host_us``), for ``build_page_table``
-    only: one ``GraphRunner.replay()`` including staging, from device tensors and from host
-    lists.
-
-  ``host_max_gather`` cannot be captured correctly (its ``.item()`` freezes the width at
-  capture), so it has eager wall time only. ``block_grid`` (``pagegraph.kernels.baselines``) is the
-  rejected design, kept as a baseline: a fixed ``(bs, cdiv(width, 64))`` grid of page
-  blocks over the whole static width. Before timing, every builder's output is checked
-  once, exactly, against ``pagegraph.check.table_reference.expected_tables`` on the live
-  entries (``exact``), and again after a graph replay (``graph_exact``).
-* ``replay``: ``GraphRunner.replay()`` host time against a bare ``CUDAGraph.replay()``
-  (``replay_overhead``).
-* ``metadata``: ``build_decode_metadata`` against ``build_page_table`` and the unfused chain,
-  device and eager time, per config (``decode_bench``).
-* ``sweeps``: device time against batch size and context, and their plots (``sweeps``).
-* ``checker``: checked replays per second of ``check_replay_safety`` (``checker_rate``).
-
-Without CUDA only a smoke run under the Triton interpreter is possible: tiny shapes, eager
-wall times of the interpreter, exactness, and ``None`` for every device field.
-
-Modules: ``configs`` (shapes), ``inputs`` (inputs, L2 rotation, outputs and the exactness
-check), ``floors``, ``timing`` (graph and wall-clock timing, settings), ``rows``,
-``decode_bench``, ``replay_overhead``, ``checker_rate``, ``sweeps`` (and ``--tune``),
-``bench_report`` (targets, Markdown, plots), ``bench_runner`` (``run_bench`` and the command
-line), ``consumer_floor`` (``--consumer-floor``) and ``pytest_bench`` (the pytest-benchmark
-timings that ``benchmarks/test_bench.py`` runs). What is imported here is the public surface.
+``pagegraph bench`` (``make bench``) runs the sections of ``bench_runner.SECTIONS``: the
+builders' device time (rotated out of the L2) against the bandwidth and launch floors and their
+eager time, the runner's replay overhead, the decode-metadata builder against the unfused
+chain, sweeps, and the checker's rate; ``--consumer-floor`` times paged decode attention
+against a DRAM floor. Each section's method and row fields: docs/ARCHITECTURE.md, "The bench".
+What is imported here is the public surface.
 """
 
 from __future__ import annotations

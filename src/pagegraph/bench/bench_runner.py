@@ -159,9 +159,12 @@ def _run_sections(
     cuda = s.cuda
     measured: dict = {"rows": [], "replay": None, "decode": [], "sweeps": {}, "plots": []}
     measured["checker"] = []
-    total = (len(chosen) * (("builders" in sections) + ("metadata" in sections))
-             + ("replay" in sections) + (cuda and "sweeps" in sections)
-             + ("checker" in sections))  # fmt: skip
+    total = (
+        len(chosen) * (("builders" in sections) + ("metadata" in sections))
+        + ("replay" in sections)
+        + (cuda and "sweeps" in sections)
+        + ("checker" in sections)
+    )
     # Each item's "[bench] ..." line, and a line with the time left at least every 5 s.
     progress = Progress("pagegraph bench", total, "items")
     with progress.heartbeat():

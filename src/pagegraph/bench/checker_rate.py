@@ -1,18 +1,10 @@
-"""The "checker" section (issue #15): how many replays per second the checker verifies.
+"""The "checker" section: how many replays per second the checker verifies.
 
-``pagegraph.check.checker.check_replay_safety("build_page_table", ...)`` runs a scenario's workload
-through captured graphs and checks every replay; its report carries ``replays_per_s``, the
-steady-state rate of checked replays (start-up and capture excluded). The bench runs it four
-times on one scenario: with no sync detector and with the CUPTI detector (skipped, with the
-reason, where CUPTI cannot run), each with the workload's host models in this process and in
-child processes (``CheckConfig.workload_process``), and records that rate, the verdict, the
-wall time of the whole call and the mean host time of a replay's three phases (workload step,
-``runner.replay()``, the checker's own work).
-
-On a GPU: ``graphs/sglang-h200.toml`` with 5000 replays (its eight workload streams each take a
-turn of 256 replays twice over, so the rate is past the children's start-up). On a CPU (the
-interpreter, eager, no graphs): ``graphs/default.toml`` with 8 replays, which only shows that
-the section runs.
+``check_replay_safety("build_page_table", ...)`` runs four times on one scenario (no sync
+detector and CUPTI, each with the workload's host models in this process and in children) and
+the rate of checked replays, the verdict, the wall time and the host time of a replay's phases
+are recorded: ``graphs/sglang-h200.toml`` with 5000 replays on a GPU, ``graphs/default.toml``
+with 8 on a CPU, which only shows that the section runs (docs/ARCHITECTURE.md, "The bench").
 """
 
 from __future__ import annotations

@@ -1,36 +1,10 @@
-"""The consumer against the DRAM floor: paged decode attention's device time beside the time the
-same bytes take to stream from DRAM, measured in the same process.
+"""The consumer against the DRAM floor: ``pagegraph bench --consumer-floor``.
 
-``pagegraph bench --consumer-floor`` (``make bench-decode``) writes ``consumer-floor.md`` and
-``consumer-floor.json`` into ``--out``. For the shapes of the ``sglang-h200`` scenario (its
-page size and batch buckets) with an attention of ``NUM_Q_HEADS`` query heads over
-``NUM_KV_HEADS`` KV heads, ``HEAD_DIM`` and bf16 pages, per ``(batch, context)`` of
-``BATCHES`` x ``CONTEXTS`` (every row at the context length; a case whose KV does not fit the
-GPU's free memory is skipped, and the report says so):
-
-* **KV bytes** a call must read: ``sum(len) * num_kv_heads * head_dim * 2 (K and V) *
-  itemsize`` (``kv_bytes``); the page table, queries, output and split-K workspace are left
-  out (a few percent at most at these shapes, at the smallest case);
-* **device time per call** of ``paged_decode_attention`` and of ``csr_decode_attention``
-  (FlashInfer's format, its metadata built once, outside the graph): a CUDA graph of
-  ``CALLS`` back-to-back calls, the median of ``REPLAYS`` event-timed replays over
-  ``CALLS``, warm-up replays untimed (``pagegraph.bench.timing.device_time_us``);
-* **the DRAM floor**: ``torch.sum`` over as many bytes of the same pool (K's and V's halves,
-  contiguous), timed the same way: a read-only, contiguous stream of the same byte count by
-  a library reduction, what reading those bytes costs on this device with no paging at all;
-* the achieved bandwidth of each (KV bytes / time), the consumer's time over the floor's, and
-  the fraction of the H200's 4.8 TB/s peak (``H200_PEAK_BYTES_PER_S``, a reference only: the
-  floor is what was measured).
-
-The calls of one graph would read the same bytes: a case whose KV fits in the L2 cache would
-be read from the L2, not DRAM. So each graph cycles over ``sets`` disjoint copies of the case
-(page tables over other pages of the pool; ``rotation_sets``), enough that one replay's
-footprint is at least ``L2_ROTATION`` times the L2, for the consumer and the floor alike.
-Before timing, each case's outputs are checked: the two formats bit-identical on the same
-pages, and row 0 within ``pagegraph.consumers.attention_reference``'s tolerance of dense fp32
-attention.
-
-Without CUDA the command exits 2 with one line: there is nothing to measure.
+For the ``sglang-h200`` shapes, per ``(batch, context)`` case, the device time of paged and CSR
+decode attention (a CUDA graph of ``CALLS`` calls, cycled over copies that keep it out of the
+L2) beside the time a ``torch.sum`` over as many bytes of the same pool takes in the same
+process, each case's outputs checked first; written as ``consumer-floor.md`` and ``.json``.
+Without CUDA it exits 2. The method: docs/ARCHITECTURE.md, "The consumer against the DRAM floor".
 """
 
 from __future__ import annotations
@@ -120,8 +94,14 @@ def page_bytes(page_size: int) -> int:
     return page_size * NUM_KV_HEADS * HEAD_DIM * DTYPE.itemsize * 2
 
 
-def plan_cases(page_size: int, buckets: list[int], l2_bytes: int, free_bytes: int | None,
-               batches=BATCHES, contexts=CONTEXTS) -> tuple[list[Case], list[str]]:  # fmt: skip
+def plan_cases(
+    page_size: int,
+    buckets: list[int],
+    l2_bytes: int,
+    free_bytes: int | None,
+    batches=BATCHES,
+    contexts=CONTEXTS,
+) -> tuple[list[Case], list[str]]:
     """The cases to measure, and a note for each one left out: a batch that is not one of
     ``buckets``, or KV (with its copies) that does not fit ``free_bytes`` less
     ``HEADROOM_BYTES`` (``None``: no limit)."""
@@ -187,10 +167,18 @@ def _case_inputs(case: Case, pool: _Pool, gen: torch.Generator) -> dict:
     indptr[1:] = torch.cumsum(row_pages, 0)
     last = lens - (row_pages - 1) * case.page_size
     q = torch.randn((case.bs, NUM_Q_HEADS, HEAD_DIM), generator=gen).to(DTYPE).to(dev)
-    ws = prepare_decode_attention(case.bs, NUM_Q_HEADS, HEAD_DIM, device=dev,
-                                  max_context_len=case.width * case.page_size)  # fmt: skip
-    return {"tables": tables, "lens": lens, "indptr": indptr, "last": last, "q": q,
-            "out": torch.empty_like(q), "ws": ws}  # fmt: skip
+    ws = prepare_decode_attention(
+        case.bs, NUM_Q_HEADS, HEAD_DIM, device=dev, max_context_len=case.width * case.page_size
+    )
+    return {
+        "tables": tables,
+        "lens": lens,
+        "indptr": indptr,
+        "last": last,
+        "q": q,
+        "out": torch.empty_like(q),
+        "ws": ws,
+    }
 
 
 def _calls(case: Case, pool: _Pool, t: dict) -> dict[str, list]:
@@ -199,13 +187,13 @@ def _calls(case: Case, pool: _Pool, t: dict) -> dict[str, list]:
 
     def paged(s: int) -> None:
         table = t["tables"][s]
-        paged_decode_attention(q, pool.k, pool.v, table, t["lens"], out, page_size=ps,
-                               workspace=ws)  # fmt: skip
+        paged_decode_attention(q, pool.k, pool.v, table, t["lens"], out, page_size=ps, workspace=ws)
 
     def csr(s: int) -> None:
         indices = t["tables"][s].view(-1)
-        csr_decode_attention(q, pool.k, pool.v, t["indptr"], indices, t["last"], out,
-                             page_size=ps, workspace=ws)  # fmt: skip
+        csr_decode_attention(
+            q, pool.k, pool.v, t["indptr"], indices, t["last"], out, page_size=ps, workspace=ws
+        )
 
     # The floor reads as many bytes from each of K and V, copy s at offset s * half, in
     # chunks a reduction indexes with 32-bit offsets.
@@ -220,8 +208,10 @@ def _calls(case: Case, pool: _Pool, t: dict) -> dict[str, list]:
                 part = flat[s * half + a : s * half + b]
                 torch.sum(part, 0, dtype=torch.float32, out=acc[2 * j + i])
 
-    return {name: [partial(fn, s) for s in range(case.sets)]
-            for name, fn in (("paged", paged), ("csr", csr), ("floor", floor))}  # fmt: skip
+    return {
+        name: [partial(fn, s) for s in range(case.sets)]
+        for name, fn in (("paged", paged), ("csr", csr), ("floor", floor))
+    }
 
 
 def _check(case: Case, pool: _Pool, t: dict, calls: dict) -> str | None:
@@ -243,12 +233,19 @@ def _check(case: Case, pool: _Pool, t: dict, calls: dict) -> str | None:
     return None
 
 
-def measure_case(case: Case, pool: _Pool, gen: torch.Generator,
-                 calls: int = CALLS, replays: int = REPLAYS) -> dict:  # fmt: skip
+def measure_case(
+    case: Case, pool: _Pool, gen: torch.Generator, calls: int = CALLS, replays: int = REPLAYS
+) -> dict:
     """One row: the case, its KV bytes, and per format and the floor, device us per call and
     bytes per second; failures go into ``error``, never raised."""
-    row: dict = {"bs": case.bs, "context": case.context, "sets": case.sets,
-                 "kv_bytes": case.nbytes, "checked": None, "error": None}  # fmt: skip
+    row: dict = {
+        "bs": case.bs,
+        "context": case.context,
+        "sets": case.sets,
+        "kv_bytes": case.nbytes,
+        "checked": None,
+        "error": None,
+    }
     for name in ("floor", *FORMATS):
         row[f"{name}_us"] = row[f"{name}_bytes_per_s"] = None
     try:
@@ -291,8 +288,12 @@ def git_commit() -> str:
         return os.environ["PAGEGRAPH_COMMIT"]
     root = Path(__file__).resolve().parents[3]
     try:
-        out = subprocess.run(["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
-                             capture_output=True, text=True, timeout=10)  # fmt: skip
+        out = subprocess.run(
+            ["git", "-C", str(root), "rev-parse", "--short", "HEAD"],
+            capture_output=True,
+            text=True,
+            timeout=10,
+        )
         if out.returncode == 0 and out.stdout.strip():
             return out.stdout.strip()
     except (OSError, subprocess.SubprocessError):
@@ -325,15 +326,27 @@ def bench_consumer_floor(out_dir: str | Path, batches=BATCHES, contexts=CONTEXTS
         pool = _Pool.make(max(c.pages for c in cases), cfg.page_size)
         gen = torch.Generator().manual_seed(0)
         for case in cases:
-            print(f"[consumer floor] batch {case.bs} x context {case.context} ...",
-                  file=sys.stderr, flush=True)  # fmt: skip
+            print(
+                f"[consumer floor] batch {case.bs} x context {case.context} ...",
+                file=sys.stderr,
+                flush=True,
+            )
             rows.append(measure_case(case, pool, gen))
         del pool
         recover(True)
-    shape = {"scenario": SCENARIO, "page_size": cfg.page_size, "num_q_heads": NUM_Q_HEADS,
-             "num_kv_heads": NUM_KV_HEADS, "head_dim": HEAD_DIM, "dtype": str(DTYPE),
-             "calls": CALLS, "replays": REPLAYS, "l2_bytes": l2, "l2_rotation": L2_ROTATION,
-             "peak_bytes_per_s": H200_PEAK_BYTES_PER_S}  # fmt: skip
+    shape = {
+        "scenario": SCENARIO,
+        "page_size": cfg.page_size,
+        "num_q_heads": NUM_Q_HEADS,
+        "num_kv_heads": NUM_KV_HEADS,
+        "head_dim": HEAD_DIM,
+        "dtype": str(DTYPE),
+        "calls": CALLS,
+        "replays": REPLAYS,
+        "l2_bytes": l2,
+        "l2_rotation": L2_ROTATION,
+        "peak_bytes_per_s": H200_PEAK_BYTES_PER_S,
+    }
     result = {"env": env, "shape": shape, "rows": rows, "notes": notes}
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
@@ -384,16 +397,22 @@ def format_markdown(result: dict) -> str:
     for r in result["rows"]:
         checked = {True: "yes", False: "NO", None: "-"}[r["checked"]]
         cells = [
-            str(r["bs"]), str(r["context"]), f"{r['kv_bytes'] / 2**20:.0f}", str(r["sets"]),
+            str(r["bs"]),
+            str(r["context"]),
+            f"{r['kv_bytes'] / 2**20:.0f}",
+            str(r["sets"]),
             *(_num(r[f"{n}_us"]) for n in ("floor", "paged", "csr")),
             *(_num(r[f"{n}_bytes_per_s"], 1e-9, ".0f") for n in ("floor", "paged", "csr")),
             *(_num(r[f"{n}_over_floor"], 1, ".2f") for n in FORMATS),
             *(_num(r[f"{n}_of_peak"], 100, ".0f") for n in ("floor", "paged", "csr")),
             checked,
-        ]  # fmt: skip
+        ]
         lines.append("| " + " | ".join(cells) + " |")
-    problems = [f"batch {r['bs']} x context {r['context']}: {r['error']}"
-                for r in result["rows"] if r["error"]]  # fmt: skip
+    problems = [
+        f"batch {r['bs']} x context {r['context']}: {r['error']}"
+        for r in result["rows"]
+        if r["error"]
+    ]
     notes = [*result["notes"], *problems]
     if notes:
         lines += ["", *(f"- {n}" for n in notes)]
@@ -404,8 +423,10 @@ def run(out_dir: str | Path) -> int:
     """``pagegraph bench --consumer-floor``: 2 without CUDA (one line on stderr), 1 when a
     case failed or was wrong, else 0."""
     if not torch.cuda.is_available():
-        print("pagegraph bench --consumer-floor: needs CUDA (a GPU): nothing to measure here",
-              file=sys.stderr)  # fmt: skip
+        print(
+            "pagegraph bench --consumer-floor: needs CUDA (a GPU): nothing to measure here",
+            file=sys.stderr,
+        )
         return 2
     result = bench_consumer_floor(out_dir)
     bad = [r for r in result["rows"] if r["error"] or r["checked"] is False]

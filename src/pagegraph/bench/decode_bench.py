@@ -1,23 +1,10 @@
-"""The "metadata" section (issue #17): a decode step's whole metadata in one launch, against
+"""The "metadata" section: a decode step's whole metadata in one launch, against
 ``build_page_table`` alone and against the unfused chain engines write.
 
-For every config, on the config's inputs, these variants (``DECODE_VARIANTS``):
-
-* ``build_page_table``: the page table alone, lengths ``seq_lens`` (the yardstick);
-* ``build_decode_metadata`` with ``draft_tokens`` 0 and 4 (``cu_seqlens_q`` written too):
-  ``cache_seqlens``, ``cu_seqlens_k``, ``cu_seqlens_q`` and the page tables in one launch;
-* ``PreparedDecodeMetadata``: the same call through ``prepare_decode_metadata`` (checks done
-  once), eager only;
-* ``unfused_decode_metadata``: the clamp / add / cumsum / fill / arange / ``build_page_table``
-  chain of ``pagegraph.kernels.reference``, ``draft_tokens`` 0.
-
-Each row: its outputs once, exactly (``torch.equal`` of every output tensor, page tables
-whole, POISON tails included) against ``pagegraph.kernels.reference.reference_decode_metadata`` on
-POISON-filled buffers, before anything is timed; device time per call in a CUDA graph
-(rotated out of L2 and L2-warm, as the builder rows), checked again after a replay of the
-graph; eager host time per call. ``decode_summary`` derives, per config, the device-time
-difference to ``build_page_table`` (target: within 1 us) and the eager ratios fused /
-``build_page_table`` (target: at most 1.2x) and unfused / fused (target: at least 3x).
+Each variant (``DECODE_VARIANTS``) is checked exactly against ``reference_decode_metadata``
+before it is timed (device time in a CUDA graph, eager host time), and ``decode_summary``
+derives the targets: within 1 us of ``build_page_table`` on the device, at most 1.2x its eager
+time, the unfused chain at least 3x the fused call (docs/ARCHITECTURE.md, "The bench").
 """
 
 from __future__ import annotations
@@ -285,9 +272,13 @@ def bench_decode_config(cfg: BenchConfig, s: Settings) -> list[dict]:
         rounds: dict = {}
         with phase("bench", cfg.bs):
             eager = interleaved_wall_us(
-                calls, eager_calls(s), round_calls=EAGER_ROUND_CALLS,
-                warmup=eager_warmup(s), cuda=s.cuda, per_round=rounds,
-            )  # fmt: skip
+                calls,
+                eager_calls(s),
+                round_calls=EAGER_ROUND_CALLS,
+                warmup=eager_warmup(s),
+                cuda=s.cuda,
+                per_round=rounds,
+            )
         for i, us in eager.items():
             rows[i]["eager_us"] = us
             rows[i]["eager_round_us"] = rounds[i]

@@ -1,15 +1,10 @@
 """Inputs of one config, the tables that push them out of L2, and the exactness check.
 
-* ``make_inputs``: a ``req_to_token`` table with random page placement, the batch's request
-  rows and lengths, and (SWA configs) a ``full_to_swa`` map, all on the device.
-* L2 rotation: one build's page starts fit in the L2 cache for most configs, so a graph of
-  back-to-back builds of one input would time L2, not DRAM. ``rotate_out_of_l2`` adds
-  ``rotated_copies`` of the table, the same requests on other pages, enough of them
-  (``rotation_count``) that together they are four times the L2; ``Rotation`` cycles a
-  builder over them, as a serving engine's forward pass between two decode steps would have
-  evicted the previous step's reads.
-* ``make_outputs`` / ``poison`` / ``Check``: output tables filled with ``POISON`` and an exact
-  comparison of their live entries with ``pagegraph.check.table_reference.expected_tables``.
+``make_inputs`` makes a ``req_to_token`` table with random page placement, the batch and (SWA
+configs) a ``full_to_swa`` map on the device. One build's page starts fit in the L2 for most
+configs, so ``rotate_out_of_l2`` adds copies of the table, the same requests on other pages,
+four times the L2 in all, and ``Rotation`` cycles a builder over them. ``make_outputs``,
+``poison`` and ``Check`` compare the live entries exactly with ``expected_tables``.
 """
 
 from __future__ import annotations

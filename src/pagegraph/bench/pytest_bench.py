@@ -1,13 +1,10 @@
-"""pytest-benchmark timings of the eager builders and of one ``GraphRunner.replay()``.
+"""pytest-benchmark timings of the eager builders and of one ``GraphRunner.replay()``, run by
+``benchmarks/test_bench.py`` (``make bench``). Needs a GPU.
 
-``benchmarks/test_bench.py`` is the pytest entry (``make bench`` runs it with
-``--benchmark-only``); what it times, and how each timing is checked, lives here. Needs a GPU.
-
-Invariant guarded: every timed call is also checked exactly against ``expected_tables`` once,
-so a fast but wrong builder cannot post a number. What is timed is host wall time of one call
-with an empty queue (the GPU is synchronised before each timed call, outside the timed
-region); device times per build come from ``pagegraph bench`` (CUDA-graph replays), not from
-here. ``benchmark`` below is pytest-benchmark's fixture.
+Every timed call is also checked exactly against ``expected_tables`` once, so a fast but wrong
+builder cannot post a number. What is timed is host wall time of one call with an empty queue
+(the GPU synchronised before each, outside the timed region); device times come from
+``pagegraph bench``. ``benchmark`` below is pytest-benchmark's fixture.
 """
 
 from __future__ import annotations

@@ -1,21 +1,10 @@
-"""The "replay" section (issue #15): what ``GraphRunner.replay()`` costs the host over a bare
+"""The "replay" section: what ``GraphRunner.replay()`` costs the host over a bare
 ``CUDAGraph.replay()``.
 
-For one config (``decode-mid``) a single-bucket ``GraphRunner`` is captured; then, in the same
-process, host wall time per call of
-
-* ``runner.replay(req_pool_indices, seq_lens)`` from device tensors: bucket lookup, the
-  address check, the mailbox post (``pagegraph.graph.staging``), then the graph launch; and
-* ``runner.graphs[bucket].replay()``: the graph launch alone (its stage node finds nothing
-  posted and leaves the static inputs, so it rebuilds the same batch).
-
-Their ratio is the runner's overhead (target: at most 2x). The two are timed in alternating
-rounds of ``SYNC_EVERY`` calls, each round after a drained queue, so a drift of the host's
-speed during the run weighs on both alike; the per-call times exclude the drains. The
-runner's output is checked exactly before and after the timing.
-
-Without CUDA the runner replays eagerly (no graph): the output is checked, the times are not
-taken.
+A single-bucket runner is captured for ``decode-mid``, and the two calls are timed in
+alternating rounds of ``SYNC_EVERY`` calls, each after a drained queue, so a drift of the host's
+speed weighs on both alike; their ratio is the runner's overhead (target: at most 2x). The
+runner's output is checked exactly before and after. Without CUDA only the check runs.
 """
 
 from __future__ import annotations

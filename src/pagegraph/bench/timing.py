@@ -1,17 +1,10 @@
 """How the bench takes its times: device time inside a CUDA graph, host wall time per call.
 
-* ``device_time_us``: warm a callable up on a side stream, capture ``N`` calls of it in one
-  CUDA graph, replay the graph ``R`` times with a CUDA event pair around each replay, and take
-  the median replay over ``N``. A spin kernel (``torch.cuda._sleep``) keeps the GPU busy while
-  the replays are queued, so the events time the graph, not the host's launch gap.
-* ``wall_time_us``: the median host time of one call. The queue is drained now and then
-  outside the timed region, so it never grows long enough to block a launch, and never inside
-  it.
-
-Also here: ``Settings`` (how many builds, replays and calls a run makes, ``make_settings``),
-``bench_environment`` (what the rows record of the machine), and the two helpers
-every measurement uses when it fails: ``error`` (a one-line description) and ``recover``
-(drain the device and free its cache, so one failed row does not poison the next).
+``device_time_us`` captures ``N`` calls in one graph and takes the median of event-timed
+replays over ``N``, a spin kernel keeping the GPU busy while they are queued; ``wall_time_us``
+is the median host time of one call, the queue drained now and then outside the timed region.
+Also here: ``Settings``, ``bench_environment``, and the helpers every failed measurement uses,
+``error`` (a one-line description) and ``recover`` (so one failed row does not poison the next).
 """
 
 from __future__ import annotations

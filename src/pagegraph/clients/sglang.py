@@ -1,149 +1,11 @@
 """SGLang's attention-metadata kernels behind pagegraph's builder contracts.
 
-SGLang (0.5.23 and later) keeps its metadata kernels in plain files under
-``sglang/kernels/ops/attention/`` that import only torch and triton. This module finds them
-without importing the ``sglang`` package (its ``__init__`` needs the whole serving stack),
-loads each file by path once per process (a second load would be a new ``@triton.jit``
-function, compiled again) and wraps SGLang's functions in adapters of a few lines that call
-them exactly as SGLang's attention backends do. Nothing of SGLang is copied here.
-
-Adapters (``SGLANG_BUILDERS`` names those the checker's registry knows, by the name in brackets):
-
-* ``trtllm_mha_page_table`` [``sglang_trtllm_mha_page_table``]: ``build_trtllm_mha_page_table``,
-  a ``"page_table"`` builder (``pagegraph.build_page_table``'s contract, without ``errors``).
-* ``trtllm_mha_graph_metadata`` [``sglang_trtllm_mha_graph_metadata``]:
-  ``update_trtllm_mha_graph_metadata``, a ``"decode_metadata"`` builder
-  (``build_decode_metadata``'s contract).
-* ``flashmla_page_table`` [``sglang_flashmla_kv_indices``]: ``create_flashmla_kv_indices_triton``
-  as the FlashMLA backend launches it for CUDA graphs, a ``"page_table"`` builder (no SWA).
-* ``flashinfer_csr`` [``sglang_flashinfer_kv_indices``] and ``flashinfer_csr_token_blocks``
-  [``sglang_flashinfer_kv_indices_blocks``]: the FlashInfer backend's decode CSR build at page
-  size 1 (``kv_indptr`` by a torch cumsum, then ``create_flashinfer_kv_indices_triton`` on one
-  program a row, or on SGLang's token-block grid), ``"csr"`` builders.
-* ``normal_decode_metadata``: ``metadata.normal_decode_set_metadata`` (FlashAttention
-  backend's decode), a ``"decode_metadata"`` builder without ``cu_seqlens_q``.
-* ``flashinfer_kv_indices`` and ``flashmla_kv_indices``: the CSR and FlashMLA index builders
-  of ``kv_indices.py`` with all their arguments, and plain-torch references of what they must
-  produce (``reference_flashinfer_kv_indices``, ``reference_flashmla_kv_indices``).
-
-Where ``build_trtllm_mha_page_table`` differs from pagegraph's page-table contract
-----------------------------------------------------------------------------------
-* Its grid is ``(bs, cdiv(width, 4096 // page_size))`` and each program masks by
-  ``page < cdiv(seq_len, page_size)`` only, never by the width: a ``seq_len`` past
-  ``width * page_size`` (speculative draft tokens, dummy rows) writes up to the next multiple
-  of the block, into the next row of a contiguous table (its live first pages included,
-  racing with that row's own programs), or past the end of the buffer for the last row
-  (``examples/sglang_trtllm_page_table_spill.py``).
-* It writes the SWA table with ``page_table.stride(0)``: an SWA table with its own row
-  stride (a column slice of a wider buffer, or any other allocation) gets its rows at the
-  wrong addresses (``examples/sglang_trtllm_swa_stride.py``). SGLang's own backends allocate
-  both tables alike, so they do not hit it.
-* No clamp of ``req_pool_indices`` into ``req_to_token``, and an overlong row reads
-  ``req_to_token`` past its own row; pagegraph clamps both (the row's capacity is
-  ``min(width, cdiv(req_to_token columns, page_size))``).
-* Strides are constexprs: one compilation per (``req_to_token``, page table) row-stride
-  pair, which CUDA-graph buckets sliced from one static buffer share. ``page_size`` must
-  divide 4096. No ``errors`` counters.
-
-Where ``update_trtllm_mha_graph_metadata`` differs from pagegraph's decode-metadata contract
---------------------------------------------------------------------------------------------
-The mapping: ``seqlen_offset = draft_tokens``; ``max_seq_pages`` = the table's width;
-``bs = len(seq_lens)``; with ``cu_seqlens_q``, ``q_mode = Q_MODE_STRIDED`` and
-``q_stride = max(draft_tokens, 1)`` (else ``Q_MODE_NONE``). Then:
-
-* It never writes ``cu_seqlens_k[0]`` nor ``cu_seqlens_q[0]``: SGLang sets them to 0 when it
-  allocates the buffers. They are preset outputs: a checker that poisons every output before
-  a replay must write 0 there once, at allocation, and then check that they keep it.
-* No clamp of negative lengths: ``cache_seqlens = seq_lens + offset`` as given (int32, so a
-  sum past 2^31 - 1 wraps), and the running sums include negative values; pagegraph clamps
-  a negative length to 0 and saturates.
-* ``BS_BLOCK = next_power_of_2(bs)`` is a constexpr (the single scanning program holds the
-  whole batch in one tile): one compilation per power of two of ``bs``, by design. Warm-up
-  pays for them; only a compilation at replay or inside a capture is a hazard, so compile
-  counts are advice, not a safety failure. ``bs == 0`` launches nothing.
-* Pages per row are clamped to ``max_seq_pages``, so no row spills into the next; but not to
-  ``req_to_token``'s row, which an overlong length reads past. The SWA slot is not clamped
-  into ``full_to_swa``, and a negative slot gives SWA page -1.
-* As in pagegraph, the stale tail of each row is left as it was (consumers bound their reads
-  by ``cache_seqlens``), and the SWA table has its own row stride.
-
-The fused kernel's other outputs (``tests/test_sglang_formats.py``)
--------------------------------------------------------------------
-* ``swa_out_cache_loc`` (with ``out_cache_loc`` and ``swa_mapping``): entry ``j`` below
-  ``n = min(len(out_cache_loc), len(swa_out_cache_loc))`` gets ``full_to_swa[loc_j]``, or -1
-  where ``loc_j < 0``; entries ``n`` to the end of ``swa_out_cache_loc`` get 0; nothing else is
-  written. ``loc_j`` is not clamped into ``full_to_swa``: a slot at or past its end is read
-  out of bounds (``build_trtllm_mha_page_table`` clamps its SWA index; this kernel, and its
-  own SWA page-table lookup, do not).
-* ``cu_seqlens_q``: ``Q_MODE_CUMSUM`` writes ``[1:bs+1]`` with the int32 running sum of
-  ``qlens`` (no clamp of negative values), ``Q_MODE_STRIDED`` writes ``(i + 1) * q_stride``;
-  neither writes entry 0 nor anything past ``bs``.
-* ``skip_page_table=True`` writes ``cache_seqlens`` and ``cu_seqlens_*`` only: both page
-  tables are left as they were.
-
-``normal_decode_set_metadata`` (``metadata.py``) writes ``cu_seqlens_k[0]`` itself, adds its
-offset as the constexpr ``SEQ_LEN_DELTA`` (one compilation per draft count), clamps pages to
-``max_seq_pages``, does not clamp negative lengths, and has no ``cu_seqlens_q`` (the backend
-presets it): the adapter refuses one.
-
-The rest of ``metadata.py`` and ``pa_page_table.py``
-----------------------------------------------------
-* ``draft_extend_set_metadata`` fits the page-table part of the model but not the rest:
-  ``cache_seqlens`` is ``seq_lens`` with no offset and ``cu_seqlens_q`` is the running sum
-  of per-row ``extend_seq_lens``, not ``i * step``; it needs a draft-extend contract.
-* ``prepare_swa_spec_page_table_triton`` concatenates two page tables row by row at a
-  data-dependent split (``seq_len_a``), for ``bs * draft`` expanded rows: neither a page
-  table from ``req_to_token`` nor decode metadata.
-* ``get_num_kv_splits_triton`` and ``q8kv8_topk_length_from_indices`` compute split counts
-  and top-k lengths, not tables.
-* ``pa_page_table._build_pa_page_table`` builds a token-granular table of a prefill prefix
-  plus the last ``window_size`` tokens, with ``prefill_lens`` indexed by request and
-  ``kv_lens`` as an output, and allocates when no buffers are given: a sliding-window
-  layout, not ``req_to_token[r, p * page_size] // page_size``.
-
-Where ``create_flashmla_kv_indices_triton`` differs from pagegraph's page-table contract
-----------------------------------------------------------------------------------------
-Launched as ``FlashMLABackend``'s CUDA-graph path does (``kv_start_idx`` None, grid
-``(bs, get_num_kv_index_blocks_flashmla(page_table.stride(0), page_size))``), it writes the
-contract's entries on in-contract inputs, but:
-
-* Its grid follows the table's row stride, not its width, in blocks of ``4096 // page_size``
-  pages masked by ``page < cdiv(seq_len, page_size)`` only: an overlong row writes up to the
-  next multiple of the block past the row stride, into the row's padding columns and then the
-  next row's first columns (its live page included), or past the buffer for the last row,
-  whenever the row stride rounded up to whole blocks passes the width: a width that is not a
-  multiple of the block, or padding columns (``examples/sglang_flashmla_kv_indices_spill.py``).
-  SGLang's own buffer is ``(max_context_len + 64) // 64`` pages wide, rarely a multiple of 64.
-* ``req_pool_index * req_to_token.stride(0)`` is computed in ``req_pool_indices``' dtype:
-  with int32 indices the offset wraps once ``req_to_token`` holds 2^31 slots or more (SGLang's
-  graph runners pass int64 indices). No clamp of the index, nor of a row into
-  ``req_to_token``'s own row.
-* Strides are constexprs (one compilation per row-stride pair); ``page_size`` must divide
-  4096; no SWA table; no ``errors`` counters. A negative length writes nothing, as the
-  contract's clamp to 0 does.
-
-Where the FlashInfer CSR build differs from pagegraph's ``"csr"`` contract
---------------------------------------------------------------------------
-The contract: ``n_i = min(cdiv(max(len_i, 0), page_size), cdiv(cols, page_size))`` pages a
-row, ``kv_indptr[i + 1] = kv_indptr[i] + n_i``, ``kv_indices[kv_indptr[i] + p] =
-req_to_token[rpi_i, p * page_size] // page_size``, nothing past ``kv_indptr[bs]``. SGLang's
-FlashInfer backend emits token slots, so only ``page_size == 1`` fits (the adapters refuse
-others). Then:
-
-* ``kv_indptr[1:bs+1] = torch.cumsum(seq_lens)`` runs as torch ops in the graph (the cumsum
-  is a temporary tensor) and clamps nothing: a negative length makes ``kv_indptr`` decrease
-  (the next row's entries overwrite those of the rows before it), and a length past
-  ``req_to_token``'s row reads past that row and writes that many entries, past the
-  contract's ``kv_indptr[bs]`` (and past the end of ``kv_indices`` once the running sum
-  passes its capacity).
-* ``kv_indptr[0]`` is never written: SGLang presets it at allocation.
-* ``req_pool_indices`` is not clamped into ``req_to_token``; the stride is a runtime
-  argument (one compilation for every width).
-
-The rest of ``kv_indices.py``: ``create_flashinfer_kv_indices_triton`` with ``kv_start_idx``
-(encoder-decoder rows), ``ENTRY_PAGE_SIZE > 1`` (a page-granular source table) or
-``token_mapping`` (a fused full-to-SWA translation) is not a builder of pagegraph's; the
-``flashinfer_kv_indices`` and ``flashmla_kv_indices`` adapters take ``kv_start_idx``.
+SGLang keeps its metadata kernels in plain files that import only torch and triton. This module
+loads each by path, once per process, without importing the ``sglang`` package (whose
+``__init__`` needs the whole serving stack), and wraps SGLang's functions in adapters of a few
+lines that call them exactly as SGLang's attention backends do; ``SGLANG_BUILDERS`` names those
+the checker knows. Each kernel's differences from the contracts: docs/ARCHITECTURE.md,
+"SGLang's kernels behind the contracts".
 """
 
 from __future__ import annotations
@@ -313,7 +175,7 @@ def trtllm_mha_page_table(
     ``req_pool_indices`` and ``seq_lens`` ``[bs]`` int32/int64, ``page_table`` ``[bs, width]``
     int32 (written in place), ``page_size`` dividing 4096; ``swa_page_table`` ``[bs, width]``
     int32 with ``full_to_swa`` ``[num_slots + 1]`` int64. No ``errors``. Differences from the
-    contract: the module docstring.
+    contract: docs/ARCHITECTURE.md, "SGLang's kernels behind the contracts".
     """
     load_kernel_file("trtllm_mha_page_table").build_trtllm_mha_page_table(
         req_to_token=req_to_token,
@@ -346,7 +208,7 @@ def trtllm_mha_graph_metadata(
     Args as ``build_decode_metadata``: ``cache_seqlens`` ``[bs]`` int32, ``cu_seqlens_k`` and
     ``cu_seqlens_q`` ``[bs + 1]`` int32 whose entry 0 the caller has set to 0 (SGLang never
     writes it), ``page_table``/``swa_page_table`` ``[bs, width]`` int32, ``full_to_swa``
-    ``[num_slots + 1]`` int64. Mapping and differences: the module docstring.
+    ``[num_slots + 1]`` int64. Mapping and differences: docs/ARCHITECTURE.md.
     """
     kernels = load_kernel_file("trtllm_mha_graph_metadata")
     strided = cu_seqlens_q is not None
@@ -509,7 +371,7 @@ def flashmla_page_table(
     Args: ``req_to_token`` ``[max_reqs, ctx]`` int32/int64, ``req_pool_indices`` and
     ``seq_lens`` ``[bs]`` int32/int64, ``page_table`` ``[bs, width]`` int32 with inner stride
     1 (written in place), ``page_size`` dividing 4096 (FlashMLA's is 64). Differences from the
-    contract: the module docstring.
+    contract: docs/ARCHITECTURE.md, "SGLang's kernels behind the contracts".
     """
     flashmla_kv_indices(req_to_token, req_pool_indices, seq_lens, page_table, page_size)
 

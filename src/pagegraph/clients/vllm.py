@@ -1,41 +1,10 @@
 """vLLM's GPU block-table kernels (model runner v2) behind pagegraph's builder contracts.
 
-``pagegraph.clients.vllm_files`` loads vLLM 0.34.0's ``_gather_block_tables_kernel`` and
-``_compute_slot_mappings_kernel`` from vLLM's own ``vllm/v1/worker/gpu/block_table.py`` (with
-the few imports they reach stubbed: ``STUBBED_IMPORTS``). The adapters here launch them with
-the arguments ``BlockTables`` passes, for one KV-cache group:
-
-* ``vllm_gather_block_tables`` [``"block_table"``]: grid ``(1, num_rows)``; the source and
-  destination tables as ``[1]`` uint64 pointer tensors, their one row stride as a ``[1]``
-  int64 tensor, ``num_blocks`` as a ``[1, max_reqs]`` view, ``num_reqs`` the batch's real
-  rows, ``MASK_SLIDING_WINDOW=False``, ``BLOCK_SIZE=1024``.
-* ``vllm_compute_slot_mappings`` [``"slot_mapping"``]: grid ``(1, rows + 1)``; the slot
-  mapping as a ``[1, max_num_tokens]`` view, ``CP_SIZE=1``, ``CP_INTERLEAVE=1``, ``cp_rank=0``,
-  ``PAD_ID`` vLLM's ``PAD_SLOT_ID``, ``TRITON_BLOCK_SIZE=1024``, slot mapping enabled and
-  ``dcp_sharded`` (vLLM's defaults).
-
-The pointer, stride and size tensors are made once per set of buffers (keyed by their
-addresses, strides and the page size) on the first call, which an engine makes at warm-up;
-later calls, in a CUDA graph or not, allocate nothing. Making them is a host-to-device copy:
-a first call inside a capture raises ``RuntimeError`` instead.
-
-What vLLM's kernels assume that pagegraph's contracts do not
-------------------------------------------------------------
-* Gather: one row stride for the per-request table, the batch table and the row capacity
-  (``max_num_blocks = stride``). The adapter refuses tables of different row strides
-  (``ValueError``). A padded row is zeroed over ``[0, stride)``: in tables whose rows have
-  padding columns (stride > width) it writes past the width.
-* Gather: no clamp of ``num_blocks`` (vLLM's host refuses a write past a row's capacity) nor
-  of ``idx_mapping``: a count past the stride reads the next request's row and writes the next
-  batch row; a negative slot reads before the table. ``num_rows`` is not checked against the
-  batch table's rows.
-* Slot mapping: a row's tokens are written up to ``query_start_loc[i + 1]`` with no bound by
-  ``max_num_tokens`` nor by ``len(positions)``, and ``positions[t] // block_size`` is not
-  clamped to the row: the host guarantees all three.
-* Both: the tables are passed as loaded pointers that ``_load_ptr`` declares 16-byte
-  aligned; the adapters refuse a table view that is not (``ValueError``).
-* Slot mapping: ``block_id * block_size`` is computed in 32 bits (both int32) before the
-  int64 offset is added: a slot at or past 2^31 wraps.
+``vllm_gather_block_tables`` (a ``"block_table"`` builder) and ``vllm_compute_slot_mappings``
+(a ``"slot_mapping"`` builder) launch vLLM 0.34.0's own kernels, loaded from its files by
+``pagegraph.clients.vllm_files``, with the arguments vLLM's ``BlockTables`` passes for one
+KV-cache group. What those kernels assume that pagegraph's contracts do not (one row stride for
+every table, no clamps, 16-byte aligned tables): docs/ARCHITECTURE.md, "vLLM's own kernels".
 """
 
 from __future__ import annotations
@@ -168,10 +137,19 @@ def vllm_gather_block_tables(
     args = gather_launch_args(block_table, out)
     counts = num_blocks.unsqueeze(0)  # vLLM's [num_groups, max_reqs] (a view)
     kernel[(1, batch.num_rows)](
-        idx_mapping, args.src_ptrs, args.dst_ptrs, args.strides, counts, counts.stride(0),
-        batch.num_reqs, args.reach, args.reach, args.block_sizes,
-        MASK_SLIDING_WINDOW=False, BLOCK_SIZE=GATHER_BLOCK_SIZE,
-    )  # fmt: skip
+        idx_mapping,
+        args.src_ptrs,
+        args.dst_ptrs,
+        args.strides,
+        counts,
+        counts.stride(0),
+        batch.num_reqs,
+        args.reach,
+        args.reach,
+        args.block_sizes,
+        MASK_SLIDING_WINDOW=False,
+        BLOCK_SIZE=GATHER_BLOCK_SIZE,
+    )
 
 
 vllm_gather_block_tables.pagegraph_outputs = "block_table"
@@ -202,11 +180,23 @@ def vllm_compute_slot_mappings(
     args = slot_mapping_launch_args(block_table, page_size)
     slots = slot_mapping.unsqueeze(0)  # vLLM's [num_groups, max_num_tokens] (a view)
     kernels.slot_mappings[(1, idx_mapping.shape[0] + 1)](
-        slots.shape[1], idx_mapping, query_start_loc, positions, args.ptrs, args.strides,
-        args.block_sizes, args.enabled, args.dcp_sharded, slots, slots.stride(0), 0,
-        CP_SIZE=1, CP_INTERLEAVE=1, PAD_ID=kernels.pad_slot_id,
+        slots.shape[1],
+        idx_mapping,
+        query_start_loc,
+        positions,
+        args.ptrs,
+        args.strides,
+        args.block_sizes,
+        args.enabled,
+        args.dcp_sharded,
+        slots,
+        slots.stride(0),
+        0,
+        CP_SIZE=1,
+        CP_INTERLEAVE=1,
+        PAD_ID=kernels.pad_slot_id,
         TRITON_BLOCK_SIZE=SLOT_BLOCK_SIZE,
-    )  # fmt: skip
+    )
 
 
 vllm_compute_slot_mappings.pagegraph_outputs = "slot_mapping"

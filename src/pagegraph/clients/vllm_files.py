@@ -1,27 +1,11 @@
 """vLLM's GPU block-table kernel files, found and loaded by path without the ``vllm`` package.
 
-vLLM's model runner v2 keeps its block-table kernels in ``vllm/v1/worker/gpu/block_table.py``,
-which imports ``_load_ptr`` from ``vllm/v1/worker/gpu/buffer_utils.py``. Both files import a
-few names from the rest of vLLM (its serving stack, which the kernels never touch). This
-module loads the two files as they are, each once per process (a second load would make new
-``@triton.jit`` functions, compiled again), and answers those few imports with stand-ins
-(``STUBBED_IMPORTS`` lists each and what stands in for it).
-
-Isolation: the stand-ins are never put in ``sys.modules``. Each loaded file gets its own
-``__builtins__`` whose ``__import__`` answers the stubbed ``vllm.*`` names (and
-``vllm.v1.worker.gpu.buffer_utils`` with the loaded file) and passes every other import to
-Python's own; an import of another ``vllm`` module raises ``ImportError`` naming it (a newer
-vLLM that needs more). So a real ``vllm`` package, imported before or after, is never
-shadowed. The loaded files live in ``sys.modules`` under private keys only
-(``pagegraph_vllm_file_<name>``).
-
-Where the files are looked for, first found wins:
-
-1. ``$PAGEGRAPH_VLLM_PATH``: a folder holding ``vllm/v1/worker/gpu/block_table.py``;
-2. an installed ``vllm``, located with ``importlib.util.find_spec`` (which does not run its
-   ``__init__``);
-3. ``.device/vllm-lite`` and ``.venv/vllm-lite`` under the source tree's root (what
-   ``tools/fetch_vllm_files.sh`` unpacks from the wheel).
+``block_table.py`` and the ``buffer_utils.py`` it imports are loaded as they are, once per
+process, and the few names they import from the rest of vLLM are answered by stand-ins
+(``STUBBED_IMPORTS``) through each file's own ``__import__``, never through ``sys.modules``, so
+a real ``vllm`` is never shadowed. Where the files are looked for (``$PAGEGRAPH_VLLM_PATH``,
+an installed ``vllm``, ``.device/vllm-lite`` and ``.venv/vllm-lite``): docs/ARCHITECTURE.md,
+"vLLM's own kernels".
 """
 
 from __future__ import annotations

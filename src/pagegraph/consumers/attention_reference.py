@@ -1,34 +1,10 @@
 """Reference decode attention in plain torch, and the tolerances a kernel is held to.
 
-Each row's page ids are read on the host, up to its length (clamped as the kernels clamp it:
-to ``[0, width * page_size]``, or into ``kv_indices`` for the CSR format). Its keys and values
-are gathered from the pool on the pool's device, a chunk of rows at a time padded to the
-chunk's longest row and masked past each length (a few launches a chunk, no sync a row),
-then attended densely in fp32 and rounded to the input dtype. A row of length 0 gives zeros,
-as the kernels define it.
-
-Tolerances
-----------
-Let ``u`` be the unit roundoff of the dtype (bf16 ``2^-8``: 8 significant bits; fp16 ``2^-11``;
-fp32 ``2^-24``), ``L`` the row's length, ``D`` the head dim, ``V = max |v|`` over the row's live
-values and ``S = max_t sm_scale * sum_d |q_d k_td|`` (a bound on every score's magnitude
-terms). A kernel that accumulates in fp32 differs from the exact result by at most:
-
-* weights: the output is ``sum_t p_t v_t / sum_t p_t``; a relative error ``e`` in each
-  ``p_t`` moves it by at most ``2 e V``. The scores are fp32 dot products of exact products
-  (error ``<= D 2^-24 S``, which ``exp`` turns into a relative error of ``p`` of the same
-  size), and ``exp2`` on the GPU is approximate (``~2^-22`` relative): ``e_s = D 2^-24 S +
-  2^-22``;
-* ``P`` rounded to the input dtype for the ``P V`` product on the tensor cores (not for fp32):
-  ``u V``;
-* fp32 summation over ``L`` tokens and the split merge: ``<= (L + 16) 2^-24 V``;
-* the output rounded to its dtype: half an ulp, ``u |out|``.
-
-The reference makes errors of the same kinds, smaller, so each bound counts twice:
-``atol = 2 V (u_P + 2 e_s + (L + 16) 2^-24)`` with ``u_P = u`` for bf16/fp16 and 0 for fp32,
-and ``rtol = 2 u`` (one ulp: both sides round nearly equal fp32 values). For bf16 and a few
-hundred tokens ``atol`` is about ``V / 128`` (fp16: ``V / 1024``); one stale token read among
-``L`` whose value is ``1000 V`` moves the output by about ``1000 V / L``, far more.
+Each row's page ids are read on the host up to its length (clamped as the kernels clamp it);
+its keys and values are gathered on the pool's device a chunk of rows at a time, masked past
+each length, attended densely in fp32 and rounded to the input dtype. The tolerances
+(``tolerances``: ``atol = 2 V (u_P + 2 e_s + (L + 16) 2^-24)``, ``rtol = 2 u``) are derived in
+docs/ARCHITECTURE.md, "Paged attention, the consumer".
 """
 
 from __future__ import annotations
@@ -171,8 +147,8 @@ def attend(q: torch.Tensor, kv: LiveKV, sm_scale: float | None = None) -> torch.
 
 
 def tolerances(q: torch.Tensor, kv: LiveKV, sm_scale: float | None = None):
-    """``(atol [bs] fp32 tensor on the host, rtol)`` per the module docstring, from each row's
-    live data; 0 for a row of length 0."""
+    """``(atol [bs] fp32 tensor on the host, rtol)`` from each row's live data, as derived in
+    docs/ARCHITECTURE.md ("Paged attention, the consumer"); 0 for a row of length 0."""
     head_dim = q.shape[-1]
     _same_rows(q, kv)
     scale = head_dim**-0.5 if sm_scale is None else sm_scale

@@ -1,42 +1,11 @@
 """Paged decode attention: the consumer of the page tables pagegraph's builders write.
 
-One query token per request attends over that request's cached keys and values, which live in
-a pool of pages ``k_cache`` / ``v_cache`` ``[num_pages, page_size, num_kv_heads, head_dim]``
-(page id ``p`` holds slots ``p * page_size .. (p + 1) * page_size - 1``). Two metadata formats:
-
-* ``paged_decode_attention``: a page table ``[bs, width]`` int32 and ``cache_seqlens`` ``[bs]``
-  int32 (the TensorRT-LLM MHA / FlashAttention-3 format, what ``build_page_table`` writes);
-* ``csr_decode_attention``: FlashInfer's ``kv_indptr`` ``[bs + 1]``, ``kv_indices`` ``[nnz]``
-  and ``kv_last_page_len`` ``[bs]`` int32.
-
-Both run the same two kernels, specialised on the format.
-
-Bounded reads
--------------
-Row ``i`` reads page ids only for its own tokens ``t < len_i`` (entry ``t // page_size``) and
-only those tokens' slots: the page-table entries past ``cdiv(len_i, page_size)`` and the slots
-of the last page past ``len_i`` hold stale data by contract and are never loaded. Lengths out
-of contract are clamped on the device, never trusted: a negative length counts as 0, and one
-past ``width * page_size`` as ``width * page_size``, so a row cannot read the next row's page
-ids (in the CSR format the row's span is clamped into ``kv_indices``). A row of length 0
-reads no page and writes zeros to ``out``.
-
-Split-K and the workspace
--------------------------
-Kernel 1, grid ``(bs, num_kv_heads, num_splits)``: program ``(i, g, s)`` takes all query heads
-of KV head ``g`` (the GQA group, padded to a tile of at least 16 rows for the tensor cores, so
-each K/V tile is loaded once for the group) and the ``s``-th of ``num_splits`` equal token
-ranges of row ``i`` (each a whole number of ``block_n`` tiles). It runs an online softmax over
-its range and writes the unnormalised partial output, running max and sum to an fp32
-workspace. A split that starts at or past ``len_i`` exits at once and writes nothing.
-
-Kernel 2, grid ``(bs, num_q_heads)``: recomputes from ``len_i`` how many splits were live,
-merges only those, and writes ``out`` in its dtype.
-
-Both grids depend on host metadata only (batch size, head counts, ``num_splits``), never on a
-device value, and the workspace is allocated once (``prepare_decode_attention``), so a call
-with a workspace allocates nothing, reads nothing back to the host, and is legal inside
-CUDA-graph capture; at replay the split ranges follow the lengths then in ``cache_seqlens``.
+``paged_decode_attention`` reads a page table and ``cache_seqlens``, ``csr_decode_attention``
+FlashInfer's ``kv_indptr`` / ``kv_indices`` / ``kv_last_page_len``; both run the same two
+split-K kernels. A row reads only its own tokens' page ids and slots, lengths clamped on the
+device, and both grids come from host metadata with a workspace allocated once
+(``prepare_decode_attention``), so a call is legal inside CUDA-graph capture. Bounded reads and
+the split-K design: docs/ARCHITECTURE.md, "Paged attention, the consumer".
 """
 
 from __future__ import annotations
@@ -278,24 +247,55 @@ def _launch(q, k_cache, v_cache, out, meta, ws, page_size, sm_scale, block_n, *,
     pages, lens, last, pages_stride, width = meta
     splits = ws.num_splits
     _split_kernel[(bs, num_kv_heads, splits)](
-        q, k_cache, v_cache, pages, lens, last, ws.acc, ws.stats,
-        q.stride(0), q.stride(1),
-        k_cache.stride(0), k_cache.stride(1), k_cache.stride(2),
-        v_cache.stride(0), v_cache.stride(1), v_cache.stride(2),
-        pages_stride, width, num_q_heads, scale,
-        GROUP=group, BLOCK_H=max(MIN_BLOCK_H, triton.next_power_of_2(group)),
-        HEAD_DIM=head_dim, PAGE_SIZE=page_size, BLOCK_N=block_n, NUM_SPLITS=splits, CSR=csr,
+        q,
+        k_cache,
+        v_cache,
+        pages,
+        lens,
+        last,
+        ws.acc,
+        ws.stats,
+        q.stride(0),
+        q.stride(1),
+        k_cache.stride(0),
+        k_cache.stride(1),
+        k_cache.stride(2),
+        v_cache.stride(0),
+        v_cache.stride(1),
+        v_cache.stride(2),
+        pages_stride,
+        width,
+        num_q_heads,
+        scale,
+        GROUP=group,
+        BLOCK_H=max(MIN_BLOCK_H, triton.next_power_of_2(group)),
+        HEAD_DIM=head_dim,
+        PAGE_SIZE=page_size,
+        BLOCK_N=block_n,
+        NUM_SPLITS=splits,
+        CSR=csr,
         DOT_PRECISION="ieee" if q.dtype == torch.float32 else "tf32",
         WIDEN_DOT=q.dtype == torch.bfloat16 and interpreter_active(),
         num_warps=NUM_WARPS,
-    )  # fmt: skip
+    )
     _combine_kernel[(bs, num_q_heads)](
-        out, lens, last, ws.acc, ws.stats,
-        out.stride(0), out.stride(1), width, num_q_heads,
-        HEAD_DIM=head_dim, PAGE_SIZE=page_size, BLOCK_N=block_n, NUM_SPLITS=splits,
-        SPLITS_P2=triton.next_power_of_2(splits), CSR=csr,
+        out,
+        lens,
+        last,
+        ws.acc,
+        ws.stats,
+        out.stride(0),
+        out.stride(1),
+        width,
+        num_q_heads,
+        HEAD_DIM=head_dim,
+        PAGE_SIZE=page_size,
+        BLOCK_N=block_n,
+        NUM_SPLITS=splits,
+        SPLITS_P2=triton.next_power_of_2(splits),
+        CSR=csr,
         num_warps=NUM_WARPS,
-    )  # fmt: skip
+    )
 
 
 @triton.jit
@@ -341,15 +341,28 @@ def _split_kernel(
     last_ptr,  # [>= bs] int32 kv_last_page_len (CSR; unused otherwise)
     acc_ptr,  # [>= bs, Hq, NUM_SPLITS, D] fp32 workspace
     stats_ptr,  # [>= bs, Hq, NUM_SPLITS, 2] fp32 workspace (max in log2 units, sum)
-    stride_qb, stride_qh,
-    stride_kp, stride_ks, stride_kh,
-    stride_vp, stride_vs, stride_vh,
-    pages_stride, width, num_q_heads,
+    stride_qb,
+    stride_qh,
+    stride_kp,
+    stride_ks,
+    stride_kh,
+    stride_vp,
+    stride_vs,
+    stride_vh,
+    pages_stride,
+    width,
+    num_q_heads,
     qk_scale,  # sm_scale * log2(e): the softmax runs in exp2
-    GROUP: tl.constexpr, BLOCK_H: tl.constexpr, HEAD_DIM: tl.constexpr,
-    PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr, NUM_SPLITS: tl.constexpr,
-    CSR: tl.constexpr, DOT_PRECISION: tl.constexpr, WIDEN_DOT: tl.constexpr,
-):  # fmt: skip
+    GROUP: tl.constexpr,
+    BLOCK_H: tl.constexpr,
+    HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    CSR: tl.constexpr,
+    DOT_PRECISION: tl.constexpr,
+    WIDEN_DOT: tl.constexpr,
+):
     row = tl.program_id(0)
     kv_head = tl.program_id(1)
     split = tl.program_id(2)
@@ -411,10 +424,17 @@ def _combine_kernel(
     last_ptr,  # [>= bs] int32 kv_last_page_len (CSR; unused otherwise)
     acc_ptr,  # [>= bs, Hq, NUM_SPLITS, D] fp32 workspace
     stats_ptr,  # [>= bs, Hq, NUM_SPLITS, 2] fp32 workspace
-    stride_ob, stride_oh, width, num_q_heads,
-    HEAD_DIM: tl.constexpr, PAGE_SIZE: tl.constexpr, BLOCK_N: tl.constexpr,
-    NUM_SPLITS: tl.constexpr, SPLITS_P2: tl.constexpr, CSR: tl.constexpr,
-):  # fmt: skip
+    stride_ob,
+    stride_oh,
+    width,
+    num_q_heads,
+    HEAD_DIM: tl.constexpr,
+    PAGE_SIZE: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+    NUM_SPLITS: tl.constexpr,
+    SPLITS_P2: tl.constexpr,
+    CSR: tl.constexpr,
+):
     row = tl.program_id(0)
     head = tl.program_id(1)
     # The page-id pointer is not needed here: lens_ptr stands in for it.

@@ -1,16 +1,10 @@
 """A decode step's reader: the attention call and the host work an engine does around it.
 
-Engines do not only hand the metadata to the attention kernel: they compute host values for
-its launch (``max_seqlen_k``, a split count) before the call. Under a CUDA graph those values
-are whatever the engine computed when it captured, so a reader whose launch depends on them
-is wrong once the lengths grow. A ``Reader`` names that host work, so the bed can run it at
-the moments an engine does (at capture, and at every eager call) and show what a graph froze.
-
-A planned reader splits the work as FlashInfer's ``plan()`` / ``run()`` do: ``plan`` runs on
-the host, eagerly, outside the graph, before each step, and writes a schedule into a workspace
-the bed allocates once (``workspace``: the same tensors for every plan, whatever its size);
-``attend``, the part a graph captures, reads that workspace (its ``plan=`` keyword). What the
-current plan did not write there holds whatever an earlier, larger plan left.
+Engines compute host values for the attention's launch (``max_seqlen_k``, a split count) before
+the call, and under a CUDA graph those values are whatever they were at capture. A ``Reader``
+names that host work so the bed runs it when an engine does (at capture, at every eager call);
+a planned reader splits it as FlashInfer's ``plan()`` / ``run()`` do, the plan writing a
+workspace allocated once that the captured ``attend`` reads (docs/WILD.md, "Readers").
 """
 
 from __future__ import annotations

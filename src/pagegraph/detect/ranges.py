@@ -1,29 +1,10 @@
 """NVTX ranges for every pagegraph phase, and a thread-local stack of the open ones.
 
-Why ranges at all: a sync report ("one ``cuStreamSynchronize`` per call") is only actionable
-when it says *where*. Every phase of the test bed (warm-up, capture, staging the inputs,
-replay, verification, eager builder calls, benchmarks) runs inside a named range, e.g.
-``replay/bs=8``. The same name goes to two places:
-
-- NVTX, in the ``"pagegraph"`` domain with one colour per phase, so an Nsight Systems
-  timeline shows the phases and the CUDA API calls inside them;
-- a thread-local stack kept here, which the in-process sync detectors
-  (:mod:`pagegraph.detect.sync`) read at the moment of each offending call and report the
-  innermost range. In-process reports and Nsight therefore name the same range.
-
-NVTX ranges opened while a CUDA graph is being captured are recorded once, at capture: a
-replay re-launches the graph's kernels but not the host-side NVTX calls. To see replays on
-the timeline the caller wraps every ``graph.replay()`` in its own ``phase("replay", bs=...)``.
-
-Cost: attributes (registered message + colour) are built once per distinct range name, so a
-push + pop is a dict lookup, a list append/pop and two NVTX calls; with no profiler attached
-the NVTX domain is a no-op (:func:`measure_range_cost` measures what a range costs). Without
-the ``nvtx`` package the stack is still kept, so sync reports keep their range names; only
-the NVTX emission is skipped.
-
-``set_record_function(True)`` also opens a ``torch.profiler.record_function`` of the same
-name for every range, for traces taken with torch.profiler (which shows ``record_function``
-ranges but not NVTX ones).
+Every phase of the bed runs inside a named range (``replay/bs=8``), emitted to NVTX in the
+``"pagegraph"`` domain, so Nsight Systems shows it, and pushed on a stack that the in-process
+sync detectors read at each offending call: both name the same range. A push and pop cost a
+dict lookup and two NVTX calls (no-ops with no profiler attached); ``set_record_function``
+adds torch.profiler ranges (docs/ARCHITECTURE.md, "Sync detectors, ranges and traces").
 """
 
 from __future__ import annotations

@@ -1,17 +1,10 @@
-"""The one list of CUDA API calls that synchronize the host with the device.
+"""The one list of CUDA API calls that synchronize the host with the device, shared by the CUPTI
+detector (driver names) and the trace analyzer (runtime and driver names as Nsight or Kineto
+record them), so both flag the same calls.
 
-Shared by the CUPTI detector (driver names as CUPTI reports them, ``cuStreamSynchronize``,
-``cuMemcpyDtoHAsync_v2``) and the trace analyzer (runtime and driver names as Nsight or
-Kineto record them, ``cudaStreamSynchronize_v3020``), so both flag the same calls.
-
-Two questions, kept apart because the trace analyzer reports them as different hazards:
-
-* :func:`is_sync_api`: the call makes the host wait until device work is done;
-* :func:`is_d2h_copy_api`: the call copies device memory to the host, async or not. The
-  builder contract forbids the host reading a device value as much as a wait, and an
-  ``Async`` copy into pageable memory blocks anyway.
-
-:func:`is_forbidden_api` is either one: what the CUPTI detector reports.
+``is_sync_api`` (the host waits for device work) and ``is_d2h_copy_api`` (device memory copied
+to the host, async or not) are kept apart because the trace analyzer reports them as different
+hazards; ``is_forbidden_api``, either one, is what the CUPTI detector reports.
 """
 
 from __future__ import annotations

@@ -1,42 +1,11 @@
 """The ``"cpu"`` detector: the operations that would make the host wait on CUDA, seen on a CPU.
 
 Without CUDA nothing ever waits, so neither torch's sync-debug mode nor CUPTI can run. This
-detector watches torch's operators instead, through two modes on the thread that starts it:
-
-* a ``TorchDispatchMode`` sees every aten operator. It flags the ones whose CUDA
-  implementation makes the host wait, as torch's ``set_sync_debug_mode`` flags them:
-  scalar reads (``aten::_local_scalar_dense``, behind ``.item()``, ``int()``, ``float()``,
-  ``bool()``, ``__index__``, printing a value), outputs whose shape depends on the data
-  (``nonzero`` and what is built on it: ``argwhere``, single-argument ``where``, indexing or
-  ``index_put_`` with a boolean mask; ``masked_select``, ``unique*``, ``bincount``, ``histc``
-  with ``min == max``, ``repeat_interleave`` without ``output_size``), ``equal`` (a Python
-  bool of device values), and ``copy_`` from a device-side tensor into a host one;
-* a ``TorchFunctionMode`` sees the Tensor methods that copy to the host without any aten
-  operator on a CPU tensor (there they are no-ops or share memory): ``.tolist()``,
-  ``.numpy()``, ``__array__``, ``.cpu()`` and ``.to("cpu")`` (the device spelled as a string:
-  ``.to(t.device)`` on a CPU run names the same device as ``.to(torch.device("cpu"))``, and
-  only the first is the device in a CUDA run, so a ``torch.device`` argument is not flagged).
-
-Explicit waits (``torch.cuda.synchronize``, ``torch.cuda.Stream/Event.synchronize``,
-``torch.accelerator.synchronize``) are wrapped while installed and recorded before they run
-(on a CPU-only torch they raise right after).
-
-Only device-side tensors count: on a CPU the CPU stands in for the device, so every tensor is
-device-side (the bed's buffers, what is computed from them, what the region makes with a
-factory such as ``torch.arange``) except the host ones: tensors the region makes from Python
-data or numpy (``torch.tensor(list)``, ``torch.from_numpy``), or with ``device="cpu"``
-spelled as a string or ``pin_memory=True``; what is computed from host tensors alone; and
-tensors given to :func:`mark_host`. A tensor on a real device (``cuda``) is always
-device-side, so on CUDA the detector also works, with host tensors made outside the region
-counted as device-side (the torch and cupti detectors are the real ones there).
-
-Excluded: the Triton interpreter's own copies of a kernel's arguments (``TRITON_INTERPRET=1``
-copies them to numpy and back at each launch; on a GPU they are a launch's arguments), by the
-launch's frame on the stack. Metadata reads (shape, dtype, stride, ``data_ptr``) are no
-operators and are never seen.
-
-Limits: the modes are thread-local (another thread's operators go unseen); an operator
-called from C++ inside another is seen as the outer one only.
+detector watches torch's operators instead, through a ``TorchDispatchMode`` and a
+``TorchFunctionMode`` on the thread that starts it, and flags, with their file:line, the reads
+of device-side tensors that would wait on CUDA (scalar reads, copies to the host, shapes from
+data, explicit ``synchronize()``). What it flags, which tensors count as host ones and its
+limits: docs/ARCHITECTURE.md, "Sync detectors, ranges and traces".
 """
 
 from __future__ import annotations
@@ -105,8 +74,11 @@ def _interpreter_launch_codes() -> set:
         try:
             from triton.runtime import interpreter as ti
 
-            for fn in (ti.GridExecutor.__call__, ti.InterpretedFunction.run,
-                       ti.InterpretedFunction.__call__):  # fmt: skip
+            for fn in (
+                ti.GridExecutor.__call__,
+                ti.InterpretedFunction.run,
+                ti.InterpretedFunction.__call__,
+            ):
                 codes.add(fn.__code__)
         except (ImportError, AttributeError):
             pass
@@ -371,8 +343,10 @@ class CpuHub(Hub):
 
         if not self._pushed:
             return True
-        if (_get_current_dispatch_mode() is not self._dispatch_mode
-                or _get_current_function_mode() is not self._function_mode):  # fmt: skip
+        if (
+            _get_current_dispatch_mode() is not self._dispatch_mode
+            or _get_current_function_mode() is not self._function_mode
+        ):
             return False
         self._dispatch_mode.__exit__(None, None, None)
         self._function_mode.__exit__(None, None, None)

@@ -1,14 +1,10 @@
-"""The ``"torch"`` detector: torch's sync-debug mode plus its GPU trace callbacks.
+"""The ``"torch"`` detector: torch's sync-debug mode plus its GPU trace callbacks, which see the
+``torch.cuda.synchronize()``, ``Event.synchronize()`` and ``Stream.synchronize()`` calls the
+debug mode misses.
 
-``torch.cuda.set_sync_debug_mode("warn")`` reports ``.item()``, ``bool(t)``, ``nonzero``,
-blocking ``copy_``/``.cpu()``/``.to()`` and ``Stream.synchronize()``; torch's GPU trace
-callbacks add ``torch.cuda.synchronize()``, ``Event.synchronize()`` and
-``Stream.synchronize()``, which the debug mode does not see.
-
-Process-wide side effects while installed: the sync debug mode and the ``warnings``
-filters/``showwarning`` (restored on uninstall). The first installation also activates
-torch's GPU trace, which cannot be turned off again: afterwards torch calls into Python on
-every CUDA event, stream and caching-allocator operation.
+While installed it sets the sync debug mode and the ``warnings`` filters (restored on
+uninstall); the first installation also activates torch's GPU trace, which cannot be turned
+off again (afterwards torch calls into Python on every CUDA event, stream and allocation).
 """
 
 from __future__ import annotations

@@ -1,21 +1,10 @@
 """Which ranges of a trace synchronize with the host, and how: ``pagegraph trace FILE``.
 
-Reads either recorder the project uses and turns it into one model, in integer nanoseconds
-(:mod:`.trace_model`, read by :mod:`.trace_loaders`):
-
-* an Nsight Systems SQLite export (``nsys export --type sqlite``), whose NVTX ranges are the
-  ``nvtx`` annotations pagegraph puts around every ``replay()``;
-* a torch.profiler Chrome/Perfetto JSON trace (``prof.export_chrome_trace``, optionally
-  gzipped), whose ``record_function`` ranges (``user_annotation`` events) play the same role.
-
-:mod:`.trace_stats` attributes calls and GPU work to ranges (the rules are in its doc);
-:mod:`.trace_check` holds the invariant checked by ``--forbid-sync PATTERN``: no range
-matching the glob holds a host-blocking synchronization (a sync API call, as
-:mod:`.sync_calls` lists them, or a blocking sync record) or a device-to-host copy; a check
-that cannot see any matching range fails with exit code 2 instead of passing.
-:mod:`.trace_report` writes the table and runs the command line.
-
-This module gathers their public names, the ones the rest of pagegraph uses.
+An Nsight Systems SQLite export or a torch.profiler JSON trace is read into one model
+(``trace_model``, ``trace_loaders``), calls and GPU work are attributed to ranges
+(``trace_stats``), and ``--forbid-sync PATTERN`` fails a matching range that holds a
+host-blocking sync or a device-to-host copy, or exits 2 when no range matches (``trace_check``).
+This module gathers the public names the rest of pagegraph uses.
 """
 
 from __future__ import annotations

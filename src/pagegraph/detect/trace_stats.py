@@ -1,14 +1,9 @@
 """What happened inside each range of a trace: calls, GPU work, host syncs, D2H copies.
 
-Attribution rules, the same for every reader:
-
-* a host API call belongs to every range of its thread whose ``[start, end]`` holds the call's
-  start, so nested ranges all see it; an NVTX start/end range is not bound to a thread and
-  takes calls from any thread;
-* GPU work (kernels, copies, memsets, synchronization records) belongs to the API call with
-  its correlation id, and through it to that call's ranges. GPU work no call claims is counted
-  under ``<unattributed>``, never guessed into a range by time: a guess could hide a sync in
-  the wrong range or invent one.
+A host API call belongs to every range of its thread that holds its start (an NVTX start/end
+range takes calls from any thread); GPU work belongs to the API call with its correlation id,
+and through it to that call's ranges. GPU work no call claims is counted under
+``<unattributed>``, never guessed into a range by time: a guess could hide a sync or invent one.
 """
 
 from __future__ import annotations

@@ -1,13 +1,8 @@
 """A replay window of a trace as a timeline: the ranges of each phase as bars on a row, and
 every host sync or device-to-host copy marked where the host issued it.
 
-``timeline_layout(trace)`` lays it out (plain data: tested without pixels). The window holds
-at most ``max_replays`` consecutive ``replay/*`` ranges and the ranges around them; when a
-hazard falls inside a replay range, the window is centred on that replay, so the image shows
-the offence. A marker sits at the host call that made the host wait: a sync API call, or the
-API call a device-to-host copy or a host-blocking sync record came from (correlation id),
-as ``trace_stats`` counts them. ``write_timeline_image`` draws it with matplotlib, an
-optional dependency.
+``timeline_layout`` lays it out (plain data, tested without pixels), centred on a replay that
+holds a hazard; ``write_timeline_image`` draws it with matplotlib, an optional dependency.
 """
 
 from __future__ import annotations
@@ -24,8 +19,13 @@ __all__ = ["Marker", "Timeline", "hazard_markers", "timeline_layout", "write_tim
 #: the phase whose ranges define the window
 REPLAY = "replay"
 #: bar colour per phase (others grey), marker colour per kind
-PHASE_COLORS = {"warmup": "#ffb74d", "capture": "#ba68c8", "stage": "#64b5f6",
-                "replay": "#81c784", "verify": "#a1887f"}  # fmt: skip
+PHASE_COLORS = {
+    "warmup": "#ffb74d",
+    "capture": "#ba68c8",
+    "stage": "#64b5f6",
+    "replay": "#81c784",
+    "verify": "#a1887f",
+}
 MARKER_COLORS = {"sync": "#d32f2f", "d2h": "#1a237e"}
 #: the image: inches wide, inches per row plus the margins, dots per inch
 WIDTH_IN, ROW_IN, MARGIN_IN, DPI = 12.0, 0.55, 1.6, 100
@@ -107,8 +107,9 @@ def _window(replays: list[Range], markers: list[Marker], max_replays: int) -> tu
 def timeline_layout(trace: Trace, max_replays: int = 8) -> Timeline:
     """The timeline of a replay window of ``trace``; a ``ValueError`` when it has no replay
     range."""
-    replays = sorted((r for r in trace.ranges if r.name.split("/", 1)[0] == REPLAY),
-                     key=lambda r: r.start)  # fmt: skip
+    replays = sorted(
+        (r for r in trace.ranges if r.name.split("/", 1)[0] == REPLAY), key=lambda r: r.start
+    )
     if not replays:
         raise ValueError(f"{trace.path}: no {REPLAY}/* range to draw")
     markers = hazard_markers(trace)
@@ -128,8 +129,9 @@ def image_size(timeline: Timeline) -> tuple[int, int]:
     return round(WIDTH_IN * DPI), round((MARGIN_IN + ROW_IN * max(1, len(timeline.rows))) * DPI)
 
 
-def write_timeline_image(path: str | Path, timeline: Timeline,
-                         title: str = "") -> tuple[int, int] | None:  # fmt: skip
+def write_timeline_image(
+    path: str | Path, timeline: Timeline, title: str = ""
+) -> tuple[int, int] | None:
     """Draw ``timeline`` into the PNG ``path``; its (width, height) in pixels, or None when
     matplotlib is not installed (nothing written)."""
     try:
@@ -148,8 +150,13 @@ def write_timeline_image(path: str | Path, timeline: Timeline,
     ms = lambda t: (t - timeline.start) / 1e6  # noqa: E731 - the axis unit
     for y, phase in enumerate(phases):
         bars = [(ms(s), max(ms(e) - ms(s), 1e-4)) for s, e, _ in timeline.rows[phase]]
-        ax.broken_barh(bars, (y - 0.35, 0.7), facecolors=PHASE_COLORS.get(phase, "#bdbdbd"),
-                       edgecolors="#555", linewidth=0.4)  # fmt: skip
+        ax.broken_barh(
+            bars,
+            (y - 0.35, 0.7),
+            facecolors=PHASE_COLORS.get(phase, "#bdbdbd"),
+            edgecolors="#555",
+            linewidth=0.4,
+        )
     for m in timeline.markers:
         y = phases.index(m.range.split("/", 1)[0]) if m.range else len(phases) - 0.5
         color = MARKER_COLORS[m.kind]
@@ -164,13 +171,18 @@ def write_timeline_image(path: str | Path, timeline: Timeline,
     ax.set_xlim(0, ms(timeline.end))
     ax.set_xlabel("ms from the window's start", fontsize=8)
     ax.grid(True, axis="x", alpha=0.3)
-    handles = [Line2D([], [], color=c, marker="v", linestyle="", label=label)
-               for c, label in ((MARKER_COLORS["sync"], "host sync"),
-                                (MARKER_COLORS["d2h"], "device-to-host copy"))]  # fmt: skip
+    handles = [
+        Line2D([], [], color=c, marker="v", linestyle="", label=label)
+        for c, label in (
+            (MARKER_COLORS["sync"], "host sync"),
+            (MARKER_COLORS["d2h"], "device-to-host copy"),
+        )
+    ]
     ax.legend(handles=handles, loc="upper right", fontsize=7)
     bad = sum(m.in_replay for m in timeline.markers)
-    fig.suptitle(title or f"replay window: {bad} sync/D2H marker(s) inside replay ranges",
-                 fontsize=9)  # fmt: skip
+    fig.suptitle(
+        title or f"replay window: {bad} sync/D2H marker(s) inside replay ranges", fontsize=9
+    )
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     fig.savefig(path, dpi=DPI)
     plt.close(fig)

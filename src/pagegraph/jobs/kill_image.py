@@ -1,12 +1,9 @@
 """The kill table as an image: ``pagegraph mutate --png`` (or beside ``--markdown``).
 
-A grid of builders (rows: the controls first, marked, then the mutants) by scenarios
-(columns), each cell coloured by what the scenario did to the builder: killed (with the
-first failing property written in), missed there but killed elsewhere, survived (no
-scenario kills it), SAFE (a control), NOT SAFE (a control that failed), n/a (the builder
-cannot write that scenario's outputs) or not run. ``kill_grid``
-lays it out (plain data, tested without pixels); ``write_kill_image`` draws it with
-matplotlib, an optional dependency (``pip install pagegraph[plot]``).
+A grid of builders (the controls first, marked, then the mutants) by scenarios, each cell
+coloured by what the scenario did to the builder: killed (with the first failing property),
+missed there but killed elsewhere, survived, SAFE, NOT SAFE, n/a or not run. ``kill_grid`` lays
+it out (plain data, tested without pixels); ``write_kill_image`` draws it with matplotlib.
 """
 
 from __future__ import annotations
@@ -68,8 +65,9 @@ def image_size(rows: int, columns: int) -> tuple[int, int]:
     return round(width * DPI), round(height * DPI)
 
 
-def write_kill_image(path: str | Path, outcomes: list, scenarios: list[str],
-                     title: str = "") -> tuple[int, int] | None:  # fmt: skip
+def write_kill_image(
+    path: str | Path, outcomes: list, scenarios: list[str], title: str = ""
+) -> tuple[int, int] | None:
     """Draw the grid into the PNG ``path``; its (width, height) in pixels, or None when
     matplotlib is not installed (nothing written)."""
     try:
@@ -85,8 +83,14 @@ def write_kill_image(path: str | Path, outcomes: list, scenarios: list[str],
     fig = plt.figure(figsize=(size[0] / DPI, size[1] / DPI), dpi=DPI)
     # The grid's axes in figure fractions: the name margin left, title on top, legend below.
     w_in, h_in = size[0] / DPI, size[1] / DPI
-    ax = fig.add_axes((LABEL_W / w_in, LEGEND_H / h_in, 1 - (LABEL_W + 0.1) / w_in,
-                       1 - (HEAD_H + LEGEND_H) / h_in))  # fmt: skip
+    ax = fig.add_axes(
+        (
+            LABEL_W / w_in,
+            LEGEND_H / h_in,
+            1 - (LABEL_W + 0.1) / w_in,
+            1 - (HEAD_H + LEGEND_H) / h_in,
+        )
+    )
     for y, row in enumerate(rows):
         for x, (state, text) in enumerate(row.cells):
             ax.add_patch(Rectangle((x, y), 1, 1, facecolor=STATES[state][0], edgecolor="#888"))
@@ -94,8 +98,15 @@ def write_kill_image(path: str | Path, outcomes: list, scenarios: list[str],
                 ax.add_patch(Rectangle((x, y), 1, 1, fill=False, hatch="//", edgecolor="#bbb"))
             if text:
                 dark = state in ("killed", "not safe", "survived")
-                ax.text(x + 0.5, y + 0.5, text[:18], ha="center", va="center", fontsize=5.5,
-                        color="white" if dark else "k")  # fmt: skip
+                ax.text(
+                    x + 0.5,
+                    y + 0.5,
+                    text[:18],
+                    ha="center",
+                    va="center",
+                    fontsize=5.5,
+                    color="white" if dark else "k",
+                )
     controls = sum(r.control for r in rows)
     if 0 < controls < len(rows):  # a rule between the controls and the mutants
         ax.axhline(controls, color="k", linewidth=2)
@@ -105,8 +116,7 @@ def write_kill_image(path: str | Path, outcomes: list, scenarios: list[str],
     ax.set_xticklabels(scenarios, rotation=40, ha="left", fontsize=7)
     ax.xaxis.tick_top()
     ax.set_yticks([y + 0.5 for y in range(len(rows))])
-    ax.set_yticklabels([f"{r.name} (control)" if r.control else r.name for r in rows],
-                       fontsize=7)  # fmt: skip
+    ax.set_yticklabels([f"{r.name} (control)" if r.control else r.name for r in rows], fontsize=7)
     ax.tick_params(length=0)
     handles = [Patch(facecolor=c, edgecolor="#888", label=t) for c, t in STATES.values()]
     fig.legend(handles=handles, loc="lower center", ncol=3, fontsize=7, frameon=False)

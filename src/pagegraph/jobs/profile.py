@@ -1,16 +1,10 @@
 """Record a check run and prove its replays sync-free: ``pagegraph profile`` / ``make profile``.
 
-With Nsight Systems on PATH, the run is ``pagegraph check SCENARIO --detectors torch`` under
-``nsys profile`` (CUDA + NVTX, no CPU sampling: without ``--sample=none`` a tiny script
-wrote a 2 GB capture), exported to SQLite. The CUPTI detector cannot run there: CUPTI takes
-one subscriber per process and nsys is it, hence ``--detectors torch``.
-
-Without nsys, the same check runs in-process under torch.profiler with ``record_function``
-ranges standing in for the NVTX ones (torch.profiler does not see NVTX), and with
-``enable_cuda_sync_events`` so sync records are in the trace too.
-
-Either way the trace goes through :mod:`pagegraph.detect.trace` with ``--forbid-sync 'replay/*'``
-and a markdown report lands beside it: ``OUT/NAME.{nsys-rep,sqlite | json}`` + ``OUT/NAME.md``.
+With Nsight Systems on PATH the run is ``pagegraph check SCENARIO --detectors torch`` under
+``nsys profile`` (CUDA and NVTX, no CPU sampling; CUPTI takes one subscriber a process and nsys
+is it), exported to SQLite; without it, the same check under torch.profiler with
+``record_function`` ranges and sync events. Either way the trace goes through
+``pagegraph.detect.trace`` with ``--forbid-sync 'replay/*'`` and a Markdown report lands beside it.
 """
 
 from __future__ import annotations

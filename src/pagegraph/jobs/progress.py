@@ -1,21 +1,10 @@
 """Progress lines for the jobs that can run for minutes: ``pagegraph check``, ``mutate``,
 ``make sglang``, ``bench``, ``profile``.
 
-A ``Progress`` prints one line on stderr, at most every ``every`` seconds (and, when it printed
-any, once more at the end: a job shorter than ``every`` prints none), each a complete line, so
-that logs keep every one:
-
-    pagegraph check: default: 120/300 replays, 12 s elapsed, about 18 s left
-
-The time left is an estimate from the rate so far: since the first item done (a job's
-set-up, a check's captures, is not a rate), or over the whole elapsed time while one update
-is all there is. Items of very different sizes (``mutate``'s checks, cheapest first) are
-counted by weight (``total_weight``, ``advance(weight=...)``): the time left is then the
-time per unit of weight so far times the weight left, not the time per item times the items
-left, which the big items at the end would make far too short.
-``heartbeat()`` keeps a thread printing the line while nothing is done, so a job whose first
-item takes minutes is never silent. ``slow_warning`` says, before a check starts, that a
-scenario will take long on this device, with an estimate from its size.
+A ``Progress`` prints one complete line on stderr at most every ``every`` seconds (and once more
+at the end when it printed any), with the time left estimated from the rate so far, by weight
+where items differ in size; ``heartbeat()`` keeps printing while nothing is done, and
+``slow_warning`` says before a check starts that it will take long on this device.
 """
 
 from __future__ import annotations
@@ -50,8 +39,16 @@ class Progress:
     left at the rate so far, on ``stream`` (default stderr). ``clock`` is injectable (tests).
     Thread-safe: workers of a pool may call ``advance`` / ``update`` at once."""
 
-    def __init__(self, label: str, total: int, unit: str = "", *, every: float = EVERY_S,
-                 stream=None, clock=time.monotonic):  # fmt: skip
+    def __init__(
+        self,
+        label: str,
+        total: int,
+        unit: str = "",
+        *,
+        every: float = EVERY_S,
+        stream=None,
+        clock=time.monotonic,
+    ):
         self.label, self.total, self.unit = label, total, unit
         self.every = every
         self.stream = stream

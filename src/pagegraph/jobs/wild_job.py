@@ -127,8 +127,11 @@ def markdown_table(results: list[EntryResult], reports_dir: str | None) -> list[
     rule = "each buggy twin must be UNSAFE through its property, each fixed twin SAFE."
     lines = ["# Bugs from the wild", "", f"{where}; {rule}", ""]
     held = [r.held for r in results]
-    lines += [f"{held.count(True)} of {len(results)} entries held, {held.count(False)} not, "
-              f"{held.count(None)} not run here.", ""]  # fmt: skip
+    lines += [
+        f"{held.count(True)} of {len(results)} entries held, {held.count(False)} not, "
+        f"{held.count(None)} not run here.",
+        "",
+    ]
     for letter, title in BUG_CLASSES.items():
         rows = [r for r in results if r.bug.bug_class == letter]
         if not rows:
@@ -152,15 +155,23 @@ def markdown_table(results: list[EntryResult], reports_dir: str | None) -> list[
     return lines
 
 
-def run_wild(keys: list[str], *, device: str | None, markdown: str | None, json_path: str | None,
-             reports: str | None) -> int:  # fmt: skip
+def run_wild(
+    keys: list[str],
+    *,
+    device: str | None,
+    markdown: str | None,
+    json_path: str | None,
+    reports: str | None,
+) -> int:
     """Check the named entries (all with none); the exit code."""
     corpus = entries()
     known = {b.key for b in corpus}
     unknown = [k for k in keys if k not in known]
     if unknown:
-        print(f"pagegraph wild: no entry {', '.join(unknown)} (known: {', '.join(sorted(known))})",
-              file=sys.stderr)  # fmt: skip
+        print(
+            f"pagegraph wild: no entry {', '.join(unknown)} (known: {', '.join(sorted(known))})",
+            file=sys.stderr,
+        )
         return 2
     chosen = [b for b in corpus if not keys or b.key in keys]
     dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
@@ -173,12 +184,17 @@ def run_wild(keys: list[str], *, device: str | None, markdown: str | None, json_
         results.append(result)
         if folder is not None:
             _write_twin_reports(result, folder)
-        print(f"[{k}/{len(chosen)}] ({bug.bug_class}) {bug.key}: {_summary(result)} "
-              f"({result.seconds:.1f} s)", flush=True)  # fmt: skip
+        print(
+            f"[{k}/{len(chosen)}] ({bug.bug_class}) {bug.key}: {_summary(result)} "
+            f"({result.seconds:.1f} s)",
+            flush=True,
+        )
     held = [r.held for r in results]
-    print(f"pagegraph wild: {held.count(True)}/{len(results)} entries held, "
-          f"{held.count(False)} not held, {held.count(None)} not run here, "
-          f"{time.perf_counter() - t0:.0f} s")  # fmt: skip
+    print(
+        f"pagegraph wild: {held.count(True)}/{len(results)} entries held, "
+        f"{held.count(False)} not held, {held.count(None)} not run here, "
+        f"{time.perf_counter() - t0:.0f} s"
+    )
     if markdown:
         rel = None
         if folder is not None:
@@ -193,12 +209,25 @@ def _json_doc(results: list[EntryResult]) -> dict:
     rows = []
     for r in results:
         b = r.bug
-        rows.append({
-            "key": b.key, "engine": b.engine, "version": b.version, "ref": b.ref,
-            "state": b.state, "class": b.bug_class, "property": b.prop, "needs": b.needs,
-            "held": r.held, "skipped": r.skipped, "errors": r.errors, "seconds": r.seconds,
-            "buggy": _verdict(r, "buggy"), "fixed": _verdict(r, "fixed"), "printed": r.printed(),
-        })  # fmt: skip
+        rows.append(
+            {
+                "key": b.key,
+                "engine": b.engine,
+                "version": b.version,
+                "ref": b.ref,
+                "state": b.state,
+                "class": b.bug_class,
+                "property": b.prop,
+                "needs": b.needs,
+                "held": r.held,
+                "skipped": r.skipped,
+                "errors": r.errors,
+                "seconds": r.seconds,
+                "buggy": _verdict(r, "buggy"),
+                "fixed": _verdict(r, "fixed"),
+                "printed": r.printed(),
+            }
+        )
     return {"environment": environment(), "entries": rows}
 
 
@@ -217,5 +246,10 @@ def main(args: argparse.Namespace) -> int:
             where = "GPU only: " + b.needs if b.needs else "anywhere"
             print(f"({b.bug_class}) {b.key:24} {b.ref:34} {b.prop} [{where}]")
         return 0
-    return run_wild(args.keys, device=args.device, markdown=args.markdown,
-                    json_path=args.json_path, reports=args.reports)  # fmt: skip
+    return run_wild(
+        args.keys,
+        device=args.device,
+        markdown=args.markdown,
+        json_path=args.json_path,
+        reports=args.reports,
+    )

@@ -1,16 +1,10 @@
 """The block-grid baseline: the rejected design of the page-table kernel, kept to measure against.
 
 ``block_grid`` launches a fixed grid ``(bs, cdiv(width, BLOCK_GRID_PAGES))`` of 64-page blocks
-covering the whole static width of the table. Each program loads its row's ``seq_len`` and
-exits when its block starts past the row's page count, so the work done is bounded by the real
-lengths, but the number of programs is ``bs * width / 64`` whatever the lengths: its cost
-follows the width of the table. ``pagegraph.build_page_table`` instead sizes its grid from the
-batch size alone and walks each row's live pages in a loop (see ``pagegraph.kernels.page_table``).
-
-It is graph-safe, sync-free and exact (same contract and outputs as ``build_page_table``, SWA
-included), so the checker accepts it (``pagegraph check --builder block_grid``) and the bench
-times it beside the kernel (``pagegraph.bench``). It ignores ``errors``: out-of-contract values
-are clamped, not counted.
+over the whole static width: its work is bounded by the real lengths, but its program count,
+and so its cost, follows the width of the table. It is graph-safe, sync-free and exact (the
+contract and outputs of ``build_page_table``, SWA included, ``errors`` ignored), so the checker
+accepts it (``pagegraph check --builder block_grid``) and the bench times it beside the kernel.
 """
 
 from __future__ import annotations

@@ -1,30 +1,11 @@
 """The batch's block table gathered from the engine's per-request tables, on the device in one
-launch, sync-free: ``gather_block_tables`` (a ``"block_table"`` builder).
+launch, sync-free: ``gather_block_tables``, a ``"block_table"`` builder (vLLM's layout).
 
-The contract of a ``"block_table"`` builder::
-
-    block_table   [max_reqs, width]     int32   per-request block ids (row r: request slot r)
-    num_blocks    [max_reqs]            int32   live blocks of each request slot
-    idx_mapping   [>= num_reqs]         int32   batch row -> request slot
-    out           [>= num_rows, width]  int32   the persistent batch table, written in place
-    batch         BatchContext                  num_reqs, num_rows, max_bs (host ints)
-
-For a real row ``i < num_reqs`` with slot ``r = idx_mapping[i]`` and ``n = num_blocks[r]``:
-``out[i, p] = block_table[r, p]`` for ``p < n``; entries ``p >= n`` keep what they held (a
-stale tail, bounded by ``num_blocks`` in every consumer). A padded row ``num_reqs <= i <
-num_rows`` is zeroed over its width (the null block). Nothing else is written: not rows
-``>= num_rows``, not columns past ``width`` in a table whose row stride is larger.
-
-The engine guarantees ``0 <= n <= width`` and ``0 <= r < max_reqs``; this builder does not
-trust it: ``n`` is clamped to ``[0, width]`` and ``r`` to ``[0, max_reqs)``, so broken
-metadata stays inside its own row.
-
-Design: a grid of ``(num_rows, parts)`` programs, both from host sizes (``parts`` from the
-width alone), so the launch is the same for any values on the device. Program ``(i, part)``
-copies (or zeroes) blocks ``part, part + parts, ...`` of ``BLOCK`` entries of row ``i``; a
-real row stops at its live count, so the copy follows the live blocks, and a padded row costs
-its width. The row count is a runtime argument that is never specialised: one compilation for
-every batch.
+The grid, ``(num_rows, parts)``, comes from host sizes only, so the launch is the same for any
+values on the device; a real row's copy follows its live blocks, a padded row is zeroed over
+its width. The engine's guarantees (counts within the width, slots within the table) are not
+trusted: both are clamped, so broken metadata stays inside its own row. The contract is
+``gather_block_tables``'s docstring.
 """
 
 from __future__ import annotations
@@ -91,18 +72,41 @@ def gather_block_tables(
     *,
     batch: BatchContext,
 ) -> None:
-    """Fill ``out[:batch.num_rows]`` in place (the contract in the module docstring). No host
-    sync, no allocation, one launch (none for an empty bucket or a zero width)."""
+    """Fill ``out[:batch.num_rows]`` in place, from the per-request tables.
+
+    ::
+
+        block_table   [max_reqs, width]     int32   per-request block ids (row r: request slot r)
+        num_blocks    [max_reqs]            int32   live blocks of each request slot
+        idx_mapping   [>= num_reqs]         int32   batch row -> request slot
+        out           [>= num_rows, width]  int32   the persistent batch table, written in place
+        batch         BatchContext                  num_reqs, num_rows, max_bs (host ints)
+
+    For a real row ``i < num_reqs`` with slot ``r = idx_mapping[i]`` and ``n = num_blocks[r]``:
+    ``out[i, p] = block_table[r, p]`` for ``p < n``; entries ``p >= n`` keep what they held (a
+    stale tail, bounded by ``num_blocks`` in every consumer). A padded row ``num_reqs <= i <
+    num_rows`` is zeroed over its width (the null block). Nothing else is written: not rows
+    ``>= num_rows``, not columns past ``width`` in a table whose row stride is larger. The
+    engine guarantees ``0 <= n <= width`` and ``0 <= r < max_reqs``; they are not trusted:
+    ``n`` is clamped to ``[0, width]`` and ``r`` to ``[0, max_reqs)``. No host sync, no
+    allocation, one launch (none for an empty bucket or a zero width)."""
     check_block_table_args(block_table, num_blocks, idx_mapping, out, batch)
     width = block_table.shape[1]
     if batch.num_rows == 0 or width == 0:
         return
     grid = (batch.num_rows, gather_parts(width))
     _gather_kernel[grid](
-        block_table, num_blocks, idx_mapping, out,
-        block_table.stride(0), out.stride(0), block_table.shape[0], width, batch.num_reqs,
+        block_table,
+        num_blocks,
+        idx_mapping,
+        out,
+        block_table.stride(0),
+        out.stride(0),
+        block_table.shape[0],
+        width,
+        batch.num_reqs,
         BLOCK=GATHER_BLOCK,
-    )  # fmt: skip
+    )
 
 
 gather_block_tables.pagegraph_outputs = "block_table"

@@ -1,18 +1,8 @@
-"""The builder contract, checked on the host from tensor metadata only.
+"""The page-table builder contract, checked on the host from tensor metadata only.
 
 Every page-table builder in pagegraph (the Triton kernel and the torch references) takes the
-same arguments::
-
-    req_to_token      [max_reqs, max_context_len]   int32 | int64   slot of each token
-    req_pool_indices  [bs]                          int32 | int64   request row of each batch row
-    seq_lens          [bs]                          int32 | int64   tokens of each batch row
-    page_table        [bs, width]                   int32           written in place
-    page_size         int >= 1
-    swa_page_table    [bs, width]                   int32           optional (with full_to_swa)
-    full_to_swa       [num_slots + 1]               int32 | int64   optional (with swa table)
-    errors            [len(ERROR_KINDS)]            int32           optional error counters
-
-The checks below read shapes, strides, dtypes and devices, never values: reading a value would
+same arguments (docs/ARCHITECTURE.md, "The page-table contract", has their shapes and dtypes).
+The checks here read shapes, strides, dtypes and devices, never values: reading a value would
 be a device-to-host sync, which is exactly what the builders exist to avoid.
 """
 
@@ -156,9 +146,16 @@ def cuda_call_metadata(
     except (AttributeError, TypeError, ValueError):
         return None
     return (
-        device, bs, width, r2t_rows, r2t_cols, r2t_strides[0], pt_strides[0], swa_row_stride,
+        device,
+        bs,
+        width,
+        r2t_rows,
+        r2t_cols,
+        r2t_strides[0],
+        pt_strides[0],
+        swa_row_stride,
         f2s_len,
-    )  # fmt: skip
+    )
 
 
 def check_builder_args(
@@ -179,10 +176,19 @@ def check_builder_args(
     ``cpu_ok=False`` is for the Triton kernel: CPU tensors are accepted only under the
     interpreter.
     """
-    if cuda_call_metadata(
-        req_to_token, req_pool_indices, seq_lens, page_table, page_size,
-        swa_page_table, full_to_swa, errors,
-    ) is not None:  # fmt: skip
+    if (
+        cuda_call_metadata(
+            req_to_token,
+            req_pool_indices,
+            seq_lens,
+            page_table,
+            page_size,
+            swa_page_table,
+            full_to_swa,
+            errors,
+        )
+        is not None
+    ):
         return  # the common case, judged in one pass
     _check_tensor("req_to_token", req_to_token, 2, INDEX_DTYPES)
     _check_tensor("req_pool_indices", req_pool_indices, 1, INDEX_DTYPES)

@@ -1,15 +1,10 @@
 """CUDA runtime calls that torch's bindings do not offer, made through the ``libcudart`` this
 process has loaded (torch's own, found in ``/proc/self/maps``; ``None`` where there is none,
-and callers then fall back to torch).
-
-* ``clear_last_error``: a refused ``cudaHostRegister`` (through ``torch.cuda.cudart()``)
-  leaves the runtime's last error set, and the next kernel launch anywhere in the process would
-  report it as its own.
-* ``HostToDevice``: a non-blocking copy from page-locked host memory, without torch's
-  ``copy_`` (its dispatch, checks and pinned-allocator bookkeeping), for the checker's upload
-  of its model every replay (``tools/experiments/checker_phases.py`` times both). The caller
-  passes page-locked memory only: from pageable memory ``cudaMemcpyAsync`` would copy
-  synchronously.
+and callers then fall back to torch): ``clear_last_error``, after a refused
+``cudaHostRegister`` whose error the next launch would otherwise report as its own, and
+``HostToDevice``, a non-blocking copy from page-locked memory without torch's ``copy_``
+overhead, for the checker's upload of its model every replay (both ways are timed by
+``tools/experiments/checker_phases.py``). From pageable memory the copy would be synchronous.
 """
 
 from __future__ import annotations
@@ -73,8 +68,12 @@ def runtime() -> ctypes.CDLL | None:
             lib = candidate
             break
     lib.cudaMemcpyAsync.argtypes = [
-        ctypes.c_void_p, ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_void_p
-    ]  # fmt: skip
+        ctypes.c_void_p,
+        ctypes.c_void_p,
+        ctypes.c_size_t,
+        ctypes.c_int,
+        ctypes.c_void_p,
+    ]
     lib.cudaMemcpyAsync.restype = ctypes.c_int
     _runtime = lib
     return lib

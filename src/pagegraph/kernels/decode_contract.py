@@ -26,24 +26,53 @@ MAX_DRAFT_TOKENS = (2**31 - 1) // MAX_BATCH
 
 
 def check_decode_args(
-    req_to_token, req_pool_indices, seq_lens, page_size, cache_seqlens, cu_seqlens_k,
-    page_table, draft_tokens=0, cu_seqlens_q=None, swa_page_table=None, full_to_swa=None,
-    errors=None, *, caller: str = "build_decode_metadata", cpu_ok: bool = True,
-) -> None:  # fmt: skip
+    req_to_token,
+    req_pool_indices,
+    seq_lens,
+    page_size,
+    cache_seqlens,
+    cu_seqlens_k,
+    page_table,
+    draft_tokens=0,
+    cu_seqlens_q=None,
+    swa_page_table=None,
+    full_to_swa=None,
+    errors=None,
+    *,
+    caller: str = "build_decode_metadata",
+    cpu_ok: bool = True,
+) -> None:
     """Validate a decode-metadata call from metadata only (no device value is read); each
     mistake raises a ``TypeError``/``ValueError`` naming the argument. ``cpu_ok=False`` is
     for the kernel: CPU tensors only under the Triton interpreter. The torch references use
     this too, so every implementation accepts and refuses the same calls."""
     if errors is not None:
         _check_errors(errors)
-    if cuda_call_metadata(
-        req_to_token, req_pool_indices, seq_lens, page_table, page_size,
-        swa_page_table, full_to_swa, errors,
-    ) is None:  # fmt: skip
+    if (
+        cuda_call_metadata(
+            req_to_token,
+            req_pool_indices,
+            seq_lens,
+            page_table,
+            page_size,
+            swa_page_table,
+            full_to_swa,
+            errors,
+        )
+        is None
+    ):
         check_builder_args(
-            req_to_token, req_pool_indices, seq_lens, page_table, page_size,
-            swa_page_table, full_to_swa, errors, builder=caller, cpu_ok=cpu_ok,
-        )  # fmt: skip
+            req_to_token,
+            req_pool_indices,
+            seq_lens,
+            page_table,
+            page_size,
+            swa_page_table,
+            full_to_swa,
+            errors,
+            builder=caller,
+            cpu_ok=cpu_ok,
+        )
     _check_draft_tokens(draft_tokens)
     _check_outputs(cache_seqlens, cu_seqlens_k, cu_seqlens_q, page_table)
     if page_table.shape[0] > MAX_BATCH:

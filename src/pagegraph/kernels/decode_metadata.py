@@ -1,84 +1,11 @@
-"""A decode step's attention metadata in one Triton launch: lengths, prefix sums, page tables.
+"""``build_decode_metadata``: a decode step's attention metadata in one Triton launch.
 
-``build_decode_metadata`` fills, for a batch of ``bs`` rows and ``d = draft_tokens``::
-
-    cache_seqlens[i]   = max(seq_lens[i], 0) + d                  (saturated at 2^31 - 1)
-    cu_seqlens_k[0]    = 0
-    cu_seqlens_k[i+1]  = cache_seqlens[0] + ... + cache_seqlens[i]
-    cu_seqlens_q[i]    = i * max(d, 1)                            (optional, i in 0..bs)
-    page_table[i, p]   = req_to_token[req_pool_indices[i], p * page_size] // page_size
-    swa_page_table[i, p] = full_to_swa[that slot] // page_size    (optional)
-
-for ``p < min(cdiv(cache_seqlens[i], page_size), width)``, exactly what ``build_page_table``
-writes for lengths ``cache_seqlens``, and nothing else: the stale tail of each table row is
-left as it was. It is the whole per-step metadata chain of a decode (or speculative verify)
-step that engines otherwise build from a dozen or more small torch ops, as ONE kernel launch:
-no helper kernel, no torch op on the device, no allocation, no host sync and no host read of
-a device value, so the call is legal inside CUDA-graph capture and costs one graph node.
-
-Design: one scanning program that also builds
----------------------------------------------
-The grid is ``build_page_table``'s, ``(C, row_groups(bs))``, and the page-table part is its
-algorithm (a data-dependent loop over the group's live pages, each lane masked by its own
-row's clamped length). What does not fit a row-owned grid is ``cu_seqlens_k``: entry ``i``
-depends on every earlier row. Program ``(0, 0)`` therefore also scans the whole batch, in
-tiles of ``SCAN_BLOCK`` rows with a running carry (``tl.cumsum`` inside a tile), reading
-``seq_lens`` itself rather than the ``cache_seqlens`` other programs write. Why this design:
-
-* No inter-program communication: no program waits for another, so there is no ordering
-  between CTAs to get wrong and no deadlock when the grid exceeds the resident CTAs.
-* No workspace: a decoupled look-back scan (each program publishes its tile's sum and spins
-  on its predecessors' flags) needs a zeroed flag/aggregate buffer per launch, which is an
-  allocation or a memset node, plus spin-waits; redundant per-program prefix sums (every
-  program sums all rows before its own) would cost O(bs^2) loads in all.
-* Cost: the scan is ``cdiv(bs, SCAN_BLOCK)`` dependent steps in one program, and it runs in
-  parallel with the page gathers of every other program; ``bs`` rows of 4 to 8 bytes are a
-  negligible read. Program (0, 0) issues its first tile's load before its own rows' gathers
-  and each next tile's load before the current tile's scan, so load latencies overlap, and a
-  tile is scanned as ``[SCAN_BLOCK / 8, 8]`` (eight rows in a thread, then across row
-  totals).
-* Why a small scan tile: a kernel's register count is the maximum over all its code paths,
-  so what the scan tile holds is paid for by every program of the grid, in occupancy, whether
-  it scans or not. A larger tile (or two tiles compiled in, picked by ``bs`` at run time)
-  raises the registers of every program and slows the latency-bound gathers of small page
-  sizes; the small tile's price is paid by large batches instead, one more scan step every
-  ``SCAN_BLOCK`` rows (figures in ``profiles/bench/NOTES.md``, "The decode-metadata scan
-  tile").
-
-``cache_seqlens[i]`` is written once, by the part-0 program of row ``i``'s group, from the
-same value that bounds that row's pages, so the two can never disagree.
-
-Overflow and out-of-contract values
------------------------------------
-``cache_seqlens`` is int32: a length past 2^31 - 1 (only an int64 ``seq_lens`` can hold one)
-is stored as 2^31 - 1. The prefix sum is computed in int64. An int64 ``cu_seqlens_k`` holds
-it exactly (``MAX_BATCH * 2^31`` < 2^63); an int32 ``cu_seqlens_k`` holds
-``min(true running sum, 2^31 - 1)`` at every entry (saturated, so it stays non-decreasing and
-never wraps negative), and each entry whose true sum exceeds 2^31 - 1 is counted as
-``cu_seqlens_k_overflow``. ``draft_tokens`` is at most ``MAX_DRAFT_TOKENS``, so
-``cu_seqlens_q`` (int32) cannot overflow for any ``bs <= MAX_BATCH``.
-
-As in ``build_page_table``, values are clamped on the device, never trusted: a negative
-``seq_len`` counts as 0 (in ``cache_seqlens`` and in the sums), a length past the row's
-capacity writes only the pages the row holds, a ``req_pool_index`` outside ``req_to_token``
-and a slot outside ``full_to_swa`` are clamped into them. With ``errors`` (at least
-``len(DECODE_ERROR_KINDS)`` int32 counters) each is counted; without it that code is compiled
-out.
-
-What is specialised
--------------------
-Constexprs: ``PAGE_SIZE``, ``HAS_SWA``, ``HAS_ERRORS``, ``HAS_CU_Q``, ``CU_K_I32`` (the
-saturating store), ``ROW_I32``, ``BLOCK``, ``UNROLL``, ``ROWS`` and ``SCAN_BLOCK``; pointer
-dtypes are part of the signature, and the other int arguments get Triton's usual
-specialisation. ``bs`` and ``draft_tokens`` are not specialised (both always fit in int32):
-every CUDA-graph bucket and every draft count share one compiled kernel, and neither is part
-of the launch key.
-
-The page gather is ``gather.gather_row_pages``, shared with ``build_page_table``'s kernel.
-Eager launches go through ``pagegraph.kernels.launch``, as ``build_page_table``'s do: the
-first call of a launch key goes through Triton's JIT path (which compiles), and later calls
-go straight into the compiled C launcher with raw pointers; ``prepare_decode_metadata`` also
-does the host checks only once (they live in ``decode_contract``).
+One launch writes ``cache_seqlens``, the prefix sums ``cu_seqlens_k`` (and ``cu_seqlens_q``)
+and both page tables, the tables exactly as ``build_page_table`` builds them for lengths
+``cache_seqlens``: the chain engines build from a dozen small ops, as one graph node with no
+host sync and no allocation. ``prepare_decode_metadata`` does the host checks once for repeated
+eager calls. The design (one program also scans the batch), overflow and specialisation:
+docs/ARCHITECTURE.md, "One launch for a decode step's metadata".
 """
 
 from __future__ import annotations
@@ -119,7 +46,7 @@ __all__ = [
 ]
 
 #: Rows per step of the ``cu_seqlens_k`` scan (a power of two, at least ``SCAN_WIDTH``): small,
-#: so that the scan does not raise the kernel's registers a thread (module docstring).
+#: so that the scan does not raise the kernel's registers a thread (docs/ARCHITECTURE.md).
 SCAN_BLOCK = 128
 
 _INT32_MAX = 2**31 - 1
@@ -147,7 +74,19 @@ def build_decode_metadata(
     full_to_swa: torch.Tensor | None = None,
     errors: torch.Tensor | None = None,
 ) -> None:
-    """Fill a decode step's metadata in place, in one kernel launch (see the module docstring).
+    """Fill a decode step's metadata in place, in one kernel launch.
+
+    For ``bs`` rows and ``d = draft_tokens``::
+
+        cache_seqlens[i]     = max(seq_lens[i], 0) + d               (saturated at 2^31 - 1)
+        cu_seqlens_k[0]      = 0
+        cu_seqlens_k[i+1]    = cache_seqlens[0] + ... + cache_seqlens[i]
+        cu_seqlens_q[i]      = i * max(d, 1)                         (optional, i in 0..bs)
+        page_table[i, p]     = req_to_token[req_pool_indices[i], p * page_size] // page_size
+        swa_page_table[i, p] = full_to_swa[that slot] // page_size   (optional)
+
+    for ``p < min(cdiv(cache_seqlens[i], page_size), width)``, and nothing else: the stale
+    tail of each table row is left as it was.
 
     Args:
         req_to_token: ``[max_reqs, max_context_len]`` int32/int64, inner stride 1.
@@ -171,10 +110,20 @@ def build_decode_metadata(
     eager calls on the same buffers, ``prepare_decode_metadata`` does the checks once.
     """
     tensors, ints, constexprs, grid, bs, draft, _ = _plan(
-        req_to_token, req_pool_indices, seq_lens, page_size, cache_seqlens, cu_seqlens_k,
-        page_table, draft_tokens, cu_seqlens_q, swa_page_table, full_to_swa, errors,
+        req_to_token,
+        req_pool_indices,
+        seq_lens,
+        page_size,
+        cache_seqlens,
+        cu_seqlens_k,
+        page_table,
+        draft_tokens,
+        cu_seqlens_q,
+        swa_page_table,
+        full_to_swa,
+        errors,
         "build_decode_metadata",
-    )  # fmt: skip
+    )
     # Launched even for bs == 0 or a zero-width table: cu_seqlens_k[0] (and cu_seqlens_q[0])
     # must still be written, and cache_seqlens does not depend on the width.
     _launch(grid, bs, draft, tensors, ints, constexprs)
@@ -281,9 +230,14 @@ class PreparedDecodeMetadata:
             self._entry = launch_cache.get(self._key) if self._index >= 0 else None
             return
         launch_compiled(
-            entry, self._index, grid[0], grid[1], self._ptrs, self._ints,
+            entry,
+            self._index,
+            grid[0],
+            grid[1],
+            self._ptrs,
+            self._ints,
             (rows, self._draft, *self._constexprs),
-        )  # fmt: skip
+        )
 
 
 def prepare_decode_metadata(
@@ -305,23 +259,50 @@ def prepare_decode_metadata(
     ``PreparedDecodeMetadata``, for an engine that builds eagerly, every step, into the same
     buffers. Arguments and errors as ``build_decode_metadata``; nothing is launched here."""
     plan = _plan(
-        req_to_token, req_pool_indices, seq_lens, page_size, cache_seqlens, cu_seqlens_k,
-        page_table, draft_tokens, cu_seqlens_q, swa_page_table, full_to_swa, errors,
+        req_to_token,
+        req_pool_indices,
+        seq_lens,
+        page_size,
+        cache_seqlens,
+        cu_seqlens_k,
+        page_table,
+        draft_tokens,
+        cu_seqlens_q,
+        swa_page_table,
+        full_to_swa,
+        errors,
         "prepare_decode_metadata",
-    )  # fmt: skip
+    )
     return PreparedDecodeMetadata(*plan)
 
 
 def _plan(
-    req_to_token, req_pool_indices, seq_lens, page_size, cache_seqlens, cu_seqlens_k,
-    page_table, draft_tokens, cu_seqlens_q, swa_page_table, full_to_swa, errors, caller: str,
-) -> tuple:  # fmt: skip
+    req_to_token,
+    req_pool_indices,
+    seq_lens,
+    page_size,
+    cache_seqlens,
+    cu_seqlens_k,
+    page_table,
+    draft_tokens,
+    cu_seqlens_q,
+    swa_page_table,
+    full_to_swa,
+    errors,
+    caller: str,
+) -> tuple:
     """Checked arguments of one launch: ``(tensors, ints, constexprs, grid, bs, draft,
     max_pages)``."""
     meta = cuda_call_metadata(
-        req_to_token, req_pool_indices, seq_lens, page_table, page_size,
-        swa_page_table, full_to_swa, errors,
-    )  # fmt: skip
+        req_to_token,
+        req_pool_indices,
+        seq_lens,
+        page_table,
+        page_size,
+        swa_page_table,
+        full_to_swa,
+        errors,
+    )
     has_swa = full_to_swa is not None
     if meta is None or not fast_decode_checks(
         meta[0], meta[1], cache_seqlens, cu_seqlens_k, cu_seqlens_q, draft_tokens, errors
@@ -522,9 +503,18 @@ def _decode_metadata_kernel(
             PAGE_SIZE, HAS_SWA, HAS_ERRORS, ROW_I32, BLOCK, UNROLL, ROWS,
         )  # fmt: skip
         _scan_cu_seqlens(
-            head, seq_lens_ptr, cu_seqlens_k_ptr, cu_seqlens_q_ptr, errors_ptr, bs,
-            draft_tokens, HAS_ERRORS, HAS_CU_Q, CU_K_I32, SCAN_BLOCK,
-        )  # fmt: skip
+            head,
+            seq_lens_ptr,
+            cu_seqlens_k_ptr,
+            cu_seqlens_q_ptr,
+            errors_ptr,
+            bs,
+            draft_tokens,
+            HAS_ERRORS,
+            HAS_CU_Q,
+            CU_K_I32,
+            SCAN_BLOCK,
+        )
     else:
         _build_rows(
             req_to_token_ptr, req_pool_indices_ptr, seq_lens_ptr, cache_seqlens_ptr,

@@ -5,7 +5,7 @@ A program ``(part, g)`` of either kernel owns rows ``first = g * ROWS .. first +
 and, of each, the blocks ``part, part + C, ...`` of ``BLOCK`` pages (``C`` programs a row
 group). ``gather_row_pages`` writes those blocks of both tables; ``count_group_errors`` counts
 the group's out-of-contract lengths and request indices (called by part 0 only, so each row is
-counted once). See ``page_table``'s module docstring for the design.
+counted once). The design: docs/ARCHITECTURE.md, "The page-table kernel".
 """
 
 from __future__ import annotations

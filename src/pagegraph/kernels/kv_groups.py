@@ -1,20 +1,11 @@
 """Slot mappings over vLLM's KV-cache groups (``pagegraph.check.kv_groups``): a group's own
 mapping, as vLLM's runner gives each group its mapping.
 
-* ``ring_slot_mappings``: a ring group's mapping (vLLM's ``CircularBufferSpec`` and
-  ``KpoolTailSpec`` builders): a request holds ``width`` blocks, used in turn, so token ``t``
-  at position ``pos`` of row ``i`` goes to ``block_table[r, (pos // page_size) % width] *
-  page_size + pos % page_size`` (``r = idx_mapping[i]``); every other rule is the
-  ``"slot_mapping"`` contract's (``pagegraph.kernels.slot_mapping``): ``PAD_SLOT_ID`` for a
-  padded row (``r < 0``) and for the tail from ``query_start_loc[rows]``, nothing else
-  written.
-* ``compute_group_slot_mappings``: a ``"slot_mapping"`` builder that takes ``group=``: the
-  ring's mapping on a ring group, pagegraph's ``compute_slot_mappings`` on any other.
-
-Sync-free torch ops (no host read of a device value, no shape from data): capturable in a
-CUDA graph. Values outside the engine's guarantees are clamped as ``compute_slot_mappings``
-clamps them (a negative position to 0, a request slot to the table, token ranges to the
-buffers).
+``ring_slot_mappings`` maps a ring group (vLLM's ``CircularBufferSpec`` and ``KpoolTailSpec``):
+a request holds ``width`` blocks, used in turn, so position ``pos`` goes to ``block_table[r,
+(pos // page_size) % width] * page_size + pos % page_size``; every other rule is the
+``"slot_mapping"`` contract's. ``compute_group_slot_mappings`` takes ``group=``: the ring's
+mapping on a ring group, ``compute_slot_mappings`` on any other. Both are sync-free torch ops.
 """
 
 from __future__ import annotations

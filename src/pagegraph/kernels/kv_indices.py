@@ -1,28 +1,10 @@
 """The CSR page list of a decode batch (FlashInfer's ``kv_indptr`` / ``kv_indices`` format),
-built on the device in one launch, sync-free: ``build_kv_indices``.
+built on the device in one launch, sync-free: ``build_kv_indices``, the ``"csr"`` kind's builder.
 
-The contract of a ``"csr"`` builder (``pagegraph.kernels.registry``)::
-
-    req_to_token      [max_reqs, cols]   int32 | int64   slot of each token
-    req_pool_indices  [bs]               int32 | int64   request row of each batch row
-    seq_lens          [bs]               int32 | int64   tokens of each batch row
-    page_size         int >= 1
-    kv_indptr         [>= bs + 1]        int32           written: kv_indptr[0 .. bs]
-    kv_indices        [capacity]         int32           written: kv_indices[0 : kv_indptr[bs]]
-
-Row ``i`` owns ``n_i = min(cdiv(max(seq_lens[i], 0), page_size), cdiv(cols, page_size))``
-pages; ``kv_indptr[i + 1] = min(n_0 + ... + n_i, capacity)`` (so a batch that would pass the
-end of ``kv_indices`` is cut there, never written past it) and ``kv_indices[kv_indptr[i] + p]
-= req_to_token[req_pool_indices[i], p * page_size] // page_size``. Entries past
-``kv_indptr[bs]`` keep what they held: a consumer bounds its reads by ``kv_indptr``.
-``kv_indptr[0] = 0`` is written too, also for an empty batch (an engine that presets it loses
-nothing).
-
-Design: a grid of ``(bs, parts)`` programs, both static for given buffers (so a CUDA graph
-replays it for any lengths). Program ``(i, part)`` finds its row's offset itself, summing the
-clamped page counts of rows ``0 .. i - 1`` in tiles of ``SCAN`` (a few loads for any batch an
-engine captures; no second launch and no scan buffer), then copies blocks ``part, part +
-parts, ...`` of ``BLOCK`` pages of its row: the work follows the real lengths.
+The grid, ``(bs, parts)``, is static for given buffers, so a CUDA graph replays it for any
+lengths: each program sums the clamped page counts of the rows before its own (no second
+launch, no scan buffer), then copies its share of its row's pages. The contract is
+``build_kv_indices``'s docstring; docs/ARCHITECTURE.md ("The CSR contract") has the design.
 """
 
 from __future__ import annotations
@@ -58,9 +40,25 @@ def build_kv_indices(
     kv_indptr: torch.Tensor,
     kv_indices: torch.Tensor,
 ) -> None:
-    """Fill ``kv_indptr[: bs + 1]`` and ``kv_indices[: kv_indptr[bs]]`` in place (the contract
-    in the module docstring). No host sync, no allocation: safe inside CUDA-graph capture,
-    one launch, one compilation for every batch size."""
+    """Fill ``kv_indptr[: bs + 1]`` and ``kv_indices[: kv_indptr[bs]]`` in place.
+
+    ::
+
+        req_to_token      [max_reqs, cols]   int32 | int64   slot of each token
+        req_pool_indices  [bs]               int32 | int64   request row of each batch row
+        seq_lens          [bs]               int32 | int64   tokens of each batch row
+        page_size         int >= 1
+        kv_indptr         [>= bs + 1]        int32           written: kv_indptr[0 .. bs]
+        kv_indices        [capacity]         int32           written: kv_indices[0 : kv_indptr[bs]]
+
+    Row ``i`` owns ``n_i = min(cdiv(max(seq_lens[i], 0), page_size), cdiv(cols, page_size))``
+    pages; ``kv_indptr[i + 1] = min(n_0 + ... + n_i, capacity)`` (a batch that would pass the
+    end of ``kv_indices`` is cut there, never written past it) and ``kv_indices[kv_indptr[i] +
+    p] = req_to_token[req_pool_indices[i], p * page_size] // page_size``. Entries past
+    ``kv_indptr[bs]`` keep what they held: a consumer bounds its reads by ``kv_indptr``.
+    ``kv_indptr[0] = 0`` is written too, also for an empty batch (an engine that presets it
+    loses nothing). No host sync, no allocation: safe inside CUDA-graph capture, one launch,
+    one compilation for every batch size."""
     _check_tensor("req_to_token", req_to_token, 2, INDEX_DTYPES)
     _check_tensor("req_pool_indices", req_pool_indices, 1, INDEX_DTYPES)
     _check_tensor("seq_lens", seq_lens, 1, INDEX_DTYPES)
@@ -84,10 +82,19 @@ def build_kv_indices(
     row_pages = cdiv(req_to_token.shape[1], page_size)
     grid = (bs, kv_indices_parts(row_pages))
     _kv_indices_kernel[grid](
-        req_to_token, req_pool_indices, seq_lens, kv_indptr, kv_indices,
-        req_to_token.stride(0), req_to_token.shape[0], row_pages, kv_indices.shape[0],
-        PAGE_SIZE=page_size, BLOCK=KV_INDICES_BLOCK, SCAN=SCAN,
-    )  # fmt: skip
+        req_to_token,
+        req_pool_indices,
+        seq_lens,
+        kv_indptr,
+        kv_indices,
+        req_to_token.stride(0),
+        req_to_token.shape[0],
+        row_pages,
+        kv_indices.shape[0],
+        PAGE_SIZE=page_size,
+        BLOCK=KV_INDICES_BLOCK,
+        SCAN=SCAN,
+    )
 
 
 build_kv_indices.pagegraph_outputs = "csr"

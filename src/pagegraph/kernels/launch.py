@@ -1,15 +1,11 @@
-"""The compiled-kernel launcher shared by the package's Triton kernels.
+"""The compiled-kernel launcher shared by the package's Triton kernels (the page-table and
+decode-metadata builders, the pool's run writer).
 
 ``kernel[grid](...)`` spends several times the launch itself in Python, binding and hashing
-the arguments. A kernel launched through this module keeps each compiled kernel in a
-``LaunchCache`` under a key at least as fine as Triton's own specialisation (``launch_key``:
-dtypes, constexprs, every int by value, 16-byte alignment of the pointers); the first call of
-a key goes through Triton's JIT path (``LaunchCache.first_launch``), which compiles and returns
-the kernel, and later calls go straight into the compiled C launcher with raw pointers
-(``launch_compiled``). Under Triton launch hooks (a profiler, say) every call takes the JIT
-path, so the hooks see it (``hooks_active``).
-
-Users: the page-table builder, the decode-metadata builder and the pool's run writer.
+the arguments. A ``LaunchCache`` keeps each compiled kernel under a key at least as fine as
+Triton's own specialisation (``launch_key``); the first call of a key takes Triton's JIT path,
+which compiles, and later calls go straight into the compiled C launcher with raw pointers
+(``launch_compiled``). Under Triton launch hooks every call takes the JIT path (``hooks_active``).
 """
 
 from __future__ import annotations

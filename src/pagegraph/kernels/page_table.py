@@ -1,81 +1,11 @@
-"""The sync-free page-table builder: one Triton kernel, SWA in the same pass.
+"""The sync-free page-table builder ``build_page_table``: one Triton kernel, SWA in the same pass.
 
-``build_page_table`` fills, for every batch row ``i`` and page ``p < n_i`` with
-``n_i = min(cdiv(seq_lens[i], page_size), width)``::
-
-    slot                 = req_to_token[req_pool_indices[i], p * page_size]
-    page_table[i, p]     = slot // page_size
-    swa_page_table[i, p] = full_to_swa[slot] // page_size
-
-and writes nothing else. ``seq_lens`` is read on the device, so the call needs no host sync,
-allocates nothing, and is legal inside CUDA-graph capture.
-
-Design: a row-owned grid whose cost follows the live pages
------------------------------------------------------------
-The grid is ``(C, cdiv(bs, R))`` with ``R = ROWS_PER_PROGRAM`` rows to a group: ``C``
-programs own each group, and program ``j`` walks each of the group's rows in tiles of
-``UNROLL`` blocks of ``BLOCK_PAGES`` (blocks ``j, j + C, ..., j + (UNROLL - 1) C`` of every
-row in one tile, then the next tile ``UNROLL * C`` blocks on) up to the longest of the
-group's own lengths: a loop with a data-dependent bound, each lane masked by its own row's
-length. Consequences:
-
-* Work is bounded by the real lengths. A row of 100 tokens in a 2048-page table costs one
-  masked tile in one program, and the other ``C - 1`` programs of its group exit after a
-  few scalar loads. The number of programs depends on the batch size and the static width
-  (host metadata), never on the lengths, and ``C`` is capped so the grid stays near
-  ``TARGET_PROGRAMS`` instead of growing as ``bs * width``. (A fixed grid of page blocks
-  covering the whole width launches ``bs * width / block`` programs, nearly all of them empty
-  when lengths are short.)
-* Every program costs launch throughput even when it exits at once (measured per program in
-  profiles/bench/NOTES.md): two rows to a program halve that cost for a batch of short rows
-  with one long one, and a long row still gets ``C`` programs.
-* A row never writes outside itself: each lane's page count is clamped to the width of the
-  table, and to the pages ``req_to_token`` can supply, before any store, so an overlong
-  ``seq_len`` (speculative draft tokens, dummy runs) cannot spill into the next request's
-  row; the rows past ``bs`` of the last group are masked out.
-* Long rows are split across ``C`` programs, and the row group is the slow grid axis, so the
-  ``C`` programs of one 1M-token request land on many SMs: the gather of its page starts, one
-  32-byte sector per page, is bound by how many such loads each SM can have in flight.
-* The tile's loads are all issued before its stores: ``R * UNROLL`` independent loads a
-  thread.
-* SWA costs one extra dependent gather per live page, in the same program: ``full_to_swa`` is
-  indexed by the slot already loaded for the full table.
-
-Where it stands (figures in profiles/bench/NOTES.md): a launch planned on the host from the
-lengths (one program per live block, which needs the sync this kernel exists to avoid) is only
-a little faster on the large configs; a plan made on the device (a prefix sum of block counts)
-costs more in its prologue than it saves; and a single program doing only the kernel's
-dependent chain (load a length, then a page start, then store) costs a fixed latency above an
-empty kernel, which bounds every short-batch build from below.
-
-Index arithmetic is 64-bit wherever ``index * stride`` can pass 2^31 (request row offsets,
-``full_to_swa`` indices); in-row page offsets are 32-bit when the host has checked that the
-whole row times the page size fits (``row_fits_int32``), 64-bit otherwise.
-
-Out-of-contract values are clamped on the device, never trusted: a ``req_pool_index`` outside
-``req_to_token`` is clamped into it, a slot outside ``full_to_swa`` is clamped to its ends, and
-a negative ``seq_len`` writes nothing. With the optional ``errors`` buffer the kernel also
-counts them (see ``pagegraph.kernels.contract.ERROR_KINDS``); without it that code is compiled
-out.
-
-The per-row gather (tile, clamps, SWA translation, counters) is ``gather.gather_row_pages``,
-shared with the decode-metadata kernel; this module's kernel adds the row group's prologue.
-
-What is specialised (and so compiled separately)
-------------------------------------------------
-``PAGE_SIZE`` (an engine uses one, and a constant divisor turns every ``// page_size`` into a
-shift), ``HAS_SWA``, ``HAS_ERRORS``, ``ROW_I32``, ``BLOCK``, ``UNROLL``, ``ROWS`` and
-``HAS_WORK`` are constexprs; the dtypes of the index tensors are part of the signature;
-Triton's default integer and pointer specialisation applies (an int argument equal to 1 or
-divisible by 16; a pointer 16-byte aligned). Nothing depends on the batch size or on any
-length: the batch size is the grid and an argument Triton is told not to specialise, so every
-CUDA graph bucket of one static buffer reuses one compiled kernel.
-
-Launch cost
------------
-Eager calls go through ``pagegraph.kernels.launch``: the first call of each launch key takes
-Triton's JIT path (which compiles), later ones go straight into the compiled C launcher with
-raw pointers; ``prepare_build`` also does the host checks only once.
+For every batch row ``i`` and page ``p < min(cdiv(seq_lens[i], page_size), width)`` it writes
+``page_table[i, p] = req_to_token[req_pool_indices[i], p * page_size] // page_size`` (and the
+SWA table through ``full_to_swa``) and nothing else. The lengths are read on the device, so a
+call needs no host sync, allocates nothing and is legal inside CUDA-graph capture; its grid
+follows the batch size and its work the live pages (docs/ARCHITECTURE.md, "The page-table
+kernel", with the measurements behind the design in profiles/bench/NOTES.md).
 """
 
 from __future__ import annotations
@@ -294,14 +224,28 @@ def prepare_build(
 
 
 def _plan(
-    req_to_token, req_pool_indices, seq_lens, page_table, page_size, swa_page_table,
-    full_to_swa, errors, builder: str, work_counter=None,
-) -> tuple:  # fmt: skip
+    req_to_token,
+    req_pool_indices,
+    seq_lens,
+    page_table,
+    page_size,
+    swa_page_table,
+    full_to_swa,
+    errors,
+    builder: str,
+    work_counter=None,
+) -> tuple:
     """Checked arguments of one build: ``(tensors, ints, constexprs, max_pages, bs)``."""
     meta = cuda_call_metadata(
-        req_to_token, req_pool_indices, seq_lens, page_table, page_size,
-        swa_page_table, full_to_swa, errors,
-    )  # fmt: skip
+        req_to_token,
+        req_pool_indices,
+        seq_lens,
+        page_table,
+        page_size,
+        swa_page_table,
+        full_to_swa,
+        errors,
+    )
     has_swa = full_to_swa is not None
     if meta is None:
         # Not the common case: the full checks name what is wrong (or accept CPU tensors

@@ -1,15 +1,10 @@
-"""Reference builders in plain torch, with the kernel's signature so every builder plugs in.
+"""Reference builders in plain torch, with the kernels' signatures so every builder plugs in.
 
-* ``reference_page_table``: the oracle. One row at a time, obviously correct, and it reads the
-  lengths on the host (a sync per call): use it to check, never to serve.
-* ``host_max_gather``: the naive baseline engines start from. One ``seq_lens.max().item()``
-  per call, then a strided gather into ``page_table[:, :n]``.
-* ``static_width_gather``: the sync-free baseline. Gathers the whole static width every call,
-  so its cost follows the width of the table, not the real lengths.
-
-All three clamp out-of-contract values the way the kernel does (a ``req_pool_index`` into
-``req_to_token``, a slot into ``full_to_swa``, the width into the pages ``req_to_token`` can
-supply), so they agree with it on any input that does not need the ``errors`` counters.
+``reference_page_table`` is the oracle (row by row, obviously correct, a host read a call: use
+it to check, never to serve); ``host_max_gather`` is the naive baseline engines start from (one
+``seq_lens.max().item()`` a call), ``static_width_gather`` the sync-free one whose cost follows
+the width. All clamp out-of-contract values as the kernel does, so they agree with it on any
+input that does not need the ``errors`` counters. The decode-metadata and CSR oracles are here too.
 """
 
 from __future__ import annotations
@@ -202,10 +197,20 @@ def reference_decode_metadata(
     from .decode_metadata import check_decode_args
 
     check_decode_args(
-        req_to_token, req_pool_indices, seq_lens, page_size, cache_seqlens, cu_seqlens_k,
-        page_table, draft_tokens, cu_seqlens_q, swa_page_table, full_to_swa, errors,
+        req_to_token,
+        req_pool_indices,
+        seq_lens,
+        page_size,
+        cache_seqlens,
+        cu_seqlens_k,
+        page_table,
+        draft_tokens,
+        cu_seqlens_q,
+        swa_page_table,
+        full_to_swa,
+        errors,
         caller="reference_decode_metadata",
-    )  # fmt: skip
+    )
     bs = page_table.shape[0]
     lengths = seq_lens.tolist()
     cache = [min(max(n, 0) + draft_tokens, _DECODE_INT32_MAX) for n in lengths]
@@ -279,10 +284,21 @@ def unfused_decode_metadata(
     from .page_table import build_page_table
 
     check_decode_args(
-        req_to_token, req_pool_indices, seq_lens, page_size, cache_seqlens, cu_seqlens_k,
-        page_table, draft_tokens, cu_seqlens_q, swa_page_table, full_to_swa, errors,
-        caller="unfused_decode_metadata", cpu_ok=False,
-    )  # fmt: skip
+        req_to_token,
+        req_pool_indices,
+        seq_lens,
+        page_size,
+        cache_seqlens,
+        cu_seqlens_k,
+        page_table,
+        draft_tokens,
+        cu_seqlens_q,
+        swa_page_table,
+        full_to_swa,
+        errors,
+        caller="unfused_decode_metadata",
+        cpu_ok=False,
+    )
     bs = page_table.shape[0]
     torch.add(seq_lens.clamp(min=0), draft_tokens, out=cache_seqlens)
     torch.cumsum(cache_seqlens, 0, dtype=cu_seqlens_k.dtype, out=cu_seqlens_k[1:])

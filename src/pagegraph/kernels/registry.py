@@ -53,9 +53,10 @@ def load_object(spec: str, known: list[str] | tuple[str, ...] = ()):
 def _functions(module) -> list[str]:
     """The public functions defined in ``module`` (not imported into it), sorted."""
     return sorted(
-        n for n, v in vars(module).items()
+        n
+        for n, v in vars(module).items()
         if callable(v) and n[:1] != "_" and getattr(v, "__module__", None) == module.__name__
-    )  # fmt: skip
+    )
 
 
 def _local_module_file(spec: str) -> Path | None:

@@ -1,31 +1,11 @@
 """The KV-cache slot of every token of a batch, on the device in one launch, sync-free and
-capturable in a CUDA graph: ``compute_slot_mappings`` (a ``"slot_mapping"`` builder).
+capturable in a CUDA graph: ``compute_slot_mappings``, a ``"slot_mapping"`` builder (vLLM's).
 
-The contract of a ``"slot_mapping"`` builder::
-
-    block_table      [max_reqs, width]   int32   per-request block ids (row r: request slot r)
-    idx_mapping      [rows]              int32   batch row -> request slot; -1: a padded row
-    query_start_loc  [rows + 1]          int32   first token of each row, non-decreasing
-    positions        [>= qsl[rows]]      int64   position of each token in its request
-    slot_mapping     [max_num_tokens]    int64   written in place
-    page_size        int >= 1
-
-For row ``i`` with slot ``r = idx_mapping[i] >= 0`` and each token ``t`` in
-``[qsl[i], qsl[i + 1])``: ``slot_mapping[t] = block_table[r, positions[t] // page_size] *
-page_size + positions[t] % page_size``. A padded row's tokens get ``PAD_SLOT_ID`` (-1), and so
-does every ``t`` in ``[qsl[rows], max_num_tokens)``, so that cache writes of padded tokens
-are dropped. Nothing else is written (tokens before ``qsl[0]`` keep what they held).
-
-The engine guarantees ``0 <= positions[t] < width * page_size`` for real rows, ``idx_mapping
-< max_reqs`` and ``qsl[rows] <= min(max_num_tokens, len(positions))``. This builder does not
-trust it: a position is clamped into ``[0, width * page_size)`` (so the block index stays in
-the row), a slot to ``max_reqs - 1``, and every token range into ``[0, min(max_num_tokens,
-len(positions)))`` (the tail into ``[0, max_num_tokens)``). A slot is computed in 64 bits.
-
-Design: a grid of ``(rows + 1, parts)`` programs, all from host shapes, so a CUDA graph
-replays one launch for any token counts. Program ``(i, part)`` for ``i < rows`` maps blocks
-``part, part + parts, ...`` of ``BLOCK`` tokens of row ``i`` (the work follows the row's
-tokens); the programs of the last row ``rows`` fill the tail with ``PAD_SLOT_ID``.
+The grid, ``(rows + 1, parts)``, comes from host shapes only, so a CUDA graph replays one
+launch for any token counts: the programs of row ``i < rows`` map its tokens, those of the
+last row fill the tail with ``PAD_SLOT_ID``. The engine's guarantees are not trusted (positions,
+slots and token ranges are clamped into their buffers). The contract is
+``compute_slot_mappings``'s docstring.
 """
 
 from __future__ import annotations
@@ -86,7 +66,28 @@ def compute_slot_mappings(
     slot_mapping: torch.Tensor,
     page_size: int,
 ) -> None:
-    """Fill ``slot_mapping`` in place (the contract in the module docstring). No host sync, no
+    """Fill ``slot_mapping`` in place: the KV-cache slot of every token of the batch.
+
+    ::
+
+        block_table      [max_reqs, width]   int32   per-request block ids (row r: request slot r)
+        idx_mapping      [rows]              int32   batch row -> request slot; -1: a padded row
+        query_start_loc  [rows + 1]          int32   first token of each row, non-decreasing
+        positions        [>= qsl[rows]]      int64   position of each token in its request
+        slot_mapping     [max_num_tokens]    int64   written in place
+        page_size        int >= 1
+
+    For row ``i`` with slot ``r = idx_mapping[i] >= 0`` and each token ``t`` in ``[qsl[i],
+    qsl[i + 1])``: ``slot_mapping[t] = block_table[r, positions[t] // page_size] * page_size +
+    positions[t] % page_size``. A padded row's tokens get ``PAD_SLOT_ID`` (-1), and so does
+    every ``t`` in ``[qsl[rows], max_num_tokens)``, so that cache writes of padded tokens are
+    dropped. Nothing else is written (tokens before ``qsl[0]`` keep what they held).
+
+    The engine guarantees ``0 <= positions[t] < width * page_size`` for real rows,
+    ``idx_mapping < max_reqs`` and ``qsl[rows] <= min(max_num_tokens, len(positions))``; they
+    are not trusted: a position is clamped into ``[0, width * page_size)``, a slot to
+    ``max_reqs - 1``, every token range into ``[0, min(max_num_tokens, len(positions)))`` (the
+    tail into ``[0, max_num_tokens)``). A slot is computed in 64 bits. No host sync, no
     allocation, one launch whose grid comes from shapes only: legal in CUDA-graph capture."""
     check_slot_mapping_args(
         block_table, idx_mapping, query_start_loc, positions, slot_mapping, page_size
@@ -97,11 +98,20 @@ def compute_slot_mappings(
     rows = idx_mapping.shape[0]
     grid = (rows + 1, slot_mapping_parts(max_num_tokens))
     _slot_mapping_kernel[grid](
-        block_table, idx_mapping, query_start_loc, positions, slot_mapping,
-        block_table.stride(0), block_table.shape[0], block_table.shape[1] * page_size,
-        max_num_tokens, min(max_num_tokens, positions.shape[0]),
-        PAGE_SIZE=page_size, PAD_ID=PAD_SLOT_ID, BLOCK=SLOT_BLOCK,
-    )  # fmt: skip
+        block_table,
+        idx_mapping,
+        query_start_loc,
+        positions,
+        slot_mapping,
+        block_table.stride(0),
+        block_table.shape[0],
+        block_table.shape[1] * page_size,
+        max_num_tokens,
+        min(max_num_tokens, positions.shape[0]),
+        PAGE_SIZE=page_size,
+        PAD_ID=PAD_SLOT_ID,
+        BLOCK=SLOT_BLOCK,
+    )
 
 
 compute_slot_mappings.pagegraph_outputs = "slot_mapping"

@@ -113,23 +113,33 @@ def reference_slot_mapping(
 reference_slot_mapping.pagegraph_outputs = "slot_mapping"
 
 
-def reference_ring_slot_mapping(block_table, idx_mapping, query_start_loc, positions,
-                                slot_mapping, page_size) -> None:  # fmt: skip
+def reference_ring_slot_mapping(
+    block_table, idx_mapping, query_start_loc, positions, slot_mapping, page_size
+) -> None:
     """``reference_slot_mapping`` of a ring group's table (``ring=True``)."""
-    reference_slot_mapping(block_table, idx_mapping, query_start_loc, positions, slot_mapping,
-                           page_size, ring=True)  # fmt: skip
+    reference_slot_mapping(
+        block_table, idx_mapping, query_start_loc, positions, slot_mapping, page_size, ring=True
+    )
 
 
 reference_ring_slot_mapping.pagegraph_outputs = "slot_mapping"
 
 
-def reference_group_slot_mapping(block_table, idx_mapping, query_start_loc, positions,
-                                 slot_mapping, page_size, *, group=None) -> None:  # fmt: skip
+def reference_group_slot_mapping(
+    block_table, idx_mapping, query_start_loc, positions, slot_mapping, page_size, *, group=None
+) -> None:
     """What the slot mapping of KV-cache group ``group`` must be (a
     ``pagegraph.kinds.kv_groups.KVGroup``, or ``None``: a single group): the ring's on a ring
     group, ``reference_slot_mapping``'s on any other."""
-    reference_slot_mapping(block_table, idx_mapping, query_start_loc, positions, slot_mapping,
-                           page_size, ring=group is not None and group.ring)  # fmt: skip
+    reference_slot_mapping(
+        block_table,
+        idx_mapping,
+        query_start_loc,
+        positions,
+        slot_mapping,
+        page_size,
+        ring=group is not None and group.ring,
+    )
 
 
 reference_group_slot_mapping.pagegraph_outputs = "slot_mapping"

@@ -20,8 +20,17 @@ def _csr(fn: Callable) -> Callable:
     return fn
 
 
-def _torch_csr(req_to_token, req_pool_indices, seq_lens, page_size, kv_indptr, kv_indices,
-               *, bug: str = "", max_pages: int | None = None) -> None:  # fmt: skip
+def _torch_csr(
+    req_to_token,
+    req_pool_indices,
+    seq_lens,
+    page_size,
+    kv_indptr,
+    kv_indices,
+    *,
+    bug: str = "",
+    max_pages: int | None = None,
+) -> None:
     """The CSR contract in sync-free torch ops (one scatter through a dump entry), with one
     ``bug`` switched in: ``"ell"`` (row i written at ``i * row_pages``), ``"past_end"`` (each
     row writes one page too many)."""
@@ -52,36 +61,43 @@ def _torch_csr(req_to_token, req_pool_indices, seq_lens, page_size, kv_indptr, k
 
 
 @_csr
-def csr_ell_offsets(req_to_token, req_pool_indices, seq_lens, page_size, *, kv_indptr,
-                    kv_indices):  # fmt: skip
+def csr_ell_offsets(req_to_token, req_pool_indices, seq_lens, page_size, *, kv_indptr, kv_indices):
     """Row i's pages written at i * row_pages (a padded layout) while kv_indptr is packed."""
-    _torch_csr(req_to_token, req_pool_indices, seq_lens, page_size, kv_indptr, kv_indices,
-               bug="ell")  # fmt: skip
+    _torch_csr(
+        req_to_token, req_pool_indices, seq_lens, page_size, kv_indptr, kv_indices, bug="ell"
+    )
 
 
 @_csr
-def csr_one_page_past(req_to_token, req_pool_indices, seq_lens, page_size, *, kv_indptr,
-                      kv_indices):  # fmt: skip
+def csr_one_page_past(
+    req_to_token, req_pool_indices, seq_lens, page_size, *, kv_indptr, kv_indices
+):
     """Each row copies pages p <= n: one entry too many, past kv_indptr[bs] at the last row."""
-    _torch_csr(req_to_token, req_pool_indices, seq_lens, page_size, kv_indptr, kv_indices,
-               bug="past_end")  # fmt: skip
+    _torch_csr(
+        req_to_token, req_pool_indices, seq_lens, page_size, kv_indptr, kv_indices, bug="past_end"
+    )
 
 
 @_csr
-def csr_pages_frozen(req_to_token, req_pool_indices, seq_lens, page_size, *, kv_indptr,
-                     kv_indices):  # fmt: skip
+def csr_pages_frozen(req_to_token, req_pool_indices, seq_lens, page_size, *, kv_indptr, kv_indices):
     """Pages per row capped at what a batch size's first call (its warm-up) needed."""
     key = (kv_indices.data_ptr(), seq_lens.shape[0])
     if key not in _csr_frozen:
         longest = int(seq_lens.cpu().numpy().max()) if seq_lens.numel() else 0
         _csr_frozen[key] = max(1, cdiv(max(longest, 0), page_size))
-    _torch_csr(req_to_token, req_pool_indices, seq_lens, page_size, kv_indptr, kv_indices,
-               max_pages=_csr_frozen[key])  # fmt: skip
+    _torch_csr(
+        req_to_token,
+        req_pool_indices,
+        seq_lens,
+        page_size,
+        kv_indptr,
+        kv_indices,
+        max_pages=_csr_frozen[key],
+    )
 
 
 @_csr
-def plain_kv_indices(req_to_token, req_pool_indices, seq_lens, page_size, *, kv_indptr,
-                     kv_indices):  # fmt: skip
+def plain_kv_indices(req_to_token, req_pool_indices, seq_lens, page_size, *, kv_indptr, kv_indices):
     """The CSR contract in sync-free torch ops: the mutants' base, correct (a control)."""
     _torch_csr(req_to_token, req_pool_indices, seq_lens, page_size, kv_indptr, kv_indices)
 

@@ -1,17 +1,10 @@
-"""The page-table kind's mutants: page-table builders with one realistic bug each.
+"""The page-table kind's mutants: page-table builders with one realistic bug each, named in the
+docstring's first line.
 
-A test bed is worth the bugs it finds. Each mutant here has the page-table contract's
-signature and one bug that real engines have shipped (DESIGN.md lists the trackers' threads),
-named in its docstring's first line. Two families:
-
-* device bugs, in ``_mutant_kernel`` and its device functions: a plain one-program-per-row
-  Triton page-table kernel (simpler than ``pagegraph.kernels.page_table``, on purpose) whose
-  ``BUG`` constexpr switches one mistake in: arithmetic, clamping, strides, indirection, SWA
-  translation, counters;
-* host bugs around the correct kernel: syncs, frozen or stale host values, caches, streams.
-
-``MUTANTS`` maps each name to a ``Mutant`` (``pagegraph.mutants.record``); ``CONTROLS`` are
-the kind's correct builders, which must be SAFE everywhere.
+Device bugs live in ``_mutant_kernel``, a plain one-program-per-row Triton kernel (simpler than
+``pagegraph.kernels.page_table``, on purpose) whose ``BUG`` constexpr switches one mistake in;
+host bugs wrap the correct kernel (syncs, frozen or stale host values, caches, streams).
+``MUTANTS`` maps each name to its ``Mutant``; ``CONTROLS`` are the kind's correct builders.
 """
 
 from __future__ import annotations
@@ -73,8 +66,9 @@ R2T_AS_INT32_C = tl.constexpr(R2T_AS_INT32)
 
 
 @triton.jit
-def _mutant_lengths(seq_lens_ptr, req_pool_indices_ptr, row, bs, BUG: tl.constexpr,
-                    BLOCK: tl.constexpr):  # fmt: skip
+def _mutant_lengths(
+    seq_lens_ptr, req_pool_indices_ptr, row, bs, BUG: tl.constexpr, BLOCK: tl.constexpr
+):
     """Batch row ``row``'s length and request index, both int64 and unclamped, read as bug
     ``BUG`` reads them."""
     if BUG == LENGTHS_AS_INT32_C:
@@ -125,8 +119,16 @@ def _mutant_clear_tail(pt_row, n_full, width, BLOCK: tl.constexpr):
 
 
 @triton.jit
-def _mutant_errors(errors_ptr, req_pool_indices_ptr, row, seq, cap, r2t_rows,
-                   PAGE_SIZE: tl.constexpr, BUG: tl.constexpr):  # fmt: skip
+def _mutant_errors(
+    errors_ptr,
+    req_pool_indices_ptr,
+    row,
+    seq,
+    cap,
+    r2t_rows,
+    PAGE_SIZE: tl.constexpr,
+    BUG: tl.constexpr,
+):
     """Row ``row``'s out-of-contract values added to (ERRORS_STORED: stored into) the first
     three counters of ``errors_ptr`` (``[len(ERROR_KINDS)]`` int32)."""
     over = (seq > cap * PAGE_SIZE).to(tl.int32)
@@ -424,8 +426,15 @@ def swa_mapping_copied_once(req_to_token, req_pool_indices, seq_lens, page_table
 # -- the zoo -----------------------------------------------------------------------------------
 
 
-def _k(name: str, bug: int, doc: str, cpu: bool, killed_by: str,
-       kills: tuple[str, ...], gpu_only: str = "") -> Mutant:  # fmt: skip
+def _k(
+    name: str,
+    bug: int,
+    doc: str,
+    cpu: bool,
+    killed_by: str,
+    kills: tuple[str, ...],
+    gpu_only: str = "",
+) -> Mutant:
     fn = _kernel_mutant(bug, doc)
     fn.__name__ = fn.__qualname__ = name
     fn.__module__ = __name__
@@ -494,7 +503,7 @@ MUTANTS: dict[str, Mutant] = {
         Mutant("hidden_dtoh_copy", hidden_dtoh_copy, False, "sync-free builder call (cupti)",
                needs_detector="cupti", kills=("sync-free builder call",),
                gpu_only="a non-blocking copy into pageable memory blocks inside the CUDA "
-               "driver: only CUPTI sees it"),  # fmt: skip
+               "driver: only CUPTI sees it"),
         Mutant("side_stream_not_joined", side_stream_not_joined, False, "capture",
                kills=("capture", "correct"),  # the capture fails, or misses the build
                gpu_only="needs real CUDA streams: a side stream the graph never joins"),

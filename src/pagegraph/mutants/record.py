@@ -1,12 +1,10 @@
-"""``Mutant``: one builder of the zoo with one realistic bug, and what must catch it; ``Zoo``:
-a kind's mutants, its controls (correct builders, SAFE everywhere) and how to forget what the
+"""``Mutant``: one builder of the zoo with one realistic bug, and what must catch it; ``Zoo``: a
+kind's mutants, its controls (correct builders, SAFE everywhere) and how to forget what the
 mutants cached.
 
-The kinds hold their zoos (``KindSpec.zoo``); ``pagegraph mutate`` runs each mutant on the
-scenarios of its kind. A mutant says whether it can die on a machine without a GPU (under the
-Triton interpreter), which property should kill it (for the reader), and the properties whose
-failure counts as catching its bug (``kills``): a crash recorded under another property is
-not its bug caught.
+A mutant says whether it can die without a GPU (under the Triton interpreter), which property
+should kill it, and the properties whose failure counts as catching its bug (``kills``): a
+crash recorded under another property is not its bug caught.
 """
 
 from __future__ import annotations

@@ -1,14 +1,10 @@
-"""Mutants of the ``"block_table"`` and ``"slot_mapping"`` kinds: builders with one realistic bug
-each, for mutation testing (the checker must report every one UNSAFE somewhere).
+"""Mutants of the ``"block_table"`` and ``"slot_mapping"`` kinds: sync-free torch builders with one
+realistic bug each, built on one correct base (``plain_block_table``, ``plain_slot_mapping``,
+controls with pagegraph's builders of the kinds), the bug named in the docstring's first line.
 
-Each is a sync-free torch function with its kind's signature, built on one correct base
-(``plain_block_table``, ``plain_slot_mapping``: controls, with pagegraph's builders of the
-kinds) with one bug switched in, named in the docstring's first line. ``BLOCK_TABLE_BUGS`` and
-``SLOT_MAPPING_BUGS`` map their names to them; ``BLOCK_TABLE_MUTANTS`` and
-``SLOT_MAPPING_MUTANTS`` are the zoo's records, with the property each must fail.
-
-The slot-mapping ``int32_slot`` bug is left out of the zoo: it needs slot ids past 2^31, which
-no pool of a real KV cache reaches (it stays in the kind's own tests).
+``BLOCK_TABLE_BUGS`` and ``SLOT_MAPPING_BUGS`` map names to builders, ``BLOCK_TABLE_MUTANTS``
+and ``SLOT_MAPPING_MUTANTS`` are the zoo's records. ``int32_slot`` stays out of the zoo: it
+needs slot ids past 2^31, which no real KV cache reaches (the kind's own tests keep it).
 """
 
 from __future__ import annotations
@@ -112,8 +108,9 @@ def plain_block_table(block_table, num_blocks, idx_mapping, out, *, batch: Batch
 plain_block_table.pagegraph_outputs = "block_table"
 
 
-def _torch_slot_mapping(block_table, idx_mapping, qsl, positions, slot_mapping, page_size,
-                        *, bug: str = "") -> None:  # fmt: skip
+def _torch_slot_mapping(
+    block_table, idx_mapping, qsl, positions, slot_mapping, page_size, *, bug: str = ""
+) -> None:
     """The ``"slot_mapping"`` contract in sync-free torch ops, with one ``bug`` switched in.
     Each token finds its row by a search of ``query_start_loc``."""
     max_reqs, width = block_table.shape
@@ -147,8 +144,9 @@ def _torch_slot_mapping(block_table, idx_mapping, qsl, positions, slot_mapping, 
 
 def _slot_mapping_mutant(bug: str, doc: str) -> Callable:
     def builder(block_table, idx_mapping, query_start_loc, positions, slot_mapping, page_size):
-        _torch_slot_mapping(block_table, idx_mapping, query_start_loc, positions, slot_mapping,
-                            page_size, bug=bug)  # fmt: skip
+        _torch_slot_mapping(
+            block_table, idx_mapping, query_start_loc, positions, slot_mapping, page_size, bug=bug
+        )
 
     builder.__doc__ = doc
     builder.__name__ = builder.__qualname__ = bug
@@ -156,11 +154,13 @@ def _slot_mapping_mutant(bug: str, doc: str) -> Callable:
     return builder
 
 
-def plain_slot_mapping(block_table, idx_mapping, query_start_loc, positions, slot_mapping,
-                       page_size) -> None:  # fmt: skip
+def plain_slot_mapping(
+    block_table, idx_mapping, query_start_loc, positions, slot_mapping, page_size
+) -> None:
     """The ``"slot_mapping"`` contract in sync-free torch ops: the mutants' base, correct."""
-    _torch_slot_mapping(block_table, idx_mapping, query_start_loc, positions, slot_mapping,
-                        page_size)  # fmt: skip
+    _torch_slot_mapping(
+        block_table, idx_mapping, query_start_loc, positions, slot_mapping, page_size
+    )
 
 
 plain_slot_mapping.pagegraph_outputs = "slot_mapping"
@@ -233,8 +233,10 @@ SLOT_MAPPING_KILLS = {
 def _records(bugs: dict[str, Callable], kills: dict[str, str]) -> dict[str, Mutant]:
     """The zoo's records of ``kills``' bugs, every one able to die on a CPU; each is caught
     by the property its ``killed_by`` text starts with."""
-    return {name: Mutant(name, bugs[name], True, why, kills=(why.split(" (")[0],))
-            for name, why in kills.items()}  # fmt: skip
+    return {
+        name: Mutant(name, bugs[name], True, why, kills=(why.split(" (")[0],))
+        for name, why in kills.items()
+    }
 
 
 BLOCK_TABLE_MUTANTS = _records(BLOCK_TABLE_BUGS, BLOCK_TABLE_KILLS)

@@ -1,29 +1,11 @@
-"""Warm worker processes for many isolated checks: ``pagegraph mutate``'s builders times
-scenarios.
+"""Warm worker processes for many isolated checks: ``pagegraph mutate``'s builders times scenarios.
 
-``pagegraph.supervise.isolate.run_isolated`` starts a fresh child for each list of checks, which
-pays the interpreter, torch, Triton and pagegraph imports, the CUDA context and the kernels'
-loading every time. A ``WorkerPool`` keeps ``workers`` children alive instead
-(``python -m pagegraph.supervise.worker_pool``): each reads the path of a one-check spec (the
-format of ``isolate._write_spec``) on its stdin, runs it with the very code a fresh child
-runs (``isolate._child``: the same phase notes, partial reports, memory slots and signal
-handling) and answers ``done RC`` on its stdout. The parent reads the reports with
-``isolate._collect_reports``, so a check reads the same whichever way it ran.
-
-Isolation is kept:
-
-* a worker that dies (a signal, an exit, its time limit) has its check reported exactly as a
-  fresh child's crash is (the cause, the phase, its stderr since the check began), and a
-  fresh worker takes the next task;
-* a worker whose check may have left its process unfit for another is ended and replaced
-  (``needs_fresh_process``: a crash, a failed capture, a raised replay), and a worker ends
-  itself when its CUDA context no longer synchronises or a
-  stream is left capturing (``_context_healthy``).
-
-Scheduling: tasks whose check shares memory slots (``isolate.memory_slot``) are handed out
-whenever a slot is free (they are the run's critical path: at most one check per slot runs
-at once), the others cheapest first (``Task.cost``), so no worker blocks on a slot while
-other work waits. The slots' lock files still enforce the limit in the workers.
+A ``WorkerPool`` keeps ``workers`` children alive instead of a fresh child for each check, so
+the imports, the CUDA context and the kernels' loading are paid once. Each worker runs a
+one-check spec with the very code a fresh child runs (``isolate._child``) and is replaced when
+it dies or its check may have left it unfit, so a check reads the same whichever way it ran;
+memory-slot tasks go first whenever a slot is free, the others cheapest first
+(docs/ARCHITECTURE.md, "Crashes, interruptions, resources").
 """
 
 from __future__ import annotations
@@ -185,8 +167,7 @@ class WorkerPool:
     the pool's lock) as each report is known.
     """
 
-    def __init__(self, workers: int, tmp: Path, *, timeout: float | None = None,
-                 on_report=None):  # fmt: skip
+    def __init__(self, workers: int, tmp: Path, *, timeout: float | None = None, on_report=None):
         self.workers = max(1, workers)
         self.tmp = Path(tmp)
         self.timeout = timeout
@@ -204,8 +185,10 @@ class WorkerPool:
         """Every task's report, by key. ``IsolatedError`` if a check could not run at all;
         ``KeyboardInterrupt`` (``.reports``: what was done) after a stop."""
         self._pending = sorted(tasks, key=lambda t: t.cost)
-        threads = [threading.Thread(target=self._serve, args=(i,), daemon=True)
-                   for i in range(min(self.workers, len(tasks)))]  # fmt: skip
+        threads = [
+            threading.Thread(target=self._serve, args=(i,), daemon=True)
+            for i in range(min(self.workers, len(tasks)))
+        ]
         for t in threads:
             t.start()
         for t in threads:
@@ -243,8 +226,11 @@ class WorkerPool:
                     for t in self._pending
                     if t.job.memory_slots and not t.in_cost_order and slot_free(t)
                 ]
-                plain = [t for t in self._pending if not t.job.memory_slots
-                         or (t.in_cost_order and slot_free(t))]  # fmt: skip
+                plain = [
+                    t
+                    for t in self._pending
+                    if not t.job.memory_slots or (t.in_cost_order and slot_free(t))
+                ]
                 task = free[0] if free else (plain[0] if plain else None)
                 if task is not None:
                     self._pending.remove(task)

@@ -1,17 +1,11 @@
 """Decode attention in plain torch, by token ranges, for the corpus entries' readers.
 
-The entries of class (b) model kernels whose launch or schedule depends on host values: a
-split-K over a host number of fixed-size splits, a per-row tile schedule, a work list of
-(row, token range) items. These helpers compute such attention over a page table with static
-shapes and torch ops only (no host read of a device value, no data-dependent shape), so a
-reader built on them is legal inside a CUDA graph and is captured by the CPU's emulated graphs.
-
-A partial result covers one range of one row's tokens: the running max of its scores ``m``
-(``-inf`` when no token is live), their exponential sum (``l``, named ``total``) and the
-unnormalised output ``acc``; ``merge`` combines partials as a split-K combine kernel does.
-Keys and values of tokens that are not live are replaced by zeros before use and their scores
-by ``-inf``, so a stale page id (another live page, or the NaN page) never reaches a real
-row's output.
+Class (b) entries model kernels whose launch or schedule depends on host values (a host number
+of fixed-size splits, a per-row tile schedule, a work list of items). These helpers compute
+such attention with static shapes and torch ops only, so a reader built on them is legal inside
+a CUDA graph and captured by the CPU's emulated graphs. A partial result (running max, sum,
+unnormalised output) covers one range of a row's tokens; ``merge`` combines them as a split-K
+combine does, and dead tokens never reach a real row's output.
 """
 
 from __future__ import annotations
@@ -21,8 +15,14 @@ import torch
 __all__ = ["merge", "partials", "split_attention", "token_kv"]
 
 
-def token_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
-             rows: torch.Tensor, pos: torch.Tensor, page_size: int):  # fmt: skip
+def token_kv(
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    rows: torch.Tensor,
+    pos: torch.Tensor,
+    page_size: int,
+):
     """Keys and values at token positions ``pos`` ``[I, T]`` int64 of table rows ``rows``
     ``[I]`` int64, as fp32 ``[I, T, Hkv, D]``. Rows, columns and page ids are clamped into the
     table and the pool (a garbage schedule reads wrong data, never outside the buffers)."""
@@ -34,11 +34,12 @@ def token_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Ten
     return k_cache[pages, slot].float(), v_cache[pages, slot].float()
 
 
-def partials(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, live: torch.Tensor,
-             scale: float):  # fmt: skip
+def partials(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, live: torch.Tensor, scale: float):
     """One partial result an item: ``q`` ``[I, Hq, D]``, ``k`` / ``v`` fp32 ``[I, T, Hkv,
-    D]``, ``live`` ``[I, T]`` bool. Returns ``m`` and ``l`` ``[I, Hq]`` and ``acc`` ``[I, Hq,
-    D]``, fp32."""
+    D]``, ``live`` ``[I, T]`` bool. Returns ``m`` (the running max, ``-inf`` with no live
+    token) and ``l`` (the exponential sum) ``[I, Hq]`` and the unnormalised ``acc`` ``[I, Hq,
+    D]``, fp32. Keys and values of dead tokens are zeroed before use and their scores set to
+    ``-inf``, so a stale page id (another live page, or the NaN page) never reaches a real row."""
     items, num_q_heads, head_dim = q.shape
     num_kv_heads = k.shape[2]
     qg = q.float().reshape(items, num_kv_heads, num_q_heads // num_kv_heads, head_dim)
@@ -51,8 +52,11 @@ def partials(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, live: torch.Tens
     # A range without a live token has m = -inf: exp(-inf - 0) = 0 everywhere.
     p = torch.exp(scores - torch.where(torch.isfinite(m), m, 0.0)[..., None])
     acc = torch.einsum("ihgt,ithd->ihgd", p, v)
-    return (m.reshape(items, num_q_heads), p.sum(-1).reshape(items, num_q_heads),
-            acc.reshape(items, num_q_heads, head_dim))  # fmt: skip
+    return (
+        m.reshape(items, num_q_heads),
+        p.sum(-1).reshape(items, num_q_heads),
+        acc.reshape(items, num_q_heads, head_dim),
+    )
 
 
 def merge(m: torch.Tensor, total: torch.Tensor, acc: torch.Tensor, dim: int) -> torch.Tensor:
@@ -66,10 +70,18 @@ def merge(m: torch.Tensor, total: torch.Tensor, acc: torch.Tensor, dim: int) -> 
     return torch.where(weight[..., None] > 0, out / weight[..., None], 0.0)
 
 
-def split_attention(q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
-                    page_table: torch.Tensor, cache_seqlens: torch.Tensor, *, page_size: int,
-                    splits: int, split_tokens: int,
-                    live_splits: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+def split_attention(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    *,
+    page_size: int,
+    splits: int,
+    split_tokens: int,
+    live_splits: torch.Tensor | None = None,
+) -> torch.Tensor:
     """Split-K decode attention with fixed-size splits: split ``s`` of row ``i`` covers tokens
     ``[s * split_tokens, (s + 1) * split_tokens)`` below ``cache_seqlens[i]`` (clamped to the
     table's capacity), and the combine reduces the ``splits`` splits, those of

@@ -97,5 +97,6 @@ class WildBug:
         twin = {"buggy": self.buggy, "fixed": self.fixed}[which]
         scenario = load_scenario(self.scenario_path)
         cfg = scenario.config.replace(**self.overrides)
-        return check_replay_safety(twin.builder, cfg, device=device, runner_factory=twin.runner,
-                                   reader=twin.reader)  # fmt: skip
+        return check_replay_safety(
+            twin.builder, cfg, device=device, runner_factory=twin.runner, reader=twin.reader
+        )

@@ -1,38 +1,11 @@
 """A byte ring in shared memory that carries a workload child's page runs to the checker.
 
-A workload child (``producer``) sends a batch of ``BATCH_STEPS`` steps at a time, with every
-step's page runs (five int64 a page): megabytes a batch. Pickled onto a ``multiprocessing``
-queue, a batch crosses a pipe in small pieces, each a system call and a copy on both sides.
-Written into a ring that both processes map, a batch costs the writer one copy in and the
-reader one copy out, or none where the device reads the ring in place (below). Only the runs
-travel this way; the small step descriptions still go through the queue, with where the runs
-lie in the ring.
-
-Layout: a file of ``HEADER_BYTES + capacity`` bytes, mapped by both processes. The header's
-first int64 is ``released``, the bytes the reader is done with (a counter that only grows;
-only the reader writes it). The writer keeps its own counter of bytes ``written``. A block of
-``n`` bytes starts at ``written`` if it fits before the ring's end, else at the next multiple
-of ``capacity`` (the tail is skipped); it may be written once its end is at most ``released +
-capacity`` ahead, so a block never overwrites bytes the reader has not copied out. The writer
-sends the block's start counter with its message; the reader copies the block out (``take``),
-or reads it in place (``borrow``) until it is done with it, then sets ``released`` to the
-block's end. A reader that feeds a GPU registers the ring's pages with CUDA (``pin_for_cuda``):
-the device then copies borrowed runs straight out of the ring, with no host copy at all, and
-the reader releases a block once those copies have completed. Blocks are taken in the order
-they were written (one queue carries their messages), so ``released`` only grows.
-
-Ordering needs no lock on x86-64, where the ring is used (``RING_SUPPORTED``; elsewhere the
-runs go through the queue): the writer's copy precedes its queue message (put under the
-queue's lock, written to the pipe by the queue's feeder thread), and x86-64 never lets the
-reader's store of ``released`` be seen before the loads of its copy, nor tears an aligned
-8-byte load or store.
-
-The file lies in ``/dev/shm`` when that has room for it, else in the temporary folder; its
-bytes are reserved when it is made (``posix_fallocate``), so a tmpfs without room refuses the
-ring at once (the queue then carries everything) instead of ending a write with SIGBUS. The
-reader unlinks it once the writer has mapped it, and at the latest when the reader is closed,
-collected or its interpreter exits; a reader killed before its writer mapped the file leaves
-it behind (its name starts with ``pagegraph-ring-``).
+A batch of steps' page runs is megabytes; pickled onto a ``multiprocessing`` queue it crosses a
+pipe in small pieces, while written into a ring both processes map it costs one copy in and one
+out, or none where a GPU reads the ring in place (``pin_for_cuda``). The step descriptions
+still go through the queue, with where their runs lie. The layout, why the ordering needs no
+lock (x86-64 only, ``RING_SUPPORTED``) and the file's life: docs/ARCHITECTURE.md, "Steps
+generated ahead".
 """
 
 from __future__ import annotations
@@ -50,7 +23,7 @@ import numpy as np
 
 from ..kernels.cudart import clear_last_error
 
-#: Whether this machine carries runs through the ring (see the module docstring).
+#: Whether this machine carries runs through the ring (x86-64 only: docs/ARCHITECTURE.md).
 RING_SUPPORTED = platform.machine().lower() in ("x86_64", "amd64")
 #: Bytes before the ring: ``released`` and room for more counters, one cache line.
 HEADER_BYTES = 64

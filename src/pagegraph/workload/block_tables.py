@@ -1,22 +1,10 @@
 """An engine's per-request block tables kept between steps, as vLLM's ``BlockTables`` keeps
 them: ``EngineBlockTables``, the input of a ``"block_table"`` builder.
 
-State (on the tables' device, made once)::
-
-    block_table  [max_reqs, width]  int32   block ids of each request slot
-    num_blocks   [max_reqs]         int32   live blocks of each request slot
-
-and a host copy of ``num_blocks`` (``host_num_blocks``) with each slot's last length, from
-which the next step's writes are planned without reading the device.
-
-``update`` brings the batch's slots up to date from the pool's ``req_to_token``: a slot whose
-length grew gets only its new blocks appended (``block_table[r, old:need]``), a slot whose
-length shrank holds a new request and is rewritten from block 0 (vLLM's overwrite), and
-entries past ``num_blocks`` keep whatever they held, as vLLM leaves them. After every update,
-``block_table[r, p] == req_to_token[r, p * page_size] // page_size`` for ``p <
-num_blocks[r]``. The device work of an update is a few launches whatever the batch: one copy
-of the planned indices from pinned host memory, one gather, two scatters; no host read of a
-device value, no Python loop over device tensors.
+``update`` brings the batch's slots up to date from the pool's ``req_to_token`` with a few
+launches and no host read of a device value: grown slots get their new blocks appended, a
+shrunk slot (a new request) is rewritten from block 0, and entries past ``num_blocks`` keep
+whatever they held, as vLLM leaves them.
 """
 
 from __future__ import annotations
@@ -42,7 +30,13 @@ def _ranges(lo: np.ndarray, hi: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
 
 class EngineBlockTables:
     """Per-request block tables of ``max_reqs`` slots, ``width`` blocks each, pages of
-    ``page_size`` tokens, on ``device`` (the module docstring)."""
+    ``page_size`` tokens, on ``device``::
+
+        block_table  [max_reqs, width]  int32   block ids of each request slot
+        num_blocks   [max_reqs]         int32   live blocks of each request slot
+
+    and a host copy of ``num_blocks`` (``host_num_blocks``) with each slot's last length, from
+    which the next step's writes are planned without reading the device."""
 
     def __init__(self, max_reqs: int, width: int, page_size: int, device="cpu"):
         if max_reqs < 1 or width < 1 or page_size < 1:
@@ -87,7 +81,15 @@ class EngineBlockTables:
     # -- steps ------------------------------------------------------------------------------
 
     def update(self, req_pool_indices, seq_lens, req_to_token: torch.Tensor, new=None) -> None:
-        """Bring the batch's request slots up to date (the module docstring).
+        """Bring the batch's request slots up to date from the pool's ``req_to_token``.
+
+        A slot whose length grew gets only its new blocks appended (``block_table[r,
+        old:need]``), a slot whose length shrank holds a new request and is rewritten from
+        block 0 (vLLM's overwrite), and entries past ``num_blocks`` keep whatever they held, as
+        vLLM leaves them. Afterwards ``block_table[r, p] == req_to_token[r, p * page_size] //
+        page_size`` for ``p < num_blocks[r]``. The device work is a few launches whatever the
+        batch (a copy of the planned indices from pinned memory, a gather, two scatters); no
+        host read of a device value, no Python loop over device tensors.
 
         Args:
             req_pool_indices: ``[bs]`` host ints (a list, numpy array or CPU tensor), the

@@ -1,27 +1,9 @@
 """Seeded, engine-like decode streams that drive a ``KVPool`` between graph replays.
 
-Each step of a ``DecodeWorkload`` does what a continuous-batching scheduler does between two
-decode steps, in this order:
-
-1. requests finish: at random (``finish_rate``), and any request at exact capacity;
-2. the batch size follows a seeded random walk over ``1..max_bs`` (so it moves up and down
-   across buckets); new requests arrive to reach it, reusing freed rows first, usually with
-   shorter lengths than the row held before (a row's length shrinks between replays), and
-   sometimes the batch order is shuffled;
-3. every running request grows by ``1 + draft_tokens`` (speculative decoding verifies the
-   draft tokens in the same step); a request that would pass ``max_context_len`` grows to
-   exactly that length instead, so exact capacity is reached and replayed;
-4. with SWA, pages that left the window are evicted (their mapping becomes 0), and a random
-   request's SWA pages are remapped with probability ``swa_churn``;
-5. the pool's queued writes are applied (now, or with the steps generated ahead: see
-   ``lookahead``), and the step yields the batch as host lists;
-6. optionally, the batch it yields carries values outside the builder contract, as engines'
-   batches do (each with its own probability per step, on one to three rows): a length past
-   the row's capacity (just past it, as a speculative step near ``max_context_len`` gives,
-   several pages past, or a huge value, as a stale or dummy row can carry), a negative
-   length, a request index outside ``req_to_token``. Zero lengths, which are in the
-   contract, can be injected the same way. The pool itself is not changed: the next step
-   yields the true lengths again.
+A ``DecodeWorkload`` step does what a continuous-batching scheduler does between two decode
+steps (finishes, arrivals into freed rows, growth by ``1 + draft_tokens``, SWA eviction), then
+yields the batch, optionally with out-of-contract values injected as engines' batches carry
+them; the order of a step is ``DecodeWorkload``'s docstring.
 """
 
 from __future__ import annotations
@@ -67,7 +49,27 @@ class Injection:
 
 
 class DecodeWorkload:
-    """An iterable of ``Step`` over ``pool``; see the module docstring for what a step does.
+    """An iterable of ``Step`` over ``pool``. Each step does what a continuous-batching
+    scheduler does between two decode steps, in this order:
+
+    1. requests finish: at random (``finish_rate``), and any request at exact capacity;
+    2. the batch size follows a seeded random walk over ``min_bs..max_bs`` (so it moves up and
+       down across buckets); new requests arrive to reach it, reusing freed rows first,
+       usually with shorter lengths than the row held before (a row's length shrinks between
+       replays), and sometimes the batch order is shuffled;
+    3. every running request grows by ``1 + draft_tokens`` (speculative decoding verifies the
+       draft tokens in the same step); a request that would pass ``max_context_len`` grows to
+       exactly that length instead, so exact capacity is reached and replayed;
+    4. with SWA, pages that left the window are evicted (their mapping becomes 0), and a
+       random request's SWA pages are remapped with probability ``swa_churn``;
+    5. the pool's queued writes are applied (now, or with the steps generated ahead: see
+       ``lookahead``), and the step yields the batch as host lists;
+    6. optionally, the batch it yields carries values outside the builder contract, as
+       engines' batches do (each with its own probability per step, on one to three rows): a
+       length past the row's capacity (just past it, several pages past, or a huge value, as
+       a stale or dummy row can carry), a negative length, a request index outside
+       ``req_to_token``. Zero lengths, which are in the contract, can be injected the same
+       way. The pool itself is not changed: the next step yields the true lengths again.
 
     Args:
         pool: the pool to drive (its ``max_reqs`` must be at least ``max_bs``).

@@ -1,23 +1,11 @@
 """Child processes that end with their parent, and stop promptly when told to.
 
-pagegraph starts children of its own: a check in a child (``pagegraph.supervise.isolate``), the
-workload's generators (``pagegraph.workload.producer``), the reproducers of ``make sglang``.
-Nobody reads what a child produces once its parent is gone, so:
-
-* ``die_with_parent(parent)``, called first thing in a child: on Linux the kernel sends the
-  child a signal when its parent ends (``prctl(PR_SET_PDEATHSIG)``, however the parent ended:
-  SIGKILL from a time-out or the OOM killer included); a parent already gone by then (it died
-  while the child started) ends the child at once; and a watchdog thread checks
-  ``os.getppid()`` every ``WATCH_S`` seconds, the fallback where ``prctl`` is missing.
-* ``escalate_stop(flush)``, for a child whose SIGINT / SIGTERM handler only asks for a clean
-  stop (a flag the check sees between two replays): a child inside a long capture or an
-  interpreted kernel would not see it for minutes. The signal also reaches a thread through
-  ``signal.set_wakeup_fd`` (written by the C-level handler, even while the main thread is in a
-  long call); if the process has not ended ``grace`` seconds later, the thread calls
-  ``flush()`` (the child writes the partial report it holds) and ends the process with
-  ``os._exit(128 + signum)``, the code a clean stop exits with.
-* ``script_command(script, *args)``: the command that runs a Python script as ``__main__``
-  under ``die_with_parent`` (the reproducers).
+Nobody reads what a child of pagegraph produces once its parent is gone (an isolated check, the
+workload's generators, the reproducers of ``make sglang``), so ``die_with_parent`` ends a child
+with its parent however the parent ended, ``escalate_stop`` ends a child that a clean-stop
+request cannot reach in time (a long capture, an interpreted kernel) after writing its partial
+report, and ``script_command`` runs a script under the first (docs/ARCHITECTURE.md, "Crashes,
+interruptions, resources").
 """
 
 from __future__ import annotations
@@ -74,8 +62,7 @@ def die_with_parent(parent: int | None = None, signum: int = signal.SIGKILL) -> 
 
 
 @contextlib.contextmanager
-def escalate_stop(flush=None, grace: float = STOP_GRACE_S,
-                  signals=(signal.SIGINT, signal.SIGTERM)):  # fmt: skip
+def escalate_stop(flush=None, grace: float = STOP_GRACE_S, signals=(signal.SIGINT, signal.SIGTERM)):
     """While the body runs (in the main thread, with Python handlers set for ``signals``,
     e.g. by ``stop_on_signals``), a stop signal not obeyed within ``grace`` seconds ends the
     process: ``flush()`` first (its errors ignored), then ``os._exit(128 + signum)``. The

@@ -1,16 +1,10 @@
 """The Triton kernel that writes a pool's page runs into its table on a GPU.
 
-A page run is five int64 ``(base, value, step, lo, hi)``: entries ``base + j`` of the table
-for lanes ``lo <= j < hi`` get ``value + j * step`` (``pool._PageWriter``). On a CPU the
-pool expands runs with torch operators and writes them with ``index_copy_``. On a GPU that
-chain costs the host five operator launches a staging and an ``index_copy_`` a step, the
-largest part of a checked replay's workload phase. This kernel reads the runs where they were
-uploaded and writes their entries itself: one launch a step, through Triton's compiled
-launcher (``pagegraph.kernels.launch``; ``tools/experiments/checker_phases.py`` times both
-ways).
-
-It writes only entries ``0 <= base + j < numel`` and lanes ``j < page_size``: whatever the
-runs say, nothing lands outside the table.
+A page run is five int64 ``(base, value, step, lo, hi)``: entries ``base + j`` for lanes ``lo
+<= j < hi`` get ``value + j * step``. On a GPU the CPU's chain (torch operators, then
+``index_copy_``) cost the largest part of a checked replay's workload phase; this kernel writes
+a step's runs in one launch through ``pagegraph.kernels.launch``, and only entries ``0 <= base
++ j < numel`` and lanes ``j < page_size``, whatever the runs say.
 """
 
 from __future__ import annotations

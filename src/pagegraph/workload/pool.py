@@ -1,33 +1,11 @@
 """A KV-cache pool model: what tests, workloads and scenarios drive, mirroring an engine.
 
-* ``req_to_token`` ``[max_reqs + 1, row_len]`` (int32 by default, ``row_len >=
-  max_context_len``), zero-initialised: row 0 is a dummy request, and slot 0 (page 0) is
-  reserved for padding, so a zeroed entry is always a valid slot. It can be a view that starts
-  ``storage_offset`` elements into a larger allocation, as an engine's table inside a bigger
-  pool is.
-* Pages are allocated from a shuffled free list (random placement, seeded), last freed first
-  out, so within a page slots are consecutive and every page start is page-aligned.
-* Optional SWA pool: ``full_to_swa`` (int64 by default, one entry per full slot plus a
-  trailing sentinel) maps each full slot to its slot in the sliding-window pool; freed or
-  evicted slots map to 0.
-
-The host keeps every request's state in per-row arrays (length, page count, page ids, SWA page
-ids, first unevicted SWA page), so a decode step's growth, finishes and evictions over the
-whole batch are a few vectorised operations, not a Python loop over requests. Writes to the
-device tables are queued page by page (a run of consecutive slots, five integers, whatever the
-page size):
-
-* ``flush()`` applies them now: one non-blocking copy from a pinned staging ring, then on a
-  GPU one Triton kernel that writes the runs' entries (``page_writes``), on a CPU a few
-  operators that expand the runs into scratch allocated once and one ``index_copy_``. A flush
-  neither allocates device memory nor waits for the device, and its host cost follows the
-  pages touched, not the tokens.
-* ``take_writes()`` hands them over unapplied, for a ``WriteAhead`` that uploads the writes of
-  many steps at once and applies each step's with one launch a table (a workload generated
-  ahead of its replays: see ``DecodeWorkload(lookahead=...)``).
-
-Freed rows keep their old entries (engines do not clear them): a reused row with a shorter
-length has a stale tail.
+``KVPool`` holds ``req_to_token`` (row 0 a dummy request, page 0 reserved for padding), pages
+from a shuffled, seeded free list and an optional SWA pool (``full_to_swa``). The host keeps
+each request's state in per-row arrays, and writes to the device tables are queued as page
+runs, applied by ``flush()`` with no allocation and no wait for the device, or handed over by
+``take_writes()`` for a ``WriteAhead``. Freed rows keep their old entries, as engines leave
+them (docs/ARCHITECTURE.md, "The workload").
 """
 
 from __future__ import annotations
@@ -145,8 +123,9 @@ class _PageWriter:
         self.eff = torch.empty((n, ps), dtype=torch.int64, device=dev)
         self.index = torch.empty((n, ps), dtype=torch.int64, device=dev)
         self.value = torch.empty((n, ps), dtype=torch.int64, device=dev)
-        self.cast = self.value if dtype == torch.int64 else torch.empty((n, ps), dtype=dtype,
-                                                                        device=dev)  # fmt: skip
+        self.cast = (
+            self.value if dtype == torch.int64 else torch.empty((n, ps), dtype=dtype, device=dev)
+        )
         # Flat views made once: ``apply`` slices them (a slice and a view per call cost more).
         self._index_flat = self.index.view(-1)
         self._cast_flat = self.cast.view(-1)

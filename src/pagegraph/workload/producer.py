@@ -1,43 +1,11 @@
-"""Workload steps generated ahead of the replays: in child processes, and in interleaved
-streams.
+"""Workload steps generated ahead of the replays: in child processes, and in interleaved streams.
 
-A ``DecodeWorkload``'s host side (the pool model: finishes, arrivals, page allocation, growth,
-SWA eviction, out-of-contract injections) is Python that takes longer a step than
-a checked replay itself. ``ProducedWorkload`` separates it from the device tables:
-
-* **Host models.** Each stream is a ``DecodeWorkload`` over its own ``KVPool`` whose tables
-  live on the ``meta`` device (no memory, no CUDA). Its steps come in batches of
-  ``BATCH_STEPS``, each step with its queued table writes (page runs, five integers a page).
-  With ``processes=True`` each stream runs in a child process and sends its batches through
-  a bounded queue, the page runs through a shared-memory ring (``batch_ring``; the queue
-  alone where there is none); else the batches are made here, on demand.
-* **Device tables.** The caller's pool holds the live tables (those its graphs read). Each
-  step's writes are applied to them with a ``WriteAhead`` just before the step is yielded, as
-  ``DecodeWorkload(lookahead=...)`` does; the caller's pool model itself is never advanced.
-  With children and tables on a GPU, each child's ring is registered with CUDA: the uploads
-  read the runs straight out of it (no host copy), and a ring block goes back to its child
-  once the copies that read it have completed (an event; before waiting for a child, a
-  wait for the device).
-* **Streams.** With ``streams=K > 1``, K independently seeded workloads (stream ``k``: pool
-  seed and workload seed each ``+ k * STREAM_SEED_STRIDE``; stream 0 is the one-stream
-  workload) take turns: ``segment`` steps of stream 0, then of stream 1, and so on, round
-  and round. Each stream keeps its own tables: at a switch the live tables are parked in the
-  outgoing stream's buffers and the incoming stream's are copied in (two device copies a
-  table, between replays, no allocation). K child processes then generate K times as many
-  steps a second, which is what lets a checker run as fast as its replays and checks rather
-  than as fast as one pool model. Runs shorter than one segment replay stream 0 alone.
-
-Whatever ``processes`` is, the steps and tables are the same, step for step and write for
-write (same seeds, same code; ``tests/test_producer.py`` compares them with
-``DecodeWorkload``), so a verdict does not depend on where the workload ran.
-
-Child processes are started with ``spawn`` (never ``fork``: the parent may hold a CUDA
-context), so each costs an interpreter start and a ``torch`` import; they
-start generating at construction, while the caller captures its graphs. A child that fails
-sends its exception, which is raised at the step where it happened; a child that dies without
-a word (killed, out of memory) is reported with its exit code; a child whose parent is gone
-exits (``lifetime.die_with_parent``: at once, however the parent ended). ``close()`` (or the
-end of the iteration) stops them.
+A workload's host model takes longer a step than a checked replay, so ``ProducedWorkload``
+runs it apart from the device tables: each stream's ``DecodeWorkload`` over a ``meta``-device
+pool, in a child process that sends batches of steps (page runs through ``batch_ring``) or here
+on demand, each step's writes applied to the caller's tables just before it is yielded, and
+``streams=K`` seeded workloads taking turns. The steps and tables are the same wherever the
+workload runs (docs/ARCHITECTURE.md, "Steps generated ahead").
 """
 
 from __future__ import annotations
@@ -118,8 +86,11 @@ def _batches(pool_kwargs: dict, workload_kwargs: dict) -> Iterator[list]:
             # Arrays, converted here rather than by the consumer: they pickle as one buffer,
             # and the checker's model and the runner's post copy them without a Python loop
             # (a list would cost the consumer a Python loop each time).
-            step = Step(i, np.asarray(step.req_pool_indices, dtype=np.int64),
-                        np.asarray(step.seq_lens, dtype=np.int64))  # fmt: skip
+            step = Step(
+                i,
+                np.asarray(step.req_pool_indices, dtype=np.int64),
+                np.asarray(step.seq_lens, dtype=np.int64),
+            )
             batch.append((step, [(tags[id(w)], runs) for w, runs in pool.take_writes()]))
             if len(batch) == BATCH_STEPS:
                 yield batch

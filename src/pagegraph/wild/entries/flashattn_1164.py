@@ -1,16 +1,11 @@
 """FlashAttention #1164: ``flash_attn_varlen_func`` under a CUDA graph attends as far as the
 ``max_seqlen_k`` it was captured with.
 
-Symptom: a varlen decode captured into a CUDA graph gives outputs that depend on the context
-length at capture. Cause: ``max_seqlen_k`` is a host argument that sizes the kernel's loop over
-key blocks (and the split-KV kernel used it in place of each sequence's own length); a graph
-keeps the value computed from the capture's batch. The fix made the kernel bound each sequence
-by its own length; an engine that captures passes the static capacity as ``max_seqlen_k``.
-
-The reader: each row attends to ``min(cache_seqlens[i], max_seqlen_k)`` tokens (the key
-blocks the launch covers), clamped in a buffer allocated once, then pagegraph's paged
-attention. Buggy: ``max_seqlen_k`` is the batch's longest length, computed on the host at each
-launch (one token at capture). Fixed: the table's capacity, a static bound.
+The reader: each row attends to ``min(cache_seqlens[i], max_seqlen_k)`` tokens (the key blocks
+the launch covers), clamped in a buffer allocated once, then pagegraph's paged attention.
+Buggy: ``max_seqlen_k`` is the batch's longest length, computed on the host at each launch
+(one token at capture). Fixed: the table's capacity, a static bound, as an engine that captures
+passes it.
 """
 
 from __future__ import annotations
@@ -27,14 +22,26 @@ def _lengths_buffer(max_bs: int, width: int, page_size: int, device) -> dict[str
     return {"seqlen_k": torch.zeros(max_bs, dtype=torch.int32, device=device)}
 
 
-def varlen_attention(q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size,
-                     workspace, max_seqlen_k: int, plan: dict) -> torch.Tensor:  # fmt: skip
+def varlen_attention(
+    q,
+    k_cache,
+    v_cache,
+    page_table,
+    cache_seqlens,
+    out,
+    *,
+    page_size,
+    workspace,
+    max_seqlen_k: int,
+    plan: dict,
+) -> torch.Tensor:
     """Decode attention whose key blocks stop at the host ``max_seqlen_k`` (shapes as
     ``paged_decode_attention``'s)."""
     lens = plan["seqlen_k"][: q.shape[0]]
     torch.clamp(cache_seqlens, max=max_seqlen_k, out=lens)
-    return paged_decode_attention(q, k_cache, v_cache, page_table, lens, out,
-                                  page_size=page_size, workspace=workspace)  # fmt: skip
+    return paged_decode_attention(
+        q, k_cache, v_cache, page_table, lens, out, page_size=page_size, workspace=workspace
+    )
 
 
 def _batch_max(host: HostBatch) -> dict:
@@ -66,7 +73,7 @@ BUG = WildBug(
             _batch_max,
             workspace=_lengths_buffer,
         )
-    ),  # fmt: skip
+    ),
     fixed=Twin(
         reader=Reader(
             "varlen attention, max_seqlen_k = capacity",
@@ -74,5 +81,5 @@ BUG = WildBug(
             _capacity,
             workspace=_lengths_buffer,
         )
-    ),  # fmt: skip
+    ),
 )

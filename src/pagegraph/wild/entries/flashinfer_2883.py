@@ -1,14 +1,10 @@
-"""FlashInfer #2883: a zero-length padded row's output is NaN, and a batch-wide scale spreads it.
+"""FlashInfer #2883: a zero-length padded row's output is NaN, and a batch-wide scale spreads it
+(the fix writes the empty-KV identity, 0, for a zero-length row).
 
-``trtllm_batch_decode_with_kv_cache_mla`` leaves rows of length 0 (the CUDA-graph padded rows
-vLLM pads with seq_len 0) undefined: they come out NaN. The next layer's FP8 input scale is a
-per-tensor amax over the whole batch's output, so one padded row's NaN poisons every real
-row. The fix writes the empty-KV identity, 0, for a zero-length row.
-
-Modelled in the decode step by a reader written in torch: attention over each row's pages up
-to its length, normalised by the row's softmax sum (0 / 0 for a zero-length row), then the
-output divided and multiplied by its per-tensor scale (amax over the batch / the FP8 maximum;
-the FP8 rounding in between is left out, it is not the bug). The builder is pagegraph's.
+Modelled in the decode step by a reader written in torch: attention over each row's pages up to
+its length, normalised by the row's softmax sum (0 / 0 for a zero-length row), then the output
+divided and multiplied by its per-tensor scale (amax over the batch / the FP8 maximum; the FP8
+rounding in between is not the bug). The builder is pagegraph's.
 """
 
 from __future__ import annotations
@@ -22,8 +18,9 @@ from ..record import Twin, WildBug
 FP8_MAX = 448.0
 
 
-def _attention(q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size,
-               guard_empty: bool) -> torch.Tensor:  # fmt: skip
+def _attention(
+    q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size, guard_empty: bool
+) -> torch.Tensor:
     """Decode attention in fp32, torch ops only.
 
     q ``[bs, Hq, D]``, caches ``[pages, page_size, Hkv, D]``, page_table ``[bs, width]`` int32
@@ -53,8 +50,16 @@ def _attention(q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size
 
 def _reader(*, guard_empty: bool) -> Reader:
     def attend(q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size, workspace):
-        o = _attention(q, k_cache, v_cache, page_table, cache_seqlens, out,
-                       page_size=page_size, guard_empty=guard_empty)  # fmt: skip
+        o = _attention(
+            q,
+            k_cache,
+            v_cache,
+            page_table,
+            cache_seqlens,
+            out,
+            page_size=page_size,
+            guard_empty=guard_empty,
+        )
         # The next layer's per-tensor FP8 input scale: one amax over the whole batch.
         scale = o.abs().amax() / FP8_MAX
         out.copy_(o / scale * scale)

@@ -1,18 +1,11 @@
 """FlashInfer #4002: CUDA-graph plans without split-KV launch padded CTAs over scheduler
-entries the current plan never wrote.
+entries the current plan never wrote (the fix masks them with ``block_valid_mask``).
 
-Symptom: illegal memory accesses in FA2 decode and prefill with ``enable_cuda_graph=True``,
-``disable_split_kv=True`` and a uniform query length (correct with a fresh workspace, a crash
-with one an earlier plan used). Cause: the scheduler writes work entries for the real work
-only and pads the grid to a static size; with split-KV off no ``block_valid_mask`` exists, so
-the padded CTAs read whatever an earlier plan left. The fix (PR #5176) materialises
-``block_valid_mask`` whenever CUDA graphs are on and the run skips the masked entries.
-
-The reader, planned: ``plan()`` (host, eager, before each step) writes a work list into the
-workspace, one item per ``TILE`` tokens of each real row (row, token start, token end) and the
-item count; ``run()`` (captured) launches a static grid over every item slot, computes each
-item's partial attention and combines them per row. Buggy: every slot is processed, those past
-the count holding an earlier plan's items. Fixed: slots past the count are masked.
+The reader, planned: ``plan()`` (host, before each step) writes a work list into the workspace,
+one item per ``TILE`` tokens of each real row, and the item count; ``run()`` (captured)
+launches a static grid over every item slot and combines the items' partial attention per row.
+Buggy: every slot is processed, those past the count holding an earlier plan's items. Fixed:
+slots past the count are masked.
 """
 
 from __future__ import annotations
@@ -33,15 +26,20 @@ def _workspace(max_bs: int, width: int, page_size: int, device) -> dict[str, tor
     token start, token end; ``tiles`` a row's capacity in ``TILE``s: the padded grid) and
     ``count`` ``[1]`` int32."""
     slots = max_bs * cdiv(width * page_size, TILE)
-    return {"items": torch.zeros((slots, 3), dtype=torch.int32, device=device),
-            "count": torch.zeros(1, dtype=torch.int32, device=device)}  # fmt: skip
+    return {
+        "items": torch.zeros((slots, 3), dtype=torch.int32, device=device),
+        "count": torch.zeros(1, dtype=torch.int32, device=device),
+    }
 
 
 def plan_work_list(host: HostBatch, workspace: dict[str, torch.Tensor]) -> None:
     """One item per ``TILE`` tokens of each real row, written from the host; the slots past
     them are left as they were (as the scheduler does)."""
-    items = [(row, start, min(start + TILE, n)) for row, n in enumerate(host.lens)
-             for start in range(0, n, TILE)]  # fmt: skip
+    items = [
+        (row, start, min(start + TILE, n))
+        for row, n in enumerate(host.lens)
+        for start in range(0, n, TILE)
+    ]
     dev = workspace["items"].device
     if items:
         values = torch.tensor(items, dtype=torch.int32, device=dev)
@@ -77,19 +75,25 @@ def _run(q, k_cache, v_cache, page_table, out, page_size, ws, masked: bool) -> t
     grid_l.index_copy_(0, dest, total)
     grid_acc.index_copy_(0, dest, acc)
     shape = (bs, tiles, num_q_heads)
-    o = merge(grid_m[:dump].reshape(shape), grid_l[:dump].reshape(shape),
-              grid_acc[:dump].reshape(*shape, head_dim), dim=1)  # fmt: skip
+    o = merge(
+        grid_m[:dump].reshape(shape),
+        grid_l[:dump].reshape(shape),
+        grid_acc[:dump].reshape(*shape, head_dim),
+        dim=1,
+    )
     return out.copy_(o)
 
 
-def run_padded(q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size, workspace,
-               plan: dict) -> torch.Tensor:  # fmt: skip
+def run_padded(
+    q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size, workspace, plan: dict
+) -> torch.Tensor:
     """Buggy run: every slot of the padded grid is processed."""
     return _run(q, k_cache, v_cache, page_table, out, page_size, plan, masked=False)
 
 
-def run_masked(q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size, workspace,
-               plan: dict) -> torch.Tensor:  # fmt: skip
+def run_masked(
+    q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size, workspace, plan: dict
+) -> torch.Tensor:
     """Fixed run: slots past the plan's count are masked (``block_valid_mask``)."""
     return _run(q, k_cache, v_cache, page_table, out, page_size, plan, masked=True)
 
@@ -113,10 +117,10 @@ BUG = WildBug(
             plan=plan_work_list,
             workspace=_workspace,
         )
-    ),  # fmt: skip
+    ),
     fixed=Twin(
         reader=Reader(
             "FA2 work list, block_valid_mask", run_masked, plan=plan_work_list, workspace=_workspace
         )
-    ),  # fmt: skip
+    ),
 )

@@ -1,15 +1,10 @@
-"""SGLang #36658: a small metadata tensor made from a Python list inside a captured forward.
-
-"Cannot copy between CPU and CUDA tensors during CUDA graph capture unless the CPU tensor is
-pinned", and the signature silently falls back to eager: ``tail_attn_meta`` built its segment
-bounds with ``torch.tensor([valid, num_pad], device="cuda")`` on every forward, a copy from
-pageable host memory, which a stream capture refuses. The fix makes the same values on the
-device with ``arange`` arithmetic.
+"""SGLang #36658: a small metadata tensor made from a Python list inside a captured forward (the
+fix makes the same values on the device with ``arange`` arithmetic).
 
 Modelled as a plain-torch page-table builder that clamps each row's page count to the segment
-``[0, width]`` of its table, the bounds made at each call: from a Python list (buggy) or on
-the device (fixed). The CPU's emulated capture refuses a device tensor made from host data as
-a CUDA capture does.
+``[0, width]`` of its table, the bounds made at each call from a Python list (buggy) or on the
+device (fixed). The CPU's emulated capture refuses a device tensor made from host data as a
+CUDA capture does.
 """
 
 from __future__ import annotations
@@ -19,8 +14,14 @@ import torch
 from ..record import Twin, WildBug
 
 
-def _build(req_to_token: torch.Tensor, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor,
-           page_table: torch.Tensor, page_size: int, bounds: torch.Tensor) -> None:  # fmt: skip
+def _build(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    page_table: torch.Tensor,
+    page_size: int,
+    bounds: torch.Tensor,
+) -> None:
     """``page_table[i, p] = req_to_token[req_pool_indices[i], p * page_size] // page_size`` for
     ``p < clamp(cdiv(seq_lens[i], page_size), bounds[0], bounds[1])``, every other entry
     written back unchanged (``page_table`` ``[bs, width]`` int32; ``bounds`` ``[2]`` int64

@@ -1,9 +1,5 @@
-"""TensorRT-LLM #13151: CUDA-graph padding dummies alias the state slots of live requests.
-
-Under MTP with CUDA-graph padding, the dummy requests that fill a bucket had no slot of their
-own: they took slots that live requests held, and the state update scattered through them,
-corrupting those requests' caches. The fix reserves a sentinel slot for padding (later one
-shared slot) and scatters only through the indices the caller supplies.
+"""TensorRT-LLM #13151: CUDA-graph padding dummies alias the state slots of live requests (the
+fix reserves a sentinel slot for padding).
 
 Modelled on vLLM's slot mapping, whose padded rows are marked by request index -1: a padded
 row's tokens must map to ``PAD_SLOT_ID`` (a write there is dropped), never to a live slot.
@@ -17,8 +13,16 @@ from ...kernels.slot_mapping import PAD_SLOT_ID
 from ..record import Twin, WildBug
 
 
-def _token_slots(block_table, idx_mapping, query_start_loc, positions, slot_mapping, page_size,
-                 *, dummies_alias: bool) -> None:  # fmt: skip
+def _token_slots(
+    block_table,
+    idx_mapping,
+    query_start_loc,
+    positions,
+    slot_mapping,
+    page_size,
+    *,
+    dummies_alias: bool,
+) -> None:
     """Each token's KV slot from its row's request (sync-free torch ops); a padded row (index
     -1) gets ``PAD_SLOT_ID``, or, with ``dummies_alias``, the first real row's request."""
     max_reqs, width = block_table.shape
@@ -39,18 +43,34 @@ def _token_slots(block_table, idx_mapping, query_start_loc, positions, slot_mapp
     slot_mapping.copy_(torch.where(t < qsl[rows], slot, PAD_SLOT_ID))
 
 
-def dummies_borrow_live_slots(block_table, idx_mapping, query_start_loc, positions,
-                              slot_mapping, page_size) -> None:  # fmt: skip
+def dummies_borrow_live_slots(
+    block_table, idx_mapping, query_start_loc, positions, slot_mapping, page_size
+) -> None:
     """Buggy: a padding dummy writes through a live request's slots."""
-    _token_slots(block_table, idx_mapping, query_start_loc, positions, slot_mapping, page_size,
-                 dummies_alias=True)  # fmt: skip
+    _token_slots(
+        block_table,
+        idx_mapping,
+        query_start_loc,
+        positions,
+        slot_mapping,
+        page_size,
+        dummies_alias=True,
+    )
 
 
-def dummies_dropped(block_table, idx_mapping, query_start_loc, positions, slot_mapping,
-                    page_size) -> None:  # fmt: skip
+def dummies_dropped(
+    block_table, idx_mapping, query_start_loc, positions, slot_mapping, page_size
+) -> None:
     """Fixed: a padding dummy's tokens map to the pad slot, whose writes are dropped."""
-    _token_slots(block_table, idx_mapping, query_start_loc, positions, slot_mapping, page_size,
-                 dummies_alias=False)  # fmt: skip
+    _token_slots(
+        block_table,
+        idx_mapping,
+        query_start_loc,
+        positions,
+        slot_mapping,
+        page_size,
+        dummies_alias=False,
+    )
 
 
 dummies_borrow_live_slots.pagegraph_outputs = "slot_mapping"

@@ -1,20 +1,11 @@
 """TensorRT-LLM #18769: a FlashInfer decode wrapper's plan is refreshed only in the forward
-path, which a CUDA-graph replay never runs.
-
-Symptom: wrong attention outputs (accuracy loss) for models with mixed sliding-window and full
-attention (Gemma3-style) under CUDA graphs; batch size 1 looked right. Cause: replay runs the
-split-KV tile schedule ``plan()`` left in the wrapper's workspace; ``prepare()`` re-planned
-only wrappers whose page tuple it recorded, and models with more than one decode wrapper had
-theirs deferred to ``forward_impl``, which runs at warm-up and capture only. Every replay
-reused the warm-up plan: one ``max_seq_len`` dummy in slot 0, one-token dummies elsewhere. The
-fix records the page tuple for every CUDA-graph decode wrapper, so ``prepare()`` re-plans each
-one before every replay.
+path, which a CUDA-graph replay never runs (the fix re-plans every graph wrapper before each
+replay).
 
 The reader, planned: the plan writes each row's tile count (``TILE`` tokens a tile) into a
 workspace allocated once; the captured run reduces only the planned tiles of each row. Buggy:
-the plan runs in the forward path (the attend body) on the engine's warm-up batch; a graph
-records its writes with the warm-up values, and the bed never calls it before a replay. Fixed:
-the same plan, run by the bed before every step (``Reader.plan``), on that step's batch.
+the plan runs in the forward path (the attend body) on the warm-up batch, so a graph keeps its
+writes with the warm-up values. Fixed: the bed runs the same plan before every step.
 """
 
 from __future__ import annotations
@@ -45,14 +36,24 @@ def plan_tiles(host: HostBatch, workspace: dict[str, torch.Tensor]) -> None:
         tiles[row].fill_(cdiv(n, TILE))
 
 
-def run(q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size, workspace,
-        plan: dict) -> torch.Tensor:  # fmt: skip
+def run(
+    q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size, workspace, plan: dict
+) -> torch.Tensor:
     """The captured run: split-KV over the table's capacity in ``TILE`` splits, each row
     reducing only the tiles its plan gave it (shapes as ``paged_decode_attention``'s)."""
     bs, splits = q.shape[0], cdiv(page_table.shape[1] * page_size, TILE)
     planned = torch.arange(splits, device=q.device) < plan["tiles"][:bs, None].long()
-    o = split_attention(q, k_cache, v_cache, page_table, cache_seqlens, page_size=page_size,
-                        splits=splits, split_tokens=TILE, live_splits=planned)  # fmt: skip
+    o = split_attention(
+        q,
+        k_cache,
+        v_cache,
+        page_table,
+        cache_seqlens,
+        page_size=page_size,
+        splits=splits,
+        split_tokens=TILE,
+        live_splits=planned,
+    )
     return out.copy_(o)
 
 
@@ -62,13 +63,33 @@ def _warmup_batch(host: HostBatch) -> HostBatch:
     return HostBatch(lens, host.bucket, host.page_size, host.width)
 
 
-def forward_planned(q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size,
-                    workspace, plan: dict, host: HostBatch) -> torch.Tensor:  # fmt: skip
+def forward_planned(
+    q,
+    k_cache,
+    v_cache,
+    page_table,
+    cache_seqlens,
+    out,
+    *,
+    page_size,
+    workspace,
+    plan: dict,
+    host: HostBatch,
+) -> torch.Tensor:
     """Buggy: ``forward_impl`` plans (on the warm-up batch: it runs at warm-up and capture
     only), then runs."""
     plan_tiles(_warmup_batch(host), plan)
-    return run(q, k_cache, v_cache, page_table, cache_seqlens, out, page_size=page_size,
-               workspace=workspace, plan=plan)  # fmt: skip
+    return run(
+        q,
+        k_cache,
+        v_cache,
+        page_table,
+        cache_seqlens,
+        out,
+        page_size=page_size,
+        workspace=workspace,
+        plan=plan,
+    )
 
 
 def _host(host: HostBatch) -> dict:
@@ -92,10 +113,10 @@ BUG = WildBug(
         reader=Reader(
             "decode wrapper planned in forward", forward_planned, _host, workspace=_workspace
         )
-    ),  # fmt: skip
+    ),
     fixed=Twin(
         reader=Reader(
             "decode wrapper planned by prepare()", run, plan=plan_tiles, workspace=_workspace
         )
-    ),  # fmt: skip
+    ),
 )

@@ -1,17 +1,10 @@
 """vLLM #20301: FA3's split count, chosen on the host at capture, caps what a full-graph
-replay reduces.
-
-Symptom: full CUDA graphs with FlashAttention-3's ahead-of-time scheduling hit illegal memory
-accesses, so vLLM had turned AoT scheduling off under full graphs. Cause: FA3's heuristic
-picked ``num_splits`` on the host from the batch being captured; the replayed graph kept that
-split layout and its buffers while later batches needed more splits. The fix passes
-``num_splits`` explicitly, as an upper bound, at both capture and run time.
+replay reduces (the fix passes ``num_splits`` as an upper bound at capture and run time).
 
 The reader: split-K attention whose splits each cover a fixed number of tokens, the combine
 reducing the host ``num_splits`` splits, so tokens past ``num_splits * SPLIT_TOKENS`` are never
 reduced. Buggy: ``num_splits`` from the heuristic on the batch at hand (one split at capture,
-whose rows hold one token). Fixed: the upper bound from the table's capacity, at capture and
-at every launch.
+whose rows hold one token). Fixed: the upper bound from the table's capacity, at every launch.
 """
 
 from __future__ import annotations
@@ -27,12 +20,21 @@ from ..record import Twin, WildBug
 SPLIT_TOKENS = 64
 
 
-def split_k_attention(q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size,
-                      workspace, num_splits: int) -> torch.Tensor:  # fmt: skip
+def split_k_attention(
+    q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size, workspace, num_splits: int
+) -> torch.Tensor:
     """Decode attention reduced over ``num_splits`` splits of ``SPLIT_TOKENS`` tokens (shapes
     as ``paged_decode_attention``'s; ``workspace``, pagegraph's split-K buffers, unused)."""
-    o = split_attention(q, k_cache, v_cache, page_table, cache_seqlens, page_size=page_size,
-                        splits=num_splits, split_tokens=SPLIT_TOKENS)  # fmt: skip
+    o = split_attention(
+        q,
+        k_cache,
+        v_cache,
+        page_table,
+        cache_seqlens,
+        page_size=page_size,
+        splits=num_splits,
+        split_tokens=SPLIT_TOKENS,
+    )
     return out.copy_(o)
 
 
@@ -61,8 +63,8 @@ BUG = WildBug(
     prop="output correct through the consumer",
     buggy=Twin(
         reader=Reader("FA3 split-K, heuristic num_splits", split_k_attention, _heuristic_splits)
-    ),  # fmt: skip
+    ),
     fixed=Twin(
         reader=Reader("FA3 split-K, num_splits upper bound", split_k_attention, _upper_bound_splits)
-    ),  # fmt: skip
+    ),
 )

@@ -1,15 +1,10 @@
-"""vLLM #33664: a zero-length padded row reads block -1 of its block table, outside the KV cache.
+"""vLLM #33664: a zero-length padded row reads block -1 of its block table, outside the KV cache
+(the fix, #35431, pads block tables with the null block 0).
 
-The model runner padded unused CUDA-graph rows with seq_len 0 and block table -1; FlashMLA's
-FP8 decode still reads a row's last block, (n - 1) // page_size, so a padded row read block
-id -1, a negative KV-cache offset (an illegal memory access). The fix (#35431) pads block
-tables with the null block 0, a real block any padded row may read.
-
-Modelled in the decode step: the builder is pagegraph's page-table builder, then the engine's
-padding of the rows whose length is 0 (the vllm padding's padded rows), and the reader is
-paged attention that reads every row's last block, a zero-length row's too (one token of it).
-The scenario's null block holds data (``null_block = "finite"``), so padded rows' outputs are
-judged: block -1 reads the NaN guard page before page 0.
+Modelled in the decode step: pagegraph's page-table builder, then the engine's padding of the
+rows whose length is 0, and a reader (paged attention) that reads every row's last block, a
+zero-length row's too. The scenario's null block holds data (``null_block = "finite"``), so
+padded rows' outputs are judged: block -1 reads the NaN guard page before page 0.
 """
 
 from __future__ import annotations
@@ -34,8 +29,9 @@ def _padded_table(fill: int):
     return build
 
 
-def last_block_attention(q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size,
-                         workspace):  # fmt: skip
+def last_block_attention(
+    q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size, workspace
+):
     """Paged decode attention whose block loop always runs on the row's last block.
 
     q ``[bs, Hq, D]``, caches ``[pages, page_size, Hkv, D]``, page_table ``[bs, width]`` int32,
@@ -50,8 +46,9 @@ def last_block_attention(q, k_cache, v_cache, page_table, cache_seqlens, out, *,
     table = page_table.clone()
     table[:, :1] = torch.where((n <= 0)[:, None], block, page_table[:, :1])
     lens = n.clamp(min=1).to(torch.int32)
-    return paged_decode_attention(q, k_cache, v_cache, table, lens, out, page_size=page_size,
-                                  workspace=workspace)  # fmt: skip
+    return paged_decode_attention(
+        q, k_cache, v_cache, table, lens, out, page_size=page_size, workspace=workspace
+    )
 
 
 READER = Reader("flashmla_last_block", last_block_attention)

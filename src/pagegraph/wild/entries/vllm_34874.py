@@ -1,10 +1,5 @@
-"""vLLM #34874: a second KV-cache group's metadata point at the first group's persistent buffers.
-
-NaN logprobs for Nemotron-H (Mamba "all" mode, prefix caching, CUDA graphs): the groups after
-the first took the first group's metadata through ``update_block_table`` on a shallow copy,
-which left ``block_idx_last_*`` as views of the FIRST builder's persistent buffers, so their
-own buffers, the ones their captured graphs read, were never written. The fix copies those
-tensors into each builder's own persistent buffers.
+"""vLLM #34874: a second KV-cache group's metadata point at the first group's persistent buffers
+(the fix copies them into each builder's own persistent buffers).
 
 Modelled with the bed's two tables as two groups built by one builder call: the full table is
 the first group's persistent buffer, the SWA table the second group's. The buggy engine hands
@@ -34,8 +29,7 @@ def each_group_own_buffers(
     req_to_token: torch.Tensor, *, page_table: torch.Tensor, swa_page_table: torch.Tensor, **kwargs
 ) -> GraphRunner:
     """Fixed: each group's metadata are written into that group's own persistent buffer."""
-    return GraphRunner(req_to_token, page_table=page_table, swa_page_table=swa_page_table,
-                       **kwargs)  # fmt: skip
+    return GraphRunner(req_to_token, page_table=page_table, swa_page_table=swa_page_table, **kwargs)
 
 
 BUG = WildBug(

@@ -1,15 +1,9 @@
-"""vLLM #39064: padding named the null block 0, and an ``idx < 0`` guard let padded rows write it.
+"""vLLM #39064: padding named the null block 0, and an ``idx < 0`` guard let padded rows write it
+(the fix turns every guard into ``<= 0`` / ``> 0``).
 
-#35431 changed CUDA-graph padding from -1 to ``NULL_BLOCK_ID = 0``; the GDN / FLA state
-kernels still skipped padded rows by ``state_idx < 0``, which catches -1 but not 0, so padded
-rows read and wrote ``ssm_state[0]``, corrupting the state the null block stands for. The fix
-turns every guard into ``<= 0`` / ``> 0``.
-
-Modelled in the decode step with the KV cache as the state: the builder is pagegraph's page
-table with vLLM's padding of the rows of length 0 (the vllm padding) by block 0, and the
-reader first writes each row's new key and value (a function of its query, as the layer's
-projection makes them) at the slot of its last token, block ``page_table[row, (n - 1) //
-page_size]`` (a zero-length row's position clamped to 0: block 0), unless the block is
+Modelled in the decode step with the KV cache as the state: the vllm padding's rows of length 0
+get block 0, and the reader first writes each row's new key and value at the slot of its last
+token (a zero-length row's position clamped to 0: block 0) unless the guard calls the block
 padding's, then runs paged attention. Property "null block and guard page untouched".
 """
 
@@ -23,16 +17,16 @@ from ...kernels.page_table import build_page_table
 from ..record import Twin, WildBug
 
 
-def page_table_null_padded(req_to_token, req_pool_indices, seq_lens, page_table,
-                           page_size) -> None:  # fmt: skip
+def page_table_null_padded(req_to_token, req_pool_indices, seq_lens, page_table, page_size) -> None:
     """pagegraph's page table, every row of length 0 padded with the null block 0."""
     build_page_table(req_to_token, req_pool_indices, seq_lens, page_table, page_size)
     # In the graph a padded row is known by its length 0 (real rows hold a token).
     page_table.masked_fill_((seq_lens <= 0)[:, None], 0)
 
 
-def _write_new_tokens(q, k_cache, v_cache, page_table, cache_seqlens, page_size,
-                      *, padding_id_max: int) -> None:  # fmt: skip
+def _write_new_tokens(
+    q, k_cache, v_cache, page_table, cache_seqlens, page_size, *, padding_id_max: int
+) -> None:
     """Each row's new key and value at its last token's slot, for rows whose block is above
     ``padding_id_max`` (a skipped row writes back what its slot holds).
 
@@ -53,10 +47,19 @@ def _write_new_tokens(q, k_cache, v_cache, page_table, cache_seqlens, page_size,
 
 def _reader(*, padding_id_max: int) -> Reader:
     def attend(q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size, workspace):
-        _write_new_tokens(q, k_cache, v_cache, page_table, cache_seqlens, page_size,
-                          padding_id_max=padding_id_max)  # fmt: skip
-        return paged_decode_attention(q, k_cache, v_cache, page_table, cache_seqlens, out,
-                                      page_size=page_size, workspace=workspace)  # fmt: skip
+        _write_new_tokens(
+            q, k_cache, v_cache, page_table, cache_seqlens, page_size, padding_id_max=padding_id_max
+        )
+        return paged_decode_attention(
+            q,
+            k_cache,
+            v_cache,
+            page_table,
+            cache_seqlens,
+            out,
+            page_size=page_size,
+            workspace=workspace,
+        )
 
     name = f"write_then_attend_skip_ids_le_{padding_id_max}".replace("-", "minus_")
     attend.__name__ = name

@@ -12,8 +12,9 @@ from ..block_rows import gather_real_rows
 from ..record import Twin, WildBug
 
 
-def pad_rows_first_column(block_table, num_blocks, idx_mapping, out, *,
-                          batch: BatchContext) -> None:  # fmt: skip
+def pad_rows_first_column(
+    block_table, num_blocks, idx_mapping, out, *, batch: BatchContext
+) -> None:
     """Buggy: a padded row's first entry is the null block, the rest stale."""
     gather_real_rows(block_table, num_blocks, idx_mapping, out, batch)
     out[batch.num_reqs : batch.num_rows, 0] = 0

@@ -1,16 +1,11 @@
-"""vLLM #43682: the in-graph draft step gives padded rows length 1, so attention reads block -1.
-
-Under Eagle / MTP speculative decoding with CUDA graphs, ``eagle_step_slot_mapping_metadata_
-kernel`` advanced every row's length by the draft token, CUDA-graph padded rows too: their
-seq_len went from 0 to 1 while their block table held -1, and attention read block id -1 (an
-illegal memory access). The fix returns early for a row of length 0, leaving it at 0.
+"""vLLM #43682: the in-graph draft step gives padded rows length 1, so attention reads block -1
+(the fix leaves a row of length 0 at 0).
 
 Modelled in the decode step as a decode-metadata builder: pagegraph's page table for the
-staged lengths, padded rows (length 0, the vllm padding) filled with -1, then the draft
-step's kernel, which writes the attention's lengths (``cache_seqlens``) from each row's draft
-position (its length less one, clamped to 0) plus the draft token. The reader is pagegraph's
-paged attention. The null block holds data (``null_block = "finite"``), so a padded row's own
-output is judged: block -1 reads the NaN guard page before page 0.
+staged lengths, padded rows (length 0, the vllm padding) filled with -1, then the draft step's
+kernel, which writes ``cache_seqlens`` from each row's draft position plus the draft token.
+The reader is pagegraph's paged attention; with ``null_block = "finite"`` a padded row's own
+output is judged, and block -1 reads the NaN guard page before page 0.
 """
 
 from __future__ import annotations
@@ -24,8 +19,18 @@ from ..record import Twin, WildBug
 def _draft_step(*, skip_padded: bool):
     """A decode-metadata builder whose lengths come from the draft step's kernel."""
 
-    def build(req_to_token, req_pool_indices, seq_lens, page_size, *, cache_seqlens,
-              cu_seqlens_k, page_table, draft_tokens=0, cu_seqlens_q=None) -> None:  # fmt: skip
+    def build(
+        req_to_token,
+        req_pool_indices,
+        seq_lens,
+        page_size,
+        *,
+        cache_seqlens,
+        cu_seqlens_k,
+        page_table,
+        draft_tokens=0,
+        cu_seqlens_q=None,
+    ) -> None:
         build_page_table(req_to_token, req_pool_indices, seq_lens, page_table, page_size)
         padded = seq_lens <= 0  # in the graph a padded row is known by its length 0
         page_table.masked_fill_(padded[:, None], -1)  # vLLM's block-table padding then

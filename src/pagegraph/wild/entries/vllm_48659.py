@@ -1,15 +1,10 @@
-"""vLLM #48659: with dual-batch overlap, micro-batch 1 reuses micro-batch 0's metadata tensors.
+"""vLLM #48659: with dual-batch overlap, micro-batch 1 reuses micro-batch 0's metadata tensors
+(the fix adds the micro-batch id to the metadata cache's key).
 
-``AssertionError`` on ``page_table.shape`` in FlashAttention, or wrong attention where the
-shapes happen to agree: the attention-metadata cache was keyed by ``(kv_cache_spec,
-builder_type)`` without the micro-batch id, so micro-batch 1 hit micro-batch 0's entry and,
-through ``update_block_table``, swapped in its own block table but kept micro-batch 0's
-``seq_lens``, ``cu_seqlens_q`` and scheduler metadata. The fix adds the id to the key.
-
-Modelled as an engine that runs each bucket as two micro-batches (its first and second half
-of rows), each built by its own builder call from its rows' request indices and lengths into
-its rows of the page table, through a cache of each micro-batch's metadata. The buckets are
-even, so the two halves agree in shape, and the reuse shows as wrong entries, not a crash.
+Modelled as an engine that runs each bucket as two micro-batches (its first and second half of
+rows), each built by its own builder call into its rows of the page table, through a cache of
+each micro-batch's metadata. The buckets are even, so the two halves agree in shape, and the
+reuse shows as wrong entries, not a crash.
 """
 
 from __future__ import annotations
@@ -54,9 +49,13 @@ class DualBatchRunner(GraphRunner):
         half = bs // 2
         for ubatch, rows in enumerate((slice(0, half), slice(half, bs))):
             meta = self._ubatch_metadata(bs, ubatch, rows)
-            io = SimpleNamespace(req_to_token=self.req_to_token, page_size=self.page_size,
-                                 req_pool_indices=meta.req_pool_indices,
-                                 seq_lens=meta.seq_lens, page_table=meta.page_table)  # fmt: skip
+            io = SimpleNamespace(
+                req_to_token=self.req_to_token,
+                page_size=self.page_size,
+                req_pool_indices=meta.req_pool_indices,
+                seq_lens=meta.seq_lens,
+                page_table=meta.page_table,
+            )
             self.kind.call(self.builder, io, rows.stop - rows.start, {})
 
     def _ubatch_metadata(self, bucket: int, ubatch: int, rows: slice) -> UbatchMetadata:

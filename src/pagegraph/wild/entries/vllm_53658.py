@@ -1,10 +1,5 @@
-"""vLLM #53658: the FULL-graph dummy run's lengths claim more blocks than a row holds.
-
-``_dummy_run`` gave every dummy request the step's whole token count as its ``seq_len``; when a
-capture size passes ``max_model_len`` that claims ``cdiv(num_tokens, block_size)`` blocks,
-more than a block-table row holds (``cdiv(max_model_len, block_size)``), and the unmasked
-block-table loads ran past the row (an illegal memory access with TRITON_ATTN, a shape error
-with FLEX_ATTENTION). The fix clamps the dummy lengths to ``max_model_len``.
+"""vLLM #53658: the FULL-graph dummy run's lengths claim more blocks than a row holds (the fix
+clamps the dummy lengths to ``max_model_len``).
 
 Modelled as a page-table builder over rows padded with a huge dummy length (``padding =
 "overlong"``, as the dummy run's): each row's blocks, ``cdiv(seq_len, page_size)`` of them,

@@ -1,17 +1,10 @@
 """vLLM #53982: the generic slot-mapping kernel maps a one-block ring group's raw positions.
 
-A ring group (Qwen's QSA ``CircularBufferSpec``, one block of 128 tokens a request) went
-through the generic ``_compute_slot_mapping_kernel``, which takes ``position // block_size``
-as a column of the group's one-column row with no ``< row width`` mask: long requests read
-the next requests' rows (wrong slots, then a memory fault). The ring's slot is its own
-mapping, modulo its width (the thread: masking the column to PAD alone would leave the ring
-never written).
-
-Modelled over the scenario's KV-cache groups (``[layout] kv_groups``: a full-attention group
-and the ring): the generic mapping reads the per-request tables as the kernel does, through
-the flat allocation at ``row * stride + column``; the bed's allocation ends one spare row past
-the last request slot, so a column past it reads the allocation's last entry (on a GPU, a
-fault). The fixed twin maps the ring group modulo its width.
+Modelled over the scenario's KV-cache groups (a full-attention group and the ring): the
+generic mapping reads the per-request tables as the kernel does, ``position // block_size`` as
+a column through the flat allocation at ``row * stride + column`` with no width mask; the bed's
+allocation ends one spare row past the last request slot, so a column past it reads the
+allocation's last entry (on a GPU, a fault). The fixed twin maps the ring modulo its width.
 """
 
 from __future__ import annotations
@@ -29,8 +22,9 @@ def flat_table(block_table: torch.Tensor) -> torch.Tensor:
     return block_table.as_strided((n - block_table.storage_offset(),), (1,))
 
 
-def map_slots(block_table, idx_mapping, query_start_loc, positions, slot_mapping, page_size,
-              *, column) -> None:  # fmt: skip
+def map_slots(
+    block_table, idx_mapping, query_start_loc, positions, slot_mapping, page_size, *, column
+) -> None:
     """Each token's slot through the flat table (sync-free torch ops): ``column(pos)`` is the
     column its block is read from; a padded row (index -1) and the tail get ``PAD_SLOT_ID``."""
     rows, total = idx_mapping.shape[0], slot_mapping.shape[0]
@@ -47,15 +41,24 @@ def map_slots(block_table, idx_mapping, query_start_loc, positions, slot_mapping
     slot_mapping.copy_(torch.where(t >= qsl[rows], PAD_SLOT_ID, value))
 
 
-def generic_on_every_group(block_table, idx_mapping, query_start_loc, positions, slot_mapping,
-                           page_size, *, group=None) -> None:  # fmt: skip
+def generic_on_every_group(
+    block_table, idx_mapping, query_start_loc, positions, slot_mapping, page_size, *, group=None
+) -> None:
     """Buggy: ``pos // block_size`` as the column on every group, the ring included."""
-    map_slots(block_table, idx_mapping, query_start_loc, positions, slot_mapping, page_size,
-              column=lambda pos: pos // page_size)  # fmt: skip
+    map_slots(
+        block_table,
+        idx_mapping,
+        query_start_loc,
+        positions,
+        slot_mapping,
+        page_size,
+        column=lambda pos: pos // page_size,
+    )
 
 
-def ring_mapped_modulo(block_table, idx_mapping, query_start_loc, positions, slot_mapping,
-                       page_size, *, group=None) -> None:  # fmt: skip
+def ring_mapped_modulo(
+    block_table, idx_mapping, query_start_loc, positions, slot_mapping, page_size, *, group=None
+) -> None:
     """Fixed: a ring group's column is ``(pos // block_size) % width``."""
     ring = group is not None and group.ring
     width = block_table.shape[1]

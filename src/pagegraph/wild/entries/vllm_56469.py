@@ -1,19 +1,11 @@
 """vLLM #56469: the GLM kpool tail, a one-block ring, still went through the generic kernel.
 
-``KpoolTailSpec`` (one circular block of ``index_kpool`` tokens a request, e.g. 4) inherits
-from the sliding-window spec, so the runner counted it among the groups that use the generic
-``_compute_slot_mappings_kernel``: a 16000-token chunk gave columns in the thousands of its
-one-column row, a wild block id, and a memory fault in the kpool consumers. The fix
-classifies builder-managed groups (the kpool tail, circular buffers) out of the generic kernel
-(``uses_generic_slot_mapping``); the group's own builder maps it, ``own_block * kpool + pos %
-kpool``.
-
 Modelled over the scenario's KV-cache groups (two full-attention groups of different block
 sizes and widths around a kpool tail of one 4-token block): the runner's dispatch picks, per
 group, the generic mapping (a column of ``pos // block_size`` through the flat allocation, as
-``vllm_53982`` reads it) or the group's own. Buggy: the classification asks whether the group
-is a sliding-window kind or inherits from one, which the kpool tail does; fixed: builder-managed
-(ring) groups are excluded first.
+``vllm_53982`` reads it) or the group's own, ``own_block * kpool + pos % kpool``. Buggy: the
+dispatch asks whether the group is, or inherits from, a sliding-window kind, which the kpool
+tail does; fixed: builder-managed (ring) groups are excluded first.
 """
 
 from __future__ import annotations
@@ -38,14 +30,22 @@ def _uses_generic(group, *, exclude_builder_managed: bool) -> bool:
 
 
 def _dispatch(*, exclude_builder_managed: bool):
-    def build(block_table, idx_mapping, query_start_loc, positions, slot_mapping, page_size,
-              *, group=None) -> None:  # fmt: skip
+    def build(
+        block_table, idx_mapping, query_start_loc, positions, slot_mapping, page_size, *, group=None
+    ) -> None:
         if _uses_generic(group, exclude_builder_managed=exclude_builder_managed):
             column = lambda pos: pos // page_size  # noqa: E731 - the generic kernel's column
         else:  # the kpool tail's builder: its own block, the offset in it
             column = torch.zeros_like
-        map_slots(block_table, idx_mapping, query_start_loc, positions, slot_mapping,
-                  page_size, column=column)  # fmt: skip
+        map_slots(
+            block_table,
+            idx_mapping,
+            query_start_loc,
+            positions,
+            slot_mapping,
+            page_size,
+            column=column,
+        )
 
     build.__name__ = build.__qualname__ = (
         "kpool_tail_own_mapping" if exclude_builder_managed else "kpool_tail_through_generic"
