@@ -15,8 +15,8 @@ import torch
 from pagegraph import bench
 from pagegraph.bench import bench_report, checker_rate, decode_bench, replay_overhead
 from pagegraph.check.scenario import load_scenario
-from pagegraph.check.table_reference import expected_tables
 from pagegraph.kernels.contract import POISON
+from pagegraph.kernels.table_reference import expected_tables
 
 
 def test_rotation_count_divides_builds_and_covers_l2():

@@ -18,12 +18,12 @@ from hypothesis import strategies as st
 from pagegraph import GraphRunner, build_page_table, check_replay_safety, reference_page_table
 from pagegraph.check.config import PROPERTIES, REPLAY_PROPERTIES, CheckConfig
 from pagegraph.check.mutants import reset_caches
-from pagegraph.check.probes import CompileCounter
 from pagegraph.check.report import Report
-from pagegraph.check.table_reference import expected_tables
+from pagegraph.detect.probes import CompileCounter
 from pagegraph.detect.sync import DetectorUnavailable, parse_detectors
 from pagegraph.graph.buckets import resolve_padding
 from pagegraph.kernels.contract import POISON
+from pagegraph.kernels.table_reference import expected_tables
 from pagegraph.pytest_plugin import assert_replay_safe
 
 from helpers import CPU_PASSES, assert_equal_tables, assert_passed

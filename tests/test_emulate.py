@@ -24,9 +24,9 @@ from pagegraph.check.checker import check_decode_step
 from pagegraph.check.config import CheckConfig
 from pagegraph.check.decode_step import shrink_for_cpu
 from pagegraph.check.mutants import reset_caches
-from pagegraph.check.probes import AllocationCounter
 from pagegraph.check.scenario import ScenarioError, load_scenario
 from pagegraph.consumers.paged_attention import BLOCK_N, default_num_splits
+from pagegraph.detect.probes import AllocationCounter
 from pagegraph.graph.emulate import EmulatedGraph, EmulationError
 from pagegraph.kernels.contract import cdiv
 

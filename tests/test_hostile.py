@@ -236,8 +236,8 @@ def test_gpu_two_runners_replay_concurrently_on_two_streams():
     between, so their replays really overlap on the device; each replay's tables (both, for
     the SWA runner) are snapshotted on its own stream and compared with the asked batches
     only at the end."""
-    from pagegraph.check.table_reference import expected_tables
     from pagegraph.kernels.contract import POISON
+    from pagegraph.kernels.table_reference import expected_tables
 
     runners = []
     for seed in (1, 2):

@@ -166,7 +166,9 @@ def test_the_graph_sees_every_kind_of_import():
     # from ..detect import trace as _trace
     assert "pagegraph.detect.trace" in graph["pagegraph.jobs.profile"]
     assert "pagegraph.bench.timing" in graph["pagegraph.bench.floors"]
-    assert "pagegraph.check.table_reference" in graph["pagegraph.bench.inputs"]  # from ..check.x
+    assert (
+        "pagegraph.kernels.table_reference" in graph["pagegraph.bench.inputs"]
+    )  # from ..kernels.x
     assert "pagegraph.bench.bench_runner" in graph["pagegraph.bench"]
 
 

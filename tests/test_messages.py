@@ -13,9 +13,9 @@ import pytest
 import torch
 
 from pagegraph.check.judge import sync_capture_cause
-from pagegraph.check.probes import EagerCall
 from pagegraph.check.report import Failure
 from pagegraph.cli import main
+from pagegraph.detect.probes import EagerCall
 from pagegraph.detect.sync_events import SyncEvent
 from pagegraph.jobs import mutate
 from pagegraph.jobs.profile import NEEDS_GPU

@@ -10,8 +10,8 @@ import pytest
 import torch
 
 from pagegraph import GraphRunner, KVPool, build_page_table
-from pagegraph.check.table_reference import expected_tables
 from pagegraph.kernels.contract import POISON
+from pagegraph.kernels.table_reference import expected_tables
 
 pytestmark = [
     pytest.mark.gpu,

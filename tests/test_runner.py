@@ -11,8 +11,8 @@ import pytest
 import torch
 
 from pagegraph import GraphRunner, KVPool, NotCaptured, StaticBufferMoved
-from pagegraph.check.table_reference import expected_tables
 from pagegraph.kernels.contract import POISON
+from pagegraph.kernels.table_reference import expected_tables
 from pagegraph.workload.decode import DecodeWorkload
 
 from helpers import assert_equal_tables

@@ -22,7 +22,7 @@ import torch
 from pagegraph import ERROR_KINDS, build_page_table
 from pagegraph.check.checker import check_replay_safety
 from pagegraph.check.config import CheckConfig
-from pagegraph.check.table_reference import expected_tables
+from pagegraph.kernels.table_reference import expected_tables
 
 
 def kernel_cases() -> int:

@@ -15,8 +15,8 @@ from dataclasses import dataclass, field
 
 import torch
 
-from ..check.table_reference import expected_tables
 from ..kernels.contract import POISON, cdiv
+from ..kernels.table_reference import expected_tables
 from .configs import BenchConfig
 from .floors import floor_bytes, live_pages
 from .timing import recover

@@ -1,22 +1,7 @@
 """ "outputs unaliased": no output the graph writes shares a byte with another buffer it reads
 or writes.
 
-A graph replays its kernels on the addresses it captured. When two outputs are views of one
-memory (an engine handing a second group's metadata a view of the first group's buffer, or a
-scratch both builds write), the later write overwrites what the graph's reader of the first
-expects; when an output overlaps an input, the build overwrites what it, or the next replay,
-reads. Neither shows in any value at set-up, and on a replay it shows only as a wrong entry
-somewhere else ("correct"), whose cause this property names.
-
-Judged once, at set-up, after the runner is made and before anything is captured: every
-buffer of ``runner.static_buffers()`` is an output (the kind's tables where it writes tables,
-its vectors, the error counters, the table copy the graph of an eagerly built kind reads) or
-an input (the staged batch, ``req_to_token``, ``full_to_swa``, a kind's derived inputs, the
-engine state). Two outputs must not overlap, nor an output and an input; inputs may share
-memory (reads do not clobber). Overlap is exact: the bytes each view covers, element by
-element through its strides, so disjoint views of one allocation (a table and its pad
-columns, two tables interleaved row by row, vectors in the rows of one ``[V, L]`` tensor)
-pass, whatever storage they share.
+docs/ARCHITECTURE.md ("Inside the checker") has the details.
 """
 
 from __future__ import annotations

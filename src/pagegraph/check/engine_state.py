@@ -3,22 +3,7 @@ between replays (``KindSpec.engine_state``): vLLM's per-request block tables and
 ``num_blocks`` (``pagegraph.workload.block_tables.EngineBlockTables``) for a ``block_table``
 builder.
 
-Before each replay, in the ``workload`` range (not the replay path), the batch's request
-slots are brought up to date from the pool's ``req_to_token``, after the step's page writes:
-each row's first ``cdiv(len, page_size)`` block ids (at most the width: the host guarantee
-vLLM keeps) and its ``num_blocks``; the entries past ``num_blocks`` keep whatever an earlier
-request left there, as in vLLM. A slot is rewritten from block 0 every step rather than
-appended to: the check's pool does not know which slot took a new request (its workload may
-run in child processes), and a builder that honours ``num_blocks`` reads the same entries
-either way. Rows whose request index is outside the pool (a hostile injection) are no
-request's: their slot is not touched, and the builder's row is judged by containment.
-
-A hostile scenario may break the host guarantee itself (``CheckConfig.num_blocks_overrun``):
-on a replay so drawn, one real row's slot gets a device ``num_blocks`` past the width, by 1
-to a whole row (the host copy keeps the true count, and the next update restores the device
-one). That row is out of the contract (``run.engine_overrun``, handed to the model): it may
-hold anything, but a builder that trusts the count writes past its row, which the verifier
-sees as it sees any write outside a row.
+docs/ARCHITECTURE.md ("Inside the checker") has the details.
 """
 
 from __future__ import annotations

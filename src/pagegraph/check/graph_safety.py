@@ -1,20 +1,7 @@
 """ "graph-safe (captured short, replayed long)": a replay against an eager call on the same
 inputs.
 
-A builder captured in a graph is graph-safe when replaying the graph gives what calling the
-builder gives: nothing a call decides on the host (a width, a grid, a length, a cache filled
-at the first call) is frozen at capture. The checker's other properties compare a replay with
-the reference, so a builder that is simply wrong fails "correct" whether or not a graph was
-involved; this property tells the two apart. After a replay (an in-contract one; the
-graphs were captured with every length 1, so replays see longer rows), ``EagerTwin`` calls the
-builder eagerly, on the static inputs the replay staged, into a second poisoned set of output
-buffers, and compares the two allocations entry by entry on the device. The property fails
-only where they differ: a builder wrong in eager mode too fails "correct" alone.
-
-The eager call runs in the ``verify`` range, so its syncs and allocations are not the replay
-path's (the eager probe judges the builder's own syncs); the allocations it makes are taken
-out of the chunk's tally. It is made on the first ``EVERY_REPLAY`` replays and then on one in
-``SAMPLE``: a value frozen at capture shows on the first long replay.
+docs/ARCHITECTURE.md ("Inside the checker") has the details.
 """
 
 from __future__ import annotations

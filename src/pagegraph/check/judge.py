@@ -12,12 +12,12 @@ import re
 
 import numpy as np
 
+from ..detect.probes import BuilderProbe, CompileCounter, EagerCall
 from ..kernels.contract import POISON
 from ..kernels.registry import raised_at
 from .config import REPLAY_PROPERTIES, CheckConfig
 from .graph_safety import EVERY_REPLAY, SAMPLE, never_compared
 from .pipeline import mark_unfinished
-from .probes import BuilderProbe, CompileCounter, EagerCall
 from .report import REAL_DETECTORS, BucketStats, Failure, PropertyResult, Report
 from .state import ALLOCATION_PROBES, ReplayMeasure, ReplayState
 from .verify import CANARY_ROWS, ModelStep, TableVerifier, read_mask

@@ -1,43 +1,6 @@
 """vLLM's KV-cache groups: a scenario's ``[layout] kv_groups``, checked group by group.
 
-vLLM 0.34.0's ``BlockTables`` holds ``num_kv_cache_groups`` groups, each with its own block
-size and its own row width (``max_num_blocks``, the row stride of its per-request and batch
-tables); its kernels run over all of them in one launch (grid ``(num_groups, rows)``). A
-scenario describes its groups as a list of tables::
-
-    [layout]
-    kv_groups = [
-        { name = "full", block_size = 16 },                  # width: cdiv(context, block)
-        { name = "swa", kind = "sliding", block_size = 32 },
-        { name = "ring", kind = "ring", block_size = 8, width = 2 },
-    ]
-
-Group kinds (``GROUP_KINDS``):
-
-* ``full``: a table that spans the context (``cdiv(max_context_len, block_size)`` blocks a
-  row unless ``width`` says otherwise).
-* ``sliding``: a sliding-window group. Its table spans the context like a full group's, with
-  its own block size; the gather's nulling of leading entries (``MASK_SLIDING_WINDOW``) is not
-  modelled: the gather runs as vLLM runs it without ``num_computed_tokens``.
-* ``ring``: a ring of ``width`` blocks per request (vLLM's ``CircularBufferSpec``, the
-  ``KpoolTailSpec`` tail: one block each), narrower than the sequence. A position past ``width
-  * block_size`` is in the contract (the engine sends every position of a long request), and
-  its slot is the ring's: ``block_table[r, (pos // block_size) % width] * block_size + pos %
-  block_size``. Its per-request table and its batch table hold ``min(cdiv(len, block_size),
-  width)`` blocks.
-
-Each group is checked as one check of the scenario's kind (``group_config``: the group's block
-size as the page size, its width as the table width; the same workload seed, so the same
-batches), with every table and vector compared exactly and canaries either side, and the
-reports are merged into one (``merge_reports``): a property takes its worst status over the
-groups, and its detail names the group. A builder that takes ``group=`` gets the group's
-``KVGroup`` (``bind_group``); a ``slot_mapping`` builder must take it on a scenario with a
-ring group, since a ring's mapping is the group's own (vLLM runs its generic kernel only on
-the groups that use it).
-
-What one launch over all groups could do that a check a group cannot see: a program of one
-group writing into another group's table at a valid address of that table. A write past a
-group's own table still shows (its canaries).
+docs/ARCHITECTURE.md ("Inside the checker") has the details.
 """
 
 from __future__ import annotations

@@ -1,35 +1,6 @@
 """Padded rows under the engine's convention, judged on the reader's side of the decode step.
 
-An engine pads a batch to its bucket by a convention: each padded row's length (0 or 1) and
-request index (stale, or -1), the padding policy (``pagegraph.graph.buckets``), and the block
-its table names (-1, or the null block 0), which its builder writes. The captured reader runs
-on those rows too, so for them it must read nothing outside the KV pool, give them finite
-outputs (which a batch-wide step after attention, a per-tensor quantization scale, would
-otherwise spread to the real rows), and write nothing into the pages no request holds.
-
-The step's KV cache (``pagegraph.graph.step_graphs.StepGraphs``) has a page no request
-holds on either side of the pool: the sentinel past the last page, and the guard before page
-0 (``GUARD_PAGE``: the allocation starts one page before the ``k_cache`` / ``v_cache`` views,
-so a reader whose pointer arithmetic turns a -1 block id into page -1 reads the guard, inside
-the allocation, on a CPU as on a GPU). The guard holds NaN. What page 0, the null block,
-holds is the scenario's ``[consumer] null_block`` (``CheckConfig.null_block``):
-
-* ``"nan"`` (the default): NaN. Padded rows' own outputs are not judged: "padded rows read
-  inside the KV pool" is skipped, saying so.
-* ``"finite"``: data, as every other page: vLLM's null block 0 is a real block that a padded
-  row may read. The sentinel holds NaN instead, so a -1 that torch's indexing wraps round to
-  the last page reads NaN too, and the stale table entries of the replays that name the NaN
-  page (``nan_page``) name the guard. "padded rows read inside the KV pool": in replay C
-  (finite padded queries, ``pagegraph.check.decode_step``), every padded row's output is
-  finite.
-
-"null block and guard page untouched": the guard page keeps its NaN, bit for bit, after
-capture and after every step, and with ``"finite"`` so does page 0 after every step (a block
-padded rows read, which no row may write; where it holds NaN it is padding's own page, which
-an engine may let padded rows write, as SGLang's slot 0). Page 0 is compared from the end of
-capture on: the capture's batch (one token a row, request row 0) names it like a real row
-would, and the capture's own writes are the engine's warm-up. The sentinel has its own
-property; a padded row's write into a page a request holds is not seen here.
+docs/ARCHITECTURE.md ("Inside the checker") has the details.
 """
 
 from __future__ import annotations

@@ -1,32 +1,6 @@
 """A check validated once: ``plan_check(builder, config)`` and the ``CheckPlan`` it returns.
 
-Planning is where a check's config is judged runnable, once, and the only place that
-decides it (``pagegraph check``, ``pagegraph mutate``, the engine clients' jobs and
-``check_replay_safety`` all plan here): the config's own rules (``validate_config``, a
-``ConfigError``), the builder resolved and its kind found (``resolve_kind``; a
-``BuilderLoadError`` when it does not load), the preset outputs decided, and the kind's fit
-with the scenario (``config_problem``: SWA, a consumer, the page size, the padding,
-engine-state injections). A builder that does not fit is a ``PlanError``, one line, before
-anything is allocated: a job asks "does this builder fit this scenario?" by catching it.
-
-The one rule for preset outputs: a scenario's presets describe its own builder. When the
-check's builder is the scenario's own (``own_builder=True``: ``pagegraph check`` without
-``--builder``), a preset its kind does not have is a ``PlanError`` naming it
-(``preset_problem``): the scenario is wrong. When another builder is put on the scenario
-(the default: ``--builder``, ``mutate``'s mutants and controls, an engine's client, a
-builder handed to ``check_replay_safety``), the presets its kind lacks are dropped: they
-are not its outputs.
-
-The plan says which judges the check runs (``pipeline``): ``"tables"``, the builder's
-outputs compared exactly with the checker's model (``pagegraph.check.checker``), or
-``"step"``, the decode step's attention output (``pagegraph.check.decode_step``, a config
-with a ``[consumer]``). Both report through one ``Report``.
-
-A parent that runs checks in child processes hands each its plan
-(``pagegraph.supervise.isolate`` writes ``CheckPlan.to_dict`` into the child's spec; a job
-that planned already passes its plan in the ``Job``): the child resolves the builder by its
-spec and runs the plan as given (``pagegraph.check.checker.run_plan``), validating nothing
-again.
+docs/ARCHITECTURE.md ("Inside the checker") has the details.
 """
 
 from __future__ import annotations

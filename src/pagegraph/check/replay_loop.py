@@ -13,6 +13,7 @@ import time
 import numpy as np
 import torch
 
+from ..detect.probes import AllocationCounter
 from ..detect.ranges import phase
 from ..workload.decode import Step
 from .engine_state import update_engine_state
@@ -24,7 +25,6 @@ from .judge import (
     summarise_replays,
 )
 from .pipeline import LoopEnd, ReplayFailed
-from .probes import AllocationCounter
 from .signals import CheckInterrupted, stop_requested
 from .state import ALLOCATION_PROBES, IN_FLIGHT, ReplayMeasure, ReplayState
 from .verify import ModelStep

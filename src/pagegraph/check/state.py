@@ -12,6 +12,13 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
+from ..detect.probes import (
+    AllocationCounter,
+    BuilderCall,
+    BuilderProbe,
+    CompileCounter,
+    cuda_allocations,
+)
 from ..detect.ranges import phase
 from ..detect.sync_events import SyncEvent
 from ..detect.sync_hub import SyncRecorder
@@ -27,7 +34,6 @@ from .config import CheckConfig
 from .eager_reads import GraphReads
 from .engine_state import EngineState
 from .graph_safety import EagerTwin
-from .probes import AllocationCounter, BuilderCall, BuilderProbe, CompileCounter, cuda_allocations
 from .replay_judge import ReplayJudge
 from .report import PropertyResult, Report
 from .verify import BatchModel, ModelStep, TableVerifier

@@ -1,27 +1,7 @@
 """A planned reader's workspace in the decode step: what each plan wrote, and a replay with
 everything else changed.
 
-A planned reader (``pagegraph.consumers.reader.Reader`` with ``plan``) writes a schedule into
-a workspace on the host before each step, and its captured ``attend`` reads it, as
-FlashInfer's ``plan()`` / ``run()`` do. The workspace is allocated once, so a plan for a small
-batch leaves most of it as an earlier, larger plan wrote it. ``PlanWorkspace`` finds which
-entries each plan writes and lets the step check that the run reads no other:
-
-* ``plan(host)``: the workspace is filled with a poison and the reader's plan runs; the entries
-  that no longer hold the poison are what it wrote. It runs twice, with two poisons, so an
-  entry written with a value equal to one poison is caught by the other. The unwritten entries
-  then get back what earlier plans left there (a realistic stale workspace), and the step's
-  replays run on that.
-* ``refill_unwritten(gen)``: before one more replay (``replay_refilled``, after replay B, on
-  the same inputs) the unwritten entries get other plausible values: values drawn from those
-  the plan wrote in the same column of the same tensor (the last axis of a 2-D or larger
-  tensor is its columns; a vector is one column) and the stale ones, each different from the
-  entry's stale value where two values are at hand. A run that reads only what the current
-  plan wrote gives bit-identical real rows (judged by
-  ``step_judges.ReadsOnlyCurrentPlan``); ``restore`` then puts the stale values back.
-
-A reader with a workspace but no plan (scratch) gets the workspace and nothing is checked.
-The plan's cost is host time outside the graph: the step's replays do not see it.
+docs/ARCHITECTURE.md ("Inside the checker") has the details.
 """
 
 from __future__ import annotations

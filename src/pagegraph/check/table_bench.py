@@ -5,12 +5,14 @@ builder's eager calls, its capture into the runner under test, and the replays o
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from collections.abc import Callable
 
 import numpy as np
 import torch
 
+from ..detect.probes import BuilderProbe, CompileCounter, measure_eager_call
 from ..detect.ranges import phase
 from ..kinds.builders import builder_capabilities, builder_name
 from ..workload.decode import Step
@@ -30,7 +32,6 @@ from .judge import (
 )
 from .pipeline import LoopEnd, fail_capture, pick_device, record_capture
 from .plan import CheckPlan
-from .probes import BuilderProbe, CompileCounter, measure_eager_call
 from .replay_loop import end_replays, replay_one, start_replays, stop_recording
 from .report import PropertyResult, Report
 from .state import CheckHooks, CheckRun, ReplayState
@@ -111,7 +112,8 @@ def _allocate(run: CheckRun) -> None:
     run.engine_rng = np.random.default_rng(run.cfg.seed + 11)
     run.buffers = allocate_check_buffers(run.cfg, run.kind, run.device)
     run.compiles = CompileCounter()
-    run.probe = BuilderProbe(run.builder, run.device, run.compiles)
+    capabilities = dataclasses.asdict(builder_capabilities(run.builder))
+    run.probe = BuilderProbe(run.builder, run.device, run.compiles, capabilities)
 
 
 def _start_workload_and_runner(run: CheckRun) -> Step:

@@ -1,28 +1,6 @@
 """The exact verification of a replay's outputs on the device: ``TableVerifier``.
 
-Independent of the runner and the builder under test: from the host model's inputs
-(``pagegraph.check.batch_model.BatchModel``: each replay's staged rows, padded, and which are
-in the contract) it computes the reference tables and vectors (an independent vectorised
-gather, never the builder under test), compares every entry of the whole underlying
-allocations (canary rows, columns and entries included) with them, and writes one record per
-replay into a device ring: for each table, the count and the first (row, column, expected,
-got) of wrong live entries and of writes outside the live region, the same for a metadata or
-CSR builder's vectors, the staged-input comparison, and the error counters expected and
-found. After each replay it snapshots what the replay left (tables, vectors, staged inputs,
-counters, and the reference's gathers from ``req_to_token`` and ``full_to_swa``, which later
-steps rewrite) and poisons the outputs again; every ``batch`` replays one launch verifies all
-the snapshots. On CUDA both are CUDA graphs: a replay costs the host one small launch to
-snapshot, the tens of kernels of the comparison are launched once a batch, and nothing waits
-for the device until the records are read back (once per ``chunk`` replays).
-
-Record layout (int64, ``TableVerifier.record_size`` entries a replay)::
-
-    for each of the 2 * T table masks (wrong live entries of table t, then writes outside the
-    live region of table t, for t in page_table, swa_page_table), and, for a metadata or CSR
-    builder, the 2 vector masks (wrong entries of its vectors inside their live region, then
-    writes outside it):                              count, flat index, expected, got
-    staged inputs:   count of rows that differ, first such row, its req_pool_index, its seq_len
-    error counters:  the E expected counts, then the E the builder's errors buffer holds
+docs/ARCHITECTURE.md ("Inside the checker") has the details.
 """
 
 from __future__ import annotations

@@ -34,12 +34,12 @@ from ..check.config import CONSUMER_DTYPES
 from ..check.plan import CheckPlan, PlanError, plan_check
 from ..check.scenario import load_scenario
 from ..check.signals import CheckInterrupted, stop_on_signals, stop_requested
-from ..check.table_reference import expected_tables
 from ..consumers.attention_reference import GATHER_TOKENS
 from ..detect.sync import DetectorUnavailable, parse_detectors
 from ..kernels.contract import POISON, cdiv
 from ..kernels.page_table import build_page_table
 from ..kernels.registry import builder_spec_for_child
+from ..kernels.table_reference import expected_tables
 from ..kinds import PAGE_TABLE, KindSpec
 from ..kinds.builders import is_builtin
 from ..supervise.isolate import IsolatedError, Job, run_isolated, write_json_atomic

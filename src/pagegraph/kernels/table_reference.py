@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import torch
 
-from ..kernels.contract import POISON, cdiv
+from .contract import POISON, cdiv
 
 
 def expected_tables(

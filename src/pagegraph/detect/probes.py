@@ -7,7 +7,6 @@ verdicts."""
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -15,8 +14,8 @@ from types import TracebackType
 
 import torch
 
-from ..detect.ranges import current_range, phase
-from ..detect.sync_events import SyncEvent
+from .ranges import current_range, phase
+from .sync_events import SyncEvent
 
 
 class AllocationCounter:
@@ -151,12 +150,11 @@ class BuilderProbe:
     ``measure`` is set (graph replays never call it; eager replays do)."""
 
     def __init__(self, fn: Callable[..., object], device: torch.device,
-                 compiles: CompileCounter) -> None:  # fmt: skip
-        from ..kinds.builders import builder_capabilities
-
+                 compiles: CompileCounter, capabilities: dict[str, bool]) -> None:  # fmt: skip
         self.fn = fn
-        # What the builder takes, as the runner reads it from the probe's signature.
-        self.pagegraph_capabilities = dataclasses.asdict(builder_capabilities(fn))
+        # What the builder takes (``kinds.builders.builder_capabilities``), as the runner
+        # reads it from the probe in the builder's place.
+        self.pagegraph_capabilities = capabilities
         self.cuda = device.type == "cuda"
         self.device = device
         self.compiles = compiles
@@ -205,7 +203,7 @@ def measure_eager_call(warm_up: Callable[[], None], call: Callable[[], None], bs
     """Call the builder's short warm-up (an engine's first call: compiling and loading a
     kernel may sync and allocate, once), then measure ``call`` on a real batch. Whatever the
     builder raises propagates."""
-    from ..detect import sync
+    from . import sync
 
     with phase("build", bs):
         warm_up()
