@@ -204,7 +204,8 @@ def test_an_isolated_checks_phase_notes_drive_its_progress():
     from pagegraph.jobs.check_job import _CheckProgress
 
     cfg = _scenario_config("default")
-    plan = SimpleNamespace(scenarios=[SimpleNamespace(name="default")], configs=[cfg])
+    plan = SimpleNamespace(scenarios=[SimpleNamespace(name="default")],
+                           checks=[SimpleNamespace(config=cfg)])  # fmt: skip
     shown = _CheckProgress(plan, quiet=False)
     shown.phase(0, "capture")
     p = shown.current
