@@ -8,6 +8,7 @@ hold matters: each engine has its own convention, and each is a ``PaddingPolicy`
 from __future__ import annotations
 
 import bisect
+from collections.abc import Iterator, Sequence
 from dataclasses import dataclass
 
 import torch
@@ -61,7 +62,7 @@ class Buckets:
     ``1..max_bs`` requests has a bucket.
     """
 
-    def __init__(self, spec: str | list[int] | tuple[int, ...] = "sglang", max_bs: int = 256):
+    def __init__(self, spec: str | Sequence[int] = "sglang", max_bs: int = 256) -> None:
         if isinstance(max_bs, bool) or not isinstance(max_bs, int) or max_bs < 1:
             raise ValueError(f"max_bs must be a positive integer, got {max_bs!r}")
         self.max_bs = max_bs
@@ -96,7 +97,7 @@ class Buckets:
             raise ValueError(f"batch of {n} requests exceeds max_bs={self.max_bs}")
         return self.sizes[bisect.bisect_left(self.sizes, n)]
 
-    def __iter__(self):
+    def __iter__(self) -> Iterator[int]:
         return iter(self.sizes)
 
     def __len__(self) -> int:

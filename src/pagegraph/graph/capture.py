@@ -15,41 +15,63 @@ all graphs in one memory pool:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import TYPE_CHECKING, TypeAlias
 
 import torch
 
 from ..detect.ranges import phase
 from .emulate import EmulatedGraph
 
+if TYPE_CHECKING:
+    from torch.cuda import _POOL_HANDLE
+
+    #: A CUDA graph memory pool: what ``torch.cuda.graph_pool_handle()`` returns (torch has
+    #: no public name for its type).
+    GraphPool: TypeAlias = _POOL_HANDLE
+
 #: Values of ``capture_buckets``' ``mode``.
 CAPTURE_MODES = ("cuda", "emulated", "eager")
 
+#: A bucket's captured graph: a CUDA graph, or (without CUDA) its emulation.
+Graph: TypeAlias = torch.cuda.CUDAGraph | EmulatedGraph
+
+
+@dataclass
+class CaptureStep:
+    """Where ``capture_buckets`` is, kept up to date for an out-of-memory message: ``what``
+    (``"warm-up"`` or ``"capture"``) of which ``bucket``."""
+
+    what: str
+    bucket: int
+
 
 def capture_buckets(
-    sizes: list[int],
+    sizes: Sequence[int],
     *,
     warm_up: Callable[[int], None],
     body: Callable[[int], None],
     mode: str,
     device: torch.device,
-    pool=None,
-    step: list | None = None,
+    pool: GraphPool | None = None,
+    step: CaptureStep | None = None,
     ranges: bool = True,
-) -> tuple[dict, object]:
+) -> tuple[dict[int, Graph], GraphPool | None]:
     """Warm ``warm_up(bs)`` up for each of ``sizes``, then capture ``body(bs)`` into one
-    graph per size (see the module docstring); returns ``(graphs by size, pool)``.
+    graph per size (see the module docstring); returns ``(graphs by size, pool)`` (the pool
+    is ``None`` unless ``mode`` is ``"cuda"`` or one was given).
 
-    ``pool``: the CUDA memory pool to share (default a new one). ``step``: a ``[what,
-    bucket]`` list kept up to date (``"warm-up"`` or ``"capture"``), for an out-of-memory
-    message. ``ranges``: each call inside a ``warmup/bs=N`` or ``capture/bs=N`` NVTX range.
+    ``pool``: the CUDA memory pool to share (default a new one). ``step``: kept up to date
+    (``"warm-up"`` or ``"capture"``, and the bucket), for an out-of-memory message.
+    ``ranges``: each call inside a ``warmup/bs=N`` or ``capture/bs=N`` NVTX range.
     """
     if mode not in CAPTURE_MODES:
         raise ValueError(f"mode must be one of {CAPTURE_MODES}, got {mode!r}")
-    step = step if step is not None else ["warm-up", sizes[0]]
-    graphs: dict = {}
+    step = step if step is not None else CaptureStep("warm-up", sizes[0])
+    graphs: dict[int, Graph] = {}
 
-    def ranged(name: str, bs: int):
+    def ranged(name: str, bs: int) -> contextlib.AbstractContextManager[object]:
         return phase(name, bs) if ranges else contextlib.nullcontext()
 
     if mode == "cuda":
@@ -59,15 +81,15 @@ def capture_buckets(
             side.wait_stream(current)
             with torch.cuda.stream(side):
                 for bs in sizes:
-                    step[1] = bs
+                    step.bucket = bs
                     with ranged("warmup", bs):
                         warm_up(bs)
             current.wait_stream(side)
             torch.cuda.synchronize()
             pool = pool or torch.cuda.graph_pool_handle()
-            step[0] = "capture"
+            step.what = "capture"
             for bs in sizes:
-                step[1] = bs
+                step.bucket = bs
                 graph = torch.cuda.CUDAGraph()
                 with ranged("capture", bs), torch.cuda.graph(graph, pool=pool):
                     body(bs)
@@ -75,14 +97,14 @@ def capture_buckets(
             torch.cuda.synchronize()
         return graphs, pool
     for bs in sizes:
-        step[1] = bs
+        step.bucket = bs
         with ranged("warmup", bs):
             warm_up(bs)
     if mode == "emulated":
-        step[0] = "capture"
+        step.what = "capture"
         for bs in sizes:
-            step[1] = bs
-            graph = graphs[bs] = EmulatedGraph()
-            with ranged("capture", bs), graph.capture():
+            step.bucket = bs
+            emulated = graphs[bs] = EmulatedGraph()
+            with ranged("capture", bs), emulated.capture():
                 body(bs)
     return graphs, pool

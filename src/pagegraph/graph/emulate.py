@@ -44,13 +44,28 @@ and its result is frozen like any other host value.
 from __future__ import annotations
 
 import threading
-from collections.abc import Callable
+from collections.abc import Callable, Collection, Iterable, Iterator, Mapping, Sequence
 from contextlib import contextmanager
+from typing import TYPE_CHECKING, Any, ParamSpec, TypeAlias, TypeVar
 
 import torch
 from torch.overrides import TorchFunctionMode
 from torch.utils._python_dispatch import TorchDispatchMode, _disable_current_modes
 from torch.utils._pytree import tree_flatten
+
+if TYPE_CHECKING:
+    from torch._ops import OpOverload
+
+    #: An aten op as dispatch hands it over: what it returns is whatever its schema says.
+    AtenOp: TypeAlias = OpOverload[..., Any]
+    #: An op's arguments as dispatch hands them over: tensors, numbers, lists, dtypes, None.
+    OpArgs: TypeAlias = tuple[Any, ...]
+    OpKwargs: TypeAlias = dict[str, Any]
+    #: A Triton launch grid: the programs per axis, or a function of the launch's
+    #: meta-parameters that gives them.
+    TritonGrid: TypeAlias = tuple[int, ...] | Callable[[dict[str, Any]], Sequence[int]]
+    P = ParamSpec("P")
+    R = TypeVar("R")
 
 __all__ = [
     "EmulatedGraph",
@@ -85,7 +100,7 @@ _DATA_DEPENDENT_SHAPE = {
 }
 
 
-def _masked(func, args) -> bool:
+def _masked(func: AtenOp, args: OpArgs) -> bool:
     """``index`` / ``index_put`` with a boolean (or uint8) mask: the mask's ``nonzero`` runs
     inside the operator, so its output shape comes from the data as ``nonzero``'s does."""
     if func.overloadpacket not in (aten.index, aten.index_put, aten.index_put_):
@@ -106,7 +121,7 @@ _FROM_HOST_DATA = (torch.tensor, torch.as_tensor)
 _BASIC_INDEX = (int, slice, type(None), type(Ellipsis))
 
 
-def _element_from_host(args) -> bool:
+def _element_from_host(args: OpArgs) -> bool:
     """``t[i] = number`` selecting one element: torch makes the number a host scalar tensor
     and, the shapes being equal, copies it (a host-to-device copy on CUDA); a selection of
     several elements is filled on the device instead. Basic indices only: a tensor index
@@ -132,11 +147,17 @@ class _HostDataGuard(TorchFunctionMode):
     refused: a Python number assigned to one element (``t[0] = 0``), a copy of a host scalar
     (``_element_from_host``); every tensor of the body counts as the device's here."""
 
-    def __init__(self, recorder: _Recorder):
+    def __init__(self, recorder: _Recorder) -> None:
         super().__init__()
         self.recorder = recorder
 
-    def __torch_function__(self, func, types, args=(), kwargs=None):
+    def __torch_function__(
+        self,
+        func: Callable[..., Any],
+        types: Collection[type],
+        args: OpArgs = (),
+        kwargs: OpKwargs | None = None,
+    ) -> object:
         kwargs = kwargs or {}
         if func in _FROM_HOST_DATA and not self.recorder.paused:
             data = args[0] if args else kwargs.get("data")
@@ -162,12 +183,12 @@ class _HostDataGuard(TorchFunctionMode):
         return func(*args, **kwargs)
 
 
-def _mutates(func) -> bool:
+def _mutates(func: AtenOp) -> bool:
     """Whether an op writes one of its arguments (in place or ``out=``)."""
     return any(a.alias_info is not None and a.alias_info.is_write for a in func._schema.arguments)
 
 
-def _tensors(tree) -> list[torch.Tensor]:
+def _tensors(tree: object) -> list[torch.Tensor]:
     return [t for t in tree_flatten(tree)[0] if isinstance(t, torch.Tensor)]
 
 
@@ -179,12 +200,18 @@ class _Recorder(TorchDispatchMode):
     """Records every aten op dispatched while active, except while ``paused`` (inside a
     Triton launch, whose interpreter copies are not part of the body)."""
 
-    def __init__(self, graph: EmulatedGraph):
-        super().__init__()
+    def __init__(self, graph: EmulatedGraph) -> None:
+        super().__init__()  # type: ignore[no-untyped-call]  # torch's __init__ is unannotated
         self.graph = graph
         self.paused = 0
 
-    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+    def __torch_dispatch__(
+        self,
+        func: AtenOp,
+        types: Collection[type],
+        args: OpArgs = (),
+        kwargs: OpKwargs | None = None,
+    ) -> object:
         kwargs = kwargs or {}
         out = func(*args, **kwargs)
         if not self.paused:
@@ -201,10 +228,11 @@ class EmulatedGraph:
     capture saw them; ``steps`` counts what a replay runs (ops and launches).
     """
 
-    def __init__(self):
-        self._steps: list[Callable[[], None]] = []
+    def __init__(self) -> None:
+        #: what a replay runs, in order (what a step returns is dropped)
+        self._steps: list[Callable[[], object]] = []
         #: every tensor the record touched: the graph's private pool, kept alive
-        self._keep: list = []
+        self._keep: list[object] = []
         #: id -> (tensor, data_ptr at capture) of every tensor the record touches
         self._watch: dict[int, tuple[torch.Tensor, int]] = {}
         self._watched: list[tuple[torch.Tensor, int]] = []
@@ -213,7 +241,8 @@ class EmulatedGraph:
         self.launches = 0
         self._recorder: _Recorder | None = None
         self._guard: _HostDataGuard | None = None
-        self._saved_run = None
+        #: Triton's interpreter class and its own ``run`` while hooked (Triton ships no types)
+        self._saved_run: tuple[Any, Any] | None = None
         self.captured = False
 
     # -- capture ----------------------------------------------------------------------------
@@ -227,19 +256,20 @@ class EmulatedGraph:
         entered = []
         try:
             for mode in (self._recorder, self._guard):
-                mode.__enter__()
+                mode.__enter__()  # type: ignore[no-untyped-call]  # torch's are unannotated
                 entered.append(mode)
         except BaseException:
             for mode in reversed(entered):
-                mode.__exit__(None, None, None)
+                mode.__exit__(None, None, None)  # type: ignore[no-untyped-call]  # as above
             self._unhook_triton()
             self._recorder = self._guard = None
             raise
 
     def capture_end(self) -> None:
+        # capture_begin set both modes (a CUDAGraph's capture_end without it fails too).
         try:
-            self._guard.__exit__(None, None, None)
-            self._recorder.__exit__(None, None, None)
+            self._guard.__exit__(None, None, None)  # type: ignore[union-attr]
+            self._recorder.__exit__(None, None, None)  # type: ignore[union-attr]
         finally:
             self._unhook_triton()
             self._recorder = self._guard = None
@@ -247,7 +277,7 @@ class EmulatedGraph:
         self.captured = True
 
     @contextmanager
-    def capture(self):
+    def capture(self) -> Iterator[EmulatedGraph]:
         """Record everything the block runs (it runs once, for real). A block that raises
         leaves no graph (as a failed CUDA capture): the record is dropped."""
         self.capture_begin()
@@ -259,12 +289,12 @@ class EmulatedGraph:
             raise
         self.capture_end()
 
-    def record(self, fn: Callable, *args, **kwargs):
+    def record(self, fn: Callable[P, R], *args: P.args, **kwargs: P.kwargs) -> R:
         """Capture ``fn(*args, **kwargs)``; return what it returned."""
         with self.capture():
             return fn(*args, **kwargs)
 
-    def _record_op(self, func, args, kwargs, out) -> None:
+    def _record_op(self, func: AtenOp, args: OpArgs, kwargs: OpKwargs, out: object) -> None:
         """One aten op seen at capture, turned into what its replay runs (or nothing)."""
         self._keep.append((args, kwargs, out))
         outputs = _tensors(out)
@@ -292,7 +322,9 @@ class EmulatedGraph:
         self._steps.append(self._functional_step(func, args, kwargs, outputs))
 
     @staticmethod
-    def _functional_step(func, args, kwargs, outputs: list[torch.Tensor]) -> Callable[[], None]:
+    def _functional_step(
+        func: AtenOp, args: OpArgs, kwargs: OpKwargs, outputs: list[torch.Tensor]
+    ) -> Callable[[], None]:
         """Run ``func`` again and copy its result into the tensors capture returned."""
         if len(outputs) == 1:
             target = outputs[0]
@@ -325,17 +357,24 @@ class EmulatedGraph:
         except ImportError:  # no Triton: only aten ops can be recorded
             return
         original = InterpretedFunction.run
-        graph, recorder, capturing = self, self._recorder, threading.get_ident()
+        # capture_begin made the recorder before hooking Triton: it is not None here.
+        recorder: _Recorder
+        graph, recorder, capturing = self, self._recorder, threading.get_ident()  # type: ignore[assignment]
 
-        def run(fn_self, *args, grid, warmup, **kwargs):
+        def run(fn_self: object, *args: object, grid: TritonGrid, warmup: bool,
+                **kwargs: object) -> object:  # fmt: skip
             # The class is patched for every thread; the dispatch mode, like a CUDA capture's
             # stream, sees only the capturing thread's work, so the launches recorded do too.
             if warmup or threading.get_ident() != capturing:
                 return original(fn_self, *args, grid=grid, warmup=warmup, **kwargs)
-            frozen = {}
+            frozen: dict[str, tuple[int, ...]] = {}
+            launch_grid: TritonGrid
             if callable(grid):
                 # Evaluated once, by the interpreter, on this launch's arguments; frozen.
-                def frozen_grid(meta, _grid=grid):
+                def frozen_grid(
+                    meta: dict[str, Any],
+                    _grid: Callable[[dict[str, Any]], Sequence[int]] = grid,
+                ) -> tuple[int, ...]:
                     frozen["grid"] = tuple(_grid(meta))
                     return frozen["grid"]
 
@@ -359,7 +398,14 @@ class EmulatedGraph:
             cls.run = original
             self._saved_run = None
 
-    def _record_launch(self, run, fn, args, kwargs, grid: tuple) -> None:
+    def _record_launch(
+        self,
+        run: Callable[..., object],
+        fn: object,
+        args: tuple[object, ...],
+        kwargs: dict[str, object],
+        grid: tuple[int, ...],
+    ) -> None:
         self._keep.append((fn, args, kwargs))
         self._watch_tensors(_tensors((args, kwargs)))
         self.launches += 1
@@ -399,7 +445,7 @@ class EmulatedGraph:
 
     def reset(self) -> None:
         """Drop the record and release its tensors."""
-        self.__init__()
+        self.__init__()  # type: ignore[misc]  # this class's own __init__: a fresh record
 
 
 # -- GraphRunner's use ---------------------------------------------------------------------------
@@ -414,7 +460,7 @@ def emulation_wanted(device: torch.device, use_graphs: bool | None, emulate: boo
     return possible and emulate is not False
 
 
-def describe_frozen(graphs) -> str:
+def describe_frozen(graphs: Mapping[int, object] | Iterable[object]) -> str:
     """``"; N op(s) frozen at capture (names)"`` over emulated ``graphs`` (a dict or list),
     or ``""``: what the replays could not redo, which on a GPU would have synced."""
     frozen = [op for g in (graphs.values() if isinstance(graphs, dict) else graphs)

@@ -1,8 +1,13 @@
-"""What ``GraphRunner`` raises when its buffers or graphs cannot be what they must."""
+"""What ``GraphRunner`` raises when its arguments, buffers or graphs cannot be what they must."""
 
 from __future__ import annotations
 
+from collections.abc import Sized
+from typing import Protocol
+
 import torch
+
+from ..kernels.contract import INDEX_DTYPES
 
 
 class StaticBufferMoved(RuntimeError):
@@ -22,7 +27,52 @@ class BufferAllocationError(MemoryError):
     """The static buffers do not fit on the device; the message names the sizes asked for."""
 
 
-def oom_message(runner, what: str, bucket: int, exc: BaseException) -> str:
+def check_arguments(
+    req_to_token: torch.Tensor,
+    page_size: int,
+    max_context_len: int,
+    index_dtype: torch.dtype,
+    full_to_swa: torch.Tensor | None,
+) -> None:
+    """``ValueError`` for a ``GraphRunner`` argument that no setting can make work."""
+    if not isinstance(req_to_token, torch.Tensor) or req_to_token.dim() != 2:
+        raise ValueError("req_to_token must be a 2-D tensor [max_reqs, max_context_len]")
+    if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
+        raise ValueError(f"page_size must be a positive integer, got {page_size!r}")
+    if max_context_len < 1:
+        raise ValueError(f"max_context_len must be >= 1, got {max_context_len}")
+    if req_to_token.shape[1] < max_context_len:
+        raise ValueError(
+            f"req_to_token has {req_to_token.shape[1]} columns, fewer than "
+            f"max_context_len={max_context_len}"
+        )
+    if index_dtype not in INDEX_DTYPES:
+        raise ValueError(f"index_dtype must be int32 or int64, got {index_dtype}")
+    if full_to_swa is not None and full_to_swa.device != req_to_token.device:
+        raise ValueError(
+            f"full_to_swa is on {full_to_swa.device}, req_to_token on {req_to_token.device}"
+        )
+
+
+class RunnerSizes(Protocol):
+    """What ``oom_message`` reads of a ``GraphRunner`` (which imports this module)."""
+
+    @property
+    def device(self) -> torch.device: ...
+
+    @property
+    def max_num_pages(self) -> int: ...
+
+    @property
+    def swa_page_table(self) -> torch.Tensor | None: ...
+
+    @property
+    def graphs(self) -> Sized:
+        """The graphs captured so far."""
+        ...
+
+
+def oom_message(runner: RunnerSizes, what: str, bucket: int, exc: BaseException) -> str:
     """What ran out of memory during ``what`` (warm-up or capture) of ``bucket``: the
     runner's tables, the graphs captured so far, and the device's free memory now."""
     tables = 2 if runner.swa_page_table is not None else 1

@@ -31,27 +31,32 @@ an ``EmulatedGraph`` (``pagegraph.graph.emulate``; ``emulate=False``: the builde
 
 from __future__ import annotations
 
-from collections.abc import Callable, Sequence
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, TypeAlias
 
 import numpy as np
 import torch
 
 from ..detect.ranges import phase, pop, push, range_name
-from ..kernels.contract import INDEX_DTYPES, cdiv
+from ..kernels.contract import cdiv
 from ..kernels.page_table import build_page_table
-from ..kinds import kind_of
+from ..kinds import Builder, EngineState, kind_of
 from ..kinds.builders import builder_capabilities, resolve_builder
 from .buckets import Buckets, PaddingPolicy, resolve_padding
-from .capture import capture_buckets
+from .capture import CaptureStep, Graph, capture_buckets
 from .emulate import emulation_wanted
 from .errors import (
     BufferAllocationError,
     CaptureOutOfMemory,
     NotCaptured,
     StaticBufferMoved,
+    check_arguments,
     oom_message,
 )
-from .staging import Mailbox
+from .staging import BatchValues, Mailbox
+
+if TYPE_CHECKING:
+    from .capture import GraphPool
 
 __all__ = [
     "BufferAllocationError", "CaptureOutOfMemory", "GraphRunner", "NotCaptured",
@@ -59,33 +64,18 @@ __all__ = [
 ]  # fmt: skip
 
 
-def _count(values) -> int:
+#: A static buffer's place as a graph holds it: ``(data_ptr, shape, strides)``.
+Address: TypeAlias = tuple[int, tuple[int, ...], tuple[int, ...]]
+#: Rows ``:n`` of the static inputs and page tables (the SWA table ``None`` without SWA).
+RowViews: TypeAlias = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]
+
+
+def _count(values: BatchValues) -> int:
     """Entries of a batch argument: ``shape[0]`` of a 1-D tensor (cheaper than ``len()``),
     else ``len()`` (which raises for a 0-d tensor or a non-sequence)."""
     if type(values) is torch.Tensor and values.dim() == 1:
         return values.shape[0]
     return len(values)
-
-
-def _check_arguments(req_to_token, page_size, max_context_len, index_dtype, full_to_swa) -> None:
-    """``ValueError`` for a ``GraphRunner`` argument that no setting can make work."""
-    if not isinstance(req_to_token, torch.Tensor) or req_to_token.dim() != 2:
-        raise ValueError("req_to_token must be a 2-D tensor [max_reqs, max_context_len]")
-    if isinstance(page_size, bool) or not isinstance(page_size, int) or page_size < 1:
-        raise ValueError(f"page_size must be a positive integer, got {page_size!r}")
-    if max_context_len < 1:
-        raise ValueError(f"max_context_len must be >= 1, got {max_context_len}")
-    if req_to_token.shape[1] < max_context_len:
-        raise ValueError(
-            f"req_to_token has {req_to_token.shape[1]} columns, fewer than "
-            f"max_context_len={max_context_len}"
-        )
-    if index_dtype not in INDEX_DTYPES:
-        raise ValueError(f"index_dtype must be int32 or int64, got {index_dtype}")
-    if full_to_swa is not None and full_to_swa.device != req_to_token.device:
-        raise ValueError(
-            f"full_to_swa is on {full_to_swa.device}, req_to_token on {req_to_token.device}"
-        )
 
 
 #: Pinned staging buffers in the ring. A buffer is rewritten only after the copy that last
@@ -139,7 +129,7 @@ class GraphRunner:
         page_size: int,
         buckets: str | Sequence[int] | Buckets = "sglang",
         padding: str | PaddingPolicy = "sglang",
-        builder: Callable | str = build_page_table,
+        builder: Builder | str = build_page_table,
         full_to_swa: torch.Tensor | None = None,
         errors: bool = False,
         use_graphs: bool | None = None,
@@ -155,10 +145,10 @@ class GraphRunner:
         kv_indptr: torch.Tensor | None = None,
         kv_indices: torch.Tensor | None = None,
         vectors: dict[str, torch.Tensor] | None = None,
-        engine=None,
+        engine: EngineState | None = None,
         emulate: bool | None = None,
-    ):
-        _check_arguments(req_to_token, page_size, max_context_len, index_dtype, full_to_swa)
+    ) -> None:
+        check_arguments(req_to_token, page_size, max_context_len, index_dtype, full_to_swa)
         self._configure(
             req_to_token, full_to_swa, max_bs=max_bs, max_context_len=max_context_len,
             page_size=page_size, buckets=buckets, padding=padding, builder=builder,
@@ -179,17 +169,19 @@ class GraphRunner:
         self._allocate_buffers(max_bs, index_dtype, errors, page_table, swa_page_table, given)
         self._init_staging(max_bs, index_dtype)
         self.emulated = emulation_wanted(self.device, use_graphs, emulate)
-        self.graphs: dict[int, torch.cuda.CUDAGraph] = {}  # or EmulatedGraph (self.emulated)
-        self.pool = None
-        self._addresses: dict[str, tuple] | None = None
-        # With graphs captured: the bucket of each batch size 0..max_bs (None for 0), which
-        # also says that replay() may take its short path.
-        self._bucket_of: list[int | None] | None = None
+        self.graphs: dict[int, Graph] = {}  # EmulatedGraph where self.emulated
+        self.pool: GraphPool | None = None
+        self._addresses: dict[str, Address | None] | None = None
+        # With graphs captured: the bucket of each batch size 0..max_bs (0 for 0: a batch has
+        # a row), which also says that replay() may take its short path.
+        self._bucket_of: list[int] | None = None
         self.last_bucket: int | None = None
 
     def _configure(
-        self, req_to_token, full_to_swa, *, max_bs, max_context_len, page_size, buckets,
-        padding, builder, outputs, draft_tokens, table_width, use_graphs,
+        self, req_to_token: torch.Tensor, full_to_swa: torch.Tensor | None, *, max_bs: int,
+        max_context_len: int, page_size: int, buckets: str | Sequence[int] | Buckets,
+        padding: str | PaddingPolicy, builder: Builder | str, outputs: str, draft_tokens: int,
+        table_width: int | None, use_graphs: bool | None,
     ) -> None:  # fmt: skip
         """The runner's settings: device, buckets, padding, builder and what it outputs, the
         table width and whether to capture graphs (``ValueError`` for a bad one)."""
@@ -254,7 +246,7 @@ class GraphRunner:
                 if page_table is not None
                 else torch.zeros((max_bs, self.max_num_pages), dtype=torch.int32, device=dev)
             )
-            self.swa_page_table = None
+            self.swa_page_table: torch.Tensor | None = None
             if self.full_to_swa is not None:
                 self.swa_page_table = (
                     swa_page_table[:max_bs, : self.max_num_pages]
@@ -266,8 +258,12 @@ class GraphRunner:
                 if errors
                 else None
             )
-            self.cache_seqlens = self.cu_seqlens_k = self.cu_seqlens_q = None
-            self.kv_indptr = self.kv_indices = None
+            # The kinds' vectors by name, set where this kind has them (``_vector_buffers``).
+            self.cache_seqlens: torch.Tensor | None = None
+            self.cu_seqlens_k: torch.Tensor | None = None
+            self.cu_seqlens_q: torch.Tensor | None = None
+            self.kv_indptr: torch.Tensor | None = None
+            self.kv_indices: torch.Tensor | None = None
             self.vectors: dict[str, torch.Tensor] = {}
             self._vector_buffers(max_bs, metadata_given)
             #: the inputs the graph derives from the staged batch for the builder (its kind's)
@@ -284,7 +280,7 @@ class GraphRunner:
                 f"{need / 2**30:.2f} GiB ({exc})"
             ) from exc
 
-    def _vector_buffers(self, max_bs: int, given: dict) -> None:
+    def _vector_buffers(self, max_bs: int, given: Mapping[str, torch.Tensor | None]) -> None:
         """The kind's 1-D output vectors (``KindSpec.vectors``): the engine's own where
         ``given`` (``ValueError`` for one that does not fit; one longer than needed is used
         whole when its length is the engine's to choose, as ``kv_indices``), else new ones."""
@@ -349,9 +345,10 @@ class GraphRunner:
     def _build(self, bs: int, n: int | None = None) -> None:
         """Call the builder on rows ``:bs`` (the bucket; ``n`` real rows, told to a builder
         that takes ``batch=`` where it runs eagerly), as its kind calls it."""
-        extra = {}
-        if self.full_to_swa is not None:
-            extra["swa_page_table"] = self.swa_page_table[:bs]
+        extra: dict[str, object] = {}
+        swa = self.swa_page_table  # allocated exactly when full_to_swa is given
+        if self.full_to_swa is not None and swa is not None:
+            extra["swa_page_table"] = swa[:bs]
             extra["full_to_swa"] = self.full_to_swa
         if self.errors is not None:
             extra["errors"] = self.errors
@@ -362,7 +359,10 @@ class GraphRunner:
     def graph_reads(self, bs: int) -> None:
         """What the graph of an eagerly built kind does with the tables: reads rows ``:bs``
         (a copy into ``read_table``), as an attention kernel would."""
-        self.read_table[:bs].copy_(self.page_table[:bs])
+        read_table = self.read_table
+        if read_table is None:
+            raise RuntimeError(f"a {self.kind.name} builder runs in the graph: no read_table")
+        read_table[:bs].copy_(self.page_table[:bs])
 
     def _warm_up_graph(self, bs: int) -> None:
         """A bucket's warm-up before its CUDA graph: the graph's body, after the builder of a
@@ -384,7 +384,10 @@ class GraphRunner:
         if self.eager_builder:
             self.graph_reads(bs)
             return
-        self._mailbox.launch(
+        mailbox = self._mailbox
+        if mailbox is None:
+            raise RuntimeError("a graph body stages from the mailbox: this runner has none")
+        mailbox.launch(
             self.req_pool_indices, self.seq_lens, bs, self.padding.seq_len,
             self.padding.req_pool_index,
         )  # fmt: skip
@@ -420,13 +423,14 @@ class GraphRunner:
             return self.engine.buffers()[name]
         if name in self.derived:
             return self.derived[name]
-        return getattr(self, name)
+        own: torch.Tensor | None = getattr(self, name)
+        return own
 
     @staticmethod
-    def _address(t: torch.Tensor | None) -> tuple | None:
+    def _address(t: torch.Tensor | None) -> Address | None:
         return None if t is None else (t.data_ptr(), tuple(t.shape), tuple(t.stride()))
 
-    def addresses(self) -> dict[str, tuple | None]:
+    def addresses(self) -> dict[str, Address | None]:
         """``name -> (data_ptr, shape, strides)`` of every buffer a graph reads or writes."""
         return {name: self._address(t) for name, t in self.static_buffers().items()}
 
@@ -440,17 +444,18 @@ class GraphRunner:
             # The same tensor object at the same address, shape and strides: nothing replaced
             # it, gave it new storage (set_, a growing resize_) or reshaped it in place (a
             # shrinking resize_, as_strided_). Anything else takes the full comparison.
-            now = self.static_buffer(name)
-            if now is not t or now.data_ptr() != ptr or now.shape != shape:
+            # Past the identity test the buffer now is ``t``: its attributes are read there.
+            if self.static_buffer(name) is not t or t.data_ptr() != ptr or t.shape != shape:
                 break
-            if now.stride() != stride:
+            if t.stride() != stride:
                 break
         else:
             return
         now = self.addresses()
-        moved = [name for name, addr in now.items() if addr != self._addresses[name]]
+        captured = self._addresses
+        moved = [name for name, addr in now.items() if addr != captured[name]]
         if moved:
-            detail = "; ".join(f"{n}: {self._addresses[n]} -> {now[n]}" for n in moved)
+            detail = "; ".join(f"{n}: {captured[n]} -> {now[n]}" for n in moved)
             raise StaticBufferMoved(
                 f"static buffer(s) changed since capture ({detail}); the graphs still point at "
                 "the old memory: copy_ new contents into the captured buffers instead"
@@ -465,7 +470,7 @@ class GraphRunner:
         self.seq_lens.fill_(1)
         self.req_pool_indices.fill_(0)
         sizes = sorted(self.buckets.sizes, reverse=True)
-        step = ["warm-up", sizes[0]]  # where an out-of-memory error happened
+        step = CaptureStep("warm-up", sizes[0])  # where an out-of-memory error happened
         try:
             if self.use_graphs:
                 mode, warm_up, body = "cuda", self._warm_up_graph, self._graph_body
@@ -478,24 +483,22 @@ class GraphRunner:
             )
             self.graphs.update(graphs)
         except torch.OutOfMemoryError as exc:
-            raise CaptureOutOfMemory(oom_message(self, step[0], step[1], exc)) from exc
+            raise CaptureOutOfMemory(oom_message(self, step.what, step.bucket, exc)) from exc
         self._addresses = self.addresses()
         self._watch = [
             (name, t, t.data_ptr(), t.shape, t.stride())
             for name, t in self.static_buffers().items()
             if t is not None
         ]
-        self._views: dict[int, tuple] = {}
+        self._views: dict[int, RowViews] = {}
         # The NVTX range names of every bucket, built once: with graphs a replay opens one
         # (``replay/bs=N``: the post and the launch), eagerly two (``stage/bs=N``, then
         # ``replay/bs=N`` around the builder).
         if self._mailbox is not None:
-            self._bucket_of = [None] + [
-                self.buckets.bucket_for(n) for n in range(1, self.max_bs + 1)
-            ]
-            self._range_names = {bs: range_name("replay", bs) for bs in self.buckets.sizes}
+            self._bucket_of = [0] + [self.buckets.bucket_for(n) for n in range(1, self.max_bs + 1)]
+            self._replay_ranges = {bs: range_name("replay", bs) for bs in self.buckets.sizes}
         else:
-            self._range_names = {
+            self._eager_ranges: dict[int, tuple[str, str]] = {
                 bs: (range_name("stage", bs), range_name("replay", bs)) for bs in self.buckets.sizes
             }
 
@@ -505,7 +508,7 @@ class GraphRunner:
 
     # -- replay ---------------------------------------------------------------------------
 
-    def _views_of(self, n: int) -> tuple:
+    def _views_of(self, n: int) -> RowViews:
         """Rows ``:n`` of the static buffers (inputs, tables), made once per ``n``: slicing
         is not free, and every replay needs four."""
         views = self._views.get(n)
@@ -515,7 +518,7 @@ class GraphRunner:
             self._views[n] = views
         return views
 
-    def _stage(self, req_pool_indices, seq_lens, n: int) -> None:
+    def _stage(self, req_pool_indices: BatchValues, seq_lens: BatchValues, n: int) -> None:
         """Stage the batch for rows ``:n`` of the static inputs, with no host sync: with graphs,
         post it for the next graph launch; eagerly, copy it in."""
         index = self._device_index
@@ -558,7 +561,9 @@ class GraphRunner:
             event.record()
             self._staging_done[slot] = event
 
-    def replay(self, req_pool_indices, seq_lens) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def replay(
+        self, req_pool_indices: BatchValues, seq_lens: BatchValues
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """Build the page tables of one batch of ``n`` requests through the captured graphs.
 
         Args:
@@ -597,7 +602,9 @@ class GraphRunner:
                     return page_table, swa
         return self._replay(req_pool_indices, seq_lens)
 
-    def _replay(self, req_pool_indices, seq_lens) -> tuple[torch.Tensor, torch.Tensor | None]:
+    def _replay(
+        self, req_pool_indices: BatchValues, seq_lens: BatchValues
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``replay()`` for any batch: lists, host tensors, eager mode, another device."""
         n = _count(seq_lens)
         if _count(req_pool_indices) != n:
@@ -607,7 +614,7 @@ class GraphRunner:
         bucket = self.buckets.bucket_for(n)  # raises before any buffer is touched
         self.check_addresses()
         if self._mailbox is None:
-            stage_range, replay_range = self._range_names[bucket]
+            stage_range, replay_range = self._eager_ranges[bucket]
             push(stage_range)
             try:
                 self._stage(req_pool_indices, seq_lens, n)
@@ -636,14 +643,18 @@ class GraphRunner:
         _, _, page_table, swa = self._views_of(n)
         return page_table, swa
 
-    def _post_and_launch(self, req_pool_indices, seq_lens, n: int, bucket: int) -> None:
+    def _post_and_launch(
+        self, req_pool_indices: BatchValues, seq_lens: BatchValues, n: int, bucket: int
+    ) -> None:
         """The graph path of ``replay``: post the batch, launch the bucket's graph, both in
         the bucket's ``replay`` range (the post writes pinned memory and makes no CUDA call
         unless the device is ``staging.SLOTS`` posts behind, a wait the detectors report)."""
         mailbox = self._mailbox
+        if mailbox is None:  # the graph path runs where graphs stage: the runner made one
+            raise RuntimeError("the graph path posts to the mailbox: this runner has none")
         posts = mailbox.posted
         launched = False
-        push(self._range_names[bucket])
+        push(self._replay_ranges[bucket])
         try:
             self._stage(req_pool_indices, seq_lens, n)
             self.graphs[bucket].replay()

@@ -52,8 +52,11 @@ interpreter on a CPU, where the mailbox is ordinary memory.
 from __future__ import annotations
 
 import struct
+from collections.abc import Sequence
+from typing import TypeAlias
 
 import numpy as np
+import numpy.typing as npt
 import torch
 import triton
 import triton.language as tl
@@ -74,14 +77,25 @@ _HEADER_BEFORE_TAG = struct.Struct(f"={TAG}q")
 #: address.
 _IS_INT64 = {torch.int32: 0, torch.int64: 1}
 
+#: One batch argument, ``[n]`` request indices or lengths: a 1-D int32/int64 tensor (on the
+#: graphs' device: posted by address) or host integers (a CPU tensor, a list, a numpy array:
+#: posted by value).
+BatchValues: TypeAlias = (
+    torch.Tensor | Sequence[int] | npt.NDArray[np.int32] | npt.NDArray[np.int64]
+)
 
-@triton.jit
-def _field(header, idx, k: tl.constexpr):
+# The two Triton kernels below stay unannotated: Triton reads a kernel's parameter annotations
+# as its own (``tl.constexpr``, type hints that specialise the kernel), and ships no types for
+# ``triton.jit``.
+
+
+@triton.jit  # type: ignore[untyped-decorator]  # Triton ships no types (above)
+def _field(header, idx, k: tl.constexpr):  # type: ignore[no-untyped-def]  # a Triton kernel
     return tl.sum(tl.where(idx == k, header, 0))
 
 
-@triton.jit
-def stage_inputs_kernel(
+@triton.jit  # type: ignore[untyped-decorator]  # Triton ships no types (above)
+def stage_inputs_kernel(  # type: ignore[no-untyped-def]  # a Triton kernel (above)
     mailbox,  # [SLOTS * slot_size] int64, pinned host memory
     counter,  # [1] int64, device: posts consumed so far
     consumed,  # [1] int64, pinned: the same count, for the host
@@ -155,7 +169,7 @@ class Mailbox:
         device: the device of the graphs (CPU: ordinary memory, for the interpreter).
     """
 
-    def __init__(self, max_bs: int, device: torch.device):
+    def __init__(self, max_bs: int, device: torch.device) -> None:
         self.max_bs = max_bs
         self.device = device
         pin = device.type == "cuda"
@@ -166,10 +180,11 @@ class Mailbox:
         self.counter = torch.zeros(1, dtype=torch.int64, device=device)
         self._np = self.slots.numpy()
         self._np.reshape(SLOTS, self.slot_size)[:, TAG] = -1
-        # memoryview item writes cost a third less than numpy's.
-        self._mv = memoryview(self._np).cast("B").cast("q")
-        self._bytes = memoryview(self._np).cast("B")
-        self._consumed = memoryview(self.consumed.numpy()).cast("B").cast("q")
+        # memoryview item writes cost a third less than numpy's (``.data``: the array's
+        # memoryview, as ``memoryview(array)`` makes it).
+        self._mv = self._np.data.cast("B").cast("q")
+        self._bytes = self._np.data.cast("B")
+        self._consumed = self.consumed.numpy().data.cast("B").cast("q")
         self._base = self.slots.data_ptr()
         #: Posts written since capture (the next post's tag).
         self.posted = 0
@@ -183,7 +198,9 @@ class Mailbox:
             PAD_RPI=pad_rpi is not None, SLOTS=SLOTS, HEADER=HEADER, BLOCK=STAGE_BLOCK,
         )  # fmt: skip
 
-    def post(self, req_pool_indices, seq_lens, n: int, device_index: int) -> None:
+    def post(
+        self, req_pool_indices: BatchValues, seq_lens: BatchValues, n: int, device_index: int
+    ) -> None:
         """Write the batch (``n`` rows) as the next post.
 
         Device tensors (on ``device_index``, int32/int64, 1-D) are posted by address; anything
@@ -198,7 +215,9 @@ class Mailbox:
             return
         self.post_each(req_pool_indices, seq_lens, n, device_index)
 
-    def post_each(self, req_pool_indices, seq_lens, n: int, device_index: int) -> None:
+    def post_each(
+        self, req_pool_indices: BatchValues, seq_lens: BatchValues, n: int, device_index: int
+    ) -> None:
         """``post()`` field by field: each argument by address or by value (``_put``)."""
         k = self.posted
         if self._consumed[0] < k - SLOTS + 1:
@@ -245,7 +264,7 @@ class Mailbox:
         self.posted = k + 1
         return True
 
-    def _put(self, o: int, i: int, values, n: int, device_index: int) -> None:
+    def _put(self, o: int, i: int, values: BatchValues, n: int, device_index: int) -> None:
         """Field ``i`` (0: request indices, 1: lengths) of the post at slot offset ``o``."""
         mv = self._mv
         if isinstance(values, torch.Tensor) and values.get_device() == device_index:

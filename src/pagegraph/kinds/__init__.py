@@ -8,11 +8,12 @@ knows about that kind; the rest of pagegraph asks the spec (``kind_of(builder)``
 * ``block_table``: vLLM's batch block tables gathered from per-request tables, eagerly before
   the replay, padded rows cleared to the null block.
 * ``slot_mapping``: vLLM's per-token slot ids, in the graph, the tail filled with the pad slot.
+
+What a kind reads of the layers above it (the runner's or checker's buffers, the verifier, a
+scenario's config) is typed by the protocols of ``pagegraph.kinds.seams``.
 """
 
 from __future__ import annotations
-
-from collections.abc import Callable
 
 from ..kernels.batch import BatchContext
 from .base import IO_FIELDS, KindSpec, PaddedRows, VectorSpec
@@ -20,6 +21,15 @@ from .block_table import BLOCK_TABLE
 from .csr import CSR
 from .decode_metadata import DECODE_METADATA
 from .page_table import PAGE_TABLE
+from .seams import (
+    Builder,
+    BuilderIO,
+    EngineState,
+    GroupTable,
+    ReplayModel,
+    ScenarioConfig,
+    VectorVerifier,
+)
 from .slot_mapping import SLOT_MAPPING
 
 #: Every kind by name, in the order users read them.
@@ -38,9 +48,16 @@ __all__ = [
     "PAGE_TABLE",
     "SLOT_MAPPING",
     "BatchContext",
+    "Builder",
+    "BuilderIO",
+    "EngineState",
+    "GroupTable",
     "KindSpec",
     "PaddedRows",
+    "ReplayModel",
+    "ScenarioConfig",
     "VectorSpec",
+    "VectorVerifier",
     "kind_named",
     "kind_of",
 ]
@@ -54,7 +71,7 @@ def kind_named(name: str) -> KindSpec:
     return spec
 
 
-def kind_of(builder: Callable, declared: str = "auto") -> KindSpec:
+def kind_of(builder: Builder, declared: str = "auto") -> KindSpec:
     """The kind ``declared`` names, else what the builder says of itself: a built-in of a
     kind, or its ``pagegraph_outputs`` attribute (default: ``page_table``)."""
     if declared != "auto":

@@ -27,14 +27,18 @@ A spec says:
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import TYPE_CHECKING, ClassVar
 
 import torch
 
 from ..kernels.batch import BatchContext
 from ..kernels.contract import ERROR_KINDS
+from .seams import Builder, BuilderIO, EngineState, ReplayModel, VectorVerifier
+
+if TYPE_CHECKING:  # the zoos are loaded on first use (``KindSpec.zoo``), never at import
+    from ..mutants.record import Zoo
 
 
 @dataclass(frozen=True)
@@ -68,7 +72,8 @@ class VectorSpec:
 
 
 #: The builder's outputs and inputs as the bed hands them over (the runner, or the checker's
-#: eager probe): any object with these attributes (``None`` where absent).
+#: eager probe): any object with these attributes (``None`` where absent), typed as
+#: ``pagegraph.kinds.seams.BuilderIO``.
 IO_FIELDS = (
     "req_to_token", "req_pool_indices", "seq_lens", "page_table", "swa_page_table",
     "full_to_swa", "errors", "page_size", "draft_tokens", "vectors", "engine", "derived",
@@ -113,30 +118,30 @@ class KindSpec:
     reference: ClassVar[str]
 
     def __init__(self) -> None:
-        self._builders: dict[str, Callable] | None = None
-        self._zoo = None
+        self._builders: dict[str, Builder] | None = None
+        self._zoo: Zoo | None = None
 
     def __repr__(self) -> str:
         return f"<kind {self.name}>"
 
     # -- builders -------------------------------------------------------------------------
 
-    def load_builders(self) -> dict[str, Callable]:
+    def load_builders(self) -> dict[str, Builder]:
         """The kind's built-in builders by name (pagegraph's, the oracle, baselines)."""
         raise NotImplementedError
 
     @property
-    def builders(self) -> dict[str, Callable]:
+    def builders(self) -> dict[str, Builder]:
         if self._builders is None:
             self._builders = self.load_builders()
         return self._builders
 
-    def load_zoo(self):
+    def load_zoo(self) -> Zoo:
         """The kind's mutant zoo (a ``pagegraph.mutants.record.Zoo``)."""
         raise NotImplementedError
 
     @property
-    def zoo(self):
+    def zoo(self) -> Zoo:
         """The kind's ``Zoo``, loaded on first use (mutants are for ``pagegraph mutate`` and
         tests: a check of one builder never imports them)."""
         if self._zoo is None:
@@ -145,23 +150,34 @@ class KindSpec:
 
     # -- calling --------------------------------------------------------------------------
 
-    def call(self, builder: Callable, io: Any, bs: int, extra: dict) -> None:
+    def call(self, builder: Builder, io: BuilderIO, bs: int, extra: Mapping[str, object]) -> None:
         """Call ``builder`` on rows ``:bs`` of ``io``'s buffers (see ``IO_FIELDS``), with
         ``extra`` keyword arguments (``errors``, SWA outputs, ``batch``) it takes."""
         raise NotImplementedError
 
-    def vector_fields(self, v: Any, m: Any) -> torch.Tensor:
-        """Two masks' fields a replay (``[K, 8]``) of the kind's vectors against what the
-        independent model ``m`` expects, computed on the device with ``v`` (a
-        ``pagegraph.check.verify.TableVerifier``) for its ``K`` replays: entries of the live
-        region that are wrong, and entries outside it that are not the poison. ``m`` holds,
-        per replay and row, ``[K, M]`` tensors: ``sl`` (int64 lengths), ``in_bucket``,
-        ``real`` and ``ooc`` (bool), ``n_pages`` (int64 live pages), and ``slots`` ``[K, M,
-        cap]`` (int64: each page's first slot, gathered at the replay). Kinds with vectors
-        define it."""
+    def vector_fields(self, verifier: VectorVerifier, model: ReplayModel) -> torch.Tensor:
+        """Two masks' fields a replay (``[K, 8]`` int64) of the kind's vectors against what
+        the independent ``model`` of the verifier's ``K`` replays expects, computed on the
+        device with ``verifier`` (a ``pagegraph.check.verify.TableVerifier``): entries of the
+        live region that are wrong, and entries outside it that are not the poison. ``model``
+        holds, per replay and row, ``[K, M]`` tensors: ``sl`` (int64 lengths),
+        ``in_bucket``, ``real`` and ``ooc`` (bool), ``n_pages`` (int64 live pages), and
+        ``slots`` ``[K, M, cap]`` (int64: each page's first slot, gathered at the replay).
+        Kinds with vectors define it."""
         raise NotImplementedError(f"{self.name} has no vectors")
 
-    def derived_inputs(self, max_bs: int, draft_tokens: int, device) -> dict[str, torch.Tensor]:
+    @staticmethod
+    def engine_of(io: BuilderIO) -> EngineState:
+        """``io``'s engine state, for a kind that reads one (``engine_state``); a runner
+        refuses such a kind without it, so ``None`` here is a caller's bug, said so."""
+        engine = io.engine
+        if engine is None:
+            raise ValueError("this builder kind reads the engine's state: the IO has no engine")
+        return engine
+
+    def derived_inputs(
+        self, max_bs: int, draft_tokens: int, device: torch.device
+    ) -> dict[str, torch.Tensor]:
         """Static inputs the graph derives from the staged batch before calling the builder
         (``call`` fills them), made once by whoever holds the buffers; none for most kinds."""
         return {}
@@ -175,7 +191,7 @@ class KindSpec:
 
     # -- the contract, checked before anything runs --------------------------------------
 
-    def bind_problem(self, builder: Callable, sig: inspect.Signature, swa: bool) -> str | None:
+    def bind_problem(self, builder: Builder, sig: inspect.Signature, swa: bool) -> str | None:
         """Why the bed's call cannot bind to ``sig``; ``None`` when it can."""
         kwargs = dict.fromkeys(self.keywords)
         try:

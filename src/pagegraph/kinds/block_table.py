@@ -14,12 +14,16 @@ capacity), so a longer row is a hostile injection only.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import torch
 
 from .base import KindSpec, PaddedRows
+from .seams import Builder, BuilderIO
+
+if TYPE_CHECKING:
+    from ..mutants.record import Zoo
 
 
 class BlockTableKind(KindSpec):
@@ -37,12 +41,12 @@ class BlockTableKind(KindSpec):
     paddings = ("vllm",)
     reference = "reference_block_table"
 
-    def load_zoo(self):
+    def load_zoo(self) -> Zoo:
         from ..mutants.vllm import BLOCK_TABLE_ZOO
 
         return BLOCK_TABLE_ZOO
 
-    def load_builders(self) -> dict[str, Callable]:
+    def load_builders(self) -> dict[str, Builder]:
         from ..kernels.block_table import gather_block_tables
         from ..kernels.vllm_reference import reference_block_table
 
@@ -51,15 +55,17 @@ class BlockTableKind(KindSpec):
             "reference_block_table": reference_block_table,
         }
 
-    def derived_inputs(self, max_bs: int, draft_tokens: int, device) -> dict[str, torch.Tensor]:
+    def derived_inputs(
+        self, max_bs: int, draft_tokens: int, device: torch.device
+    ) -> dict[str, torch.Tensor]:
         """``idx_mapping`` ``[max_bs]`` int32, the batch's request slots as vLLM holds them
         (the staged indices may be int64)."""
         return {"idx_mapping": torch.zeros(max_bs, dtype=torch.int32, device=device)}
 
-    def call(self, builder: Callable, io: Any, bs: int, extra: dict) -> None:
+    def call(self, builder: Builder, io: BuilderIO, bs: int, extra: Mapping[str, object]) -> None:
         # The whole persistent table, as vLLM passes it: the bucket is ``batch.num_rows``, and
         # a builder that writes rows past it shows.
-        engine, idx = io.engine, io.derived["idx_mapping"][:bs]
+        engine, idx = self.engine_of(io), io.derived["idx_mapping"][:bs]
         idx.copy_(io.req_pool_indices[:bs])
         builder(engine.block_table, engine.num_blocks, idx, io.page_table, **extra)
 

@@ -9,31 +9,31 @@ the bed cannot call it as a builder of its kind on a scenario.
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable
 from dataclasses import dataclass, replace
 
 from ..kernels.registry import FILE_MODULE_PREFIX, BuilderLoadError, load_builder
 from . import KINDS, KindSpec
+from .seams import Builder, ScenarioConfig
 
 
-def builtin_builders() -> dict[str, Callable]:
+def builtin_builders() -> dict[str, Builder]:
     """Every built-in builder by name: each kind's own, then the real engines' adapters
     (empty for an engine whose files are missing)."""
-    found: dict[str, Callable] = {}
+    found: dict[str, Builder] = {}
     for spec in KINDS.values():
         found.update(spec.builders)
     found.update(client_builders())
     return found
 
 
-def client_builders() -> dict[str, Callable]:
+def client_builders() -> dict[str, Builder]:
     """Real engines' builders behind pagegraph's contracts (``pagegraph.clients``), by name."""
     from ..clients import CLIENT_BUILDERS
 
     return CLIENT_BUILDERS()
 
 
-def resolve_builder(spec: str | Callable) -> Callable:
+def resolve_builder(spec: str | Builder) -> Builder:
     """A callable with a builder signature, from a callable, a built-in name,
     ``"package.module:function"`` or ``"path/to/file.py:function"``; ``BuilderLoadError``
     (a ``ValueError``) with the reason otherwise."""
@@ -52,7 +52,7 @@ def is_builtin(name: str) -> bool:
     return any(name in spec.builders for spec in KINDS.values())
 
 
-def builder_name(builder: Callable) -> str:
+def builder_name(builder: Builder) -> str:
     """A builder's name: its built-in name (pagegraph's first, the clients' only when it is
     none of those, so naming pagegraph's builders imports no client), else where it lives."""
     for spec in KINDS.values():
@@ -88,7 +88,7 @@ class BuilderCapabilities:
 CAPABILITY_NAMES = ("errors", "swa", "batch")
 
 
-def builder_capabilities(builder: Callable) -> BuilderCapabilities:
+def builder_capabilities(builder: Builder) -> BuilderCapabilities:
     try:
         params = inspect.signature(builder).parameters
     except (TypeError, ValueError):  # a builtin or an extension with no signature
@@ -110,18 +110,18 @@ def builder_capabilities(builder: Callable) -> BuilderCapabilities:
     return replace(found, **{k: bool(v) for k, v in declared.items()})
 
 
-def config_problem(builder: Callable, kind: KindSpec, cfg) -> str | None:
+def config_problem(builder: Builder, kind: KindSpec, cfg: ScenarioConfig) -> str | None:
     """``signature_problem`` on a scenario's config ``cfg`` (a ``CheckConfig``): its SWA
     outputs, its decode-step consumer, its page size and its padding; and an injection into
     engine state (``num_blocks_overrun``) for a kind that reads none."""
     problem = signature_problem(builder, kind, swa=cfg.swa, consumer=bool(cfg.consumer),
                                 page_size=cfg.page_size, padding=cfg.padding)  # fmt: skip
-    if problem is None and getattr(cfg, "num_blocks_overrun", 0) and kind.engine_state is None:
+    if problem is None and cfg.num_blocks_overrun and kind.engine_state is None:
         problem = (
             f"{builder_name(builder)} is a {kind.name} builder: num_blocks_overrun breaks the "
             "per-request num_blocks of vLLM's block tables, which only a block_table builder reads"
         )
-    if problem is None and getattr(cfg, "kv_groups", ()):
+    if problem is None and cfg.kv_groups:
         from .kv_groups import builder_group_problem
 
         found = builder_group_problem(builder, kind.name, cfg)
@@ -130,7 +130,7 @@ def config_problem(builder: Callable, kind: KindSpec, cfg) -> str | None:
 
 
 def signature_problem(
-    builder: Callable,
+    builder: Builder,
     kind: KindSpec,
     *,
     swa: bool = False,

@@ -9,12 +9,16 @@ capacity) and each row's span of ``kv_indices``. No SWA outputs, no decode-step 
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import torch
 
 from .base import KindSpec, VectorSpec
+from .seams import Builder, BuilderIO, ReplayModel, VectorVerifier
+
+if TYPE_CHECKING:
+    from ..mutants.record import Zoo
 
 
 class CsrKind(KindSpec):
@@ -35,23 +39,23 @@ class CsrKind(KindSpec):
     ooc_prefix_exact = True
     reference = "reference_kv_indices"
 
-    def load_zoo(self):
+    def load_zoo(self) -> Zoo:
         from ..mutants.csr import ZOO
 
         return ZOO
 
-    def load_builders(self) -> dict[str, Callable]:
+    def load_builders(self) -> dict[str, Builder]:
         from ..kernels.kv_indices import build_kv_indices
         from ..kernels.reference import reference_kv_indices
 
         return {"build_kv_indices": build_kv_indices, "reference_kv_indices": reference_kv_indices}
 
-    def vector_fields(self, v: Any, m: Any) -> torch.Tensor:
-        """The vectors against the independent model (``v``: the ``TableVerifier``; ``[K,
-        8]``, two masks' fields a replay): ``kv_indptr = [0, running sums of the rows' pages,
-        cut at the capacity]`` for entries ``0..bucket``, and ``kv_indices[j]`` for ``j <
-        kv_indptr[bucket]`` the id of page ``j - kv_indptr[i]`` of the row ``i`` that owns
-        ``j``; poison everywhere else.
+    def vector_fields(self, verifier: VectorVerifier, model: ReplayModel) -> torch.Tensor:
+        """The vectors against the independent ``model`` (``[K, 8]`` int64, two masks' fields
+        a replay, from ``verifier``'s buffers): ``kv_indptr = [0, running sums of the rows'
+        pages, cut at the capacity]`` for entries ``0..bucket``, and ``kv_indices[j]`` for
+        ``j < kv_indptr[bucket]`` the id of page ``j - kv_indptr[i]`` of the row ``i`` that
+        owns ``j``; poison everywhere else.
 
         An out-of-contract row ``r`` (the replay's first) may be longer than the reference's,
         shifting the rows after it, so there the live region ends at it: ``kv_indptr[0..r]``
@@ -60,41 +64,45 @@ class CsrKind(KindSpec):
         consumer reads ``kv_indices`` by them), and ``kv_indices`` past row ``r``'s start is
         not judged; the canaries and ``kv_indptr`` past the bucket always are.
 
-        From the model ``m`` (``TableVerifier``'s, for its ``K`` replays): ``n_pages`` ``[K,
-        M]`` int64 (0 past the bucket), ``slots`` ``[K, M, cap]`` int64 page-start slots,
-        ``in_bucket`` and ``ooc`` ``[K, M]`` bool (``ooc``: rows of the bucket outside the
-        contract)."""
-        n_pages, slots, in_bucket, ooc = m.n_pages, m.slots, m.in_bucket, m.ooc
-        M, K, C, cap, poison = v.max_bs, v.batch, v.engine_capacity, v.cap, v.poison_value
-        exp = v.expected_vectors
+        From the model (the verifier's ``K`` replays): ``n_pages`` ``[K, M]`` int64 (0 past
+        the bucket), ``slots`` ``[K, M, cap]`` int64 page-start slots, ``in_bucket`` and
+        ``ooc`` ``[K, M]`` bool (``ooc``: rows of the bucket outside the contract)."""
+        n_pages, slots, in_bucket, ooc = model.n_pages, model.slots, model.in_bucket, model.ooc
+        M, K, cap = verifier.max_bs, verifier.batch, verifier.cap
+        C, poison = verifier.engine_capacity, verifier.poison_value
+        index = verifier.vector_index  # [M + 1]: 0..M
+        snapped = verifier.snap_vectors
+        if snapped is None:  # a verifier of a kind with vectors snapshots them at each replay
+            raise ValueError("the verifier holds no snapshot of the vectors to judge")
+        exp = verifier.expected_vectors
         exp.fill_(poison)
         sums = torch.cumsum(n_pages, -1).clamp(max=C)  # [K, M]
         bucket = in_bucket.sum(-1, keepdim=True)
         ooc_replay = ooc.any(-1, keepdim=True)  # [K, 1]
         first = torch.where(ooc_replay, ooc.to(torch.uint8).argmax(-1, keepdim=True), bucket)
         exp[:, 0, 1:2].fill_(0)
-        exp[:, 0, 2 : 2 + M] = torch.where(v.vector_index[1:] <= bucket, sums, poison)
-        j = v.capacity_index.expand(K, C)
+        exp[:, 0, 2 : 2 + M] = torch.where(index[1:] <= bucket, sums, poison)
+        j = verifier.capacity_index.expand(K, C)
         # The row owning entry j: the number of rows that end at or before it.
         row = torch.searchsorted(sums, j.contiguous(), right=True).clamp(max=M - 1)
         start = torch.where(row > 0, sums.gather(1, (row - 1).clamp(min=0)), 0)
         page = (j - start).clamp(0, cap - 1)
-        ids = slots.reshape(K, M * cap).gather(1, row * cap + page) // v.page_size
+        ids = slots.reshape(K, M * cap).gather(1, row * cap + page) // verifier.page_size
         exp[:, 1, 1 : 1 + C] = torch.where(j < sums[:, -1:], ids, poison)
         # The exact region: up to the first out-of-contract row (the whole bucket without one).
         end = torch.where(first > 0, sums.gather(1, (first - 1).clamp(min=0)), 0)
         live = torch.zeros_like(exp, dtype=torch.bool)
-        live[:, 0, 1 : 2 + M] = v.vector_index <= first
+        live[:, 0, 1 : 2 + M] = index <= first
         live[:, 1, 1 : 1 + C] = j < end
-        got = v.snap_vectors[:, 0, 1 : 2 + M].to(torch.int64)
+        got = snapped[:, 0, 1 : 2 + M].to(torch.int64)
         prev = torch.cat([got[:, :1], got[:, :-1]], dim=1)
         disordered = (got < prev) | (got < 0) | (got > C)
         judged = torch.ones_like(live)
-        judged[:, 0, 1 : 2 + M] = (v.vector_index > bucket) | disordered
+        judged[:, 0, 1 : 2 + M] = (index > bucket) | disordered
         judged[:, 1, 1 : 1 + C] = ~ooc_replay
-        return v.vector_masks(exp, live, judged)
+        return verifier.vector_masks(exp, live, judged)
 
-    def call(self, builder: Callable, io: Any, bs: int, extra: dict) -> None:
+    def call(self, builder: Builder, io: BuilderIO, bs: int, extra: Mapping[str, object]) -> None:
         v = io.vectors
         builder(
             io.req_to_token, io.req_pool_indices[:bs], io.seq_lens[:bs], io.page_size,

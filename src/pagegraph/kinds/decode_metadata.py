@@ -10,13 +10,17 @@ for ``cache_seqlens``. ``cu_seqlens_k[0]`` and ``cu_seqlens_q[0]`` may be preset
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..kernels.decode_contract import DECODE_ERROR_KINDS
 from .base import KindSpec, VectorSpec
+from .seams import Builder, BuilderIO, ReplayModel, VectorVerifier
+
+if TYPE_CHECKING:
+    from ..mutants.record import Zoo
 
 INT32_MAX = 2**31 - 1
 
@@ -40,12 +44,12 @@ class DecodeMetadataKind(KindSpec):
     tables_include_draft = True
     reference = "reference_decode_metadata"
 
-    def load_zoo(self):
+    def load_zoo(self) -> Zoo:
         from ..mutants.decode_metadata import ZOO
 
         return ZOO
 
-    def load_builders(self) -> dict[str, Callable]:
+    def load_builders(self) -> dict[str, Builder]:
         from ..kernels.decode_metadata import build_decode_metadata
         from ..kernels.reference import reference_decode_metadata, unfused_decode_metadata
 
@@ -55,28 +59,30 @@ class DecodeMetadataKind(KindSpec):
             "unfused_decode_metadata": unfused_decode_metadata,
         }
 
-    def vector_fields(self, v: Any, m: Any) -> torch.Tensor:
-        """The vectors against the independent model (``v``: the ``TableVerifier``; from its
-        model ``m``, ``sl`` ``[K, M]`` int64 lengths and ``in_bucket`` ``[K, M]`` bool):
+    def vector_fields(self, verifier: VectorVerifier, model: ReplayModel) -> torch.Tensor:
+        """The vectors against the independent ``model`` (from it, ``sl`` ``[K, M]`` int64
+        lengths and ``in_bucket`` ``[K, M]`` bool), in ``verifier``'s buffers:
         ``cache_seqlens[i] = min(max(len, 0) + draft, 2^31 - 1)`` for the bucket's rows,
         ``cu_seqlens_k = [0, running sums]`` (stored saturated, int32), ``cu_seqlens_q[i] = i
         * max(draft, 1)`` for ``i <= bucket``; poison everywhere else. Two masks' fields a
-        replay (``[K, 8]``): wrong entries inside that live region, and writes outside it."""
-        sl, in_bucket = m.sl, m.in_bucket
-        M, d, poison = v.max_bs, v.draft_tokens, v.poison_value
-        exp = v.expected_vectors
+        replay (``[K, 8]`` int64): wrong entries inside that live region, and writes outside
+        it."""
+        sl, in_bucket = model.sl, model.in_bucket
+        M, d, poison = verifier.max_bs, verifier.draft_tokens, verifier.poison_value
+        index = verifier.vector_index  # [M + 1]: 0..M
+        exp = verifier.expected_vectors
         exp.fill_(poison)
         cache = (sl.clamp(min=0) + d).clamp(max=INT32_MAX)
         exp[:, 0, 1 : 1 + M] = torch.where(in_bucket, cache, poison)
         bucket = in_bucket.sum(-1, keepdim=True)  # [K, 1]
-        live_k = v.vector_index <= bucket  # [K, M + 1]: entries 0..bucket of the sums
-        sums = v.running_sums(sl, in_bucket).clamp(max=INT32_MAX)
+        live_k = index <= bucket  # [K, M + 1]: entries 0..bucket of the sums
+        sums = verifier.running_sums(sl, in_bucket).clamp(max=INT32_MAX)
         exp[:, 1, 1:2].fill_(0)  # a fill: assigning a Python int would copy from the host
         exp[:, 1, 2 : 2 + M] = torch.where(live_k[:, 1:], sums, poison)
-        exp[:, 2, 1 : 2 + M] = torch.where(live_k, v.vector_index * max(d, 1), poison)
-        return v.vector_masks(exp, exp != poison)
+        exp[:, 2, 1 : 2 + M] = torch.where(live_k, index * max(d, 1), poison)
+        return verifier.vector_masks(exp, exp != poison)
 
-    def call(self, builder: Callable, io: Any, bs: int, extra: dict) -> None:
+    def call(self, builder: Builder, io: BuilderIO, bs: int, extra: Mapping[str, object]) -> None:
         v = io.vectors
         builder(
             io.req_to_token, io.req_pool_indices[:bs], io.seq_lens[:bs], io.page_size,

@@ -3,18 +3,18 @@ parsing and validation, and which builders can run on them. How a check runs gro
 is ``pagegraph.check.kv_groups``; a group's own slot mapping is ``pagegraph.kernels.kv_groups``.
 
 The functions take the check's config (``pagegraph.check.config.CheckConfig``, a layer
-above): they read its ``kv_groups``, ``page_size``, ``max_context_len``, ``table_width``,
-``swa`` and ``consumer``.
+above, as ``pagegraph.kinds.seams.ScenarioConfig``): they read its ``kv_groups``,
+``page_size``, ``max_context_len``, ``table_width``, ``swa`` and ``consumer``.
 """
 
 from __future__ import annotations
 
 import functools
 import inspect
-from collections.abc import Callable
 from dataclasses import dataclass
 
 from ..kernels.contract import cdiv
+from .seams import Builder, ScenarioConfig
 
 __all__ = [
     "GROUP_BUILDER_KINDS",
@@ -56,13 +56,13 @@ class KVGroup:
         return f"{self.name!r} ({self.kind}, {blocks} of {self.block_size} tokens a row)"
 
 
-def parse_groups(cfg) -> tuple[KVGroup, ...]:
+def parse_groups(cfg: ScenarioConfig) -> tuple[KVGroup, ...]:
     """The config's groups (``ValueError`` for a malformed one; ``groups_problem`` says it
     first)."""
     problem = groups_problem(cfg)
     if problem:
         raise ValueError(f"kv_groups {problem}")
-    out = []
+    out: list[KVGroup] = []
     for i, g in enumerate(cfg.kv_groups):
         block = int(g.get("block_size", cfg.page_size))
         width = int(g.get("width") or cdiv(cfg.max_context_len, block))
@@ -71,7 +71,7 @@ def parse_groups(cfg) -> tuple[KVGroup, ...]:
     return tuple(out)
 
 
-def groups_problem(cfg) -> str | None:
+def groups_problem(cfg: ScenarioConfig) -> str | None:
     """Why ``cfg.kv_groups`` cannot run (without the key's name), ``None`` when it can."""
     groups = cfg.kv_groups
     if not groups:
@@ -80,7 +80,7 @@ def groups_problem(cfg) -> str | None:
         return (
             "must be a list of tables ({ name = ..., kind = ..., block_size = ..., width = ... })"
         )
-    names = []
+    names: list[str] = []
     for i, g in enumerate(groups):
         unknown = sorted(set(g) - set(GROUP_KEYS))
         if unknown:
@@ -105,7 +105,7 @@ def groups_problem(cfg) -> str | None:
     return None
 
 
-def builder_group_problem(builder: Callable, kind_name: str, cfg) -> str | None:
+def builder_group_problem(builder: Builder, kind_name: str, cfg: ScenarioConfig) -> str | None:
     """Why ``builder`` (of kind ``kind_name``) cannot run on ``cfg``'s groups; ``None`` when
     it can."""
     if not cfg.kv_groups:
@@ -124,7 +124,7 @@ def builder_group_problem(builder: Callable, kind_name: str, cfg) -> str | None:
     return None
 
 
-def _takes_group(builder: Callable) -> bool:
+def _takes_group(builder: Builder) -> bool:
     try:
         params = inspect.signature(builder).parameters
     except (TypeError, ValueError):
@@ -132,18 +132,19 @@ def _takes_group(builder: Callable) -> bool:
     return "group" in params or any(p.kind is p.VAR_KEYWORD for p in params.values())
 
 
-def bind_group(builder: Callable, group: KVGroup) -> Callable:
+def bind_group(builder: Builder, group: KVGroup) -> Builder:
     """``builder`` called with ``group=group`` when it takes it (same signature otherwise,
     ``group`` aside, and the same ``pagegraph_*`` declarations), else ``builder`` itself."""
     if not _takes_group(builder):
         return builder
 
     @functools.wraps(builder)
-    def bound(*args, **kwargs):
+    def bound(*args: object, **kwargs: object) -> object:
         return builder(*args, group=group, **kwargs)
 
     sig = inspect.signature(builder)
-    bound.__signature__ = sig.replace(
+    # inspect reads a function's __signature__ first; typeshed declares no such attribute.
+    bound.__signature__ = sig.replace(  # type: ignore[attr-defined]
         parameters=[p for p in sig.parameters.values() if p.name != "group"]
     )
     del bound.__wrapped__  # inspect must read the signature above, not the builder's

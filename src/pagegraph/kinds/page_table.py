@@ -7,10 +7,14 @@ table (and the SWA table), leaves every other entry as it was, and runs inside t
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 from .base import KindSpec
+from .seams import Builder, BuilderIO
+
+if TYPE_CHECKING:
+    from ..mutants.record import Zoo
 
 
 class PageTableKind(KindSpec):
@@ -22,12 +26,12 @@ class PageTableKind(KindSpec):
     positional = 5
     reference = "reference_page_table"
 
-    def load_zoo(self):
+    def load_zoo(self) -> Zoo:
         from ..mutants.page_table import ZOO
 
         return ZOO
 
-    def load_builders(self) -> dict[str, Callable]:
+    def load_builders(self) -> dict[str, Builder]:
         from ..kernels.baselines import block_grid
         from ..kernels.page_table import build_page_table
         from ..kernels.reference import host_max_gather, reference_page_table, static_width_gather
@@ -41,7 +45,7 @@ class PageTableKind(KindSpec):
             "block_grid": block_grid,
         }
 
-    def call(self, builder: Callable, io: Any, bs: int, extra: dict) -> None:
+    def call(self, builder: Builder, io: BuilderIO, bs: int, extra: Mapping[str, object]) -> None:
         builder(io.req_to_token, io.req_pool_indices[:bs], io.seq_lens[:bs],
                 io.page_table[:bs], io.page_size, **extra)  # fmt: skip
 

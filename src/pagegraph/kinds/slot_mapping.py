@@ -30,13 +30,17 @@ spans the context, as in every single-group scenario, that is the rule above.
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Mapping
+from typing import TYPE_CHECKING
 
 import torch
 
 from ..kernels.slot_mapping import PAD_SLOT_ID
 from .base import KindSpec, VectorSpec
+from .seams import Builder, BuilderIO, ReplayModel, VectorVerifier
+
+if TYPE_CHECKING:
+    from ..mutants.record import Zoo
 
 #: Token entries past the largest bucket's: the fill past the last row is never empty.
 SLACK_TOKENS = 7
@@ -62,12 +66,12 @@ class SlotMappingKind(KindSpec):
     paddings = ("vllm-graph",)
     reference = "reference_slot_mapping"
 
-    def load_zoo(self):
+    def load_zoo(self) -> Zoo:
         from ..mutants.vllm import SLOT_MAPPING_ZOO
 
         return SLOT_MAPPING_ZOO
 
-    def load_builders(self) -> dict[str, Callable]:
+    def load_builders(self) -> dict[str, Builder]:
         from ..kernels.kv_groups import compute_group_slot_mappings
         from ..kernels.slot_mapping import compute_slot_mappings
         from ..kernels.vllm_reference import reference_group_slot_mapping, reference_slot_mapping
@@ -79,7 +83,9 @@ class SlotMappingKind(KindSpec):
             "reference_group_slot_mapping": reference_group_slot_mapping,
         }
 
-    def derived_inputs(self, max_bs: int, draft_tokens: int, device) -> dict[str, torch.Tensor]:
+    def derived_inputs(
+        self, max_bs: int, draft_tokens: int, device: torch.device
+    ) -> dict[str, torch.Tensor]:
         """The engine's step inputs the graph derives from the staged batch: ``idx_mapping``
         ``[max_bs]`` int32, ``query_start_loc`` ``[max_bs + 1]`` int32 (``i * q``, fixed),
         ``positions`` ``[max_bs * q + SLACK_TOKENS]`` int64, and the constant offsets of a
@@ -93,7 +99,7 @@ class SlotMappingKind(KindSpec):
             "token_offsets": torch.arange(q, dtype=torch.int64, device=device),
         }
 
-    def call(self, builder: Callable, io: Any, bs: int, extra: dict) -> None:
+    def call(self, builder: Builder, io: BuilderIO, bs: int, extra: Mapping[str, object]) -> None:
         d = io.derived
         q = d["token_offsets"].shape[0]
         idx = d["idx_mapping"][:bs]
@@ -101,38 +107,39 @@ class SlotMappingKind(KindSpec):
         positions = d["positions"][: bs * q].view(bs, q)  # max(len - 1, 0) + j
         torch.sub(io.seq_lens[:bs].unsqueeze(1).expand(bs, q), 1, out=positions)
         positions.clamp_(min=0).add_(d["token_offsets"])
-        builder(io.engine.block_table, idx, d["query_start_loc"][: bs + 1], d["positions"],
-                io.vectors["slot_mapping"], io.page_size, **extra)  # fmt: skip
+        builder(self.engine_of(io).block_table, idx, d["query_start_loc"][: bs + 1],
+                d["positions"], io.vectors["slot_mapping"], io.page_size, **extra)  # fmt: skip
 
-    def vector_fields(self, v: Any, m: Any) -> torch.Tensor:
-        """``slot_mapping`` against the model (see ``KindSpec.vector_fields``): token ``t``
-        of a real row ``i = t // q`` holds the slot of position ``max(len_i - 1, 0) + t % q``
-        (the page's first slot, gathered at the replay, plus the offset in the page: a page's
-        slots are consecutive), its page ``(pos // page_size) % width``: a position past the
-        table in the contract is a ring group's (the module docstring); a padded row's tokens
-        and every token past the bucket's rows hold ``PAD_SLOT_ID``. An out-of-contract row's
-        tokens are not judged."""
-        K, M, ps, cap, poison = v.batch, v.max_bs, v.page_size, v.cap, v.poison_value
-        q = v.draft_tokens + 1
-        exp = v.expected_vectors
+    def vector_fields(self, verifier: VectorVerifier, model: ReplayModel) -> torch.Tensor:
+        """``slot_mapping`` against the ``model`` (see ``KindSpec.vector_fields``): token
+        ``t`` of a real row ``i = t // q`` holds the slot of position ``max(len_i - 1, 0) + t
+        % q`` (the page's first slot, gathered at the replay, plus the offset in the page: a
+        page's slots are consecutive), its page ``(pos // page_size) % width``: a position
+        past the table in the contract is a ring group's (the module docstring); a padded
+        row's tokens and every token past the bucket's rows hold ``PAD_SLOT_ID``. An
+        out-of-contract row's tokens are not judged."""
+        K, M, ps, cap = verifier.batch, verifier.max_bs, verifier.page_size, verifier.cap
+        poison = verifier.poison_value
+        q = verifier.draft_tokens + 1
+        exp = verifier.expected_vectors
         L = exp.shape[-1] - 2
         t = torch.arange(L, device=exp.device)
         row = (t // q).clamp(max=M - 1).expand(K, L)
         in_rows = (t // q < M).expand(K, L)
-        pos = (m.sl.gather(1, row) - 1).clamp(min=0) + (t % q)
+        pos = (model.sl.gather(1, row) - 1).clamp(min=0) + (t % q)
         # A ring's blocks in turn (a table spanning the context has pos < width * ps in the
         # contract: the token's own page).
-        page = ((pos // ps) % v.width).clamp(max=cap - 1)
-        first = m.slots.reshape(K, M * cap).gather(1, row * cap + page)
-        real = m.real.gather(1, row) & in_rows
-        ooc = m.ooc.gather(1, row) & in_rows
+        page = ((pos // ps) % verifier.width).clamp(max=cap - 1)
+        first = model.slots.reshape(K, M * cap).gather(1, row * cap + page)
+        real = model.real.gather(1, row) & in_rows
+        ooc = model.ooc.gather(1, row) & in_rows
         exp.fill_(poison)
         exp[:, 0, 1 : 1 + L] = torch.where(real, first + pos % ps, PAD_SLOT_ID)
         live = torch.zeros_like(exp, dtype=torch.bool)
         live[:, 0, 1 : 1 + L] = ~ooc
         judged = torch.ones_like(live)
         judged[:, 0, 1 : 1 + L] = ~ooc
-        return v.vector_masks(exp, live, judged)
+        return verifier.vector_masks(exp, live, judged)
 
 
 SLOT_MAPPING = SlotMappingKind()
