@@ -39,7 +39,7 @@ setup: $(SETUP)
 	.venv/bin/python -m pip install -q --upgrade pip
 	.venv/bin/python -c "import torch" 2>/dev/null || .venv/bin/python -m pip install -q torch==2.13.0
 	.venv/bin/python -c "import triton" 2>/dev/null || .venv/bin/python -m pip install -q triton==3.6.0
-	.venv/bin/python -m pip install -q numpy nvtx pytest pytest-xdist pytest-benchmark hypothesis matplotlib ruff
+	.venv/bin/python -m pip install -q numpy nvtx pytest pytest-xdist pytest-benchmark hypothesis matplotlib ruff mypy
 	.venv/bin/python -m pip install -q --no-deps $(SGLANG_WHEEL) || echo "sglang not installed: its client tests will skip"
 	PYTHON=.venv/bin/python tools/fetch_vllm_files.sh .venv/vllm-lite
 	.venv/bin/python -m pip install -q --no-deps --no-build-isolation -e .
@@ -78,9 +78,12 @@ run: $(SETUP)
 	$(PY) -m pagegraph kernel-table
 	$(PY) -m pagegraph check $(SCENARIO)
 
+# mypy --strict (pyproject.toml's [tool.mypy]) on the layers whose seams are typed: the kinds,
+# the graph bed and the checker.
 lint: $(SETUP)
 	$(PY) -m ruff check src tests benchmarks tools
 	$(PY) -m ruff format --check src tests benchmarks
+	$(PY) -m mypy src/pagegraph/kinds src/pagegraph/graph src/pagegraph/check
 
 format: $(SETUP)
 	$(PY) -m ruff format src tests benchmarks

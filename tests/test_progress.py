@@ -204,8 +204,9 @@ def test_an_isolated_checks_phase_notes_drive_its_progress():
     from pagegraph.jobs.check_job import _CheckProgress
 
     cfg = _scenario_config("default")
-    plan = SimpleNamespace(scenarios=[SimpleNamespace(name="default")],
-                           checks=[SimpleNamespace(config=cfg)])  # fmt: skip
+    plan = SimpleNamespace(
+        scenarios=[SimpleNamespace(name="default")], checks=[SimpleNamespace(config=cfg)]
+    )
     shown = _CheckProgress(plan, quiet=False)
     shown.phase(0, "capture")
     p = shown.current

@@ -286,10 +286,7 @@ class ReplayState:
             allocations=AllocationTally(dev, per_replay=graphs),
             memory_before=None,
             step=first,
-            # torch.cuda.Event's constructor is unannotated
-            events=[torch.cuda.Event() for _ in range(IN_FLIGHT + 1)]  # type: ignore[no-untyped-call]
-            if graphs
-            else [],
+            events=[torch.cuda.Event() for _ in range(IN_FLIGHT + 1)] if graphs else [],
         )
         if EagerTwin.applies(run):
             state.twin = EagerTwin(run, chunk)

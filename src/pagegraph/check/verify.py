@@ -328,8 +328,7 @@ class TableVerifier:
     # -- the computation ------------------------------------------------------------------
 
     def _capture(self) -> None:
-        # torch.cuda.Stream's constructor is unannotated
-        side = torch.cuda.Stream(self.device)  # type: ignore[no-untyped-call]
+        side = torch.cuda.Stream(self.device)
         side.wait_stream(torch.cuda.current_stream(self.device))
         with torch.cuda.stream(side):
             self._compute()  # warm-up: the caching allocator sees every size once

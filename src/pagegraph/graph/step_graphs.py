@@ -51,7 +51,7 @@ import time
 import warnings
 from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
-from typing import Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
 import numpy as np
 import torch
@@ -60,8 +60,10 @@ from ..consumers import csr_decode_attention, paged_decode_attention, prepare_de
 from ..consumers.formats import CSR_CONSUMERS
 from ..consumers.reader import HostBatch, Reader, as_reader
 from ..kinds import KindSpec
-from .capture import capture_buckets
-from .emulate import EmulatedGraph
+from .capture import Graph, capture_buckets
+
+if TYPE_CHECKING:
+    from .capture import GraphPool
 from .plan_workspace import PlanWorkspace
 
 #: The page id of the guard page before page 0 of the step's KV cache.
@@ -77,7 +79,6 @@ TIMING_WARMUP = 3
 #: The parts a decode step is timed in, in the order they are replayed.
 TIMED_PARTS = ("step", "builder", "consumer")
 
-_G = TypeVar("_G")
 _M = TypeVar("_M")
 
 
@@ -236,9 +237,10 @@ class StepGraphs:
             s.max_bs, s.num_q_heads, s.head_dim, device=dev,
             max_context_len=s.width * s.page_size,
         )  # fmt: skip
-        self.graphs: dict[int, torch.cuda.CUDAGraph | EmulatedGraph] = {}
+        self.graphs: dict[int, Graph] = {}
         #: part ("step", "builder", "consumer") -> bucket -> graph of ``timing_calls`` calls
-        self.timing_graphs: dict[str, dict[int, torch.cuda.CUDAGraph]] = {}
+        #: per timed part, each bucket's graph (CUDA graphs only: timing needs CUDA)
+        self.timing_graphs: dict[str, dict[int, Graph]] = {}
         self._timing_bodies: dict[str, Callable[[int], None]] = {}
         self.timing_calls = TIMING_CALLS
         #: a reader's own buffers (``Reader.workspace``), allocated once; None without
@@ -352,8 +354,8 @@ class StepGraphs:
 
     # -- capture and replay ------------------------------------------------------------------
 
-    def _capture(self, body: Callable[[int], None], graphs: dict[int, _G],
-                 pool: object | None = None, emulate: bool = False) -> None:  # fmt: skip
+    def _capture(self, body: Callable[[int], None], graphs: dict[int, Graph],
+                 pool: GraphPool | None = None, emulate: bool = False) -> None:  # fmt: skip
         """Warm ``body`` up for every bucket on a side stream, then capture it, largest bucket
         first, in one pool (``pool``, default a new one); without CUDA the warm-up, then
         (``emulate``) one ``EmulatedGraph`` per bucket, largest first."""
@@ -476,8 +478,7 @@ class EventClock:
             sleep(int((1e-3 + 50e-6 * replays) * 2e9))
 
     def mark(self) -> torch.cuda.Event:
-        # torch.cuda.Event's constructor is unannotated
-        event = torch.cuda.Event(enable_timing=True)  # type: ignore[no-untyped-call]
+        event = torch.cuda.Event(enable_timing=True)
         event.record()
         return event
 
