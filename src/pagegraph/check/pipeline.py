@@ -84,7 +84,12 @@ _ran_one = False
 class _PhaseClock:
     """Wall seconds a phase into ``wall`` (``start`` closes the phase before it)."""
 
-    def __init__(self, wall: dict) -> None:
+    wall: dict[str, float]
+    #: the phase being timed, None before the first and after the last
+    phase: str | None
+    t: float
+
+    def __init__(self, wall: dict[str, float]) -> None:
         self.wall, self.phase, self.t = wall, None, time.perf_counter()
 
     def start(self, phase: str | None) -> None:
