@@ -10,9 +10,11 @@ a group (``kv_groups``). Only passed properties count (``Report.safe``).
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import TypedDict
 
 import torch
 
+from ..consumers.reader import Reader
 from ..graph.runner import GraphRunner
 from .config import CheckConfig
 from .decode_step import StepBench
@@ -26,8 +28,18 @@ from .table_bench import TableBench, start_run
 __all__ = ["check_decode_step", "check_replay_safety", "run_decode_step", "run_plan"]
 
 
+class _Options(TypedDict):
+    """``run_plan``'s options that every group's ``_run_one`` gets as given."""
+
+    device: str | torch.device | None
+    runner_factory: Callable[..., GraphRunner] | None
+    on_phase: Callable[[str], None] | None
+    stop_on_failure: bool
+    explain_replays: bool
+
+
 def check_replay_safety(
-    builder: Callable | str = "build_page_table",
+    builder: Callable[..., object] | str = "build_page_table",
     config: CheckConfig | None = None,
     *,
     device: str | torch.device | None = None,
@@ -37,8 +49,8 @@ def check_replay_safety(
     on_chunk: Callable[[Report], None] | None = None,
     stop_on_failure: bool = False,
     explain_replays: bool = False,
-    reader=None,
-    **overrides,
+    reader: Reader | Callable[..., object] | str | None = None,
+    **overrides: object,
 ) -> Report:
     """Capture ``builder`` over the config's buckets, replay the workload, check every replay.
 
@@ -84,7 +96,7 @@ def check_replay_safety(
 
 def run_plan(
     plan: CheckPlan,
-    builder: Callable,
+    builder: Callable[..., object],
     *,
     device: str | torch.device | None = None,
     progress: Callable[[int, int], None] | None = None,
@@ -93,14 +105,15 @@ def run_plan(
     on_chunk: Callable[[Report], None] | None = None,
     stop_on_failure: bool = False,
     explain_replays: bool = False,
-    reader=None,
+    reader: Reader | Callable[..., object] | str | None = None,
 ) -> Report:
     """Run a planned check (``plan_check``: validated, nothing validated again here) of
     ``builder`` (resolved from ``plan.builder``): its pipeline's judges (``plan.pipeline``),
     with ``check_replay_safety``'s options. A child process runs its parent's plan this way.
     A config with ``kv_groups`` runs once a group, merged (``pagegraph.check.kv_groups``)."""
-    options = dict(device=device, runner_factory=runner_factory, on_phase=on_phase,
-                   stop_on_failure=stop_on_failure, explain_replays=explain_replays)  # fmt: skip
+    options: _Options = dict(device=device, runner_factory=runner_factory, on_phase=on_phase,
+                             stop_on_failure=stop_on_failure,
+                             explain_replays=explain_replays)  # fmt: skip
     if plan.config.kv_groups:
         runs = GroupRuns(plan, builder, progress, on_chunk)
         for group_plan, group_builder, group_progress, group_chunk in runs:
@@ -110,8 +123,14 @@ def run_plan(
     return _run_one(plan, builder, progress, on_chunk, reader, **options)
 
 
-def _run_one(plan: CheckPlan, builder: Callable, progress, on_chunk, reader, *, device,
-             runner_factory, on_phase, stop_on_failure, explain_replays) -> Report:  # fmt: skip
+def _run_one(plan: CheckPlan, builder: Callable[..., object],
+             progress: Callable[[int, int], None] | None,
+             on_chunk: Callable[[Report], None] | None,
+             reader: Reader | Callable[..., object] | str | None, *,
+             device: str | torch.device | None,
+             runner_factory: Callable[..., GraphRunner] | None,
+             on_phase: Callable[[str], None] | None, stop_on_failure: bool,
+             explain_replays: bool) -> Report:  # fmt: skip
     """``run_plan`` for a plan of one KV-cache group (every plan without ``kv_groups``)."""
     if plan.pipeline == "step":
         reader = resolve_reader(reader if reader is not None else plan.reader)
@@ -133,12 +152,12 @@ def _run_one(plan: CheckPlan, builder: Callable, progress, on_chunk, reader, *, 
 
 
 def check_decode_step(
-    builder: Callable | str,
+    builder: Callable[..., object] | str,
     cfg: CheckConfig,
     *,
     device: str | torch.device | None = None,
     progress: Callable[[int, int], None] | None = None,
-    consumer: Callable | None = None,
+    consumer: Callable[..., object] | Reader | None = None,
     on_phase: Callable[[str], None] | None = None,
     on_report: Callable[[Report], None] | None = None,
     stop_on_failure: bool = False,
@@ -177,12 +196,12 @@ def check_decode_step(
 
 
 def run_decode_step(
-    fn: Callable,
+    fn: Callable[..., object],
     plan: CheckPlan,
     *,
     device: str | torch.device | None = None,
     progress: Callable[[int, int], None] | None = None,
-    consumer: Callable | None = None,
+    consumer: Callable[..., object] | Reader | None = None,
     on_phase: Callable[[str], None] | None = None,
     on_report: Callable[[Report], None] | None = None,
     stop_on_failure: bool = False,

@@ -15,7 +15,8 @@ from dataclasses import dataclass
 import torch
 
 from ..consumers.paged_attention import BLOCK_N, TOKENS_PER_SPLIT
-from ..graph.buckets import Buckets, resolve_padding
+from ..consumers.reader import Reader
+from ..graph.buckets import Buckets, PaddingPolicy, resolve_padding
 from ..graph.step_graphs import (
     TIMING_CALLS,
     TIMING_WARMUP,
@@ -24,9 +25,10 @@ from ..graph.step_graphs import (
     default_consumer,
 )
 from ..kernels.contract import cdiv
+from ..kinds import KindSpec
 from ..kinds.builders import builder_name
-from ..workload.decode import DecodeWorkload, Injection
-from ..workload.pool import KVPool
+from ..workload.decode import DecodeWorkload, Injection, Step
+from ..workload.pool import KVPool, Request
 from .config import CONSUMER_DTYPES, INDEX_DTYPES, CheckConfig
 from .padded_rows import describe as describe_padded_rows
 from .padded_rows import judge_capture as judge_reserved_at_capture
@@ -75,7 +77,7 @@ def shrink_for_cpu(cfg: CheckConfig) -> tuple[CheckConfig, str | None]:
     changed = {k: (getattr(cfg, k), v) for k, v in new.items() if getattr(cfg, k) != v}
     if not changed:
         return cfg, None
-    extra: dict = {}
+    extra: dict[str, object] = {}
     if cfg.initial_len is not None:
         extra["initial_len"] = (min(cfg.initial_len[0], ctx), min(cfg.initial_len[1], ctx))
     if not isinstance(cfg.buckets, str):
@@ -100,7 +102,7 @@ class _Run:
     pool: KVPool
     report: Report
     props: dict[str, PropertyResult]
-    padding: object
+    padding: PaddingPolicy
     buckets: Buckets
     gen: torch.Generator
     padded_replays: int = 0
@@ -115,14 +117,17 @@ class StepBench:
     consumer captured in one graph a bucket, each replay judged on the attention's output
     (docs/ARCHITECTURE.md)."""
 
-    def __init__(self, fn: Callable, plan: CheckPlan, device, consumer: Callable | None,
+    def __init__(self, fn: Callable[..., object], plan: CheckPlan,
+                 device: str | torch.device | None, consumer: Callable[..., object] | Reader | None,
                  hooks: CheckHooks, emulate: bool | None) -> None:  # fmt: skip
         cfg = plan.config
         dev = pick_device(device)
         note = None
         if dev.type != "cuda":
             cfg, note = shrink_for_cpu(cfg)
-        self.report = Report(builder_name(fn), cfg, str(dev), dev.type == "cuda",
+        assert cfg.consumer is not None, "a decode-step plan's config has a consumer (plan_check)"
+        graphs = "cuda" if dev.type == "cuda" else "none"
+        self.report = Report(builder_name(fn), cfg, str(dev), graphs,
                              step=StepSection(consumer=cfg.consumer, shrunk=note))  # fmt: skip
         self.props = step_properties()
         self.steps = cfg.steps
@@ -142,16 +147,19 @@ class StepBench:
             self._hooks.on_chunk(self.report)  # the shapes and device, before anything can crash
 
     def capture(self) -> bool:
+        assert self.run is not None and self.run.on_phase is not None, "set_up makes the run"
         self.run.on_phase("capture")
         return _capture(self.run)
 
     def start_replays(self) -> None:
+        assert self.run is not None, "set_up makes the run"
         cfg = self.run.cfg
         kwargs = workload_kwargs(cfg, self._kind.tables_include_draft, cfg.max_context_len)
         kwargs.update(inject=Injection(), draft_tokens=0)
         self._steps = iter(DecodeWorkload(self.run.pool, **kwargs))
 
     def replay_one(self, k: int) -> bool:
+        assert self.run is not None, "set_up makes the run"
         _one_step(self.run, k, next(self._steps))
         self.report.replays = k + 1
         return True  # each step is judged as it runs
@@ -160,6 +168,7 @@ class StepBench:
         """What passed is described, or, after an early end, what was not finished marked
         incomplete (``CheckInterrupted`` when a signal ended it)."""
         if end.stopped is None:
+            assert self.run is not None, "set_up makes the run"
             _details(self.run)
             return
         self.report.stopped = end.stopped
@@ -168,6 +177,7 @@ class StepBench:
             raise CheckInterrupted(self.report, end.interrupted)
 
     def after_replays(self) -> None:
+        assert self.run is not None and self.run.on_phase is not None, "set_up makes the run"
         self.run.on_phase("timing")
         _timing(self.run)
 
@@ -179,8 +189,11 @@ class StepBench:
         pass
 
 
-def _setup(fn, kind, consumer, cfg: CheckConfig, dev, report, props,
+def _setup(fn: Callable[..., object], kind: KindSpec,
+           consumer: Callable[..., object] | Reader | None, cfg: CheckConfig, dev: torch.device,
+           report: Report, props: dict[str, PropertyResult],
            emulate: bool | None = None) -> _Run:  # fmt: skip
+    assert cfg.consumer is not None, "a decode-step plan's config has a consumer (plan_check)"
     pool = KVPool(**pool_kwargs(cfg), device=dev)
     shape = StepShape(
         max_bs=cfg.max_bs, width=cfg.width, page_size=cfg.page_size, num_pages=pool.num_pages,
@@ -216,7 +229,7 @@ def _capture(run: _Run) -> bool:
 # -- one step ------------------------------------------------------------------------------------
 
 
-def _model(run: _Run, k: int, step) -> StepBatch:
+def _model(run: _Run, k: int, step: Step) -> StepBatch:
     reqs = run.pool.requests
     rpi = [int(r) for r in step.req_pool_indices]
     lens = [int(n) for n in step.seq_lens]
@@ -226,7 +239,7 @@ def _model(run: _Run, k: int, step) -> StepBatch:
     return StepBatch(k, run.buckets.bucket_for(len(rpi)), rpi, lens, rows, live)
 
 
-def _one_step(run: _Run, k: int, step) -> None:
+def _one_step(run: _Run, k: int, step: Step) -> None:
     """Stage, replay A, B, D and C (docs/ARCHITECTURE.md), then let each judge judge it."""
     g, b = run.graphs, _model(run, k, step)
     n, bucket = len(b.rpi), b.bucket
@@ -270,7 +283,7 @@ def _one_step(run: _Run, k: int, step) -> None:
     stats.replays += 1
 
 
-def _padded_queries(g: StepGraphs, n: int, bucket: int, finite) -> None:
+def _padded_queries(g: StepGraphs, n: int, bucket: int, finite: torch.Generator | None) -> None:
     """Rows ``n:bucket`` of ``q``: NaN and +Inf by turns, or seeded finite values."""
     if bucket <= n:
         return
@@ -282,8 +295,8 @@ def _padded_queries(g: StepGraphs, n: int, bucket: int, finite) -> None:
     pad[1::2] = float("inf")
 
 
-def _poison_tails(run: _Run, b: StepBatch, before: tuple | None = None,
-                  nan_page: bool = False) -> tuple:  # fmt: skip
+def _poison_tails(run: _Run, b: StepBatch, before: tuple[torch.Tensor, ...] | None = None,
+                  nan_page: bool = False) -> tuple[torch.Tensor, ...]:  # fmt: skip
     """Fill the whole table of the bucket (and CSR's ``kv_indices``) with ids of live pages
     drawn at random, each entry a different page than ``before`` (the picks this returned
     last) where two pages live: the builder overwrites the live entries, and a stale tail
@@ -293,7 +306,7 @@ def _poison_tails(run: _Run, b: StepBatch, before: tuple | None = None,
     stale entry, even one whose score is masked by a multiplication by zero, makes the row
     NaN. The picks are returned either way (``before`` of the next fill)."""
     g, live = run.graphs, len(b.live)
-    sizes = [(b.bucket, g.shape.width)]
+    sizes: list[tuple[int, ...]] = [(b.bucket, g.shape.width)]
     if g.shape.lists_pages:
         sizes.append((g.kv_indices.shape[0],))
     picks = []
@@ -334,6 +347,7 @@ def _renew_past_length(run: _Run, b: StepBatch) -> None:
 def _details(run: _Run) -> None:
     """What each passed property covered."""
     p, r, ps = run.props, run.report, run.cfg.page_size
+    assert r.step is not None, "a decode-step report has its step section"
     ok = {k: v for k, v in p.items() if v.status == "pass"}
     nan_pages = "page 0" if run.graphs.null_block == "nan" else "the guard page and the sentinel"
     text = {
@@ -369,6 +383,7 @@ def _timing(run: _Run) -> None:
     """Per bucket, the device time per call of the step, the builder alone and the consumer
     alone (CUDA graphs only; graph/step_graphs.py says how)."""
     r, g = run.report, run.graphs
+    assert r.step is not None, "a decode-step report has its step section"
     if not g.use_graphs:
         r.step.timing_skipped = (
             f"needs a GPU (CUDA events around replays of graphs of {TIMING_CALLS} calls)"
@@ -392,9 +407,10 @@ def _timing(run: _Run) -> None:
         r.step.timing_skipped = f"timing raised {type(exc).__name__}: {exc}"
 
 
-def _time_buckets(run: _Run, rows: list) -> None:
+def _time_buckets(run: _Run, rows: list[Request]) -> None:
     """Capture the timing graphs, then time every bucket on ``rows`` (running requests)."""
     r, g = run.report, run.graphs
+    assert r.step is not None, "a decode-step report has its step section"
     g.capture_timing(TIMING_CALLS)
     iters = run.cfg.timing_iters
     r.step.timing_method = (

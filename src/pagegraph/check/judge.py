@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import collections
 import re
+from collections.abc import Callable
 
 import numpy as np
+import torch
 
 from ..detect.probes import BuilderProbe, CompileCounter, EagerCall
+from ..graph.runner import GraphRunner
 from ..kernels.contract import POISON
 from ..kernels.registry import raised_at
 from .config import REPLAY_PROPERTIES, CheckConfig
@@ -23,6 +26,8 @@ from .state import ALLOCATION_PROBES, ReplayMeasure, ReplayState
 from .verify import CANARY_ROWS, ModelStep, TableVerifier, read_mask
 
 Props = dict[str, PropertyResult]
+#: names a replay's out-of-contract rows, for its failures (``BatchModel.describe_rows``)
+DescribeRows = Callable[[ModelStep], str]
 
 #: The tables' names, by table index in the checker's allocation.
 TABLE_NAMES = ("page_table", "swa_page_table")
@@ -89,7 +94,9 @@ def judge_eager_call(props: Props, call: EagerCall, detectors: tuple[str, ...],
         )
 
 
-def judge_eager_call_raised(props: Props, exc: BaseException, builder) -> str:
+def judge_eager_call_raised(
+    props: Props, exc: BaseException, builder: Callable[..., object]
+) -> str:
     """The builder's first eager call raised (before any capture): "capture" fails with the
     exception and where in the builder's code it raised; the rest is not reached. Returns
     the text for ``Report.stopped``."""
@@ -101,7 +108,7 @@ def judge_eager_call_raised(props: Props, exc: BaseException, builder) -> str:
     return what
 
 
-def describe_exception(exc: BaseException, builder=None) -> str:
+def describe_exception(exc: BaseException, builder: Callable[..., object] | None = None) -> str:
     """``TypeName: message at file:line``, the line being the innermost frame in the
     builder's own file (else the innermost frame outside pagegraph, torch and triton)."""
     where = raised_at(exc, builder)
@@ -116,7 +123,7 @@ _CAPTURE_ERROR = re.compile(r"captur|cudaErrorStreamCapture|operation not permit
 _STACK_FRAME = re.compile(r'File "([^"]+)", line (\d+)')
 
 
-def _sync_site(stack: str | None, builder) -> str:
+def _sync_site(stack: str | None, builder: Callable[..., object] | None) -> str:
     """``file:line`` of a sync's stack (``traceback.format_list`` text): its innermost frame
     in the builder's file, else its innermost frame outside pagegraph, torch and triton."""
     frames = _STACK_FRAME.findall(stack or "")
@@ -132,7 +139,9 @@ def _sync_site(stack: str | None, builder) -> str:
     return "an unknown place"
 
 
-def sync_capture_cause(exc: BaseException, call: EagerCall | None, builder) -> str | None:
+def sync_capture_cause(
+    exc: BaseException, call: EagerCall | None, builder: Callable[..., object] | None
+) -> str | None:
     """The line for a capture that raised because the builder synchronises: when the
     exception reads as a capture error and the eager call before the capture saw a sync,
     ``capture failed: the builder synchronised at FILE:LINE (WHAT), which a CUDA graph
@@ -269,7 +278,7 @@ def _judge_addresses(state: ReplayState, i: int) -> None:
             moved.fail(f"replay {i}: {name} replaced")
 
 
-def _current(runner, name: str):
+def _current(runner: GraphRunner, name: str) -> torch.Tensor | None:
     """The runner's buffer ``name`` now (``None`` when it is gone)."""
     try:
         return runner.static_buffer(name)
@@ -296,7 +305,7 @@ def judge_chunk_allocations(state: ReplayState) -> None:
 
 def judge_records(records: np.ndarray, steps: list[ModelStep], verifier: TableVerifier,
                   props: Props, report: Report, cfg: CheckConfig,
-                  describe_rows=None) -> None:  # fmt: skip
+                  describe_rows: DescribeRows | None = None) -> None:  # fmt: skip
     """Fold one chunk of device records (``[len(steps), verifier.record_size]`` int64, one
     row a replay, laid out as ``pagegraph.check.verify`` says) into the report.
     ``describe_rows(step)`` names a replay's out-of-contract rows for its failures."""
@@ -320,7 +329,8 @@ def judge_records(records: np.ndarray, steps: list[ModelStep], verifier: TableVe
                                   describe_rows)  # fmt: skip
 
 
-def _fail_with(prop: PropertyResult, failure: Failure, st: ModelStep, describe_rows) -> None:
+def _fail_with(prop: PropertyResult, failure: Failure, st: ModelStep,
+               describe_rows: DescribeRows | None) -> None:  # fmt: skip
     """``prop`` fails; its first failure gets the row's inputs and the replay's
     out-of-contract rows (worked out for the first failure only: they cost a few numpy
     calls)."""
@@ -335,7 +345,8 @@ def _fail_with(prop: PropertyResult, failure: Failure, st: ModelStep, describe_r
 
 
 def _judge_tables(rec: np.ndarray, st: ModelStep, verifier: TableVerifier, stats: BucketStats,
-                  props: Props, cfg: CheckConfig, describe_rows=None) -> None:  # fmt: skip
+                  props: Props, cfg: CheckConfig,
+                  describe_rows: DescribeRows | None = None) -> None:  # fmt: skip
     """The table masks of one record: wrong live entries fail "correct", writes outside the
     live region fail "bounded writes"; on an out-of-contract replay either fails "row
     containment" instead. ("graph-safe" compares a replay with an eager call instead:
@@ -363,13 +374,16 @@ def _judge_tables(rec: np.ndarray, st: ModelStep, verifier: TableVerifier, stats
 
 
 def _judge_vectors(rec: np.ndarray, st: ModelStep, verifier: TableVerifier, stats: BucketStats,
-                   props: Props, cfg: CheckConfig, describe_rows=None) -> None:  # fmt: skip
+                   props: Props, cfg: CheckConfig,
+                   describe_rows: DescribeRows | None = None) -> None:  # fmt: skip
     """A metadata or CSR builder's vectors: wrong entries of the live region fail "correct"
     (on an out-of-contract replay they are the out-of-contract values' own, and allowed,
     except a CSR builder's
     rows before the first out-of-contract one: "row containment"), writes outside it fail
     "bounded writes" (or "row containment")."""
-    length = verifier.vectors.shape[1]
+    vectors = verifier.vectors
+    assert vectors is not None, "judged only for a kind with vectors (judge_records)"
+    length = vectors.shape[1]
     for k, mask in enumerate((2 * verifier.T, 2 * verifier.T + 1)):
         found = read_mask(rec, mask)
         if found is None:
@@ -427,7 +441,8 @@ def _judge_staged_inputs(rec: np.ndarray, st: ModelStep, verifier: TableVerifier
 
 def _judge_error_counters(rec: np.ndarray, st: ModelStep, verifier: TableVerifier,
                           kinds: tuple[str, ...], err_prop: PropertyResult,
-                          report: Report, describe_rows=None) -> None:  # fmt: skip
+                          report: Report,
+                          describe_rows: DescribeRows | None = None) -> None:  # fmt: skip
     E = verifier.E
     at = verifier.errors_at
     want, got = rec[at : at + E], rec[at + E : at + 2 * E]
@@ -543,6 +558,7 @@ def _summarise_memory_growth(state: ReplayState, memory_after: int | None) -> No
     if not state.graphs:
         growth.skip("needs a GPU: torch keeps allocator statistics for CUDA memory only")
     elif memory_after is not None:
+        assert before is not None, "read before the replays on CUDA (ReplayState.after_capture)"
         growth.detail = f"{before} bytes allocated before the replays, {memory_after} after"
         if memory_after > before:
             growth.fail(f"+{memory_after - before} bytes over {state.report.replays} replays")

@@ -9,7 +9,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -84,7 +84,12 @@ _ran_one = False
 class _PhaseClock:
     """Wall seconds a phase into ``wall`` (``start`` closes the phase before it)."""
 
-    def __init__(self, wall: dict) -> None:
+    wall: dict[str, float]
+    #: the phase being timed, None before the first and after the last
+    phase: str | None
+    t: float
+
+    def __init__(self, wall: dict[str, float]) -> None:
         self.wall, self.phase, self.t = wall, None, time.perf_counter()
 
     def start(self, phase: str | None) -> None:
@@ -137,7 +142,7 @@ def pick_device(device: str | torch.device | None) -> torch.device:
     return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
-def record_capture(report: Report, prop: PropertyResult, buckets: int, graphs: object,
+def record_capture(report: Report, prop: PropertyResult, buckets: int, graphs: Mapping[int, object],
                    use_graphs: bool, emulated: bool, t0: float) -> None:  # fmt: skip
     """A capture that went through, begun at ``t0`` (``time.perf_counter``): its time, how the
     graphs replay (CUDA, emulated: naming the ops ``graphs`` froze, or eagerly) in ``prop``."""

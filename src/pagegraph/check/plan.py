@@ -8,6 +8,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 from ..consumers.reader import Reader, as_reader
 from ..kernels.registry import BuilderLoadError, load_object
@@ -44,18 +45,18 @@ class CheckPlan:
     def kind_spec(self) -> KindSpec:
         return KINDS[self.kind]
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {"builder": self.builder, "config": dataclasses.asdict(self.config),
                 "kind": self.kind, "pipeline": self.pipeline, "reader": self.reader}  # fmt: skip
 
     @classmethod
-    def from_dict(cls, d: dict) -> CheckPlan:
+    def from_dict(cls, d: dict[str, Any]) -> CheckPlan:
         """The plan ``to_dict`` wrote (a parent's, for its child): trusted, not validated."""
         return cls(d["builder"], CheckConfig.from_dict(d["config"]), d["kind"], d["pipeline"],
                    d.get("reader"))  # fmt: skip
 
 
-def resolve_reader(reader: Reader | Callable | str | None) -> Reader | None:
+def resolve_reader(reader: Reader | Callable[..., object] | str | None) -> Reader | None:
     """A decode step's reader: a ``Reader``, an attention call, or ``"module:name"`` /
     ``"path/to/file.py:name"`` naming either; ``ValueError`` (one line) otherwise."""
     if reader is None:
@@ -70,7 +71,9 @@ def resolve_reader(reader: Reader | Callable | str | None) -> Reader | None:
     return as_reader(reader)
 
 
-def resolve_kind(builder: Callable | str, outputs: str = "auto") -> tuple[Callable, KindSpec]:
+def resolve_kind(
+    builder: Callable[..., object] | str, outputs: str = "auto"
+) -> tuple[Callable[..., object], KindSpec]:
     """``builder`` resolved (a callable, a built-in name or ``module:fn``; ``BuilderLoadError``
     otherwise) and the kind of outputs a check of it judges: ``outputs`` when declared (a
     config's ``outputs``), else what the builder says of itself."""
@@ -101,13 +104,13 @@ def _presets(cfg: CheckConfig, kind: KindSpec, own_builder: bool) -> CheckConfig
 
 
 def plan_check(
-    builder: Callable | str,
+    builder: Callable[..., object] | str,
     config: CheckConfig,
     spec: str | None = None,
-    reader: Reader | Callable | str | None = None,
+    reader: Reader | Callable[..., object] | str | None = None,
     *,
     own_builder: bool = False,
-) -> tuple[CheckPlan, Callable]:
+) -> tuple[CheckPlan, Callable[..., object]]:
     """Validate a check of ``builder`` (a callable, a built-in name or ``module:fn``) on
     ``config``; the plan and the resolved builder. ``spec``: the builder as a child process
     resolves it (default: ``builder`` when a string, else its name). ``reader``: the decode

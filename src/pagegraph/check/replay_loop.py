@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import time
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -28,6 +29,10 @@ from .pipeline import LoopEnd, ReplayFailed
 from .signals import CheckInterrupted, stop_requested
 from .state import ALLOCATION_PROBES, IN_FLIGHT, ReplayMeasure, ReplayState
 from .verify import ModelStep
+
+#: a replay's arguments to the runner: the batch's request indices and lengths, as host lists
+#: (or arrays) or as ``[n]`` device views of the model's inputs
+_ReplayArgs = tuple[list[int] | np.ndarray | torch.Tensor, list[int] | np.ndarray | torch.Tensor]
 
 
 def start_replays(state: ReplayState) -> None:
@@ -71,7 +76,9 @@ def _wait_for_workload(state: ReplayState) -> None:
     if state.cfg.steps > 1:
         # Every workload child's start-up is over before the steady state begins (its first
         # turn would otherwise stall the replays in the middle of the measurement).
-        waited_s = state.run.workload.wait_started(should_stop=lambda: stop_requested() is not None)
+        workload = state.run.workload
+        assert workload is not None, "the workload starts at set-up"
+        waited_s = workload.wait_started(should_stop=lambda: stop_requested() is not None)
         state.report.workload_start_ms = waited_s * 1e3
 
 
@@ -121,14 +128,16 @@ def _generate(state: ReplayState, i: int) -> None:
     tally = state.allocations
     a0 = tally.read() if tally.per_replay else 0
     with phase("workload"):
-        state.step = next(state.run.steps)
+        steps = state.run.steps
+        assert steps is not None, "the workload's steps start at set-up"
+        state.step = next(steps)
         update_engine_state(state.run, state.step)
     if tally.per_replay:
         tally.workload += tally.read() - a0
     state.times.workload_us.append((time.perf_counter() - t_step) * 1e6)
 
 
-def _stage(state: ReplayState, i: int) -> tuple[ModelStep, tuple]:
+def _stage(state: ReplayState, i: int) -> tuple[ModelStep, _ReplayArgs]:
     """Step 2: the model's expected inputs of replay ``i``, uploaded for the verifier, and the
     runner's arguments (host lists, or ``[n]`` device views of the model's inputs)."""
     step: Step = state.step
@@ -155,12 +164,14 @@ def _device_batch(state: ReplayState, n: int) -> tuple[torch.Tensor, torch.Tenso
     return args
 
 
-def _replay(state: ReplayState, i: int, mstep: ModelStep, args: tuple) -> ReplayMeasure:
+def _replay(state: ReplayState, i: int, mstep: ModelStep, args: _ReplayArgs) -> ReplayMeasure:
     """Step 3: ``runner.replay(*args)``, measured; ``ReplayFailed`` when it raised."""
     rec = state.recorder
     before = len(rec.events) if rec is not None else 0
     counter = None if state.graphs else AllocationCounter()
-    calls_before = len(state.run.probe.calls)
+    probe = state.run.probe
+    assert probe is not None, "the probe is made at set-up"
+    calls_before = len(probe.calls)
     tally = state.allocations
     a0 = tally.read() if tally.per_replay else 0
     t = time.perf_counter()
@@ -186,8 +197,8 @@ def _replay(state: ReplayState, i: int, mstep: ModelStep, args: tuple) -> Replay
             rec.pause()
     dt = (time.perf_counter() - t) * 1e6
     allocations = tally.read() - a0 if tally.per_replay else 0
-    builder_calls = state.run.probe.calls[calls_before:]
-    del state.run.probe.calls[calls_before:]  # eager replays: measured here, not kept
+    builder_calls = probe.calls[calls_before:]
+    del probe.calls[calls_before:]  # eager replays: measured here, not kept
     if state.graphs and not tally.per_replay:  # a chunk's tally is the runner's alone
         tally.base += sum(c.allocations for c in builder_calls)
     return ReplayMeasure(dt, allocations, counter, before, builder_calls)
@@ -211,7 +222,7 @@ def _verify(state: ReplayState, i: int, mstep: ModelStep, measured: ReplayMeasur
 
 
 @contextlib.contextmanager
-def _untallied(state: ReplayState):
+def _untallied(state: ReplayState) -> Iterator[None]:
     """Allocations made in the block are taken out of the chunk's tally (measured a chunk at
     a time, the tally is the runner's alone)."""
     tally = state.allocations

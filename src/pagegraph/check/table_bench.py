@@ -7,13 +7,14 @@ from __future__ import annotations
 
 import dataclasses
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 
 import numpy as np
 import torch
 
 from ..detect.probes import BuilderProbe, CompileCounter, measure_eager_call
 from ..detect.ranges import phase
+from ..graph.runner import GraphRunner
 from ..kinds.builders import builder_capabilities, builder_name
 from ..workload.decode import Step
 from ..workload.pool import KVPool
@@ -44,7 +45,7 @@ class TableBench:
     """The tables pipeline (``pagegraph.check.pipeline.Bench``): the builder's outputs after
     every replay compared exactly with the checker's model, by the phases below."""
 
-    def __init__(self, run: CheckRun):
+    def __init__(self, run: CheckRun) -> None:
         self.run = run
         self.report = run.report
         self.props = run.props
@@ -59,16 +60,20 @@ class TableBench:
         judge_aliasing(self.run.props["outputs unaliased"], self.run.runner, self.run.kind)
 
     def capture(self) -> bool:
+        assert self._first is not None, "set_up takes the first batch"
         return _probe_eager_call(self.run, self._first) and _capture(self.run)
 
     def start_replays(self) -> None:
+        assert self._first is not None, "set_up takes the first batch"
         self._state = ReplayState.after_capture(self.run, self._first)
         start_replays(self._state)
 
     def replay_one(self, i: int) -> bool:
+        assert self._state is not None, "start_replays makes the replays' state"
         return replay_one(self._state, i)
 
     def end_replays(self, end: LoopEnd) -> None:
+        assert self._state is not None, "start_replays makes the replays' state"
         end_replays(self._state, end)
 
     def after_replays(self) -> None:
@@ -87,13 +92,14 @@ class TableBench:
 # -- the phases, in order ------------------------------------------------------------------------
 
 
-def start_run(fn: Callable, plan: CheckPlan, device, runner_factory,
-               hooks: CheckHooks) -> CheckRun:  # fmt: skip
+def start_run(fn: Callable[..., object], plan: CheckPlan, device: str | torch.device | None,
+              runner_factory: Callable[..., GraphRunner],
+              hooks: CheckHooks) -> CheckRun:  # fmt: skip
     """The device and the detectors for a planned check; an empty report with every
     property passing until judged."""
     cfg, kind = plan.config, plan.kind_spec
     dev = pick_device(device)
-    report = Report(builder_name(fn), cfg, str(dev), dev.type == "cuda")
+    report = Report(builder_name(fn), cfg, str(dev), "cuda" if dev.type == "cuda" else "none")
     detectors, no_detector_reason = resolve_detectors(cfg.detectors, dev)
     report.detectors = detectors
     props = {name: PropertyResult(name) for name in PROPERTIES}
@@ -119,29 +125,30 @@ def _allocate(run: CheckRun) -> None:
 def _start_workload_and_runner(run: CheckRun) -> Step:
     """Start the workload (before the capture, so child processes generate steps meanwhile),
     make the runner under test, and return the workload's first batch."""
-    cfg = run.cfg
+    cfg, pool, probe, buffers = run.cfg, run.pool, run.probe, run.buffers
+    assert pool is not None and probe is not None and buffers is not None, "after _allocate"
     run.report.workload_in_process = _workload_in_process(cfg, run.device)
     run.workload = ProducedWorkload(
-        run.pool,
+        pool,
         pool_kwargs(cfg),
         workload_kwargs(cfg, run.kind.tables_include_draft, run.len_limit),
         streams=cfg.workload_streams,
         processes=run.report.workload_in_process,
     )
     run.runner = run.runner_factory(
-        run.pool.req_to_token,
+        pool.req_to_token,
         max_bs=cfg.max_bs,
         max_context_len=cfg.max_context_len,
         page_size=cfg.page_size,
         buckets=cfg.buckets,
         padding=cfg.padding,
-        builder=run.probe,
-        full_to_swa=run.pool.full_to_swa,
+        builder=probe,
+        full_to_swa=pool.full_to_swa,
         errors=run.errors,
         index_dtype=INDEX_DTYPES[cfg.index_dtype],
         table_width=cfg.width,
         engine=run.engine,
-        **run.buffers.runner_kwargs(cfg),
+        **buffers.runner_kwargs(cfg),
         **({} if cfg.emulate else {"emulate": False}),  # a custom factory may not take it
     )
     run.steps = iter(run.workload)
@@ -156,8 +163,10 @@ def _probe_eager_call(run: CheckRun, first: Step) -> bool:
     (safety), allocations (advice). False (the rest not reached) when the builder raised."""
     from ..detect.sync import DetectorUnavailable
 
-    warm_up, call = run.buffers.eager_calls(
-        run.builder, run.cfg, run.pool, first, run.device, engine=run.engine
+    buffers, pool, probe = run.buffers, run.pool, run.probe
+    assert buffers is not None and pool is not None and probe is not None, "after _allocate"
+    warm_up, call = buffers.eager_calls(
+        run.builder, run.cfg, pool, first, run.device, engine=run.engine
     )
     try:
         measured = measure_eager_call(warm_up, call, first.bs, run.device, run.detectors)
@@ -166,7 +175,7 @@ def _probe_eager_call(run: CheckRun, first: Step) -> bool:
     except Exception as exc:  # noqa: BLE001 - a builder that raises is reported, not fatal
         run.report.stopped = judge_eager_call_raised(run.props, exc, run.builder)
         return False
-    run.probe.eager_call = measured  # its syncs explain a capture that fails on them
+    probe.eager_call = measured  # its syncs explain a capture that fails on them
     judge_eager_call(run.props, measured, run.detectors, run.no_detector_reason, run.cfg.strict)
     return True
 
@@ -176,27 +185,29 @@ def _capture(run: CheckRun) -> bool:
     marked not reached) when the capture raised."""
     props, report = run.props, run.report
     run.hooks.note("capture")
-    run.probe.calls.clear()
+    probe, compiles, runner = run.probe, run.compiles, run.runner
+    assert probe is not None and compiles is not None and runner is not None, "after set-up"
+    probe.calls.clear()
     t0 = time.perf_counter()
     try:
         with phase("capture"):
-            run.runner.capture()
+            runner.capture()
         if run.graphs:
             torch.cuda.synchronize(run.device)
     except Exception as exc:  # noqa: BLE001 - a builder that raises is reported
-        where = run.probe.current_phase
+        where = probe.current_phase
         # A sync the eager call found just before is what broke the capture: say so.
-        what = sync_capture_cause(exc, run.probe.eager_call, run.builder)
+        what = sync_capture_cause(exc, probe.eager_call, run.builder)
         what = what or f"{where} raised {describe_exception(exc, run.builder)}"
-        judge_builder_calls(run.probe, run.compiles, props, run.cfg.strict)
+        judge_builder_calls(probe, compiles, props, run.cfg.strict)
         fail_capture(report, props, what)
         return False
-    record_capture(report, props["capture"], len(run.runner.buckets), run.runner.graphs,
+    record_capture(report, props["capture"], len(runner.buckets), runner.graphs,
                    run.graphs, run.emulated, t0)  # fmt: skip
-    judge_builder_calls(run.probe, run.compiles, props, run.cfg.strict)
+    judge_builder_calls(probe, compiles, props, run.cfg.strict)
     # Eager replays run the builder: keep measuring it. Graph replays, emulated ones
     # included, never call it.
-    run.probe.measure = run.kind.where == "eager" or not (run.graphs or run.emulated)
+    probe.measure = run.kind.where == "eager" or not (run.graphs or run.emulated)
     if run.hooks.on_chunk is not None:  # a supervisor keeps what the capture found
         run.hooks.on_chunk(report)
     return True
@@ -236,7 +247,7 @@ def _release(run: CheckRun) -> None:
 
 
 def resolve_detectors(
-    spec, device: torch.device | None = None
+    spec: str | Sequence[str] | None, device: torch.device | None = None
 ) -> tuple[tuple[str, ...], str | None]:
     """The detectors to run on ``device`` and, when none runs, why (for the skipped
     properties). ``auto``: torch and cupti for a CUDA device, the cpu detector for a CPU one
@@ -257,6 +268,7 @@ def resolve_detectors(
             return wanted, None
         why = "; ".join(f"{n}: {status.get(n)}" for n in names)
         return (), f"no sync detector can run here ({why})"
+    assert not isinstance(choice, str), "parse_detectors: 'auto' or a tuple of names"
     if not choice:
         return (), "detectors off (detectors = none)"
     missing = {name: status.get(name) for name in choice if status.get(name) is not None}
