@@ -1,4 +1,5 @@
-""" "outputs unaliased" (``pagegraph.check.aliasing``): outputs that share memory with each other
+""" "outputs unaliased" (``pagegraph.check.judges.aliasing``): outputs that share memory with each
+other
 or with an input fail at set-up, naming both buffers and the bytes they share; disjoint views
 of one allocation pass; the corpus entries of aliasing (class f) hold their verdicts."""
 
@@ -8,9 +9,9 @@ import pytest
 import torch
 
 from pagegraph import GraphRunner, check_replay_safety
-from pagegraph.check.aliasing import byte_runs, find_overlaps, judge_aliasing, split_buffers
 from pagegraph.check.config import CheckConfig
-from pagegraph.check.report import PropertyResult
+from pagegraph.check.judges.aliasing import byte_runs, find_overlaps, judge_aliasing, split_buffers
+from pagegraph.check.reports.report import PropertyResult
 from pagegraph.kinds import kind_of
 from pagegraph.wild import entry
 

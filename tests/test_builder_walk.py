@@ -8,8 +8,9 @@ import sys
 
 import pytest
 
-from pagegraph.check import checker, table_bench
+from pagegraph.check import checker
 from pagegraph.check.config import CheckConfig
+from pagegraph.check.pipeline import table_bench
 from pagegraph.kinds.builders import resolve_builder
 
 SMALL = dict(max_bs=4, max_context_len=128, page_size=16, buckets=[4], steps=3, seed=3)

@@ -18,7 +18,7 @@ from hypothesis import strategies as st
 from pagegraph import GraphRunner, build_page_table, check_replay_safety, reference_page_table
 from pagegraph.check.config import PROPERTIES, REPLAY_PROPERTIES, CheckConfig
 from pagegraph.check.mutants import reset_caches
-from pagegraph.check.report import Report
+from pagegraph.check.reports.report import Report
 from pagegraph.detect.probes import CompileCounter
 from pagegraph.detect.sync import DetectorUnavailable, parse_detectors
 from pagegraph.graph.buckets import resolve_padding
@@ -308,7 +308,7 @@ def test_batched_verification_judges_each_replay_as_alone(monkeypatch, batch):
     """Replays are verified ``batch`` at a time (``TableVerifier``): the per-bucket counts and
     the first failure must be those of verifying each replay alone, for a builder that turns
     wrong at replay 11, with chunks of 7 (not a multiple of 3) and a last, partial batch."""
-    import pagegraph.check.verify as verify
+    import pagegraph.check.judges.verify as verify
 
     def run(max_batch: int):
         monkeypatch.setattr(verify, "MAX_BATCH", max_batch)
@@ -593,8 +593,8 @@ def test_report_graphs_mode_reads_old_booleans_and_refuses_unknown_modes():
 def test_a_safe_verdict_names_where_it_stands():
     """On CUDA with real graphs and detectors nothing is added; anything emulated or missing
     is named, and the skipped properties follow."""
-    from pagegraph.check.judge import record_how_judged
-    from pagegraph.check.report import PropertyResult
+    from pagegraph.check.judges.table_judges import record_how_judged
+    from pagegraph.check.reports.report import PropertyResult
 
     def verdict(device, graphs, detectors):
         report = Report("b", SMALL, device, graphs)
@@ -916,7 +916,7 @@ def test_batch_model_flags_exactly_the_rows_out_of_the_contract(draft_tokens, le
     """The model's out-of-contract rows against the contract written out: a negative length,
     tables (built for max(len, 0) + draft tokens) past len_limit, a request index outside
     req_to_token; padded rows included. With more draft tokens than len_limit, every row."""
-    from pagegraph.check.verify import IN_BUCKET, OUT_OF_CONTRACT, REAL, BatchModel
+    from pagegraph.check.judges.verify import IN_BUCKET, OUT_OF_CONTRACT, REAL, BatchModel
 
     rng = np.random.default_rng(draft_tokens * 7 + len_limit)
     rows, sizes = 50, [4, 8, 16]
@@ -954,6 +954,7 @@ def test_batch_model_flags_exactly_the_rows_out_of_the_contract(draft_tokens, le
 def test_the_upload_ring_outlasts_the_replays_in_flight():
     """The checker keeps IN_FLIGHT replays in flight; the verifier refills an upload buffer
     UPLOAD_RING uploads later, which must be after the copy reading it was waited for."""
-    from pagegraph.check import state, verify
+    from pagegraph.check.judges import verify
+    from pagegraph.check.pipeline import state
 
     assert state.IN_FLIGHT >= 1 and verify.UPLOAD_RING >= state.IN_FLIGHT + 1

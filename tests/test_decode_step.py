@@ -16,13 +16,13 @@ from pathlib import Path
 import pytest
 import torch
 
-from pagegraph.check import decode_step
 from pagegraph.check.checker import check_decode_step
 from pagegraph.check.config import CheckConfig
-from pagegraph.check.decode_step import CPU_LIMITS, shrink_for_cpu
-from pagegraph.check.report import BucketStats, Report
+from pagegraph.check.pipeline import step_bench as decode_step
+from pagegraph.check.pipeline.step_bench import CPU_LIMITS, shrink_for_cpu
+from pagegraph.check.reports.report import BucketStats, Report
+from pagegraph.check.reports.step_report import share
 from pagegraph.check.scenario import ScenarioError, load_scenario
-from pagegraph.check.step_report import share
 from pagegraph.cli import main
 from pagegraph.consumers import csr_decode_attention, paged_decode_attention
 from pagegraph.graph.step_graphs import (
@@ -382,7 +382,7 @@ def test_time_interleaved_leaves_the_warm_up_out_and_divides_by_the_calls():
 def test_step_timing_path_runs_eagerly_without_cuda():
     """The timing graphs' bodies (step, builder alone, consumer alone) run and are timed by
     ``HostClock`` when there is no CUDA; the inputs in the buffers are kept."""
-    from pagegraph.check.workload_setup import pool_kwargs
+    from pagegraph.check.pipeline.workload_setup import pool_kwargs
     from pagegraph.workload.pool import KVPool
 
     cfg = tiny("csr")

@@ -1,6 +1,7 @@
 """Invariant: "graph-safe (captured short, replayed long)" fails exactly when a replay's
 outputs differ from an eager call of the builder on the same inputs
-(``pagegraph.check.graph_safety``): a builder wrong in eager mode too fails "correct" alone, a
+(``pagegraph.check.judges.graph_safety``): a builder wrong in eager mode too fails "correct" alone,
+a
 builder whose host-side decision is frozen at capture fails "graph-safe"; where nothing was
 captured the property is a skip, never a pass."""
 

@@ -10,7 +10,7 @@ import struct
 import sys
 
 from pagegraph.check.config import CheckConfig
-from pagegraph.check.report import PropertyResult, Report
+from pagegraph.check.reports.report import PropertyResult, Report
 from pagegraph.jobs.kill_image import image_size, kill_grid, write_kill_image
 from pagegraph.jobs.mutate import Outcome
 

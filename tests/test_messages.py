@@ -12,8 +12,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from pagegraph.check.judge import sync_capture_cause
-from pagegraph.check.report import Failure
+from pagegraph.check.judges.table_judges import sync_capture_cause
+from pagegraph.check.reports.report import Failure
 from pagegraph.cli import main
 from pagegraph.detect.probes import EagerCall
 from pagegraph.detect.sync_events import SyncEvent

@@ -15,9 +15,9 @@ import pytest
 import torch
 
 from pagegraph.check.config import PROPERTIES, CheckConfig
-from pagegraph.check.decode_step import STEP_PROPERTIES
 from pagegraph.check.mutants import CONTROLS, MUTANTS
-from pagegraph.check.report import Report
+from pagegraph.check.pipeline.step_bench import STEP_PROPERTIES
+from pagegraph.check.reports.report import Report
 from pagegraph.jobs.mutate import (
     Outcome,
     format_kill_table,

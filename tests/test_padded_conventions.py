@@ -19,16 +19,16 @@ import torch
 
 from pagegraph.check.checker import check_decode_step
 from pagegraph.check.config import CheckConfig
-from pagegraph.check.decode_step import step_properties
-from pagegraph.check.padded_rows import (
+from pagegraph.check.judges.padded_rows import (
     READS,
     WRITES,
     NullBlockUntouched,
     PaddedReadsInPool,
 )
+from pagegraph.check.judges.step_judges import StepBatch, StepReplays
+from pagegraph.check.pipeline.step_bench import step_properties
+from pagegraph.check.reports.step_report import STEP_PROPERTIES
 from pagegraph.check.scenario import ScenarioError, load_scenario
-from pagegraph.check.step_judges import StepBatch, StepReplays
-from pagegraph.check.step_report import STEP_PROPERTIES
 from pagegraph.consumers import paged_decode_attention
 from pagegraph.graph.step_graphs import GUARD_NAME, NULL_BLOCK_NAME
 from pagegraph.kernels.page_table import build_page_table

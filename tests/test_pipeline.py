@@ -1,4 +1,4 @@
-"""Invariant: one pipeline runs every check (``pagegraph.check.pipeline.run_pipeline``): the
+"""Invariant: one pipeline runs every check (``pagegraph.check.pipeline.phases.run_pipeline``): the
 phases in order, the replays only after a capture that succeeded, and the release and the
 report's last judgments always, also when a phase raises or a stop interrupts the replays;
 both benches (tables, decode step) run through it and note the same first phases."""
@@ -14,11 +14,11 @@ from types import SimpleNamespace
 
 import pytest
 
-from pagegraph.check import pipeline
 from pagegraph.check.checker import check_replay_safety
 from pagegraph.check.config import CheckConfig
-from pagegraph.check.pipeline import process_age_s, run_pipeline
-from pagegraph.check.state import CheckHooks
+from pagegraph.check.pipeline import phases as pipeline
+from pagegraph.check.pipeline.phases import process_age_s, run_pipeline
+from pagegraph.check.pipeline.state import CheckHooks
 
 
 class FakeClock:
@@ -240,7 +240,7 @@ def test_a_child_process_is_younger_than_its_parent():
 
 
 def _loop_props():
-    from pagegraph.check.report import PropertyResult
+    from pagegraph.check.reports.report import PropertyResult
 
     return {n: PropertyResult(n) for n in ("capture", "replays completed", "correct")}
 

@@ -18,7 +18,7 @@ import torch
 
 from pagegraph import build_page_table, check_replay_safety
 from pagegraph.check.config import CheckConfig
-from pagegraph.check.report import Report
+from pagegraph.check.reports.report import Report
 from pagegraph.workload import producer
 from pagegraph.workload.decode import DecodeWorkload, Injection
 from pagegraph.workload.pool import KVPool, PoolExhausted
@@ -334,7 +334,7 @@ def test_auto_keeps_short_and_eager_runs_in_one_process():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="sizes host memory (no CUDA here)")
 def test_memory_check_counts_the_parked_tables_of_the_streams_used(monkeypatch):
-    from pagegraph.check.buffers import table_bytes
+    from pagegraph.check.pipeline.buffers import table_bytes
     from pagegraph.jobs import check_job
 
     cfg = CheckConfig(max_bs=256, max_context_len=131072, page_size=64, steps=10_000)

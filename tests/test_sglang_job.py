@@ -14,7 +14,7 @@ import json
 import pytest
 
 from pagegraph.check.config import CheckConfig
-from pagegraph.check.report import PropertyResult, Report
+from pagegraph.check.reports.report import PropertyResult, Report
 from pagegraph.clients import sglang as sg
 from pagegraph.jobs import client_runs, sglang_job
 from pagegraph.jobs.sglang_job import (

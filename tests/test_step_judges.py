@@ -8,8 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from pagegraph.check.decode_step import step_properties
-from pagegraph.check.step_judges import (
+from pagegraph.check.judges.step_judges import (
     STEP_JUDGES,
     PaddedRowsContained,
     ReadsWithinLength,
@@ -18,7 +17,8 @@ from pagegraph.check.step_judges import (
     StepReplays,
     changed_rows,
 )
-from pagegraph.check.step_report import STEP_PROPERTIES
+from pagegraph.check.pipeline.step_bench import step_properties
+from pagegraph.check.reports.step_report import STEP_PROPERTIES
 
 
 def _run():

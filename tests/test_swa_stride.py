@@ -7,9 +7,9 @@ from __future__ import annotations
 import pytest
 import torch
 
-from pagegraph.check.buffers import allocate_check_buffers, table_row_strides
 from pagegraph.check.checker import check_replay_safety
 from pagegraph.check.config import CheckConfig, validate_config
+from pagegraph.check.pipeline.buffers import allocate_check_buffers, table_row_strides
 from pagegraph.clients.sglang import sglang_unavailable_reason
 from pagegraph.kernels.page_table import build_page_table
 from pagegraph.kinds import PAGE_TABLE

@@ -145,7 +145,7 @@ def test_unknown_strict_name_is_refused():
 
 
 def test_advice_status_survives_the_json_round_trip():
-    from pagegraph.check.report import Report
+    from pagegraph.check.reports.report import Report
 
     report = check_replay_safety(torch_builder, SMALL)
     again = Report.from_dict(report.to_dict())

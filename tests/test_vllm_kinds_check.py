@@ -216,7 +216,7 @@ def test_a_broken_num_blocks_is_hostile_and_for_block_table_builders_only():
 def test_the_model_holds_rows_of_broken_engine_state_out_of_contract():
     import numpy as np
 
-    from pagegraph.check.batch_model import BatchModel
+    from pagegraph.check.judges.batch_model import BatchModel
 
     model = BatchModel(
         sizes=[4],

@@ -15,8 +15,8 @@ import pytest
 import torch
 
 from pagegraph.check.config import PROPERTIES
+from pagegraph.check.reports.step_report import STEP_PROPERTIES
 from pagegraph.check.scenario import load_scenario
-from pagegraph.check.step_report import STEP_PROPERTIES
 from pagegraph.jobs import wild_job
 from pagegraph.wild import BUG_CLASSES, Twin, WildBug, entries
 

@@ -13,7 +13,7 @@ from pathlib import Path
 import pytest
 
 from pagegraph.check.config import CheckConfig
-from pagegraph.check.report import PropertyResult, Report
+from pagegraph.check.reports.report import PropertyResult, Report
 from pagegraph.jobs.mutate import run_mutate
 from pagegraph.supervise.isolate import Job, run_isolated
 from pagegraph.supervise.worker_pool import Task, WorkerPool, needs_fresh_process, task_cost

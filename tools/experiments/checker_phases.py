@@ -24,7 +24,9 @@ from collections import defaultdict
 
 import torch
 
-from pagegraph.check import checker, replay_loop, verify
+from pagegraph.check import checker
+from pagegraph.check.judges import verify
+from pagegraph.check.pipeline import replay_loop
 from pagegraph.check.scenario import load_scenario
 from pagegraph.graph import runner
 from pagegraph.workload import pool as pool_mod

@@ -99,8 +99,8 @@ def shared_interval(ctx, size: int) -> float:
 
 def batch_sizes() -> list[tuple[str, int, float]]:
     """``(scenario, pickled bytes of a batch, page runs a step)`` of the soak scenarios."""
+    from pagegraph.check.pipeline.workload_setup import pool_kwargs
     from pagegraph.check.scenario import load_scenario
-    from pagegraph.check.workload_setup import pool_kwargs
     from pagegraph.workload.producer import _batches
 
     found = []

@@ -17,13 +17,13 @@ import torch
 from ..consumers.reader import Reader
 from ..graph.runner import GraphRunner
 from .config import CheckConfig
-from .decode_step import StepBench
-from .kv_groups import GroupRuns
-from .pipeline import run_pipeline
+from .pipeline.kv_groups import GroupRuns
+from .pipeline.phases import run_pipeline
+from .pipeline.state import CheckHooks
+from .pipeline.step_bench import StepBench
+from .pipeline.table_bench import TableBench, start_run
 from .plan import CheckPlan, plan_check, resolve_reader
-from .report import Report
-from .state import CheckHooks
-from .table_bench import TableBench, start_run
+from .reports.report import Report
 
 __all__ = ["check_decode_step", "check_replay_safety", "run_decode_step", "run_plan"]
 
@@ -110,7 +110,8 @@ def run_plan(
     """Run a planned check (``plan_check``: validated, nothing validated again here) of
     ``builder`` (resolved from ``plan.builder``): its pipeline's judges (``plan.pipeline``),
     with ``check_replay_safety``'s options. A child process runs its parent's plan this way.
-    A config with ``kv_groups`` runs once a group, merged (``pagegraph.check.kv_groups``)."""
+    A config with ``kv_groups`` runs once a group, merged
+    (``pagegraph.check.pipeline.kv_groups``)."""
     options: _Options = dict(device=device, runner_factory=runner_factory, on_phase=on_phase,
                              stop_on_failure=stop_on_failure,
                              explain_replays=explain_replays)  # fmt: skip

@@ -66,7 +66,7 @@ PROPERTIES: dict[str, tuple[str, str]] = {
     "outputs unaliased": (
         "runner",
         "at set-up, two outputs (tables, vectors, error counters) whose views share a byte, or "
-        "an output sharing one with an input the builder reads (pagegraph.check.aliasing)",
+        "an output sharing one with an input the builder reads (pagegraph.check.judges.aliasing)",
     ),
     "correct": (
         "builder + runner",
@@ -199,7 +199,7 @@ class CheckConfig:
     full_to_swa_dtype: str = "int64"
     #: vLLM's KV-cache groups, each a dict (``name``, ``kind``, ``block_size``, ``width``):
     #: a block-table or slot-mapping builder is checked over every group
-    #: (``pagegraph.check.kv_groups``); empty: one group, the page size and width above
+    #: (``pagegraph.check.pipeline.kv_groups``); empty: one group, the page size and width above
     kv_groups: tuple[dict[str, Any], ...] = ()
     # -- out-of-contract and edge values in the batches (probabilities per step) --
     #: "engine" or "hostile" (``INJECTION_LEVELS``): which injections the scenario may ask for

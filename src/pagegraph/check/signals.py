@@ -10,7 +10,7 @@ import contextlib
 import signal
 from collections.abc import Iterable, Iterator
 
-from .report import Report
+from .reports.report import Report
 
 
 class _StopRequest:

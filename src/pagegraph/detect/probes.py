@@ -1,7 +1,8 @@
 """Measuring the builder and the runner: allocations (``AllocationCounter`` on the CPU, the
 allocator's statistics on CUDA), Triton compilations (``CompileCounter``), and the builder as
 the runner calls it (``BuilderProbe``) or as the checker calls it once, eagerly
-(``measure_eager_call``). These only measure; ``pagegraph.check.judge`` turns the figures into
+(``measure_eager_call``). These only measure; ``pagegraph.check.judges.table_judges`` turns the
+figures into
 verdicts."""
 
 from __future__ import annotations

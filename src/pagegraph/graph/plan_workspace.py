@@ -1,6 +1,6 @@
 """A planned reader's workspace (``PlanWorkspace``): allocated once, planned on the host before
 each step, with the entries each plan wrote known, so the step can change every other entry
-and see whether the captured run reads it (``pagegraph.check.step_plan``).
+and see whether the captured run reads it (``pagegraph.check.judges.step_plan``).
 """
 
 from __future__ import annotations

@@ -21,7 +21,7 @@ table may name it and no kernel may write it. Page 0, which the pool never alloc
 it. The allocation holds one more page before page 0 (the guard, page -1 of the views), NaN:
 a reader whose pointer arithmetic computes page -1 (a -1 block id) reads it inside the
 allocation, on a CPU as on a GPU. With ``null_block="finite"`` page 0 holds data as the others
-do and the sentinel NaN (``pagegraph.check.padded_rows``).
+do and the sentinel NaN (``pagegraph.check.judges.padded_rows``).
 
 ``capture()`` warms every bucket up on a side stream (a Triton kernel's first launch loads its
 module, illegal inside a capture), then captures one graph per bucket, largest first, all in
@@ -269,7 +269,7 @@ class StepGraphs:
         self.v_cache[nan_page] = float("nan")
         self.sentinel = s.num_pages
         self._sentinel_values = (self.k_cache[-1].clone(), self.v_cache[-1].clone())
-        # The pages no row may write (``pagegraph.check.padded_rows``): the guard, and page 0
+        # The pages no row may write (``pagegraph.check.judges.padded_rows``): the guard, and page 0
         # where it is a block padded rows read (where it holds NaN, it is padding's own).
         self._reserved = {GUARD_NAME: tuple(alloc[0] for alloc in caches)}
         if self.null_block != "nan":
@@ -290,7 +290,7 @@ class StepGraphs:
 
     def reserved_changed(self) -> list[str]:
         """Which of the guard page and (``null_block`` "finite") page 0 no longer hold their
-        values in K or V, bit for bit (a read-back; ``pagegraph.check.padded_rows``)."""
+        values in K or V, bit for bit (a read-back; ``pagegraph.check.judges.padded_rows``)."""
         return [
             name
             for name, pages in self._reserved.items()
@@ -348,7 +348,7 @@ class StepGraphs:
 
     def plan(self, bucket: int) -> None:
         """A planned reader's plan for the next step on ``bucket`` (eager, outside the graph;
-        ``pagegraph.check.step_plan``); nothing for other readers."""
+        ``pagegraph.check.judges.step_plan``); nothing for other readers."""
         if self.plan_space is not None:
             self.plan_space.plan(self.host_batch(bucket))
 

@@ -28,9 +28,9 @@ from pathlib import Path
 
 import torch
 
-from ..check.buffers import table_bytes
 from ..check.checker import run_plan
 from ..check.config import CONSUMER_DTYPES
+from ..check.pipeline.buffers import table_bytes
 from ..check.plan import CheckPlan, PlanError, plan_check
 from ..check.scenario import load_scenario
 from ..check.signals import CheckInterrupted, stop_on_signals, stop_requested

@@ -13,7 +13,7 @@ import torch
 
 from ..check.config import CheckConfig
 from ..check.plan import CheckPlan, PlanError, plan_check
-from ..check.report import Report
+from ..check.reports.report import Report
 from ..supervise.isolate import IsolatedError, Job, run_isolated, write_json_atomic
 from ..supervise.worker_pool import task_cost
 from .check_job import _memory_problem

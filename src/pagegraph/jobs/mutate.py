@@ -45,10 +45,10 @@ from pathlib import Path
 import torch
 
 from ..check.config import PROPERTIES
-from ..check.decode_step import STEP_PROPERTIES
 from ..check.mutants import CONTROLS, MUTANTS
+from ..check.pipeline.step_bench import STEP_PROPERTIES
 from ..check.plan import PlanError, plan_check
-from ..check.report import Report
+from ..check.reports.report import Report
 from ..check.scenario import ScenarioError, load_scenario
 from ..supervise.isolate import IsolatedError, Job, run_isolated, write_json_atomic
 from ..supervise.worker_pool import Task, WorkerPool, task_cost

@@ -60,13 +60,14 @@ HOSTILE_NOTE = (
 #: What a run over KV-cache groups means (the report says it above the table when it has one).
 GROUPS_NOTE = (
     "Scenarios with `kv_groups` check each KV-cache group with its own block size and row "
-    "width (`pagegraph.check.kv_groups`), as `BlockTables` holds them; a run's verdict is its "
-    "groups' worst, and a failure names its group. vLLM's slot-mapping kernel is launched with "
-    "the group's mapping enabled, `BlockTables`' default (`slot_mapping_enabled=None`); a "
-    "ring group (narrower than the sequence: `CircularBufferSpec`, `KpoolTailSpec`) is judged "
-    "by the ring's own mapping, `block_table[r, (pos // block_size) % width]`. Which groups "
-    "vLLM's runner disables (`uses_slot_mapping`, decided outside the kernel files loaded "
-    "here) decides whether a ring failure is reachable: vLLM #53982, #56469."
+    "width (`pagegraph.check.pipeline.kv_groups`), as `BlockTables` holds them; a run's "
+    "verdict is its groups' worst, and a failure names its group. vLLM's slot-mapping kernel "
+    "is launched with the group's mapping enabled, `BlockTables`' default "
+    "(`slot_mapping_enabled=None`); a ring group (narrower than the sequence: "
+    "`CircularBufferSpec`, `KpoolTailSpec`) is judged by the ring's own mapping, "
+    "`block_table[r, (pos // block_size) % width]`. Which groups vLLM's runner disables "
+    "(`uses_slot_mapping`, decided outside the kernel files loaded here) decides whether a "
+    "ring failure is reachable: vLLM #53982, #56469."
 )
 
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import torch
 
-from ..check.report import Report
+from ..check.reports.report import Report
 from ..supervise.isolate import write_json_atomic
 from ..wild import BUG_CLASSES, WildBug, entries
 from .environment import environment

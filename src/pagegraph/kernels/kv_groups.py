@@ -1,4 +1,4 @@
-"""Slot mappings over vLLM's KV-cache groups (``pagegraph.check.kv_groups``): a group's own
+"""Slot mappings over vLLM's KV-cache groups (``pagegraph.check.pipeline.kv_groups``): a group's own
 mapping, as vLLM's runner gives each group its mapping.
 
 ``ring_slot_mappings`` maps a ring group (vLLM's ``CircularBufferSpec`` and ``KpoolTailSpec``):

@@ -1,6 +1,6 @@
 """The expected tables of a batch, in plain torch: a vectorised ``reference_page_table`` that
 tests and benchmarks compare builders with (the checker's own verification, on the device and
-batched, is ``pagegraph.check.verify.TableVerifier``)."""
+batched, is ``pagegraph.check.judges.verify.TableVerifier``)."""
 
 from __future__ import annotations
 

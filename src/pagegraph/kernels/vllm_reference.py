@@ -77,7 +77,7 @@ def reference_slot_mapping(
     in order, then the tail (a ``query_start_loc`` that decreases makes rows overlap, and
     the builders' order of writes is then not defined).
 
-    ``ring``: the table is a ring group's (``pagegraph.check.kv_groups``): its ``width``
+    ``ring``: the table is a ring group's (``pagegraph.check.pipeline.kv_groups``): its ``width``
     blocks are used in turn, so a position past ``width * page_size`` is in the contract and
     goes to column ``(pos // page_size) % width`` (a negative position is still clamped to 0).
     """

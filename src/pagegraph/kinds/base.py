@@ -158,7 +158,7 @@ class KindSpec:
     def vector_fields(self, verifier: VectorVerifier, model: ReplayModel) -> torch.Tensor:
         """Two masks' fields a replay (``[K, 8]`` int64) of the kind's vectors against what
         the independent ``model`` of the verifier's ``K`` replays expects, computed on the
-        device with ``verifier`` (a ``pagegraph.check.verify.TableVerifier``): entries of the
+        device with ``verifier`` (a ``pagegraph.check.judges.verify.TableVerifier``): entries of the
         live region that are wrong, and entries outside it that are not the poison. ``model``
         holds, per replay and row, ``[K, M]`` tensors: ``sl`` (int64 lengths),
         ``in_bucket``, ``real`` and ``ooc`` (bool), ``n_pages`` (int64 live pages), and

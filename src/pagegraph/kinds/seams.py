@@ -11,7 +11,7 @@ what the kinds read of them, and the classes satisfy them structurally:
 * ``EngineState``: the engine's state a kind reads besides ``req_to_token``
   (``KindSpec.engine_state``): ``pagegraph.workload.block_tables.EngineBlockTables``;
 * ``VectorVerifier`` and ``ReplayModel``: what ``KindSpec.vector_fields`` reads of the
-  verifier (``pagegraph.check.verify.TableVerifier``) and of its model of the replays it
+  verifier (``pagegraph.check.judges.verify.TableVerifier``) and of its model of the replays it
   verifies at once;
 * ``ScenarioConfig``: what the kinds read of a scenario's config
   (``pagegraph.check.config.CheckConfig``): SWA, consumer, padding, KV-cache groups.
@@ -175,7 +175,7 @@ class ReplayModel(Protocol):
 
 class VectorVerifier(Protocol):
     """What ``KindSpec.vector_fields`` reads of the verifier that judges ``K = batch``
-    replays at once (``pagegraph.check.verify.TableVerifier``): its sizes, its buffers for
+    replays at once (``pagegraph.check.judges.verify.TableVerifier``): its sizes, its buffers for
     the kind's vectors (a ``[V, L]`` allocation a replay, with a canary entry on both sides
     of each vector) and the two helpers that turn expected values into mask fields."""
 

@@ -19,7 +19,8 @@ before calling the builder (``call``), as an engine's own input preparation woul
 entry of ``slot_mapping`` is determined, so all of it is compared; a canary entry either side
 must keep the poison.
 
-KV-cache groups (``[layout] kv_groups``, ``pagegraph.check.kv_groups``): each group is checked
+KV-cache groups (``[layout] kv_groups``, ``pagegraph.check.pipeline.kv_groups``): each group is
+checked
 with its own block size and width. A table narrower than the positions the engine sends is a
 ring group's (vLLM's only groups narrower than the sequence: ``CircularBufferSpec``,
 ``KpoolTailSpec``), whose blocks are used in turn: the slot of position ``pos`` is

@@ -42,9 +42,9 @@ from pathlib import Path
 
 from ..check.config import PROPERTIES, REPLAY_PROPERTIES, CheckConfig
 from ..check.plan import CheckPlan, plan_check
-from ..check.report import PropertyResult, Report
+from ..check.reports.report import PropertyResult, Report
+from ..check.reports.step_report import StepSection
 from ..check.signals import request_stop, stop_requested
-from ..check.step_report import StepSection
 from ..workload.lifetime import die_with_parent, escalate_stop
 
 #: Seconds a child may run one check before it is killed as hung (None: no limit).
@@ -194,7 +194,7 @@ def _blank_report(job: Job) -> Report:
     """The report of a check whose child died before writing one: every property
     incomplete."""
     if job.config.consumer:
-        from ..check.decode_step import step_properties
+        from ..check.pipeline.step_bench import step_properties
 
         report = Report(job.builder, job.config, "?", False,
                         step=StepSection(consumer=job.config.consumer))  # fmt: skip
@@ -208,7 +208,7 @@ def _blank_report(job: Job) -> Report:
 def _cut_short(job: Job) -> tuple[str, ...]:
     """The properties a crash during the replays leaves unjudged."""
     if job.config.consumer:
-        from ..check.decode_step import STEP_PROPERTIES
+        from ..check.pipeline.step_bench import STEP_PROPERTIES
 
         return tuple(n for n in STEP_PROPERTIES if n != "capture")
     return (*REPLAY_PROPERTIES, "replays completed")

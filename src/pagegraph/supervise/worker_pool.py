@@ -20,7 +20,7 @@ import threading
 import time
 from pathlib import Path
 
-from ..check.report import Report
+from ..check.reports.report import Report
 from .isolate import (
     IsolatedError,
     Job,

@@ -17,7 +17,7 @@ from pathlib import Path
 import torch
 
 from ..check.checker import check_replay_safety
-from ..check.report import Report
+from ..check.reports.report import Report
 from ..check.scenario import load_scenario
 from ..consumers.reader import Reader
 

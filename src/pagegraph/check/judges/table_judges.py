@@ -14,15 +14,15 @@ from collections.abc import Callable
 import numpy as np
 import torch
 
-from ..detect.probes import BuilderProbe, CompileCounter, EagerCall
-from ..graph.runner import GraphRunner
-from ..kernels.contract import POISON
-from ..kernels.registry import raised_at
-from .config import REPLAY_PROPERTIES, CheckConfig
+from ...detect.probes import BuilderProbe, CompileCounter, EagerCall
+from ...graph.runner import GraphRunner
+from ...kernels.contract import POISON
+from ...kernels.registry import raised_at
+from ..config import REPLAY_PROPERTIES, CheckConfig
+from ..pipeline.phases import mark_unfinished
+from ..pipeline.state import ALLOCATION_PROBES, ReplayMeasure, ReplayState
+from ..reports.report import REAL_DETECTORS, BucketStats, Failure, PropertyResult, Report
 from .graph_safety import EVERY_REPLAY, SAMPLE, never_compared
-from .pipeline import mark_unfinished
-from .report import REAL_DETECTORS, BucketStats, Failure, PropertyResult, Report
-from .state import ALLOCATION_PROBES, ReplayMeasure, ReplayState
 from .verify import CANARY_ROWS, ModelStep, TableVerifier, read_mask
 
 Props = dict[str, PropertyResult]
@@ -45,7 +45,8 @@ GRAPH_PROPERTIES = (
 
 
 def record_how_judged(report: Report) -> None:
-    """Each judged property's ``judged`` (``pagegraph.check.report.JUDGED``): "real" on a CUDA
+    """Each judged property's ``judged`` (``pagegraph.check.reports.report.JUDGED``): "real" on a
+    CUDA
     device, with a torch or cupti detector for a sync property and CUDA graphs for a property
     about graphs; else "emulated" (the CPU standing in for the device, the cpu detector, an
     emulated capture). Skipped and incomplete properties were not judged: ""."""
@@ -307,7 +308,7 @@ def judge_records(records: np.ndarray, steps: list[ModelStep], verifier: TableVe
                   props: Props, report: Report, cfg: CheckConfig,
                   describe_rows: DescribeRows | None = None) -> None:  # fmt: skip
     """Fold one chunk of device records (``[len(steps), verifier.record_size]`` int64, one
-    row a replay, laid out as ``pagegraph.check.verify`` says) into the report.
+    row a replay, laid out as ``pagegraph.check.judges.verify`` says) into the report.
     ``describe_rows(step)`` names a replay's out-of-contract rows for its failures."""
     kinds = verifier.kind.error_kinds
     if verifier.errors is not None and not report.errors:
@@ -350,7 +351,7 @@ def _judge_tables(rec: np.ndarray, st: ModelStep, verifier: TableVerifier, stats
     """The table masks of one record: wrong live entries fail "correct", writes outside the
     live region fail "bounded writes"; on an out-of-contract replay either fails "row
     containment" instead. ("graph-safe" compares a replay with an eager call instead:
-    ``pagegraph.check.graph_safety``.)"""
+    ``pagegraph.check.judges.graph_safety``.)"""
     T = verifier.T
     for mask in range(2 * T):
         found = read_mask(rec, mask)

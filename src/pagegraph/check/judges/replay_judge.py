@@ -3,8 +3,8 @@ and the read-back they share (``RecordedComparisons``).
 
 After each replay it wants, a judge queues its comparison on the device into one record row
 (no sync); once a chunk, its records are read back and folded into its property. Two judges
-exist: ``pagegraph.check.graph_safety.EagerTwin`` ("graph-safe": the replay against an eager
-call on the same inputs) and ``pagegraph.check.eager_reads.GraphReads`` ("correct": what the
+exist: ``pagegraph.check.judges.graph_safety.EagerTwin`` ("graph-safe": the replay against an eager
+call on the same inputs) and ``pagegraph.check.judges.eager_reads.GraphReads`` ("correct": what the
 graph read of an eagerly built kind's tables against what the builder left there).
 """
 
@@ -14,7 +14,7 @@ from typing import Protocol
 
 import torch
 
-from .report import Failure, PropertyResult
+from ..reports.report import Failure, PropertyResult
 from .verify import ModelStep
 
 __all__ = ["RecordedComparisons", "ReplayJudge"]

@@ -10,14 +10,15 @@ from typing import Protocol
 
 import torch
 
-from ..graph.step_graphs import StepGraphs
+from ...graph.step_graphs import StepGraphs
 from .step_judges import StepBatch
 
 __all__ = ["PlannedRun", "RefilledRun", "plan_detail", "replay_refilled"]
 
 
 class PlannedRun(Protocol):
-    """The decode step's run as its plan's summary reads it (``pagegraph.check.decode_step``'s):
+    """The decode step's run as its plan's summary reads it
+    (``pagegraph.check.pipeline.step_bench``'s):
     its graphs, with the reader's workspace."""
 
     @property

@@ -15,9 +15,9 @@ from typing import Protocol
 
 import torch
 
-from ..graph.emulate import describe_frozen
-from .report import PropertyResult, Report
-from .signals import stop_requested
+from ...graph.emulate import describe_frozen
+from ..reports.report import PropertyResult, Report
+from ..signals import stop_requested
 from .state import CheckHooks
 
 __all__ = ["Bench", "LoopEnd", "ReplayFailed", "drive_replays", "fail_capture",

@@ -12,15 +12,15 @@ from typing import Protocol
 
 import torch
 
-from ..graph.runner import GraphRunner
-from ..kernels.contract import POISON
-from ..kinds import KindSpec
-from ..kinds.builders import builder_capabilities
-from ..workload.pool import KVPool
-from .buffers import CheckBuffers, allocate_check_buffers
-from .config import CheckConfig
+from ...graph.runner import GraphRunner
+from ...kernels.contract import POISON
+from ...kinds import KindSpec
+from ...kinds.builders import builder_capabilities
+from ...workload.pool import KVPool
+from ..config import CheckConfig
+from ..pipeline.buffers import CheckBuffers, allocate_check_buffers
+from ..reports.report import Failure, PropertyResult
 from .replay_judge import RecordedComparisons
-from .report import Failure, PropertyResult
 from .verify import CANARY_ROWS, ModelStep, preset_views
 
 #: Replays that are all compared with an eager call; after them one in ``SAMPLE``.
@@ -29,7 +29,8 @@ SAMPLE = 8
 
 
 class TwinRun(Protocol):
-    """A check after capture as its eager twin reads it (``pagegraph.check.state.CheckRun``,
+    """A check after capture as its eager twin reads it
+    (``pagegraph.check.pipeline.state.CheckRun``,
     whose module imports this one): its pool, runner and buffers, None before set-up, are
     set by then."""
 
@@ -58,7 +59,8 @@ class EagerTwin(RecordedComparisons):
     of "graph-safe", whose records hold the replay's value and the eager call's.
 
     Args:
-        run: the check (``pagegraph.check.state.CheckRun``) after capture: its builder, kind,
+        run: the check (``pagegraph.check.pipeline.state.CheckRun``) after capture: its builder,
+        kind,
             config, pool, runner and output buffers.
         chunk: replays between two read-backs of the records.
     """

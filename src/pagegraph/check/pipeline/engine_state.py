@@ -14,12 +14,12 @@ import numpy as np
 import numpy.typing as npt
 import torch
 
-from ..detect.ranges import phase
-from ..kinds import KindSpec
-from ..workload.block_tables import EngineBlockTables
-from ..workload.decode import Step
-from ..workload.pool import KVPool
-from .config import CheckConfig
+from ...detect.ranges import phase
+from ...kinds import KindSpec
+from ...workload.block_tables import EngineBlockTables
+from ...workload.decode import Step
+from ...workload.pool import KVPool
+from ..config import CheckConfig
 
 #: ``KindSpec.engine_state`` -> the state's class.
 ENGINE_STATES = {"block_tables": EngineBlockTables}
@@ -47,7 +47,7 @@ class EngineState(Protocol):
 
 class EngineRun(Protocol):
     """What the engine state's update reads and sets of a check's run
-    (``pagegraph.check.state.CheckRun``)."""
+    (``pagegraph.check.pipeline.state.CheckRun``)."""
 
     @property
     def cfg(self) -> CheckConfig: ...

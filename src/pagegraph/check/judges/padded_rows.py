@@ -11,15 +11,15 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from ..graph.step_graphs import GUARD_NAME, GUARD_PAGE, StepGraphs
-from .config import CheckConfig
-from .report import PropertyResult
+from ...graph.step_graphs import GUARD_NAME, GUARD_PAGE, StepGraphs
+from ..config import CheckConfig
+from ..reports.report import PropertyResult
 
 __all__ = ["NullBlockUntouched", "PaddedBatch", "PaddedReadsInPool", "PaddedReplays",
            "PaddedRun", "READS", "ReplayedRun", "WRITES", "describe", "judge_capture",
            "nan_page", "note_convention"]  # fmt: skip
 
-#: The properties this module judges (``pagegraph.check.step_report.STEP_PROPERTIES``).
+#: The properties this module judges (``pagegraph.check.reports.step_report.STEP_PROPERTIES``).
 READS = "padded rows read inside the KV pool"
 WRITES = "null block and guard page untouched"
 #: Table entries of a padded row shown in a failure.
@@ -27,8 +27,8 @@ SHOWN_ENTRIES = 4
 
 
 class PaddedRun(Protocol):
-    """The decode step's run as this module reads it (``pagegraph.check.decode_step``'s,
-    ``pagegraph.check.step_judges.StepRun``): its config, graphs and properties."""
+    """The decode step's run as this module reads it (``pagegraph.check.pipeline.step_bench``'s,
+    ``pagegraph.check.judges.step_judges.StepRun``): its config, graphs and properties."""
 
     @property
     def cfg(self) -> CheckConfig: ...
@@ -46,7 +46,7 @@ class ReplayedRun(PaddedRun, Protocol):
 
 
 class PaddedBatch(Protocol):
-    """A step's batch as this module reads it (``pagegraph.check.step_judges.StepBatch``)."""
+    """A step's batch as this module reads it (``pagegraph.check.judges.step_judges.StepBatch``)."""
 
     @property
     def index(self) -> int: ...
@@ -58,7 +58,7 @@ class PaddedBatch(Protocol):
 
 class PaddedReplays(Protocol):
     """What a step's replays gave, as this module reads it
-    (``pagegraph.check.step_judges.StepReplays``)."""
+    (``pagegraph.check.judges.step_judges.StepReplays``)."""
 
     @property
     def pad_c(self) -> torch.Tensor | None: ...

@@ -4,9 +4,9 @@ captured size ``>= n``), pads rows ``n:bucket`` by its own reading of the paddin
 keeps its own copy of the request indices that padded rows inherit from earlier batches
 (SGLang does not reset them). It also classifies each row: in the contract, or out of it (a
 negative length, a length past ``len_limit``, a request index outside ``req_to_token``, engine
-state a hostile injection broke: ``pagegraph.check.engine_state``). The
+state a hostile injection broke: ``pagegraph.check.pipeline.engine_state``). The
 device side that compares a replay's outputs with the reference is
-``pagegraph.check.verify.TableVerifier``, which reads the model's ``state``."""
+``pagegraph.check.judges.verify.TableVerifier``, which reads the model's ``state``."""
 
 from __future__ import annotations
 

@@ -8,10 +8,10 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterator
 
-from ..kinds.kv_groups import KVGroup, bind_group, parse_groups
-from .config import CheckConfig
-from .plan import CheckPlan
-from .report import BucketStats, Failure, Report
+from ...kinds.kv_groups import KVGroup, bind_group, parse_groups
+from ..config import CheckConfig
+from ..plan import CheckPlan
+from ..reports.report import BucketStats, Failure, Report
 
 __all__ = ["group_config", "merge_reports", "GroupRuns"]
 
@@ -84,7 +84,7 @@ class GroupRuns:
     def __init__(self, plan: CheckPlan, builder: Callable[..., object],
                  progress: Callable[[int, int], None] | None = None,
                  on_chunk: Callable[[Report], None] | None = None) -> None:  # fmt: skip
-        from ..kinds.builders import builder_name  # the kinds import the check's modules
+        from ...kinds.builders import builder_name  # the kinds import the check's modules
 
         self.plan, self.builder = plan, builder
         self.progress, self.on_chunk = progress, on_chunk

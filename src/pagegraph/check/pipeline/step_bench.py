@@ -14,34 +14,34 @@ from dataclasses import dataclass
 
 import torch
 
-from ..consumers.paged_attention import BLOCK_N, TOKENS_PER_SPLIT
-from ..consumers.reader import Reader
-from ..graph.buckets import Buckets, PaddingPolicy, resolve_padding
-from ..graph.step_graphs import (
+from ...consumers.paged_attention import BLOCK_N, TOKENS_PER_SPLIT
+from ...consumers.reader import Reader
+from ...graph.buckets import Buckets, PaddingPolicy, resolve_padding
+from ...graph.step_graphs import (
     TIMING_CALLS,
     TIMING_WARMUP,
     StepGraphs,
     StepShape,
     default_consumer,
 )
-from ..kernels.contract import cdiv
-from ..kinds import KindSpec
-from ..kinds.builders import builder_name
-from ..workload.decode import DecodeWorkload, Injection, Step
-from ..workload.pool import KVPool, Request
-from .config import CONSUMER_DTYPES, INDEX_DTYPES, CheckConfig
-from .padded_rows import describe as describe_padded_rows
-from .padded_rows import judge_capture as judge_reserved_at_capture
-from .padded_rows import nan_page as nan_page_id
-from .padded_rows import note_convention
-from .pipeline import LoopEnd, fail_capture, mark_unfinished, pick_device, record_capture
-from .plan import CheckPlan
-from .report import BucketStats, PropertyResult, Report
-from .signals import CheckInterrupted
+from ...kernels.contract import cdiv
+from ...kinds import KindSpec
+from ...kinds.builders import builder_name
+from ...workload.decode import DecodeWorkload, Injection, Step
+from ...workload.pool import KVPool, Request
+from ..config import CONSUMER_DTYPES, INDEX_DTYPES, CheckConfig
+from ..judges.padded_rows import describe as describe_padded_rows
+from ..judges.padded_rows import judge_capture as judge_reserved_at_capture
+from ..judges.padded_rows import nan_page as nan_page_id
+from ..judges.padded_rows import note_convention
+from ..judges.step_judges import STEP_JUDGES, StepBatch, StepJudge, StepReplays
+from ..judges.step_plan import plan_detail, replay_refilled
+from ..plan import CheckPlan
+from ..reports.report import BucketStats, PropertyResult, Report
+from ..reports.step_report import STEP_PROPERTIES, StepSection
+from ..signals import CheckInterrupted
+from .phases import LoopEnd, fail_capture, mark_unfinished, pick_device, record_capture
 from .state import CheckHooks
-from .step_judges import STEP_JUDGES, StepBatch, StepJudge, StepReplays
-from .step_plan import plan_detail, replay_refilled
-from .step_report import STEP_PROPERTIES, StepSection
 from .workload_setup import pool_kwargs, workload_kwargs
 
 __all__ = ["CPU_LIMITS", "STEP_PROPERTIES", "StepBench", "shrink_for_cpu", "step_properties"]
@@ -108,12 +108,12 @@ class _Run:
     padded_replays: int = 0
     #: told the phase reached (``check_decode_step``'s ``on_phase``)
     on_phase: Callable[[str], None] | None = None
-    #: what judges each step's replays (``pagegraph.check.step_judges``)
+    #: what judges each step's replays (``pagegraph.check.judges.step_judges``)
     judges: tuple[StepJudge, ...] = STEP_JUDGES
 
 
 class StepBench:
-    """The decode step's pipeline (``pagegraph.check.pipeline.Bench``): the builder and the
+    """The decode step's pipeline (``pagegraph.check.pipeline.phases.Bench``): the builder and the
     consumer captured in one graph a bucket, each replay judged on the attention's output
     (docs/ARCHITECTURE.md)."""
 
@@ -302,7 +302,7 @@ def _poison_tails(run: _Run, b: StepBatch, before: tuple[torch.Tensor, ...] | No
     last) where two pages live: the builder overwrites the live entries, and a stale tail
     then names real data, so reading it changes the output (-1 or 0 might be skipped or read
     as padding's page). With ``nan_page`` every entry is the NaN page (page 0, or the guard
-    page -1 where the null block holds data: ``pagegraph.check.padded_rows``): a read of a
+    page -1 where the null block holds data: ``pagegraph.check.judges.padded_rows``): a read of a
     stale entry, even one whose score is masked by a multiplication by zero, makes the row
     NaN. The picks are returned either way (``before`` of the next fill)."""
     g, live = run.graphs, len(b.live)

@@ -1,7 +1,7 @@
 """What a check found: ``Report`` (the verdict, the property table, the per-bucket table),
 its text (``format``) and its JSON (``to_dict`` / ``from_dict``, for a child process's
 report), and the ``Failure`` a property names first. Every check reports through it: a
-decode-step check adds its ``step`` section (``pagegraph.check.step_report``)."""
+decode-step check adds its ``step`` section (``pagegraph.check.reports.step_report``)."""
 
 from __future__ import annotations
 
@@ -9,7 +9,7 @@ import dataclasses
 from dataclasses import dataclass, field
 from typing import Any
 
-from .config import ADVICE, ADVICE_PROPERTIES, PROPERTIES, CheckConfig
+from ..config import ADVICE, ADVICE_PROPERTIES, PROPERTIES, CheckConfig
 from .step_report import StepSection, format_step_report
 
 
@@ -225,9 +225,9 @@ class Report:
     workload_start_ms: float = 0.0
     #: whether the replays ran emulated graphs on the CPU (``pagegraph.graph.emulate``)
     emulated: bool = False
-    #: a decode-step check's own section (``pagegraph.check.step_report``), else None
+    #: a decode-step check's own section (``pagegraph.check.reports.step_report``), else None
     step: StepSection | None = None
-    #: wall seconds of the check process by phase (``pagegraph.check.pipeline``): "before"
+    #: wall seconds of the check process by phase (``pagegraph.check.pipeline.phases``): "before"
     #: (the process's start-up, imports and planning, up to the pipeline), "set-up",
     #: "capture", "replays", "after replays", "release"
     wall_s: dict[str, float] = field(default_factory=dict)

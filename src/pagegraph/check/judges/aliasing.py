@@ -11,8 +11,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..kinds import KindSpec
-from .report import PropertyResult
+from ...kinds import KindSpec
+from ..reports.report import PropertyResult
 
 __all__ = ["Overlap", "byte_runs", "find_overlaps", "judge_aliasing", "split_buffers"]
 

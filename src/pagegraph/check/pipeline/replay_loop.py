@@ -2,7 +2,7 @@
 ``end_replays``), each through five steps over one ``ReplayState``: generate the batch, stage
 the checker's model of it, replay the runner (syncs and allocations watched), verify on the
 device with no sync, and judge the records a chunk at a time. The pipeline drives the loop
-(``pagegraph.check.pipeline.drive_replays``).
+(``pagegraph.check.pipeline.phases.drive_replays``).
 """
 
 from __future__ import annotations
@@ -14,21 +14,21 @@ from collections.abc import Iterator
 import numpy as np
 import torch
 
-from ..detect.probes import AllocationCounter
-from ..detect.ranges import phase
-from ..workload.decode import Step
-from .engine_state import update_engine_state
-from .judge import (
+from ...detect.probes import AllocationCounter
+from ...detect.ranges import phase
+from ...workload.decode import Step
+from ..judges.table_judges import (
     describe_exception,
     judge_chunk_allocations,
     judge_records,
     judge_replay,
     summarise_replays,
 )
-from .pipeline import LoopEnd, ReplayFailed
-from .signals import CheckInterrupted, stop_requested
+from ..judges.verify import ModelStep
+from ..signals import CheckInterrupted, stop_requested
+from .engine_state import update_engine_state
+from .phases import LoopEnd, ReplayFailed
 from .state import ALLOCATION_PROBES, IN_FLIGHT, ReplayMeasure, ReplayState
-from .verify import ModelStep
 
 #: a replay's arguments to the runner: the batch's request indices and lengths, as host lists
 #: (or arrays) or as ``[n]`` device views of the model's inputs
@@ -37,7 +37,7 @@ _ReplayArgs = tuple[list[int] | np.ndarray | torch.Tensor, list[int] | np.ndarra
 
 def start_replays(state: ReplayState) -> None:
     """Before the first replay: the sync recorder started, paused (``end_replays`` stops it)."""
-    from ..detect import sync
+    from ...detect import sync
 
     detectors = state.run.detectors
     state.sync_recording = sync.record_device_syncs(detectors) if detectors else None

@@ -12,31 +12,31 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ..detect.probes import (
+from ...detect.probes import (
     AllocationCounter,
     BuilderCall,
     BuilderProbe,
     CompileCounter,
     cuda_allocations,
 )
-from ..detect.ranges import phase
-from ..detect.sync_events import SyncEvent
-from ..detect.sync_hub import SyncRecorder
-from ..graph.buckets import Buckets, resolve_padding
-from ..graph.runner import GraphRunner
-from ..kernels.contract import cdiv
-from ..kinds import KindSpec
-from ..workload.decode import Step
-from ..workload.pool import KVPool
-from ..workload.producer import ProducedWorkload
+from ...detect.ranges import phase
+from ...detect.sync_events import SyncEvent
+from ...detect.sync_hub import SyncRecorder
+from ...graph.buckets import Buckets, resolve_padding
+from ...graph.runner import GraphRunner
+from ...kernels.contract import cdiv
+from ...kinds import KindSpec
+from ...workload.decode import Step
+from ...workload.pool import KVPool
+from ...workload.producer import ProducedWorkload
+from ..config import CheckConfig
+from ..judges.eager_reads import GraphReads
+from ..judges.graph_safety import EagerTwin
+from ..judges.replay_judge import ReplayJudge
+from ..judges.verify import BatchModel, ModelStep, TableVerifier
+from ..reports.report import PropertyResult, Report
 from .buffers import CheckBuffers, engine_capacity
-from .config import CheckConfig
-from .eager_reads import GraphReads
 from .engine_state import EngineState
-from .graph_safety import EagerTwin
-from .replay_judge import ReplayJudge
-from .report import PropertyResult, Report
-from .verify import BatchModel, ModelStep, TableVerifier
 
 #: Replays whose allocations are measured one by one before the checker trusts chunks.
 ALLOCATION_PROBES = 8
@@ -98,7 +98,7 @@ class CheckRun:
     #: the engine state the kind reads between steps (``KindSpec.engine_state``), or None
     engine: EngineState | None = None
     #: ``[bs]`` bool, the rows of the current batch whose engine state a hostile injection
-    #: broke (``pagegraph.check.engine_state``), or None; drawn from ``engine_rng``
+    #: broke (``pagegraph.check.pipeline.engine_state``), or None; drawn from ``engine_rng``
     engine_overrun: np.ndarray | None = None
     engine_rng: np.random.Generator | None = None
 
@@ -200,7 +200,7 @@ class ReplayMeasure:
 
 @dataclass
 class ReplayState:
-    """Everything the replay loop's steps share (``pagegraph.check.replay_loop``)."""
+    """Everything the replay loop's steps share (``pagegraph.check.pipeline.replay_loop``)."""
 
     run: CheckRun
     #: the checker's model of the static inputs each replay must see

@@ -1,4 +1,4 @@
-"""The tables pipeline's bench (``TableBench``, run by ``pagegraph.check.pipeline``): the
+"""The tables pipeline's bench (``TableBench``, run by ``pagegraph.check.pipeline.phases``): the
 builder's eager calls, its capture into the runner under test, and the replays of
 ``replay_loop``, every replay's outputs compared exactly with the checker's model.
 """
@@ -12,18 +12,16 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import torch
 
-from ..detect.probes import BuilderProbe, CompileCounter, measure_eager_call
-from ..detect.ranges import phase
-from ..graph.runner import GraphRunner
-from ..kinds.builders import builder_capabilities, builder_name
-from ..workload.decode import Step
-from ..workload.pool import KVPool
-from ..workload.producer import ProducedWorkload
-from .aliasing import judge_aliasing
-from .buffers import allocate_check_buffers
-from .config import INDEX_DTYPES, PRODUCER_MIN_STEPS, PROPERTIES, CheckConfig
-from .engine_state import make_engine_state, update_engine_state
-from .judge import (
+from ...detect.probes import BuilderProbe, CompileCounter, measure_eager_call
+from ...detect.ranges import phase
+from ...graph.runner import GraphRunner
+from ...kinds.builders import builder_capabilities, builder_name
+from ...workload.decode import Step
+from ...workload.pool import KVPool
+from ...workload.producer import ProducedWorkload
+from ..config import INDEX_DTYPES, PRODUCER_MIN_STEPS, PROPERTIES, CheckConfig
+from ..judges.aliasing import judge_aliasing
+from ..judges.table_judges import (
     describe_exception,
     judge_builder_calls,
     judge_eager_call,
@@ -31,10 +29,12 @@ from .judge import (
     record_how_judged,
     sync_capture_cause,
 )
-from .pipeline import LoopEnd, fail_capture, pick_device, record_capture
-from .plan import CheckPlan
+from ..plan import CheckPlan
+from ..reports.report import PropertyResult, Report
+from .buffers import allocate_check_buffers
+from .engine_state import make_engine_state, update_engine_state
+from .phases import LoopEnd, fail_capture, pick_device, record_capture
 from .replay_loop import end_replays, replay_one, start_replays, stop_recording
-from .report import PropertyResult, Report
 from .state import CheckHooks, CheckRun, ReplayState
 from .workload_setup import pool_kwargs, workload_kwargs
 
@@ -42,7 +42,7 @@ __all__ = ["TableBench", "resolve_detectors", "start_run"]
 
 
 class TableBench:
-    """The tables pipeline (``pagegraph.check.pipeline.Bench``): the builder's outputs after
+    """The tables pipeline (``pagegraph.check.pipeline.phases.Bench``): the builder's outputs after
     every replay compared exactly with the checker's model, by the phases below."""
 
     def __init__(self, run: CheckRun) -> None:
@@ -161,7 +161,7 @@ def _probe_eager_call(run: CheckRun, first: Step) -> bool:
     """The builder's own eager calls: a short one first, as an engine's warm-up is (lengths
     of one token, the capture's), then the measured one on the first real batch: no sync
     (safety), allocations (advice). False (the rest not reached) when the builder raised."""
-    from ..detect.sync import DetectorUnavailable
+    from ...detect.sync import DetectorUnavailable
 
     buffers, pool, probe = run.buffers, run.pool, run.probe
     assert buffers is not None and pool is not None and probe is not None, "after _allocate"
@@ -252,7 +252,7 @@ def resolve_detectors(
     """The detectors to run on ``device`` and, when none runs, why (for the skipped
     properties). ``auto``: torch and cupti for a CUDA device, the cpu detector for a CPU one
     (``pagegraph.detect.sync_record.auto_detectors``)."""
-    from ..detect.sync import (
+    from ...detect.sync import (
         DetectorUnavailable,
         auto_detectors,
         available_detectors,

@@ -13,9 +13,9 @@ from __future__ import annotations
 
 import torch
 
-from ..graph.runner import GraphRunner
+from ...graph.runner import GraphRunner
+from ..reports.report import Failure
 from .replay_judge import RecordedComparisons
-from .report import Failure
 from .verify import ModelStep
 
 

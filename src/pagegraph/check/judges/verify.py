@@ -10,9 +10,9 @@ from types import SimpleNamespace
 import numpy as np
 import torch
 
-from ..kernels.contract import ERROR_KINDS, POISON, cdiv
-from ..kernels.cudart import HostToDevice
-from ..kinds import PAGE_TABLE, KindSpec
+from ...kernels.contract import ERROR_KINDS, POISON, cdiv
+from ...kernels.cudart import HostToDevice
+from ...kinds import PAGE_TABLE, KindSpec
 from .batch_model import IN_BUCKET, OUT_OF_CONTRACT, REAL, BatchModel, ModelStep
 
 __all__ = [

@@ -1,6 +1,6 @@
 """The decode step's section of a ``Report`` (``StepSection``) and the step report's text.
 
-A check of the decode step (``pagegraph.check.decode_step``) reports through the same
+A check of the decode step (``pagegraph.check.pipeline.step_bench``) reports through the same
 ``Report`` as every check: its properties (``STEP_PROPERTIES``, each ``PropertyResult``
 carrying what it covers), its buckets, replays, capture time, stop and crash. What only the
 step has (the consumer, the shapes shrunk for the CPU, the real rows checked, the per-bucket
@@ -14,7 +14,7 @@ from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
-from .config import CheckConfig
+from ..config import CheckConfig
 
 __all__ = ["STEP_PROPERTIES", "StepReport", "StepSection", "format_step_report", "share"]
 
@@ -121,7 +121,8 @@ class StepSection:
 
 
 class _BucketRow(Protocol):
-    """A bucket's row as the step report reads it (``pagegraph.check.report.BucketStats``)."""
+    """A bucket's row as the step report reads it
+    (``pagegraph.check.reports.report.BucketStats``)."""
 
     @property
     def bucket(self) -> int: ...
@@ -132,7 +133,8 @@ class _BucketRow(Protocol):
 
 
 class _PropertyRow(Protocol):
-    """A property as the step report reads it (``pagegraph.check.report.PropertyResult``)."""
+    """A property as the step report reads it
+    (``pagegraph.check.reports.report.PropertyResult``)."""
 
     @property
     def name(self) -> str: ...
@@ -144,7 +146,8 @@ class _PropertyRow(Protocol):
 
 
 class StepReport(Protocol):
-    """A ``Report`` as its decode-step text reads it (``pagegraph.check.report.Report``, which
+    """A ``Report`` as its decode-step text reads it (``pagegraph.check.reports.report.Report``,
+    which
     imports this module for its ``step`` section)."""
 
     @property

@@ -1,10 +1,10 @@
 """The decode step's judges of the attention's output (``StepJudge``), one a property.
 
-A step (``pagegraph.check.decode_step``) replays each batch up to three times on the same
+A step (``pagegraph.check.pipeline.step_bench``) replays each batch up to three times on the same
 live data and hands every judge the batch (``StepBatch``) and what the replays gave
 (``StepReplays``); each judge folds that into its property. The step's bench runs the judges
 in ``STEP_JUDGES`` order, as the tables check runs its replay judges (``ReplayJudge``); a
-judge added here is a property the step reports (``pagegraph.check.step_report``'s
+judge added here is a property the step reports (``pagegraph.check.reports.step_report``'s
 ``STEP_PROPERTIES`` says what each covers).
 """
 
@@ -17,9 +17,9 @@ from typing import Protocol
 import numpy as np
 import torch
 
-from ..consumers.attention_reference import attend, live_kv, tolerances
+from ...consumers.attention_reference import attend, live_kv, tolerances
+from ..reports.report import BucketStats, Report
 from .padded_rows import NullBlockUntouched, PaddedReadsInPool, PaddedRun
-from .report import BucketStats, Report
 
 __all__ = ["STEP_JUDGES", "StepBatch", "StepJudge", "StepReplays", "StepRun", "changed_rows"]
 
@@ -53,7 +53,8 @@ class StepReplays:
     new values past each length) and C (finite padded queries; None when ``n`` fills the
     bucket), and whether the sentinel page stayed intact through all of them; ``pad_c``: the
     padded rows' outputs ``[bucket - n, heads, head_dim]`` of replay C (None without it), and
-    which of page 0 and the guard page before it changed (``pagegraph.check.padded_rows``)."""
+    which of page 0 and the guard page before it changed
+    (``pagegraph.check.judges.padded_rows``)."""
 
     out_a: torch.Tensor
     out_b: torch.Tensor
@@ -62,12 +63,12 @@ class StepReplays:
     pad_c: torch.Tensor | None = None
     reserved_changed: Sequence[str] = ()
     #: replay D's real rows (a planned reader's unwritten workspace entries given other
-    #: values, B's inputs otherwise: ``pagegraph.check.step_plan``); None without it
+    #: values, B's inputs otherwise: ``pagegraph.check.judges.step_plan``); None without it
     out_plan: torch.Tensor | None = None
 
 
 class StepRun(PaddedRun, Protocol):
-    """The decode step's run as its judges read it (``pagegraph.check.decode_step``'s): its
+    """The decode step's run as its judges read it (``pagegraph.check.pipeline.step_bench``'s): its
     ``cfg``, ``graphs``, ``props`` (``PaddedRun``) and ``report``."""
 
     @property

@@ -12,13 +12,13 @@ from types import SimpleNamespace
 
 import torch
 
-from ..kernels.contract import POISON, cdiv
-from ..kinds import CSR, PAGE_TABLE, KindSpec
-from ..kinds.builders import builder_capabilities
-from ..workload.decode import Step
-from ..workload.pool import KVPool
-from .config import INDEX_DTYPES, CheckConfig
-from .verify import (
+from ...kernels.contract import POISON, cdiv
+from ...kinds import CSR, PAGE_TABLE, KindSpec
+from ...kinds.builders import builder_capabilities
+from ...workload.decode import Step
+from ...workload.pool import KVPool
+from ..config import INDEX_DTYPES, CheckConfig
+from ..judges.verify import (
     CANARY_ROWS,
     batch_size,
     preset_views,
@@ -161,7 +161,8 @@ def engine_capacity(cfg: CheckConfig, kind: KindSpec) -> int:
 def table_bytes(cfg: CheckConfig, kind: KindSpec = PAGE_TABLE) -> int:
     """Device bytes the checker's tables and their verification take (an upper estimate of
     the working set, for the memory check before allocating): the tables, and twice the
-    snapshots and intermediates of one verification batch (``pagegraph.check.verify.replay_bytes``):
+    snapshots and intermediates of one verification batch
+    (``pagegraph.check.judges.verify.replay_bytes``):
     the warm-up run before capture leaves its intermediates cached beside the graph's own."""
     tables = 2 if cfg.swa else 1
     rows = cfg.max_bs + 2 * CANARY_ROWS

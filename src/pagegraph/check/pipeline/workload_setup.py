@@ -7,7 +7,7 @@ from typing import Any
 
 import torch
 
-from .config import INDEX_DTYPES, CheckConfig
+from ..config import INDEX_DTYPES, CheckConfig
 
 
 def pool_kwargs(cfg: CheckConfig) -> dict[str, Any]:

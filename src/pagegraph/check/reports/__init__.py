@@ -1,0 +1,1 @@
+"""The report a check returns, and its decode-step section."""
