@@ -25,7 +25,7 @@ from pagegraph.check.judges.padded_rows import (
     NullBlockUntouched,
     PaddedReadsInPool,
 )
-from pagegraph.check.judges.step_judges import StepBatch, StepReplays
+from pagegraph.check.judges.step_judges import StepBatch, StepReplays, StepSeen
 from pagegraph.check.pipeline.step_bench import step_properties
 from pagegraph.check.reports.step_report import STEP_PROPERTIES
 from pagegraph.check.scenario import ScenarioError, load_scenario
@@ -168,24 +168,24 @@ BATCH = StepBatch(7, 4, [0, 1], [9, 9], [([1], 9)] * 2, torch.tensor([1], dtype=
 def test_reads_judge_fails_on_a_nan_padded_row_only_where_the_null_block_holds_data():
     pads = torch.ones((2, 2, 4), dtype=torch.bfloat16)
     run = _run()
-    PaddedReadsInPool().judge(run, BATCH, _replays(pads))
+    PaddedReadsInPool().observe(StepSeen(run, BATCH, _replays(pads)))
     assert run.props[READS].status == "pass"
     pads[1, 0, 3] = float("nan")
-    PaddedReadsInPool().judge(run, BATCH, _replays(pads))
+    PaddedReadsInPool().observe(StepSeen(run, BATCH, _replays(pads)))
     failure = run.props[READS].first_failure
     assert run.props[READS].status == "FAIL"
     assert "replay 7 (bucket 4): padded row 3 (seq_len 0" in failure
     assert "table entries [-1, -1, -1, -1]" in failure and "1 padded row(s)" in failure
     nan_run = _run("nan")
-    PaddedReadsInPool().judge(nan_run, BATCH, _replays(pads))
+    PaddedReadsInPool().observe(StepSeen(nan_run, BATCH, _replays(pads)))
     assert nan_run.props[READS].status == "pass"  # not judged: note_convention skips it
 
 
 def test_writes_judge_fails_on_a_changed_reserved_page():
     run = _run()
-    NullBlockUntouched().judge(run, BATCH, _replays(None))
+    NullBlockUntouched().observe(StepSeen(run, BATCH, _replays(None)))
     assert run.props[WRITES].status == "pass"
-    NullBlockUntouched().judge(run, BATCH, _replays(None, (NULL_BLOCK_NAME,)))
+    NullBlockUntouched().observe(StepSeen(run, BATCH, _replays(None, (NULL_BLOCK_NAME,))))
     assert run.props[WRITES].status == "FAIL"
     assert "replay 7 (bucket 4, 2 real rows): page 0 (the null block)" in (
         run.props[WRITES].first_failure

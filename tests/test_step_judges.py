@@ -15,6 +15,7 @@ from pagegraph.check.judges.step_judges import (
     SentinelUntouched,
     StepBatch,
     StepReplays,
+    StepSeen,
     changed_rows,
 )
 from pagegraph.check.pipeline.step_bench import step_properties
@@ -59,11 +60,11 @@ def test_changed_rows_compares_bits_so_a_nan_row_that_stays_nan_is_unchanged():
 
 def test_reads_within_length_fails_on_a_changed_row_and_passes_on_identical_ones():
     run, judge, out = _run(), ReadsWithinLength(), _outs()
-    judge.judge(run, _batch(), StepReplays(out, out.clone(), None, True))
+    judge.observe(StepSeen(run, _batch(), StepReplays(out, out.clone(), None, True)))
     assert run.props[judge.property_name].status == "pass"
     changed = out.clone()
     changed[2, 1, 3] = -changed[2, 1, 3] - 1
-    judge.judge(run, _batch(), StepReplays(out, changed, None, True))
+    judge.observe(StepSeen(run, _batch(), StepReplays(out, changed, None, True)))
     prop = run.props[judge.property_name]
     assert prop.status == "FAIL"
     assert "row 2" in prop.first_failure and "1 row(s) changed" in prop.first_failure
@@ -78,7 +79,7 @@ def test_padded_rows_contained_fails_on_a_nan_or_changed_real_row(plant):
         with_nan_pads[0] = float("nan")
     else:
         finite_pads[1, 0, 0] += 2
-    judge.judge(run, _batch(), StepReplays(out, with_nan_pads, finite_pads, True))
+    judge.observe(StepSeen(run, _batch(), StepReplays(out, with_nan_pads, finite_pads, True)))
     prop = run.props[judge.property_name]
     assert prop.status == "FAIL"
     assert ("is non-finite" if plant == "nan" else "changed") in prop.first_failure
@@ -87,18 +88,18 @@ def test_padded_rows_contained_fails_on_a_nan_or_changed_real_row(plant):
 
 def test_padded_rows_contained_passes_when_equal_and_without_padded_rows():
     run, judge, out = _run(), PaddedRowsContained(), _outs()
-    judge.judge(run, _batch(), StepReplays(out, out.clone(), out.clone(), True))
+    judge.observe(StepSeen(run, _batch(), StepReplays(out, out.clone(), out.clone(), True)))
     nan_out = out.clone()
     nan_out[0] = float("nan")
-    judge.judge(run, _batch(3, 3), StepReplays(out, nan_out, None, True))  # no replay C
+    judge.observe(StepSeen(run, _batch(3, 3), StepReplays(out, nan_out, None, True)))  # no replay C
     assert run.props[judge.property_name].status == "pass"
 
 
 def test_sentinel_judge_fails_only_when_the_sentinel_changed():
     run, judge, out = _run(), SentinelUntouched(), _outs()
-    judge.judge(run, _batch(), StepReplays(out, out, None, True))
+    judge.observe(StepSeen(run, _batch(), StepReplays(out, out, None, True)))
     assert run.props[judge.property_name].status == "pass"
-    judge.judge(run, _batch(), StepReplays(out, out, None, False))
+    judge.observe(StepSeen(run, _batch(), StepReplays(out, out, None, False)))
     prop = run.props[judge.property_name]
     assert (
         prop.status == "FAIL"

@@ -21,7 +21,7 @@ from .verify import ModelStep
 
 class GraphReads(RecordedComparisons):
     """Per replay, the entries of the bucket's rows where the graph read something else than
-    the eager builder wrote (records read back once a chunk): a ``ReplayJudge`` of
+    the eager builder wrote (records read back once a chunk): a comparison judging
     "correct"."""
 
     property_name = "correct"

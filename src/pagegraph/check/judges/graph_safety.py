@@ -55,8 +55,8 @@ class TwinRun(Protocol):
 
 
 class EagerTwin(RecordedComparisons):
-    """The eager twin of each sampled replay (see the module docstring): a ``ReplayJudge``
-    of "graph-safe", whose records hold the replay's value and the eager call's.
+    """The eager twin of each sampled replay (see the module docstring): a comparison judging
+    "graph-safe", whose records hold the replay's value and the eager call's.
 
     Args:
         run: the check (``pagegraph.check.pipeline.state.CheckRun``) after capture: its builder,

@@ -14,8 +14,9 @@ import torch
 from ...graph.step_graphs import GUARD_NAME, GUARD_PAGE, StepGraphs
 from ..config import CheckConfig
 from ..reports.report import PropertyResult
+from .protocol import JudgedAtOnce
 
-__all__ = ["NullBlockUntouched", "PaddedBatch", "PaddedReadsInPool", "PaddedReplays",
+__all__ = ["NullBlockUntouched", "PaddedBatch", "PaddedReadsInPool", "PaddedReplays", "PaddedSeen",
            "PaddedRun", "READS", "ReplayedRun", "WRITES", "describe", "judge_capture",
            "nan_page", "note_convention"]  # fmt: skip
 
@@ -66,6 +67,18 @@ class PaddedReplays(Protocol):
     def reserved_changed(self) -> Sequence[str]: ...
 
 
+class PaddedSeen(Protocol):
+    """What a step's replays showed, as this module's judges observe it
+    (``pagegraph.check.judges.step_judges.StepSeen``)."""
+
+    @property
+    def run(self) -> PaddedRun: ...
+    @property
+    def batch(self) -> PaddedBatch: ...
+    @property
+    def replays(self) -> PaddedReplays: ...
+
+
 def nan_page(null_block: str) -> int:
     """The page id whose K and V are NaN and which no row may read: page 0 where the null
     block holds NaN, else the guard page (-1)."""
@@ -92,12 +105,13 @@ def judge_capture(run: PaddedRun) -> None:
     g.snapshot_reserved()
 
 
-class PaddedReadsInPool:
+class PaddedReadsInPool(JudgedAtOnce):
     """With ``null_block = "finite"``, every padded row of replay C finite."""
 
     property_name = READS
 
-    def judge(self, run: PaddedRun, batch: PaddedBatch, replays: PaddedReplays) -> None:
+    def observe(self, seen: PaddedSeen) -> None:
+        run, batch, replays = seen.run, seen.batch, seen.replays
         pads = replays.pad_c
         if run.graphs.null_block == "nan" or pads is None or not len(pads):
             return
@@ -112,13 +126,14 @@ class PaddedReadsInPool:
             )
 
 
-class NullBlockUntouched:
+class NullBlockUntouched(JudgedAtOnce):
     """The guard page before page 0, and page 0 where the null block holds data, unchanged
     through the step's replays."""
 
     property_name = WRITES
 
-    def judge(self, run: PaddedRun, batch: PaddedBatch, replays: PaddedReplays) -> None:
+    def observe(self, seen: PaddedSeen) -> None:
+        run, batch, replays = seen.run, seen.batch, seen.replays
         if replays.reserved_changed:
             run.props[self.property_name].fail(
                 f"replay {batch.index} (bucket {batch.bucket}, {len(batch.rpi)} real rows): "

@@ -1,44 +1,32 @@
-"""Judges the replay loop plugs in beside the verifier's table comparison (``ReplayJudge``),
-and the read-back they share (``RecordedComparisons``).
-
-After each replay it wants, a judge queues its comparison on the device into one record row
-(no sync); once a chunk, its records are read back and folded into its property. Two judges
-exist: ``pagegraph.check.judges.graph_safety.EagerTwin`` ("graph-safe": the replay against an eager
-call on the same inputs) and ``pagegraph.check.judges.eager_reads.GraphReads`` ("correct": what the
-graph read of an eagerly built kind's tables against what the builder left there).
+"""The device records that the judges comparing a replay with something else share
+(``RecordedComparisons``): after each
+replay it wants, such a judge queues its comparison into one record row (no sync); once a
+chunk its records are read back into its property. Two exist:
+``pagegraph.check.judges.graph_safety.EagerTwin`` ("graph-safe": the replay against an eager
+call on the same inputs) and ``pagegraph.check.judges.eager_reads.GraphReads`` ("correct": what
+the graph read of an eagerly built kind's tables against what the builder left there).
 """
 
 from __future__ import annotations
-
-from typing import Protocol
 
 import torch
 
 from ..reports.report import Failure, PropertyResult
 from .verify import ModelStep
 
-__all__ = ["RecordedComparisons", "ReplayJudge"]
-
-
-class ReplayJudge(Protocol):
-    """A judge of replays: ``wanted`` says whether it compares replay ``mstep``,
-    ``compare`` queues that comparison into record ``slot`` (no sync), ``judge`` reads the
-    chunk's records back into its property (the report's property named ``property_name``)."""
-
-    property_name: str
-
-    def wanted(self, mstep: ModelStep) -> bool: ...
-
-    def compare(self, slot: int, mstep: ModelStep) -> None: ...
-
-    def judge(self, prop: PropertyResult) -> None: ...
+__all__ = ["RecordedComparisons"]
 
 
 class RecordedComparisons:
     """A judge's device records, one ``[4]`` int64 row a compared replay (entries that
     differ, the first one's flat index, the two values there; a scratch row for replays not
     compared), and their read-back: every compared replay with a difference fails the
-    property, the first one with its ``Failure`` (``describe``)."""
+    property, the first one with its ``Failure`` (``describe``). The replay loop makes it a
+    ``Judge`` of the tables' replays: observing compares what it ``wanted``, settling reads
+    back (``judge``)."""
+
+    #: the report's property this judge fails
+    property_name: str
 
     def __init__(self, chunk: int, device: torch.device) -> None:
         self.records = torch.zeros((chunk + 1, 4), dtype=torch.int64, device=device)
@@ -54,6 +42,14 @@ class RecordedComparisons:
             [diff.sum().view(1), first, got.gather(0, first), expected.gather(0, first)]
         )
         self.compared[slot] = mstep
+
+    def wanted(self, mstep: ModelStep) -> bool:
+        """Whether replay ``mstep`` is compared (every one, unless a judge says otherwise)."""
+        return True
+
+    def compare(self, slot: int, mstep: ModelStep) -> None:
+        """Queue the comparison of replay ``mstep`` into record ``slot`` (``record``)."""
+        raise NotImplementedError
 
     def judge(self, prop: PropertyResult) -> None:
         """Fold the compared replays' records into ``prop`` (a read-back: once a chunk)."""

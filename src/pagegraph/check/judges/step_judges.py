@@ -1,11 +1,7 @@
-"""The decode step's judges of the attention's output (``StepJudge``), one a property.
-
-A step (``pagegraph.check.pipeline.step_bench``) replays each batch up to three times on the same
-live data and hands every judge the batch (``StepBatch``) and what the replays gave
-(``StepReplays``); each judge folds that into its property. The step's bench runs the judges
-in ``STEP_JUDGES`` order, as the tables check runs its replay judges (``ReplayJudge``); a
-judge added here is a property the step reports (``pagegraph.check.reports.step_report``'s
-``STEP_PROPERTIES`` says what each covers).
+"""The decode step's judges of the attention's output, one a property (``STEP_JUDGES``): each
+observes a step (``StepSeen``: its run, batch and replays) and judges it at once, under the
+check's one judge protocol (``pagegraph.check.judges.protocol.Judge``); a judge added here is
+a property the step reports (``pagegraph.check.reports.step_report.STEP_PROPERTIES``).
 """
 
 from __future__ import annotations
@@ -20,8 +16,9 @@ import torch
 from ...consumers.attention_reference import attend, live_kv, tolerances
 from ..reports.report import BucketStats, Report
 from .padded_rows import NullBlockUntouched, PaddedReadsInPool, PaddedRun
+from .protocol import Judge, JudgedAtOnce
 
-__all__ = ["STEP_JUDGES", "StepBatch", "StepJudge", "StepReplays", "StepRun", "changed_rows"]
+__all__ = ["STEP_JUDGES", "StepBatch", "StepReplays", "StepRun", "StepSeen", "changed_rows"]
 
 
 @dataclass
@@ -75,14 +72,14 @@ class StepRun(PaddedRun, Protocol):
     def report(self) -> Report: ...
 
 
-class StepJudge(Protocol):
-    """A judge of a step's replays: ``judge`` folds what ``replays`` gave on ``batch`` into
-    ``run.props[property_name]`` (``run``: the step's run, with ``cfg``, ``graphs``,
-    ``props`` and ``report``)."""
+@dataclass
+class StepSeen:
+    """What one step showed its judges (``pagegraph.check.judges.protocol.Judge``): the step's
+    run (its ``cfg``, ``graphs``, ``props`` and ``report``), its batch and its replays."""
 
-    property_name: str
-
-    def judge(self, run: StepRun, batch: StepBatch, replays: StepReplays) -> None: ...
+    run: StepRun
+    batch: StepBatch
+    replays: StepReplays
 
 
 def _bits(t: torch.Tensor) -> torch.Tensor:
@@ -95,13 +92,14 @@ def changed_rows(a: torch.Tensor, b: torch.Tensor) -> list[int]:
     return np.flatnonzero(diff.cpu().numpy()).tolist()
 
 
-class OutputCorrect:
+class OutputCorrect(JudgedAtOnce):
     """Replay A's real rows finite and within the reference's tolerance of dense fp32
     attention over the host model's pages, up to each row's length."""
 
     property_name = "output correct through the consumer"
 
-    def judge(self, run: StepRun, batch: StepBatch, replays: StepReplays) -> None:
+    def observe(self, seen: StepSeen) -> None:
+        run, batch, replays = seen.run, seen.batch, seen.replays
         out, g = replays.out_a, run.graphs
         q = g.q[: len(batch.rpi)]
         kv = live_kv(g.k_cache, g.v_cache, batch.rows, run.cfg.page_size)
@@ -132,13 +130,14 @@ class OutputCorrect:
         )
 
 
-class ReadsWithinLength:
+class ReadsWithinLength(JudgedAtOnce):
     """Replays A and B bit-identical on every real row: only entries past each length (the
     stale tail's ids, the last page's slots past the length) changed between them."""
 
     property_name = "consumer reads only within cache_seqlens"
 
-    def judge(self, run: StepRun, batch: StepBatch, replays: StepReplays) -> None:
+    def observe(self, seen: StepSeen) -> None:
+        run, batch, replays = seen.run, seen.batch, seen.replays
         changed = changed_rows(replays.out_a, replays.out_b)
         if changed:
             run.props[self.property_name].fail(
@@ -148,13 +147,14 @@ class ReadsWithinLength:
             )
 
 
-class PaddedRowsContained:
+class PaddedRowsContained(JudgedAtOnce):
     """With padded rows (replay C ran), real rows finite under NaN/Inf padded queries (B) and
     bit-identical once those turn finite (C)."""
 
     property_name = "padded rows contained"
 
-    def judge(self, run: StepRun, batch: StepBatch, replays: StepReplays) -> None:
+    def observe(self, seen: StepSeen) -> None:
+        run, batch, replays = seen.run, seen.batch, seen.replays
         if replays.out_c is None:
             return
         nan_pads = replays.out_b
@@ -169,12 +169,13 @@ class PaddedRowsContained:
             )
 
 
-class SentinelUntouched:
+class SentinelUntouched(JudgedAtOnce):
     """The KV page past every allocated one unchanged through the step's replays."""
 
     property_name = "sentinel page untouched"
 
-    def judge(self, run: StepRun, batch: StepBatch, replays: StepReplays) -> None:
+    def observe(self, seen: StepSeen) -> None:
+        run, batch, replays = seen.run, seen.batch, seen.replays
         if not replays.sentinel_intact:
             run.props[self.property_name].fail(
                 f"replay {batch.index} (bucket {batch.bucket}): page {run.graphs.sentinel} of "
@@ -182,13 +183,14 @@ class SentinelUntouched:
             )
 
 
-class ReadsOnlyCurrentPlan:
+class ReadsOnlyCurrentPlan(JudgedAtOnce):
     """A planned reader's real rows bit-identical between replay B and replay D, whose only
     change is the workspace entries the step's plan did not write (given other values)."""
 
     property_name = "reader reads only what the current plan wrote"
 
-    def judge(self, run: StepRun, batch: StepBatch, replays: StepReplays) -> None:
+    def observe(self, seen: StepSeen) -> None:
+        run, batch, replays = seen.run, seen.batch, seen.replays
         if replays.out_plan is None:
             return
         changed = changed_rows(replays.out_b, replays.out_plan)
@@ -201,7 +203,7 @@ class ReadsOnlyCurrentPlan:
 
 
 #: The step's judges, in the order they judge a step (each its property of STEP_PROPERTIES).
-STEP_JUDGES: tuple[StepJudge, ...] = (
+STEP_JUDGES: tuple[Judge[StepSeen], ...] = (
     OutputCorrect(), ReadsWithinLength(), PaddedRowsContained(), PaddedReadsInPool(),
     NullBlockUntouched(), SentinelUntouched(), ReadsOnlyCurrentPlan(),
 )  # fmt: skip

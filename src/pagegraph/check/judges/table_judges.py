@@ -1,9 +1,7 @@
-"""Judging: turning what the probes measured and what the verifier recorded into property
-results. Every function here folds its evidence into the properties (``PropertyResult``) and
-the report; none runs the builder or the runner.
-
-A property keeps its first failure (the one the report names); later failures only add to
-the counts of the per-bucket table."""
+"""The tables' judgments: what the probes measured and what the verifier recorded, folded into
+property results, and the two judges of the tables' replays built on them (``HostJudge``,
+``TableVerification``). None runs the builder or the runner. A property keeps its first
+failure (the one the report names); later failures only add to the per-bucket counts."""
 
 from __future__ import annotations
 
@@ -15,14 +13,16 @@ import numpy as np
 import torch
 
 from ...detect.probes import BuilderProbe, CompileCounter, EagerCall
+from ...detect.ranges import phase
 from ...graph.runner import GraphRunner
 from ...kernels.contract import POISON
 from ...kernels.registry import raised_at
 from ..config import REPLAY_PROPERTIES, CheckConfig
 from ..pipeline.phases import mark_unfinished
-from ..pipeline.state import ALLOCATION_PROBES, ReplayMeasure, ReplayState
+from ..pipeline.state import ALLOCATION_PROBES, ReplayMeasure, ReplayState, TableSeen
 from ..reports.report import REAL_DETECTORS, BucketStats, Failure, PropertyResult, Report
 from .graph_safety import EVERY_REPLAY, SAMPLE, never_compared
+from .protocol import JudgedAtOnce
 from .verify import CANARY_ROWS, ModelStep, TableVerifier, read_mask
 
 Props = dict[str, PropertyResult]
@@ -194,6 +194,45 @@ def judge_builder_calls(probe: BuilderProbe, compiles: CompileCounter, props: Pr
             + f"): start-up time, {cold_ms:.0f} ms in the calls that compiled",
             strict,
         )
+
+
+# -- the tables' judges ---------------------------------------------------------------------------
+
+
+class HostJudge(JudgedAtOnce):
+    """What each replay did on the host (``judge_replay``: allocations, time, syncs,
+    addresses), and, measured a chunk at a time, the chunk's allocations."""
+
+    def __init__(self, state: ReplayState) -> None:
+        self.state = state
+
+    def observe(self, seen: TableSeen) -> None:
+        judge_replay(self.state, seen.index, seen.mstep, seen.measured)
+
+    def settle(self, props: Props) -> None:
+        if self.state.graphs and not self.state.allocations.per_replay:
+            judge_chunk_allocations(self.state)
+
+
+class TableVerification:
+    """The exact comparison of every output with the checker's model (``TableVerifier``): each
+    replay's snapshot and comparison queued on the device (``observe``, no sync), the
+    chunk's records read back into "correct", "bounded writes", "row containment", "staged
+    inputs" and "error counters" (``settle``)."""
+
+    def __init__(self, state: ReplayState) -> None:
+        self.state = state
+
+    def observe(self, seen: TableSeen) -> None:
+        with phase("verify"):
+            self.state.verifier.verify()
+
+    def settle(self, props: Props) -> None:
+        state = self.state
+        with phase("verify"):
+            records = state.verifier.read(len(state.pending))
+        judge_records(records, list(state.pending), state.verifier, props, state.report,
+                      state.cfg, state.model.describe_rows)  # fmt: skip
 
 
 # -- one replay, as it happens -------------------------------------------------------------------

@@ -17,18 +17,19 @@ import torch
 from ...detect.probes import AllocationCounter
 from ...detect.ranges import phase
 from ...workload.decode import Step
+from ..judges.replay_judge import RecordedComparisons
 from ..judges.table_judges import (
+    HostJudge,
+    TableVerification,
     describe_exception,
-    judge_chunk_allocations,
-    judge_records,
-    judge_replay,
     summarise_replays,
 )
 from ..judges.verify import ModelStep
+from ..reports.report import PropertyResult
 from ..signals import CheckInterrupted, stop_requested
 from .engine_state import update_engine_state
 from .phases import LoopEnd, ReplayFailed
-from .state import ALLOCATION_PROBES, IN_FLIGHT, ReplayMeasure, ReplayState
+from .state import ALLOCATION_PROBES, IN_FLIGHT, ReplayMeasure, ReplayState, TableSeen
 
 #: a replay's arguments to the runner: the batch's request indices and lengths, as host lists
 #: (or arrays) or as ``[n]`` device views of the model's inputs
@@ -42,6 +43,11 @@ def start_replays(state: ReplayState) -> None:
     detectors = state.run.detectors
     state.sync_recording = sync.record_device_syncs(detectors) if detectors else None
     recording = state.sync_recording
+    state.judges = [
+        HostJudge(state),
+        *(_Comparing(state, comparison) for comparison in state.comparisons),
+        TableVerification(state),
+    ]
     state.recorder = recording.__enter__() if recording is not None else None
     if state.recorder is not None:
         # Watched while staging and replaying only: the property judges those ranges, and a
@@ -205,20 +211,34 @@ def _replay(state: ReplayState, i: int, mstep: ModelStep, args: _ReplayArgs) -> 
 
 
 def _verify(state: ReplayState, i: int, mstep: ModelStep, measured: ReplayMeasure) -> None:
-    """Step 4: judge what the replay did on the host, then queue the verifier's snapshot and
-    comparison on the device (an event marks it in flight)."""
-    judge_replay(state, i, mstep, measured)
-    with phase("verify"):
-        for judge in state.judges:
-            if judge.wanted(mstep):
-                with _untallied(state):  # the check's own (an eager twin's call), not the replay's
-                    judge.compare(len(state.pending), mstep)
-        state.verifier.verify()
+    """Step 4: hand the replay to every judge (``start_replays`` lists them): the host
+    judgments, the comparisons, then the verifier's snapshot and comparison queued on the
+    device (an event marks it in flight)."""
+    seen = TableSeen(i, len(state.pending), mstep, measured)
+    for judge in state.judges:
+        judge.observe(seen)
     if state.graphs:
         event = state.events[i % len(state.events)]
         event.record()
         state.in_flight.append(event)
     state.pending.append(mstep)
+
+
+class _Comparing:
+    """A comparison (``RecordedComparisons``) as a judge of the tables' replays: each replay it
+    wants compared in the ``verify`` range, its work the check's own (an eager twin's call,
+    its allocations taken out of the chunk's tally), its records read back when settled."""
+
+    def __init__(self, state: ReplayState, comparison: RecordedComparisons) -> None:
+        self.state, self.comparison = state, comparison
+
+    def observe(self, seen: TableSeen) -> None:
+        if self.comparison.wanted(seen.mstep):
+            with phase("verify"), _untallied(self.state):
+                self.comparison.compare(seen.slot, seen.mstep)
+
+    def settle(self, props: dict[str, PropertyResult]) -> None:
+        self.comparison.judge(props[self.comparison.property_name])
 
 
 @contextlib.contextmanager
@@ -237,14 +257,10 @@ def _judge_chunk(state: ReplayState) -> None:
     """Step 5: read back the pending replays' records and judge them."""
     if not state.pending:
         return
-    with phase("verify"):
-        records = state.verifier.read(len(state.pending))
-    judge_records(records, list(state.pending), state.verifier, state.props, state.report,
-                  state.cfg, state.model.describe_rows)  # fmt: skip
-    for judge in state.judges:
-        judge.judge(state.props[judge.property_name])
-    if state.graphs and not state.allocations.per_replay:
-        judge_chunk_allocations(state)
+    # The last to observe reads back first: the verification, whose snapshot ends a replay's
+    # judging, then the comparisons, then the chunk's allocations (after every read-back).
+    for judge in reversed(state.judges):
+        judge.settle(state.props)
     state.pending.clear()
 
 

@@ -32,7 +32,8 @@ from ...workload.producer import ProducedWorkload
 from ..config import CheckConfig
 from ..judges.eager_reads import GraphReads
 from ..judges.graph_safety import EagerTwin
-from ..judges.replay_judge import ReplayJudge
+from ..judges.protocol import Judge
+from ..judges.replay_judge import RecordedComparisons
 from ..judges.verify import BatchModel, ModelStep, TableVerifier
 from ..reports.report import PropertyResult, Report
 from .buffers import CheckBuffers, engine_capacity
@@ -183,6 +184,17 @@ class ReplayTimes:
 
 
 @dataclass
+class TableSeen:
+    """What one replay of the tables' check showed its judges: its index, its record slot in
+    the chunk, the checker's model of it and what the replay measured on the host."""
+
+    index: int
+    slot: int
+    mstep: ModelStep
+    measured: ReplayMeasure
+
+
+@dataclass
 class ReplayMeasure:
     """What the replay step measured of one replay (staging included)."""
 
@@ -240,9 +252,12 @@ class ReplayState:
     #: what the graph read of an eagerly built kind's tables, or None for a kind built in it
     reads: GraphReads | None = None
 
+    #: every judge of the replays, in the order each observes a replay (``replay_loop``)
+    judges: list[Judge[TableSeen]] = field(default_factory=list)
+
     @property
-    def judges(self) -> list[ReplayJudge]:
-        """The replay judges besides the verifier's tables that apply to this check."""
+    def comparisons(self) -> list[RecordedComparisons]:
+        """The judges that compare a replay with something else (``twin``, ``reads``)."""
         return [j for j in (self.twin, self.reads) if j is not None]
 
     @property

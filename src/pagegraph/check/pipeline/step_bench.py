@@ -34,7 +34,8 @@ from ..judges.padded_rows import describe as describe_padded_rows
 from ..judges.padded_rows import judge_capture as judge_reserved_at_capture
 from ..judges.padded_rows import nan_page as nan_page_id
 from ..judges.padded_rows import note_convention
-from ..judges.step_judges import STEP_JUDGES, StepBatch, StepJudge, StepReplays
+from ..judges.protocol import Judge
+from ..judges.step_judges import STEP_JUDGES, StepBatch, StepReplays, StepSeen
 from ..judges.step_plan import plan_detail, replay_refilled
 from ..plan import CheckPlan
 from ..reports.report import BucketStats, PropertyResult, Report
@@ -109,7 +110,7 @@ class _Run:
     #: told the phase reached (``check_decode_step``'s ``on_phase``)
     on_phase: Callable[[str], None] | None = None
     #: what judges each step's replays (``pagegraph.check.judges.step_judges``)
-    judges: tuple[StepJudge, ...] = STEP_JUDGES
+    judges: tuple[Judge[StepSeen], ...] = STEP_JUDGES
 
 
 class StepBench:
@@ -240,7 +241,7 @@ def _model(run: _Run, k: int, step: Step) -> StepBatch:
 
 
 def _one_step(run: _Run, k: int, step: Step) -> None:
-    """Stage, replay A, B, D and C (docs/ARCHITECTURE.md), then let each judge judge it."""
+    """Stage, replay A, B, D and C (docs/ARCHITECTURE.md), then hand the step to each judge."""
     g, b = run.graphs, _model(run, k, step)
     n, bucket = len(b.rpi), b.bucket
     g.host_lens = list(b.lens)  # what the engine's host work sees where the step runs eagerly
@@ -277,8 +278,11 @@ def _one_step(run: _Run, k: int, step: Step) -> None:
     # sees a write in any of them.
     replays = StepReplays(out_a, out_b, out_c, sentinel, pad_c=pad_c,
                           reserved_changed=g.reserved_changed(), out_plan=out_d)  # fmt: skip
+    seen = StepSeen(run, b, replays)
     for judge in run.judges:
-        judge.judge(run, b, replays)
+        judge.observe(seen)
+    for judge in run.judges:
+        judge.settle(run.props)
     stats = run.report.buckets.setdefault(bucket, BucketStats(bucket))
     stats.replays += 1
 
