@@ -19,13 +19,14 @@ import torch
 
 from pagegraph.check.checker import check_decode_step
 from pagegraph.check.config import CheckConfig
-from pagegraph.check.judges.padded_rows import (
-    READS,
-    WRITES,
+from pagegraph.check.judges.padded_rows import READS, WRITES
+from pagegraph.check.judges.step_judges import (
     NullBlockUntouched,
     PaddedReadsInPool,
+    StepBatch,
+    StepReplays,
+    StepSeen,
 )
-from pagegraph.check.judges.step_judges import StepBatch, StepReplays, StepSeen
 from pagegraph.check.pipeline.step_bench import step_properties
 from pagegraph.check.reports.step_report import STEP_PROPERTIES
 from pagegraph.check.scenario import ScenarioError, load_scenario

@@ -9,8 +9,8 @@ a group (``kv_groups``). Only passed properties count (``Report.safe``).
 
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
-from typing import TypedDict
 
 import torch
 
@@ -25,17 +25,7 @@ from .pipeline.table_bench import TableBench, start_run
 from .plan import CheckPlan, plan_check, resolve_reader
 from .reports.report import Report
 
-__all__ = ["check_decode_step", "check_replay_safety", "run_decode_step", "run_plan"]
-
-
-class _Options(TypedDict):
-    """``run_plan``'s options that every group's ``_run_one`` gets as given."""
-
-    device: str | torch.device | None
-    runner_factory: Callable[..., GraphRunner] | None
-    on_phase: Callable[[str], None] | None
-    stop_on_failure: bool
-    explain_replays: bool
+__all__ = ["check_decode_step", "check_replay_safety", "run_plan"]
 
 
 def check_replay_safety(
@@ -75,12 +65,9 @@ def check_replay_safety(
             naming either), for a config with a consumer; default: pagegraph's attention of
             the consumer's format.
 
-    A config with a ``[consumer]`` (``cfg.consumer``) runs the decode step end to end
-    (``pagegraph.check.checker.check_decode_step``: the builder and the attention in one
-    graph, judged on the attention's output) and returns its ``Report``, with the step's
-    section; ``on_chunk`` then gets the report after each replay. The config's preset
-    outputs that the builder's kind does not have are dropped, as ``pagegraph check
-    --builder`` drops them (they describe the scenario's own builder).
+    A config with a ``[consumer]`` runs the decode step end to end (``check_decode_step``),
+    ``on_chunk`` then called after each replay. The builder is planned as one put on the
+    scenario: the preset outputs its kind lacks are dropped (``pagegraph.check.plan``).
 
     Returns a ``Report``; a misbehaving builder or runner is reported, not raised. Ctrl-C
     raises ``CheckInterrupted`` carrying the report of what was checked so far.
@@ -88,10 +75,17 @@ def check_replay_safety(
     cfg = (config or CheckConfig()).replace(**overrides)
     plan, fn = plan_check(builder, cfg, reader=reader)
     return run_plan(
-        plan, fn, device=device, progress=progress, runner_factory=runner_factory,
-        on_phase=on_phase, on_chunk=on_chunk, stop_on_failure=stop_on_failure,
-        explain_replays=explain_replays, reader=reader,
-    )  # fmt: skip
+        plan,
+        fn,
+        device=device,
+        progress=progress,
+        runner_factory=runner_factory,
+        on_phase=on_phase,
+        on_chunk=on_chunk,
+        stop_on_failure=stop_on_failure,
+        explain_replays=explain_replays,
+        reader=reader,
+    )
 
 
 def run_plan(
@@ -112,42 +106,37 @@ def run_plan(
     with ``check_replay_safety``'s options. A child process runs its parent's plan this way.
     A config with ``kv_groups`` runs once a group, merged
     (``pagegraph.check.pipeline.kv_groups``)."""
-    options: _Options = dict(device=device, runner_factory=runner_factory, on_phase=on_phase,
-                             stop_on_failure=stop_on_failure,
-                             explain_replays=explain_replays)  # fmt: skip
+    hooks = CheckHooks(progress, on_phase, on_chunk, stop_on_failure, explain_replays)
     if plan.config.kv_groups:
         runs = GroupRuns(plan, builder, progress, on_chunk)
         for group_plan, group_builder, group_progress, group_chunk in runs:
-            runs.add(_run_one(group_plan, group_builder, group_progress, group_chunk, reader,
-                              **options))  # fmt: skip
+            group_hooks = dataclasses.replace(hooks, progress=group_progress, on_chunk=group_chunk)
+            runs.add(
+                _run_one(group_plan, group_builder, group_hooks, reader, device, runner_factory)
+            )
         return runs.merged()
-    return _run_one(plan, builder, progress, on_chunk, reader, **options)
+    return _run_one(plan, builder, hooks, reader, device, runner_factory)
 
 
-def _run_one(plan: CheckPlan, builder: Callable[..., object],
-             progress: Callable[[int, int], None] | None,
-             on_chunk: Callable[[Report], None] | None,
-             reader: Reader | Callable[..., object] | str | None, *,
-             device: str | torch.device | None,
-             runner_factory: Callable[..., GraphRunner] | None,
-             on_phase: Callable[[str], None] | None, stop_on_failure: bool,
-             explain_replays: bool) -> Report:  # fmt: skip
+def _run_one(
+    plan: CheckPlan,
+    builder: Callable[..., object],
+    hooks: CheckHooks,
+    reader: Reader | Callable[..., object] | str | None,
+    device: str | torch.device | None,
+    runner_factory: Callable[..., GraphRunner] | None,
+) -> Report:
     """``run_plan`` for a plan of one KV-cache group (every plan without ``kv_groups``)."""
     if plan.pipeline == "step":
-        reader = resolve_reader(reader if reader is not None else plan.reader)
-
-        if runner_factory is not None or explain_replays:
+        if runner_factory is not None or hooks.explain:
             raise ValueError(
                 "runner_factory and explain_replays do not apply to a decode-step check "
                 "(a config with a consumer)"
             )
-        return run_decode_step(
-            builder, plan, device=device, progress=progress, on_phase=on_phase,
-            on_report=on_chunk, stop_on_failure=stop_on_failure, consumer=reader,
-        )  # fmt: skip
+        reader = resolve_reader(reader if reader is not None else plan.reader)
+        return run_pipeline(StepBench(builder, plan, device, reader, hooks, None), hooks)
     if reader is not None:
         raise ValueError("a reader needs a config with a consumer (a decode-step scenario)")
-    hooks = CheckHooks(progress, on_phase, on_chunk, stop_on_failure, explain_replays)
     bench = TableBench(start_run(builder, plan, device, runner_factory or GraphRunner, hooks))
     return run_pipeline(bench, hooks)
 
@@ -168,47 +157,19 @@ def check_decode_step(
     judge the attention's output (docs/ARCHITECTURE.md, "The decode step end to end").
 
     Args:
-        builder: a page-table or decode-metadata builder (callable, built-in name or
-            ``module:fn``).
-        cfg: the setup; ``cfg.consumer`` ("paged" or "csr") picks the format (default
-            "paged"), ``cfg.steps`` the replays.
-        device: default CUDA when present, else the CPU (eager, shapes shrunk).
-        progress: called as ``progress(done, total)`` after each replay.
-        consumer: the attention call (``paged_decode_attention``'s or
-            ``csr_decode_attention``'s signature; default: pagegraph's kernel of the format),
-            or a ``pagegraph.consumers.reader.Reader`` with host launch arguments.
-        on_phase: called with the phase reached: ``"capture"``, ``"replay K"``, ``"timing"``.
-        on_report: called with the report after setup and after each replay (a partial
-            report to keep).
-        stop_on_failure: stop after the first replay in which a property failed, the rest
-            left incomplete and the timing skipped (mutation testing).
-        emulate: without CUDA, replay emulated graphs or, with ``False``, run the step
-            eagerly at every replay (``StepGraphs``); default ``cfg.emulate``.
+        builder, device, progress, stop_on_failure: as ``check_replay_safety``'s (without
+            CUDA the shapes are shrunk; a stop on failure skips the timing too).
+        cfg: the setup; ``cfg.consumer`` ("paged" or "csr", default "paged") picks the format.
+        consumer: the attention call (``paged_decode_attention``'s or ``csr_decode_attention``'s
+            signature; default pagegraph's of the format), or a ``Reader``.
+        on_phase, on_report: ``check_replay_safety``'s ``on_phase`` (``"timing"`` too) and
+            ``on_chunk`` (the report after setup and after each replay).
+        emulate: without CUDA, replay emulated graphs or (``False``) run the step eagerly at
+            every replay; default ``cfg.emulate``.
 
     Returns a ``Report`` with its ``step`` section; a builder or consumer that raises is
-    reported, not raised. A stop asked for by a signal (``pagegraph.check.signals``) ends the
-    replays early, the report marked incomplete.
+    reported, not raised; a stop asked for by a signal raises ``CheckInterrupted``.
     """
     plan, fn = plan_check(builder, cfg.replace(consumer=cfg.consumer or "paged"))
-    return run_decode_step(
-        fn, plan, device=device, progress=progress, consumer=consumer, on_phase=on_phase,
-        on_report=on_report, stop_on_failure=stop_on_failure, emulate=emulate,
-    )  # fmt: skip
-
-
-def run_decode_step(
-    fn: Callable[..., object],
-    plan: CheckPlan,
-    *,
-    device: str | torch.device | None = None,
-    progress: Callable[[int, int], None] | None = None,
-    consumer: Callable[..., object] | Reader | None = None,
-    on_phase: Callable[[str], None] | None = None,
-    on_report: Callable[[Report], None] | None = None,
-    stop_on_failure: bool = False,
-    emulate: bool | None = None,
-) -> Report:
-    """The decode-step check of a planned check (``pagegraph.check.plan``: validated, a
-    consumer in its config) of the resolved builder ``fn``; ``check_decode_step``'s options."""
     hooks = CheckHooks(progress, on_phase, on_report, stop_on_failure)
     return run_pipeline(StepBench(fn, plan, device, consumer, hooks, emulate), hooks)

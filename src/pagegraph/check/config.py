@@ -308,8 +308,13 @@ def validate_config(cfg: CheckConfig, name: FieldNamer = str, *, strict: bool = 
     changed."""
     checks = [_check_layout, _check_injection, _check_driving, _check_advice, _check_consumer]
     if strict:
-        checks += [_check_graph, _check_pool, _check_workload, _check_swa_settings,
-                   _check_detectors]  # fmt: skip
+        checks += [
+            _check_graph,
+            _check_pool,
+            _check_workload,
+            _check_swa_settings,
+            _check_detectors,
+        ]
     for check in checks:
         check(cfg, name)
 
@@ -350,13 +355,15 @@ def _check_probabilities(c: CheckConfig, fields: tuple[str, ...], name: FieldNam
 def _check_injection(c: CheckConfig, name: FieldNamer) -> None:
     _check_probabilities(c, INJECTIONS, name)
     if c.injection_level not in INJECTION_LEVELS:
-        _fail("injection_level", f"must be 'engine' or 'hostile', got {c.injection_level!r}",
-              name)  # fmt: skip
+        _fail("injection_level", f"must be 'engine' or 'hostile', got {c.injection_level!r}", name)
     if c.injection_level == "engine":
         for field in HOSTILE_INJECTIONS:
             if getattr(c, field):
-                _fail(field, f"is a hostile injection: needs {name('injection_level')} = "
-                      "'hostile'", name)  # fmt: skip
+                _fail(
+                    field,
+                    f"is a hostile injection: needs {name('injection_level')} = 'hostile'",
+                    name,
+                )
 
 
 def _check_advice(c: CheckConfig, name: FieldNamer) -> None:
@@ -368,8 +375,11 @@ def _check_advice(c: CheckConfig, name: FieldNamer) -> None:
         _fail("strict", f"names no advice: {unknown} (known: {', '.join(ADVICE)})", name)
     unknown = [s for s in c.preset_outputs if s not in PRESETTABLE_OUTPUTS]
     if unknown:
-        _fail("preset_outputs", f"names no presettable output: {unknown} (known: "
-              f"{', '.join(PRESETTABLE_OUTPUTS)})", name)  # fmt: skip
+        _fail(
+            "preset_outputs",
+            f"names no presettable output: {unknown} (known: {', '.join(PRESETTABLE_OUTPUTS)})",
+            name,
+        )
 
 
 def _check_driving(c: CheckConfig, name: FieldNamer) -> None:
@@ -382,8 +392,9 @@ def _check_driving(c: CheckConfig, name: FieldNamer) -> None:
     if not 1 <= c.workload_streams <= MAX_STREAMS:
         _fail("workload_streams", f"must be in 1..{MAX_STREAMS}, got {c.workload_streams}", name)
     if c.workload_process not in WORKLOAD_PROCESS_MODES:
-        _fail("workload_process", f"must be 'auto', 'on' or 'off', got {c.workload_process!r}",
-              name)  # fmt: skip
+        _fail(
+            "workload_process", f"must be 'auto', 'on' or 'off', got {c.workload_process!r}", name
+        )
     if c.outputs not in ("auto", *OUTPUT_KINDS):
         kinds = ", ".join(f"'{k}'" for k in ("auto", *OUTPUT_KINDS))
         _fail("outputs", f"must be one of {kinds}, got {c.outputs!r}", name)
@@ -398,8 +409,7 @@ def _check_consumer(c: CheckConfig, name: FieldNamer) -> None:
     if c.consumer not in CONSUMERS:
         _fail("consumer", f"must be 'paged' or 'csr', got {c.consumer!r}", name)
     if c.consumer_dtype not in CONSUMER_DTYPES:
-        _fail("consumer_dtype", f"must be 'bfloat16' or 'float16', got {c.consumer_dtype!r}",
-              name)  # fmt: skip
+        _fail("consumer_dtype", f"must be 'bfloat16' or 'float16', got {c.consumer_dtype!r}", name)
     for field in ("num_q_heads", "num_kv_heads"):
         if getattr(c, field) < 1:
             _fail(field, f"must be >= 1, got {getattr(c, field)}", name)
@@ -410,16 +420,23 @@ def _check_consumer(c: CheckConfig, name: FieldNamer) -> None:
     if c.null_block not in NULL_BLOCKS:
         _fail("null_block", f"must be 'nan' or 'finite', got {c.null_block!r}", name)
     if c.num_q_heads % c.num_kv_heads:
-        _fail("num_q_heads", f"must be a multiple of {name('num_kv_heads')} "
-              f"({c.num_kv_heads}), got {c.num_q_heads}", name)  # fmt: skip
+        _fail(
+            "num_q_heads",
+            f"must be a multiple of {name('num_kv_heads')} ({c.num_kv_heads}), got {c.num_q_heads}",
+            name,
+        )
     if c.head_dim < 16 or c.head_dim & (c.head_dim - 1):
         _fail("head_dim", f"must be a power of two >= 16, got {c.head_dim}", name)
     if c.page_size > 256:
         _fail("page_size", f"must be <= 256 with a consumer, got {c.page_size}", name)
     for field in ("swa", "draft_tokens", *INJECTIONS):
         if getattr(c, field):
-            _fail(field, f"is not supported with {name('consumer')} (the decode step runs "
-                  "plain decode batches in the contract)", name)  # fmt: skip
+            _fail(
+                field,
+                f"is not supported with {name('consumer')} (the decode step runs "
+                "plain decode batches in the contract)",
+                name,
+            )
 
 
 # -- strict: scenario files ----------------------------------------------------------------------

@@ -16,8 +16,15 @@ from ..kinds import KINDS, KindSpec, kind_of
 from ..kinds.builders import builder_name, config_problem, resolve_builder
 from .config import CheckConfig, validate_config
 
-__all__ = ["PIPELINES", "CheckPlan", "PlanError", "plan_check", "preset_problem", "resolve_kind",
-           "resolve_reader"]  # fmt: skip
+__all__ = [
+    "PIPELINES",
+    "CheckPlan",
+    "PlanError",
+    "plan_check",
+    "preset_problem",
+    "resolve_kind",
+    "resolve_reader",
+]
 
 #: What a plan's check judges: the builder's outputs, or the decode step's attention output.
 PIPELINES = ("tables", "step")
@@ -46,14 +53,24 @@ class CheckPlan:
         return KINDS[self.kind]
 
     def to_dict(self) -> dict[str, Any]:
-        return {"builder": self.builder, "config": dataclasses.asdict(self.config),
-                "kind": self.kind, "pipeline": self.pipeline, "reader": self.reader}  # fmt: skip
+        return {
+            "builder": self.builder,
+            "config": dataclasses.asdict(self.config),
+            "kind": self.kind,
+            "pipeline": self.pipeline,
+            "reader": self.reader,
+        }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> CheckPlan:
         """The plan ``to_dict`` wrote (a parent's, for its child): trusted, not validated."""
-        return cls(d["builder"], CheckConfig.from_dict(d["config"]), d["kind"], d["pipeline"],
-                   d.get("reader"))  # fmt: skip
+        return cls(
+            d["builder"],
+            CheckConfig.from_dict(d["config"]),
+            d["kind"],
+            d["pipeline"],
+            d.get("reader"),
+        )
 
 
 def resolve_reader(reader: Reader | Callable[..., object] | str | None) -> Reader | None:
@@ -134,5 +151,6 @@ def plan_check(
     cfg = _presets(config, kind, own_builder)
     name = spec or (builder if isinstance(builder, str) else builder_name(fn))
     pipeline = "step" if cfg.consumer else "tables"
-    return CheckPlan(name, cfg, kind.name, pipeline,
-                     reader if isinstance(reader, str) else None), fn  # fmt: skip
+    return CheckPlan(
+        name, cfg, kind.name, pipeline, reader if isinstance(reader, str) else None
+    ), fn

@@ -40,8 +40,9 @@ def stop_on_signals(
     interpreter happens to be (inside a CUPTI callback, say, where an exception would be
     lost): the check stops between two replays, reports what it checked, and raises
     ``CheckInterrupted``. Handlers are restored and the request cleared on exit."""
-    previous = {sig: signal.signal(sig, lambda signum, frame: request_stop(signum))
-                for sig in signals}  # fmt: skip
+    previous = {
+        sig: signal.signal(sig, lambda signum, frame: request_stop(signum)) for sig in signals
+    }
     _STOP.signum = None
     try:
         yield

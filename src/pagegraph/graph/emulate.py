@@ -67,12 +67,7 @@ if TYPE_CHECKING:
     P = ParamSpec("P")
     R = TypeVar("R")
 
-__all__ = [
-    "EmulatedGraph",
-    "EmulationError",
-    "describe_frozen",
-    "emulation_wanted",
-]
+__all__ = ["EmulatedGraph", "EmulationError", "describe_frozen", "emulation_wanted"]
 
 aten = torch.ops.aten
 
@@ -106,8 +101,9 @@ def _masked(func: AtenOp, args: OpArgs) -> bool:
     if func.overloadpacket not in (aten.index, aten.index_put, aten.index_put_):
         return False
     indices = args[1] if len(args) > 1 else ()
-    return any(isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8)
-               for i in indices or ())  # fmt: skip
+    return any(
+        isinstance(i, torch.Tensor) and i.dtype in (torch.bool, torch.uint8) for i in indices or ()
+    )
 
 
 class EmulationError(RuntimeError):
@@ -332,8 +328,10 @@ class EmulatedGraph:
             def step() -> None:
                 new = func(*args, **kwargs)
                 if new.shape != target.shape:
-                    raise EmulationError(f"{func} made shape {tuple(new.shape)} at replay, "
-                                         f"{tuple(target.shape)} at capture")  # fmt: skip
+                    raise EmulationError(
+                        f"{func} made shape {tuple(new.shape)} at replay, "
+                        f"{tuple(target.shape)} at capture"
+                    )
                 target.copy_(new)
 
             return step
@@ -361,8 +359,9 @@ class EmulatedGraph:
         recorder: _Recorder
         graph, recorder, capturing = self, self._recorder, threading.get_ident()  # type: ignore[assignment]
 
-        def run(fn_self: object, *args: object, grid: TritonGrid, warmup: bool,
-                **kwargs: object) -> object:  # fmt: skip
+        def run(
+            fn_self: object, *args: object, grid: TritonGrid, warmup: bool, **kwargs: object
+        ) -> object:
             # The class is patched for every thread; the dispatch mode, like a CUDA capture's
             # stream, sees only the capturing thread's work, so the launches recorded do too.
             if warmup or threading.get_ident() != capturing:
@@ -463,8 +462,11 @@ def emulation_wanted(device: torch.device, use_graphs: bool | None, emulate: boo
 def describe_frozen(graphs: Mapping[int, object] | Iterable[object]) -> str:
     """``"; N op(s) frozen at capture (names)"`` over emulated ``graphs`` (a dict or list),
     or ``""``: what the replays could not redo, which on a GPU would have synced."""
-    frozen = [op for g in (graphs.values() if isinstance(graphs, dict) else graphs)
-              for op in getattr(g, "frozen", ())]  # fmt: skip
+    frozen = [
+        op
+        for g in (graphs.values() if isinstance(graphs, dict) else graphs)
+        for op in getattr(g, "frozen", ())
+    ]
     if not frozen:
         return ""
     names = ", ".join(sorted({op.removeprefix("aten.") for op in frozen}))

@@ -27,6 +27,56 @@ class BufferAllocationError(MemoryError):
     """The static buffers do not fit on the device; the message names the sizes asked for."""
 
 
+def check_count(name: str, value: object, minimum: int) -> None:
+    """``ValueError`` unless ``value`` is an integer (not a bool) of at least ``minimum``."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < minimum:
+        raise ValueError(f"{name} must be an integer >= {minimum}, got {value!r}")
+
+
+def check_table_buffer(
+    name: str,
+    buf: object,
+    device: torch.device,
+    max_bs: int,
+    max_num_pages: int,
+    max_context_len: int,
+    page_size: int,
+) -> None:
+    """``ValueError`` unless ``buf``, a page table the engine hands over, is a 2-D int32
+    tensor on ``device`` of at least ``[max_bs, max_num_pages]`` with inner stride 1."""
+    if not isinstance(buf, torch.Tensor) or buf.dim() != 2 or buf.dtype != torch.int32:
+        raise ValueError(f"{name} must be a 2-D int32 tensor")
+    if buf.device != device:
+        raise ValueError(f"{name} is on {buf.device}, req_to_token on {device}")
+    if buf.shape[0] < max_bs or buf.shape[1] < max_num_pages:
+        raise ValueError(
+            f"{name} of shape {tuple(buf.shape)} is smaller than [max_bs={max_bs}, "
+            f"max_num_pages={max_num_pages}] (max_context_len={max_context_len} at "
+            f"page_size={page_size} needs {max_num_pages} pages)"
+        )
+    if buf.stride(1) != 1:
+        raise ValueError(f"{name} must have inner stride 1, got {tuple(buf.stride())}")
+
+
+def check_vector_buffer(
+    name: str, buf: object, dtype: torch.dtype, length: int, device: torch.device
+) -> None:
+    """``ValueError`` unless ``buf``, an output vector the engine hands over, is a contiguous
+    1-D ``dtype`` tensor of at least ``length`` entries on ``device``."""
+    if (
+        not isinstance(buf, torch.Tensor)
+        or buf.dim() != 1
+        or buf.dtype != dtype
+        or buf.shape[0] < length
+        or buf.device != device
+        or (length > 1 and buf.stride(0) != 1)
+    ):
+        raise ValueError(
+            f"{name} must be a contiguous 1-D {str(dtype).replace('torch.', '')} tensor of "
+            f">= {length} entries on {device}"
+        )
+
+
 def check_arguments(
     req_to_token: torch.Tensor,
     page_size: int,

@@ -35,8 +35,9 @@ class PlanWorkspace:
     """A reader's workspace (``tensors``: name -> tensor, allocated once) and the entries the
     last plan wrote (``written``: name -> bool tensor of the same shape)."""
 
-    def __init__(self, reader: Reader, max_bs: int, width: int, page_size: int,
-                 device: torch.device) -> None:  # fmt: skip
+    def __init__(
+        self, reader: Reader, max_bs: int, width: int, page_size: int, device: torch.device
+    ) -> None:
         self.reader = reader
         if reader.workspace is None:
             raise TypeError(f"reader {reader.name}: no workspace() to allocate")
@@ -52,8 +53,9 @@ class PlanWorkspace:
         self.plans = self.unwritten = self.refills = 0
 
     @classmethod
-    def for_reader(cls, reader: Reader, max_bs: int, width: int, page_size: int,
-                   device: torch.device) -> PlanWorkspace | None:  # fmt: skip
+    def for_reader(
+        cls, reader: Reader, max_bs: int, width: int, page_size: int, device: torch.device
+    ) -> PlanWorkspace | None:
         """The reader's workspace, or ``None`` for a reader without one."""
         if reader.workspace is None:
             return None

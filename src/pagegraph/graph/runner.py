@@ -51,31 +51,29 @@ from .errors import (
     NotCaptured,
     StaticBufferMoved,
     check_arguments,
+    check_count,
+    check_table_buffer,
+    check_vector_buffer,
     oom_message,
 )
-from .staging import BatchValues, Mailbox
+from .staging import BatchValues, Mailbox, count_values
 
 if TYPE_CHECKING:
     from .capture import GraphPool
 
 __all__ = [
-    "BufferAllocationError", "CaptureOutOfMemory", "GraphRunner", "NotCaptured",
+    "BufferAllocationError",
+    "CaptureOutOfMemory",
+    "GraphRunner",
+    "NotCaptured",
     "StaticBufferMoved",
-]  # fmt: skip
+]
 
 
 #: A static buffer's place as a graph holds it: ``(data_ptr, shape, strides)``.
 Address: TypeAlias = tuple[int, tuple[int, ...], tuple[int, ...]]
 #: Rows ``:n`` of the static inputs and page tables (the SWA table ``None`` without SWA).
 RowViews: TypeAlias = tuple[torch.Tensor, torch.Tensor, torch.Tensor, torch.Tensor | None]
-
-
-def _count(values: BatchValues) -> int:
-    """Entries of a batch argument: ``shape[0]`` of a 1-D tensor (cheaper than ``len()``),
-    else ``len()`` (which raises for a 0-d tensor or a non-sequence)."""
-    if type(values) is torch.Tensor and values.dim() == 1:
-        return values.shape[0]
-    return len(values)
 
 
 #: Pinned staging buffers in the ring. A buffer is rewritten only after the copy that last
@@ -150,14 +148,26 @@ class GraphRunner:
     ) -> None:
         check_arguments(req_to_token, page_size, max_context_len, index_dtype, full_to_swa)
         self._configure(
-            req_to_token, full_to_swa, max_bs=max_bs, max_context_len=max_context_len,
-            page_size=page_size, buckets=buckets, padding=padding, builder=builder,
-            outputs=outputs, draft_tokens=draft_tokens, table_width=table_width,
+            req_to_token,
+            full_to_swa,
+            max_bs=max_bs,
+            max_context_len=max_context_len,
+            page_size=page_size,
+            buckets=buckets,
+            padding=padding,
+            builder=builder,
+            outputs=outputs,
+            draft_tokens=draft_tokens,
+            table_width=table_width,
             use_graphs=use_graphs,
-        )  # fmt: skip
-        given = {"cache_seqlens": cache_seqlens, "cu_seqlens_k": cu_seqlens_k,
-                 "cu_seqlens_q": cu_seqlens_q, "kv_indptr": kv_indptr,
-                 "kv_indices": kv_indices}  # fmt: skip
+        )
+        given = {
+            "cache_seqlens": cache_seqlens,
+            "cu_seqlens_k": cu_seqlens_k,
+            "cu_seqlens_q": cu_seqlens_q,
+            "kv_indptr": kv_indptr,
+            "kv_indices": kv_indices,
+        }
         given.update(vectors or {})
         self.engine = engine
         self._engine_names = tuple(engine.buffers()) if engine is not None else ()
@@ -178,11 +188,21 @@ class GraphRunner:
         self.last_bucket: int | None = None
 
     def _configure(
-        self, req_to_token: torch.Tensor, full_to_swa: torch.Tensor | None, *, max_bs: int,
-        max_context_len: int, page_size: int, buckets: str | Sequence[int] | Buckets,
-        padding: str | PaddingPolicy, builder: Builder | str, outputs: str, draft_tokens: int,
-        table_width: int | None, use_graphs: bool | None,
-    ) -> None:  # fmt: skip
+        self,
+        req_to_token: torch.Tensor,
+        full_to_swa: torch.Tensor | None,
+        *,
+        max_bs: int,
+        max_context_len: int,
+        page_size: int,
+        buckets: str | Sequence[int] | Buckets,
+        padding: str | PaddingPolicy,
+        builder: Builder | str,
+        outputs: str,
+        draft_tokens: int,
+        table_width: int | None,
+        use_graphs: bool | None,
+    ) -> None:
         """The runner's settings: device, buckets, padding, builder and what it outputs, the
         table width and whether to capture graphs (``ValueError`` for a bad one)."""
         self.device = req_to_token.device
@@ -206,14 +226,11 @@ class GraphRunner:
             raise ValueError(
                 f"a {self.kind.name} builder has no SWA outputs: full_to_swa must be None"
             )
-        if isinstance(draft_tokens, bool) or not isinstance(draft_tokens, int) or draft_tokens < 0:
-            raise ValueError(f"draft_tokens must be an integer >= 0, got {draft_tokens!r}")
+        check_count("draft_tokens", draft_tokens, 0)
         self.draft_tokens = draft_tokens
         self.error_kinds = self.kind.error_kinds
-        if table_width is not None and (
-            isinstance(table_width, bool) or not isinstance(table_width, int) or table_width < 1
-        ):
-            raise ValueError(f"table_width must be a positive integer, got {table_width!r}")
+        if table_width is not None:
+            check_count("table_width", table_width, 1)
         self.max_num_pages = table_width or cdiv(max_context_len, page_size)
         self.use_graphs = self.device.type == "cuda" if use_graphs is None else use_graphs
         if self.use_graphs and self.device.type != "cuda":
@@ -227,7 +244,7 @@ class GraphRunner:
         page_table: torch.Tensor | None,
         swa_page_table: torch.Tensor | None,
         metadata_given: dict[str, torch.Tensor | None],
-    ) -> None:  # fmt: skip
+    ) -> None:
         """The static buffers: inputs, page tables (the engine's own where given), the
         ``errors`` counters and, for a metadata builder, the metadata outputs. Running out of
         device memory raises ``BufferAllocationError`` with the sizes asked for."""
@@ -236,7 +253,9 @@ class GraphRunner:
             raise ValueError("swa_page_table was given without full_to_swa")
         for name, buf in (("page_table", page_table), ("swa_page_table", swa_page_table)):
             if buf is not None:
-                self._check_output_buffer(name, buf, max_bs)
+                check_table_buffer(
+                    name, buf, dev, max_bs, self.max_num_pages, self.max_context_len, self.page_size
+                )
         tables = 2 if self.full_to_swa is not None else 1
         try:
             self.req_pool_indices = torch.zeros(max_bs, dtype=index_dtype, device=dev)
@@ -291,20 +310,10 @@ class GraphRunner:
             buf = given.get(name)
             if buf is None:
                 buf = torch.zeros(length, dtype=spec.dtype, device=dev)
-            elif (
-                not isinstance(buf, torch.Tensor)
-                or buf.dim() != 1
-                or buf.dtype != spec.dtype
-                or buf.shape[0] < length
-                or buf.device != dev
-                or (length > 1 and buf.stride(0) != 1)
-            ):
-                raise ValueError(
-                    f"{name} must be a contiguous 1-D {str(spec.dtype).replace('torch.', '')} "
-                    f"tensor of >= {length} entries on {dev}"
-                )
-            elif spec.engine_sized:
-                length = buf.shape[0]  # the engine sized it; the builder must stay inside it
+            else:
+                check_vector_buffer(name, buf, spec.dtype, length, dev)
+                if spec.engine_sized:
+                    length = buf.shape[0]  # the engine sized it; the builder must stay inside it
             self.vectors[name] = buf[:length]
             setattr(self, name, self.vectors[name])
 
@@ -324,21 +333,6 @@ class GraphRunner:
         self._staging_np = [buf.numpy() for buf in self._staging]
         self._staging_done: list[torch.cuda.Event | None] = [None] * rings
         self._staging_next = 0
-
-    def _check_output_buffer(self, name: str, buf: torch.Tensor, max_bs: int) -> None:
-        if not isinstance(buf, torch.Tensor) or buf.dim() != 2 or buf.dtype != torch.int32:
-            raise ValueError(f"{name} must be a 2-D int32 tensor")
-        if buf.device != self.device:
-            raise ValueError(f"{name} is on {buf.device}, req_to_token on {self.device}")
-        if buf.shape[0] < max_bs or buf.shape[1] < self.max_num_pages:
-            raise ValueError(
-                f"{name} of shape {tuple(buf.shape)} is smaller than [max_bs={max_bs}, "
-                f"max_num_pages={self.max_num_pages}] (max_context_len="
-                f"{self.max_context_len} at page_size={self.page_size} needs "
-                f"{self.max_num_pages} pages)"
-            )
-        if buf.stride(1) != 1:
-            raise ValueError(f"{name} must have inner stride 1, got {tuple(buf.stride())}")
 
     # -- building -------------------------------------------------------------------------
 
@@ -388,9 +382,12 @@ class GraphRunner:
         if mailbox is None:
             raise RuntimeError("a graph body stages from the mailbox: this runner has none")
         mailbox.launch(
-            self.req_pool_indices, self.seq_lens, bs, self.padding.seq_len,
+            self.req_pool_indices,
+            self.seq_lens,
+            bs,
+            self.padding.seq_len,
             self.padding.req_pool_index,
-        )  # fmt: skip
+        )
         self._build(bs)
 
     def static_buffers(self) -> dict[str, torch.Tensor | None]:
@@ -606,10 +603,10 @@ class GraphRunner:
         self, req_pool_indices: BatchValues, seq_lens: BatchValues
     ) -> tuple[torch.Tensor, torch.Tensor | None]:
         """``replay()`` for any batch: lists, host tensors, eager mode, another device."""
-        n = _count(seq_lens)
-        if _count(req_pool_indices) != n:
+        n = count_values(seq_lens)
+        if count_values(req_pool_indices) != n:
             raise ValueError(
-                f"req_pool_indices has {_count(req_pool_indices)} entries, seq_lens has {n}"
+                f"req_pool_indices has {count_values(req_pool_indices)} entries, seq_lens has {n}"
             )
         bucket = self.buckets.bucket_for(n)  # raises before any buffer is touched
         self.check_addresses()

@@ -84,6 +84,15 @@ BatchValues: TypeAlias = (
     torch.Tensor | Sequence[int] | npt.NDArray[np.int32] | npt.NDArray[np.int64]
 )
 
+
+def count_values(values: BatchValues) -> int:
+    """Entries of a batch argument: ``shape[0]`` of a 1-D tensor (cheaper than ``len()``),
+    else ``len()`` (which raises for a 0-d tensor or a non-sequence)."""
+    if type(values) is torch.Tensor and values.dim() == 1:
+        return values.shape[0]
+    return len(values)
+
+
 # The two Triton kernels below stay unannotated: Triton reads a kernel's parameter annotations
 # as its own (``tl.constexpr``, type hints that specialise the kernel), and ships no types for
 # ``triton.jit``.
@@ -132,17 +141,33 @@ def stage_inputs_kernel(  # type: ignore[no-untyped-def]  # a Triton kernel (abo
             in_bucket = rows < bucket
             live = (rows < n) & in_bucket
             if rpi_64 != 0:
-                r = tl.load(rpi_addr.to(tl.pointer_type(tl.int64)) + rows * rpi_stride,
-                            mask=live, other=0, volatile=True)  # fmt: skip
+                r = tl.load(
+                    rpi_addr.to(tl.pointer_type(tl.int64)) + rows * rpi_stride,
+                    mask=live,
+                    other=0,
+                    volatile=True,
+                )
             else:
-                r = tl.load(rpi_addr.to(tl.pointer_type(tl.int32)) + rows * rpi_stride,
-                            mask=live, other=0, volatile=True).to(tl.int64)  # fmt: skip
+                r = tl.load(
+                    rpi_addr.to(tl.pointer_type(tl.int32)) + rows * rpi_stride,
+                    mask=live,
+                    other=0,
+                    volatile=True,
+                ).to(tl.int64)
             if sl_64 != 0:
-                s = tl.load(sl_addr.to(tl.pointer_type(tl.int64)) + rows * sl_stride,
-                            mask=live, other=0, volatile=True)  # fmt: skip
+                s = tl.load(
+                    sl_addr.to(tl.pointer_type(tl.int64)) + rows * sl_stride,
+                    mask=live,
+                    other=0,
+                    volatile=True,
+                )
             else:
-                s = tl.load(sl_addr.to(tl.pointer_type(tl.int32)) + rows * sl_stride,
-                            mask=live, other=0, volatile=True).to(tl.int64)  # fmt: skip
+                s = tl.load(
+                    sl_addr.to(tl.pointer_type(tl.int32)) + rows * sl_stride,
+                    mask=live,
+                    other=0,
+                    volatile=True,
+                ).to(tl.int64)
             s = tl.where(live, s, pad_len)
             tl.store(sl_dst + rows, s.to(sl_dst.dtype.element_ty), mask=in_bucket)
             if PAD_RPI:
@@ -189,14 +214,30 @@ class Mailbox:
         #: Posts written since capture (the next post's tag).
         self.posted = 0
 
-    def launch(self, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, bucket: int,
-               pad_len: int, pad_rpi: int | None) -> None:  # fmt: skip
+    def launch(
+        self,
+        req_pool_indices: torch.Tensor,
+        seq_lens: torch.Tensor,
+        bucket: int,
+        pad_len: int,
+        pad_rpi: int | None,
+    ) -> None:
         """Enqueue the stage of rows ``:bucket`` (inside a capture: record it)."""
         stage_inputs_kernel[(1,)](
-            self.slots, self.counter, self.consumed, req_pool_indices, seq_lens,
-            bucket, pad_len, 0 if pad_rpi is None else pad_rpi, self.slot_size,
-            PAD_RPI=pad_rpi is not None, SLOTS=SLOTS, HEADER=HEADER, BLOCK=STAGE_BLOCK,
-        )  # fmt: skip
+            self.slots,
+            self.counter,
+            self.consumed,
+            req_pool_indices,
+            seq_lens,
+            bucket,
+            pad_len,
+            0 if pad_rpi is None else pad_rpi,
+            self.slot_size,
+            PAD_RPI=pad_rpi is not None,
+            SLOTS=SLOTS,
+            HEADER=HEADER,
+            BLOCK=STAGE_BLOCK,
+        )
 
     def post(
         self, req_pool_indices: BatchValues, seq_lens: BatchValues, n: int, device_index: int
@@ -230,8 +271,9 @@ class Mailbox:
         mv[o + TAG] = k  # last: the tag says the slot is complete
         self.posted = k + 1
 
-    def try_post_tensors(self, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, n: int,
-                         device_index: int) -> bool:  # fmt: skip
+    def try_post_tensors(
+        self, req_pool_indices: torch.Tensor, seq_lens: torch.Tensor, n: int, device_index: int
+    ) -> bool:
         """``post()``'s path for the usual batch, two 1-D int32/int64 tensors of ``n`` rows on
         ``device_index``, both posted by address with one write for the header before the tag.
 
@@ -257,9 +299,16 @@ class Mailbox:
             self._wait(k)
         o = (k % SLOTS) * self.slot_size
         _HEADER_BEFORE_TAG.pack_into(
-            self._bytes, 8 * o, req_pool_indices.data_ptr(), seq_lens.data_ptr(), rpi_stride,
-            sl_stride, rpi_64, sl_64, n,
-        )  # fmt: skip
+            self._bytes,
+            8 * o,
+            req_pool_indices.data_ptr(),
+            seq_lens.data_ptr(),
+            rpi_stride,
+            sl_stride,
+            rpi_64,
+            sl_64,
+            n,
+        )
         self._mv[o + TAG] = k  # last: the tag says the slot is complete
         self.posted = k + 1
         return True

@@ -192,10 +192,18 @@ class StepGraphs:
             "finite" (then the sentinel holds NaN).
     """
 
-    def __init__(self, builder: Callable[..., object], kind: KindSpec,
-                 consumer: Callable[..., object] | Reader, shape: StepShape,
-                 req_to_token: torch.Tensor, buckets: Iterable[int], seed: int,
-                 emulate: bool | None = None, null_block: str = "nan") -> None:  # fmt: skip
+    def __init__(
+        self,
+        builder: Callable[..., object],
+        kind: KindSpec,
+        consumer: Callable[..., object] | Reader,
+        shape: StepShape,
+        req_to_token: torch.Tensor,
+        buckets: Iterable[int],
+        seed: int,
+        emulate: bool | None = None,
+        null_block: str = "nan",
+    ) -> None:
         self.builder, self.kind = builder, kind
         self.reader = as_reader(consumer)
         self.consumer = self.reader.attend
@@ -220,8 +228,11 @@ class StepGraphs:
         self.cache_seqlens = torch.zeros(s.max_bs, dtype=i32, device=dev)
         self.cu_seqlens_k = torch.zeros(s.max_bs + 1, dtype=i32, device=dev)
         self.cu_seqlens_q = torch.zeros(s.max_bs + 1, dtype=i32, device=dev)
-        self.vectors = {"cache_seqlens": self.cache_seqlens, "cu_seqlens_k": self.cu_seqlens_k,
-                        "cu_seqlens_q": self.cu_seqlens_q}  # fmt: skip
+        self.vectors = {
+            "cache_seqlens": self.cache_seqlens,
+            "cu_seqlens_k": self.cu_seqlens_k,
+            "cu_seqlens_q": self.cu_seqlens_q,
+        }
         self.kv_pages = torch.zeros(s.max_bs, dtype=i32, device=dev)
         self.kv_indptr = torch.zeros(s.max_bs + 1, dtype=i32, device=dev)
         self.kv_indices_all = torch.zeros(s.max_bs * s.width + 1, dtype=i32, device=dev)
@@ -234,9 +245,8 @@ class StepGraphs:
         self.null_block = null_block
         self._fill_cache(seed)
         self.workspace = prepare_decode_attention(
-            s.max_bs, s.num_q_heads, s.head_dim, device=dev,
-            max_context_len=s.width * s.page_size,
-        )  # fmt: skip
+            s.max_bs, s.num_q_heads, s.head_dim, device=dev, max_context_len=s.width * s.page_size
+        )
         self.graphs: dict[int, Graph] = {}
         #: part ("step", "builder", "consumer") -> bucket -> graph of ``timing_calls`` calls
         #: per timed part, each bucket's graph (CUDA graphs only: timing needs CUDA)
@@ -244,8 +254,7 @@ class StepGraphs:
         self._timing_bodies: dict[str, Callable[[int], None]] = {}
         self.timing_calls = TIMING_CALLS
         #: a reader's own buffers (``Reader.workspace``), allocated once; None without
-        self.plan_space = PlanWorkspace.for_reader(self.reader, s.max_bs, s.width, s.page_size,
-                                                   dev)  # fmt: skip
+        self.plan_space = PlanWorkspace.for_reader(self.reader, s.max_bs, s.width, s.page_size, dev)
 
     def _fill_cache(self, seed: int) -> None:
         """Seeded random K and V in every page (a misrouted page changes the output), NaN in
@@ -313,20 +322,38 @@ class StepGraphs:
         launch = self._launch_args(bs)
         if self.shape.lists_pages:
             build_csr(
-                self.page_table[:bs], self.cache_seqlens[:bs], ps, kv_pages=self.kv_pages,
-                kv_indptr=self.kv_indptr, kv_indices=self.kv_indices_all,
+                self.page_table[:bs],
+                self.cache_seqlens[:bs],
+                ps,
+                kv_pages=self.kv_pages,
+                kv_indptr=self.kv_indptr,
+                kv_indices=self.kv_indices_all,
                 kv_last_page_len=self.kv_last_page_len,
-            )  # fmt: skip
+            )
             self.consumer(
-                q, self.k_cache, self.v_cache, self.kv_indptr[: bs + 1], self.kv_indices,
-                self.kv_last_page_len[:bs], out, page_size=ps, workspace=self.workspace,
+                q,
+                self.k_cache,
+                self.v_cache,
+                self.kv_indptr[: bs + 1],
+                self.kv_indices,
+                self.kv_last_page_len[:bs],
+                out,
+                page_size=ps,
+                workspace=self.workspace,
                 **launch,
-            )  # fmt: skip
+            )
         else:
             self.consumer(
-                q, self.k_cache, self.v_cache, self.page_table[:bs], self.cache_seqlens[:bs],
-                out, page_size=ps, workspace=self.workspace, **launch,
-            )  # fmt: skip
+                q,
+                self.k_cache,
+                self.v_cache,
+                self.page_table[:bs],
+                self.cache_seqlens[:bs],
+                out,
+                page_size=ps,
+                workspace=self.workspace,
+                **launch,
+            )
 
     def step(self, bs: int) -> None:
         self.build(bs)
@@ -354,8 +381,13 @@ class StepGraphs:
 
     # -- capture and replay ------------------------------------------------------------------
 
-    def _capture(self, body: Callable[[int], None], graphs: dict[int, Graph],
-                 pool: GraphPool | None = None, emulate: bool = False) -> None:  # fmt: skip
+    def _capture(
+        self,
+        body: Callable[[int], None],
+        graphs: dict[int, Graph],
+        pool: GraphPool | None = None,
+        emulate: bool = False,
+    ) -> None:
         """Warm ``body`` up for every bucket on a side stream, then capture it, largest bucket
         first, in one pool (``pool``, default a new one); without CUDA the warm-up, then
         (``emulate``) one ``EmulatedGraph`` per bucket, largest first."""
@@ -367,8 +399,15 @@ class StepGraphs:
         mode = "cuda" if self.use_graphs else "emulated" if emulate else "eager"
         quiet = _quiet_interpreter() if not self.use_graphs else contextlib.nullcontext()
         with quiet:
-            captured, _ = capture_buckets(self.buckets, warm_up=body, body=body, mode=mode,
-                                          device=self.device, pool=pool, ranges=False)  # fmt: skip
+            captured, _ = capture_buckets(
+                self.buckets,
+                warm_up=body,
+                body=body,
+                mode=mode,
+                device=self.device,
+                pool=pool,
+                ranges=False,
+            )
         graphs.update(captured)
 
     def capture(self) -> None:
@@ -423,8 +462,9 @@ class StepGraphs:
 
         return eager
 
-    def time_bucket(self, bucket: int, repeats: int,
-                    clock: Clock[Any] | None = None) -> tuple[float, float, float]:  # fmt: skip
+    def time_bucket(
+        self, bucket: int, repeats: int, clock: Clock[Any] | None = None
+    ) -> tuple[float, float, float]:
         """``(step, builder, consumer)`` device us per call on the inputs now in the buffers:
         the timing graphs (``capture_timing`` first) replayed in turns, ``repeats`` timed
         replays each (``time_interleaved``). ``clock``: default ``EventClock`` (CUDA);

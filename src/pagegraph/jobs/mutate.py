@@ -1,6 +1,6 @@
 """``pagegraph mutate``: the checker against the mutant zoo, and the kill table.
 
-Every builder of ``pagegraph.check.mutants.MUTANTS`` (one realistic bug each) and every control
+Every builder of ``pagegraph.kinds.zoo.MUTANTS`` (one realistic bug each) and every control
 (the correct builders) is checked over the given scenarios, each builder in its own child
 process (``pagegraph.supervise.isolate``), several at a time. A mutant is killed when some
 scenario reports it UNSAFE: a property failed, or its process died (a crash counts, with its
@@ -45,11 +45,11 @@ from pathlib import Path
 import torch
 
 from ..check.config import PROPERTIES
-from ..check.mutants import CONTROLS, MUTANTS
 from ..check.pipeline.step_bench import STEP_PROPERTIES
 from ..check.plan import PlanError, plan_check
 from ..check.reports.report import Report
 from ..check.scenario import ScenarioError, load_scenario
+from ..kinds.zoo import CONTROLS, MUTANTS
 from ..supervise.isolate import IsolatedError, Job, run_isolated, write_json_atomic
 from ..supervise.worker_pool import Task, WorkerPool, task_cost
 from .progress import Progress
@@ -439,7 +439,7 @@ def _builder_spec(o: Outcome) -> str:
     """How a child process finds the builder: a registry name, else the mutant's path."""
     from ..kinds.builders import is_builtin
 
-    return o.name if is_builtin(o.name) else f"pagegraph.check.mutants:{o.name}"
+    return o.name if is_builtin(o.name) else f"pagegraph.kinds.zoo:{o.name}"
 
 
 def _check_builder(

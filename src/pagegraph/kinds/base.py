@@ -75,9 +75,19 @@ class VectorSpec:
 #: eager probe): any object with these attributes (``None`` where absent), typed as
 #: ``pagegraph.kinds.seams.BuilderIO``.
 IO_FIELDS = (
-    "req_to_token", "req_pool_indices", "seq_lens", "page_table", "swa_page_table",
-    "full_to_swa", "errors", "page_size", "draft_tokens", "vectors", "engine", "derived",
-)  # fmt: skip
+    "req_to_token",
+    "req_pool_indices",
+    "seq_lens",
+    "page_table",
+    "swa_page_table",
+    "full_to_swa",
+    "errors",
+    "page_size",
+    "draft_tokens",
+    "vectors",
+    "engine",
+    "derived",
+)
 
 
 class KindSpec:

@@ -114,8 +114,14 @@ def config_problem(builder: Builder, kind: KindSpec, cfg: ScenarioConfig) -> str
     """``signature_problem`` on a scenario's config ``cfg`` (a ``CheckConfig``): its SWA
     outputs, its decode-step consumer, its page size and its padding; and an injection into
     engine state (``num_blocks_overrun``) for a kind that reads none."""
-    problem = signature_problem(builder, kind, swa=cfg.swa, consumer=bool(cfg.consumer),
-                                page_size=cfg.page_size, padding=cfg.padding)  # fmt: skip
+    problem = signature_problem(
+        builder,
+        kind,
+        swa=cfg.swa,
+        consumer=bool(cfg.consumer),
+        page_size=cfg.page_size,
+        padding=cfg.padding,
+    )
     if problem is None and cfg.num_blocks_overrun and kind.engine_state is None:
         problem = (
             f"{builder_name(builder)} is a {kind.name} builder: num_blocks_overrun breaks the "

@@ -105,9 +105,14 @@ class CsrKind(KindSpec):
     def call(self, builder: Builder, io: BuilderIO, bs: int, extra: Mapping[str, object]) -> None:
         v = io.vectors
         builder(
-            io.req_to_token, io.req_pool_indices[:bs], io.seq_lens[:bs], io.page_size,
-            kv_indptr=v["kv_indptr"][: bs + 1], kv_indices=v["kv_indices"], **extra,
-        )  # fmt: skip
+            io.req_to_token,
+            io.req_pool_indices[:bs],
+            io.seq_lens[:bs],
+            io.page_size,
+            kv_indptr=v["kv_indptr"][: bs + 1],
+            kv_indices=v["kv_indices"],
+            **extra,
+        )
 
 
 CSR = CsrKind()

@@ -85,11 +85,17 @@ class DecodeMetadataKind(KindSpec):
     def call(self, builder: Builder, io: BuilderIO, bs: int, extra: Mapping[str, object]) -> None:
         v = io.vectors
         builder(
-            io.req_to_token, io.req_pool_indices[:bs], io.seq_lens[:bs], io.page_size,
-            cache_seqlens=v["cache_seqlens"][:bs], cu_seqlens_k=v["cu_seqlens_k"][: bs + 1],
-            page_table=io.page_table[:bs], draft_tokens=io.draft_tokens,
-            cu_seqlens_q=v["cu_seqlens_q"][: bs + 1], **extra,
-        )  # fmt: skip
+            io.req_to_token,
+            io.req_pool_indices[:bs],
+            io.seq_lens[:bs],
+            io.page_size,
+            cache_seqlens=v["cache_seqlens"][:bs],
+            cu_seqlens_k=v["cu_seqlens_k"][: bs + 1],
+            page_table=io.page_table[:bs],
+            draft_tokens=io.draft_tokens,
+            cu_seqlens_q=v["cu_seqlens_q"][: bs + 1],
+            **extra,
+        )
 
 
 DECODE_METADATA = DecodeMetadataKind()

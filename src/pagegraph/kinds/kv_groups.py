@@ -67,8 +67,9 @@ def parse_groups(cfg: ScenarioConfig) -> tuple[KVGroup, ...]:
     for i, g in enumerate(cfg.kv_groups):
         block = int(g.get("block_size", cfg.page_size))
         width = int(g.get("width") or cdiv(cfg.max_context_len, block))
-        out.append(KVGroup(i, str(g.get("name", f"group{i}")), str(g.get("kind", "full")),
-                           block, width))  # fmt: skip
+        out.append(
+            KVGroup(i, str(g.get("name", f"group{i}")), str(g.get("kind", "full")), block, width)
+        )
     return tuple(out)
 
 
@@ -91,8 +92,9 @@ def groups_problem(cfg: ScenarioConfig) -> str | None:
             return f"entry {i}: kind must be one of {', '.join(GROUP_KINDS)}, got {kind!r}"
         for key in ("block_size", "width"):
             value = g.get(key)
-            if value is not None and (isinstance(value, bool) or not isinstance(value, int)
-                                      or value < 1):  # fmt: skip
+            if value is not None and (
+                isinstance(value, bool) or not isinstance(value, int) or value < 1
+            ):
                 return f"entry {i}: {key} must be an integer >= 1, got {value!r}"
         if kind == "ring" and g.get("width") is None:
             return f"entry {i}: a ring group needs its width (blocks a request)"

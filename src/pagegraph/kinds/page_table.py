@@ -46,8 +46,14 @@ class PageTableKind(KindSpec):
         }
 
     def call(self, builder: Builder, io: BuilderIO, bs: int, extra: Mapping[str, object]) -> None:
-        builder(io.req_to_token, io.req_pool_indices[:bs], io.seq_lens[:bs],
-                io.page_table[:bs], io.page_size, **extra)  # fmt: skip
+        builder(
+            io.req_to_token,
+            io.req_pool_indices[:bs],
+            io.seq_lens[:bs],
+            io.page_table[:bs],
+            io.page_size,
+            **extra,
+        )
 
 
 PAGE_TABLE = PageTableKind()

@@ -108,8 +108,15 @@ class SlotMappingKind(KindSpec):
         positions = d["positions"][: bs * q].view(bs, q)  # max(len - 1, 0) + j
         torch.sub(io.seq_lens[:bs].unsqueeze(1).expand(bs, q), 1, out=positions)
         positions.clamp_(min=0).add_(d["token_offsets"])
-        builder(self.engine_of(io).block_table, idx, d["query_start_loc"][: bs + 1],
-                d["positions"], io.vectors["slot_mapping"], io.page_size, **extra)  # fmt: skip
+        builder(
+            self.engine_of(io).block_table,
+            idx,
+            d["query_start_loc"][: bs + 1],
+            d["positions"],
+            io.vectors["slot_mapping"],
+            io.page_size,
+            **extra,
+        )
 
     def vector_fields(self, verifier: VectorVerifier, model: ReplayModel) -> torch.Tensor:
         """``slot_mapping`` against the ``model`` (see ``KindSpec.vector_fields``): token

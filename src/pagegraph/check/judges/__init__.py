@@ -1,2 +1,1 @@
-"""The check's judges: the model of each replay, the exact verification, and the properties'
-judgments."""
+"""The check's judges: the replay model, the exact verification and every judgment."""

@@ -114,8 +114,9 @@ def _span(t: torch.Tensor) -> tuple[int, int]:
     return t.data_ptr(), t.data_ptr() + (last + 1) * t.element_size()
 
 
-def find_overlaps(outputs: dict[str, torch.Tensor],
-                  inputs: dict[str, torch.Tensor]) -> list[Overlap]:  # fmt: skip
+def find_overlaps(
+    outputs: dict[str, torch.Tensor], inputs: dict[str, torch.Tensor]
+) -> list[Overlap]:
     """Every pair of an output with another output, or with an input, whose bytes meet
     (exactly: ``byte_runs``), in the order of ``outputs`` then ``inputs``. Empty tensors
     cover nothing."""
@@ -136,8 +137,16 @@ def find_overlaps(outputs: dict[str, torch.Tensor],
             common, first = _common(a, b)
             if common:
                 relation = "two outputs" if other_out else "an output and an input"
-                found.append(Overlap(name, other, relation, common, _index_of(name, t, first),
-                                     _index_of(other, u, first)))  # fmt: skip
+                found.append(
+                    Overlap(
+                        name,
+                        other,
+                        relation,
+                        common,
+                        _index_of(name, t, first),
+                        _index_of(other, u, first),
+                    )
+                )
     return found
 
 

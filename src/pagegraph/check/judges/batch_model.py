@@ -104,9 +104,13 @@ class BatchModel:
             raise ValueError(f"batch of {n} requests exceeds the largest bucket {self.sizes[-1]}")
         return self.sizes[at]
 
-    def stage(self, index: int, req_pool_indices: Sequence[int] | np.ndarray,
-              seq_lens: Sequence[int] | np.ndarray,
-              broken: np.ndarray | None = None) -> ModelStep:  # fmt: skip
+    def stage(
+        self,
+        index: int,
+        req_pool_indices: Sequence[int] | np.ndarray,
+        seq_lens: Sequence[int] | np.ndarray,
+        broken: np.ndarray | None = None,
+    ) -> ModelStep:
         """The model's view of the replay of a batch (``[n]`` request indices and lengths);
         ``broken``: ``[n]`` bool, real rows whose engine state was broken (out of contract)."""
         # Called once a replay: each line is one numpy call on at most max_bs values.
@@ -157,12 +161,20 @@ class BatchModel:
         sl, rpi = st.asked_sl, st.asked_rpi
         kinds: tuple[tuple[str, np.ndarray, np.ndarray, str], ...] = (
             ("negative seq_len", sl < 0, sl, "seq_len"),
-            (f"seq_len past the row's capacity ({self.len_limit - self.draft_tokens} tokens)",
-             sl > self.len_limit - self.draft_tokens, sl, "seq_len"),
-            (f"req_pool_index outside req_to_token's {self.r2t_rows} rows",
-             (rpi < 0) | (rpi >= self.r2t_rows), rpi, "req_pool_index"),
+            (
+                f"seq_len past the row's capacity ({self.len_limit - self.draft_tokens} tokens)",
+                sl > self.len_limit - self.draft_tokens,
+                sl,
+                "seq_len",
+            ),
+            (
+                f"req_pool_index outside req_to_token's {self.r2t_rows} rows",
+                (rpi < 0) | (rpi >= self.r2t_rows),
+                rpi,
+                "req_pool_index",
+            ),
             ("zero-length (in the contract)", sl == 0, sl, "seq_len"),
-        )  # fmt: skip
+        )
         if st.broken_rows is not None:
             broken = np.zeros(sl.size, dtype=bool)
             broken[: st.broken_rows.size] = st.broken_rows

@@ -46,8 +46,7 @@ class GraphReads(RecordedComparisons):
         written = self.runner.page_table[:b].reshape(-1).to(torch.int64)
         self.record(slot, mstep, read, written)
 
-    def describe(self, mstep: ModelStep, count: int, flat: int, read: int,
-                 written: int) -> Failure:  # fmt: skip
+    def describe(self, mstep: ModelStep, count: int, flat: int, read: int, written: int) -> Failure:
         row, col = divmod(flat, self.width)
         failure = Failure(mstep.index, mstep.bucket, row, col, written, read, "page_table")
         failure.note = (

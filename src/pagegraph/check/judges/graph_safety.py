@@ -78,20 +78,25 @@ class EagerTwin(RecordedComparisons):
         )
         self._extra: dict[str, object] = {}
         if pool.full_to_swa is not None:
-            self._extra = {"swa_page_table": self.buffers.views[1],
-                           "full_to_swa": pool.full_to_swa}  # fmt: skip
+            self._extra = {"swa_page_table": self.buffers.views[1], "full_to_swa": pool.full_to_swa}
         self._takes_batch = builder_capabilities(run.builder).batch
         if run.errors:  # the same specialisation as the replays' (a scratch buffer)
             assert runner.errors is not None  # the runner passes errors= (run.errors)
             self._extra["errors"] = torch.zeros_like(runner.errors)
         self._io = SimpleNamespace(
-            req_to_token=pool.req_to_token, req_pool_indices=runner.req_pool_indices,
-            seq_lens=runner.seq_lens, page_table=self.buffers.views[0], swa_page_table=None,
-            full_to_swa=pool.full_to_swa, errors=None, page_size=cfg.page_size,
-            vectors=self.buffers.vector_views, engine=run.engine,
+            req_to_token=pool.req_to_token,
+            req_pool_indices=runner.req_pool_indices,
+            seq_lens=runner.seq_lens,
+            page_table=self.buffers.views[0],
+            swa_page_table=None,
+            full_to_swa=pool.full_to_swa,
+            errors=None,
+            page_size=cfg.page_size,
+            vectors=self.buffers.vector_views,
+            engine=run.engine,
             derived=run.kind.derived_inputs(cfg.max_bs, runner.draft_tokens, dev),
             draft_tokens=cfg.draft_tokens if run.kind.tables_include_draft else 0,
-        )  # fmt: skip
+        )
         # Per compared replay: differing entries, the first one's flat index, the replay's
         # value there and the eager call's.
         super().__init__(chunk, dev)
@@ -153,8 +158,9 @@ class EagerTwin(RecordedComparisons):
             for entry in self._presets:
                 entry.fill_(0)
 
-    def describe(self, mstep: ModelStep, count: int, flat: int, replayed: int,
-                 eager: int) -> Failure:  # fmt: skip
+    def describe(
+        self, mstep: ModelStep, count: int, flat: int, replayed: int, eager: int
+    ) -> Failure:
         """Where the first difference is, as a ``Failure`` of the table or vector it is in."""
         tables = self.buffers.tables
         T, rows, width = tables.shape
@@ -168,9 +174,18 @@ class EagerTwin(RecordedComparisons):
             assert vectors is not None  # past the tables: the kind's vectors
             v, col = divmod(flat - tables.numel(), vectors.shape[1])
             where, row, col = self.run.kind.vector_names[v], col - 1, 0
-        failure = Failure(mstep.index, mstep.bucket, row, col, eager, replayed, where,
-                          self.run.cfg.max_bs, self.run.cfg.width,
-                          vector=where not in names)  # fmt: skip
+        failure = Failure(
+            mstep.index,
+            mstep.bucket,
+            row,
+            col,
+            eager,
+            replayed,
+            where,
+            self.run.cfg.max_bs,
+            self.run.cfg.width,
+            vector=where not in names,
+        )
         failure.note = (
             f"{count} entr{'y' if count == 1 else 'ies'} of the replay differ from an eager "
             f"call of the builder on the same inputs (expected: the eager call's value)"

@@ -1,30 +1,33 @@
-"""Padded rows under the engine's convention, judged on the reader's side of the decode step.
+"""Padded rows under the engine's convention, on the reader's side of the decode step: the
+convention noted, the guard page after capture, and what the two properties covered (their
+judges are ``step_judges.PaddedReadsInPool`` and ``NullBlockUntouched``).
 
 docs/ARCHITECTURE.md ("Inside the checker") has the details.
 """
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Mapping
 from typing import Protocol
-
-import numpy as np
-import torch
 
 from ...graph.step_graphs import GUARD_NAME, GUARD_PAGE, StepGraphs
 from ..config import CheckConfig
 from ..reports.report import PropertyResult
-from .protocol import JudgedAtOnce
 
-__all__ = ["NullBlockUntouched", "PaddedBatch", "PaddedReadsInPool", "PaddedReplays", "PaddedSeen",
-           "PaddedRun", "READS", "ReplayedRun", "WRITES", "describe", "judge_capture",
-           "nan_page", "note_convention"]  # fmt: skip
+__all__ = [
+    "PaddedRun",
+    "READS",
+    "ReplayedRun",
+    "WRITES",
+    "describe",
+    "judge_capture",
+    "nan_page",
+    "note_convention",
+]
 
 #: The properties this module judges (``pagegraph.check.reports.step_report.STEP_PROPERTIES``).
 READS = "padded rows read inside the KV pool"
 WRITES = "null block and guard page untouched"
-#: Table entries of a padded row shown in a failure.
-SHOWN_ENTRIES = 4
 
 
 class PaddedRun(Protocol):
@@ -44,39 +47,6 @@ class ReplayedRun(PaddedRun, Protocol):
 
     @property
     def padded_replays(self) -> int: ...
-
-
-class PaddedBatch(Protocol):
-    """A step's batch as this module reads it (``pagegraph.check.judges.step_judges.StepBatch``)."""
-
-    @property
-    def index(self) -> int: ...
-    @property
-    def bucket(self) -> int: ...
-    @property
-    def rpi(self) -> Sequence[int]: ...
-
-
-class PaddedReplays(Protocol):
-    """What a step's replays gave, as this module reads it
-    (``pagegraph.check.judges.step_judges.StepReplays``)."""
-
-    @property
-    def pad_c(self) -> torch.Tensor | None: ...
-    @property
-    def reserved_changed(self) -> Sequence[str]: ...
-
-
-class PaddedSeen(Protocol):
-    """What a step's replays showed, as this module's judges observe it
-    (``pagegraph.check.judges.step_judges.StepSeen``)."""
-
-    @property
-    def run(self) -> PaddedRun: ...
-    @property
-    def batch(self) -> PaddedBatch: ...
-    @property
-    def replays(self) -> PaddedReplays: ...
 
 
 def nan_page(null_block: str) -> int:
@@ -103,54 +73,6 @@ def judge_capture(run: PaddedRun) -> None:
     if GUARD_NAME in g.reserved_changed():
         run.props[WRITES].fail(f"{GUARD_NAME} of the KV cache changed during capture")
     g.snapshot_reserved()
-
-
-class PaddedReadsInPool(JudgedAtOnce):
-    """With ``null_block = "finite"``, every padded row of replay C finite."""
-
-    property_name = READS
-
-    def observe(self, seen: PaddedSeen) -> None:
-        run, batch, replays = seen.run, seen.batch, seen.replays
-        pads = replays.pad_c
-        if run.graphs.null_block == "nan" or pads is None or not len(pads):
-            return
-        finite = torch.isfinite(pads.float()).flatten(1).all(1).cpu().numpy()
-        bad = np.flatnonzero(~finite).tolist()
-        if bad:
-            where = _padded_row(run, batch, len(batch.rpi) + bad[0])
-            run.props[self.property_name].fail(
-                f"{where} has a non-finite output with finite queries: it read outside the KV "
-                f"pool (the guard page {GUARD_PAGE} or the NaN sentinel); {len(bad)} padded "
-                "row(s) non-finite"
-            )
-
-
-class NullBlockUntouched(JudgedAtOnce):
-    """The guard page before page 0, and page 0 where the null block holds data, unchanged
-    through the step's replays."""
-
-    property_name = WRITES
-
-    def observe(self, seen: PaddedSeen) -> None:
-        run, batch, replays = seen.run, seen.batch, seen.replays
-        if replays.reserved_changed:
-            run.props[self.property_name].fail(
-                f"replay {batch.index} (bucket {batch.bucket}, {len(batch.rpi)} real rows): "
-                f"{' and '.join(replays.reserved_changed)} of the KV cache, which no request "
-                "holds, changed"
-            )
-
-
-def _padded_row(run: PaddedRun, batch: PaddedBatch, row: int) -> str:
-    """Padded row ``row`` with its replay, bucket, staged inputs and first table entries."""
-    g = run.graphs
-    entries = g.page_table[row, :SHOWN_ENTRIES].tolist()
-    return (
-        f"replay {batch.index} (bucket {batch.bucket}): padded row {row} (seq_len "
-        f"{int(g.seq_lens[row])}, req_pool_index {int(g.req_pool_indices[row])}, "
-        f"{run.cfg.padding} padding, table entries {entries}...)"
-    )
 
 
 def describe(run: ReplayedRun) -> None:

@@ -32,8 +32,9 @@ class RecordedComparisons:
         self.records = torch.zeros((chunk + 1, 4), dtype=torch.int64, device=device)
         self.compared: dict[int, ModelStep] = {}
 
-    def record(self, slot: int, mstep: ModelStep, got: torch.Tensor,
-               expected: torch.Tensor) -> None:  # fmt: skip
+    def record(
+        self, slot: int, mstep: ModelStep, got: torch.Tensor, expected: torch.Tensor
+    ) -> None:
         """Queue on the device (no sync) how the 1-D int64 ``got`` and ``expected`` differ,
         into record ``slot``, for replay ``mstep``."""
         diff = got != expected
@@ -63,8 +64,7 @@ class RecordedComparisons:
                 prop.fail(self.describe(mstep, count, flat, got, expected) if first else None)
         self.compared.clear()
 
-    def describe(self, mstep: ModelStep, count: int, flat: int, got: int,
-                 expected: int) -> Failure:  # fmt: skip
+    def describe(self, mstep: ModelStep, count: int, flat: int, got: int, expected: int) -> Failure:
         """The first difference of replay ``mstep`` as a ``Failure``: ``count`` entries
         differ, the first at ``flat``, where the replay gave ``got`` and ``expected`` was
         due."""

@@ -14,11 +14,21 @@ import numpy as np
 import torch
 
 from ...consumers.attention_reference import attend, live_kv, tolerances
+from ...graph.step_graphs import GUARD_PAGE
 from ..reports.report import BucketStats, Report
-from .padded_rows import NullBlockUntouched, PaddedReadsInPool, PaddedRun
+from .padded_rows import READS, WRITES, PaddedRun
 from .protocol import Judge, JudgedAtOnce
 
-__all__ = ["STEP_JUDGES", "StepBatch", "StepReplays", "StepRun", "StepSeen", "changed_rows"]
+__all__ = [
+    "STEP_JUDGES",
+    "NullBlockUntouched",
+    "PaddedReadsInPool",
+    "StepBatch",
+    "StepReplays",
+    "StepRun",
+    "StepSeen",
+    "changed_rows",
+]
 
 
 @dataclass
@@ -203,7 +213,64 @@ class ReadsOnlyCurrentPlan(JudgedAtOnce):
 
 
 #: The step's judges, in the order they judge a step (each its property of STEP_PROPERTIES).
+#: Table entries of a padded row shown in a failure.
+SHOWN_ENTRIES = 4
+
+
+class PaddedReadsInPool(JudgedAtOnce):
+    """With ``null_block = "finite"``, every padded row of replay C finite."""
+
+    property_name = READS
+
+    def observe(self, seen: StepSeen) -> None:
+        run, batch, replays = seen.run, seen.batch, seen.replays
+        pads = replays.pad_c
+        if run.graphs.null_block == "nan" or pads is None or not len(pads):
+            return
+        finite = torch.isfinite(pads.float()).flatten(1).all(1).cpu().numpy()
+        bad = np.flatnonzero(~finite).tolist()
+        if bad:
+            where = _padded_row(run, batch, len(batch.rpi) + bad[0])
+            run.props[self.property_name].fail(
+                f"{where} has a non-finite output with finite queries: it read outside the KV "
+                f"pool (the guard page {GUARD_PAGE} or the NaN sentinel); {len(bad)} padded "
+                "row(s) non-finite"
+            )
+
+
+class NullBlockUntouched(JudgedAtOnce):
+    """The guard page before page 0, and page 0 where the null block holds data, unchanged
+    through the step's replays."""
+
+    property_name = WRITES
+
+    def observe(self, seen: StepSeen) -> None:
+        run, batch, replays = seen.run, seen.batch, seen.replays
+        if replays.reserved_changed:
+            run.props[self.property_name].fail(
+                f"replay {batch.index} (bucket {batch.bucket}, {len(batch.rpi)} real rows): "
+                f"{' and '.join(replays.reserved_changed)} of the KV cache, which no request "
+                "holds, changed"
+            )
+
+
+def _padded_row(run: StepRun, batch: StepBatch, row: int) -> str:
+    """Padded row ``row`` with its replay, bucket, staged inputs and first table entries."""
+    g = run.graphs
+    entries = g.page_table[row, :SHOWN_ENTRIES].tolist()
+    return (
+        f"replay {batch.index} (bucket {batch.bucket}): padded row {row} (seq_len "
+        f"{int(g.seq_lens[row])}, req_pool_index {int(g.req_pool_indices[row])}, "
+        f"{run.cfg.padding} padding, table entries {entries}...)"
+    )
+
+
 STEP_JUDGES: tuple[Judge[StepSeen], ...] = (
-    OutputCorrect(), ReadsWithinLength(), PaddedRowsContained(), PaddedReadsInPool(),
-    NullBlockUntouched(), SentinelUntouched(), ReadsOnlyCurrentPlan(),
-)  # fmt: skip
+    OutputCorrect(),
+    ReadsWithinLength(),
+    PaddedRowsContained(),
+    PaddedReadsInPool(),
+    NullBlockUntouched(),
+    SentinelUntouched(),
+    ReadsOnlyCurrentPlan(),
+)

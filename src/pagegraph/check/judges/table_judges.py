@@ -67,9 +67,13 @@ def record_how_judged(report: Report) -> None:
 # -- the builder alone -------------------------------------------------------------------------
 
 
-def judge_eager_call(props: Props, call: EagerCall, detectors: tuple[str, ...],
-                     no_detector_reason: str | None,
-                     strict: tuple[str, ...] = ()) -> None:  # fmt: skip
+def judge_eager_call(
+    props: Props,
+    call: EagerCall,
+    detectors: tuple[str, ...],
+    no_detector_reason: str | None,
+    strict: tuple[str, ...] = (),
+) -> None:
     """The builder's own eager call on the first real batch: no sync (safety); its
     allocations are advice (``strict`` may promote them)."""
     sync_prop = props["sync-free builder call"]
@@ -157,8 +161,9 @@ def sync_capture_cause(
     )
 
 
-def judge_builder_calls(probe: BuilderProbe, compiles: CompileCounter, props: Props,
-                        strict: tuple[str, ...] = ()) -> None:  # fmt: skip
+def judge_builder_calls(
+    probe: BuilderProbe, compiles: CompileCounter, props: Props, strict: tuple[str, ...] = ()
+) -> None:
     """Allocations and compilations of the warm-up and capture calls, per bucket: advice
     (``strict`` may promote them)."""
     alloc_prop = props["no allocation in builder"]
@@ -231,8 +236,15 @@ class TableVerification:
         state = self.state
         with phase("verify"):
             records = state.verifier.read(len(state.pending))
-        judge_records(records, list(state.pending), state.verifier, props, state.report,
-                      state.cfg, state.model.describe_rows)  # fmt: skip
+        judge_records(
+            records,
+            list(state.pending),
+            state.verifier,
+            props,
+            state.report,
+            state.cfg,
+            state.model.describe_rows,
+        )
 
 
 # -- one replay, as it happens -------------------------------------------------------------------
@@ -250,8 +262,9 @@ def judge_replay(state: ReplayState, i: int, mstep: ModelStep, measured: ReplayM
     _judge_addresses(state, i)
 
 
-def _judge_replay_allocations(state: ReplayState, i: int, mstep: ModelStep,
-                              measured: ReplayMeasure) -> None:  # fmt: skip
+def _judge_replay_allocations(
+    state: ReplayState, i: int, mstep: ModelStep, measured: ReplayMeasure
+) -> None:
     alloc_prop = state.props["no allocation in replay"]
     # A builder called at each replay (eagerly, or a kind built before its graph) is measured
     # on its own: its allocations are its advice, not the runner's.
@@ -285,8 +298,9 @@ def _judge_replay_allocations(state: ReplayState, i: int, mstep: ModelStep,
         )
 
 
-def _judge_replay_syncs(state: ReplayState, i: int, mstep: ModelStep, before: int,
-                        stats: BucketStats) -> None:  # fmt: skip
+def _judge_replay_syncs(
+    state: ReplayState, i: int, mstep: ModelStep, before: int, stats: BucketStats
+) -> None:
     rec = state.recorder
     if rec is None or len(rec.events) <= before:
         return
@@ -343,9 +357,15 @@ def judge_chunk_allocations(state: ReplayState) -> None:
 # -- the verifier's records, a chunk at a time ---------------------------------------------------
 
 
-def judge_records(records: np.ndarray, steps: list[ModelStep], verifier: TableVerifier,
-                  props: Props, report: Report, cfg: CheckConfig,
-                  describe_rows: DescribeRows | None = None) -> None:  # fmt: skip
+def judge_records(
+    records: np.ndarray,
+    steps: list[ModelStep],
+    verifier: TableVerifier,
+    props: Props,
+    report: Report,
+    cfg: CheckConfig,
+    describe_rows: DescribeRows | None = None,
+) -> None:
     """Fold one chunk of device records (``[len(steps), verifier.record_size]`` int64, one
     row a replay, laid out as ``pagegraph.check.judges.verify`` says) into the report.
     ``describe_rows(step)`` names a replay's out-of-contract rows for its failures."""
@@ -365,12 +385,14 @@ def judge_records(records: np.ndarray, steps: list[ModelStep], verifier: TableVe
             _judge_vectors(rec, st, verifier, stats, props, cfg, describe_rows)
         _judge_staged_inputs(rec, st, verifier, props["staged inputs"])
         if verifier.errors is not None:
-            _judge_error_counters(rec, st, verifier, kinds, props["error counters"], report,
-                                  describe_rows)  # fmt: skip
+            _judge_error_counters(
+                rec, st, verifier, kinds, props["error counters"], report, describe_rows
+            )
 
 
-def _fail_with(prop: PropertyResult, failure: Failure, st: ModelStep,
-               describe_rows: DescribeRows | None) -> None:  # fmt: skip
+def _fail_with(
+    prop: PropertyResult, failure: Failure, st: ModelStep, describe_rows: DescribeRows | None
+) -> None:
     """``prop`` fails; its first failure gets the row's inputs and the replay's
     out-of-contract rows (worked out for the first failure only: they cost a few numpy
     calls)."""
@@ -384,9 +406,15 @@ def _fail_with(prop: PropertyResult, failure: Failure, st: ModelStep,
     prop.fail(failure)
 
 
-def _judge_tables(rec: np.ndarray, st: ModelStep, verifier: TableVerifier, stats: BucketStats,
-                  props: Props, cfg: CheckConfig,
-                  describe_rows: DescribeRows | None = None) -> None:  # fmt: skip
+def _judge_tables(
+    rec: np.ndarray,
+    st: ModelStep,
+    verifier: TableVerifier,
+    stats: BucketStats,
+    props: Props,
+    cfg: CheckConfig,
+    describe_rows: DescribeRows | None = None,
+) -> None:
     """The table masks of one record: wrong live entries fail "correct", writes outside the
     live region fail "bounded writes"; on an out-of-contract replay either fails "row
     containment" instead. ("graph-safe" compares a replay with an eager call instead:
@@ -399,9 +427,16 @@ def _judge_tables(rec: np.ndarray, st: ModelStep, verifier: TableVerifier, stats
         count, flat, expected, got = found
         row, col = divmod(flat, verifier.row_strides[mask % T])
         failure = Failure(
-            st.index, st.bucket, row - CANARY_ROWS, col, expected, got,
-            TABLE_NAMES[mask % T], verifier.max_bs, cfg.width,
-        )  # fmt: skip
+            st.index,
+            st.bucket,
+            row - CANARY_ROWS,
+            col,
+            expected,
+            got,
+            TABLE_NAMES[mask % T],
+            verifier.max_bs,
+            cfg.width,
+        )
         if st.out_of_contract:
             stats.escaped_writes += count
             _fail_with(props["row containment"], failure, st, describe_rows)
@@ -413,9 +448,15 @@ def _judge_tables(rec: np.ndarray, st: ModelStep, verifier: TableVerifier, stats
             _fail_with(props["bounded writes"], failure, st, describe_rows)
 
 
-def _judge_vectors(rec: np.ndarray, st: ModelStep, verifier: TableVerifier, stats: BucketStats,
-                   props: Props, cfg: CheckConfig,
-                   describe_rows: DescribeRows | None = None) -> None:  # fmt: skip
+def _judge_vectors(
+    rec: np.ndarray,
+    st: ModelStep,
+    verifier: TableVerifier,
+    stats: BucketStats,
+    props: Props,
+    cfg: CheckConfig,
+    describe_rows: DescribeRows | None = None,
+) -> None:
     """A metadata or CSR builder's vectors: wrong entries of the live region fail "correct"
     (on an out-of-contract replay they are the out-of-contract values' own, and allowed,
     except a CSR builder's
@@ -432,9 +473,16 @@ def _judge_vectors(rec: np.ndarray, st: ModelStep, verifier: TableVerifier, stat
         vector, entry = divmod(flat, length)
         name = verifier.vector_names[vector]
         failure = Failure(
-            st.index, st.bucket, entry - 1, 0, expected, got, name, vector=True,
+            st.index,
+            st.bucket,
+            entry - 1,
+            0,
+            expected,
+            got,
+            name,
+            vector=True,
             note=csr_entry_owner(st, entry - 1, cfg, verifier) if name == "kv_indices" else "",
-        )  # fmt: skip
+        )
         if st.out_of_contract:
             # Wrong live entries are the out-of-contract values' own, except where the kind's
             # live region there ends where the first out-of-contract row starts (CSR).
@@ -466,8 +514,9 @@ def csr_entry_owner(st: ModelStep, j: int, cfg: CheckConfig, verifier: TableVeri
     return f"row {row}'s page {j - start}"
 
 
-def _judge_staged_inputs(rec: np.ndarray, st: ModelStep, verifier: TableVerifier,
-                         staged_prop: PropertyResult) -> None:  # fmt: skip
+def _judge_staged_inputs(
+    rec: np.ndarray, st: ModelStep, verifier: TableVerifier, staged_prop: PropertyResult
+) -> None:
     at = verifier.staged_at
     if rec[at] and staged_prop.status == "pass":
         row = int(rec[at + 1])
@@ -479,10 +528,15 @@ def _judge_staged_inputs(rec: np.ndarray, st: ModelStep, verifier: TableVerifier
         )
 
 
-def _judge_error_counters(rec: np.ndarray, st: ModelStep, verifier: TableVerifier,
-                          kinds: tuple[str, ...], err_prop: PropertyResult,
-                          report: Report,
-                          describe_rows: DescribeRows | None = None) -> None:  # fmt: skip
+def _judge_error_counters(
+    rec: np.ndarray,
+    st: ModelStep,
+    verifier: TableVerifier,
+    kinds: tuple[str, ...],
+    err_prop: PropertyResult,
+    report: Report,
+    describe_rows: DescribeRows | None = None,
+) -> None:
     E = verifier.E
     at = verifier.errors_at
     want, got = rec[at : at + E], rec[at + E : at + 2 * E]

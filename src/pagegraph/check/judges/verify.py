@@ -16,10 +16,19 @@ from ...kinds import PAGE_TABLE, KindSpec
 from .batch_model import IN_BUCKET, OUT_OF_CONTRACT, REAL, BatchModel, ModelStep
 
 __all__ = [
-    "CANARY_ROWS", "IN_BUCKET", "OUT_OF_CONTRACT",
-    "REAL", "BatchModel", "ModelStep", "TableVerifier", "batch_size",
-    "preset_views", "read_mask", "replay_bytes", "vector_replay_bytes",
-]  # fmt: skip
+    "CANARY_ROWS",
+    "IN_BUCKET",
+    "OUT_OF_CONTRACT",
+    "REAL",
+    "BatchModel",
+    "ModelStep",
+    "TableVerifier",
+    "batch_size",
+    "preset_views",
+    "read_mask",
+    "replay_bytes",
+    "vector_replay_bytes",
+]
 
 INT32_MAX = 2**31 - 1
 
@@ -41,8 +50,9 @@ _E = len(ERROR_KINDS)
 MASK_FIELDS = 4
 
 
-def preset_views(vectors: torch.Tensor | None, names: tuple[str, ...],
-                 kind: KindSpec) -> list[torch.Tensor]:  # fmt: skip
+def preset_views(
+    vectors: torch.Tensor | None, names: tuple[str, ...], kind: KindSpec
+) -> list[torch.Tensor]:
     """One-entry views of ``vectors`` for the presettable outputs ``names`` of a builder of
     ``kind`` (``KindSpec.presets``), set to their value (0) here, as an engine sets them at
     allocation; ``[]`` without vectors."""
@@ -228,7 +238,7 @@ class TableVerifier:
         )
         self._snap_staged = tuple(
             torch.zeros((K, M), dtype=t.dtype, device=dev) for t in self.staged
-        )  # fmt: skip
+        )
         self._snap_errors = (
             torch.zeros((K, self.E), dtype=self.errors.dtype, device=dev)
             if self.errors is not None
@@ -253,13 +263,12 @@ class TableVerifier:
         self._mask_table = torch.arange(2 * self.T, device=dev, dtype=torch.int64) % self.T
         self._expected = torch.empty((K, *self.tables.shape), dtype=self.tables.dtype, device=dev)
         if self.vectors is not None:
-            self.expected_vectors = torch.empty((K, *self.vectors.shape), dtype=self.vectors.dtype,
-                                                 device=dev)  # fmt: skip
+            self.expected_vectors = torch.empty(
+                (K, *self.vectors.shape), dtype=self.vectors.dtype, device=dev
+            )
             self.vector_index = torch.arange(M + 1, device=dev, dtype=torch.int64)
-            self.capacity_index = torch.arange(self.engine_capacity, device=dev,
-                                               dtype=torch.int64)  # fmt: skip
-        self._live = torch.zeros((K, self.T, rows, self.padded_width), dtype=torch.bool,
-                                 device=dev)  # fmt: skip
+            self.capacity_index = torch.arange(self.engine_capacity, device=dev, dtype=torch.int64)
+        self._live = torch.zeros((K, self.T, rows, self.padded_width), dtype=torch.bool, device=dev)
         self._ooc = torch.zeros_like(self._live)
         for t, stride in enumerate(self.row_strides):  # the packed tables' entries, flat
             if stride != self.padded_width:
@@ -420,15 +429,23 @@ class TableVerifier:
         first = masks.to(torch.uint8).argmax(-1)
         flat = self._mask_table * masks.shape[-1] + first
         mask_fields = torch.stack(
-            [counts, first, expected.view(K, -1).gather(1, flat).long(),
-             tables.view(K, -1).gather(1, flat).long()],
+            [
+                counts,
+                first,
+                expected.view(K, -1).gather(1, flat).long(),
+                tables.view(K, -1).gather(1, flat).long(),
+            ],
             dim=-1,
-        ).view(K, -1)  # fmt: skip
+        ).view(K, -1)
         if self.vectors is not None:
             model = SimpleNamespace(
-                n_pages=n_pages, slots=slots, sl=sl, in_bucket=in_bucket, ooc=ooc & in_bucket,
+                n_pages=n_pages,
+                slots=slots,
+                sl=sl,
+                in_bucket=in_bucket,
+                ooc=ooc & in_bucket,
                 real=(flags & REAL) != 0,
-            )  # fmt: skip
+            )
             fields = self.kind.vector_fields(self, model)
             mask_fields = torch.cat([mask_fields, fields], dim=1)
 
@@ -437,36 +454,51 @@ class TableVerifier:
         # gather, not got[bad_row]: indexing with a 0-dim tensor reads it on the host.
         bad_row = bad.to(torch.uint8).argmax(-1, keepdim=True)  # [K, 1]
         staged_fields = torch.cat(
-            [bad.sum(-1, keepdim=True), bad_row, got_rpi.gather(1, bad_row),
-             got_sl.gather(1, bad_row)], dim=1,
-        )  # fmt: skip
+            [
+                bad.sum(-1, keepdim=True),
+                bad_row,
+                got_rpi.gather(1, bad_row),
+                got_sl.gather(1, bad_row),
+            ],
+            dim=1,
+        )
 
-        if self.errors is not None:
-            cap_tokens = cap * ps
-            r2t_rows = self.r2t.shape[0]
-            parts = [
-                (in_bucket & (sl.clamp(min=0) + self.draft_tokens > cap_tokens)).sum(-1),
-                (in_bucket & (sl < 0)).sum(-1),
-                (in_bucket & ((rpi < 0) | (rpi >= r2t_rows))).sum(-1),
-            ]
-            if self.T == 2:
-                assert self.f2s is not None  # given with T == 2 (_allocate_ring)
-                f2s_len = self.f2s.shape[0]
-                parts.append((live & ((slots < 0) | (slots >= f2s_len))).sum((-2, -1)))
-            else:
-                parts.append(torch.zeros(K, dtype=torch.int64, device=self.device))
-            if self.E > _E:  # cu_seqlens_k entries whose true running sum passed int32
-                overflowed = self.running_sums(sl, in_bucket) > INT32_MAX
-                parts.append((overflowed & in_bucket).sum(-1))
-            assert self._snap_errors is not None  # allocated with errors
-            error_fields = torch.cat(
-                [torch.stack(parts, dim=1), self._snap_errors.to(torch.int64)], dim=1
-            )
-        else:
-            error_fields = torch.zeros((K, 2 * self.E), dtype=torch.int64, device=self.device)
-
+        error_fields = self._error_fields(rpi, sl, in_bucket, live, slots)
         record = torch.cat([mask_fields, staged_fields, error_fields], dim=1)
         self.records.index_copy_(0, slot, record)
+
+    def _error_fields(
+        self,
+        rpi: torch.Tensor,
+        sl: torch.Tensor,
+        in_bucket: torch.Tensor,
+        live: torch.Tensor,
+        slots: torch.Tensor,
+    ) -> torch.Tensor:
+        """``[K, 2 * E]`` int64: the error counts the model expects (rows over capacity,
+        negative lengths, request indices outside ``req_to_token``, SWA slots outside
+        ``full_to_swa``, running sums past int32), then the builder's; zeros without errors."""
+        K = self.batch
+        if self.errors is None:
+            return torch.zeros((K, 2 * self.E), dtype=torch.int64, device=self.device)
+        cap_tokens = self.cap * self.page_size
+        r2t_rows = self.r2t.shape[0]
+        parts = [
+            (in_bucket & (sl.clamp(min=0) + self.draft_tokens > cap_tokens)).sum(-1),
+            (in_bucket & (sl < 0)).sum(-1),
+            (in_bucket & ((rpi < 0) | (rpi >= r2t_rows))).sum(-1),
+        ]
+        if self.T == 2:
+            assert self.f2s is not None  # given with T == 2 (_allocate_ring)
+            f2s_len = self.f2s.shape[0]
+            parts.append((live & ((slots < 0) | (slots >= f2s_len))).sum((-2, -1)))
+        else:
+            parts.append(torch.zeros(K, dtype=torch.int64, device=self.device))
+        if self.E > _E:  # cu_seqlens_k entries whose true running sum passed int32
+            overflowed = self.running_sums(sl, in_bucket) > INT32_MAX
+            parts.append((overflowed & in_bucket).sum(-1))
+        assert self._snap_errors is not None  # allocated with errors
+        return torch.cat([torch.stack(parts, dim=1), self._snap_errors.to(torch.int64)], dim=1)
 
     def _place(self, dst: torch.Tensor, t: int, values: torch.Tensor) -> None:
         """Write ``values`` (``[K, max_bs, n]``) at table ``t``'s entries ``[row, :n]`` in
@@ -485,8 +517,9 @@ class TableVerifier:
         cache = (sl.clamp(min=0) + self.draft_tokens).clamp(max=INT32_MAX)
         return torch.cumsum(torch.where(in_bucket, cache, 0), -1)
 
-    def vector_masks(self, exp: torch.Tensor, live: torch.Tensor,
-                      judged: torch.Tensor | None = None) -> torch.Tensor:  # fmt: skip
+    def vector_masks(
+        self, exp: torch.Tensor, live: torch.Tensor, judged: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """The two vector masks' fields (``[K, 8]``): entries of ``live`` that differ from
         ``exp``, then entries outside it that differ (and are ``judged``, when given)."""
         K = self.batch
@@ -498,10 +531,14 @@ class TableVerifier:
         counts = masks.sum(-1)
         first = masks.to(torch.uint8).argmax(-1)
         return torch.stack(
-            [counts, first, exp.view(K, -1).gather(1, first).long(),
-             vectors.view(K, -1).gather(1, first).long()],
+            [
+                counts,
+                first,
+                exp.view(K, -1).gather(1, first).long(),
+                vectors.view(K, -1).gather(1, first).long(),
+            ],
             dim=-1,
-        ).view(K, -1)  # fmt: skip
+        ).view(K, -1)
 
 
 def read_mask(record: np.ndarray, mask: int) -> tuple[int, int, int, int] | None:

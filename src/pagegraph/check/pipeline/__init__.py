@@ -1,2 +1,1 @@
-"""The check pipeline: its phases and replay loop, the two benches (tables, decode step), the state
-and buffers they run on."""
+"""The check pipeline: its phases and loop, both benches, and the state they run on."""

@@ -18,13 +18,7 @@ from ...kinds.builders import builder_capabilities
 from ...workload.decode import Step
 from ...workload.pool import KVPool
 from ..config import INDEX_DTYPES, CheckConfig
-from ..judges.verify import (
-    CANARY_ROWS,
-    batch_size,
-    preset_views,
-    replay_bytes,
-    vector_replay_bytes,
-)
+from ..judges.verify import CANARY_ROWS, batch_size, preset_views, replay_bytes, vector_replay_bytes
 
 
 @dataclass
@@ -56,9 +50,14 @@ class CheckBuffers:
         )
 
     def eager_calls(
-        self, fn: Callable[..., object], cfg: CheckConfig, pool: KVPool, batch: Step,
-        device: torch.device, engine: object | None = None,
-    ) -> tuple[Callable[[], None], ...]:  # fmt: skip
+        self,
+        fn: Callable[..., object],
+        cfg: CheckConfig,
+        pool: KVPool,
+        batch: Step,
+        device: torch.device,
+        engine: object | None = None,
+    ) -> tuple[Callable[[], None], ...]:
         """The builder's calls on one workload batch (its ``bs`` request indices and lengths,
         staged here as ``[bs]`` tensors of ``cfg.index_dtype``), into the first ``bs`` rows of
         the buffers, as its kind calls it, as callables of no argument: a warm-up with every
@@ -80,12 +79,19 @@ class CheckBuffers:
 
         def io(rows: torch.Tensor, lengths: torch.Tensor) -> SimpleNamespace:
             return SimpleNamespace(
-                req_to_token=pool.req_to_token, req_pool_indices=rows, seq_lens=lengths,
-                page_table=self.views[0], swa_page_table=None, full_to_swa=pool.full_to_swa,
-                errors=None, page_size=cfg.page_size, vectors=self.vector_views,
+                req_to_token=pool.req_to_token,
+                req_pool_indices=rows,
+                seq_lens=lengths,
+                page_table=self.views[0],
+                swa_page_table=None,
+                full_to_swa=pool.full_to_swa,
+                errors=None,
+                page_size=cfg.page_size,
+                vectors=self.vector_views,
                 draft_tokens=cfg.draft_tokens if self.kind.tables_include_draft else 0,
-                engine=engine, derived=derived,
-            )  # fmt: skip
+                engine=engine,
+                derived=derived,
+            )
 
         warm_io, call_io = io(rpi_short, torch.ones_like(sl)), io(rpi, sl)
 
@@ -109,16 +115,21 @@ def allocate_check_buffers(cfg: CheckConfig, kind: KindSpec, device: torch.devic
     # stride of its own packs its rows closer inside its slab, the rest of which is canary.
     tables = torch.full((T, rows, max(strides)), POISON, dtype=torch.int32, device=device)
     views = [
-        torch.as_strided(tables, (cfg.max_bs, width), (stride, 1),
-                         t * tables[0].numel() + CANARY_ROWS * stride)
+        torch.as_strided(
+            tables, (cfg.max_bs, width), (stride, 1), t * tables[0].numel() + CANARY_ROWS * stride
+        )
         for t, stride in enumerate(strides)
-    ]  # fmt: skip
+    ]
     if not kind.vectors:
         return CheckBuffers(tables, views, strides, kind=kind)
     lengths = vector_lengths(cfg, kind)
     # One allocation: a kind's vectors share a dtype (int32, or int64 slot ids).
-    vectors = torch.full((len(lengths), vector_row_length(cfg, kind)), POISON,
-                         dtype=kind.vectors[0].dtype, device=device)  # fmt: skip
+    vectors = torch.full(
+        (len(lengths), vector_row_length(cfg, kind)),
+        POISON,
+        dtype=kind.vectors[0].dtype,
+        device=device,
+    )
     vector_views = {name: vectors[v, 1 : 1 + n] for v, (name, n) in enumerate(lengths.items())}
     preset_views(vectors, cfg.preset_outputs, kind)  # set at allocation, as the engine does
     return CheckBuffers(tables, views, strides, vectors, vector_views, kind)

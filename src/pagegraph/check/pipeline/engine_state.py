@@ -64,8 +64,9 @@ class EngineRun(Protocol):
     engine_overrun: np.ndarray | None
 
 
-def make_engine_state(kind: KindSpec, cfg: CheckConfig, pool: KVPool,
-                      device: torch.device) -> EngineState | None:  # fmt: skip
+def make_engine_state(
+    kind: KindSpec, cfg: CheckConfig, pool: KVPool, device: torch.device
+) -> EngineState | None:
     """The engine state ``kind`` reads, sized for the pool and the config's table width, or
     ``None`` for a kind that reads none."""
     if kind.engine_state is None:
@@ -99,8 +100,9 @@ def update_engine_state(run: EngineRun, step: Step, may_break: bool = True) -> N
             run.engine_overrun = _break_num_blocks(run, engine, rpi, mine)
 
 
-def _break_num_blocks(run: EngineRun, engine: EngineState, rpi: np.ndarray,
-                      mine: np.ndarray) -> np.ndarray | None:  # fmt: skip
+def _break_num_blocks(
+    run: EngineRun, engine: EngineState, rpi: np.ndarray, mine: np.ndarray
+) -> np.ndarray | None:
     """With probability ``cfg.num_blocks_overrun``, one real row's device ``num_blocks`` past
     the width (the module docstring); the ``[bs]`` bool rows broken, or ``None``."""
     rate, rng = run.cfg.num_blocks_overrun, run.engine_rng

@@ -55,8 +55,14 @@ def merge_reports(cfg: CheckConfig, parts: list[tuple[KVGroup, Report]]) -> Repo
     for _, r in parts:
         for b, stats in r.buckets.items():
             into = merged.buckets.setdefault(b, BucketStats(b))
-            for f in ("replays", "out_of_contract", "mismatches", "oob_writes",
-                      "escaped_writes", "syncs"):  # fmt: skip
+            for f in (
+                "replays",
+                "out_of_contract",
+                "mismatches",
+                "oob_writes",
+                "escaped_writes",
+                "syncs",
+            ):
                 setattr(into, f, getattr(into, f) + getattr(stats, f))
             into.replay_us = into.replay_us + list(stats.replay_us)
     merged.wall_s = dict(merged.wall_s)
@@ -81,9 +87,13 @@ class GroupRuns:
     groups) and ``on_chunk`` (the merged report so far), until a group's check crashed; the
     caller ``add``s each group's report, and ``merged()`` is the check's."""
 
-    def __init__(self, plan: CheckPlan, builder: Callable[..., object],
-                 progress: Callable[[int, int], None] | None = None,
-                 on_chunk: Callable[[Report], None] | None = None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        plan: CheckPlan,
+        builder: Callable[..., object],
+        progress: Callable[[int, int], None] | None = None,
+        on_chunk: Callable[[Report], None] | None = None,
+    ) -> None:
         from ...kinds.builders import builder_name  # the kinds import the check's modules
 
         self.plan, self.builder = plan, builder

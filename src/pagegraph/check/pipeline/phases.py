@@ -20,9 +20,18 @@ from ..reports.report import PropertyResult, Report
 from ..signals import stop_requested
 from .state import CheckHooks
 
-__all__ = ["Bench", "LoopEnd", "ReplayFailed", "drive_replays", "fail_capture",
-           "mark_unfinished", "pick_device", "process_age_s", "record_capture",
-           "run_pipeline"]  # fmt: skip
+__all__ = [
+    "Bench",
+    "LoopEnd",
+    "ReplayFailed",
+    "drive_replays",
+    "fail_capture",
+    "mark_unfinished",
+    "pick_device",
+    "process_age_s",
+    "record_capture",
+    "run_pipeline",
+]
 
 
 class Bench(Protocol):
@@ -118,8 +127,7 @@ def run_pipeline(bench: Bench, hooks: CheckHooks) -> Report:
             bench.start_replays()
             end = LoopEnd("the loop raised")  # what end_replays sees if the loop itself raised
             try:
-                end = drive_replays(bench.steps, bench.replay_one, hooks, bench.report,
-                                    bench.props)  # fmt: skip
+                end = drive_replays(bench.steps, bench.replay_one, hooks, bench.report, bench.props)
             finally:
                 bench.end_replays(end)
             clock.start("after replays")
@@ -142,8 +150,15 @@ def pick_device(device: str | torch.device | None) -> torch.device:
     return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
-def record_capture(report: Report, prop: PropertyResult, buckets: int, graphs: Mapping[int, object],
-                   use_graphs: bool, emulated: bool, t0: float) -> None:  # fmt: skip
+def record_capture(
+    report: Report,
+    prop: PropertyResult,
+    buckets: int,
+    graphs: Mapping[int, object],
+    use_graphs: bool,
+    emulated: bool,
+    t0: float,
+) -> None:
     """A capture that went through, begun at ``t0`` (``time.perf_counter``): its time, how the
     graphs replay (CUDA, emulated: naming the ops ``graphs`` froze, or eagerly) in ``prop``."""
     report.capture_ms = (time.perf_counter() - t0) * 1e3
@@ -191,8 +206,13 @@ class LoopEnd:
     interrupted: int | None = None
 
 
-def drive_replays(steps: int, replay: Callable[[int], bool], hooks: CheckHooks,
-                  report: Report, props: dict[str, PropertyResult]) -> LoopEnd:  # fmt: skip
+def drive_replays(
+    steps: int,
+    replay: Callable[[int], bool],
+    hooks: CheckHooks,
+    report: Report,
+    props: dict[str, PropertyResult],
+) -> LoopEnd:
     """The one replay loop: ``replay(i)`` for each of ``steps`` replays, which returns whether
     judgments came in (a chunk read back, a step judged). Between two replays a stop asked for
     by a signal ends it; a replay that raises ends it with "replays completed" failed; once

@@ -285,8 +285,7 @@ def _record_rates(state: ReplayState) -> None:
         elapsed = time.perf_counter() - times.t_start
         report.replays_per_s = (report.replays - times.steady_from) / elapsed
     replay_us = [u for b in report.buckets.values() for u in b.replay_us]
-    phases = (("workload", times.workload_us), ("replay", replay_us),
-              ("checker", times.checker_us))  # fmt: skip
+    phases = (("workload", times.workload_us), ("replay", replay_us), ("checker", times.checker_us))
     for name, xs in phases:
         if xs:
             report.phase_us[name] = round(float(np.mean(xs)), 1)

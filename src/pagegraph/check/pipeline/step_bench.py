@@ -53,16 +53,23 @@ NAN_TAIL_EVERY = 3
 #: context keeps one tile past one split's worth of tokens, so the consumer's workspace has
 #: two split-K splits (``default_num_splits``), rows longer than a tile fill both, and the
 #: combine kernel merges more than one partial result.
-CPU_LIMITS = {"num_q_heads": 4, "num_kv_heads": 2, "head_dim": 16, "max_bs": 4,
-              "max_context_len": TOKENS_PER_SPLIT + BLOCK_N}  # fmt: skip
+CPU_LIMITS = {
+    "num_q_heads": 4,
+    "num_kv_heads": 2,
+    "head_dim": 16,
+    "max_bs": 4,
+    "max_context_len": TOKENS_PER_SPLIT + BLOCK_N,
+}
 #: Pages a row can hold at least after shrinking, so stale tails stay in the table.
 CPU_MIN_PAGES = 4
 
 
 def step_properties(status: str = "pass") -> dict[str, PropertyResult]:
     """The step's properties by name, in the report's order, each saying what it covers."""
-    return {name: PropertyResult(name, status, scope=covers)
-            for name, (covers, _) in STEP_PROPERTIES.items()}  # fmt: skip
+    return {
+        name: PropertyResult(name, status, scope=covers)
+        for name, (covers, _) in STEP_PROPERTIES.items()
+    }
 
 
 def shrink_for_cpu(cfg: CheckConfig) -> tuple[CheckConfig, str | None]:
@@ -73,8 +80,13 @@ def shrink_for_cpu(cfg: CheckConfig) -> tuple[CheckConfig, str | None]:
     q = max(kv, min(cfg.num_q_heads, lim["num_q_heads"]) // kv * kv)
     ctx = min(cfg.max_context_len, max(lim["max_context_len"], CPU_MIN_PAGES * cfg.page_size))
     bs = min(cfg.max_bs, lim["max_bs"])
-    new = dict(num_q_heads=q, num_kv_heads=kv, head_dim=min(cfg.head_dim, lim["head_dim"]),
-               max_bs=bs, max_context_len=ctx)  # fmt: skip
+    new = dict(
+        num_q_heads=q,
+        num_kv_heads=kv,
+        head_dim=min(cfg.head_dim, lim["head_dim"]),
+        max_bs=bs,
+        max_context_len=ctx,
+    )
     changed = {k: (getattr(cfg, k), v) for k, v in new.items() if getattr(cfg, k) != v}
     if not changed:
         return cfg, None
@@ -118,9 +130,15 @@ class StepBench:
     consumer captured in one graph a bucket, each replay judged on the attention's output
     (docs/ARCHITECTURE.md)."""
 
-    def __init__(self, fn: Callable[..., object], plan: CheckPlan,
-                 device: str | torch.device | None, consumer: Callable[..., object] | Reader | None,
-                 hooks: CheckHooks, emulate: bool | None) -> None:  # fmt: skip
+    def __init__(
+        self,
+        fn: Callable[..., object],
+        plan: CheckPlan,
+        device: str | torch.device | None,
+        consumer: Callable[..., object] | Reader | None,
+        hooks: CheckHooks,
+        emulate: bool | None,
+    ) -> None:
         cfg = plan.config
         dev = pick_device(device)
         note = None
@@ -128,8 +146,13 @@ class StepBench:
             cfg, note = shrink_for_cpu(cfg)
         assert cfg.consumer is not None, "a decode-step plan's config has a consumer (plan_check)"
         graphs = "cuda" if dev.type == "cuda" else "none"
-        self.report = Report(builder_name(fn), cfg, str(dev), graphs,
-                             step=StepSection(consumer=cfg.consumer, shrunk=note))  # fmt: skip
+        self.report = Report(
+            builder_name(fn),
+            cfg,
+            str(dev),
+            graphs,
+            step=StepSection(consumer=cfg.consumer, shrunk=note),
+        )
         self.props = step_properties()
         self.steps = cfg.steps
         note_convention(self.props, cfg.null_block)
@@ -141,8 +164,16 @@ class StepBench:
         self.run: _Run | None = None
 
     def set_up(self) -> None:
-        self.run = _setup(self._fn, self._kind, self._consumer, self._cfg, self._device,
-                          self.report, self.props, self._emulate)  # fmt: skip
+        self.run = _setup(
+            self._fn,
+            self._kind,
+            self._consumer,
+            self._cfg,
+            self._device,
+            self.report,
+            self.props,
+            self._emulate,
+        )
         self.run.on_phase = self._hooks.note
         if self._hooks.on_chunk is not None:
             self._hooks.on_chunk(self.report)  # the shapes and device, before anything can crash
@@ -190,22 +221,42 @@ class StepBench:
         pass
 
 
-def _setup(fn: Callable[..., object], kind: KindSpec,
-           consumer: Callable[..., object] | Reader | None, cfg: CheckConfig, dev: torch.device,
-           report: Report, props: dict[str, PropertyResult],
-           emulate: bool | None = None) -> _Run:  # fmt: skip
+def _setup(
+    fn: Callable[..., object],
+    kind: KindSpec,
+    consumer: Callable[..., object] | Reader | None,
+    cfg: CheckConfig,
+    dev: torch.device,
+    report: Report,
+    props: dict[str, PropertyResult],
+    emulate: bool | None = None,
+) -> _Run:
     assert cfg.consumer is not None, "a decode-step plan's config has a consumer (plan_check)"
     pool = KVPool(**pool_kwargs(cfg), device=dev)
     shape = StepShape(
-        max_bs=cfg.max_bs, width=cfg.width, page_size=cfg.page_size, num_pages=pool.num_pages,
-        num_q_heads=cfg.num_q_heads, num_kv_heads=cfg.num_kv_heads, head_dim=cfg.head_dim,
-        dtype=CONSUMER_DTYPES[cfg.consumer_dtype], fmt=cfg.consumer,
+        max_bs=cfg.max_bs,
+        width=cfg.width,
+        page_size=cfg.page_size,
+        num_pages=pool.num_pages,
+        num_q_heads=cfg.num_q_heads,
+        num_kv_heads=cfg.num_kv_heads,
+        head_dim=cfg.head_dim,
+        dtype=CONSUMER_DTYPES[cfg.consumer_dtype],
+        fmt=cfg.consumer,
         index_dtype=INDEX_DTYPES[cfg.index_dtype],
-    )  # fmt: skip
+    )
     buckets = Buckets(cfg.buckets, cfg.max_bs)
-    graphs = StepGraphs(fn, kind, consumer or default_consumer(cfg.consumer), shape,
-                        pool.req_to_token, buckets.sizes, cfg.seed + 2, emulate,
-                        null_block=cfg.null_block)  # fmt: skip
+    graphs = StepGraphs(
+        fn,
+        kind,
+        consumer or default_consumer(cfg.consumer),
+        shape,
+        pool.req_to_token,
+        buckets.sizes,
+        cfg.seed + 2,
+        emulate,
+        null_block=cfg.null_block,
+    )
     gen = torch.Generator().manual_seed(cfg.seed + 3)
     return _Run(cfg, graphs, pool, report, props, resolve_padding(cfg.padding), buckets, gen)
 
@@ -219,8 +270,9 @@ def _capture(run: _Run) -> bool:
         fail_capture(run.report, run.props, f"capture raised {type(exc).__name__}: {exc}")
         return False
     g = run.graphs
-    record_capture(run.report, run.props["capture"], len(run.buckets), g.graphs, g.use_graphs,
-                   g.emulated, t0)  # fmt: skip
+    record_capture(
+        run.report, run.props["capture"], len(run.buckets), g.graphs, g.use_graphs, g.emulated, t0
+    )
     if not run.graphs.sentinel_intact():
         run.props["sentinel page untouched"].fail("the sentinel page changed during capture")
     judge_reserved_at_capture(run)
@@ -276,8 +328,15 @@ def _one_step(run: _Run, k: int, step: Step) -> None:
         pad_c = g.out[n:bucket].clone()
     # Page 0 and the guard are never restored: one read-back after the step's last replay
     # sees a write in any of them.
-    replays = StepReplays(out_a, out_b, out_c, sentinel, pad_c=pad_c,
-                          reserved_changed=g.reserved_changed(), out_plan=out_d)  # fmt: skip
+    replays = StepReplays(
+        out_a,
+        out_b,
+        out_c,
+        sentinel,
+        pad_c=pad_c,
+        reserved_changed=g.reserved_changed(),
+        out_plan=out_d,
+    )
     seen = StepSeen(run, b, replays)
     for judge in run.judges:
         judge.observe(seen)
@@ -299,8 +358,9 @@ def _padded_queries(g: StepGraphs, n: int, bucket: int, finite: torch.Generator 
     pad[1::2] = float("inf")
 
 
-def _poison_tails(run: _Run, b: StepBatch, before: tuple[torch.Tensor, ...] | None = None,
-                  nan_page: bool = False) -> tuple[torch.Tensor, ...]:  # fmt: skip
+def _poison_tails(
+    run: _Run, b: StepBatch, before: tuple[torch.Tensor, ...] | None = None, nan_page: bool = False
+) -> tuple[torch.Tensor, ...]:
     """Fill the whole table of the bucket (and CSR's ``kv_indices``) with ids of live pages
     drawn at random, each entry a different page than ``before`` (the picks this returned
     last) where two pages live: the builder overwrites the live entries, and a stale tail

@@ -92,9 +92,13 @@ class TableBench:
 # -- the phases, in order ------------------------------------------------------------------------
 
 
-def start_run(fn: Callable[..., object], plan: CheckPlan, device: str | torch.device | None,
-              runner_factory: Callable[..., GraphRunner],
-              hooks: CheckHooks) -> CheckRun:  # fmt: skip
+def start_run(
+    fn: Callable[..., object],
+    plan: CheckPlan,
+    device: str | torch.device | None,
+    runner_factory: Callable[..., GraphRunner],
+    hooks: CheckHooks,
+) -> CheckRun:
     """The device and the detectors for a planned check; an empty report with every
     property passing until judged."""
     cfg, kind = plan.config, plan.kind_spec
@@ -104,8 +108,9 @@ def start_run(fn: Callable[..., object], plan: CheckPlan, device: str | torch.de
     report.detectors = detectors
     props = {name: PropertyResult(name) for name in PROPERTIES}
     report.properties = list(props.values())
-    run = CheckRun(cfg, fn, kind, dev, report, props, detectors, no_detector_reason, hooks,
-                   runner_factory)  # fmt: skip
+    run = CheckRun(
+        cfg, fn, kind, dev, report, props, detectors, no_detector_reason, hooks, runner_factory
+    )
     run.errors = cfg.errors and builder_capabilities(fn).errors
     return run
 
@@ -202,8 +207,9 @@ def _capture(run: CheckRun) -> bool:
         judge_builder_calls(probe, compiles, props, run.cfg.strict)
         fail_capture(report, props, what)
         return False
-    record_capture(report, props["capture"], len(runner.buckets), runner.graphs,
-                   run.graphs, run.emulated, t0)  # fmt: skip
+    record_capture(
+        report, props["capture"], len(runner.buckets), runner.graphs, run.graphs, run.emulated, t0
+    )
     judge_builder_calls(probe, compiles, props, run.cfg.strict)
     # Eager replays run the builder: keep measuring it. Graph replays, emulated ones
     # included, never call it.

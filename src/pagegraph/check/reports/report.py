@@ -257,8 +257,11 @@ class Report:
             syncs = f"syncs by the {', '.join(self.detectors)} detector"
         else:
             syncs = "syncs not checked"
-        graphs = {"cuda": "CUDA graphs", "emulated": "graphs emulated",
-                  "none": "graphs not captured"}[self.graphs]  # fmt: skip
+        graphs = {
+            "cuda": "CUDA graphs",
+            "emulated": "graphs emulated",
+            "none": "graphs not captured",
+        }[self.graphs]
         return f"on {'CPU' if self.on_cpu else 'CUDA'}: {syncs}, {graphs}"
 
     def not_checked(self) -> list[str]:
@@ -390,9 +393,14 @@ class Report:
         ]
         for b in d["buckets"]:
             stats = BucketStats(
-                b["bucket"], b["replays"], b["out_of_contract"], b["mismatches"],
-                b["oob_writes"], b["escaped_writes"], b["syncs"],
-            )  # fmt: skip
+                b["bucket"],
+                b["replays"],
+                b["out_of_contract"],
+                b["mismatches"],
+                b["oob_writes"],
+                b["escaped_writes"],
+                b["syncs"],
+            )
             if b["median_replay_us"] == b["median_replay_us"]:
                 stats.replay_us = [b["median_replay_us"]]
             report.buckets[b["bucket"]] = stats
@@ -463,11 +471,7 @@ class Report:
                 f"| {b.bucket} | {b.replays} | {b.out_of_contract} | {b.mismatches} | "
                 f"{b.oob_writes} | {b.escaped_writes} | {b.syncs} | {b.median_replay_us:.1f} |"
             )
-        lines += [
-            "",
-            "| property | covers | status | judged | detail |",
-            "|---|---|---|---|---|",
-        ]
+        lines += ["", "| property | covers | status | judged | detail |", "|---|---|---|---|---|"]
         for p in self.properties:
             cells = f"{p.name} | {p.covers} | {p.status} | {p.judged or '-'} | {p.full_detail()}"
             lines.append(f"| {cells} |")

@@ -102,7 +102,7 @@ class StepSection:
                     "builder_share": share(u, s),
                 }
                 for b, (s, u, c) in sorted(self.timing.items())
-            ],  # fmt: skip
+            ],
         }
 
     @classmethod
@@ -116,7 +116,7 @@ class StepSection:
             timing={
                 t["bucket"]: (t["step_us"], t["builder_us"], t["consumer_us"])
                 for t in d.get("timing", [])
-            },  # fmt: skip
+            },
         )
 
 
@@ -195,8 +195,11 @@ def format_step_report(report: StepReport) -> str:
         lines.append(report.wall_line())
     if step.shrunk:
         lines.append(step.shrunk)
-    lines += ["", "| bucket | replays | wrong rows | step us | builder us | consumer us | "
-              "builder share |", "|---:|---:|---:|---:|---:|---:|---:|"]  # fmt: skip
+    lines += [
+        "",
+        "| bucket | replays | wrong rows | step us | builder us | consumer us | builder share |",
+        "|---:|---:|---:|---:|---:|---:|---:|",
+    ]
     nan = float("nan")
     for b in sorted(report.buckets.values(), key=lambda b: b.bucket):
         times = step.timing.get(b.bucket, (nan, nan, nan))

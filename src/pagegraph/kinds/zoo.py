@@ -6,7 +6,7 @@ runs the checker on each and on the controls (correct builders): every mutant mu
 reported UNSAFE somewhere, every control SAFE everywhere.
 
 Each mutant and control is also an attribute of this module, so
-``"pagegraph.check.mutants:NAME"`` resolves anywhere (a child process of ``pagegraph mutate``
+``"pagegraph.kinds.zoo:NAME"`` resolves anywhere (a child process of ``pagegraph mutate``
 gets its builder that way).
 """
 
@@ -14,8 +14,8 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..kinds import KINDS
 from ..mutants.record import Mutant
+from . import KINDS
 
 __all__ = ["CONTROLS", "MUTANTS", "Mutant", "reset_caches"]
 
