@@ -1,7 +1,7 @@
 """One check pipeline: a planned check is set up, captured, replayed and finished the same
-way whatever its judges (``run_pipeline``), and the stages both benches share: the device
-(``pick_device``), the capture's outcome (``record_capture``, ``fail_capture``) and what a
-stopped run did not finish (``mark_unfinished``). docs/ARCHITECTURE.md walks a check through it.
+way whatever its judges (``run_pipeline``), through the stages both benches share: the device
+(``pick_device``), the capture's outcome (``record_capture``, ``fail_capture``), the one
+replay loop (``drive_replays``) and what a stopped run did not finish (``mark_unfinished``).
 """
 
 from __future__ import annotations
