@@ -12,7 +12,7 @@ import sys
 from pagegraph.check.config import CheckConfig
 from pagegraph.check.reports.report import PropertyResult, Report
 from pagegraph.jobs.kill_image import image_size, kill_grid, write_kill_image
-from pagegraph.jobs.mutate import Outcome
+from pagegraph.jobs.mutate_report import Outcome
 
 SCENARIOS = ["default", "spec-metadata", "csr"]
 

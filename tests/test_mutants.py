@@ -17,11 +17,11 @@ import torch
 from pagegraph.check.config import PROPERTIES, CheckConfig
 from pagegraph.check.pipeline.step_bench import STEP_PROPERTIES
 from pagegraph.check.reports.report import Report
-from pagegraph.jobs.mutate import (
+from pagegraph.jobs.mutate import run_mutate
+from pagegraph.jobs.mutate_report import (
     Outcome,
     format_kill_table,
     format_matrix,
-    run_mutate,
     smallest_killing_set,
 )
 from pagegraph.kinds import BLOCK_TABLE, SLOT_MAPPING, kind_of

@@ -150,8 +150,13 @@ class BuilderProbe:
     measured for allocations and compilations and recorded with its NVTX phase, while
     ``measure`` is set (graph replays never call it; eager replays do)."""
 
-    def __init__(self, fn: Callable[..., object], device: torch.device,
-                 compiles: CompileCounter, capabilities: dict[str, bool]) -> None:  # fmt: skip
+    def __init__(
+        self,
+        fn: Callable[..., object],
+        device: torch.device,
+        compiles: CompileCounter,
+        capabilities: dict[str, bool],
+    ) -> None:
         self.fn = fn
         # What the builder takes (``kinds.builders.builder_capabilities``), as the runner
         # reads it from the probe in the builder's place.
@@ -199,8 +204,13 @@ class EagerCall:
     sync_events: list[SyncEvent] = field(default_factory=list)
 
 
-def measure_eager_call(warm_up: Callable[[], None], call: Callable[[], None], bs: int,
-                       device: torch.device, detectors: tuple[str, ...]) -> EagerCall:  # fmt: skip
+def measure_eager_call(
+    warm_up: Callable[[], None],
+    call: Callable[[], None],
+    bs: int,
+    device: torch.device,
+    detectors: tuple[str, ...],
+) -> EagerCall:
     """Call the builder's short warm-up (an engine's first call: compiling and loading a
     kernel may sync and allocate, once), then measure ``call`` on a real batch. Whatever the
     builder raises propagates."""

@@ -136,8 +136,13 @@ def memory_need(cfg, kind: KindSpec = PAGE_TABLE) -> tuple[int, dict[str, int]]:
     # (ProducedWorkload).
     streams = streams_with_steps(cfg.steps, cfg.workload_streams, SEGMENT_STEPS)
     parked = (r2t + f2s) * streams if streams > 1 else 0
-    parts = {"req_to_token": r2t, "full_to_swa": f2s, "tables and checker": tables,
-             "pool write scratch": scratch, "parked stream tables": parked}  # fmt: skip
+    parts = {
+        "req_to_token": r2t,
+        "full_to_swa": f2s,
+        "tables and checker": tables,
+        "pool write scratch": scratch,
+        "parked stream tables": parked,
+    }
     if cfg.consumer:
         parts["KV cache and reference"] = _consumer_bytes(cfg, pages)
     return sum(parts.values()) + (64 << 20), parts
@@ -196,14 +201,26 @@ def _output_problem(option: str, path: str | None) -> str | None:
     return None
 
 
-def _plan(scenarios, *, replays, builder, detectors, workload_process, strict,
-          json_path, markdown_path, reader=None) -> _Plan:  # fmt: skip
+def _plan(
+    scenarios,
+    *,
+    replays,
+    builder,
+    detectors,
+    workload_process,
+    strict,
+    json_path,
+    markdown_path,
+    reader=None,
+) -> _Plan:
     """Load every scenario, check the options and plan each check (``plan_check``: the
     scenario's own builder, or ``builder`` put on it); ``ValueError`` (a ``ScenarioError``,
     ``ScenarioNotFound`` or ``BuilderLoadError`` among them) on the first problem, before
     anything runs."""
-    for problem in (_output_problem("--json", json_path),
-                    _output_problem("--markdown", markdown_path)):  # fmt: skip
+    for problem in (
+        _output_problem("--json", json_path),
+        _output_problem("--markdown", markdown_path),
+    ):
         if problem:
             raise ValueError(problem)
     if replays is not None and replays < 1:
@@ -229,8 +246,13 @@ def _plan(scenarios, *, replays, builder, detectors, workload_process, strict,
             )
         spec = builder or s.builder
         try:
-            check, fn = plan_check(spec, cfg, spec=builder_spec_for_child(spec),
-                                   reader=reader_spec, own_builder=builder is None)  # fmt: skip
+            check, fn = plan_check(
+                spec,
+                cfg,
+                spec=builder_spec_for_child(spec),
+                reader=reader_spec,
+                own_builder=builder is None,
+            )
         except PlanError as exc:
             raise ValueError(f"{s.path}: {exc}") from None
         problem = _memory_problem(check.config, check.kind_spec)
@@ -273,9 +295,17 @@ def run_check(
     ``workload_process``: overrides the scenarios' ``[check] workload_process``. ``strict``:
     advice promoted to failures."""
     try:
-        plan = _plan(scenarios, replays=replays, builder=builder, detectors=detectors,
-                     workload_process=workload_process, strict=strict, json_path=json_path,
-                     markdown_path=markdown_path, reader=reader)  # fmt: skip
+        plan = _plan(
+            scenarios,
+            replays=replays,
+            builder=builder,
+            detectors=detectors,
+            workload_process=workload_process,
+            strict=strict,
+            json_path=json_path,
+            markdown_path=markdown_path,
+            reader=reader,
+        )
     except ValueError as exc:  # a bad file, option or builder must not leave a half-run
         print(f"pagegraph check: {exc}", file=sys.stderr)
         return 2
@@ -321,8 +351,9 @@ def _run_isolated(plan: _Plan, show, results, progress: _CheckProgress) -> int |
     """Each scenario in a child process; the signal number if interrupted, else None."""
     jobs = [Job.planned(check, s.name) for s, check in zip(plan.scenarios, plan.checks)]
     try:
-        run_isolated(jobs, on_report=lambda k, r: show(plan.scenarios[k], r),
-                     on_phase=progress.phase)  # fmt: skip
+        run_isolated(
+            jobs, on_report=lambda k, r: show(plan.scenarios[k], r), on_phase=progress.phase
+        )
     except IsolatedError as exc:
         raise _UsageError(str(exc)) from None
     except KeyboardInterrupt as exc:

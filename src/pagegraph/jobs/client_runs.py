@@ -20,10 +20,20 @@ from .check_job import _memory_problem
 from .progress import Progress, check_estimate, format_seconds
 
 __all__ = [
-    "ClientRun", "add_job_arguments", "job_doc", "job_replays", "plan_job", "plan_run",
-    "run_checks", "run_doc", "run_section", "say", "table_cell", "verdict_lines",
+    "ClientRun",
+    "add_job_arguments",
+    "job_doc",
+    "job_replays",
+    "plan_job",
+    "plan_run",
+    "run_checks",
+    "run_doc",
+    "run_section",
+    "say",
+    "table_cell",
+    "verdict_lines",
     "write_reports",
-]  # fmt: skip
+]
 
 
 @dataclass
@@ -78,13 +88,13 @@ def _summary(run: ClientRun) -> str:
         return f"{head} ({run.error})"
     failed = ", ".join(p.name for p in run.with_status("FAIL"))
     advice = ", ".join(p.name for p in run.with_status("advice"))
-    extra = "; ".join(x for x in (failed and f"failed: {failed}", advice and f"advice: {advice}")
-                      if x)  # fmt: skip
+    extra = "; ".join(
+        x for x in (failed and f"failed: {failed}", advice and f"advice: {advice}") if x
+    )
     return f"{head}, {run.report.replays} replays" + (f" ({extra})" if extra else "")
 
 
-def run_checks(runs: list[ClientRun], *, timeout: float | None, quiet: bool,
-               job: str) -> bool:  # fmt: skip
+def run_checks(runs: list[ClientRun], *, timeout: float | None, quiet: bool, job: str) -> bool:
     """Run each planned check in a child process; False when interrupted (the runs not
     reached keep no report, the one running keeps what it had found). Unless ``quiet``, a
     progress line on stderr at least every ``progress.EVERY_S``: checks done, the time left,
@@ -95,17 +105,21 @@ def run_checks(runs: list[ClientRun], *, timeout: float | None, quiet: bool,
     progress.total_weight = sum(task_cost(run.config) for run in runs if run.skipped is None)
     if not quiet and not torch.cuda.is_available():
         seconds = sum(check_estimate(run.config, "cpu") for run in runs if run.skipped is None)
-        print(f"{job}: {total} checks on the CPU (Triton interpreter): estimate "
-              f"{format_seconds(seconds)} or more; a GPU runs them in minutes",
-              file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"{job}: {total} checks on the CPU (Triton interpreter): estimate "
+            f"{format_seconds(seconds)} or more; a GPU runs them in minutes",
+            file=sys.stderr,
+            flush=True,
+        )
     with contextlib.ExitStack() as stack:
         if not quiet:
             stack.enter_context(progress.heartbeat())
         return _run_each(runs, timeout, quiet, progress)
 
 
-def _run_each(runs: list[ClientRun], timeout: float | None, quiet: bool,
-              progress: Progress) -> bool:  # fmt: skip
+def _run_each(
+    runs: list[ClientRun], timeout: float | None, quiet: bool, progress: Progress
+) -> bool:
     for k, run in enumerate(runs):
         if run.skipped is None:
             label = f"{run.client} on {run.scenario}"
@@ -161,7 +175,7 @@ def run_doc(run: ClientRun) -> dict:
                 "detail": p.detail,
             }
             for p in run.with_status("FAIL")
-        ],  # fmt: skip
+        ],
         "report": run.report.to_dict() if run.report else None,
     }
 
@@ -193,22 +207,26 @@ def run_section(doc: dict) -> list[str]:
 # -- what a client job's command line and reports share -----------------------------------------
 
 
-def add_job_arguments(parser, *, cpu_replays: int, check_timeout: float,
-                      scenarios_help: str) -> None:  # fmt: skip
+def add_job_arguments(
+    parser, *, cpu_replays: int, check_timeout: float, scenarios_help: str
+) -> None:
     """The options every client job takes: ``--out``, ``--json``, ``--replays``,
     ``--scenarios``, ``--timeout``, ``--quiet``."""
     parser.add_argument("--out", help="Markdown report (default: stdout)")
     parser.add_argument("--json", help="the same content as JSON")
     parser.add_argument(
-        "--replays", type=int,
+        "--replays",
+        type=int,
         help=f"replays a check (default: the scenario's steps on a GPU, {cpu_replays} on the "
         "CPU, where the Triton interpreter runs the kernels)",
-    )  # fmt: skip
+    )
     parser.add_argument("--scenarios", nargs="+", metavar="NAME", help=scenarios_help)
     parser.add_argument(
-        "--timeout", type=float, default=check_timeout,
+        "--timeout",
+        type=float,
+        default=check_timeout,
         help=f"seconds one check may take before it is killed (default {check_timeout})",
-    )  # fmt: skip
+    )
     parser.add_argument("--quiet", action="store_true", help="print nothing but errors")
 
 
@@ -225,8 +243,9 @@ def job_replays(args, cpu_replays: int) -> int | None:
     return replays
 
 
-def plan_job(job: str, args, *, unavailable: str | None, cpu_replays: int,
-             plan_runs) -> tuple[int | None, list[ClientRun]] | int:  # fmt: skip
+def plan_job(
+    job: str, args, *, unavailable: str | None, cpu_replays: int, plan_runs
+) -> tuple[int | None, list[ClientRun]] | int:
     """A client job's replays and runs, or its exit code 2 after one line on stderr: the
     engine's kernels are ``unavailable`` (the line to print, else None), an argument is bad,
     or no scenario fits. ``plan_runs(scenarios, replays)`` lists the job's runs."""
@@ -245,8 +264,9 @@ def plan_job(job: str, args, *, unavailable: str | None, cpu_replays: int,
     return replays, runs
 
 
-def job_doc(env: dict, replays: int | None, completed: bool, runs: list[ClientRun],
-            **extra) -> dict:  # fmt: skip
+def job_doc(
+    env: dict, replays: int | None, completed: bool, runs: list[ClientRun], **extra
+) -> dict:
     """A client job's JSON document: its environment, replays a check, whether every check
     ran, each run (``run_doc``), then ``extra`` sections."""
     return {
@@ -261,14 +281,19 @@ def job_doc(env: dict, replays: int | None, completed: bool, runs: list[ClientRu
 def verdict_lines(doc: dict, clients: tuple[str, ...], noun: str) -> list[str]:
     """The Markdown of ``doc``'s runs: a table of verdicts (``noun`` heads its first column),
     then each client's runs in ``clients`` order."""
-    lines = ["## Verdicts", "",
-             f"| {noun} | scenario | inputs | verdict | replays | failed | advice |",
-             "|---|---|---|---|---:|---|---|"]  # fmt: skip
+    lines = [
+        "## Verdicts",
+        "",
+        f"| {noun} | scenario | inputs | verdict | replays | failed | advice |",
+        "|---|---|---|---|---:|---|---|",
+    ]
     for r in doc["runs"]:
         failed = ", ".join(f["property"] for f in r["failures"]) or r["skipped"] or r["error"] or ""
         advice = ", ".join(a["property"] for a in r["advice"])
-        lines.append(f"| {r['client']} | {r['scenario']} | {inputs_label(r)} | {r['verdict']} | "
-                     f"{r['replays']} | {table_cell(failed)} | {table_cell(advice)} |")  # fmt: skip
+        lines.append(
+            f"| {r['client']} | {r['scenario']} | {inputs_label(r)} | {r['verdict']} | "
+            f"{r['replays']} | {table_cell(failed)} | {table_cell(advice)} |"
+        )
     lines.append("")
     for client in clients:
         runs = [r for r in doc["runs"] if r["client"] == client]

@@ -1,33 +1,10 @@
-"""``pagegraph mutate``: the checker against the mutant zoo, and the kill table.
-
-Every builder of ``pagegraph.kinds.zoo.MUTANTS`` (one realistic bug each) and every control
-(the correct builders) is checked over the given scenarios, each builder in its own child
-process (``pagegraph.supervise.isolate``), several at a time. A mutant is killed when some
-scenario reports it UNSAFE: a property failed, or its process died (a crash counts, with its
-cause). Each mutant stops at its first failing chunk in each scenario (one failure decides the
-verdict); controls run every replay. The result is a kill table (mutant, bug, first scenario and
-property that caught it), the matrix of which scenario kills which mutant, and the smallest
-scenario set that kills them all.
-
-The checks (one builder on one scenario each) run on ``--jobs N`` warm worker processes
-(``pagegraph.supervise.worker_pool``), which keep torch, Triton and the compiled kernels loaded
-from one check to the next; a worker that crashed, or whose check may have left it unfit
-(a failed capture, a raised replay, a broken CUDA context), is replaced by a fresh one.
-Once a mutant is killed its checks not yet started are dropped (the table says on how many
-scenarios it was not checked): a mutant's checks run cheapest first, its big ones too (only
-the controls' big checks start whenever a memory slot is free, below), so its expensive
-scenarios run only while nothing cheaper killed it.
-``--every-scenario`` checks every mutant everywhere, for the whole matrix and the smallest
-killing set.
-The checks too big for every worker to hold at once on the GPU run in a few shared slots
-(``memory_slots``), whenever one is free, the others cheapest first: a control must not be
-called NOT SAFE because its neighbours took the memory. ``--fresh-processes`` runs
-each builder in a fresh child process instead (``isolate.run_isolated``), N at a time, each
-starting at a different scenario. A decode step (a scenario with a consumer) is not timed
-here, and a mutant stops at its first failing replay there.
-
-Exit code: 0 when every mutant that ran was killed and every control is SAFE everywhere, 1
-otherwise, 2 for bad usage.
+"""``pagegraph mutate``: the checker against the mutant zoo, and the kill table. Every mutant
+(one realistic bug each) and every control is checked over the given scenarios on warm worker
+processes (``--fresh-processes``: a fresh child each), each mutant stopped at its first kill
+(``--every-scenario``: the whole matrix), the checks too big for every worker at once in
+shared memory slots; the reports are ``mutate_report``'s. docs/ARCHITECTURE.md ("Mutation
+testing") walks through it. Exit code: 0 when every mutant that ran was killed and every
+control is SAFE everywhere, 1 otherwise, 2 for bad usage.
 """
 
 from __future__ import annotations
@@ -39,144 +16,37 @@ import tempfile
 import time
 from collections import Counter
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
 from pathlib import Path
 
 import torch
 
-from ..check.config import PROPERTIES
-from ..check.pipeline.step_bench import STEP_PROPERTIES
 from ..check.plan import PlanError, plan_check
 from ..check.reports.report import Report
 from ..check.scenario import ScenarioError, load_scenario
 from ..kinds.zoo import CONTROLS, MUTANTS
-from ..supervise.isolate import IsolatedError, Job, run_isolated, write_json_atomic
+from ..supervise.isolate import IsolatedError, Job, run_isolated
 from ..supervise.worker_pool import Task, WorkerPool, task_cost
+from .mutate_report import (
+    Outcome,
+    format_kill_table,
+    format_matrix,
+    killing_property,
+    print_results,
+    smallest_killing_set,
+    write_image,
+    write_json,
+    write_markdown,
+)
 from .progress import Progress
 from .scenario_paths import scenario_path, shipped_scenarios
 
 #: Seconds between two heartbeat lines of ``--quiet`` (without it: ``progress.EVERY_S``).
 QUIET_EVERY_S = 15.0
 
-#: Every property a report can fail, in the order the kill table names the first: the
-#: checker's, then the decode step's that the checker does not have.
-PROPERTY_ORDER = [*PROPERTIES, *(name for name in STEP_PROPERTIES if name not in PROPERTIES)]
 
 #: Replays between two read-backs in mutation runs: small, so a mutant that will crash the
 #: process later is usually caught by a property first.
 MUTATION_CHUNK = 8
-
-
-@dataclass
-class Outcome:
-    """One builder over every scenario."""
-
-    name: str
-    bug: str
-    control: bool
-    reports: dict[str, Report] = field(default_factory=dict)
-    skipped: str | None = None  # why it was not run
-    #: scenario -> why the builder cannot run there (a CSR builder on an SWA scenario)
-    not_applicable: dict[str, str] = field(default_factory=dict)
-    #: scenarios a mutant was not checked on because another had killed it already
-    not_checked_after_kill: list[str] = field(default_factory=list)
-
-    def killers(self) -> dict[str, str]:
-        """scenario -> what killed it there (the first failing property, or the crash)."""
-        out = {}
-        for scenario, report in self.reports.items():
-            prop = killing_property(report)
-            if prop is not None:
-                out[scenario] = prop
-        return out
-
-    @property
-    def killed(self) -> bool:
-        return bool(self.killers())
-
-    @property
-    def safe_everywhere(self) -> bool:
-        return bool(self.reports) and all(r.safe for r in self.reports.values())
-
-
-def killing_property(report: Report) -> str | None:
-    """The property by which ``report`` kills its builder (the first failing one, in
-    ``PROPERTY_ORDER``), or None: the one definition of a kill, for the table and for
-    stopping a mutant at its first kill."""
-    failed = [p.name for p in report.properties if p.status == "FAIL"]
-    return min(failed, key=PROPERTY_ORDER.index) if failed else None
-
-
-def smallest_killing_set(outcomes: list[Outcome], scenarios: list[str]) -> list[str]:
-    """Scenarios that together kill every killed mutant, chosen greedily (each step takes the
-    scenario that kills the most mutants not yet killed)."""
-    left = {o.name: set(o.killers()) for o in outcomes if not o.control and o.killed}
-    chosen: list[str] = []
-    while any(left.values()):
-        best = max(scenarios, key=lambda s: sum(s in k for k in left.values()))
-        chosen.append(best)
-        left = {name: k for name, k in left.items() if best not in k}
-    return chosen
-
-
-def format_kill_table(outcomes: list[Outcome], scenarios: list[str]) -> str:
-    lines = [
-        "| builder | bug | result | first caught by | property | killed in |",
-        "|---|---|---|---|---|---|",
-    ]
-    for o in outcomes:
-        if o.skipped:
-            result, first, prop, where = f"not run ({o.skipped})", "", "", ""
-        elif o.control:
-            result = "SAFE everywhere" if o.safe_everywhere else "NOT SAFE (control)"
-            bad = [s for s, r in o.reports.items() if not r.safe]
-            first = bad[0] if bad else ""
-            prop = (
-                ", ".join(
-                    p.name
-                    for p in o.reports[first].properties
-                    if p.status != "pass" and p.status != "skip"
-                )  # fmt: skip
-                if bad
-                else ""
-            )
-            where = ", ".join(bad)
-        else:
-            killers = o.killers()
-            result = "killed" if killers else "SURVIVED"
-            first = next((s for s in scenarios if s in killers), "")
-            prop = killers.get(first, "")
-            if first and o.reports[first].stopped and "process" in o.reports[first].stopped:
-                prop += " (process died)"
-            where = ", ".join(s for s in scenarios if s in killers)
-            if o.not_checked_after_kill:
-                where += f" (then not checked on {len(o.not_checked_after_kill)} more)"
-        lines.append(f"| {o.name} | {o.bug} | {result} | {first} | {prop} | {where} |")
-    return "\n".join(lines)
-
-
-def format_matrix(outcomes: list[Outcome], scenarios: list[str]) -> str:
-    head = "| builder | " + " | ".join(scenarios) + " |"
-    lines = [head, "|---|" + "---|" * len(scenarios)]
-    for o in outcomes:
-        if o.skipped:
-            continue
-        killers = o.killers()
-        cells = []
-        for s in scenarios:
-            r = o.reports.get(s)
-            if s in o.not_applicable:
-                cells.append("n/a")
-            elif s in o.not_checked_after_kill:
-                cells.append("(killed before)")
-            elif r is None:
-                cells.append("")
-            elif s in killers:
-                cells.append(killers[s])
-            else:
-                cells.append("SAFE" if r.safe else r.verdict.lower())
-        lines.append(f"| {o.name} | " + " | ".join(cells) + " |")
-    return "\n".join(lines)
 
 
 def run_mutate(
@@ -213,32 +83,21 @@ def run_mutate(
     outcomes = _initial_outcomes(names, gpu_mutants, loaded)
 
     t0 = time.monotonic()
-    progress = Progress("pagegraph mutate", _count_checks(outcomes, loaded, replays), "checks",
-                        every=QUIET_EVERY_S if quiet else 5.0)  # fmt: skip
+    progress = Progress(
+        "pagegraph mutate",
+        _count_checks(outcomes, loaded, replays),
+        "checks",
+        every=QUIET_EVERY_S if quiet else 5.0,
+    )
     if quiet:
-        print(f"pagegraph mutate: quiet: {progress.total} checks, a progress line every "
-              f"{QUIET_EVERY_S:.0f} s, then the summary", file=sys.stderr, flush=True)  # fmt: skip
+        print(
+            f"pagegraph mutate: quiet: {progress.total} checks, a progress line every "
+            f"{QUIET_EVERY_S:.0f} s, then the summary",
+            file=sys.stderr,
+            flush=True,
+        )
     try:
-        with tempfile.TemporaryDirectory(prefix="pagegraph-mutate-") as tmp:
-            configs = {j.label: j.config for j in _scenario_jobs(loaded, replays, True)}
-            if pool:
-                tasks = _pool_tasks(outcomes, loaded, replays, {})
-                slots = memory_slots(configs, min(jobs, len(tasks)), Path(tmp))
-                tasks = _pool_tasks(outcomes, loaded, replays, slots,
-                                    first_kill=not every_scenario)  # fmt: skip
-                with progress.heartbeat():
-                    _check_in_pool(outcomes, loaded, tasks, jobs, timeout, quiet, Path(tmp),
-                                   progress, first_kill=not every_scenario)  # fmt: skip
-            else:
-                workers = min(jobs, sum(1 for o in outcomes if not o.skipped))
-                slots = memory_slots(configs, workers, Path(tmp))
-
-                def run_one(k: int) -> Outcome:
-                    return _check_builder(outcomes[k], k, loaded, slots, replays, timeout,
-                                          quiet, progress)  # fmt: skip
-
-                with progress.heartbeat(), ThreadPoolExecutor(max_workers=jobs) as threads:
-                    list(threads.map(run_one, range(len(outcomes))))
+        _run_checks(outcomes, loaded, replays, jobs, timeout, quiet, progress, pool, every_scenario)
     except IsolatedError as exc:
         print(f"pagegraph mutate: {exc}", file=sys.stderr)
         return 2
@@ -258,40 +117,67 @@ def run_mutate(
         + ", "
         + f"{len(bad_controls)} control(s) not SAFE, over {len(labels)} scenario(s) in "
         f"{elapsed:.0f} s; "
-        + ("a killing set among the checks run (a mutant stopped at its first kill; "
-           "--every-scenario for the smallest): " if partial else "smallest killing set: ")
+        + (
+            "a killing set among the checks run (a mutant stopped at its first kill; "
+            "--every-scenario for the smallest): "
+            if partial
+            else "smallest killing set: "
+        )
         + (", ".join(smallest) or "-")
-    )  # fmt: skip
+    )
     table = format_kill_table(outcomes, labels)
     matrix = format_matrix(outcomes, labels)
-    _print_results(table, matrix, survivors, bad_controls, summary)
+    print_results(table, matrix, survivors, bad_controls, summary)
     if json_path:
-        _write_json(json_path, loaded, outcomes, smallest, survivors, bad_controls, elapsed)
-    image = _write_image(png_path, markdown_path, outcomes, labels, summary)
+        write_json(json_path, loaded, outcomes, smallest, survivors, bad_controls, elapsed)
+    image = write_image(png_path, markdown_path, outcomes, labels, summary)
     if markdown_path:
-        _write_markdown(markdown_path, summary, table, matrix, image)
+        write_markdown(markdown_path, summary, table, matrix, image)
     return 1 if survivors or bad_controls else 0
 
 
-def _write_image(png_path: str | None, markdown_path: str | None, outcomes: list[Outcome],
-                 labels: list[str], summary: str) -> str:  # fmt: skip
-    """The kill-table image at ``png_path`` (default: beside ``markdown_path``; neither: no
-    image); the Markdown line that shows it, or says why there is none."""
-    if not png_path and not markdown_path:
-        return ""
-    from .kill_image import write_kill_image
+def _run_checks(
+    outcomes: list[Outcome],
+    loaded: list,
+    replays: int | None,
+    jobs: int,
+    timeout: float | None,
+    quiet: bool,
+    progress: Progress,
+    pool: bool,
+    every_scenario: bool,
+) -> None:
+    """Every builder's checks, on warm workers (``pool``) or a fresh child per builder, the
+    outcomes filled in place; ``IsolatedError`` when the children cannot run."""
+    with tempfile.TemporaryDirectory(prefix="pagegraph-mutate-") as tmp:
+        configs = {j.label: j.config for j in _scenario_jobs(loaded, replays, True)}
+        if pool:
+            tasks = _pool_tasks(outcomes, loaded, replays, {})
+            slots = memory_slots(configs, min(jobs, len(tasks)), Path(tmp))
+            tasks = _pool_tasks(outcomes, loaded, replays, slots, first_kill=not every_scenario)
+            with progress.heartbeat():
+                _check_in_pool(
+                    outcomes,
+                    loaded,
+                    tasks,
+                    jobs,
+                    timeout,
+                    quiet,
+                    Path(tmp),
+                    progress,
+                    first_kill=not every_scenario,
+                )
+        else:
+            workers = min(jobs, sum(1 for o in outcomes if not o.skipped))
+            slots = memory_slots(configs, workers, Path(tmp))
 
-    png = Path(png_path) if png_path else Path(markdown_path).with_suffix(".png")
-    title = summary.removeprefix("pagegraph mutate: ").split("; smallest")[0]
-    if write_kill_image(png, outcomes, labels, title=title) is None:
-        print("pagegraph mutate: matplotlib not installed: no kill-table image", file=sys.stderr)
-        return "(matplotlib not installed: no kill-table image)"
-    if markdown_path:
-        folder = Path(markdown_path).resolve().parent
-        shown = png.resolve()
-        shown = shown.relative_to(folder) if shown.is_relative_to(folder) else shown
-        return f"![kill table]({shown})"
-    return ""
+            def run_one(k: int) -> Outcome:
+                return _check_builder(
+                    outcomes[k], k, loaded, slots, replays, timeout, quiet, progress
+                )
+
+            with progress.heartbeat(), ThreadPoolExecutor(max_workers=jobs) as threads:
+                list(threads.map(run_one, range(len(outcomes))))
 
 
 def _load_and_validate(
@@ -314,8 +200,10 @@ def _load_and_validate(
 def _initial_outcomes(names: list[str], gpu_mutants: bool, loaded: list = ()) -> list[Outcome]:
     """An empty outcome per control, then per mutant (skipped: a GPU-only mutant without
     ``gpu_mutants``)."""
-    outcomes = [Outcome(name, fn.__doc__.strip().splitlines()[0] if fn.__doc__ else "", True)
-                for name, fn in CONTROLS.items()]  # fmt: skip
+    outcomes = [
+        Outcome(name, fn.__doc__.strip().splitlines()[0] if fn.__doc__ else "", True)
+        for name, fn in CONTROLS.items()
+    ]
     for name in names:
         m = MUTANTS[name]
         o = Outcome(name, m.bug, False)
@@ -405,8 +293,15 @@ def _scenario_jobs(
             cfg = cfg.replace(steps=replays)
         if not control:
             cfg = cfg.replace(chunk=min(cfg.chunk, MUTATION_CHUNK))
-        out.append(Job("", cfg, s.name, stop_on_failure=not control,
-                       memory_slots=(slots or {}).get(s.name, ())))  # fmt: skip
+        out.append(
+            Job(
+                "",
+                cfg,
+                s.name,
+                stop_on_failure=not control,
+                memory_slots=(slots or {}).get(s.name, ()),
+            )
+        )
     return out
 
 
@@ -469,8 +364,7 @@ def _check_builder(
     js = js[start:] + js[:start]
     t0 = time.monotonic()
     on_report = None if progress is None else (lambda i, r: progress.advance(detail=o.name))
-    done = dict(zip((j.label for j in js), run_isolated(js, timeout=timeout,
-                                                        on_report=on_report)))  # fmt: skip
+    done = dict(zip((j.label for j in js), run_isolated(js, timeout=timeout, on_report=on_report)))
     o.reports.update((s.name, done[s.name]) for s in loaded if s.name in done)
     if not quiet:
         _print_progress(o, time.monotonic() - t0)
@@ -482,9 +376,12 @@ def _print_progress(o: Outcome, seconds: float) -> None:
     state = (
         ("SAFE everywhere" if o.safe_everywhere else "NOT SAFE")
         if o.control
-        else ("killed: " + ", ".join(f"{s} ({p})" for s, p in o.killers().items())
-              if o.killed else "SURVIVED")
-    )  # fmt: skip
+        else (
+            "killed: " + ", ".join(f"{s} ({p})" for s, p in o.killers().items())
+            if o.killed
+            else "SURVIVED"
+        )
+    )
     print(f"{o.name}: {state} ({seconds:.1f} s)", file=sys.stderr)
 
 
@@ -512,9 +409,17 @@ def _pool_tasks(
     return tasks
 
 
-def _check_in_pool(outcomes: list[Outcome], loaded: list, tasks: list[Task], jobs: int,
-                   timeout: float | None, quiet: bool, tmp: Path,
-                   progress: Progress | None = None, first_kill: bool = False) -> None:  # fmt: skip
+def _check_in_pool(
+    outcomes: list[Outcome],
+    loaded: list,
+    tasks: list[Task],
+    jobs: int,
+    timeout: float | None,
+    quiet: bool,
+    tmp: Path,
+    progress: Progress | None = None,
+    first_kill: bool = False,
+) -> None:
     """Run ``tasks`` on ``jobs`` warm workers, into the outcomes' reports (in scenario
     order); unless ``quiet``, a builder's progress line once its last check is done (with
     the seconds its checks took). With ``first_kill``, a mutant's checks not yet started
@@ -550,93 +455,10 @@ def _check_in_pool(outcomes: list[Outcome], loaded: list, tasks: list[Task], job
     pool = WorkerPool(jobs, tmp / "pool", timeout=timeout, on_report=on_report)
     pool.run(tasks)
     if not quiet:
-        print(f"pagegraph mutate: {len(tasks)} checks on {pool.started} worker process(es)",
-              file=sys.stderr)  # fmt: skip
-
-
-def _print_results(
-    table: str, matrix: str, survivors: list[str], bad_controls: list[str], summary: str
-) -> None:
-    print(table)
-    print()
-    print(matrix)
-    print()
-    if survivors:
-        print(f"survived: {', '.join(survivors)}")
-    if bad_controls:
-        print(f"controls not SAFE everywhere: {', '.join(bad_controls)}")
-    print(summary)
-
-
-def _write_json(
-    json_path: str,
-    loaded: list,
-    outcomes: list[Outcome],
-    smallest: list[str],
-    survivors: list[str],
-    bad_controls: list[str],
-    elapsed: float,
-) -> None:
-    """The whole run as JSON: environment, scenarios, verdicts and every report."""
-    from .environment import environment
-
-    write_json_atomic(
-        json_path,
-        {
-            "environment": environment(),
-            "scenarios": [{"name": s.name, "path": s.path} for s in loaded],
-            "smallest_killing_set": smallest,
-            "survivors": survivors,
-            "bad_controls": bad_controls,
-            "seconds": elapsed,
-            "builders": [
-                {
-                    "name": o.name,
-                    "bug": o.bug,
-                    "control": o.control,
-                    "skipped": o.skipped,
-                    "killed": o.killed if not o.control else None,
-                    "killers": o.killers(),
-                    "not_applicable": o.not_applicable,
-                    "not_checked_after_kill": o.not_checked_after_kill,
-                    "reports": {s: r.to_dict() for s, r in o.reports.items()},
-                }
-                for o in outcomes
-            ],
-        },
-    )
-
-
-def _write_markdown(markdown_path: str, summary: str, table: str, matrix: str,
-                    image: str = "") -> None:  # fmt: skip
-    """The summary, the kill table and the matrix as Markdown (``image``: the line that
-    shows the kill-table image, after the summary)."""
-    from .environment import environment
-
-    env = environment()
-    path = Path(markdown_path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(
-        "\n".join(
-            [
-                "# pagegraph mutate",
-                "",
-                f"{env['date']} on {env['device']} (torch {env['torch']}, triton {env['triton']})",
-                "",
-                summary,
-                "",
-                *([image, ""] if image else []),
-                "## Kill table",
-                "",
-                table,
-                "",
-                "## Which scenario kills which mutant (first failing property)",
-                "",
-                matrix,
-                "",
-            ]
+        print(
+            f"pagegraph mutate: {len(tasks)} checks on {pool.started} worker process(es)",
+            file=sys.stderr,
         )
-    )
 
 
 def add_arguments(parser):
@@ -646,33 +468,63 @@ def add_arguments(parser):
         "table: which scenario and property caught each mutant. Exit 0 when every mutant that "
         "ran was killed and every control is SAFE, 1 otherwise, 2 for bad usage."
     )
-    parser.add_argument("scenarios", nargs="*", default=None, metavar="SCENARIO",
-                        help="scenario names or TOML files (default: every scenario "
-                        "shipped with pagegraph, whatever the current folder)")  # fmt: skip
-    parser.add_argument("--mutant", action="append", dest="mutants", metavar="NAME",
-                        help="run only this mutant (repeatable)")  # fmt: skip
+    parser.add_argument(
+        "scenarios",
+        nargs="*",
+        default=None,
+        metavar="SCENARIO",
+        help="scenario names or TOML files (default: every scenario "
+        "shipped with pagegraph, whatever the current folder)",
+    )
+    parser.add_argument(
+        "--mutant",
+        action="append",
+        dest="mutants",
+        metavar="NAME",
+        help="run only this mutant (repeatable)",
+    )
     parser.add_argument("--replays", type=int, help="replays per scenario (default: its steps)")
     parser.add_argument("--jobs", "-j", type=int, default=1, help="builders checked at once")
     parser.add_argument("--timeout", type=float, help="seconds one check may take")
-    parser.add_argument("--json", dest="json_path", metavar="PATH",
-                        help="write the kill table and every outcome there as JSON")  # fmt: skip
-    parser.add_argument("--markdown", dest="markdown_path", metavar="PATH",
-                        help="write the summary, kill table and scenario matrix there as "
-                        "Markdown")  # fmt: skip
-    parser.add_argument("--png", dest="png_path", metavar="PATH",
-                        help="write the kill table as an image there (default: beside "
-                        "--markdown; needs matplotlib)")  # fmt: skip
-    parser.add_argument("--fresh-processes", dest="pool", action="store_false",
-                        help="a fresh child process per builder instead of warm workers "
-                        "(slower; the reports are the same)")  # fmt: skip
-    parser.add_argument("--every-scenario", action="store_true",
-                        help="check each mutant on every scenario even once one killed it "
-                        "(the whole matrix and the smallest killing set; slower: by default "
-                        "a mutant's checks stop at its first kill, cheapest scenarios "
-                        "first)")  # fmt: skip
-    parser.add_argument("--quiet", action="store_true",
-                        help="only a progress line every 15 s on stderr, then the "
-                        "summary")  # fmt: skip
+    parser.add_argument(
+        "--json",
+        dest="json_path",
+        metavar="PATH",
+        help="write the kill table and every outcome there as JSON",
+    )
+    parser.add_argument(
+        "--markdown",
+        dest="markdown_path",
+        metavar="PATH",
+        help="write the summary, kill table and scenario matrix there as Markdown",
+    )
+    parser.add_argument(
+        "--png",
+        dest="png_path",
+        metavar="PATH",
+        help="write the kill table as an image there (default: beside "
+        "--markdown; needs matplotlib)",
+    )
+    parser.add_argument(
+        "--fresh-processes",
+        dest="pool",
+        action="store_false",
+        help="a fresh child process per builder instead of warm workers "
+        "(slower; the reports are the same)",
+    )
+    parser.add_argument(
+        "--every-scenario",
+        action="store_true",
+        help="check each mutant on every scenario even once one killed it "
+        "(the whole matrix and the smallest killing set; slower: by default "
+        "a mutant's checks stop at its first kill, cheapest scenarios "
+        "first)",
+    )
+    parser.add_argument(
+        "--quiet",
+        action="store_true",
+        help="only a progress line every 15 s on stderr, then the summary",
+    )
     return parser
 
 

@@ -247,9 +247,13 @@ def run_reproducer(path: str, timeout: float = REPRODUCER_TIMEOUT) -> dict:
         return {"exit_code": None, "state": f"not found at {script}"}
     try:
         done = subprocess.run(
-            script_command(str(script)), cwd=ROOT, capture_output=True, text=True,
-            timeout=timeout, env=child_env(),
-        )  # fmt: skip
+            script_command(str(script)),
+            cwd=ROOT,
+            capture_output=True,
+            text=True,
+            timeout=timeout,
+            env=child_env(),
+        )
     except subprocess.TimeoutExpired:
         return {"exit_code": None, "state": f"timed out after {timeout:.0f} s"}
     states = {0: "fixed (exit 0)", 1: "bug present (exit 1)"}
@@ -267,20 +271,35 @@ def collect_findings(runs: list[ClientRun], *, reproducers: bool = True) -> dict
     unexplained = []
     for run in runs:
         for prop in run.with_status("FAIL"):
-            entry = {"client": run.client, "scenario": run.scenario, "property": prop.name,
-                     "first_failure": str(prop.first_failure or prop.detail)}  # fmt: skip
+            entry = {
+                "client": run.client,
+                "scenario": run.scenario,
+                "property": prop.name,
+                "first_failure": str(prop.first_failure or prop.detail),
+            }
             key = classify(run, prop)
             (hits[key] if key else unexplained).append(entry)
         if run.error:
-            unexplained.append({"client": run.client, "scenario": run.scenario,
-                                "property": "(none)", "first_failure": run.error})  # fmt: skip
+            unexplained.append(
+                {
+                    "client": run.client,
+                    "scenario": run.scenario,
+                    "property": "(none)",
+                    "first_failure": run.error,
+                }
+            )
     # The reproducers are separate processes: run them side by side.
     with ThreadPoolExecutor(max_workers=len(FINDINGS)) as pool:
-        states = list(pool.map(
-            lambda f: run_reproducer(f.reproducer) if reproducers
-            else {"exit_code": None, "state": "not run"},
-            FINDINGS,
-        ))  # fmt: skip
+        states = list(
+            pool.map(
+                lambda f: (
+                    run_reproducer(f.reproducer)
+                    if reproducers
+                    else {"exit_code": None, "state": "not run"}
+                ),
+                FINDINGS,
+            )
+        )
     findings = [
         {"key": f.key, "title": f.title, "reproducer": f.reproducer, **ran, "hits": hits[f.key]}
         for f, ran in zip(FINDINGS, states)
@@ -312,14 +331,18 @@ def _findings_section(found: dict) -> list[str]:
         lines.append("")
         if f["hits"]:
             lines += ["Hit by:", ""]
-            lines += [f"- {h['client']} on {h['scenario']}, {h['property']}: {h['first_failure']}"
-                      for h in f["hits"]]  # fmt: skip
+            lines += [
+                f"- {h['client']} on {h['scenario']}, {h['property']}: {h['first_failure']}"
+                for h in f["hits"]
+            ]
         else:
             lines.append("Hit by: none of the checks run (the reproducer shows it alone).")
         lines.append("")
     lines += ["### Failures without a reproducer", ""]
-    lines += [f"- {u['client']} on {u['scenario']}, {u['property']}: {u['first_failure']}"
-              for u in found["unexplained"]] or ["None."]  # fmt: skip
+    lines += [
+        f"- {u['client']} on {u['scenario']}, {u['property']}: {u['first_failure']}"
+        for u in found["unexplained"]
+    ] or ["None."]
     return lines + [""]
 
 
@@ -338,9 +361,12 @@ def run_job(args: argparse.Namespace) -> int:
     """Plan, check, match findings, write the reports; the job's exit code."""
     reason = sglang_client.sglang_unavailable_reason()
     planned = plan_job(
-        "sglang_job", args, cpu_replays=CPU_REPLAYS, plan_runs=plan_runs,
+        "sglang_job",
+        args,
+        cpu_replays=CPU_REPLAYS,
+        plan_runs=plan_runs,
         unavailable=None if reason is None else f"SGLang unavailable: {reason}",
-    )  # fmt: skip
+    )
     if isinstance(planned, int):
         return planned
     replays, runs = planned
@@ -351,12 +377,18 @@ def run_job(args: argparse.Namespace) -> int:
     )
     completed = run_checks(runs, timeout=args.timeout, quiet=args.quiet, job="sglang_job")
     if completed:
-        say(args.quiet, f"running the {len(FINDINGS)} findings' reproducers (at most "
-                        f"{REPRODUCER_TIMEOUT:.0f} s each, side by side)")  # fmt: skip
+        say(
+            args.quiet,
+            f"running the {len(FINDINGS)} findings' reproducers (at most "
+            f"{REPRODUCER_TIMEOUT:.0f} s each, side by side)",
+        )
     found = collect_findings(runs, reproducers=completed)
     for f in found["findings"]:
-        say(args.quiet, f"finding {f['key']}: {len(f['hits'])} check(s) hit it; "
-                         f"{f['reproducer']}: {f['state']}")  # fmt: skip
+        say(
+            args.quiet,
+            f"finding {f['key']}: {len(f['hits'])} check(s) hit it; "
+            f"{f['reproducer']}: {f['state']}",
+        )
     doc = job_doc(env, replays, completed, runs, found=found)
     write_reports(doc, markdown(doc), args)
     return 0 if completed else 130
@@ -373,9 +405,11 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     add_job_arguments(
-        parser, cpu_replays=CPU_REPLAYS, check_timeout=CHECK_TIMEOUT,
+        parser,
+        cpu_replays=CPU_REPLAYS,
+        check_timeout=CHECK_TIMEOUT,
         scenarios_help="shipped scenario names or scenario files (default: every shipped one)",
-    )  # fmt: skip
+    )
     return parser
 
 

@@ -115,8 +115,10 @@ def findings_lines(doc: dict) -> list[str]:
     (vLLM's own rules: a bug of the kernel's), then those on hostile inputs (outside vLLM's
     contract), each with its failed properties' first failures."""
     lines = ["## Findings", ""]
-    for title, hostile in (("Under vLLM's contract (engine inputs)", False),
-                           ("Outside vLLM's contract (hostile inputs)", True)):  # fmt: skip
+    for title, hostile in (
+        ("Under vLLM's contract (engine inputs)", False),
+        ("Outside vLLM's contract (hostile inputs)", True),
+    ):
         found = [
             r for r in doc["runs"] if r["verdict"] == "UNSAFE" and bool(r.get("hostile")) == hostile
         ]
@@ -149,9 +151,12 @@ def run_job(args: argparse.Namespace) -> int:
     """Plan, check, write the reports; the job's exit code."""
     reason = vllm_client.vllm_unavailable_reason()
     planned = plan_job(
-        "vllm_job", args, cpu_replays=CPU_REPLAYS, plan_runs=plan_runs,
+        "vllm_job",
+        args,
+        cpu_replays=CPU_REPLAYS,
+        plan_runs=plan_runs,
         unavailable=None if reason is None else f"vLLM's kernel files unavailable: {reason}",
-    )  # fmt: skip
+    )
     if isinstance(planned, int):
         return planned
     replays, runs = planned
@@ -159,8 +164,11 @@ def run_job(args: argparse.Namespace) -> int:
     env["vllm_files"] = str(vllm_root())
     env["vllm_stubs"] = "; ".join(f"{k} ({v})" for k, v in vllm_client.STUBBED_IMPORTS.items())
     completed = run_checks(runs, timeout=args.timeout, quiet=args.quiet, job="vllm_job")
-    groups = {r.scenario: [str(g.get("name", i)) for i, g in enumerate(r.config.kv_groups)]
-              for r in runs if r.config is not None and r.config.kv_groups}  # fmt: skip
+    groups = {
+        r.scenario: [str(g.get("name", i)) for i, g in enumerate(r.config.kv_groups)]
+        for r in runs
+        if r.config is not None and r.config.kv_groups
+    }
     doc = job_doc(env, replays, completed, runs, kv_groups=groups)
     write_reports(doc, markdown(doc), args)
     return 0 if completed else 130
@@ -176,10 +184,12 @@ def build_parser() -> argparse.ArgumentParser:
         ),
     )
     add_job_arguments(
-        parser, cpu_replays=CPU_REPLAYS, check_timeout=CHECK_TIMEOUT,
+        parser,
+        cpu_replays=CPU_REPLAYS,
+        check_timeout=CHECK_TIMEOUT,
         scenarios_help="shipped scenario names or scenario files (default: every shipped one "
         "of the kernels' kinds)",
-    )  # fmt: skip
+    )
     return parser
 
 

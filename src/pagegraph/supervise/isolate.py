@@ -196,8 +196,9 @@ def _blank_report(job: Job) -> Report:
     if job.config.consumer:
         from ..check.pipeline.step_bench import step_properties
 
-        report = Report(job.builder, job.config, "?", False,
-                        step=StepSection(consumer=job.config.consumer))  # fmt: skip
+        report = Report(
+            job.builder, job.config, "?", False, step=StepSection(consumer=job.config.consumer)
+        )
         report.properties = list(step_properties("incomplete").values())
         return report
     report = Report(job.builder, job.config, "?", False)
@@ -214,8 +215,14 @@ def _cut_short(job: Job) -> tuple[str, ...]:
     return (*REPLAY_PROPERTIES, "replays completed")
 
 
-def _crash_report(job: Job, partial: dict | None, cause: str, phase: str, stderr: str,
-                  explained: str | None = None) -> Report:  # fmt: skip
+def _crash_report(
+    job: Job,
+    partial: dict | None,
+    cause: str,
+    phase: str,
+    stderr: str,
+    explained: str | None = None,
+) -> Report:
     """The report of a check whose child died: what it had found, plus the crash, stated
     once (``Report.crash``); the properties it cut short point to it. ``explained``: what a
     serialised re-run found about the crashing replay."""
@@ -312,8 +319,9 @@ def run_isolated(
             with open(err_path, "w") as err:
                 proc = subprocess.Popen(cmd, env=child_env(), stderr=err, stdout=subprocess.DEVNULL)
                 watch = None if on_phase is None else (lambda: _tell_phase(tmp, on_phase))
-                ended = _wait_for_child(proc, limit, paused=lambda: _waiting_for_a_slot(tmp),
-                                        watch=watch)  # fmt: skip
+                ended = _wait_for_child(
+                    proc, limit, paused=lambda: _waiting_for_a_slot(tmp), watch=watch
+                )
             ended.stderr = err_path.read_text(errors="replace")
             ended.progress = (tmp / "progress").read_bytes().decode(errors="replace").strip()
             next_job = _collect_reports(jobs, next_job, tmp, ended, reports, on_report)
@@ -395,8 +403,9 @@ class _ChildEnd:
     progress: str = ""
 
 
-def supervise_child(proc: subprocess.Popen, step, limit: float | None, paused=None,
-                    watch=None) -> tuple[object, bool, KeyboardInterrupt | None]:  # fmt: skip
+def supervise_child(
+    proc: subprocess.Popen, step, limit: float | None, paused=None, watch=None
+) -> tuple[object, bool, KeyboardInterrupt | None]:
     """Wait for a child process until ``step(timeout)`` (a wait of at most ``timeout``
     seconds on it) returns something other than None: forward a stop request to the child,
     and kill it past ``limit`` seconds (or ``FORWARDED_STOP_S`` after a forwarded stop).
@@ -439,8 +448,9 @@ def supervise_child(proc: subprocess.Popen, step, limit: float | None, paused=No
             return None, not forwarded, interrupted
 
 
-def _wait_for_child(proc: subprocess.Popen, limit: float | None, paused=None,
-                    watch=None) -> _ChildEnd:  # fmt: skip
+def _wait_for_child(
+    proc: subprocess.Popen, limit: float | None, paused=None, watch=None
+) -> _ChildEnd:
     """Wait for a fresh child to exit (``supervise_child``): how it ended."""
 
     def exited(timeout: float) -> bool | None:
@@ -454,8 +464,14 @@ def _wait_for_child(proc: subprocess.Popen, limit: float | None, paused=None,
     return _ChildEnd(proc.returncode, timed_out, interrupted)
 
 
-def _collect_reports(jobs: list[Job], first: int, tmp: Path, ended: _ChildEnd,
-                     reports: list[Report | None], on_report) -> int:  # fmt: skip
+def _collect_reports(
+    jobs: list[Job],
+    first: int,
+    tmp: Path,
+    ended: _ChildEnd,
+    reports: list[Report | None],
+    on_report,
+) -> int:
     """The reports of the jobs a child ran from ``first``, into ``reports``; returns the next
     job to run (after the one it died in, if it died)."""
     progress = ended.progress.split("\t")
@@ -502,9 +518,13 @@ def _run_check(builder, plan, job: dict, note, keep):
     from ..check.signals import CheckInterrupted
 
     report = run_plan(
-        plan, builder, on_phase=note, on_chunk=keep, stop_on_failure=job["stop_on_failure"],
+        plan,
+        builder,
+        on_phase=note,
+        on_chunk=keep,
+        stop_on_failure=job["stop_on_failure"],
         explain_replays=job.get("explain", False) and plan.pipeline == "tables",
-    )  # fmt: skip
+    )
     if plan.pipeline == "step" and stop_requested() is not None:
         raise CheckInterrupted(report, stop_requested())  # it stopped early: not final
     return report
