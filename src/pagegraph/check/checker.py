@@ -1,10 +1,10 @@
 """The entry points of a replay-safety check: ``check_replay_safety(builder, config)`` (any
 builder, any scenario), ``check_decode_step`` (a scenario's decode step end to end) and
 ``run_plan`` (a planned check, as a child process runs its parent's). Each plans the check
-once (``plan``) and hands it to the pipeline (``pipeline.run_pipeline``) with its bench:
-``table_bench.TableBench`` (the builder's outputs compared exactly with the checker's model)
-or ``decode_step.StepBench`` (the attention's output); a scenario with ``kv_groups`` runs once
-a group (``kv_groups``). Only passed properties count (``Report.safe``).
+once (``plan``) and hands it to the pipeline (``pipeline.phases.run_pipeline``) with its
+bench: ``pipeline.table_bench.TableBench`` (the builder's outputs compared exactly with the
+checker's model) or ``pipeline.step_bench.StepBench`` (the attention's output); a scenario
+with ``kv_groups`` runs once a group (``pipeline.kv_groups``). Only passed properties count.
 """
 
 from __future__ import annotations
