@@ -1,24 +1,9 @@
-"""What a kind reads of the layers above it, as protocols.
-
-A kind is called by the graph bed (``pagegraph.graph``) and the checker (``pagegraph.check``),
-two and more layers up, with their own objects: the runner or a buffer set to call a builder
-on, the verifier and its model of the replays to judge the kind's vectors with, a scenario's
-config. The kinds never import those classes (imports flow downwards); these protocols say
-what the kinds read of them, and the classes satisfy them structurally:
-
-* ``BuilderIO``: a builder's buffers, as ``KindSpec.call`` reads them (``IO_FIELDS``):
-  ``pagegraph.graph.runner.GraphRunner``, the checker's eager calls and decode step;
-* ``EngineState``: the engine's state a kind reads besides ``req_to_token``
-  (``KindSpec.engine_state``): ``pagegraph.workload.block_tables.EngineBlockTables``;
-* ``VectorVerifier`` and ``ReplayModel``: what ``KindSpec.vector_fields`` reads of the
-  verifier (``pagegraph.check.judges.verify.TableVerifier``) and of its model of the replays it
-  verifies at once;
-* ``ScenarioConfig``: what the kinds read of a scenario's config
-  (``pagegraph.check.config.CheckConfig``): SWA, consumer, padding, KV-cache groups.
-
-Members are read-only properties: a kind reads them (and writes into the tensors they hold)
-but never rebinds them, so an attribute of a narrower type satisfies them (a ``dict`` for a
-``Mapping``).
+"""What a kind reads of the layers above it, as protocols the classes there satisfy
+structurally (the kinds never import them): a builder's buffers (``BuilderIO``: the runner,
+the checker's eager calls and decode step), the engine's state (``EngineState``), the
+verifier and its model of the replays (``VectorVerifier``, ``ReplayModel``) and a scenario's
+config (``ScenarioConfig``). Members are read-only properties: a kind reads them, and writes
+into the tensors they hold, but never rebinds them.
 """
 
 from __future__ import annotations
