@@ -1,44 +1,9 @@
-"""``EmulatedGraph``: what a CUDA graph freezes at capture, imitated on a CPU.
-
-A captured CUDA graph replays exactly what was recorded: every kernel's grid, scalar
-arguments and constexprs, every tensor address, and whatever host-side decisions the body
-made while it was captured (a width from an ``.item()``, an entry of a host dict, a Python
-int computed from data). Calling the builder again at each replay, as an eager runner does,
-hides every bug of that class on a CPU. This module records the body once and replays the
-record without calling the body again:
-
-* aten ops are seen through a ``TorchDispatchMode``: each one is kept with its tensor
-  arguments by identity (the tensor objects themselves, kept alive) and its other arguments
-  as the values capture saw. On replay, view ops are skipped (their recorded outputs still
-  alias their bases), in-place and ``out=`` ops run again on the recorded tensors, and
-  functional ops run again with their result copied into the recorded output tensor, so
-  every later op that captured that tensor reads the new values. Allocation-only ops
-  (``empty``) run nothing, as on a GPU.
-* Triton launches under the interpreter (``TRITON_INTERPRET=1``) are seen at
-  ``InterpretedFunction.run``, the entry every ``kernel[grid](...)`` call reaches in Triton
-  3.6: the jitted function, the grid (a callable grid is evaluated at capture and frozen),
-  scalar arguments and constexprs as values, tensors by identity. The interpreter's own host
-  copies of its arguments are not recorded (they are how it runs a kernel, not the body).
-* Tensors made during capture stay alive with the record: the graph's private pool.
-* A graph holds addresses: every tensor the record touches (views and their bases included)
-  must be where capture saw it. A replay after one was given new storage (``set_``, a
-  growing ``resize_``) raises ``EmulationError``: a GPU would read the old memory silently,
-  an emulation would read the new one, and neither is what the body meant.
-
-What cannot be replayed faithfully stays frozen as capture saw it, and is listed in
-``frozen``: an op with a Python-scalar output (``_local_scalar_dense`` behind ``.item()``,
-``int()``, ``bool()``), whose value the body went on with as a host value, and an op whose
-output shape depends on the data (``nonzero``, ``masked_select``, ``unique``, ...), whose
-recorded output keeps its captured contents. On a GPU either syncs, which fails a capture;
-here the rest of the record is built on the capture-time value, which is what a builder that
-read it outside the capture (at warm-up, say) would have frozen into the graph.
-Random ops run again on replay and draw new values from the CPU generator (a CUDA graph
-advances its Philox offset at each replay: new values too, from another generator).
-What a stream capture refuses outright, the emulation refuses too: a device tensor made from
-host data (``torch.tensor(list, device=...)``, ``torch.as_tensor(array, device=...)``) is on
-CUDA a copy from pageable host memory, and the capture raises (``_HostDataGuard``).
-Host code that reads a tensor without dispatching an op (``.numpy()``) is invisible here,
-and its result is frozen like any other host value.
+"""``EmulatedGraph``: what a CUDA graph freezes at capture, imitated on a CPU. A captured graph
+replays exactly what was recorded, host-side decisions of the body included, and calling the
+builder again at each replay, as an eager runner does, hides every bug of that class; so the
+body is recorded once (aten ops through a ``TorchDispatchMode``, Triton interpreter launches)
+and the record replays without calling it again. What is recorded, what stays frozen and what
+is refused: docs/ARCHITECTURE.md, "The emulated graph".
 """
 
 from __future__ import annotations

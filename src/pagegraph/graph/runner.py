@@ -1,32 +1,9 @@
 """``GraphRunner``: static buffers, one CUDA graph per padded batch bucket, sync-free replay.
-
-The runner owns every input and output of the builder as a static buffer allocated once at
-the largest size (``req_pool_indices[max_bs]``, ``seq_lens[max_bs]``,
-``page_table[max_bs, max_num_pages]``, ``swa_page_table`` with SWA). A graph replays the same
-kernels on the same addresses, so between replays only the buffers' contents may change:
-
-* ``capture()`` warms every bucket up on a side stream (a Triton kernel's first launch loads
-  its module, which is illegal inside capture), then captures the largest bucket first, all
-  graphs in one shared memory pool, with short lengths in the buffers: replays will then see
-  longer ones, which is exactly what a width frozen at capture would get wrong.
-* ``replay()`` picks the bucket, stages the batch without a host sync, replays, and returns
-  views of the live rows. With graphs, staging is part of the graph: the host posts the batch
-  (device tensors by address, host values by value) into a pinned mailbox, and each graph's
-  first node copies it into the static inputs and pads rows ``n..bucket`` by the padding
-  policy (``pagegraph.graph.staging``), so a replay is one graph launch and no other CUDA call,
-  inside one NVTX range ``replay/bs=N``. Eagerly (no graphs) the batch is copied in (device
-  tensors by ``copy_``; host values through a pinned ring and a non-blocking copy) and padded
-  by device fills, in a ``stage/bs=N`` range, then built in a ``replay/bs=N`` range. Every
-  replay first checks that no static buffer moved since capture: a buffer reallocated behind
-  the graph's back would make replays read freed memory silently.
-* The engine's usual call, two 1-D device tensors with graphs on the current device, takes a
-  short path: batch size and bucket from the tensors' shape and a table, the post's header
-  in one write. Beyond a bare ``CUDAGraph.replay()``, a replay's host time is the address
-  check and the post, which read each tensor's attributes once a call.
-
-All replays are issued on the caller's current stream, one after another, so graphs that share
-the pool never run concurrently, whatever the bucket order. Without CUDA each bucket's graph is
-an ``EmulatedGraph`` (``pagegraph.graph.emulate``; ``emulate=False``: the builder runs eagerly).
+The runner owns every input and output of the builder as a static buffer allocated once at the
+largest size, so between replays only the buffers' contents change; ``capture()`` captures one
+graph per bucket and ``replay()`` stages the batch without a host sync
+(``pagegraph.graph.staging``) and launches the bucket's graph, or without CUDA replays an
+``EmulatedGraph`` (``pagegraph.graph.emulate``). docs/ARCHITECTURE.md, "The graph runner".
 """
 
 from __future__ import annotations

@@ -1,52 +1,9 @@
-"""Staging inside the graph: a pinned mailbox the captured graph reads its batch from.
-
-Why: staging a batch into the static inputs with torch costs the host two device copies and
-up to two fills, four launches of several microseconds each, before the graph launch that
-does the real work (``GraphRunner.replay()`` measured 7x a bare ``CUDAGraph.replay()``). Here
-the host only writes a few integers into pinned memory, and the graph stages itself.
-
-How:
-
-* ``Mailbox`` holds ``SLOTS`` slots in pinned host memory (``[SLOTS, slot_size]`` int64).
-  A slot is a 64-byte header, then room for ``2 * max_bs`` inline values::
-
-      header: rpi address, seq_lens address, rpi stride, seq_lens stride,
-              rpi is int64, seq_lens is int64, n, tag
-
-  For device tensors (int32 or int64, 1-D, any stride) the addresses are the tensors' own;
-  for host values (lists, numpy arrays, CPU tensors) the values are written into the slot
-  and the addresses point there (pinned memory is addressable from the device). A device
-  tensor is read when the graph runs, so it must stay valid until then, as any kernel input
-  must: torch's caching allocator ensures it for a tensor freed after the call, since memory
-  it hands out again on the same stream is written only by work enqueued after the graph.
-* Each captured graph starts with ``stage_inputs_kernel`` (one program). It reads a device
-  counter ``c`` (posts consumed so far), then slot ``c % SLOTS``'s 64-byte header in one
-  vector load. If the slot's tag is ``c``, the post is this replay's: it copies the ``n`` rows into
-  the static ``req_pool_indices`` / ``seq_lens``, pads rows ``n..bucket`` by the padding
-  policy, and advances the counter (also into pinned ``consumed``, for the host). Otherwise
-  nothing was posted for this launch (a graph replayed directly, not through the runner) and
-  the static inputs are left as they are, as a replay of a graph without the stage did. This
-  holds when the direct replay runs with no runner post pending: one launched while the
-  device is still behind the host's posts finds the next post's tag and stages that batch
-  (for its own bucket), leaving the runner's launch with nothing. Replay a runner's graph
-  directly only after the stream has drained, as the benchmark does.
-* ``post()`` writes post ``k`` (the ``k``-th since capture) into slot ``k % SLOTS``, tag
-  last. Posts and launches stay in step because the runner posts once before each launch and
-  withdraws a post whose launch did not happen. Before reusing a slot the host checks, in
-  pinned memory, that the device consumed the post it held ``SLOTS`` posts ago; if the host
-  ran that far ahead it synchronizes the device (a visible sync, which the detectors report),
-  and a post still unconsumed after that is a broken invariant, raised. One runner's replays
-  go to one stream at a time: graphs of one runner running at once on two streams would race
-  for the counter. For two device tensors, the engine's usual batch, ``post()`` writes the
-  header before the tag in one ``pack_into`` (``try_post_tensors``).
-
-Costs: the host writes eight integers (plus the values, for host batches) and launches one
-graph: no copy, fill or event. The device pays one more node a replay: a read of the
-counter, one PCIe round trip for the header (two for host values) and the copy, a few
-microseconds ahead of the builder.
-
-The kernel is a plain Triton kernel, so it also runs (and is tested) under the Triton
-interpreter on a CPU, where the mailbox is ordinary memory.
+"""Staging inside the graph: a pinned mailbox the captured graph reads its batch from. Staging
+with torch costs the host several launches before the graph's own; here the host writes a few
+integers into pinned memory (``Mailbox.post``) and each captured graph's first node,
+``stage_inputs_kernel``, copies the batch into the static inputs and pads the bucket. The slot
+layout, the tags that keep posts and launches in step, and the costs: docs/ARCHITECTURE.md,
+"Staging inside the graph".
 """
 
 from __future__ import annotations
@@ -187,7 +144,8 @@ class MailboxOutOfStep(RuntimeError):
 
 
 class Mailbox:
-    """Pinned slots a captured graph stages its batch from (see the module docstring).
+    """Pinned slots a captured graph stages its batch from (docs/ARCHITECTURE.md, "Staging
+    inside the graph").
 
     Args:
         max_bs: rows of the static inputs.

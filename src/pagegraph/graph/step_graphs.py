@@ -1,46 +1,8 @@
 """The decode step's graphs: a builder's tables consumed by paged attention in the same graph.
-
-``StepGraphs`` owns every buffer of one decode step as a static buffer allocated once at the
-largest batch, as an engine's attention backend does:
-
-* inputs ``req_pool_indices`` and ``seq_lens`` ``[max_bs]`` (the config's index dtype);
-* the builder's outputs: ``page_table`` ``[max_bs, width]`` int32 and ``cache_seqlens``
-  ``[max_bs]`` int32 (a page-table builder's step copies ``seq_lens`` into it, a graph node of
-  its own; a decode-metadata builder writes it, with ``cu_seqlens_k`` / ``cu_seqlens_q``
-  ``[max_bs + 1]``);
-* for the CSR format, FlashInfer's metadata built in the graph from those outputs by torch
-  ops: ``kv_indptr`` ``[max_bs + 1]`` (``kv_indptr[0] = 0`` at allocation, then a cumsum of
-  each row's page count), ``kv_indices`` ``[max_bs * width]`` and ``kv_last_page_len``
-  ``[max_bs]`` int32;
-* the attention's ``q`` and ``out`` ``[max_bs, Hq, D]``, the KV pages ``k_cache`` / ``v_cache``
-  ``[num_pages + 1, page_size, Hkv, D]`` and the split-K workspace, prepared once.
-
-Page ``num_pages`` of the KV cache (``sentinel``) is past every page the pool allocates, so no
-table may name it and no kernel may write it. Page 0, which the pool never allocates either
-(slot 0 is padding's), holds NaN: only padded rows pointed at a request's zeroed entries read
-it. The allocation holds one more page before page 0 (the guard, page -1 of the views), NaN:
-a reader whose pointer arithmetic computes page -1 (a -1 block id) reads it inside the
-allocation, on a CPU as on a GPU. With ``null_block="finite"`` page 0 holds data as the others
-do and the sentinel NaN (``pagegraph.check.judges.padded_rows``).
-
-``capture()`` warms every bucket up on a side stream (a Triton kernel's first launch loads its
-module, illegal inside a capture), then captures one graph per bucket, largest first, all in
-one memory pool, with lengths of one token in the inputs. ``replay(bucket)`` launches the
-bucket's graph; without CUDA each bucket's step is captured into an ``EmulatedGraph``
-(``pagegraph.graph.emulate``: what the capture recorded replays, builder and consumer are not
-called again; Triton interpreter), or with ``emulate=False`` the body runs eagerly.
-
-Timing (``capture_timing``, ``time_bucket``): per bucket, three more graphs, in a pool of their
-own, each of ``TIMING_CALLS`` back-to-back calls of one body: the whole step, the builder
-alone, and the consumer alone (everything after the builder: for a page-table builder the
-``cache_seqlens`` copy, for CSR the metadata built in the graph, then the attention). One
-replay of a graph then times ``TIMING_CALLS`` calls, so the graph's launch, a fixed cost that
-would dwarf a small bucket's builder, is spread over them. The three are replayed in turns
-(``time_interleaved``) with CUDA events around each replay, after untimed warm-up replays and
-behind a spin kernel (so the queue runs ahead of the host and the events time the device);
-the median replay over ``TIMING_CALLS`` is a call's device time. The calls of one graph read
-the same inputs: what a call reads that fits in the L2 cache (a small bucket's tables, its
-short KV) is L2-warm.
+``StepGraphs`` owns every buffer of one decode step, allocated once at the largest batch as an
+engine's attention backend does, captures one graph per bucket (the builder, then the
+consumer) and times each bucket's whole step, builder and consumer apart. Its buffers, the KV
+pages no request holds, the capture and the timing: docs/ARCHITECTURE.md, "The step's graphs".
 """
 
 from __future__ import annotations
@@ -172,7 +134,8 @@ def _quiet_interpreter() -> Iterator[None]:
 
 
 class StepGraphs:
-    """One decode step's static buffers and its graphs (see the module docstring).
+    """One decode step's static buffers and its graphs (docs/ARCHITECTURE.md, "The step's
+    graphs").
 
     Args:
         builder: a builder of ``kind``, a kind that feeds the consumer (page table or decode

@@ -1,18 +1,9 @@
-"""The check job: what ``pagegraph check`` and ``pagegraph kernel-table`` run.
-
-``run_check`` loads every scenario and plans its check first (``pagegraph.check.plan``: a bad
-file, a bad option, a builder that does not fit, or a scenario that does not fit the device's
-memory is a usage error, exit 2, before anything runs), then runs each plan as planned
-(``pagegraph.check.checker.run_plan``; a scenario with a ``[consumer]`` table: the decode step
-end to end), in this process or, for a user's ``module:function`` or file builder (or
-``isolate=True``), in a child process each (``pagegraph.supervise.isolate``). Ctrl-C and
-SIGTERM stop it; the reports then hold what was checked, marked incomplete. It writes the
-JSON and Markdown reports asked for.
-``run_check_for_profile`` is the check as ``pagegraph profile`` runs it in-process, and
-``run_kernel_table`` compares the kernel with the reference over default shapes.
-
-The command line (``pagegraph.cli``) only parses arguments and calls these; the exit codes
-are documented there.
+"""The check job: what ``pagegraph check`` and ``pagegraph kernel-table`` run. ``run_check``
+plans every scenario's check before anything runs (a plan that fails is a usage error), runs
+each plan in this process or, for a user's builder, in a child process, and writes the reports
+asked for; ``run_check_for_profile`` and ``run_kernel_table`` serve ``pagegraph profile`` and
+the kernel table. The command line (``pagegraph.cli``) documents the exit codes
+(docs/ARCHITECTURE.md, "One check, from plan to report").
 """
 
 from __future__ import annotations

@@ -1,28 +1,10 @@
-"""``python -m pagegraph.jobs.sglang_job``: SGLang's metadata kernels under every check that
-fits them, and the findings with their reproducers (``make sglang``).
-
-For each SGLang client of ``pagegraph.clients.sglang`` (``CLIENTS``) and each scenario whose
-builder kind (``pagegraph.check.plan.resolve_kind``) is the client's, the job plans the check
-(``pagegraph.check.plan.plan_check``, which decides whether the client fits) and runs it
-in a child process of its own (``pagegraph.supervise.isolate.run_isolated``), so a client
-that kills its process is reported with the cause and the next check still runs. A page-table
-client is not run on a scenario whose page size does not divide 4096 (its kernel works in
-blocks of 4096 tokens), a FlashInfer CSR client on one whose page size is not 1 (SGLang's
-FlashInfer backend builds token slots), nor any client on a scenario whose builder signature
-(FlashMLA's and the CSR clients' have no SWA table) or memory does not fit; the report says
-why. Entries SGLang sets at allocation (``CLIENT_PRESETS``) are preset by the check too.
-
-Then every failure is matched with the known findings (``FINDINGS``): a "row containment" or
-"bounded writes" failure of a page-table client whose grid covers more than the width (in
-blocks of ``4096 // page_size`` pages over the width for trtllm_mha, over the row stride for
-FlashMLA) is that client's spill past the width; a failure on the SWA table that the spill
-does not explain is the trtllm_mha SWA row stride. Each finding's standalone reproducer
-under ``examples/`` runs again as a subprocess (exit 1 while the bug is there, 0 once fixed),
-and failures that match no finding are listed apart, without a reproducer.
-
-Output: a Markdown report (``--out``, or stdout) and the same content as JSON (``--json``).
-Exit code: 0 when the job ran (findings are its output, not its failure), 2 when SGLang's
-kernel files are not installed or the arguments are bad, 130 when interrupted.
+"""``python -m pagegraph.jobs.sglang_job`` (``make sglang``): SGLang's metadata kernels under
+every check that fits them, each in a child process of its own, their failures matched with
+the known findings (``FINDINGS``), whose reproducers under ``examples/`` run again. A Markdown
+report (and JSON); exit 0 when the job ran (findings are its output), 2 when SGLang's kernel
+files are not installed or an argument is bad, 130 when interrupted. Which client fits which
+scenario, and how a failure is matched: docs/ARCHITECTURE.md, "SGLang's kernels behind the
+contracts".
 """
 
 from __future__ import annotations

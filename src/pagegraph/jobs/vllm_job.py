@@ -1,21 +1,9 @@
-"""``python -m pagegraph.jobs.vllm_job``: vLLM's block-table kernels under the checks of their
-kinds (``make vllm``).
-
-vLLM 0.34.0's ``_gather_block_tables_kernel`` (a ``block_table`` builder: run eagerly before
-each replay, padded rows cleared to the null block) and ``_compute_slot_mappings_kernel`` (a
-``slot_mapping`` builder: captured in the graph, padded rows marked by index -1, the tail
-filled with ``PAD_SLOT_ID``), loaded from vLLM's own files with their imports stubbed
-(``pagegraph.clients.vllm``), are checked on every scenario whose own builder is of the
-client's kind (``CLIENTS``), each check in a child process of its own. Their contracts are
-vLLM's: per-request tables of one row stride with the batch's, ``num_blocks`` within the
-width (vLLM's host raises past it), the engine's padding; a scenario that breaks one of those
-preconditions is one of the hostile level only (``vllm-block-table-hostile``), and the report
-labels its runs so: a failure there is outside vLLM's contract (``HOSTILE_NOTE``).
-
-Output: a Markdown report (``--out``, or stdout) with a verdict per kernel and scenario, the
-stubbed imports and where the files came from, and the same content as JSON (``--json``).
-Exit code: 0 when the job ran (an UNSAFE verdict is its output, not its failure), 2 when
-vLLM's kernel files are not found or an argument is bad, 130 when interrupted.
+"""``python -m pagegraph.jobs.vllm_job`` (``make vllm``): vLLM 0.34.0's block-table kernels,
+loaded from vLLM's own files (``pagegraph.clients.vllm``), checked on every scenario of their
+kind, each check in a child process of its own; runs of a scenario that breaks vLLM's host
+guarantees are labelled hostile (``HOSTILE_NOTE``). A Markdown report (and JSON); exit 0 when
+the job ran, 2 when vLLM's kernel files are not found or an argument is bad, 130 when
+interrupted (docs/ARCHITECTURE.md, "vLLM's block tables").
 """
 
 from __future__ import annotations

@@ -1,27 +1,8 @@
-"""``KindSpec``: everything the bed knows about one kind of metadata builder.
-
-A kind is what a builder writes and how it is called: pagegraph's page table, a decode step's
-fused metadata, FlashInfer's CSR, vLLM's gathered block tables, vLLM's slot mapping. The
-runner, the checker's buffers, the verifier and the judge ask the builder's spec instead of
-comparing kind names: adding a kind is one module in this folder (a ``KindSpec`` subclass)
-plus its scenarios.
-
-A spec says:
-
-* its contract: ``signature`` (the text users read), the arguments the bed always passes
-  (``positional`` and ``keywords``, checked by binding) and the optional capabilities a
-  builder may take (``errors=``, SWA outputs, ``batch=``);
-* where the builder runs: ``"graph"`` (captured with the stage node, SGLang) or ``"eager"``
-  (called before each replay into the static buffers the graph reads, vLLM's block tables);
-* its outputs: whether it writes page tables (``writes_tables``), its 1-D output vectors
-  (``vectors``: name, dtype and length), the entries an engine presets once
-  (``presets``), its error counters (``error_kinds``);
-* its padded-row policy (``padded_rows``): rows past the real batch are built from the
-  padding's values like any row (SGLang), or cleared to a declared null value (vLLM);
-* its built-in builders (``builders``: pagegraph's own, the oracle, baselines) and its
-  oracle's name (``reference``);
-* its mutant zoo (``zoo``: builders with one realistic bug each, and the controls that must
-  be SAFE; ``pagegraph.mutants``).
+"""``KindSpec``: everything the bed knows about one kind of metadata builder: its contract,
+where it runs, its outputs, its padded-row policy, its built-in builders and oracle, its mutant
+zoo. The runner, the checker's buffers, the verifier and the judge ask the builder's spec
+instead of comparing kind names, so adding a kind is one module in this folder (a ``KindSpec``
+subclass) plus its scenarios (docs/ARCHITECTURE.md, "Builder kinds as specs").
 """
 
 from __future__ import annotations
@@ -91,8 +72,9 @@ IO_FIELDS = (
 
 
 class KindSpec:
-    """One builder kind (see the module docstring). Subclasses set the class attributes and
-    ``call``; the instances in ``pagegraph.kinds.KINDS`` are the ones the bed uses."""
+    """One builder kind (docs/ARCHITECTURE.md, "Builder kinds as specs"). Subclasses set the
+    class attributes and ``call``; the instances in ``pagegraph.kinds.KINDS`` are the ones the
+    bed uses."""
 
     name: ClassVar[str]
     #: the contract as users read it

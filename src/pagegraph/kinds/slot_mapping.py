@@ -1,32 +1,9 @@
-"""vLLM's slot mapping: each scheduled token's KV-cache slot, computed inside the graph from
-the engine's per-request block tables (vLLM 0.34.0 captures it in its drafter's full graph).
-
-``build(block_table, idx_mapping, query_start_loc, positions, slot_mapping, page_size)``:
-for row ``i`` of the ``rows = len(idx_mapping)`` rows and token ``t`` in
-``[query_start_loc[i], query_start_loc[i + 1])``, ``slot_mapping[t] = block_table[idx,
-positions[t] // page_size] * page_size + positions[t] % page_size``, or ``PAD_SLOT_ID`` (-1)
-for a row whose ``idx`` is -1 (a padded row, which owns no blocks); every ``t`` from
-``query_start_loc[rows]`` to the end of ``slot_mapping`` gets ``PAD_SLOT_ID``, so padded
-tokens' cache writes are dropped. ``block_table`` ``[max_reqs, width]`` int32 is the engine's
-state; ``idx_mapping`` int32, ``query_start_loc`` int32, ``positions`` and ``slot_mapping``
-int64.
-
-In the bed, a decode step schedules ``q = 1 + draft_tokens`` tokens a row: row ``i`` of the
-bucket owns tokens ``[i * q, (i + 1) * q)`` at positions ``max(len_i - 1, 0) + j``; padded
-rows carry the padding's request index -1 (``padding = "vllm-graph"``, as vLLM pads its
-drafter graph). The graph derives ``idx_mapping`` and ``positions`` from the staged batch
-before calling the builder (``call``), as an engine's own input preparation would. Every
-entry of ``slot_mapping`` is determined, so all of it is compared; a canary entry either side
-must keep the poison.
-
-KV-cache groups (``[layout] kv_groups``, ``pagegraph.check.pipeline.kv_groups``): each group is
-checked
-with its own block size and width. A table narrower than the positions the engine sends is a
-ring group's (vLLM's only groups narrower than the sequence: ``CircularBufferSpec``,
-``KpoolTailSpec``), whose blocks are used in turn: the slot of position ``pos`` is
-``block_table[idx, (pos // page_size) % width] * page_size + pos % page_size``
-(``compute_group_slot_mappings``, oracle ``reference_group_slot_mapping``). Where the table
-spans the context, as in every single-group scenario, that is the rule above.
+"""The ``"slot_mapping"`` kind: vLLM's slot mapping, each scheduled token's KV-cache slot,
+computed inside the graph from the engine's per-request block tables (vLLM 0.34.0 captures it
+in its drafter's full graph). The graph derives the builder's ``idx_mapping`` and
+``positions`` from the staged batch (``call``), as an engine's input preparation would. The
+contract, the decode step of the bed and ring groups: docs/ARCHITECTURE.md, "vLLM's block
+tables"; shapes and dtypes: ``pagegraph.kernels.slot_mapping.compute_slot_mappings``.
 """
 
 from __future__ import annotations
@@ -123,9 +100,9 @@ class SlotMappingKind(KindSpec):
         ``t`` of a real row ``i = t // q`` holds the slot of position ``max(len_i - 1, 0) + t
         % q`` (the page's first slot, gathered at the replay, plus the offset in the page: a
         page's slots are consecutive), its page ``(pos // page_size) % width``: a position
-        past the table in the contract is a ring group's (the module docstring); a padded
-        row's tokens and every token past the bucket's rows hold ``PAD_SLOT_ID``. An
-        out-of-contract row's tokens are not judged."""
+        past the table in the contract is a ring group's (docs/ARCHITECTURE.md, "vLLM's block
+        tables"); a padded row's tokens and every token past the bucket's rows hold
+        ``PAD_SLOT_ID``. An out-of-contract row's tokens are not judged."""
         K, M, ps, cap = verifier.batch, verifier.max_bs, verifier.page_size, verifier.cap
         poison = verifier.poison_value
         q = verifier.draft_tokens + 1

@@ -1,27 +1,9 @@
 """Checks in a child process, so a builder that kills its process or its CUDA context (an
-illegal address, a device-side assert, a segfault, ``os.abort()``, a hang) cannot take the
-run down.
-
-``run_isolated(jobs)`` plans each check here, in the parent, once (``pagegraph.check.plan``:
-the config validated, the builder's kind found; a job whose caller planned it carries that
-plan, ``Job.planned``, and is not planned again), starts one child (``python -m
-pagegraph.supervise.isolate``) for a list of checks (one builder over several configs, say) and
-returns one report per check. The child runs the plans as given (``run_plan``) and:
-
-* writes its report after every chunk of replays (``check_replay_safety``'s ``on_chunk``)
-  and at the end, atomically (a temporary file, then a rename), so nothing already found is
-  lost when it dies later;
-* notes the phase it has reached (``capture``, ``replay 17``, ...) in a small file.
-
-When the child dies (a signal, an exit without a report, a timeout), the check it was running
-is reported UNSAFE: the cause and the last phase reached go into "replays completed" (or
-"capture" if it died there), on top of whatever the last partial report already held; the
-remaining checks are run in a new child. A check that cannot run at all (a bad builder spec,
-a config that does not fit it) is an ``IsolatedError``, raised before any child starts.
-
-A config with a consumer (``cfg.consumer``) is the decode step end to end: its plan runs the
-step's pipeline, with the same phase notes and partial reports, and its reports carry their
-``step`` section (``report_from_dict``).
+illegal address, a device-side assert, a segfault, ``os.abort()``, a hang) cannot take the run
+down. ``run_isolated`` plans each check here, runs a list of them in one child that writes
+partial reports and notes its phase as it goes, and reports the check a dead child was running
+UNSAFE, with the cause and the last phase reached (docs/ARCHITECTURE.md, "Crashes,
+interruptions, resources").
 """
 
 from __future__ import annotations
