@@ -348,6 +348,16 @@ def test_a_child_whose_parent_is_already_gone_ends_at_once():
     assert (done.returncode, done.stdout) == (0, "survived\n"), done.stderr
 
 
+def _pool_state(pool: Path, parent: int) -> str:
+    """The pool's processes and each worker's stderr and progress (their last lines)."""
+    lines = [f"processes under the parent: {sorted(descendants(parent))}"]
+    for path in sorted(pool.rglob("*")):
+        if path.is_file() and path.name in ("stderr.txt", "progress"):
+            tail = path.read_bytes().decode(errors="replace").strip().splitlines()[-3:]
+            lines.append(f"{path.relative_to(pool)}: {' | '.join(tail) or '(empty)'}")
+    return "; ".join(lines)
+
+
 #: A builder that records which worker called it (a file named by its pid) and then sleeps
 #: past any bound of the test: a worker is inside a check when its parent is killed.
 POOL_BUILDER = """
@@ -395,11 +405,14 @@ def test_a_warm_pools_workers_end_with_a_killed_parent(tmp_path, monkeypatch):
     try:
         # Both workers inside their check's first builder call.
         # Two workers start torch and plan a check each: minutes on a loaded 2-core machine.
-        wait_until(
-            lambda: len(list(called.iterdir())) >= 2 or parent.poll() is not None,
-            "both workers' first builder call",
-            timeout=300,
-        )
+        try:
+            wait_until(
+                lambda: len(list(called.iterdir())) >= 2 or parent.poll() is not None,
+                "both workers' first builder call",
+                timeout=300,
+            )
+        except pytest.fail.Exception as exc:  # say where the workers were, for a rare stall
+            raise AssertionError(f"{exc}; {_pool_state(tmp_path / 'pool', parent.pid)}") from None
         assert parent.poll() is None, f"the pool's parent ended with code {parent.returncode}"
         workers = {int(p.name) for p in called.iterdir()}
         assert workers <= descendants(parent.pid) and len(workers) == 2
