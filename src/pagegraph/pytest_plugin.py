@@ -65,13 +65,14 @@ def graph_runner():
     swa=False, buckets=..., padding=..., seed=0)`` returns a captured ``GraphRunner`` over a
     fresh ``KVPool`` (``runner.pool_model``). Every runner made, captured or not, has its
     graphs released at teardown, also when the test failed or the capture raised."""
+    from .check.pipeline.phases import pick_device
     from .graph.runner import GraphRunner
     from .workload.pool import KVPool
 
     made = []
 
     def make(*, max_bs, max_context_len, page_size, swa=False, seed=0, **kwargs):
-        device = "cuda" if torch.cuda.is_available() else "cpu"
+        device = pick_device(None)
         pool = KVPool(
             max_reqs=max_bs + 1,
             max_context_len=max_context_len,

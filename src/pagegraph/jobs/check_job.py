@@ -22,6 +22,7 @@ import torch
 from ..check.checker import run_plan
 from ..check.config import CONSUMER_DTYPES
 from ..check.pipeline.buffers import table_bytes
+from ..check.pipeline.phases import pick_device
 from ..check.plan import CheckPlan, PlanError, plan_check
 from ..check.scenario import load_scenario
 from ..check.signals import CheckInterrupted, stop_on_signals, stop_requested
@@ -302,7 +303,7 @@ def run_check(
         return 2
     if isolate is None:
         isolate = any(c.reader is not None or not is_builtin(c.builder) for c in plan.checks)
-    device = "cuda" if torch.cuda.is_available() else "cpu"
+    device = pick_device(None).type
     for scenario, check in zip(plan.scenarios, plan.checks):
         warning = slow_warning(scenario.name, check.config, device)
         if warning:  # before it starts: the user may rather shorten it

@@ -18,6 +18,7 @@ from pathlib import Path
 
 import torch
 
+from ..check.pipeline.phases import pick_device
 from ..check.reports.report import Report
 from ..supervise.isolate import write_json_atomic
 from ..wild import BUG_CLASSES, WildBug, entries
@@ -174,7 +175,7 @@ def run_wild(
         )
         return 2
     chosen = [b for b in corpus if not keys or b.key in keys]
-    dev = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    dev = pick_device(device)
     folder = Path(reports) if reports else None
     if folder is not None:
         folder.mkdir(parents=True, exist_ok=True)
