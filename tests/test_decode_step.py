@@ -16,6 +16,7 @@ from pathlib import Path
 import pytest
 import torch
 
+from pagegraph import build_page_table
 from pagegraph.check.checker import check_decode_step
 from pagegraph.check.config import CheckConfig
 from pagegraph.check.pipeline import step_bench as decode_step
@@ -25,12 +26,11 @@ from pagegraph.check.reports.step_report import share
 from pagegraph.check.scenario import ScenarioError, load_scenario
 from pagegraph.cli import main
 from pagegraph.consumers import csr_decode_attention, paged_decode_attention
+from pagegraph.graph.step_consumer import StepShape, default_consumer
 from pagegraph.graph.step_graphs import (
     TIMED_PARTS,
     HostClock,
     StepGraphs,
-    StepShape,
-    default_consumer,
     per_call_us,
     time_interleaved,
 )
@@ -303,6 +303,28 @@ def test_stop_on_failure_stops_at_the_first_failing_replay():
     assert safe.verdict == "SAFE" and safe.replays == cfg.steps and safe.stopped is None
 
 
+@pytest.mark.parametrize("stop_at", [None, "timing"])
+def test_a_stop_after_the_replays_keeps_the_verdict_and_drops_the_timing(stop_at):
+    """A stop that arrives once every replay was judged ends the check with its whole verdict
+    (no ``CheckInterrupted``), the timing skipped and saying why; without one the timing runs
+    (CUDA) or says it needs a GPU."""
+    from pagegraph.check.signals import request_stop, stop_on_signals
+
+    def on_phase(phase: str) -> None:
+        if phase == stop_at:
+            request_stop()
+
+    with stop_on_signals():
+        report = check_decode_step("build_page_table", tiny(steps=3), on_phase=on_phase)
+    assert report.verdict == "SAFE" and report.replays == 3 and report.stopped is None
+    if stop_at:
+        assert report.step.timing_skipped == "a stop was requested after the replays"
+        assert not report.step.timing
+    else:
+        assert bool(report.step.timing) == CUDA
+        assert (report.step.timing_skipped is None) == CUDA
+
+
 def test_timing_iters_zero_means_no_timing():
     report = check_decode_step("build_page_table", tiny(steps=2, timing_iters=0))
     assert report.verdict == "SAFE" and not report.step.timing and report.step.timing_method is None
@@ -398,8 +420,6 @@ def test_step_timing_path_runs_eagerly_without_cuda():
         dtype=torch.bfloat16,
         fmt="csr",
     )
-    from pagegraph import build_page_table
-
     g = StepGraphs(
         build_page_table,
         PAGE_TABLE,
@@ -417,6 +437,55 @@ def test_step_timing_path_runs_eagerly_without_cuda():
     assert set(g._timing_bodies) == set(TIMED_PARTS) and not g.timing_graphs["step"]
     step, build, consume = g.time_bucket(2, repeats=1, clock=HostClock())
     assert step > 0 and build > 0 and consume > 0
+    g.close()
+
+
+@pytest.mark.parametrize("padding", ["sglang", "vllm"])
+def test_the_steps_replays_stage_and_pad_through_the_runner(padding):
+    """``StepGraphs.replay()`` is the runner's replay of the staged batch: the real rows'
+    inputs are written, the bucket's padded rows get the padding's length, the consumer's
+    output comes from the same replay; a replay before ``stage`` is refused."""
+    from pagegraph.check.pipeline.workload_setup import pool_kwargs
+    from pagegraph.workload.pool import KVPool
+
+    cfg = tiny("paged")
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    pool = KVPool(**pool_kwargs(cfg), device=dev)
+    rows = [pool.alloc(n) for n in (9, 40, 23)]
+    pool.flush()
+    shape = StepShape(
+        max_bs=4,
+        width=cfg.width,
+        page_size=cfg.page_size,
+        num_pages=pool.num_pages,
+        num_q_heads=4,
+        num_kv_heads=2,
+        head_dim=16,
+        dtype=torch.bfloat16,
+        fmt="paged",
+    )
+    g = StepGraphs(
+        build_page_table,
+        PAGE_TABLE,
+        default_consumer("paged"),
+        shape,
+        pool.req_to_token,
+        [1, 2, 4],
+        seed=0,
+        padding=padding,
+    )
+    g.capture()
+    with pytest.raises(RuntimeError, match="before stage"):
+        g.replay()
+    rpi, lens = pool.batch(rows)
+    g.stage(rpi, lens)
+    g.q[:4].normal_()
+    g.out.fill_(float("nan"))
+    g.replay()
+    assert g.runner.last_bucket == 4 and g.host_lens == lens
+    assert g.req_pool_indices[:3].tolist() == rpi and g.seq_lens[:3].tolist() == lens
+    assert int(g.seq_lens[3]) == g.runner.padding.seq_len
+    assert torch.isfinite(g.out[:3].float()).all(), "the consumer ran in the same replay"
     g.close()
 
 

@@ -102,6 +102,69 @@ def test_staging_and_padding(kind, padding):
     check_replay(runner, pool, *asked, 8, stale.cpu())
 
 
+def _reading_runner(with_reader: bool, emulate):
+    """A runner whose reader copies rows ``:bs`` of the table into ``read`` (poison
+    elsewhere): what a consumer in the same graph saw."""
+    box: dict[str, torch.Tensor] = {}
+
+    def reader(bs: int) -> None:
+        box["read"][:bs].copy_(box["table"][:bs])
+
+    pool, runner = make(buckets=[4, 8, 12], emulate=emulate if not CUDA else None)
+    if with_reader:
+        runner.attach_reader(reader)
+    box["table"] = runner.page_table
+    box["read"] = torch.full_like(runner.page_table, POISON)
+    return pool, runner, box["read"]
+
+
+@pytest.mark.parametrize("emulate", [None, False])
+def test_a_reader_sees_each_replays_tables_after_the_builder(emulate):
+    """The reader is captured (or run eagerly) after the builder in the bucket's body: at every
+    replay it reads the rows this replay built, exactly, and nothing past the bucket."""
+    pool, runner, read = _reading_runner(True, emulate)
+    runner.capture()
+    rows = [pool.alloc(n) for n in (7, 150, 33, 64, 90, 12, 5, 41, 199)]
+    pool.flush()
+    for pick in ([0, 1, 2], [3, 4, 5, 6, 7, 8], [8, 1], [2, 3, 4, 5, 6]):
+        rpi, sl = pool.batch([rows[i] for i in pick])
+        stale = runner.req_pool_indices.cpu().clone()
+        read.fill_(POISON)
+        runner.page_table.fill_(POISON)
+        runner.replay(rpi, sl)
+        bucket = runner.buckets.bucket_for(len(pick))
+        check_replay(runner, pool, rpi, sl, bucket, stale)
+        assert_equal_tables(read[:bucket], runner.page_table[:bucket], "what the reader read")
+        assert (read[bucket:] == POISON).all(), "the reader read rows past the bucket"
+    runner.close()
+
+
+def test_without_a_reader_nothing_reads_the_tables():
+    """The planted twin: the same runner without its reader leaves ``read`` untouched, so the
+    comparison above is one that fails."""
+    pool, runner, read = _reading_runner(False, None)
+    runner.capture()
+    row = pool.alloc(30)
+    pool.flush()
+    runner.replay([row], [30])
+    assert (read == POISON).all()
+    assert not torch.equal(read[:4], runner.page_table[:4])
+
+
+def test_a_reader_is_refused_after_capture_and_for_a_kind_built_before_the_graph():
+    _, runner, _ = _reading_runner(False, None)
+    runner.capture()
+    with pytest.raises(RuntimeError, match="after capture"):
+        runner.attach_reader(lambda bs: None)
+    from pagegraph.kernels.block_table import gather_block_tables
+    from pagegraph.workload.block_tables import EngineBlockTables
+
+    engine = EngineBlockTables(13, 13, 16, device=DEVICE)
+    _, eager = make(builder=gather_block_tables, engine=engine)
+    with pytest.raises(ValueError, match="runs before the graph: no reader"):
+        eager.attach_reader(lambda bs: None)
+
+
 def test_swa_view_is_none_without_full_to_swa():
     pool, runner = make()
     runner.capture()

@@ -8,7 +8,7 @@ graph per bucket and ``replay()`` stages the batch without a host sync
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from typing import TYPE_CHECKING, TypeAlias
 
 import numpy as np
@@ -146,6 +146,8 @@ class GraphRunner:
             "kv_indices": kv_indices,
         }
         given.update(vectors or {})
+        #: what reads the tables after the builder in each bucket's graph (``attach_reader``)
+        self.reader: Callable[[int], None] | None = None
         self.engine = engine
         self._engine_names = tuple(engine.buffers()) if engine is not None else ()
         if self.kind.engine_state is not None and engine is None:
@@ -327,6 +329,27 @@ class GraphRunner:
             extra["batch"] = self.kind.batch_context(bs if n is None else n, bs, self.max_bs)
         self.kind.call(self.builder, self, bs, extra)
 
+    def attach_reader(self, reader: Callable[[int], None]) -> None:
+        """Run ``reader(bs)`` after the builder on rows ``:bs`` in every bucket's graph (warmed
+        up, captured and replayed with it: the decode step's attention,
+        ``pagegraph.graph.step_consumer``). Before ``capture()``; not for a kind built
+        eagerly, before the graph (``ValueError``)."""
+        if self.eager_builder:
+            raise ValueError(f"a {self.kind.name} builder runs before the graph: no reader in it")
+        if self.captured:
+            raise RuntimeError("attach_reader() after capture(): the graphs would not hold it")
+        self.reader = reader
+
+    def build(self, bs: int) -> None:
+        """The builder alone on rows ``:bs`` (no stage, no reader): a body to time."""
+        self._build(bs)
+
+    def _body(self, bs: int) -> None:
+        """What a bucket's graph runs after the stage: the builder, then the reader if any."""
+        self._build(bs)
+        if self.reader is not None:
+            self.reader(bs)
+
     def graph_reads(self, bs: int) -> None:
         """What the graph of an eagerly built kind does with the tables: reads rows ``:bs``
         (a copy into ``read_table``), as an attention kernel would."""
@@ -343,15 +366,17 @@ class GraphRunner:
         self._graph_body(bs)
 
     def _warm_up_eagerly(self, bs: int) -> None:
-        """A bucket's warm-up without CUDA graphs (no mailbox: the builder, then what a graph
-        of an eagerly built kind reads)."""
-        self._build(bs)
+        """A bucket's warm-up without CUDA graphs (no mailbox: the graph's body, after the
+        builder of a kind built eagerly)."""
         if self.eager_builder:
+            self._build(bs)
             self.graph_reads(bs)
+        else:
+            self._body(bs)
 
     def _graph_body(self, bs: int) -> None:
         """What a bucket's graph runs: the stage from the mailbox (a no-op when nothing was
-        posted, as in warm-up), then the builder."""
+        posted, as in warm-up), then the builder and the reader."""
         if self.eager_builder:
             self.graph_reads(bs)
             return
@@ -365,7 +390,7 @@ class GraphRunner:
             self.padding.seq_len,
             self.padding.req_pool_index,
         )
-        self._build(bs)
+        self._body(bs)
 
     def static_buffers(self) -> dict[str, torch.Tensor | None]:
         """Every buffer a graph reads or writes, by name (``None`` where absent)."""
@@ -451,7 +476,7 @@ class GraphRunner:
             else:  # the body excludes staging, which writes what the record reads
                 mode = "emulated" if self.emulated else "eager"
                 warm_up = self._warm_up_eagerly
-                body = self.graph_reads if self.eager_builder else self._build
+                body = self.graph_reads if self.eager_builder else self._body
             graphs, self.pool = capture_buckets(
                 sizes, warm_up=warm_up, body=body, mode=mode, device=self.device, step=step
             )
@@ -604,7 +629,7 @@ class GraphRunner:
                     else:
                         self.graph_reads(bucket)
                 else:
-                    self.graphs[bucket].replay() if self.emulated else self._build(bucket)
+                    self.graphs[bucket].replay() if self.emulated else self._body(bucket)
             finally:
                 pop()
         elif torch._C._cuda_getDevice() == self._device_index:

@@ -1,8 +1,10 @@
 """The decode step's graphs: a builder's tables consumed by paged attention in the same graph.
-``StepGraphs`` owns every buffer of one decode step, allocated once at the largest batch as an
-engine's attention backend does, captures one graph per bucket (the builder, then the
-consumer) and times each bucket's whole step, builder and consumer apart. Its buffers, the KV
-pages no request holds, the capture and the timing: docs/ARCHITECTURE.md, "The step's graphs".
+``StepGraphs`` holds every buffer of one decode step, allocated once at the largest batch as an
+engine's attention backend does; a ``GraphRunner`` given the consumer as its reader stages,
+pads and replays one graph per bucket (the stage, the builder, then the consumer), and the
+step's own timing graphs time each bucket's whole step, builder and consumer apart. Its
+buffers, the KV pages no request holds, the capture and the timing: docs/ARCHITECTURE.md,
+"The step's graphs".
 """
 
 from __future__ import annotations
@@ -10,23 +12,20 @@ from __future__ import annotations
 import contextlib
 import statistics
 import time
-import warnings
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from dataclasses import dataclass
+from collections.abc import Callable, Sequence
 from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 
-import numpy as np
 import torch
 
-from ..consumers import csr_decode_attention, paged_decode_attention, prepare_decode_attention
-from ..consumers.formats import CSR_CONSUMERS
-from ..consumers.reader import HostBatch, Reader, as_reader
+from ..consumers.reader import Reader
 from ..kinds import KindSpec
+from .buckets import Buckets, PaddingPolicy
 from .capture import Graph, capture_buckets
+from .runner import GraphRunner
+from .step_consumer import StepConsumer, StepShape, quiet_interpreter
 
 if TYPE_CHECKING:
     from .capture import GraphPool
-from .plan_workspace import PlanWorkspace
 
 #: The page id of the guard page before page 0 of the step's KV cache.
 GUARD_PAGE = -1
@@ -44,98 +43,17 @@ TIMED_PARTS = ("step", "builder", "consumer")
 _M = TypeVar("_M")
 
 
-@dataclass(frozen=True)
-class StepShape:
-    """The static shapes of one decode step."""
-
-    max_bs: int
-    width: int
-    page_size: int
-    #: pages the pool allocates from (page 0 included); the cache holds one more, the sentinel
-    num_pages: int
-    num_q_heads: int
-    num_kv_heads: int
-    head_dim: int
-    dtype: torch.dtype
-    #: "paged" or "csr" (``pagegraph.consumers.formats.CONSUMERS``)
-    fmt: str
-    index_dtype: torch.dtype = torch.int32
-
-    @property
-    def lists_pages(self) -> bool:
-        """The consumer reads FlashInfer's page list (``kv_indptr`` / ``kv_indices``, built in
-        the graph from the table), not the table itself."""
-        return self.fmt in CSR_CONSUMERS
-
-
-def default_consumer(fmt: str) -> Callable[..., object]:
-    """The attention kernel of a format: ``paged_decode_attention`` or
-    ``csr_decode_attention``."""
-    kernels: dict[str, Callable[..., object]] = {
-        "paged": paged_decode_attention,
-        "csr": csr_decode_attention,
-    }
-    return kernels[fmt]
-
-
-def build_csr(
-    page_table: torch.Tensor,
-    cache_seqlens: torch.Tensor,
-    page_size: int,
-    *,
-    kv_pages: torch.Tensor,
-    kv_indptr: torch.Tensor,
-    kv_indices: torch.Tensor,
-    kv_last_page_len: torch.Tensor,
-) -> None:
-    """FlashInfer's CSR metadata from a page table, with torch ops only (no sync).
-
-    page_table       ``[bs, width]`` int32, contiguous rows; row ``i``'s first
-                     ``cdiv(cache_seqlens[i], page_size)`` entries (clamped to the width) live
-    cache_seqlens    ``[bs]`` int32
-    kv_pages         ``[>= bs]`` int32 scratch: each row's page count
-    kv_indptr        ``[>= bs + 1]`` int32; entry 0 is 0 from allocation, entries
-                     ``1..bs`` get the running sum of the page counts
-    kv_indices       ``[max_bs * width + 1]`` int32: the live page ids, row after row; the
-                     last entry is where the non-live entries of the table are scattered,
-                     past every span a consumer is given
-    kv_last_page_len ``[>= bs]`` int32: tokens in each row's last page (``1..page_size``)
-    """
-    bs, width = page_table.shape
-    pages = kv_pages[:bs]
-    torch.add(cache_seqlens[:bs], page_size - 1, out=pages)
-    pages.div_(page_size, rounding_mode="floor").clamp_(0, width)
-    torch.cumsum(pages, 0, dtype=torch.int32, out=kv_indptr[1 : bs + 1])
-    last = kv_last_page_len[:bs]
-    torch.sub(pages, 1, out=last)
-    last.mul_(-page_size).add_(cache_seqlens[:bs])
-    # The scatter's index and source are temporaries: inside a capture they come from the
-    # graph's own pool, so the step allocates nothing at replay.
-    cols = torch.arange(width, device=page_table.device)
-    dest = kv_indptr[:bs, None].long() + cols[None, :]
-    dump = kv_indices.shape[0] - 1
-    dest = torch.where(cols[None, :] < pages[:, None], dest, dump)
-    kv_indices.scatter_(0, dest.reshape(-1), page_table.reshape(-1))
-
-
 def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
     """Bit equality of two tensors of one dtype (NaN equals the same NaN)."""
     as_int = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
     return torch.equal(a.view(as_int), b.view(as_int))
 
 
-@contextlib.contextmanager
-def _quiet_interpreter() -> Iterator[None]:
-    """The Triton interpreter computes in numpy, which warns on the NaN and Inf the padded
-    rows carry by design."""
-    with np.errstate(invalid="ignore"), warnings.catch_warnings():
-        warnings.simplefilter("ignore", RuntimeWarning)
-        yield
-
-
 class StepGraphs:
     """One decode step's static buffers and its graphs (docs/ARCHITECTURE.md, "The step's
-    graphs").
+    graphs"): a ``GraphRunner`` stages, pads and replays the batch through one graph a bucket,
+    the builder then the consumer; the KV cache, the queries, the consumer's CSR list and
+    workspace, a reader's plan workspace and the timing graphs are held here.
 
     Args:
         builder: a builder of ``kind``, a kind that feeds the consumer (page table or decode
@@ -147,12 +65,13 @@ class StepGraphs:
             workspace, if any, allocated here once, and its plan run by ``plan``).
         shape: the static shapes.
         req_to_token: the pool's ``[max_reqs + 1, >= max_context_len]`` table.
-        buckets: batch sizes to capture.
+        buckets: batch sizes to capture (a ``Buckets`` or a list ending at ``shape.max_bs``).
         seed: the KV pages' random values.
         emulate: without CUDA, capture the step's graphs as ``EmulatedGraph`` (default) or,
             with ``False``, run the step eagerly at every replay. Timing stays eager there.
         null_block: what page 0 holds (``pagegraph.check.config.NULL_BLOCKS``): "nan" or
             "finite" (then the sentinel holds NaN).
+        padding: the padded rows' convention (``pagegraph.graph.buckets.PADDING``).
     """
 
     def __init__(
@@ -162,62 +81,76 @@ class StepGraphs:
         consumer: Callable[..., object] | Reader,
         shape: StepShape,
         req_to_token: torch.Tensor,
-        buckets: Iterable[int],
+        buckets: Buckets | Sequence[int],
         seed: int,
         emulate: bool | None = None,
         null_block: str = "nan",
+        padding: str | PaddingPolicy = "sglang",
     ) -> None:
-        self.builder, self.kind = builder, kind
-        self.reader = as_reader(consumer)
-        self.consumer = self.reader.attend
-        #: the real rows' lengths as the engine knows them on the host for the next call
-        #: (``None``: a capture's, one token a row, as ``_capture`` stages them)
-        self.host_lens: list[int] | None = None
-        #: the builder writes the consumer's lengths itself (a decode-metadata builder)
-        self.writes_lengths = "cache_seqlens" in kind.vector_names
-        # What the kind's call reads (``pagegraph.kinds.IO_FIELDS``) beyond the buffers below.
-        self.page_size, self.draft_tokens = shape.page_size, 0
-        self.swa_page_table = self.full_to_swa = self.errors = self.engine = None
-        self.derived = kind.derived_inputs(shape.max_bs, 0, req_to_token.device)
+        self.kind = kind
         self.shape, self.req_to_token = shape, req_to_token
-        self.buckets = sorted(buckets, reverse=True)
         self.device = dev = req_to_token.device
-        self.use_graphs = dev.type == "cuda"
-        self.emulated = not self.use_graphs and emulate is not False
-        s, i32 = shape, torch.int32
-        self.req_pool_indices = torch.zeros(s.max_bs, dtype=s.index_dtype, device=dev)
-        self.seq_lens = torch.zeros(s.max_bs, dtype=s.index_dtype, device=dev)
-        self.page_table = torch.zeros((s.max_bs, s.width), dtype=i32, device=dev)
-        self.cache_seqlens = torch.zeros(s.max_bs, dtype=i32, device=dev)
-        self.cu_seqlens_k = torch.zeros(s.max_bs + 1, dtype=i32, device=dev)
-        self.cu_seqlens_q = torch.zeros(s.max_bs + 1, dtype=i32, device=dev)
-        self.vectors = {
-            "cache_seqlens": self.cache_seqlens,
-            "cu_seqlens_k": self.cu_seqlens_k,
-            "cu_seqlens_q": self.cu_seqlens_q,
-        }
-        self.kv_pages = torch.zeros(s.max_bs, dtype=i32, device=dev)
-        self.kv_indptr = torch.zeros(s.max_bs + 1, dtype=i32, device=dev)
-        self.kv_indices_all = torch.zeros(s.max_bs * s.width + 1, dtype=i32, device=dev)
-        #: what the consumer is given: every entry but the scatter's dump
-        self.kv_indices = self.kv_indices_all[:-1]
-        self.kv_last_page_len = torch.zeros(s.max_bs, dtype=i32, device=dev)
-        heads = (s.max_bs, s.num_q_heads, s.head_dim)
-        self.q = torch.zeros(heads, dtype=s.dtype, device=dev)
-        self.out = torch.zeros(heads, dtype=s.dtype, device=dev)
+        s = shape
+        self.runner = r = GraphRunner(
+            req_to_token,
+            max_bs=s.max_bs,
+            max_context_len=req_to_token.shape[1],
+            page_size=s.page_size,
+            buckets=buckets if isinstance(buckets, Buckets) else Buckets(list(buckets), s.max_bs),
+            padding=padding,
+            builder=builder,
+            outputs=kind.name,
+            index_dtype=s.index_dtype,
+            table_width=s.width,
+            emulate=emulate if dev.type == "cpu" else None,
+        )
+        self.buckets = sorted(r.buckets.sizes, reverse=True)
+        # The runner's buffers, under the names the judges use.
+        self.req_pool_indices, self.seq_lens, self.page_table = (
+            r.req_pool_indices,
+            r.seq_lens,
+            r.page_table,
+        )
         self.null_block = null_block
         self._fill_cache(seed)
-        self.workspace = prepare_decode_attention(
-            s.max_bs, s.num_q_heads, s.head_dim, device=dev, max_context_len=s.width * s.page_size
+        #: what reads the tables after the builder in each bucket's graph (the runner's reader)
+        self.consumer = c = StepConsumer(
+            consumer, s, r.page_table, r.seq_lens, r.cache_seqlens, self.k_cache, self.v_cache
         )
-        self.graphs: dict[int, Graph] = {}
+        r.attach_reader(c.consume)
+        # The consumer's buffers, under the names the judges use.
+        self.q, self.out, self.kv_indices, self.plan_space = c.q, c.out, c.kv_indices, c.plan_space
+        #: the batch ``replay`` stages: ``(req_pool_indices, seq_lens)`` of the real rows
+        self.batch: tuple[list[int], list[int]] | None = None
         #: part ("step", "builder", "consumer") -> bucket -> graph of ``timing_calls`` calls
         #: per timed part, each bucket's graph (CUDA graphs only: timing needs CUDA)
         self.timing_graphs: dict[str, dict[int, Graph]] = {}
         self._timing_bodies: dict[str, Callable[[int], None]] = {}
         self.timing_calls = TIMING_CALLS
-        #: a reader's own buffers (``Reader.workspace``), allocated once; None without
-        self.plan_space = PlanWorkspace.for_reader(self.reader, s.max_bs, s.width, s.page_size, dev)
+
+    @property
+    def graphs(self) -> dict[int, Graph]:
+        """The step's graphs by bucket (the runner's)."""
+        return self.runner.graphs
+
+    @property
+    def use_graphs(self) -> bool:
+        return self.runner.use_graphs
+
+    @property
+    def emulated(self) -> bool:
+        return self.runner.emulated
+
+    @property
+    def host_lens(self) -> list[int] | None:
+        """The real rows' lengths as the engine knows them on the host for the next call
+        (``None``: a capture's, one token a row): what a reader's launch arguments and plan
+        are computed from."""
+        return self.consumer.host_lens
+
+    @host_lens.setter
+    def host_lens(self, lens: list[int] | None) -> None:
+        self.consumer.host_lens = lens
 
     def _fill_cache(self, seed: int) -> None:
         """Seeded random K and V in every page (a misrouted page changes the output), NaN in
@@ -272,96 +205,39 @@ class StepGraphs:
     # -- the step's body ---------------------------------------------------------------------
 
     def build(self, bs: int) -> None:
-        """The builder under test on rows ``:bs``, as its kind calls it."""
-        self.kind.call(self.builder, self, bs, {})
+        """The builder under test on rows ``:bs``, as its kind calls it (the runner's call)."""
+        self.runner.build(bs)
 
     def consume(self, bs: int) -> None:
         """The consumer on rows ``:bs``, from the builder's tables."""
-        ps = self.shape.page_size
-        if not self.writes_lengths:
-            # The trtllm_mha / FA3 format's lengths are int32, whatever seq_lens holds.
-            self.cache_seqlens[:bs].copy_(self.seq_lens[:bs])
-        q, out = self.q[:bs], self.out[:bs]
-        launch = self._launch_args(bs)
-        if self.shape.lists_pages:
-            build_csr(
-                self.page_table[:bs],
-                self.cache_seqlens[:bs],
-                ps,
-                kv_pages=self.kv_pages,
-                kv_indptr=self.kv_indptr,
-                kv_indices=self.kv_indices_all,
-                kv_last_page_len=self.kv_last_page_len,
-            )
-            self.consumer(
-                q,
-                self.k_cache,
-                self.v_cache,
-                self.kv_indptr[: bs + 1],
-                self.kv_indices,
-                self.kv_last_page_len[:bs],
-                out,
-                page_size=ps,
-                workspace=self.workspace,
-                **launch,
-            )
-        else:
-            self.consumer(
-                q,
-                self.k_cache,
-                self.v_cache,
-                self.page_table[:bs],
-                self.cache_seqlens[:bs],
-                out,
-                page_size=ps,
-                workspace=self.workspace,
-                **launch,
-            )
+        self.consumer.consume(bs)
 
     def step(self, bs: int) -> None:
         self.build(bs)
         self.consume(bs)
 
-    def host_batch(self, bs: int) -> HostBatch:
-        """What the engine knows on the host for a call on ``bs`` rows: ``host_lens``, or the
-        capture's one token a row."""
-        lens = tuple(self.host_lens) if self.host_lens is not None else (1,) * bs
-        return HostBatch(lens, bs, self.shape.page_size, self.shape.width)
-
-    def _launch_args(self, bs: int) -> dict[str, object]:
-        """The reader's host launch arguments for a call on ``bs`` rows, and its workspace
-        (``plan=``) when it has one."""
-        launch = self.reader.arguments(self.host_batch(bs))
-        if self.plan_space is not None:
-            launch["plan"] = self.plan_space.tensors
-        return launch
-
     def plan(self, bucket: int) -> None:
-        """A planned reader's plan for the next step on ``bucket`` (eager, outside the graph;
-        ``pagegraph.check.judges.step_plan``); nothing for other readers."""
-        if self.plan_space is not None:
-            self.plan_space.plan(self.host_batch(bucket))
+        """A planned reader's plan for the next step on ``bucket`` (``StepConsumer.plan``)."""
+        self.consumer.plan(bucket)
 
     # -- capture and replay ------------------------------------------------------------------
 
+    def _quiet(self) -> contextlib.AbstractContextManager[None]:
+        """``_quiet_interpreter`` where the step runs in the Triton interpreter (no CUDA)."""
+        return quiet_interpreter() if not self.use_graphs else contextlib.nullcontext()
+
     def _capture(
-        self,
-        body: Callable[[int], None],
-        graphs: dict[int, Graph],
-        pool: GraphPool | None = None,
-        emulate: bool = False,
+        self, body: Callable[[int], None], graphs: dict[int, Graph], pool: GraphPool | None
     ) -> None:
-        """Warm ``body`` up for every bucket on a side stream, then capture it, largest bucket
-        first, in one pool (``pool``, default a new one); without CUDA the warm-up, then
-        (``emulate``) one ``EmulatedGraph`` per bucket, largest first."""
-        # Short lengths at capture: replays must not depend on them (nor on the host values
-        # a reader computes from them).
+        """Warm a timing ``body`` up for every bucket on a side stream, then capture it,
+        largest bucket first, in ``pool``; without CUDA only the warm-up."""
+        # Short lengths at capture, as the runner's: replays must not depend on them (nor on
+        # the host values a reader computes from them).
         self.seq_lens.fill_(1)
         self.req_pool_indices.fill_(0)
         self.host_lens = None
-        mode = "cuda" if self.use_graphs else "emulated" if emulate else "eager"
-        quiet = _quiet_interpreter() if not self.use_graphs else contextlib.nullcontext()
-        with quiet:
+        mode = "cuda" if self.use_graphs else "eager"
+        with self._quiet():
             captured, _ = capture_buckets(
                 self.buckets,
                 warm_up=body,
@@ -374,23 +250,27 @@ class StepGraphs:
         graphs.update(captured)
 
     def capture(self) -> None:
-        """The step's graphs (builder then consumer), one per bucket; a planned reader's plan
-        first runs on the capture's batch (the largest bucket, one token a row)."""
+        """The step's graphs (stage, builder, consumer), one per bucket, by the runner; a
+        planned reader's plan first runs on the capture's batch (the largest bucket, one token
+        a row)."""
         self.host_lens = None
         self.plan(self.buckets[0])
-        self._capture(self.step, self.graphs, emulate=self.emulated)
+        with self._quiet():
+            self.runner.capture()
 
-    def replay(self, bucket: int) -> None:
-        """Run bucket ``bucket``'s step: its graph (emulated without CUDA), or the step
-        eagerly."""
-        if self.use_graphs:
-            self.graphs[bucket].replay()
-            return
-        with _quiet_interpreter():
-            if self.emulated:
-                self.graphs[bucket].replay()
-            else:
-                self.step(bucket)
+    def stage(self, req_pool_indices: list[int], seq_lens: list[int]) -> None:
+        """The batch the next replays run on (``n`` real rows; the runner pads the bucket),
+        and its lengths as the host knows them (``host_lens``)."""
+        self.batch = (req_pool_indices, seq_lens)
+        self.host_lens = list(seq_lens)
+
+    def replay(self) -> None:
+        """Run the staged batch's step through the runner: its bucket's graph (emulated
+        without CUDA, or the step run eagerly)."""
+        if self.batch is None:
+            raise RuntimeError("replay() before stage(): no batch to run")
+        with self._quiet():
+            self.runner.replay(*self.batch)
 
     # -- timing ----------------------------------------------------------------------------
 
@@ -420,7 +300,7 @@ class StepGraphs:
         body = self._timing_bodies[part]
 
         def eager() -> None:
-            with _quiet_interpreter():
+            with quiet_interpreter():
                 body(bucket)
 
         return eager
@@ -438,10 +318,12 @@ class StepGraphs:
         return us["step"], us["builder"], us["consumer"]
 
     def close(self) -> None:
-        if self.use_graphs and (self.graphs or self.timing_graphs):
-            torch.cuda.synchronize(self.device)
-        self.graphs.clear()
-        self.timing_graphs.clear()
+        try:
+            self.runner.close()
+            if self.use_graphs and self.timing_graphs:
+                torch.cuda.synchronize(self.device)
+        finally:
+            self.timing_graphs.clear()
 
 
 # -- timing helpers --------------------------------------------------------------------------

@@ -495,11 +495,11 @@ def _collect_reports(
 
 def _run_check(builder, plan, job: dict, note, keep):
     """One job's planned check (``pagegraph.check.checker.run_plan``), its partial reports to
-    ``keep``; ``CheckInterrupted`` on a stop."""
+    ``keep``; ``CheckInterrupted`` on a stop during its replays (a stop after them lets it
+    finish: its verdict is whole)."""
     from ..check.checker import run_plan
-    from ..check.signals import CheckInterrupted
 
-    report = run_plan(
+    return run_plan(
         plan,
         builder,
         on_phase=note,
@@ -507,9 +507,6 @@ def _run_check(builder, plan, job: dict, note, keep):
         stop_on_failure=job["stop_on_failure"],
         explain_replays=job.get("explain", False) and plan.pipeline == "tables",
     )
-    if plan.pipeline == "step" and stop_requested() is not None:
-        raise CheckInterrupted(report, stop_requested())  # it stopped early: not final
-    return report
 
 
 def _free_cached_memory() -> None:
@@ -662,6 +659,8 @@ def _child(spec_path: str) -> int:
         # Anything else escaping the check (out of memory while setting up, say) ends this
         # child with a traceback on stderr: the parent reports the job as crashed with it.
         writer.write({"final": True, "report": report.to_dict()})
+        if stop_requested() is not None:  # the finished check stands; no other one starts
+            return 130 if stop_requested() == signal.SIGINT else 143
     return 0
 
 

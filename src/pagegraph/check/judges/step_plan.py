@@ -45,7 +45,7 @@ def replay_refilled(run: RefilledRun, batch: StepBatch) -> torch.Tensor | None:
     if not saved:
         return None
     try:
-        g.replay(batch.bucket)
+        g.replay()
         out = g.out[: len(batch.rpi)].clone()
     finally:
         space.restore(saved)

@@ -16,14 +16,9 @@ import torch
 
 from ...consumers.paged_attention import BLOCK_N, TOKENS_PER_SPLIT
 from ...consumers.reader import Reader
-from ...graph.buckets import Buckets, PaddingPolicy, resolve_padding
-from ...graph.step_graphs import (
-    TIMING_CALLS,
-    TIMING_WARMUP,
-    StepGraphs,
-    StepShape,
-    default_consumer,
-)
+from ...graph.buckets import Buckets
+from ...graph.step_consumer import StepShape, default_consumer
+from ...graph.step_graphs import TIMING_CALLS, TIMING_WARMUP, StepGraphs
 from ...kernels.contract import cdiv
 from ...kinds import KindSpec
 from ...kinds.builders import builder_name
@@ -40,7 +35,7 @@ from ..judges.step_plan import plan_detail, replay_refilled
 from ..plan import CheckPlan
 from ..reports.report import BucketStats, PropertyResult, Report
 from ..reports.step_report import STEP_PROPERTIES, StepSection
-from ..signals import CheckInterrupted
+from ..signals import CheckInterrupted, stop_requested
 from .phases import LoopEnd, fail_capture, mark_unfinished, pick_device, record_capture
 from .state import CheckHooks
 from .workload_setup import pool_kwargs, workload_kwargs
@@ -115,7 +110,6 @@ class _Run:
     pool: KVPool
     report: Report
     props: dict[str, PropertyResult]
-    padding: PaddingPolicy
     buckets: Buckets
     gen: torch.Generator
     padded_replays: int = 0
@@ -252,13 +246,14 @@ def _setup(
         consumer or default_consumer(cfg.consumer),
         shape,
         pool.req_to_token,
-        buckets.sizes,
+        buckets,
         cfg.seed + 2,
         emulate,
         null_block=cfg.null_block,
+        padding=cfg.padding,
     )
     gen = torch.Generator().manual_seed(cfg.seed + 3)
-    return _Run(cfg, graphs, pool, report, props, resolve_padding(cfg.padding), buckets, gen)
+    return _Run(cfg, graphs, pool, report, props, buckets, gen)
 
 
 def _capture(run: _Run) -> bool:
@@ -296,10 +291,7 @@ def _one_step(run: _Run, k: int, step: Step) -> None:
     """Stage, replay A, B, D and C (docs/ARCHITECTURE.md), then hand the step to each judge."""
     g, b = run.graphs, _model(run, k, step)
     n, bucket = len(b.rpi), b.bucket
-    g.host_lens = list(b.lens)  # what the engine's host work sees where the step runs eagerly
-    g.req_pool_indices[:n].copy_(torch.tensor(b.rpi))
-    g.seq_lens[:n].copy_(torch.tensor(b.lens))
-    run.padding.apply(g.req_pool_indices, g.seq_lens, n, bucket)
+    g.stage(b.rpi, b.lens)  # the runner stages and pads it at each replay
     g.plan(bucket)  # a planned reader's host plan, eagerly, before the step's replays
     dims = (n, run.cfg.num_q_heads, run.cfg.head_dim)
     g.q[:n].copy_(torch.randn(dims, generator=run.gen).to(g.q.dtype))
@@ -308,12 +300,12 @@ def _one_step(run: _Run, k: int, step: Step) -> None:
     # One replay in NAN_TAIL_EVERY fills the stale entries with the NaN page instead: a
     # consumer that loads them and only masks their scores (a read times zero) then shows.
     picks = _poison_tails(run, b, nan_page=k % NAN_TAIL_EVERY == NAN_TAIL_EVERY - 1)
-    g.replay(bucket)
+    g.replay()
     out_a = g.out[:n].clone()
     sentinel = g.sentinel_intact()
     _poison_tails(run, b, picks)
     _renew_past_length(run, b)
-    g.replay(bucket)
+    g.replay()
     out_b = g.out[:n].clone()
     sentinel = sentinel and g.sentinel_intact()
     out_d = replay_refilled(run, b)  # D: the entries the plan left unwritten changed
@@ -322,7 +314,7 @@ def _one_step(run: _Run, k: int, step: Step) -> None:
     if n < bucket:
         run.padded_replays += 1
         _padded_queries(g, n, bucket, finite=run.gen)
-        g.replay(bucket)
+        g.replay()
         sentinel = sentinel and g.sentinel_intact()
         out_c = g.out[:n].clone()
         pad_c = g.out[n:bucket].clone()
@@ -448,6 +440,9 @@ def _timing(run: _Run) -> None:
     alone (CUDA graphs only; graph/step_graphs.py says how)."""
     r, g = run.report, run.graphs
     assert r.step is not None, "a decode-step report has its step section"
+    if stop_requested() is not None:  # the verdict is whole: only the figures are dropped
+        r.step.timing_skipped = "a stop was requested after the replays"
+        return
     if not g.use_graphs:
         r.step.timing_skipped = (
             f"needs a GPU (CUDA events around replays of graphs of {TIMING_CALLS} calls)"
@@ -484,6 +479,8 @@ def _time_buckets(run: _Run, rows: list[Request]) -> None:
         "requests repeated to fill the bucket); builder share = builder / step"
     )
     for bucket in run.buckets.sizes:
+        if stop_requested() is not None:
+            raise RuntimeError("a stop was requested during the timing")
         # The running requests, repeated to fill the bucket: real lengths, no padded row.
         batch = [rows[i % len(rows)] for i in range(bucket)]
         g.req_pool_indices[:bucket].copy_(torch.tensor([req.row for req in batch]))

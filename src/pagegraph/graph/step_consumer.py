@@ -1,0 +1,225 @@
+"""The decode step's consumer side: what reads a builder's tables in the step's graph.
+``StepConsumer`` holds the attention's buffers (the queries, the output, the CSR list built in
+the graph, the split-K workspace, a reader's plan workspace) and the host lengths a reader's
+launch arguments come from; its ``consume`` is the reader a ``GraphRunner`` captures after the
+builder. It sees the runner's tables, never the builder. docs/ARCHITECTURE.md, "The step's
+graphs".
+"""
+
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+
+from ..consumers import csr_decode_attention, paged_decode_attention, prepare_decode_attention
+from ..consumers.formats import CSR_CONSUMERS
+from ..consumers.reader import HostBatch, Reader, as_reader
+from .plan_workspace import PlanWorkspace
+
+
+@dataclass(frozen=True)
+class StepShape:
+    """The static shapes of one decode step."""
+
+    max_bs: int
+    width: int
+    page_size: int
+    #: pages the pool allocates from (page 0 included); the cache holds one more, the sentinel
+    num_pages: int
+    num_q_heads: int
+    num_kv_heads: int
+    head_dim: int
+    dtype: torch.dtype
+    #: "paged" or "csr" (``pagegraph.consumers.formats.CONSUMERS``)
+    fmt: str
+    index_dtype: torch.dtype = torch.int32
+
+    @property
+    def lists_pages(self) -> bool:
+        """The consumer reads FlashInfer's page list (``kv_indptr`` / ``kv_indices``, built in
+        the graph from the table), not the table itself."""
+        return self.fmt in CSR_CONSUMERS
+
+
+def default_consumer(fmt: str) -> Callable[..., object]:
+    """The attention kernel of a format: ``paged_decode_attention`` or
+    ``csr_decode_attention``."""
+    kernels: dict[str, Callable[..., object]] = {
+        "paged": paged_decode_attention,
+        "csr": csr_decode_attention,
+    }
+    return kernels[fmt]
+
+
+def build_csr(
+    page_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    page_size: int,
+    *,
+    kv_pages: torch.Tensor,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
+    kv_last_page_len: torch.Tensor,
+) -> None:
+    """FlashInfer's CSR metadata from a page table, with torch ops only (no sync).
+
+    page_table       ``[bs, width]`` int32, contiguous rows; row ``i``'s first
+                     ``cdiv(cache_seqlens[i], page_size)`` entries (clamped to the width) live
+    cache_seqlens    ``[bs]`` int32
+    kv_pages         ``[>= bs]`` int32 scratch: each row's page count
+    kv_indptr        ``[>= bs + 1]`` int32; entry 0 is 0 from allocation, entries
+                     ``1..bs`` get the running sum of the page counts
+    kv_indices       ``[max_bs * width + 1]`` int32: the live page ids, row after row; the
+                     last entry is where the non-live entries of the table are scattered,
+                     past every span a consumer is given
+    kv_last_page_len ``[>= bs]`` int32: tokens in each row's last page (``1..page_size``)
+    """
+    bs, width = page_table.shape
+    pages = kv_pages[:bs]
+    torch.add(cache_seqlens[:bs], page_size - 1, out=pages)
+    pages.div_(page_size, rounding_mode="floor").clamp_(0, width)
+    torch.cumsum(pages, 0, dtype=torch.int32, out=kv_indptr[1 : bs + 1])
+    last = kv_last_page_len[:bs]
+    torch.sub(pages, 1, out=last)
+    last.mul_(-page_size).add_(cache_seqlens[:bs])
+    # The scatter's index and source are temporaries: inside a capture they come from the
+    # graph's own pool, so the step allocates nothing at replay.
+    cols = torch.arange(width, device=page_table.device)
+    dest = kv_indptr[:bs, None].long() + cols[None, :]
+    dump = kv_indices.shape[0] - 1
+    dest = torch.where(cols[None, :] < pages[:, None], dest, dump)
+    kv_indices.scatter_(0, dest.reshape(-1), page_table.reshape(-1))
+
+
+@contextlib.contextmanager
+def quiet_interpreter() -> Iterator[None]:
+    """The Triton interpreter computes in numpy, which warns on the NaN and Inf the padded
+    rows carry by design."""
+    with np.errstate(invalid="ignore"), warnings.catch_warnings():
+        warnings.simplefilter("ignore", RuntimeWarning)
+        yield
+
+
+class StepConsumer:
+    """The attention that reads one decode step's tables, and its buffers.
+
+    Args:
+        consumer: the attention call (``paged_decode_attention``'s or
+            ``csr_decode_attention``'s signature, given ``page_size=`` and ``workspace=``) or
+            a ``pagegraph.consumers.reader.Reader`` (launch arguments from the host lengths at
+            each call, frozen in a graph; its workspace allocated here once, planned by
+            ``plan``).
+        shape: the static shapes.
+        page_table: ``[max_bs, width]`` int32, the builder's table (the runner's).
+        seq_lens: ``[max_bs]`` int32/int64, the staged lengths (the runner's).
+        cache_seqlens: ``[max_bs]`` int32 the builder writes (a decode-metadata builder's), or
+            None: the consumer's own, copied from ``seq_lens`` in the graph.
+        k_cache, v_cache: ``[num_pages + 1, page_size, Hkv, D]`` of ``shape.dtype``.
+    """
+
+    def __init__(
+        self,
+        consumer: Callable[..., object] | Reader,
+        shape: StepShape,
+        page_table: torch.Tensor,
+        seq_lens: torch.Tensor,
+        cache_seqlens: torch.Tensor | None,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+    ) -> None:
+        self.reader = as_reader(consumer)
+        self.consumer = self.reader.attend
+        self.shape, self.page_table, self.seq_lens = shape, page_table, seq_lens
+        self.k_cache, self.v_cache = k_cache, v_cache
+        self.device = dev = page_table.device
+        s, i32 = shape, torch.int32
+        #: the builder writes the consumer's lengths itself (a decode-metadata builder)
+        self.writes_lengths = cache_seqlens is not None
+        self.cache_seqlens = (
+            torch.zeros(s.max_bs, dtype=i32, device=dev) if cache_seqlens is None else cache_seqlens
+        )
+        #: the real rows' lengths as the engine knows them on the host for the next call
+        #: (``None``: a capture's, one token a row)
+        self.host_lens: list[int] | None = None
+        self.kv_pages = torch.zeros(s.max_bs, dtype=i32, device=dev)
+        self.kv_indptr = torch.zeros(s.max_bs + 1, dtype=i32, device=dev)
+        self.kv_indices_all = torch.zeros(s.max_bs * s.width + 1, dtype=i32, device=dev)
+        #: what the consumer is given: every entry but the scatter's dump
+        self.kv_indices = self.kv_indices_all[:-1]
+        self.kv_last_page_len = torch.zeros(s.max_bs, dtype=i32, device=dev)
+        heads = (s.max_bs, s.num_q_heads, s.head_dim)
+        self.q = torch.zeros(heads, dtype=s.dtype, device=dev)
+        self.out = torch.zeros(heads, dtype=s.dtype, device=dev)
+        self.workspace = prepare_decode_attention(
+            s.max_bs, s.num_q_heads, s.head_dim, device=dev, max_context_len=s.width * s.page_size
+        )
+        #: a reader's own buffers (``Reader.workspace``), allocated once; None without
+        self.plan_space = PlanWorkspace.for_reader(self.reader, s.max_bs, s.width, s.page_size, dev)
+
+    def consume(self, bs: int) -> None:
+        """The consumer on rows ``:bs``, from the builder's tables."""
+        ps = self.shape.page_size
+        if not self.writes_lengths:
+            # The trtllm_mha / FA3 format's lengths are int32, whatever seq_lens holds.
+            self.cache_seqlens[:bs].copy_(self.seq_lens[:bs])
+        q, out = self.q[:bs], self.out[:bs]
+        launch = self._launch_args(bs)
+        if self.shape.lists_pages:
+            build_csr(
+                self.page_table[:bs],
+                self.cache_seqlens[:bs],
+                ps,
+                kv_pages=self.kv_pages,
+                kv_indptr=self.kv_indptr,
+                kv_indices=self.kv_indices_all,
+                kv_last_page_len=self.kv_last_page_len,
+            )
+            self.consumer(
+                q,
+                self.k_cache,
+                self.v_cache,
+                self.kv_indptr[: bs + 1],
+                self.kv_indices,
+                self.kv_last_page_len[:bs],
+                out,
+                page_size=ps,
+                workspace=self.workspace,
+                **launch,
+            )
+        else:
+            self.consumer(
+                q,
+                self.k_cache,
+                self.v_cache,
+                self.page_table[:bs],
+                self.cache_seqlens[:bs],
+                out,
+                page_size=ps,
+                workspace=self.workspace,
+                **launch,
+            )
+
+    def host_batch(self, bs: int) -> HostBatch:
+        """What the engine knows on the host for a call on ``bs`` rows: ``host_lens``, or the
+        capture's one token a row."""
+        lens = tuple(self.host_lens) if self.host_lens is not None else (1,) * bs
+        return HostBatch(lens, bs, self.shape.page_size, self.shape.width)
+
+    def _launch_args(self, bs: int) -> dict[str, object]:
+        """The reader's host launch arguments for a call on ``bs`` rows, and its workspace
+        (``plan=``) when it has one."""
+        launch = self.reader.arguments(self.host_batch(bs))
+        if self.plan_space is not None:
+            launch["plan"] = self.plan_space.tensors
+        return launch
+
+    def plan(self, bucket: int) -> None:
+        """A planned reader's plan for the next step on ``bucket`` (eager, outside the graph;
+        ``pagegraph.check.judges.step_plan``); nothing for other readers."""
+        if self.plan_space is not None:
+            self.plan_space.plan(self.host_batch(bucket))
