@@ -326,7 +326,7 @@ def test_a_decode_step_stopped_by_a_signal_raises_with_its_report(monkeypatch):
     cfg = CheckConfig(max_bs=4, max_context_len=128, page_size=16, buckets=[4], steps=6,
                       seed=3, consumer="paged")  # fmt: skip
     with pytest.raises(CheckInterrupted) as info:
-        check_decode_step("build_page_table", cfg, device="cpu")
+        check_decode_step("build_page_table", cfg)  # the default device: kernels run there
     report = info.value.report
     assert report.replays == 2 and report.stopped == "interrupted by SIGINT after 2 replays"
     assert report.property("output correct through the consumer").status == "incomplete"

@@ -17,7 +17,7 @@ if "TRITON_INTERPRET" not in os.environ:
 #: pagegraph alone (``pagegraph trace``, ``--help``, a child process) loads none of them.
 _LAZY = {
     "CheckConfig": "check.config",
-    "Report": "check.report",
+    "Report": "check.reports.report",
     "check_replay_safety": "check.checker",
     "DetectorUnavailable": "detect.sync",
     "DeviceSyncError": "detect.sync",
