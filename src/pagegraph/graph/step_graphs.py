@@ -52,8 +52,8 @@ def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
 class StepGraphs:
     """One decode step's static buffers and its graphs (docs/ARCHITECTURE.md, "The step's
     graphs"): a ``GraphRunner`` stages, pads and replays the batch through one graph a bucket,
-    the builder then the consumer; the KV cache, the queries, the consumer's CSR list and
-    workspace, a reader's plan workspace and the timing graphs are held here.
+    the builder then the consumer (a ``StepConsumer``, with the attention's buffers); the KV
+    cache, its reserved pages and the timing graphs are held here.
 
     Args:
         builder: a builder of ``kind``, a kind that feeds the consumer (page table or decode
