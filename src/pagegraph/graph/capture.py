@@ -6,7 +6,8 @@ order given (largest first: later, smaller graphs fit in the memory the first on
 all graphs in one memory pool:
 
 * ``"cuda"``: the warm-up on a side stream (a Triton kernel's first launch loads its module,
-  which is illegal inside a capture), then ``torch.cuda.CUDAGraph`` captures;
+  which is illegal inside a capture), then ``torch.cuda.CUDAGraph`` captures, with Python's
+  cyclic garbage collected first and the collector off until they end (``no_collection``);
 * ``"emulated"``: the warm-up, then one ``pagegraph.graph.emulate.EmulatedGraph`` a bucket,
   which records the body's operations and replays them without calling it again;
 * ``"eager"``: the warm-up only (replays call the body again).
@@ -15,7 +16,8 @@ all graphs in one memory pool:
 from __future__ import annotations
 
 import contextlib
-from collections.abc import Callable, Sequence
+import gc
+from collections.abc import Callable, Iterator, Sequence
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, TypeAlias
 
@@ -36,6 +38,22 @@ CAPTURE_MODES = ("cuda", "emulated", "eager")
 
 #: A bucket's captured graph: a CUDA graph, or (without CUDA) its emulation.
 Graph: TypeAlias = torch.cuda.CUDAGraph | EmulatedGraph
+
+
+@contextlib.contextmanager
+def no_collection() -> Iterator[None]:
+    """Collect Python's cyclic garbage now, then keep the collector off for the body. A dead
+    cycle that holds a CUDA graph (an exception's traceback, an engine's objects) would
+    otherwise be collected when allocations inside a capture trigger it: destroying a graph
+    is illegal while a stream captures, and it invalidates the capture."""
+    gc.collect()
+    was_on = gc.isenabled()
+    gc.disable()
+    try:
+        yield
+    finally:
+        if was_on:
+            gc.enable()
 
 
 @dataclass
@@ -88,12 +106,13 @@ def capture_buckets(
             torch.cuda.synchronize()
             pool = pool or torch.cuda.graph_pool_handle()
             step.what = "capture"
-            for bs in sizes:
-                step.bucket = bs
-                graph = torch.cuda.CUDAGraph()
-                with ranged("capture", bs), torch.cuda.graph(graph, pool=pool):
-                    body(bs)
-                graphs[bs] = graph
+            with no_collection():
+                for bs in sizes:
+                    step.bucket = bs
+                    graph = torch.cuda.CUDAGraph()
+                    with ranged("capture", bs), torch.cuda.graph(graph, pool=pool):
+                        body(bs)
+                    graphs[bs] = graph
             torch.cuda.synchronize()
         return graphs, pool
     for bs in sizes:

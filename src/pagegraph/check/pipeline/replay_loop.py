@@ -8,6 +8,7 @@ device with no sync, and judge the records a chunk at a time. The pipeline drive
 from __future__ import annotations
 
 import contextlib
+import gc
 import time
 from collections.abc import Iterator
 
@@ -72,6 +73,7 @@ def end_replays(state: ReplayState, end: LoopEnd) -> None:
     _record_rates(state)
     after = None
     if state.graphs and state.stopped is None:
+        gc.collect()  # what only the cyclic collector frees is not a leak
         after = torch.cuda.memory_allocated(state.run.device)
     summarise_replays(state, after)
     if state.interrupted is not None:
