@@ -13,10 +13,10 @@ import torch
 from pagegraph.check.config import CheckConfig
 from pagegraph.cli import main
 from pagegraph.pytest_plugin import assert_replay_safe
+from pagegraph.supervise.crash_report import crash_report
 from pagegraph.supervise.isolate import (
     IsolatedError,
     Job,
-    _crash_report,
     builder_spec,
     run_isolated,
 )
@@ -203,7 +203,7 @@ def test_a_decode_step_crash_in_a_replay_is_reported(crashers):
 
 
 def test_a_decode_step_crash_report_without_a_partial_report():
-    report = _crash_report(Job("x", STEP), None, "killed by SIGSEGV", "replay 3", "")
+    report = crash_report(Job("x", STEP), None, "killed by SIGSEGV", "replay 3", "")
     assert report.step is not None and report.verdict == "UNSAFE"
     assert report.property("replays completed").status == "FAIL"
     assert report.property("sentinel page untouched").status == "incomplete"
@@ -211,11 +211,11 @@ def test_a_decode_step_crash_report_without_a_partial_report():
 
 
 def test_a_decode_step_crash_while_timing_keeps_what_the_replays_showed():
-    blank = _crash_report(Job("x", STEP), None, "killed by SIGSEGV", "replay 3", "")
+    blank = crash_report(Job("x", STEP), None, "killed by SIGSEGV", "replay 3", "")
     partial = blank.to_dict()
     for p in partial["properties"]:  # as the child wrote it after its last replay
         p["status"], p["detail"] = "pass", "judged"
-    report = _crash_report(Job("x", STEP), partial, "killed by SIGABRT", "timing", "")
+    report = crash_report(Job("x", STEP), partial, "killed by SIGABRT", "timing", "")
     assert report.verdict == "UNSAFE"
     done = report.property("replays completed")
     assert done.status == "FAIL" and "SIGABRT during timing" in done.detail

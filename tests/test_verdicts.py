@@ -22,7 +22,8 @@ from pagegraph.check.config import CheckConfig, ConfigError, validate_config
 from pagegraph.kernels.decode_metadata import build_decode_metadata
 from pagegraph.kinds import PAGE_TABLE
 from pagegraph.kinds.builders import builder_capabilities, signature_problem
-from pagegraph.supervise.isolate import Job, _crash_report, crash_cause, run_isolated
+from pagegraph.supervise.crash_report import crash_cause, crash_report
+from pagegraph.supervise.isolate import Job, run_isolated
 
 from helpers import CPU_PASSES, assert_passed
 
@@ -307,7 +308,7 @@ def test_crash_cause_finds_the_cuda_error_not_the_module_list():
 
 
 def test_crash_is_stated_once():
-    report = _crash_report(
+    report = crash_report(
         Job("x", SMALL),
         None,
         "killed by SIGABRT",
@@ -352,6 +353,40 @@ def test_a_crash_during_replays_is_explained_by_a_serialised_rerun(tmp_path):
     assert report.crash is not None and "CUDA error: an illegal memory access" in report.crash
     assert "serialised" in report.crash and "(bucket " in report.crash, report.crash
     assert report.format().count("illegal memory access") == 1
+
+
+RAISING_BUILDER = """
+from pagegraph import build_page_table
+CALLS = [0]
+def build(req_to_token, req_pool_indices, seq_lens, page_table, page_size, **kw):
+    CALLS[0] += 1
+    if CALLS[0] == 12:
+        raise {error}("CUDA error: an illegal memory access was encountered\\nSearch for `cuda")
+    build_page_table(req_to_token, req_pool_indices, seq_lens, page_table, page_size, **kw)
+"""
+
+
+@pytest.mark.heavy
+@pytest.mark.skipif(
+    torch.cuda.is_available(),
+    reason="graph replays never call the Python builder: the planted error needs eager replays",
+)
+@pytest.mark.parametrize("error", ["RuntimeError", "ValueError"])
+def test_a_replay_that_raised_a_cuda_error_is_explained_like_a_crash(tmp_path, error):
+    """A CUDA error a replay raises (the child lives on, its context lost) is re-run
+    serialised as a crash is, and the crash names the replay; any other error is a verdict
+    as it stands. The message is asserted on: a ValueError's text says "CUDA error" too."""
+    path = tmp_path / "raising.py"
+    path.write_text(RAISING_BUILDER.replace("{error}", error))
+    (report,) = run_isolated([Job(f"{path}:build", HOSTILE.replace(steps=10, emulate=False))])
+    assert report.verdict == "UNSAFE"
+    assert report.property("replays completed").status == "FAIL"
+    if error == "RuntimeError":
+        assert report.crash is not None and report.crash.startswith("replay "), report.crash
+        assert "serialised, it came from replay " in report.crash and "(bucket " in report.crash
+        assert "Search for" not in report.crash  # torch's advice is left out
+    else:
+        assert report.crash is None
 
 
 @pytest.mark.skipif(sys.platform != "linux", reason="os.abort and signals as on Linux")

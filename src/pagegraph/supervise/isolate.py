@@ -13,7 +13,6 @@ import dataclasses
 import fcntl
 import json
 import os
-import re
 import signal
 import subprocess
 import sys
@@ -22,12 +21,20 @@ import threading
 import time
 from pathlib import Path
 
-from ..check.config import PROPERTIES, REPLAY_PROPERTIES, CheckConfig
+from ..check.config import CheckConfig
 from ..check.plan import CheckPlan, plan_check
-from ..check.reports.report import PropertyResult, Report
-from ..check.reports.step_report import StepSection
+from ..check.reports.report import Report
 from ..check.signals import request_stop, stop_requested
 from ..workload.lifetime import die_with_parent, escalate_stop
+from .crash_report import (
+    CUDA_ERROR,
+    crash_cause,
+    crash_report,
+    death,
+    device_fault,
+    explain_fault,
+    report_from_dict,
+)
 
 #: Seconds a child may run one check before it is killed as hung (None: no limit).
 DEFAULT_TIMEOUT = None
@@ -130,119 +137,12 @@ class Job:
         return cls(plan.builder, plan.config, label, reader=plan.reader, plan=plan, **options)
 
 
-def _death(returncode: int | None, timed_out: bool) -> str:
-    if timed_out:
-        return "timed out (killed)"
-    if returncode in (128 + signal.SIGINT, 128 + signal.SIGTERM):
-        # the child's own handler ended it (a stop it was told, or could not obey in time)
-        return f"stopped by {signal.Signals(returncode - 128).name}"
-    if returncode is not None and returncode < 0:
-        try:
-            name = signal.Signals(-returncode).name
-        except ValueError:
-            name = f"signal {-returncode}"
-        return f"killed by {name}"
-    return f"exited with code {returncode} without a report"
-
-
-#: How a CUDA error reads on a child's stderr (torch's message or the driver's text).
-_CUDA_ERROR = re.compile(
-    r"(CUDA error: [^\n]+|an illegal memory access was encountered|device-side assert "
-    r"triggered|misaligned address|unspecified launch failure|illegal instruction)"
-)
-
-
-def crash_cause(stderr: str) -> str:
-    """The error a dead child's stderr names: its CUDA error if any, else its last line that
-    is not the fault handler's (its thread headers, frames, list of extension modules);
-    ``""`` when it printed nothing."""
-    found = _CUDA_ERROR.search(stderr)
-    if found:
-        text = found.group(1).strip()
-        return text if text.startswith("CUDA error") else f"CUDA error: {text}"
-    lines = [ln.strip() for ln in stderr.strip().splitlines() if ln.strip()]
-    # faulthandler's thread headers read "Thread 0x..." or "Current thread 0x...".
-    frames = ("Extension modules:", "File ", "Thread ", "Current thread ")
-    lines = [ln for ln in lines if not ln.startswith(frames)]
-    return lines[-1][:300] if lines else ""
-
-
-def report_from_dict(d: dict) -> Report:
-    """A child's report from its JSON (a decode-step check's with its ``step`` section)."""
-    return Report.from_dict(d)
-
-
-def _blank_report(job: Job) -> Report:
-    """The report of a check whose child died before writing one: every property
-    incomplete."""
-    if job.config.consumer:
-        from ..check.pipeline.step_bench import step_properties
-
-        report = Report(
-            job.builder, job.config, "?", False, step=StepSection(consumer=job.config.consumer)
-        )
-        report.properties = list(step_properties("incomplete").values())
-        return report
-    report = Report(job.builder, job.config, "?", False)
-    report.properties = [PropertyResult(name, "incomplete", "") for name in PROPERTIES]
-    return report
-
-
-def _cut_short(job: Job) -> tuple[str, ...]:
-    """The properties a crash during the replays leaves unjudged."""
-    if job.config.consumer:
-        from ..check.pipeline.step_bench import STEP_PROPERTIES
-
-        return tuple(n for n in STEP_PROPERTIES if n != "capture")
-    return (*REPLAY_PROPERTIES, "replays completed")
-
-
-def _crash_report(
-    job: Job,
-    partial: dict | None,
-    cause: str,
-    phase: str,
-    stderr: str,
-    explained: str | None = None,
-) -> Report:
-    """The report of a check whose child died: what it had found, plus the crash, stated
-    once (``Report.crash``); the properties it cut short point to it. ``explained``: what a
-    serialised re-run found about the crashing replay."""
-    report = report_from_dict(partial) if partial is not None else _blank_report(job)
-    error = crash_cause(stderr)
-    if cause.startswith(("killed", "timed out", "stopped")):
-        cause = f"was {cause}"
-    crash = f"the check process {cause} during {phase or 'start-up'}"
-    if error:
-        crash += f": {error}"
-    if explained:
-        if error and explained.endswith(f": {error}"):
-            explained = explained[: -len(f": {error}")]  # the same error: said once
-        crash += f". Replayed again with launches serialised, it came from {explained}"
-    props = {p.name: p for p in report.properties}
-    target = "capture" if phase in ("setup", "capture", "") else "replays completed"
-    short = f"the check process {cause} during {phase or 'start-up'} (see crash)"
-    props[target].status = "FAIL"
-    props[target].detail = short
-    props[target].first_failure = props[target].first_failure or short
-    # A decode step times its graphs after judging every replay: a crash there is a crash of
-    # the builder or consumer, but it leaves nothing unjudged.
-    cut_short = () if phase == "timing" else _cut_short(job)
-    for name in cut_short:
-        p = props[name]
-        if p.status == "pass" or (p.status == "incomplete" and not p.detail):
-            p.status = "incomplete"
-            p.detail = "not finished: the check process crashed (see crash)"
-    report.stopped = short
-    report.crash = crash
-    return report
-
-
 def _explain_crash(job: Job, tmp: Path, k: int) -> str | None:
-    """Re-run job ``k``, whose child died of a CUDA error during its replays, with launches
-    serialised and every replay described, and say which replay the error came from and
-    what it held; None when the re-run could not tell (it did not fail, ran out of time).
-    A stop asked for during the re-run is raised as ``KeyboardInterrupt``."""
+    """Re-run job ``k``, whose child died of a CUDA error during its replays (or whose replay
+    raised one), with launches serialised and every replay described, and say which replay
+    the error came from and what it held; None when the re-run could not tell (it did not
+    fail, ran out of time). A stop asked for during the re-run is raised as
+    ``KeyboardInterrupt``."""
     retry = dataclasses.replace(job, explain=True, stop_on_failure=False)
     sub = tmp / f"explain-{k}"
     sub.mkdir()
@@ -466,6 +366,8 @@ def _collect_reports(
             if doc.get("error"):
                 raise IsolatedError(doc["error"])
             reports[k] = report_from_dict(doc["report"])
+            if device_fault(reports[k]):
+                explain_fault(reports[k], _explain_crash(jobs[k], tmp, k))
             if on_report is not None:
                 on_report(k, reports[k])
             next_job = k + 1
@@ -475,12 +377,12 @@ def _collect_reports(
                 reports[k] = report_from_dict(doc["report"])
             break
         # The child died in job k (or was stopped there): report it, go on after it.
-        cause = _death(ended.returncode, ended.timed_out)
+        cause = death(ended.returncode, ended.timed_out)
         phase = progress[1] if len(progress) > 1 and progress[0] == str(k) else ""
         explained = None
-        if phase.startswith("replay") and _CUDA_ERROR.search(ended.stderr or ""):
+        if phase.startswith("replay") and CUDA_ERROR.search(ended.stderr or ""):
             explained = _explain_crash(jobs[k], tmp, k)
-        reports[k] = _crash_report(
+        reports[k] = crash_report(
             jobs[k], doc["report"] if doc else None, cause, phase, ended.stderr or "", explained
         )
         if on_report is not None:

@@ -1,0 +1,167 @@
+"""What the report of a check says when its child died or its device faulted: the cause read
+from the child's stderr (``crash_cause``), the crash stated once in ``Report.crash`` with the
+properties it cut short pointing to it (``crash_report``), and a replay that raised a CUDA
+error told apart from a verdict (``device_fault``, ``explain_fault``). The serialised re-run
+that explains them is ``pagegraph.supervise.isolate``'s.
+"""
+
+from __future__ import annotations
+
+import re
+import signal
+from typing import TYPE_CHECKING
+
+from ..check.config import PROPERTIES, REPLAY_PROPERTIES
+from ..check.reports.report import PropertyResult, Report
+from ..check.reports.step_report import StepSection
+
+if TYPE_CHECKING:
+    from .isolate import Job
+
+
+def death(returncode: int | None, timed_out: bool) -> str:
+    """How a child ended without a final report, from its exit status."""
+    if timed_out:
+        return "timed out (killed)"
+    if returncode in (128 + signal.SIGINT, 128 + signal.SIGTERM):
+        # the child's own handler ended it (a stop it was told, or could not obey in time)
+        return f"stopped by {signal.Signals(returncode - 128).name}"
+    if returncode is not None and returncode < 0:
+        try:
+            name = signal.Signals(-returncode).name
+        except ValueError:
+            name = f"signal {-returncode}"
+        return f"killed by {name}"
+    return f"exited with code {returncode} without a report"
+
+
+#: How a CUDA error reads on a child's stderr (torch's message or the driver's text).
+CUDA_ERROR = re.compile(
+    r"(CUDA error: [^\n]+|an illegal memory access was encountered|device-side assert "
+    r"triggered|misaligned address|unspecified launch failure|illegal instruction)"
+)
+
+
+def crash_cause(stderr: str) -> str:
+    """The error a dead child's stderr names: its CUDA error if any, else its last line that
+    is not the fault handler's (its thread headers, frames, list of extension modules);
+    ``""`` when it printed nothing."""
+    found = CUDA_ERROR.search(stderr)
+    if found:
+        text = found.group(1).strip()
+        return text if text.startswith("CUDA error") else f"CUDA error: {text}"
+    lines = [ln.strip() for ln in stderr.strip().splitlines() if ln.strip()]
+    # faulthandler's thread headers read "Thread 0x..." or "Current thread 0x...".
+    frames = ("Extension modules:", "File ", "Thread ", "Current thread ")
+    lines = [ln for ln in lines if not ln.startswith(frames)]
+    return lines[-1][:300] if lines else ""
+
+
+def report_from_dict(d: dict) -> Report:
+    """A child's report from its JSON (a decode-step check's with its ``step`` section)."""
+    return Report.from_dict(d)
+
+
+def _blank_report(job: Job) -> Report:
+    """The report of a check whose child died before writing one: every property
+    incomplete."""
+    if job.config.consumer:
+        from ..check.pipeline.step_bench import step_properties
+
+        report = Report(
+            job.builder, job.config, "?", False, step=StepSection(consumer=job.config.consumer)
+        )
+        report.properties = list(step_properties("incomplete").values())
+        return report
+    report = Report(job.builder, job.config, "?", False)
+    report.properties = [PropertyResult(name, "incomplete", "") for name in PROPERTIES]
+    return report
+
+
+def _cut_short(job: Job) -> tuple[str, ...]:
+    """The properties a crash during the replays leaves unjudged."""
+    if job.config.consumer:
+        from ..check.pipeline.step_bench import STEP_PROPERTIES
+
+        return tuple(n for n in STEP_PROPERTIES if n != "capture")
+    return (*REPLAY_PROPERTIES, "replays completed")
+
+
+def crash_report(
+    job: Job,
+    partial: dict | None,
+    cause: str,
+    phase: str,
+    stderr: str,
+    explained: str | None = None,
+) -> Report:
+    """The report of a check whose child died: what it had found, plus the crash, stated
+    once (``Report.crash``); the properties it cut short point to it. ``explained``: what a
+    serialised re-run found about the crashing replay."""
+    report = report_from_dict(partial) if partial is not None else _blank_report(job)
+    error = crash_cause(stderr)
+    if cause.startswith(("killed", "timed out", "stopped")):
+        cause = f"was {cause}"
+    crash = f"the check process {cause} during {phase or 'start-up'}"
+    if error:
+        crash += f": {error}"
+    if explained:
+        if error and explained.endswith(f": {error}"):
+            explained = explained[: -len(f": {error}")]  # the same error: said once
+        crash += f". Replayed again with launches serialised, it came from {explained}"
+    props = {p.name: p for p in report.properties}
+    target = "capture" if phase in ("setup", "capture", "") else "replays completed"
+    short = f"the check process {cause} during {phase or 'start-up'} (see crash)"
+    props[target].status = "FAIL"
+    props[target].detail = short
+    props[target].first_failure = props[target].first_failure or short
+    # A decode step times its graphs after judging every replay: a crash there is a crash of
+    # the builder or consumer, but it leaves nothing unjudged.
+    cut_short = () if phase == "timing" else _cut_short(job)
+    for name in cut_short:
+        p = props[name]
+        if p.status == "pass" or (p.status == "incomplete" and not p.detail):
+            p.status = "incomplete"
+            p.detail = "not finished: the check process crashed (see crash)"
+    report.stopped = short
+    report.crash = crash
+    return report
+
+
+#: torch's advice after a CUDA error's message: the same lines after every error.
+_TORCH_ADVICE = (
+    "Search for `cuda",
+    "CUDA kernel errors might",
+    "For debugging consider",
+    "Compile with `TORCH_USE_CUDA_DSA`",
+)
+
+
+def _one_line(text: str) -> str:
+    """``text`` on one line, torch's advice after a CUDA error left out."""
+    lines = [ln.strip() for ln in text.splitlines()]
+    return " ".join(ln for ln in lines if ln and not ln.startswith(_TORCH_ADVICE))
+
+
+#: A replay that raised torch's CUDA error type (``AcceleratorError``; ``RuntimeError``
+#: before it), the replay's own words up to the error's text.
+_RAISED_BY_TORCH = re.compile(r"replay \d+ .*? raised (?:AcceleratorError|RuntimeError): ")
+
+
+def device_fault(report: Report) -> bool:
+    """Whether the check's replays ended on a CUDA error that a replay raised (the child
+    lived on, but the context is lost, and the error may surface replays after the launch
+    that caused it)."""
+    stopped = report.stopped or ""
+    raised = _RAISED_BY_TORCH.match(stopped)
+    return raised is not None and bool(CUDA_ERROR.match(stopped, raised.end()))
+
+
+def explain_fault(report: Report, explained: str | None) -> None:
+    """State a device fault once in ``report.crash``, with what a serialised re-run found."""
+    fault = _one_line(report.stopped or "").split(" raised ")[0]
+    report.crash = f"{fault} ended on a CUDA error" + (
+        f". Replayed again with launches serialised, it came from {_one_line(explained)}"
+        if explained
+        else " (a serialised re-run could not tell which replay caused it)"
+    )
