@@ -9,14 +9,21 @@ from __future__ import annotations
 
 import re
 import signal
-from typing import TYPE_CHECKING
+from typing import Protocol
 
-from ..check.config import PROPERTIES, REPLAY_PROPERTIES
+from ..check.config import PROPERTIES, REPLAY_PROPERTIES, CheckConfig
 from ..check.reports.report import PropertyResult, Report
 from ..check.reports.step_report import StepSection
 
-if TYPE_CHECKING:
-    from .isolate import Job
+
+class CrashedJob(Protocol):
+    """What a crash report reads of a job (``pagegraph.supervise.isolate.Job``)."""
+
+    @property
+    def builder(self) -> str: ...
+
+    @property
+    def config(self) -> CheckConfig: ...
 
 
 def death(returncode: int | None, timed_out: bool) -> str:
@@ -62,7 +69,7 @@ def report_from_dict(d: dict) -> Report:
     return Report.from_dict(d)
 
 
-def _blank_report(job: Job) -> Report:
+def _blank_report(job: CrashedJob) -> Report:
     """The report of a check whose child died before writing one: every property
     incomplete."""
     if job.config.consumer:
@@ -78,7 +85,7 @@ def _blank_report(job: Job) -> Report:
     return report
 
 
-def _cut_short(job: Job) -> tuple[str, ...]:
+def _cut_short(job: CrashedJob) -> tuple[str, ...]:
     """The properties a crash during the replays leaves unjudged."""
     if job.config.consumer:
         from ..check.pipeline.step_bench import STEP_PROPERTIES
@@ -88,7 +95,7 @@ def _cut_short(job: Job) -> tuple[str, ...]:
 
 
 def crash_report(
-    job: Job,
+    job: CrashedJob,
     partial: dict | None,
     cause: str,
     phase: str,
