@@ -454,3 +454,24 @@ def test_a_builder_loaded_from_a_file_runs_in_a_child(tmp_path):
 def test_strict_given_as_a_string_is_refused():
     with pytest.raises(ConfigError, match="not the string"):
         validate_config(SMALL.replace(strict="allocations"))
+
+
+@pytest.mark.parametrize(
+    "stopped, fault",
+    [
+        ("replay 6 raised AcceleratorError: CUDA error: an illegal memory access was encountered"
+         "\nSearch for `cudaErrorIllegalAddress'", True),  # the loop's words
+        ("replay 6 (bucket 16) raised RuntimeError: CUDA error: misaligned address", True),
+        ("replay 6 (bucket 16) raised ValueError: CUDA error: an illegal memory access", False),
+        ("replay 6 raised AcceleratorError: out of range", False),
+        ("stopped at the first failure, after 6 replays", False),
+        (None, False),
+    ],
+)  # fmt: skip
+def test_a_device_fault_is_a_replay_that_raised_torchs_cuda_error(stopped, fault):
+    from pagegraph.check.reports.report import Report
+    from pagegraph.supervise.crash_report import device_fault
+
+    report = Report("x", SMALL, "cuda", True)
+    report.stopped = stopped
+    assert device_fault(report) is fault

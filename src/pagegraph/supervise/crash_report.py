@@ -152,7 +152,7 @@ def _one_line(text: str) -> str:
 
 #: A replay that raised torch's CUDA error type (``AcceleratorError``; ``RuntimeError``
 #: before it), the replay's own words up to the error's text.
-_RAISED_BY_TORCH = re.compile(r"replay \d+ .*? raised (?:AcceleratorError|RuntimeError): ")
+_RAISED_BY_TORCH = re.compile(r"replay \d+\b[^\n]*? raised (?:AcceleratorError|RuntimeError): ")
 
 
 def device_fault(report: Report) -> bool:
