@@ -400,35 +400,45 @@ def test_time_interleaved_leaves_the_warm_up_out_and_divides_by_the_calls():
     assert seen == {"step": 7, "builder": 7} and clock.begun == [10]
 
 
-@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU path; the GPU times with events")
-def test_step_timing_path_runs_eagerly_without_cuda():
-    """The timing graphs' bodies (step, builder alone, consumer alone) run and are timed by
-    ``HostClock`` when there is no CUDA; the inputs in the buffers are kept."""
+def _small_step(fmt: str, device: str, lens=(), **kw):
+    """A pool on ``device`` with requests of ``lens`` tokens, and ``StepGraphs`` of
+    ``build_page_table`` and the format's attention over it (buckets 1, 2, 4)."""
     from pagegraph.check.pipeline.workload_setup import pool_kwargs
     from pagegraph.workload.pool import KVPool
 
-    cfg = tiny("csr")
-    pool = KVPool(**pool_kwargs(cfg), device="cpu")
+    cfg = tiny(fmt)
+    pool = KVPool(**pool_kwargs(cfg), device=device)
+    rows = [pool.alloc(n) for n in lens]
+    pool.flush()
     shape = StepShape(
         max_bs=4,
         width=cfg.width,
-        page_size=16,
+        page_size=cfg.page_size,
         num_pages=pool.num_pages,
         num_q_heads=4,
         num_kv_heads=2,
         head_dim=16,
         dtype=torch.bfloat16,
-        fmt="csr",
+        fmt=fmt,
     )
-    g = StepGraphs(
+    graphs = StepGraphs(
         build_page_table,
         PAGE_TABLE,
-        default_consumer("csr"),
+        default_consumer(fmt),
         shape,
         pool.req_to_token,
         [1, 2, 4],
         seed=0,
+        **kw,
     )
+    return pool, rows, graphs
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU path; the GPU times with events")
+def test_step_timing_path_runs_eagerly_without_cuda():
+    """The timing graphs' bodies (step, builder alone, consumer alone) run and are timed by
+    ``HostClock`` when there is no CUDA; the inputs in the buffers are kept."""
+    _, _, g = _small_step("csr", "cpu")
     g.capture()
     g.req_pool_indices[:2].copy_(torch.tensor([1, 2]))
     g.seq_lens[:2].copy_(torch.tensor([5, 40]))
@@ -445,35 +455,8 @@ def test_the_steps_replays_stage_and_pad_through_the_runner(padding):
     """``StepGraphs.replay()`` is the runner's replay of the staged batch: the real rows'
     inputs are written, the bucket's padded rows get the padding's length, the consumer's
     output comes from the same replay; a replay before ``stage`` is refused."""
-    from pagegraph.check.pipeline.workload_setup import pool_kwargs
-    from pagegraph.workload.pool import KVPool
-
-    cfg = tiny("paged")
     dev = "cuda" if torch.cuda.is_available() else "cpu"
-    pool = KVPool(**pool_kwargs(cfg), device=dev)
-    rows = [pool.alloc(n) for n in (9, 40, 23)]
-    pool.flush()
-    shape = StepShape(
-        max_bs=4,
-        width=cfg.width,
-        page_size=cfg.page_size,
-        num_pages=pool.num_pages,
-        num_q_heads=4,
-        num_kv_heads=2,
-        head_dim=16,
-        dtype=torch.bfloat16,
-        fmt="paged",
-    )
-    g = StepGraphs(
-        build_page_table,
-        PAGE_TABLE,
-        default_consumer("paged"),
-        shape,
-        pool.req_to_token,
-        [1, 2, 4],
-        seed=0,
-        padding=padding,
-    )
+    pool, rows, g = _small_step("paged", dev, lens=(9, 40, 23), padding=padding)
     g.capture()
     with pytest.raises(RuntimeError, match="before stage"):
         g.replay()

@@ -110,7 +110,7 @@ def _reading_runner(with_reader: bool, emulate):
     def reader(bs: int) -> None:
         box["read"][:bs].copy_(box["table"][:bs])
 
-    pool, runner = make(buckets=[4, 8, 12], emulate=emulate if not CUDA else None)
+    pool, runner = make(buckets=[4, 8, 12], emulate=emulate)
     if with_reader:
         runner.attach_reader(reader)
     box["table"] = runner.page_table

@@ -87,22 +87,21 @@ class StepGraphs:
         null_block: str = "nan",
         padding: str | PaddingPolicy = "sglang",
     ) -> None:
-        self.kind = kind
-        self.shape, self.req_to_token = shape, req_to_token
-        self.device = dev = req_to_token.device
-        s = shape
+        self.shape = s = shape
+        self.device = req_to_token.device
         self.runner = r = GraphRunner(
             req_to_token,
             max_bs=s.max_bs,
             max_context_len=req_to_token.shape[1],
             page_size=s.page_size,
-            buckets=buckets if isinstance(buckets, Buckets) else Buckets(list(buckets), s.max_bs),
+            buckets=buckets,
             padding=padding,
             builder=builder,
             outputs=kind.name,
             index_dtype=s.index_dtype,
             table_width=s.width,
-            emulate=emulate if dev.type == "cpu" else None,
+            # Only an opt-out is passed: the runner emulates by default where it can (the CPU).
+            emulate=False if emulate is False else None,
         )
         self.buckets = sorted(r.buckets.sizes, reverse=True)
         # The runner's buffers, under the names the judges use.

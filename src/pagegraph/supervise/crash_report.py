@@ -94,6 +94,10 @@ def _cut_short(job: CrashedJob) -> tuple[str, ...]:
     return (*REPLAY_PROPERTIES, "replays completed")
 
 
+#: How a crash or a fault states what the serialised re-run found.
+RERUN_FOUND = ". Replayed again with launches serialised, it came from "
+
+
 def crash_report(
     job: CrashedJob,
     partial: dict | None,
@@ -115,7 +119,7 @@ def crash_report(
     if explained:
         if error and explained.endswith(f": {error}"):
             explained = explained[: -len(f": {error}")]  # the same error: said once
-        crash += f". Replayed again with launches serialised, it came from {explained}"
+        crash += RERUN_FOUND + explained
     props = {p.name: p for p in report.properties}
     target = "capture" if phase in ("setup", "capture", "") else "replays completed"
     short = f"the check process {cause} during {phase or 'start-up'} (see crash)"
@@ -168,7 +172,7 @@ def explain_fault(report: Report, explained: str | None) -> None:
     """State a device fault once in ``report.crash``, with what a serialised re-run found."""
     fault = _one_line(report.stopped or "").split(" raised ")[0]
     report.crash = f"{fault} ended on a CUDA error" + (
-        f". Replayed again with launches serialised, it came from {_one_line(explained)}"
+        RERUN_FOUND + _one_line(explained)
         if explained
         else " (a serialised re-run could not tell which replay caused it)"
     )

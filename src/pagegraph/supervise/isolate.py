@@ -500,6 +500,11 @@ class _ResultWriter:
             write_json_atomic(self.path, doc)
 
 
+def _stop_code(signum: int | None) -> int:
+    """A stopped child's exit code: 130 for SIGINT, 143 for SIGTERM."""
+    return 130 if signum == signal.SIGINT else 143
+
+
 def _child(spec_path: str) -> int:
     import faulthandler
     import mmap
@@ -552,9 +557,9 @@ def _child(spec_path: str) -> int:
                     _free_cached_memory()  # before the slot goes to another check
         except CheckInterrupted as exc:
             writer.write({"final": False, "report": exc.report.to_dict()})
-            return 130 if exc.signum == signal.SIGINT else 143
+            return _stop_code(exc.signum)
         except SlotWaitStopped:  # stopped before the check began: nothing to report
-            return 130 if stop_requested() == signal.SIGINT else 143
+            return _stop_code(stop_requested())
         except (DetectorUnavailable, ValueError) as exc:  # usage: a detector, a config value
             writer.write({"final": True, "error": f"{type(exc).__name__}: {exc}"})
             return 2
@@ -562,7 +567,7 @@ def _child(spec_path: str) -> int:
         # child with a traceback on stderr: the parent reports the job as crashed with it.
         writer.write({"final": True, "report": report.to_dict()})
         if stop_requested() is not None:  # the finished check stands; no other one starts
-            return 130 if stop_requested() == signal.SIGINT else 143
+            return _stop_code(stop_requested())
     return 0
 
 

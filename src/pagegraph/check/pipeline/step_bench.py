@@ -461,9 +461,14 @@ def _timing(run: _Run) -> None:
     try:
         _time_buckets(run, list(reqs.values()))
     except Exception as exc:  # noqa: BLE001 - the verdict stands; only the figures are lost
-        r.step.timing.clear()
-        r.step.timing_method = None
-        r.step.timing_skipped = f"timing raised {type(exc).__name__}: {exc}"
+        _drop_timing(r.step, f"timing raised {type(exc).__name__}: {exc}")
+
+
+def _drop_timing(step: StepSection, why: str) -> None:
+    """No timing figures in the report, and why."""
+    step.timing.clear()
+    step.timing_method = None
+    step.timing_skipped = why
 
 
 def _time_buckets(run: _Run, rows: list[Request]) -> None:
@@ -480,9 +485,7 @@ def _time_buckets(run: _Run, rows: list[Request]) -> None:
     )
     for bucket in run.buckets.sizes:
         if stop_requested() is not None:  # the figures of some buckets only: none kept
-            r.step.timing.clear()
-            r.step.timing_method = None
-            r.step.timing_skipped = "a stop was requested during the timing"
+            _drop_timing(r.step, "a stop was requested during the timing")
             return
         # The running requests, repeated to fill the bucket: real lengths, no padded row.
         batch = [rows[i % len(rows)] for i in range(bucket)]
