@@ -461,6 +461,41 @@ def test_a_builder_file_that_exits_on_import_is_one_line(tmp_path):
         resolve_builder(f"{tmp_path / 'exits.py'}:f")
 
 
+def test_a_builder_file_asked_for_by_several_threads_at_once_is_run_once_and_whole(tmp_path):
+    # A worker pool plans its checks in one thread per worker. The file takes a moment to run
+    # (as a builder importing torch does): a thread arriving meanwhile must wait for the whole
+    # module, not be handed the half-run one that has no ``build`` yet.
+    import threading
+
+    from pagegraph.kinds.builders import resolve_builder
+
+    runs = tmp_path / "runs"
+    (tmp_path / "slow_import.py").write_text(
+        "import time\n"
+        f"open({str(runs)!r}, 'a').write('ran\\n')\n"
+        "time.sleep(0.3)\n"
+        "def build(*args, **kwargs):\n"
+        "    pass\n"
+    )
+    spec = f"{tmp_path / 'slow_import.py'}:build"
+    found, errors = [], []
+
+    def resolve():
+        try:
+            found.append(resolve_builder(spec))
+        except Exception as exc:  # noqa: BLE001 - collected for the assertion
+            errors.append(f"{type(exc).__name__}: {exc}")
+
+    threads = [threading.Thread(target=resolve) for _ in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    assert errors == []
+    assert len(found) == 4 and all(fn is found[0] for fn in found)
+    assert runs.read_text() == "ran\n"
+
+
 def test_scenario_paths_only_fall_back_to_shipped_names(tmp_path, monkeypatch):
     from pagegraph.jobs.scenario_paths import ScenarioNotFound, scenario_path
 

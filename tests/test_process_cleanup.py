@@ -351,6 +351,9 @@ def test_a_child_whose_parent_is_already_gone_ends_at_once():
 def _pool_state(pool: Path, parent: int) -> str:
     """The pool's processes and each worker's stderr and progress (their last lines)."""
     lines = [f"processes under the parent: {sorted(descendants(parent))}"]
+    # A task folder without a spec is one whose planning failed in the pool's thread.
+    folders = sorted(p for p in pool.iterdir() if p.is_dir()) if pool.is_dir() else []
+    lines += [f"{f.name}: {sorted(c.name for c in f.iterdir()) or '(empty)'}" for f in folders]
     for path in sorted(pool.rglob("*")):
         if path.is_file() and path.name in ("stderr.txt", "progress"):
             tail = path.read_bytes().decode(errors="replace").strip().splitlines()[-3:]
@@ -412,7 +415,9 @@ def test_a_warm_pools_workers_end_with_a_killed_parent(tmp_path, monkeypatch):
                 timeout=300,
             )
         except pytest.fail.Exception as exc:  # say where the workers were, for a rare stall
-            raise AssertionError(f"{exc}; {_pool_state(tmp_path / 'pool', parent.pid)}") from None
+            calls = sorted(p.name for p in called.iterdir())
+            state = _pool_state(tmp_path / "pool", parent.pid)
+            raise AssertionError(f"{exc}; builder calls by pid: {calls}; {state}") from None
         assert parent.poll() is None, f"the pool's parent ended with code {parent.returncode}"
         workers = {int(p.name) for p in called.iterdir()}
         assert workers <= descendants(parent.pid) and len(workers) == 2

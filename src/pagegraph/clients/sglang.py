@@ -19,7 +19,7 @@ from types import ModuleType
 
 import torch
 
-from .kernel_files import load_file_module
+from ..kernels.file_modules import load_file_module
 
 __all__ = [
     "KERNEL_FILES",

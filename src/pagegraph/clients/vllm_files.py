@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
 
-from .kernel_files import load_file_module
+from ..kernels.file_modules import load_file_module
 
 __all__ = [
     "ENV_VAR",

@@ -12,6 +12,8 @@ import sys
 from collections.abc import Callable
 from pathlib import Path
 
+from .file_modules import load_file_module
+
 
 class BuilderLoadError(ValueError):
     """A builder spec that names nothing loadable; the message is one line, with the file and
@@ -110,22 +112,12 @@ def _load_module(spec: str, target: str):
             if not path.is_file():
                 raise BuilderLoadError(f"cannot load builder {spec!r}: no such file {target}")
             name = f"{FILE_MODULE_PREFIX}{abs(hash(str(path.resolve())))}"
-            if name in sys.modules:
-                return sys.modules[name]
-            loader_spec = importlib.util.spec_from_file_location(name, path)
-            module = importlib.util.module_from_spec(loader_spec)
-            sys.modules[name] = module
             try:
-                loader_spec.loader.exec_module(module)
+                return load_file_module(name, path)
             except SystemExit as exc:  # a module that exits on import: a load error too
-                del sys.modules[name]
                 raise BuilderLoadError(
                     f"cannot load builder {spec!r}: importing it called exit({exc.code})"
                 ) from None
-            except BaseException:
-                del sys.modules[name]
-                raise
-            return module
         try:
             return importlib.import_module(target)
         except ModuleNotFoundError as exc:
