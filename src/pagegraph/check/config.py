@@ -17,6 +17,7 @@ from typing import Any, NoReturn
 import torch
 
 from ..consumers.formats import CONSUMERS
+from ..consumers.reader import PAD_SLOTS
 from ..graph.buckets import PADDING, PRESETS, Buckets
 from ..kernels.contract import cdiv
 from ..kinds import OUTPUT_KINDS
@@ -249,6 +250,9 @@ class CheckConfig:
     #: what the decode step's null block (page 0) holds (``NULL_BLOCKS``): "nan", or
     #: "finite" where the engine's padded rows may read it (their outputs are then judged)
     null_block: str = "nan"
+    #: where a padded row's new token goes in the step's cache write (``PAD_SLOTS``): "skip"
+    #: (``PAD_SLOT_ID``, vLLM), "null" (slot 0, SGLang); None: by ``padding`` (``cache_pad_slot``)
+    pad_slot: str | None = None
 
     def replace(self, **changes: Any) -> CheckConfig:
         return dataclasses.replace(self, **changes)
@@ -266,6 +270,14 @@ class CheckConfig:
         config.preset_outputs = tuple(config.preset_outputs)
         config.kv_groups = tuple(dict(g) for g in config.kv_groups)
         return config
+
+    @property
+    def cache_pad_slot(self) -> str:
+        """``pad_slot``, or the engine's by ``padding``: "null" for SGLang's padding (its padded
+        rows' ``out_cache_loc`` is slot 0), "skip" for every other (vLLM's ``PAD_SLOT_ID``)."""
+        if self.pad_slot is not None:
+            return self.pad_slot
+        return "null" if self.padding == "sglang" else "skip"
 
     @property
     def width(self) -> int:
@@ -419,6 +431,15 @@ def _check_consumer(c: CheckConfig, name: FieldNamer) -> None:
         _fail("timing_iters", f"must be >= 0 (0: no timing), got {c.timing_iters}", name)
     if c.null_block not in NULL_BLOCKS:
         _fail("null_block", f"must be 'nan' or 'finite', got {c.null_block!r}", name)
+    if c.pad_slot is not None and c.pad_slot not in PAD_SLOTS:
+        _fail("pad_slot", f"must be 'skip' or 'null', got {c.pad_slot!r}", name)
+    if c.cache_pad_slot == "null" and c.null_block == "finite":
+        _fail(
+            "pad_slot",
+            "'null' (padded rows write slot 0) cannot go with a null block that holds data "
+            f"({name('null_block')} = 'finite'): set it to 'skip'",
+            name,
+        )
     if c.num_q_heads % c.num_kv_heads:
         _fail(
             "num_q_heads",

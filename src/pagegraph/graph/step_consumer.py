@@ -18,7 +18,14 @@ import torch
 
 from ..consumers import csr_decode_attention, paged_decode_attention, prepare_decode_attention
 from ..consumers.formats import CSR_CONSUMERS
-from ..consumers.reader import HostBatch, Reader, as_reader
+from ..consumers.reader import (
+    PAD_SLOT_ID,
+    CacheWrite,
+    HostBatch,
+    Reader,
+    StepInputs,
+    as_reader,
+)
 from .plan_workspace import PlanWorkspace
 
 
@@ -29,7 +36,8 @@ class StepShape:
     max_bs: int
     width: int
     page_size: int
-    #: pages the pool allocates from (page 0 included); the cache holds one more, the sentinel
+    #: pages the pool allocates from (page 0 included); the cache holds two more, the sentinel
+    #: (page ``num_pages``) and the discard page (``num_pages + 1``)
     num_pages: int
     num_q_heads: int
     num_kv_heads: int
@@ -38,6 +46,11 @@ class StepShape:
     #: "paged" or "csr" (``pagegraph.consumers.formats.CONSUMERS``)
     fmt: str
     index_dtype: torch.dtype = torch.int32
+
+    @property
+    def discard_slot(self) -> int:
+        """The first slot of the discard page: where a masked cache write may go."""
+        return (self.num_pages + 1) * self.page_size
 
     @property
     def lists_pages(self) -> bool:
@@ -119,7 +132,16 @@ class StepConsumer:
         seq_lens: ``[max_bs]`` int32/int64, the staged lengths (the runner's).
         cache_seqlens: ``[max_bs]`` int32 the builder writes (a decode-metadata builder's), or
             None: the consumer's own, copied from ``seq_lens`` in the graph.
-        k_cache, v_cache: ``[num_pages + 1, page_size, Hkv, D]`` of ``shape.dtype``.
+        k_cache, v_cache: ``[num_pages + 2, page_size, Hkv, D]`` of ``shape.dtype``: the
+            pool's pages, the sentinel and the discard page.
+        req_to_token, req_pool_indices: the pool's table and the staged request indices (the
+            runner's), for a reader that builds its own metadata (``Reader.inputs``) and for
+            the cache write (``CacheWrite.inputs``).
+
+    Before the reader's ``attend`` the step writes each row's new token into the cache
+    (``Reader.writer``) from ``k_new`` / ``v_new`` ``[max_bs, Hkv, D]``, ``out_cache_loc`` and
+    ``positions`` ``[max_bs]`` int64 and ``idx_mapping`` ``[max_bs]`` int32, which the bench
+    writes before each step (``stage_writes``), as an engine copies them in before a replay.
     """
 
     def __init__(
@@ -131,8 +153,11 @@ class StepConsumer:
         cache_seqlens: torch.Tensor | None,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
+        req_to_token: torch.Tensor,
+        req_pool_indices: torch.Tensor,
     ) -> None:
         self.reader = as_reader(consumer)
+        self.req_to_token, self.req_pool_indices = req_to_token, req_pool_indices
         self.consumer = self.reader.attend
         self.shape, self.page_table, self.seq_lens = shape, page_table, seq_lens
         self.k_cache, self.v_cache = k_cache, v_cache
@@ -155,6 +180,12 @@ class StepConsumer:
         heads = (s.max_bs, s.num_q_heads, s.head_dim)
         self.q = torch.zeros(heads, dtype=s.dtype, device=dev)
         self.out = torch.zeros(heads, dtype=s.dtype, device=dev)
+        kv_heads = (s.max_bs, s.num_kv_heads, s.head_dim)
+        self.k_new = torch.zeros(kv_heads, dtype=s.dtype, device=dev)
+        self.v_new = torch.zeros(kv_heads, dtype=s.dtype, device=dev)
+        self.out_cache_loc = torch.full((s.max_bs,), PAD_SLOT_ID, dtype=torch.int64, device=dev)
+        self.positions = torch.zeros(s.max_bs, dtype=torch.int64, device=dev)
+        self.idx_mapping = torch.full((s.max_bs,), -1, dtype=torch.int32, device=dev)
         self.workspace = prepare_decode_attention(
             s.max_bs, s.num_q_heads, s.head_dim, device=dev, max_context_len=s.width * s.page_size
         )
@@ -169,6 +200,9 @@ class StepConsumer:
             self.cache_seqlens[:bs].copy_(self.seq_lens[:bs])
         q, out = self.q[:bs], self.out[:bs]
         launch = self._launch_args(bs)
+        self.reader.writer(self.cache_write(bs), **launch)
+        if self.reader.inputs:
+            launch["inputs"] = self.inputs(bs)
         if self.shape.lists_pages:
             build_csr(
                 self.page_table[:bs],
@@ -203,6 +237,43 @@ class StepConsumer:
                 workspace=self.workspace,
                 **launch,
             )
+
+    def inputs(self, bs: int) -> StepInputs:
+        """The staged inputs, rows ``:bs``."""
+        return StepInputs(self.req_to_token, self.req_pool_indices[:bs], self.seq_lens[:bs])
+
+    def cache_write(self, bs: int) -> CacheWrite:
+        """What the step's cache write is given for rows ``:bs``."""
+        return CacheWrite(
+            k_new=self.k_new[:bs],
+            v_new=self.v_new[:bs],
+            k_cache=self.k_cache,
+            v_cache=self.v_cache,
+            out_cache_loc=self.out_cache_loc[:bs],
+            positions=self.positions[:bs],
+            idx_mapping=self.idx_mapping[:bs],
+            page_table=self.page_table[:bs],
+            cache_seqlens=self.cache_seqlens[:bs],
+            page_size=self.shape.page_size,
+            discard_slot=self.shape.discard_slot,
+            inputs=self.inputs(bs),
+        )
+
+    def stage_writes(
+        self, slots: list[int], positions: list[int], bucket: int, pad_slot: int
+    ) -> None:
+        """The next step's cache-write inputs, as an engine copies them in before a replay:
+        real rows ``:n`` (``n = len(slots)``) get their new token's slot and position and
+        ``idx_mapping`` ``i``; padded rows ``n:bucket`` get ``pad_slot``, position 0 and
+        ``idx_mapping`` -1. ``k_new`` / ``v_new`` are the caller's to fill."""
+        n = len(slots)
+        dev = self.device
+        self.out_cache_loc[:n].copy_(torch.tensor(slots, dtype=torch.int64), non_blocking=False)
+        self.out_cache_loc[n:bucket].fill_(pad_slot)
+        self.positions[:n].copy_(torch.tensor(positions, dtype=torch.int64))
+        self.positions[n:bucket].zero_()
+        self.idx_mapping[:n].copy_(torch.arange(n, dtype=torch.int32, device=dev))
+        self.idx_mapping[n:bucket].fill_(-1)
 
     def host_batch(self, bs: int) -> HostBatch:
         """What the engine knows on the host for a call on ``bs`` rows: ``host_lens``, or the

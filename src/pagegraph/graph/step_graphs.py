@@ -114,11 +114,20 @@ class StepGraphs:
         self._fill_cache(seed)
         #: what reads the tables after the builder in each bucket's graph (the runner's reader)
         self.consumer = c = StepConsumer(
-            consumer, s, r.page_table, r.seq_lens, r.cache_seqlens, self.k_cache, self.v_cache
+            consumer,
+            s,
+            r.page_table,
+            r.seq_lens,
+            r.cache_seqlens,
+            self.k_cache,
+            self.v_cache,
+            req_to_token,
+            r.req_pool_indices,
         )
         r.attach_reader(c.consume)
         # The consumer's buffers, under the names the judges use.
         self.q, self.out, self.kv_indices, self.plan_space = c.q, c.out, c.kv_indices, c.plan_space
+        self.k_new, self.v_new = c.k_new, c.v_new
         #: the batch ``replay`` stages: ``(req_pool_indices, seq_lens)`` of the real rows
         self.batch: tuple[list[int], list[int]] | None = None
         #: part ("step", "builder", "consumer") -> bucket -> graph of ``timing_calls`` calls
@@ -154,25 +163,33 @@ class StepGraphs:
     def _fill_cache(self, seed: int) -> None:
         """Seeded random K and V in every page (a misrouted page changes the output), NaN in
         page 0 (``null_block`` "nan") or in the sentinel ("finite"), NaN in the guard page
-        before page 0, and the sentinel's, the guard's and (``null_block`` "finite") page 0's
-        values kept for ``sentinel_intact`` / ``reserved_changed``."""
+        before page 0 and in the discard page after the sentinel, and the sentinel's, the
+        guard's and (``null_block`` "finite") page 0's values kept for ``sentinel_intact`` /
+        ``reserved_changed``."""
         s = self.shape
         gen = torch.Generator(device=self.device).manual_seed(seed)
         dims = (s.num_pages + 1, s.page_size, s.num_kv_heads, s.head_dim)
         caches = []
         for _ in range(2):
-            # The guard page, then the views' pages: the same seeded values as without it.
-            alloc = torch.empty((dims[0] + 1, *dims[1:]), dtype=s.dtype, device=self.device)
-            alloc[1:].copy_(torch.randn(dims, generator=gen, device=self.device))
+            # The guard page, the pool's pages and the sentinel (the same seeded values as
+            # without the guard), then the discard page.
+            alloc = torch.empty((dims[0] + 2, *dims[1:]), dtype=s.dtype, device=self.device)
+            alloc[1:-1].copy_(torch.randn(dims, generator=gen, device=self.device))
             alloc[0] = float("nan")
+            alloc[-1] = float("nan")
             caches.append(alloc)
+        #: the whole allocations, guard page first (``CacheModel`` snapshots them)
+        self.k_alloc, self.v_alloc = caches
         self.k_cache, self.v_cache = (alloc[1:] for alloc in caches)
         # NaN in page 0, or where the null block holds data, in the sentinel (the last page)
         nan_page = 0 if self.null_block == "nan" else s.num_pages
         self.k_cache[nan_page] = float("nan")
         self.v_cache[nan_page] = float("nan")
         self.sentinel = s.num_pages
-        self._sentinel_values = (self.k_cache[-1].clone(), self.v_cache[-1].clone())
+        self._sentinel_values = (
+            self.k_cache[self.sentinel].clone(),
+            self.v_cache[self.sentinel].clone(),
+        )
         # The pages no row may write (``pagegraph.check.judges.padded_rows``): the guard, and page 0
         # where it is a block padded rows read (where it holds NaN, it is padding's own).
         self._reserved = {GUARD_NAME: tuple(alloc[0] for alloc in caches)}
@@ -190,7 +207,8 @@ class StepGraphs:
         """Whether the sentinel page of K and V still holds its values, bit for bit (a
         read-back)."""
         k, v = self._sentinel_values
-        return _same_bits(self.k_cache[-1], k) and _same_bits(self.v_cache[-1], v)
+        page = self.sentinel
+        return _same_bits(self.k_cache[page], k) and _same_bits(self.v_cache[page], v)
 
     def reserved_changed(self) -> list[str]:
         """Which of the guard page and (``null_block`` "finite") page 0 no longer hold their

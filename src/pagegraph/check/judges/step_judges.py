@@ -16,11 +16,13 @@ import torch
 from ...consumers.attention_reference import attend, live_kv, tolerances
 from ...graph.step_graphs import GUARD_PAGE
 from ..reports.report import BucketStats, Report
+from .cache_write import CACHE_WRITE
 from .padded_rows import READS, WRITES, PaddedRun
 from .protocol import Judge, JudgedAtOnce
 
 __all__ = [
     "STEP_JUDGES",
+    "CacheWriteExact",
     "NullBlockUntouched",
     "PaddedReadsInPool",
     "StepBatch",
@@ -72,6 +74,11 @@ class StepReplays:
     #: replay D's real rows (a planned reader's unwritten workspace entries given other
     #: values, B's inputs otherwise: ``pagegraph.check.judges.step_plan``); None without it
     out_plan: torch.Tensor | None = None
+    #: the K and V the step must leave (``pagegraph.check.judges.cache_write.CacheModel``),
+    #: what the reference reads; None: the graphs' own caches
+    model_kv: tuple[torch.Tensor, torch.Tensor] | None = None
+    #: the first difference of the replayed cache from the model, described; None: none
+    cache_failure: str | None = None
 
 
 class StepRun(PaddedRun, Protocol):
@@ -112,7 +119,8 @@ class OutputCorrect(JudgedAtOnce):
         run, batch, replays = seen.run, seen.batch, seen.replays
         out, g = replays.out_a, run.graphs
         q = g.q[: len(batch.rpi)]
-        kv = live_kv(g.k_cache, g.v_cache, batch.rows, run.cfg.page_size)
+        k_cache, v_cache = replays.model_kv or (g.k_cache, g.v_cache)
+        kv = live_kv(k_cache, v_cache, batch.rows, run.cfg.page_size)
         ref = attend(q, kv)
         atol, rtol = tolerances(q, kv)
         err = (out.float() - ref.float()).abs().flatten(1)
@@ -212,7 +220,19 @@ class ReadsOnlyCurrentPlan(JudgedAtOnce):
             )
 
 
-#: The step's judges, in the order they judge a step (each its property of STEP_PROPERTIES).
+class CacheWriteExact(JudgedAtOnce):
+    """Every real row's new K/V at the slot the host model gives it and no other pool slot
+    changed, padded rows' writes discarded by the scenario's ``pad_slot``
+    (``pagegraph.check.judges.cache_write``)."""
+
+    property_name = CACHE_WRITE
+
+    def observe(self, seen: StepSeen) -> None:
+        failure = seen.replays.cache_failure
+        if failure is not None:
+            seen.run.props[self.property_name].fail(f"replay {seen.batch.index}: {failure}")
+
+
 #: Table entries of a padded row shown in a failure.
 SHOWN_ENTRIES = 4
 
@@ -265,7 +285,9 @@ def _padded_row(run: StepRun, batch: StepBatch, row: int) -> str:
     )
 
 
+#: The step's judges, in the order they judge a step (each its property of STEP_PROPERTIES).
 STEP_JUDGES: tuple[Judge[StepSeen], ...] = (
+    CacheWriteExact(),
     OutputCorrect(),
     ReadsWithinLength(),
     PaddedRowsContained(),

@@ -25,6 +25,13 @@ from ...kinds.builders import builder_name
 from ...workload.decode import DecodeWorkload, Injection, Step
 from ...workload.pool import KVPool, Request
 from ..config import CONSUMER_DTYPES, INDEX_DTYPES, CheckConfig
+from ..judges.cache_write import (
+    CacheModel,
+    describe_diff,
+    new_token_slot,
+    pad_slot_value,
+    slot_owners,
+)
 from ..judges.padded_rows import describe as describe_padded_rows
 from ..judges.padded_rows import judge_capture as judge_reserved_at_capture
 from ..judges.padded_rows import nan_page as nan_page_id
@@ -287,6 +294,31 @@ def _model(run: _Run, k: int, step: Step) -> StepBatch:
     return StepBatch(k, run.buckets.bucket_for(len(rpi)), rpi, lens, rows, live)
 
 
+def _stage_new_tokens(run: _Run, b: StepBatch) -> CacheModel:
+    """Each row's new token for the step's cache write (fresh K/V, the real rows' slots from
+    the pool, padded rows' by ``pad_slot``), and the model of what the write must leave."""
+    g, ps = run.graphs, run.cfg.page_size
+    slots = [new_token_slot(pages, n, ps) for pages, n in b.rows]
+    pad_slot = run.cfg.cache_pad_slot
+    g.consumer.stage_writes(slots, [n - 1 for n in b.lens], b.bucket, pad_slot_value(pad_slot))
+    dims = (b.bucket, g.shape.num_kv_heads, g.shape.head_dim)
+    for new in (g.k_new, g.v_new):
+        new[: b.bucket].copy_(torch.randn(dims, generator=run.gen).to(new.dtype))
+    return CacheModel(g, slots, pad_slot)
+
+
+def _cache_failure(run: _Run, b: StepBatch, model: CacheModel, replay: str) -> str | None:
+    """The replayed cache against ``model``, a failure's text where they differ."""
+    diff = model.compare(replay)
+    if not diff:
+        return None
+    owners = slot_owners(
+        run.pool.requests, {s // run.cfg.page_size for s in diff.stray}, run.cfg.page_size
+    )
+    where = [b.where(i) for i in range(len(b.rpi))]
+    return describe_diff(diff, where, model.slots, owners)
+
+
 def _one_step(run: _Run, k: int, step: Step) -> None:
     """Stage, replay A, B, D and C (docs/ARCHITECTURE.md), then hand the step to each judge."""
     g, b = run.graphs, _model(run, k, step)
@@ -296,6 +328,7 @@ def _one_step(run: _Run, k: int, step: Step) -> None:
     dims = (n, run.cfg.num_q_heads, run.cfg.head_dim)
     g.q[:n].copy_(torch.randn(dims, generator=run.gen).to(g.q.dtype))
     _padded_queries(g, n, bucket, finite=None)
+    model = _stage_new_tokens(run, b)
 
     # One replay in NAN_TAIL_EVERY fills the stale entries with the NaN page instead: a
     # consumer that loads them and only masks their scores (a read times zero) then shows.
@@ -303,8 +336,9 @@ def _one_step(run: _Run, k: int, step: Step) -> None:
     g.replay()
     out_a = g.out[:n].clone()
     sentinel = g.sentinel_intact()
+    cache_failure = _cache_failure(run, b, model, "A")
     _poison_tails(run, b, picks)
-    _renew_past_length(run, b)
+    _renew_past_length(run, b, model)
     g.replay()
     out_b = g.out[:n].clone()
     sentinel = sentinel and g.sentinel_intact()
@@ -320,14 +354,19 @@ def _one_step(run: _Run, k: int, step: Step) -> None:
         pad_c = g.out[n:bucket].clone()
     # Page 0 and the guard are never restored: one read-back after the step's last replay
     # sees a write in any of them.
+    cache_failure = cache_failure or _cache_failure(run, b, model, "the step's last")
+    reserved = g.reserved_changed()
+    model.restore()
     replays = StepReplays(
         out_a,
         out_b,
         out_c,
         sentinel,
         pad_c=pad_c,
-        reserved_changed=g.reserved_changed(),
+        reserved_changed=reserved,
         out_plan=out_d,
+        model_kv=(model.k, model.v),
+        cache_failure=cache_failure,
     )
     seen = StepSeen(run, b, replays)
     for judge in run.judges:
@@ -383,9 +422,9 @@ def _poison_tails(
     return tuple(picks)
 
 
-def _renew_past_length(run: _Run, b: StepBatch) -> None:
+def _renew_past_length(run: _Run, b: StepBatch, model: CacheModel) -> None:
     """New random K and V in each real row's last page past its length (tokens that row
-    does not hold yet; no other request owns them)."""
+    does not hold yet; no other request owns them), in the cache and in its ``model``."""
     ps, pages, slots = run.cfg.page_size, [], []
     for row_pages, n in b.rows:
         if n % ps and row_pages:
@@ -398,6 +437,7 @@ def _renew_past_length(run: _Run, b: StepBatch) -> None:
     dims = (len(pages), g.shape.num_kv_heads, g.shape.head_dim)
     for cache in (g.k_cache, g.v_cache):
         cache[idx] = torch.randn(dims, generator=run.gen).to(cache.dtype).to(g.device)
+    model.renew(*idx)
 
 
 def _details(run: _Run) -> None:
@@ -427,6 +467,17 @@ def _details(run: _Run) -> None:
             "capture and every replay"
         ),
         "replays completed": f"{r.replays} replays, none raised",
+        "cache write exact": (
+            f"{r.step.rows_checked} real rows' new K/V at the slots the host model gives them "
+            f"(writer {builder_name(run.graphs.consumer.reader.writer)}), every other slot of the "
+            f"pool bit-identical after each step's first and last replay; padded rows "
+            f"({run.cfg.padding} padding) "
+            + (
+                "may write slot 0 (pad_slot 'null')"
+                if run.cfg.cache_pad_slot == "null"
+                else "write nothing (pad_slot 'skip': PAD_SLOT_ID)"
+            )
+        ),
         "reader reads only what the current plan wrote": plan_detail(run),
     }
     for name, detail in text.items():
@@ -492,6 +543,8 @@ def _time_buckets(run: _Run, rows: list[Request]) -> None:
         g.req_pool_indices[:bucket].copy_(torch.tensor([req.row for req in batch]))
         g.seq_lens[:bucket].copy_(torch.tensor([req.length for req in batch]))
         g.host_lens = [req.length for req in batch]
+        slots = [new_token_slot(req.pages, req.length, run.cfg.page_size) for req in batch]
+        g.consumer.stage_writes(slots, [req.length - 1 for req in batch], bucket, 0)
         g.plan(bucket)  # a planned reader's plan for this batch, outside the timed replays
         g.q[:bucket].normal_()
         r.buckets.setdefault(bucket, BucketStats(bucket))

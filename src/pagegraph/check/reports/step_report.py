@@ -21,6 +21,12 @@ __all__ = ["STEP_PROPERTIES", "StepReport", "StepSection", "format_step_report",
 #: property -> (what it covers, what makes it fail). The order is the report's.
 STEP_PROPERTIES: dict[str, tuple[str, str]] = {
     "capture": ("builder + consumer", "warm-up or capture of a bucket's step raised"),
+    "cache write exact": (
+        "cache write",
+        "after a replay, a real row's new K/V not at the slot the host model gives its new "
+        "token, or any other slot of the pool changed (a padded row's write not discarded as "
+        "[consumer] pad_slot says)",
+    ),
     "output correct through the consumer": (
         "builder + consumer",
         "a real row's output non-finite or outside the reference's tolerance (dense fp32 "

@@ -2,9 +2,10 @@
 (the fix turns every guard into ``<= 0`` / ``> 0``).
 
 Modelled in the decode step with the KV cache as the state: the vllm padding's rows of length 0
-get block 0, and the reader first writes each row's new key and value at the slot of its last
-token (a zero-length row's position clamped to 0: block 0) unless the guard calls the block
-padding's, then runs paged attention. Property "null block and guard page untouched".
+get block 0, and the step's cache write puts each row's new key and value at the slot of its
+last token through its block table (a zero-length row's position clamped to 0: block 0) unless
+the guard calls the block padding's; paged attention reads the cache after it. Property "null
+block and guard page untouched" (and "cache write exact": block 0 is no real row's slot).
 """
 
 from __future__ import annotations
@@ -12,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from ...consumers import paged_decode_attention
-from ...consumers.reader import Reader
+from ...consumers.reader import CacheWrite, Reader
 from ...kernels.page_table import build_page_table
 from ..record import Twin, WildBug
 
@@ -24,46 +25,27 @@ def page_table_null_padded(req_to_token, req_pool_indices, seq_lens, page_table,
     page_table.masked_fill_((seq_lens <= 0)[:, None], 0)
 
 
-def _write_new_tokens(
-    q, k_cache, v_cache, page_table, cache_seqlens, page_size, *, padding_id_max: int
-) -> None:
-    """Each row's new key and value at its last token's slot, for rows whose block is above
-    ``padding_id_max`` (a skipped row writes back what its slot holds).
-
-    q ``[bs, Hq, D]``: the new key is the first query head of each KV group, the new value
-    the last; caches ``[pages, page_size, Hkv, D]``; page_table ``[bs, width]`` int32."""
-    bs, hq, d = q.shape
-    hkv = k_cache.shape[2]
-    pos = (cache_seqlens.long() - 1).clamp(min=0)
-    col = torch.div(pos, page_size, rounding_mode="floor")[:, None]
-    block = page_table.gather(1, col)[:, 0].long()
-    slot = pos.remainder(page_size)
-    write = (block > padding_id_max)[:, None, None]
-    target = block.clamp(min=0)
-    groups = q.view(bs, hkv, hq // hkv, d)
-    for cache, new in ((k_cache, groups[:, :, 0]), (v_cache, groups[:, :, -1])):
-        cache[target, slot] = torch.where(write, new, cache[target, slot])
+def _write_new_tokens(w: CacheWrite, *, padding_id_max: int, **_: object) -> None:
+    """Each row's new key and value at its new token's slot through its block table (a
+    zero-length row's position clamped to 0: block 0), for rows whose block is above
+    ``padding_id_max``; a skipped row's write goes to the discard slot."""
+    pos = (w.cache_seqlens.long() - 1).clamp(min=0)
+    col = torch.div(pos, w.page_size, rounding_mode="floor")[:, None]
+    block = w.page_table.gather(1, col)[:, 0].long()
+    slots = block.clamp(min=0) * w.page_size + pos.remainder(w.page_size)
+    slots = torch.where(block > padding_id_max, slots, w.discard_slot)
+    heads, dim = w.k_new.shape[1:]
+    for cache, new in ((w.k_cache, w.k_new), (w.v_cache, w.v_new)):
+        cache.view(-1, heads, dim).index_copy_(0, slots, new)
 
 
 def _reader(*, padding_id_max: int) -> Reader:
-    def attend(q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size, workspace):
-        _write_new_tokens(
-            q, k_cache, v_cache, page_table, cache_seqlens, page_size, padding_id_max=padding_id_max
-        )
-        return paged_decode_attention(
-            q,
-            k_cache,
-            v_cache,
-            page_table,
-            cache_seqlens,
-            out,
-            page_size=page_size,
-            workspace=workspace,
-        )
+    def write(w: CacheWrite, **launch: object) -> None:
+        _write_new_tokens(w, padding_id_max=padding_id_max)
 
-    name = f"write_then_attend_skip_ids_le_{padding_id_max}".replace("-", "minus_")
-    attend.__name__ = name
-    return Reader(name, attend)
+    name = f"write_skip_ids_le_{padding_id_max}".replace("-", "minus_")
+    write.__name__ = name
+    return Reader(name, paged_decode_attention, write_cache=write)
 
 
 BUG = WildBug(
