@@ -10,6 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
+from ..clients.readers import engine_reader, is_engine_reader_name
 from ..consumers.reader import Reader, as_reader
 from ..kernels.registry import BuilderLoadError, load_object
 from ..kinds import KINDS, KindSpec, kind_of
@@ -78,6 +79,8 @@ def resolve_reader(reader: Reader | Callable[..., object] | str | None) -> Reade
     ``"path/to/file.py:name"`` naming either; ``ValueError`` (one line) otherwise."""
     if reader is None:
         return None
+    if isinstance(reader, str) and is_engine_reader_name(reader):
+        return engine_reader(reader)
     if isinstance(reader, str):
         try:
             reader = load_object(reader)
