@@ -91,7 +91,7 @@ BROKEN = [
         "lo <= hi",
     ),
     ("draft tokens", GOOD + "[workload]\ndraft_tokens = 99\n", "workload.draft_tokens", "0..64"),
-    ("max_reqs below max_bs", GOOD + "[pool]\nmax_reqs = 2\n", "pool.max_reqs", ">= graph.max_bs"),
+    ("no request rows", GOOD + "[pool]\nmax_reqs = 0\n", "pool.max_reqs", ">= 1"),
     (
         "bad detector",
         GOOD + '[check]\ndetectors = ["nsys"]\n',

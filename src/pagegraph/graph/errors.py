@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Sized
+from collections.abc import Mapping, Sized
 from typing import Protocol
 
 import torch
@@ -62,19 +62,71 @@ def check_vector_buffer(
     name: str, buf: object, dtype: torch.dtype, length: int, device: torch.device
 ) -> None:
     """``ValueError`` unless ``buf``, an output vector the engine hands over, is a contiguous
-    1-D ``dtype`` tensor of at least ``length`` entries on ``device``."""
+    1-D ``dtype`` tensor of at least ``length`` entries on ``device``. The message names the
+    buffer, what it is (shape, dtype, device, stride) and the size the padded batch needs: an
+    engine's vector sized by its request pool (``max_reqs + 1``) instead of its largest
+    bucket (``max_bs + 1``) is refused here, before any capture."""
+    want = (
+        f"a contiguous 1-D {str(dtype).replace('torch.', '')} tensor of >= {length} entries "
+        f"on {device}"
+    )
+    if not isinstance(buf, torch.Tensor):
+        raise ValueError(f"{name} must be {want}, got {type(buf).__name__}")
     if (
-        not isinstance(buf, torch.Tensor)
-        or buf.dim() != 1
+        buf.dim() != 1
         or buf.dtype != dtype
         or buf.shape[0] < length
         or buf.device != device
         or (length > 1 and buf.stride(0) != 1)
     ):
-        raise ValueError(
-            f"{name} must be a contiguous 1-D {str(dtype).replace('torch.', '')} tensor of "
-            f">= {length} entries on {device}"
+        got = (
+            f"shape {tuple(buf.shape)} {str(buf.dtype).replace('torch.', '')} on {buf.device}"
+            f", strides {tuple(buf.stride())}"
         )
+        short = (
+            f": {length} entries needed, {buf.shape[0]} given"
+            if buf.dim() == 1 and buf.shape[0] < length
+            else ""
+        )
+        raise ValueError(f"{name} must be {want}, got {got}{short}")
+
+
+def merge_vectors(
+    keywords: Mapping[str, torch.Tensor | None], vectors: Mapping[str, torch.Tensor] | None
+) -> dict[str, torch.Tensor | None]:
+    """The output vectors handed to a ``GraphRunner`` by keyword and in ``vectors={...}``,
+    by name. A name given both ways as two different tensors is a ``ValueError`` naming it:
+    either could be the engine's own buffer, and the one its graphs read must never be
+    replaced behind its back (the same tensor twice, or two views of the same bytes in
+    the same layout, is fine)."""
+    merged = dict(keywords)
+    for name, buf in (vectors or {}).items():
+        other = merged.get(name)
+        if other is not None and buf is not None and not _same_view(other, buf):
+            raise ValueError(
+                f"{name} is given twice, as {name}= ({_describe(other)}) and in vectors= "
+                f"({_describe(buf)}), two different tensors: pass the engine's own one way"
+            )
+        if buf is not None:
+            merged[name] = buf
+    return merged
+
+
+def _same_view(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` are one tensor, or views of the same bytes in the same layout."""
+    return a is b or (
+        a.device == b.device
+        and a.dtype == b.dtype
+        and a.data_ptr() == b.data_ptr()
+        and a.shape == b.shape
+        and a.stride() == b.stride()
+    )
+
+
+def _describe(buf: torch.Tensor) -> str:
+    """A tensor in a message: its shape, dtype and address."""
+    dtype = str(buf.dtype).replace("torch.", "")
+    return f"shape {tuple(buf.shape)} {dtype} at {buf.data_ptr():#x}"
 
 
 def check_arguments(

@@ -31,6 +31,7 @@ from .errors import (
     check_count,
     check_table_buffer,
     check_vector_buffer,
+    merge_vectors,
     oom_message,
 )
 from .staging import BatchValues, Mailbox, count_values
@@ -86,7 +87,9 @@ class GraphRunner:
             it is called and its static output vectors (``KindSpec.vectors``: a decode
             metadata builder's ``cache_seqlens``, ``cu_seqlens_k``, ``cu_seqlens_q``; a CSR
             builder's ``kv_indptr``, ``kv_indices``), the engine's own passed by name
-            (``vectors={...}`` or keywords). ``draft_tokens`` is frozen into the graphs.
+            (``vectors={...}`` or keywords; a name given both ways as two tensors is a
+            ``ValueError``: an engine's own buffer is never replaced). ``draft_tokens`` is
+            frozen into the graphs.
         engine: the engine state the kind reads (``KindSpec.engine_state``: vLLM's block
             tables, ``pagegraph.workload.block_tables.EngineBlockTables``), or None.
 
@@ -138,14 +141,16 @@ class GraphRunner:
             table_width=table_width,
             use_graphs=use_graphs,
         )
-        given = {
-            "cache_seqlens": cache_seqlens,
-            "cu_seqlens_k": cu_seqlens_k,
-            "cu_seqlens_q": cu_seqlens_q,
-            "kv_indptr": kv_indptr,
-            "kv_indices": kv_indices,
-        }
-        given.update(vectors or {})
+        given = merge_vectors(
+            {
+                "cache_seqlens": cache_seqlens,
+                "cu_seqlens_k": cu_seqlens_k,
+                "cu_seqlens_q": cu_seqlens_q,
+                "kv_indptr": kv_indptr,
+                "kv_indices": kv_indices,
+            },
+            vectors,
+        )
         #: what reads the tables after the builder in each bucket's graph (``attach_reader``)
         self.reader: Callable[[int], None] | None = None
         self.engine = engine

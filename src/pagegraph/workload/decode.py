@@ -53,10 +53,11 @@ class DecodeWorkload:
     scheduler does between two decode steps, in this order:
 
     1. requests finish: at random (``finish_rate``), and any request at exact capacity;
-    2. the batch size follows a seeded random walk over ``min_bs..max_bs`` (so it moves up and
-       down across buckets); new requests arrive to reach it, reusing freed rows first,
-       usually with shorter lengths than the row held before (a row's length shrinks between
-       replays), and sometimes the batch order is shuffled;
+    2. the batch size follows a seeded random walk over ``min_bs..max_real`` (``max_bs``, or
+       the pool's ``max_reqs`` when smaller), so it moves up and down across buckets; new
+       requests arrive to reach it, reusing freed rows first, usually with shorter lengths
+       than the row held before (a row's length shrinks between replays), and sometimes the
+       batch order is shuffled;
     3. every running request grows by ``1 + draft_tokens`` (speculative decoding verifies the
        draft tokens in the same step); a request that would pass ``max_context_len`` grows to
        exactly that length instead, so exact capacity is reached and replayed;
@@ -72,8 +73,9 @@ class DecodeWorkload:
        way. The pool itself is not changed: the next step yields the true lengths again.
 
     Args:
-        pool: the pool to drive (its ``max_reqs`` must be at least ``max_bs``).
-        max_bs: largest batch.
+        pool: the pool to drive. Its ``max_reqs`` may be below ``max_bs`` (an engine that
+            pads past its request pool): the real batch then never passes ``max_reqs``.
+        max_bs: largest bucket; the real batch is at most ``min(max_bs, pool.max_reqs)``.
         steps: number of steps.
         seed: everything random here.
         finish_rate: probability that a running request finishes at a step.
@@ -120,12 +122,12 @@ class DecodeWorkload:
         committed_lengths: bool = False,
         lookahead: int = 0,
     ):
-        if pool.max_reqs < max_bs:
-            raise ValueError(f"pool has {pool.max_reqs} request rows, fewer than max_bs={max_bs}")
         if not 0 <= draft_tokens <= 64:
             raise ValueError(f"draft_tokens must be in 0..64, got {draft_tokens}")
         self.pool = pool
         self.max_bs = max_bs
+        #: the largest real batch: the pool holds no more requests than its rows
+        self.max_real = min(max_bs, pool.max_reqs)
         self.steps = steps
         self.finish_rate = finish_rate
         self.draft_tokens = draft_tokens
@@ -135,7 +137,7 @@ class DecodeWorkload:
         self.initial_len = (lo, hi)
         self.swa_window = swa_window
         self.swa_churn = swa_churn
-        self.min_bs = max(1, min(min_bs, max_bs))
+        self.min_bs = max(1, min(min_bs, self.max_real))
         self.near_capacity = near_capacity
         self.inject = inject or Injection()
         self.limit = max(capacity or pool.max_context_len, pool.max_context_len)
@@ -149,7 +151,7 @@ class DecodeWorkload:
         # evolution (arrivals, finishes, lengths) exactly as it was.
         self.inject_rng = np.random.default_rng([seed, 1])
         self.running: list[int] = []
-        self._target = self.rng.integers(self.min_bs, max_bs + 1)
+        self._target = self.rng.integers(self.min_bs, self.max_real + 1)
 
     def __len__(self) -> int:
         return self.steps
@@ -205,7 +207,7 @@ class DecodeWorkload:
         step_size = max(1, self.max_bs // 8)
         self._target = int(
             np.clip(
-                self._target + rng.integers(-step_size, step_size + 1), self.min_bs, self.max_bs
+                self._target + rng.integers(-step_size, step_size + 1), self.min_bs, self.max_real
             )
         )
         leaving = [

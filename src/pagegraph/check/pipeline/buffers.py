@@ -6,7 +6,7 @@ live region is seen."""
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from types import SimpleNamespace
 
@@ -39,12 +39,14 @@ class CheckBuffers:
     #: the builder kind the buffers are for
     kind: KindSpec = PAGE_TABLE
 
-    def runner_kwargs(self, cfg: CheckConfig) -> dict[str, object]:
-        """The runner's output arguments: tables, and the kind's vectors."""
+    def runner_kwargs(self, cfg: CheckConfig, engine_own: Sequence[str] = ()) -> dict[str, object]:
+        """The runner's output arguments: tables, and the kind's vectors but those named in
+        ``engine_own`` (a runner factory's own buffers, which the checker must not pass
+        over: ``engine_buffers``)."""
         return dict(
             page_table=self.views[0],
             swa_page_table=self.views[1] if len(self.views) == 2 else None,
-            vectors=dict(self.vector_views or {}),
+            vectors={k: v for k, v in (self.vector_views or {}).items() if k not in engine_own},
             outputs=self.kind.name,
             draft_tokens=cfg.draft_tokens if self.kind.tables_include_draft else 0,
         )
@@ -191,3 +193,63 @@ def table_bytes(cfg: CheckConfig, kind: KindSpec = PAGE_TABLE) -> int:
     else:
         per = replay_bytes(tables, rows, padded_width, cfg.max_bs, cfg.width)
     return own + 2 * per * batch_size(per, min(cfg.chunk, cfg.steps))
+
+
+def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Whether ``a`` and ``b`` view one allocation."""
+    return bool(a.untyped_storage().data_ptr() == b.untyped_storage().data_ptr())
+
+
+def engine_buffers(factory: Callable[..., object]) -> tuple[str, ...]:
+    """The output vectors a runner factory allocates itself, as an engine does
+    (``factory.pagegraph_engine_buffers``, e.g. ``("kv_indptr",)``; default none): the
+    checker then passes it none of its own under those names."""
+    names = getattr(factory, "pagegraph_engine_buffers", ())
+    if isinstance(names, str) or not all(isinstance(n, str) for n in names):
+        raise ValueError(
+            f"pagegraph_engine_buffers must be a sequence of vector names, got {names!r}"
+        )
+    return tuple(names)
+
+
+@dataclass
+class EngineVectors:
+    """The runner's output vectors that are not the checker's views (an engine's own
+    buffers, ``engine_buffers``), each paired with the checker's view of the same name: the
+    builder writes the engine's buffer, the checker judges its own allocation. ``push``
+    before a replay hands the engine's buffers what the checker's hold (the poison and the
+    preset entries), ``pull`` after it copies what the replay left back for the judges.
+    Entries past the shorter of the two are not mirrored (an engine-sized ``kv_indices``
+    longer than the checker's capacity: writes past it are the engine's to bound)."""
+
+    #: (the engine's buffer, the checker's view), both ``[n]`` of one dtype
+    pairs: list[tuple[torch.Tensor, torch.Tensor]]
+    #: the vectors' names, as ``pairs``
+    names: tuple[str, ...] = ()
+
+    @classmethod
+    def of(cls, runner_vectors: dict[str, torch.Tensor], buffers: CheckBuffers) -> EngineVectors:
+        """The pairs of ``runner_vectors`` (``GraphRunner.vectors``) outside the checker's
+        allocation. One inside it (a view of another of the checker's vectors, as an engine
+        handing one buffer over as two outputs does) is not mirrored: the checker sees what
+        was written there as it is."""
+        own = buffers.vectors
+        pairs, names = [], []
+        for name, view in (buffers.vector_views or {}).items():
+            engine = runner_vectors.get(name)
+            if engine is None or own is None or _same_storage(engine, own):
+                continue
+            n = min(engine.shape[0], view.shape[0])
+            pairs.append((engine[:n], view[:n]))
+            names.append(name)
+        return cls(pairs, tuple(names))
+
+    def push(self) -> None:
+        """The checker's poisoned views into the engine's buffers (device copies)."""
+        for engine, view in self.pairs:
+            engine.copy_(view)
+
+    def pull(self) -> None:
+        """What the replay left in the engine's buffers into the checker's views."""
+        for engine, view in self.pairs:
+            view.copy_(engine)

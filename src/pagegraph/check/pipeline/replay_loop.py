@@ -180,6 +180,9 @@ def _replay(state: ReplayState, i: int, mstep: ModelStep, args: _ReplayArgs) -> 
     probe = state.run.probe
     assert probe is not None, "the probe is made at set-up"
     calls_before = len(probe.calls)
+    mirror = state.run.engine_vectors
+    if mirror is not None:  # the poison into an engine's own buffers, outside the measures
+        mirror.push()
     tally = state.allocations
     a0 = tally.read() if tally.per_replay else 0
     t = time.perf_counter()
@@ -205,6 +208,8 @@ def _replay(state: ReplayState, i: int, mstep: ModelStep, args: _ReplayArgs) -> 
             rec.pause()
     dt = (time.perf_counter() - t) * 1e6
     allocations = tally.read() - a0 if tally.per_replay else 0
+    if mirror is not None:  # what the replay left there, for every judge
+        mirror.pull()
     builder_calls = probe.calls[calls_before:]
     del probe.calls[calls_before:]  # eager replays: measured here, not kept
     if state.graphs and not tally.per_replay:  # a chunk's tally is the runner's alone

@@ -37,7 +37,7 @@ from ..judges.protocol import Judge
 from ..judges.replay_judge import RecordedComparisons
 from ..judges.verify import BatchModel, ModelStep, TableVerifier
 from ..reports.report import PropertyResult, Report
-from .buffers import CheckBuffers, engine_capacity
+from .buffers import CheckBuffers, EngineVectors, engine_capacity
 from .engine_state import EngineState
 
 #: Replays whose allocations are measured one by one before the checker trusts chunks.
@@ -103,6 +103,11 @@ class CheckRun:
     #: broke (``pagegraph.check.pipeline.engine_state``), or None; drawn from ``engine_rng``
     engine_overrun: np.ndarray | None = None
     engine_rng: np.random.Generator | None = None
+    #: the runner's output vectors that are an engine's own buffers, mirrored into the
+    #: checker's views around each replay (``pipeline.buffers.EngineVectors``), or None
+    engine_vectors: EngineVectors | None = None
+    #: why the runner factory could not make the runner (its exception, described), or None
+    runner_error: str | None = None
 
     @property
     def graphs(self) -> bool:

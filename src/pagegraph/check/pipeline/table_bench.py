@@ -31,7 +31,7 @@ from ..judges.table_judges import (
 )
 from ..plan import CheckPlan
 from ..reports.report import PropertyResult, Report
-from .buffers import allocate_check_buffers
+from .buffers import EngineVectors, allocate_check_buffers, engine_buffers
 from .engine_state import make_engine_state, update_engine_state
 from .phases import LoopEnd, fail_capture, pick_device, record_capture
 from .replay_loop import end_replays, replay_one, start_replays, stop_recording
@@ -56,11 +56,16 @@ class TableBench:
     def set_up(self) -> None:
         _allocate(self.run)
         self._first = _start_workload_and_runner(self.run)
-        # Before anything runs: outputs that share memory make every later value suspect.
-        judge_aliasing(self.run.props["outputs unaliased"], self.run.runner, self.run.kind)
+        if self.run.runner is not None:
+            # Before anything runs: outputs that share memory make every later value suspect.
+            judge_aliasing(self.run.props["outputs unaliased"], self.run.runner, self.run.kind)
 
     def capture(self) -> bool:
         assert self._first is not None, "set_up takes the first batch"
+        if self.run.runner_error is not None:
+            what = f"the runner factory raised {self.run.runner_error}"
+            fail_capture(self.report, self.props, what)
+            return False
         return _probe_eager_call(self.run, self._first) and _capture(self.run)
 
     def start_replays(self) -> None:
@@ -130,8 +135,8 @@ def _allocate(run: CheckRun) -> None:
 def _start_workload_and_runner(run: CheckRun) -> Step:
     """Start the workload (before the capture, so child processes generate steps meanwhile),
     make the runner under test, and return the workload's first batch."""
-    cfg, pool, probe, buffers = run.cfg, run.pool, run.probe, run.buffers
-    assert pool is not None and probe is not None and buffers is not None, "after _allocate"
+    cfg, pool = run.cfg, run.pool
+    assert pool is not None, "after _allocate"
     run.report.workload_in_process = _workload_in_process(cfg, run.device)
     run.workload = ProducedWorkload(
         pool,
@@ -140,26 +145,44 @@ def _start_workload_and_runner(run: CheckRun) -> Step:
         streams=cfg.workload_streams,
         processes=run.report.workload_in_process,
     )
-    run.runner = run.runner_factory(
-        pool.req_to_token,
-        max_bs=cfg.max_bs,
-        max_context_len=cfg.max_context_len,
-        page_size=cfg.page_size,
-        buckets=cfg.buckets,
-        padding=cfg.padding,
-        builder=probe,
-        full_to_swa=pool.full_to_swa,
-        errors=run.errors,
-        index_dtype=INDEX_DTYPES[cfg.index_dtype],
-        table_width=cfg.width,
-        engine=run.engine,
-        **buffers.runner_kwargs(cfg),
-        **({} if cfg.emulate else {"emulate": False}),  # a custom factory may not take it
-    )
+    _make_runner(run)
     run.steps = iter(run.workload)
     first = next(run.steps)
     update_engine_state(run, first, may_break=False)  # the eager probe's batch is in contract
     return first
+
+
+def _make_runner(run: CheckRun) -> None:
+    """The runner under test, from the runner factory with ``GraphRunner``'s arguments: the
+    checker's output buffers but those the factory allocates itself (``engine_buffers``),
+    which are mirrored into the checker's around each replay (``EngineVectors``). A factory
+    that raises (an engine buffer too small for the padded batch, say) leaves no runner and
+    ``run.runner_error`` saying why: "capture" fails with it, the check goes on to its
+    report."""
+    cfg, pool, probe, buffers = run.cfg, run.pool, run.probe, run.buffers
+    assert pool is not None and probe is not None and buffers is not None, "after _allocate"
+    try:
+        engine_own = engine_buffers(run.runner_factory)
+        run.runner = run.runner_factory(
+            pool.req_to_token,
+            max_bs=cfg.max_bs,
+            max_context_len=cfg.max_context_len,
+            page_size=cfg.page_size,
+            buckets=cfg.buckets,
+            padding=cfg.padding,
+            builder=probe,
+            full_to_swa=pool.full_to_swa,
+            errors=run.errors,
+            index_dtype=INDEX_DTYPES[cfg.index_dtype],
+            table_width=cfg.width,
+            engine=run.engine,
+            **buffers.runner_kwargs(cfg, engine_own),
+            **({} if cfg.emulate else {"emulate": False}),  # a custom factory may not take it
+        )
+    except Exception as exc:  # noqa: BLE001 - a misbehaving runner is reported, not raised
+        run.runner_error = describe_exception(exc, run.runner_factory)
+        return
+    run.engine_vectors = EngineVectors.of(getattr(run.runner, "vectors", {}), buffers)
 
 
 def _probe_eager_call(run: CheckRun, first: Step) -> bool:
