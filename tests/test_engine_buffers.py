@@ -101,9 +101,10 @@ def test_an_engine_vector_is_the_one_the_builder_writes():
     """The engine's ``kv_indptr``, longer than the padded batch needs (sized by its pool),
     is the buffer the replays write: rows ``:bucket + 1`` hold the exact CSR offsets of the
     staged (padded) lengths, and the entries past them keep what the engine put there."""
-    own = torch.full((MAX_BS + 6,), -7, dtype=torch.int32)
+    dev = "cuda" if torch.cuda.is_available() else "cpu"  # where the kernels run
+    own = torch.full((MAX_BS + 6,), -7, dtype=torch.int32, device=dev)
     runner = GraphRunner(
-        _r2t(),
+        _r2t().to(dev),
         max_bs=MAX_BS,
         max_context_len=CTX,
         page_size=PS,
@@ -122,7 +123,7 @@ def test_an_engine_vector_is_the_one_the_builder_writes():
     assert staged[:3] == lens
     pages = [cdiv(n, PS) for n in staged]
     expected = np.concatenate([[0], np.cumsum(pages)]).astype(np.int32)
-    np.testing.assert_array_equal(own[:5].numpy(), expected)
+    np.testing.assert_array_equal(own[:5].cpu().numpy(), expected)
     assert (own[MAX_BS + 1 :] == -7).all()  # past the runner's rows: the engine's own
 
 
