@@ -16,7 +16,8 @@ import torch
 from pagegraph.check.checker import check_decode_step
 from pagegraph.check.config import CheckConfig, ConfigError, validate_config
 from pagegraph.consumers import paged_decode_attention
-from pagegraph.consumers.reader import CacheWrite, Reader, write_new_tokens
+from pagegraph.consumers.cache_write import write_new_tokens
+from pagegraph.consumers.reader import CacheWrite, Reader
 
 PROP = "cache write exact"
 OUTPUT = "output correct through the consumer"
@@ -151,3 +152,25 @@ def test_pad_slot_null_needs_a_nan_null_block():
         validate_config(tiny(pad_slot="sometimes"))
     assert tiny(padding="vllm").cache_pad_slot == "skip"
     assert tiny(padding="sglang").cache_pad_slot == "null"
+
+
+def test_write_new_tokens_puts_each_row_at_its_slot_and_pads_at_the_discard_slot():
+    dev = "cuda" if torch.cuda.is_available() else "cpu"
+    pages, ps, heads, dim = 6, 4, 2, 16
+    gen = torch.Generator().manual_seed(5)
+    cache = [torch.randn(pages, ps, heads, dim, generator=gen).to(dev) for _ in range(2)]
+    before = [c.clone() for c in cache]
+    new = [torch.randn(3, heads, dim, generator=gen).to(dev) for _ in range(2)]
+    loc = torch.tensor([9, -1, 2], dtype=torch.int64, device=dev)
+    discard = (pages - 1) * ps
+    w = CacheWrite(
+        k_new=new[0], v_new=new[1], k_cache=cache[0], v_cache=cache[1], out_cache_loc=loc,
+        positions=loc, idx_mapping=loc.int(), page_table=loc[None], cache_seqlens=loc.int(),
+        page_size=ps, discard_slot=discard, inputs=None,
+    )  # fmt: skip
+    write_new_tokens(w)
+    for c, b, n in zip(cache, before, new):
+        flat, old = c.view(-1, heads, dim), b.view(-1, heads, dim)
+        want = old.clone()
+        want[9], want[2], want[discard] = n[0], n[2], n[1]
+        assert torch.equal(flat, want)

@@ -2,6 +2,7 @@
 and CSR formats) and their torch reference."""
 
 from .attention_reference import reference_csr_decode_attention, reference_decode_attention
+from .cache_write import write_new_tokens
 from .paged_attention import (
     DecodeWorkspace,
     csr_decode_attention,
@@ -18,4 +19,5 @@ __all__ = [
     "prepare_decode_attention",
     "reference_csr_decode_attention",
     "reference_decode_attention",
+    "write_new_tokens",
 ]

@@ -16,6 +16,8 @@ from dataclasses import dataclass
 
 import torch
 
+from .cache_write import write_new_tokens
+
 __all__ = [
     "PAD_SLOTS",
     "PAD_SLOT_ID",
@@ -24,7 +26,6 @@ __all__ = [
     "Reader",
     "StepInputs",
     "as_reader",
-    "write_new_tokens",
 ]
 
 #: The slot a padded row's new token goes to under ``pad_slot = "skip"``: vLLM's
@@ -100,16 +101,6 @@ class CacheWrite:
     page_size: int
     discard_slot: int
     inputs: StepInputs
-
-
-def write_new_tokens(w: CacheWrite, **_: object) -> None:
-    """pagegraph's own cache write: row ``i``'s ``k_new`` / ``v_new`` at slot
-    ``out_cache_loc[i]``, a negative slot sent to the discard slot instead (one scatter each,
-    no sync, nothing allocated but the capture's own temporaries)."""
-    heads, dim = w.k_new.shape[1:]
-    slots = torch.where(w.out_cache_loc < 0, w.discard_slot, w.out_cache_loc)
-    for cache, new in ((w.k_cache, w.k_new), (w.v_cache, w.v_new)):
-        cache.view(-1, heads, dim).index_copy_(0, slots, new)
 
 
 @dataclass(frozen=True)
