@@ -151,7 +151,7 @@ def check_decode_step(
     *,
     device: str | torch.device | None = None,
     progress: Callable[[int, int], None] | None = None,
-    consumer: Callable[..., object] | Reader | None = None,
+    consumer: Callable[..., object] | Reader | str | None = None,
     on_phase: Callable[[str], None] | None = None,
     on_report: Callable[[Report], None] | None = None,
     stop_on_failure: bool = False,
@@ -165,7 +165,8 @@ def check_decode_step(
             CUDA the shapes are shrunk; a stop on failure skips the timing too).
         cfg: the setup; ``cfg.consumer`` ("paged" or "csr", default "paged") picks the format.
         consumer: the attention call (``paged_decode_attention``'s or ``csr_decode_attention``'s
-            signature; default pagegraph's of the format), or a ``Reader``.
+            signature; default pagegraph's of the format, or ``cfg.reader``), a ``Reader``, or
+            a name ``resolve_reader`` knows (an engine reader: "vllm:triton_attn").
         on_phase, on_report: ``check_replay_safety``'s ``on_phase`` (``"timing"`` too) and
             ``on_chunk`` (the report after setup and after each replay).
         emulate: without CUDA, replay emulated graphs or (``False``) run the step eagerly at
@@ -176,4 +177,6 @@ def check_decode_step(
     """
     plan, fn = plan_check(builder, cfg.replace(consumer=cfg.consumer or "paged"))
     hooks = CheckHooks(progress, on_phase, on_report, stop_on_failure)
-    return run_pipeline(StepBench(fn, plan, device, consumer, hooks, emulate), hooks)
+    # An engine reader's name ("vllm:triton_attn") or the config's own reader resolves here.
+    reader = resolve_reader(consumer if consumer is not None else plan.reader)
+    return run_pipeline(StepBench(fn, plan, device, reader, hooks, emulate), hooks)

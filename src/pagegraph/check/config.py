@@ -253,6 +253,9 @@ class CheckConfig:
     #: where a padded row's new token goes in the step's cache write (``PAD_SLOTS``): "skip"
     #: (``PAD_SLOT_ID``, vLLM), "null" (slot 0, SGLang); None: by ``padding`` (``cache_pad_slot``)
     pad_slot: str | None = None
+    #: the decode step's own reader (``[consumer] reader``, say "vllm:triton_attn"): what a
+    #: check runs when no ``--reader`` is given; None: the format's attention
+    reader: str | None = None
 
     def replace(self, **changes: Any) -> CheckConfig:
         return dataclasses.replace(self, **changes)

@@ -14,7 +14,10 @@ from ..consumers.reader import Reader
 __all__ = ["ENGINE_READERS", "UnknownEngineReader", "engine_reader", "is_engine_reader_name"]
 
 #: name -> ``"module:attribute"`` of the ``Reader``.
-ENGINE_READERS: dict[str, str] = {}
+ENGINE_READERS: dict[str, str] = {
+    "vllm:triton_attn": "pagegraph.clients.vllm_attention:TRITON_ATTN",
+    "vllm:triton_unified_attention": "pagegraph.clients.vllm_attention:TRITON_ATTN",
+}
 
 
 class UnknownEngineReader(ValueError):

@@ -72,17 +72,18 @@ class VLLMUnavailable(ImportError):
     """vLLM's kernel files cannot be loaded here; the message says why."""
 
 
-def _has_files(folder: Path) -> bool:
-    return all((folder / f).is_file() for f in KERNEL_FILES)
+def _has_files(folder: Path, files: tuple[str, ...] = KERNEL_FILES) -> bool:
+    return all((folder / f).is_file() for f in files)
 
 
-def vllm_root() -> Path:
-    """The folder holding vLLM's ``vllm/`` with both kernel files (search order: the module
-    docstring); ``VLLMUnavailable`` with the places tried when there is none."""
+def vllm_root(files: tuple[str, ...] = KERNEL_FILES) -> Path:
+    """The folder holding vLLM's ``vllm/`` with ``files`` (default: both kernel files; search
+    order: the module docstring); ``VLLMUnavailable`` with the places tried when there is
+    none."""
     tried = []
     env = os.environ.get(ENV_VAR)
     if env:
-        if _has_files(Path(env)):
+        if _has_files(Path(env), files):
             return Path(env)
         tried.append(f"${ENV_VAR}={env}")
     try:
@@ -90,15 +91,15 @@ def vllm_root() -> Path:
     except (ImportError, ValueError):
         spec = None
     for base in (spec.submodule_search_locations or []) if spec else []:
-        if _has_files(Path(base).parent):
+        if _has_files(Path(base).parent, files):
             return Path(base).parent
         tried.append(f"installed vllm at {base}")
     for local in LOCAL_FOLDERS:
-        if _has_files(_ROOT / local):
+        if _has_files(_ROOT / local, files):
             return _ROOT / local
         tried.append(str(_ROOT / local))
     raise VLLMUnavailable(
-        f"vLLM {TESTED_VERSION}'s {' and '.join(KERNEL_FILES)} not found (tried "
+        f"vLLM {TESTED_VERSION}'s {' and '.join(files)} not found (tried "
         f"{'; '.join(tried)}); tools/fetch_vllm_files.sh fetches them"
     )
 
