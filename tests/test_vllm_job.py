@@ -1,5 +1,6 @@
 """Invariant: ``make vllm`` (``pagegraph.jobs.vllm_job``) pairs each of vLLM's kernels with
-every scenario of its kind and nothing else, runs each pair in a child process, and writes a
+every scenario of its kind and nothing else, and its decode-step readers with the scenarios
+that name them, runs each pair in a child process, and writes a
 verdict per pair with the stubbed imports named; without vLLM's files it exits 2 in one line.
 """
 
@@ -31,8 +32,11 @@ def test_each_kernel_is_planned_on_the_scenarios_of_its_kind_only():
         ("vllm_compute_slot_mappings", "vllm-slot-mapping"),
         ("vllm_compute_slot_mappings", "vllm-slot-mapping-spec"),
         ("vllm_compute_slot_mappings", "vllm-slot-mapping-groups"),
+        ("build_page_table", "vllm-triton-attn"),
     }
     assert all(r.skipped is None and r.config.steps == 3 for r in runs)
+    step = next(r for r in runs if r.scenario == "vllm-triton-attn")
+    assert step.config.reader == "vllm:triton_attn"
 
 
 def _tiny(tmp_path: Path, name: str) -> Path:
@@ -65,7 +69,7 @@ def test_the_job_writes_a_verdict_per_pair(tmp_path, capsys):
         ("vllm_compute_slot_mappings", "vllm-slot-mapping"): "SAFE",
     }
     text = out.read_text()
-    assert "| vllm_gather_block_tables | vllm-block-table | engine | SAFE |" in text
+    assert "| vllm_gather_block_tables | - | vllm-block-table | engine | SAFE |" in text
     assert "vllm.triton_utils.triton" in text  # the stubbed imports are named
     assert "outside vLLM's contract" not in text  # no hostile run, no note
     assert (

@@ -160,6 +160,7 @@ def run_doc(run: ClientRun) -> dict:
     """One run as JSON: verdict, advice, failures, the full report."""
     return {
         "client": run.client,
+        "reader": run.config.reader if run.config is not None else None,
         "scenario": run.scenario,
         "path": run.path,
         "verdict": run.verdict,
@@ -279,20 +280,21 @@ def job_doc(
 
 
 def verdict_lines(doc: dict, clients: tuple[str, ...], noun: str) -> list[str]:
-    """The Markdown of ``doc``'s runs: a table of verdicts (``noun`` heads its first column),
-    then each client's runs in ``clients`` order."""
+    """The Markdown of ``doc``'s runs: a table of verdicts (``noun`` heads its first column;
+    the reader column names a decode step's reader, ``-`` for a table check), then each
+    client's runs in ``clients`` order."""
     lines = [
         "## Verdicts",
         "",
-        f"| {noun} | scenario | inputs | verdict | replays | failed | advice |",
-        "|---|---|---|---|---:|---|---|",
+        f"| {noun} | reader | scenario | inputs | verdict | replays | failed | advice |",
+        "|---|---|---|---|---|---:|---|---|",
     ]
     for r in doc["runs"]:
         failed = ", ".join(f["property"] for f in r["failures"]) or r["skipped"] or r["error"] or ""
         advice = ", ".join(a["property"] for a in r["advice"])
         lines.append(
-            f"| {r['client']} | {r['scenario']} | {inputs_label(r)} | {r['verdict']} | "
-            f"{r['replays']} | {table_cell(failed)} | {table_cell(advice)} |"
+            f"| {r['client']} | {r.get('reader') or '-'} | {r['scenario']} | {inputs_label(r)} "
+            f"| {r['verdict']} | {r['replays']} | {table_cell(failed)} | {table_cell(advice)} |"
         )
     lines.append("")
     for client in clients:

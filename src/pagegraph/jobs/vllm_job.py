@@ -1,6 +1,7 @@
 """``python -m pagegraph.jobs.vllm_job`` (``make vllm``): vLLM 0.34.0's block-table kernels,
 loaded from vLLM's own files (``pagegraph.clients.vllm``), checked on every scenario of their
-kind, each check in a child process of its own; runs of a scenario that breaks vLLM's host
+kind, and its TRITON_ATTN decode step (``STEP_READERS``) on the scenarios that name it, each
+check in a child process of its own; runs of a scenario that breaks vLLM's host
 guarantees are labelled hostile (``HOSTILE_NOTE``). A Markdown report (and JSON); exit 0 when
 the job ran, 2 when vLLM's kernel files are not found or an argument is bad, 130 when
 interrupted (docs/ARCHITECTURE.md, "vLLM's block tables").
@@ -32,6 +33,9 @@ __all__ = ["CLIENTS", "main", "plan_runs", "run_job"]
 
 #: vLLM's kernels the job checks, by the name the checker knows them by.
 CLIENTS = ("vllm_gather_block_tables", "vllm_compute_slot_mappings")
+#: vLLM's decode-step readers (``pagegraph.clients.readers``): each runs on the scenarios that
+#: name it (``[consumer] reader``), with the scenario's own builder.
+STEP_READERS = ("vllm:triton_attn",)
 #: Replays a check without a GPU, where the Triton interpreter runs each kernel on the host.
 CPU_REPLAYS = 20
 #: Seconds one check may take before its child is killed (reported as a crash).
@@ -80,6 +84,10 @@ def plan_runs(scenarios: list[str] | None, replays: int | None) -> list[ClientRu
                 continue
             cfg = s.config if replays is None else s.config.replace(steps=replays)
             runs.append(plan_run(ClientRun(client, s.name, str(s.path), cfg)))
+    for s in loaded:
+        if s.config.reader in STEP_READERS:
+            cfg = s.config if replays is None else s.config.replace(steps=replays)
+            runs.append(plan_run(ClientRun(s.builder, s.name, str(s.path), cfg)))
     return runs
 
 
@@ -130,7 +138,8 @@ def markdown(doc: dict) -> str:
     if doc.get("kv_groups"):
         groups = "; ".join(f"{k}: {', '.join(v)}" for k, v in doc["kv_groups"].items())
         lines += [GROUPS_NOTE, "", f"Groups: {groups}.", ""]
-    lines += verdict_lines(doc, CLIENTS, "kernel")
+    steps = tuple(dict.fromkeys(r["client"] for r in doc["runs"] if r.get("reader")))
+    lines += verdict_lines(doc, CLIENTS + steps, "kernel")
     lines += findings_lines(doc)
     return "\n".join(lines)
 
