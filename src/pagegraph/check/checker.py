@@ -151,7 +151,7 @@ def check_decode_step(
     *,
     device: str | torch.device | None = None,
     progress: Callable[[int, int], None] | None = None,
-    consumer: Callable[..., object] | Reader | None = None,
+    consumer: Callable[..., object] | Reader | str | None = None,
     on_phase: Callable[[str], None] | None = None,
     on_report: Callable[[Report], None] | None = None,
     stop_on_failure: bool = False,
@@ -165,7 +165,9 @@ def check_decode_step(
             CUDA the shapes are shrunk; a stop on failure skips the timing too).
         cfg: the setup; ``cfg.consumer`` ("paged" or "csr", default "paged") picks the format.
         consumer: the attention call (``paged_decode_attention``'s or ``csr_decode_attention``'s
-            signature; default pagegraph's of the format), or a ``Reader``.
+            signature; default pagegraph's of the format), a ``Reader``, or a reader's name
+            (``resolve_reader``: "sglang:triton_decode", ``module:name``); default: the
+            config's ``reader``, else pagegraph's attention of the format.
         on_phase, on_report: ``check_replay_safety``'s ``on_phase`` (``"timing"`` too) and
             ``on_chunk`` (the report after setup and after each replay).
         emulate: without CUDA, replay emulated graphs or (``False``) run the step eagerly at
@@ -174,6 +176,10 @@ def check_decode_step(
     Returns a ``Report`` with its ``step`` section; a builder or consumer that raises is
     reported, not raised; a stop asked for by a signal raises ``CheckInterrupted``.
     """
-    plan, fn = plan_check(builder, cfg.replace(consumer=cfg.consumer or "paged"))
+    named = consumer if isinstance(consumer, str) else None
+    plan, fn = plan_check(builder, cfg.replace(consumer=cfg.consumer or "paged"), reader=named)
+    reader = consumer if consumer is not None and not isinstance(consumer, str) else None
+    if reader is None:
+        reader = resolve_reader(plan.reader)  # the name given, or the scenario's reader
     hooks = CheckHooks(progress, on_phase, on_report, stop_on_failure)
-    return run_pipeline(StepBench(fn, plan, device, consumer, hooks, emulate), hooks)
+    return run_pipeline(StepBench(fn, plan, device, reader, hooks, emulate), hooks)

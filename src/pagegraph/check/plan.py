@@ -135,11 +135,14 @@ def plan_check(
     ``config``; the plan and the resolved builder. ``spec``: the builder as a child process
     resolves it (default: ``builder`` when a string, else its name). ``reader``: the decode
     step's reader (``resolve_reader``; a config with a consumer only), kept in the plan when
-    given by name. ``own_builder``: ``builder`` is the one the config's scenario names, so
-    its preset outputs must all be its kind's (else they are dropped: the module docstring).
+    given by name; default: the config's ``reader``. ``own_builder``: ``builder`` is the one
+    the config's scenario names, so its preset outputs must all be its kind's (else they are
+    dropped: the module docstring).
     ``PlanError`` when the builder does not fit, another ``ValueError`` when the config or a
     name is bad (the module docstring)."""
     validate_config(config)
+    if reader is None:
+        reader = config.reader  # the scenario's own reader ([consumer] reader)
     if reader is not None:
         if not config.consumer:
             raise PlanError(

@@ -100,6 +100,7 @@ _SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], str | None]]] = {
         "timing_iters": (_INT, "timing_iters"),
         "null_block": ((str,), "null_block"),
         "pad_slot": ((str,), "pad_slot"),
+        "reader": ((str,), "reader"),
     },
 }
 _REQUIRED = {"graph": ("max_bs", "max_context_len", "page_size")}

@@ -14,7 +14,9 @@ from ..consumers.reader import Reader
 __all__ = ["ENGINE_READERS", "UnknownEngineReader", "engine_reader", "is_engine_reader_name"]
 
 #: name -> ``"module:attribute"`` of the ``Reader``.
-ENGINE_READERS: dict[str, str] = {}
+ENGINE_READERS: dict[str, str] = {
+    "sglang:triton_decode": "pagegraph.clients.sglang_attention:TRITON_DECODE",
+}
 
 
 class UnknownEngineReader(ValueError):
