@@ -4,8 +4,8 @@ output within tolerance of dense attention, its cache write exact), the scenario
 the split counts a batch asks for never exceed the ``max_kv_splits`` the workspace was sized
 for. Without SGLang installed, every test skips with the reason.
 
-Under the Triton interpreter the step runs in fp16: the interpreter's ``tl.dot`` multiplies
-bf16's raw bits (pagegraph's own kernel widens bf16 there; SGLang's does not need to on a GPU).
+Under the Triton interpreter bf16 dots are widened by value first (the interpreter's own
+``tl.dot`` multiplies bf16's raw bits: ``sglang_attention._interpreter_dots_bf16_as_values``).
 """
 
 from __future__ import annotations
@@ -37,7 +37,6 @@ def tiny(page_size: int, **changes) -> CheckConfig:
         steps=4,
         seed=11,
         consumer="paged",
-        consumer_dtype="float16",
         num_q_heads=4,
         num_kv_heads=2,
         head_dim=16,
