@@ -165,8 +165,9 @@ def check_decode_step(
             CUDA the shapes are shrunk; a stop on failure skips the timing too).
         cfg: the setup; ``cfg.consumer`` ("paged" or "csr", default "paged") picks the format.
         consumer: the attention call (``paged_decode_attention``'s or ``csr_decode_attention``'s
-            signature; default pagegraph's of the format, or ``cfg.reader``), a ``Reader``, or
-            a name ``resolve_reader`` knows (an engine reader: "vllm:triton_attn").
+            signature; default pagegraph's of the format), a ``Reader``, or a reader's name
+            (``resolve_reader``: "sglang:triton_decode", ``module:name``); default: the
+            config's ``reader``, else pagegraph's attention of the format.
         on_phase, on_report: ``check_replay_safety``'s ``on_phase`` (``"timing"`` too) and
             ``on_chunk`` (the report after setup and after each replay).
         emulate: without CUDA, replay emulated graphs or (``False``) run the step eagerly at
@@ -175,8 +176,10 @@ def check_decode_step(
     Returns a ``Report`` with its ``step`` section; a builder or consumer that raises is
     reported, not raised; a stop asked for by a signal raises ``CheckInterrupted``.
     """
-    plan, fn = plan_check(builder, cfg.replace(consumer=cfg.consumer or "paged"))
+    named = consumer if isinstance(consumer, str) else None
+    plan, fn = plan_check(builder, cfg.replace(consumer=cfg.consumer or "paged"), reader=named)
+    reader = consumer if consumer is not None and not isinstance(consumer, str) else None
+    if reader is None:
+        reader = resolve_reader(plan.reader)  # the name given, or the scenario's reader
     hooks = CheckHooks(progress, on_phase, on_report, stop_on_failure)
-    # An engine reader's name ("vllm:triton_attn") or the config's own reader resolves here.
-    reader = resolve_reader(consumer if consumer is not None else plan.reader)
     return run_pipeline(StepBench(fn, plan, device, reader, hooks, emulate), hooks)

@@ -253,8 +253,9 @@ class CheckConfig:
     #: where a padded row's new token goes in the step's cache write (``PAD_SLOTS``): "skip"
     #: (``PAD_SLOT_ID``, vLLM), "null" (slot 0, SGLang); None: by ``padding`` (``cache_pad_slot``)
     pad_slot: str | None = None
-    #: the decode step's own reader (``[consumer] reader``, say "vllm:triton_attn"): what a
-    #: check runs when no ``--reader`` is given; None: the format's attention
+    #: the decode step's reader by name (``pagegraph.check.plan.resolve_reader``: an engine
+    #: reader such as "sglang:triton_decode", or ``module:name``), used when the check is
+    #: given none; None: pagegraph's attention of the consumer's format
     reader: str | None = None
 
     def replace(self, **changes: Any) -> CheckConfig:

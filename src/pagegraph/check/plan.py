@@ -134,8 +134,8 @@ def plan_check(
     """Validate a check of ``builder`` (a callable, a built-in name or ``module:fn``) on
     ``config``; the plan and the resolved builder. ``spec``: the builder as a child process
     resolves it (default: ``builder`` when a string, else its name). ``reader``: the decode
-    step's reader (``resolve_reader``; a config with a consumer only; default: the config's
-    ``reader``), kept in the plan when given by name. ``own_builder``: ``builder`` is the one
+    step's reader (``resolve_reader``; a config with a consumer only), kept in the plan when
+    given by name; default: the config's ``reader``. ``own_builder``: ``builder`` is the one
     the config's scenario names, so its preset outputs must all be its kind's (else they are
     dropped: the module docstring).
     ``PlanError`` when the builder does not fit, another ``ValueError`` when the config or a

@@ -17,6 +17,7 @@ __all__ = ["ENGINE_READERS", "UnknownEngineReader", "engine_reader", "is_engine_
 ENGINE_READERS: dict[str, str] = {
     "vllm:triton_attn": "pagegraph.clients.vllm_attention:TRITON_ATTN",
     "vllm:triton_unified_attention": "pagegraph.clients.vllm_attention:TRITON_ATTN",
+    "sglang:triton_decode": "pagegraph.clients.sglang_attention:TRITON_DECODE",
 }
 
 

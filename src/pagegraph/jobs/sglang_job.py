@@ -328,9 +328,32 @@ def _findings_section(found: dict) -> list[str]:
     return lines + [""]
 
 
+def step_readers(runs: list[ClientRun]) -> dict[str, str]:
+    """scenario -> the decode step's reader its checks run, for the scenarios that name one
+    (``[consumer] reader``: SGLang's own attention, ``sglang:triton_decode``)."""
+    return {r.scenario: r.plan.reader for r in runs if r.plan is not None and r.plan.reader}
+
+
+def _readers_lines(readers: dict[str, str]) -> list[str]:
+    if not readers:
+        return []
+    lines = ["## Decode-step readers", ""]
+    lines += [f"- {scenario}: `{reader}`" for scenario, reader in sorted(readers.items())]
+    lines += [
+        "- every other decode-step scenario: pagegraph's attention of its format",
+        "",
+        "A reader that builds its own metadata from the staged inputs (SGLang's Triton backend "
+        "builds its CSR from req_to_token) does not read the client's table: there the "
+        "client's outputs are judged by the step's other properties only.",
+        "",
+    ]
+    return lines
+
+
 def markdown(doc: dict) -> str:
     """The Markdown report of ``doc`` (``run_job``'s JSON document)."""
     lines = _header(doc["environment"], doc["replays"])
+    lines += _readers_lines(doc.get("readers", {}))
     lines += verdict_lines(doc, CLIENTS, "client")
     lines += _findings_section(doc["found"])
     return "\n".join(lines)
@@ -371,7 +394,7 @@ def run_job(args: argparse.Namespace) -> int:
             f"finding {f['key']}: {len(f['hits'])} check(s) hit it; "
             f"{f['reproducer']}: {f['state']}",
         )
-    doc = job_doc(env, replays, completed, runs, found=found)
+    doc = job_doc(env, replays, completed, runs, found=found, readers=step_readers(runs))
     write_reports(doc, markdown(doc), args)
     return 0 if completed else 130
 
