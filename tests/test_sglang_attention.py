@@ -5,7 +5,7 @@ the split counts a batch asks for never exceed the ``max_kv_splits`` the workspa
 for. Without SGLang installed, every test skips with the reason.
 
 Under the Triton interpreter bf16 dots are widened by value first (the interpreter's own
-``tl.dot`` multiplies bf16's raw bits: ``sglang_attention._interpreter_dots_bf16_as_values``).
+``tl.dot`` multiplies bf16's raw bits: ``pagegraph.clients.interpreter.fit_interpreter``).
 """
 
 from __future__ import annotations

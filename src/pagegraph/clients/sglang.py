@@ -12,7 +12,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import importlib.util
-import os
 import sys
 from pathlib import Path
 from types import ModuleType
@@ -20,6 +19,7 @@ from types import ModuleType
 import torch
 
 from ..kernels.file_modules import load_file_module
+from .interpreter import fit_interpreter
 
 __all__ = [
     "KERNEL_FILES",
@@ -121,39 +121,8 @@ def load_kernel_file(name: str) -> ModuleType:
     path = sglang_kernel_dir() / f"{name}.py"
     if not path.is_file():
         raise SGLangUnavailable(f"{path} is missing (the adapters need sglang {TESTED_VERSION})")
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-        _interpreter_indexes_loaded_scalars()
+    fit_interpreter()
     return load_file_module(key, path)
-
-
-def _interpreter_indexes_loaded_scalars() -> None:
-    """Let Triton's CPU interpreter use a scalar loaded from memory as a ``range`` bound.
-
-    Under ``TRITON_INTERPRET=1`` such a scalar is a one-element array, and the interpreter
-    converts it with ``int(array)``, which NumPy 2.4 refuses for anything but 0-d arrays.
-    SGLang's kernels loop up to lengths they load (``range(tl.cdiv(n, BLOCK))``), so without
-    this they cannot run on a machine without a GPU. The wrapper converts through ``.item()``
-    and changes nothing where NumPy still accepts the conversion; compiled kernels never see it.
-    """
-    import numpy as np
-
-    try:
-        int(np.ones(1, dtype=np.int32))
-        return
-    except TypeError:
-        pass
-    from triton.runtime import interpreter
-
-    original = getattr(interpreter, "_patch_lang_tensor", None)
-    if original is None or getattr(original, "pagegraph_index_fix", False):
-        return
-
-    def patch_lang_tensor(tensor, scope):
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.item()))
-
-    patch_lang_tensor.pagegraph_index_fix = True
-    interpreter._patch_lang_tensor = patch_lang_tensor
 
 
 # -- pagegraph's contracts ------------------------------------------------------------------

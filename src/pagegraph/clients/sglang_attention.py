@@ -23,7 +23,6 @@ from __future__ import annotations
 
 import builtins
 import math
-import os
 import sys
 from types import ModuleType, SimpleNamespace
 
@@ -31,10 +30,10 @@ import torch
 
 from ..consumers.reader import CacheWrite, Reader, StepInputs
 from ..kernels.file_modules import load_file_module
+from .interpreter import fit_interpreter
 from .sglang import (
     _MODULE_KEY,
     SGLangUnavailable,
-    _interpreter_indexes_loaded_scalars,
     load_kernel_file,
     sglang_kernel_dir,
 )
@@ -156,40 +155,9 @@ def load_decode_attention() -> ModuleType:
         return module
     score_mod = load_kernel_file("score_mod")
     path = sglang_kernel_dir() / "decode_attention.py"
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-        _interpreter_indexes_loaded_scalars()
-        _interpreter_dots_bf16_as_values()
+    fit_interpreter()
     own = dict(builtins.__dict__, __import__=_importer(_stand_ins(score_mod)))
     return load_file_module(key, path, own)
-
-
-def _interpreter_dots_bf16_as_values() -> None:
-    """Let Triton's CPU interpreter ``tl.dot`` bf16 operands by value.
-
-    The interpreter stores bf16 as uint16 and its dot multiplies those raw bits, so any
-    kernel that dots bf16 tiles (SGLang's decode does) is wrong under ``TRITON_INTERPRET=1``
-    only. The wrapper widens bf16 operands to fp32 first (exact); compiled kernels never see
-    it, and other dtypes are untouched."""
-    from triton.runtime import interpreter
-
-    builder = interpreter.InterpreterBuilder
-    original = builder.create_dot
-    if getattr(original, "pagegraph_bf16_fix", False):
-        return
-    import numpy as np
-    import triton.language as tl
-
-    def widened(handle):
-        if handle.dtype.scalar != tl.bfloat16:
-            return handle
-        data = interpreter._convert_float(handle.data, tl.bfloat16, tl.float32, None)
-        return interpreter.TensorHandle(data.view(np.float32), tl.float32)
-
-    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
-        return original(self, widened(a), widened(b), d, input_precision, max_num_imprecise_acc)
-
-    create_dot.pagegraph_bf16_fix = True  # type: ignore[attr-defined]
-    builder.create_dot = create_dot
 
 
 # -- SGLang's backend, step by step ---------------------------------------------------------

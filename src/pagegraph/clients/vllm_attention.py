@@ -295,7 +295,7 @@ def load_vllm_attention() -> SimpleNamespace:
     if _loaded is not None:
         return _loaded
     root = vllm_root(REQUIRED_FILES)
-    kernels = load_vllm_kernels()
+    kernels = load_vllm_kernels()  # fits the interpreter to the engines' files (bf16 dots)
     answers = _stand_ins(root)
 
     def load(path: str, overrides: dict[str, ModuleType] | None = None) -> ModuleType:

@@ -19,6 +19,7 @@ from pathlib import Path
 from types import ModuleType, SimpleNamespace
 
 from ..kernels.file_modules import load_file_module
+from .interpreter import fit_interpreter
 
 __all__ = [
     "ENV_VAR",
@@ -204,11 +205,8 @@ def load_vllm_kernels() -> SimpleNamespace:
     if _kernels is not None:
         return _kernels
     root = vllm_root()
-    if os.environ.get("TRITON_INTERPRET", "0") not in ("", "0"):
-        from .sglang import _interpreter_indexes_loaded_scalars
-
-        # vLLM's loops run up to values they load (tl.range(0, num_blocks, ...)).
-        _interpreter_indexes_loaded_scalars()
+    # vLLM's loops run up to values they load (tl.range(0, num_blocks, ...)).
+    fit_interpreter()
     answers = _stand_ins(root)
     buffer_utils = _load_file("buffer_utils", root / KERNEL_FILES[0], answers)
     answers["vllm.v1.worker.gpu.buffer_utils"] = buffer_utils
