@@ -249,6 +249,9 @@ class CheckConfig:
     #: what the decode step's null block (page 0) holds (``NULL_BLOCKS``): "nan", or
     #: "finite" where the engine's padded rows may read it (their outputs are then judged)
     null_block: str = "nan"
+    #: "replay equals eager, bitwise" judged (a failure when a replay's real rows differ from
+    #: the reader's own eager call in any bit); advice when False
+    bitwise: bool = False
 
     def replace(self, **changes: Any) -> CheckConfig:
         return dataclasses.replace(self, **changes)

@@ -99,6 +99,7 @@ _SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], str | None]]] = {
         "head_dim": (_INT, "head_dim"),
         "timing_iters": (_INT, "timing_iters"),
         "null_block": ((str,), "null_block"),
+        "bitwise": ((bool,), "bitwise"),
     },
 }
 _REQUIRED = {"graph": ("max_bs", "max_context_len", "page_size")}

@@ -72,6 +72,11 @@ class StepReplays:
     #: replay D's real rows (a planned reader's unwritten workspace entries given other
     #: values, B's inputs otherwise: ``pagegraph.check.judges.step_plan``); None without it
     out_plan: torch.Tensor | None = None
+    #: the reader's own eager call on B's inputs, real rows (``reader_judges.eager_rows``)
+    out_eager: torch.Tensor | None = None
+    #: replay E's real rows (the NaN page outside every row: ``reader_judges.canary_replay``);
+    #: None where it did not run
+    out_canary: torch.Tensor | None = None
 
 
 class StepRun(PaddedRun, Protocol):
