@@ -163,11 +163,18 @@ class StepConsumer:
         self.workspace = prepare_decode_attention(
             s.max_bs, s.num_q_heads, s.head_dim, device=dev, max_context_len=s.width * s.page_size
         )
+        #: a context manager factory the next ``consume`` call runs in, then cleared
+        self.watch: Callable[[int], contextlib.AbstractContextManager[object]] | None = None
         #: a reader's own buffers (``Reader.workspace``), allocated once; None without
         self.plan_space = PlanWorkspace.for_reader(self.reader, s.max_bs, s.width, s.page_size, dev)
 
     def consume(self, bs: int) -> None:
-        """The consumer on rows ``:bs``, from the builder's tables."""
+        """The consumer on rows ``:bs``, from the builder's tables (the next call inside
+        ``watch(bs)`` when one is set: a sync detector around the capture's warm-up)."""
+        if self.watch is not None:
+            watch, self.watch = self.watch, None
+            with watch(bs):
+                return self.consume(bs)
         ps = self.shape.page_size
         if not self.writes_lengths:
             # The trtllm_mha / FA3 format's lengths are int32, whatever seq_lens holds.

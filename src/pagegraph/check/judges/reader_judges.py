@@ -8,6 +8,7 @@ table entry outside its row. Each is a property of ``STEP_PROPERTIES``; docs/ARC
 from __future__ import annotations
 
 import contextlib
+from collections.abc import Iterator
 
 import numpy as np
 import torch
@@ -29,7 +30,7 @@ __all__ = [
     "WRITES_ROWS",
     "canary_replay",
     "eager_rows",
-    "judge_reader_syncs",
+    "ReaderSyncWatch",
     "reader_details",
     "reader_judges",
     "reader_sync_capture_cause",
@@ -55,44 +56,58 @@ def _site(event: SyncEvent, reader: Reader) -> str:
     return f"{name} at {_sync_site(event.stack, reader.attend)}"
 
 
-def judge_reader_syncs(run: StepRun) -> list[str]:
-    """One eager call of the step's reader (``StepConsumer.consume``: its launch arguments'
-    host work and the attention) on the capture's batch (the largest bucket, one token a
-    row), staged into the step's buffers before capture, under the device's sync detector
-    (cpu without CUDA, torch's sync-debug mode with it). "sync-free reader" fails naming the
-    first sync's file:line. Returns the syncs seen (``WHAT at FILE:LINE``), for the capture's
-    failure; a reader that raises here is left to the capture to report."""
-    g, prop = run.graphs, run.props[SYNC_FREE]
-    bucket = g.buckets[0]
-    detector = "torch" if g.device.type == "cuda" else "cpu"
-    g.seq_lens.fill_(1)
-    g.req_pool_indices.fill_(0)
-    g.host_lens = None
-    quiet = quiet_interpreter() if g.device.type != "cuda" else contextlib.nullcontext()
-    try:
-        g.plan(bucket)  # host work outside the graph: it may sync
-        with quiet, record_device_syncs(detector) as rec:
-            g.consume(bucket)
-        if g.device.type == "cuda":
-            torch.cuda.synchronize(g.device)
-    except DetectorUnavailable as exc:
-        prop.skip(f"no sync detector: {exc}")
-        return []
-    except Exception:  # noqa: BLE001 - the capture runs the same call and reports it
-        return []
-    reader = g.consumer.reader
-    seen = [_site(e, reader) for e in rec.events]
-    if not seen:
-        prop.detail = (
-            f"one eager call of the reader on the capture's batch (bs={bucket}) under the "
-            f"{detector} detector: 0 syncs"
+class ReaderSyncWatch:
+    """The sync detector around the reader's first call of the capture: the largest bucket's
+    warm-up (eager, on the capture's batch: one token a row), under the device's detector
+    (cpu without CUDA, torch's sync-debug mode with it). ``judge`` then fails "sync-free
+    reader" naming the first sync's file:line."""
+
+    def __init__(self, run: StepRun) -> None:
+        self.run = run
+        self.detector = "torch" if run.graphs.device.type == "cuda" else "cpu"
+        self.events: list[SyncEvent] = []
+        self.bs: int | None = None
+        self.unavailable: str | None = None
+        run.graphs.consumer.watch = self._watch
+
+    @contextlib.contextmanager
+    def _watch(self, bs: int) -> Iterator[None]:
+        self.bs = bs
+        try:
+            rec_cm = record_device_syncs(self.detector)
+            rec = rec_cm.__enter__()
+        except DetectorUnavailable as exc:
+            self.unavailable = str(exc)
+            yield
+            return
+        try:
+            yield
+        finally:
+            rec_cm.__exit__(None, None, None)
+            self.events = list(rec.events)
+
+    def judge(self) -> list[str]:
+        """Judge "sync-free reader"; the syncs seen (``WHAT at FILE:LINE``)."""
+        g, prop = self.run.graphs, self.run.props[SYNC_FREE]
+        g.consumer.watch = None
+        if self.unavailable is not None:
+            prop.skip(f"no sync detector: {self.unavailable}")
+            return []
+        if self.bs is None:
+            return []  # the reader was never called: the capture says why
+        reader = g.consumer.reader
+        seen = [_site(e, reader) for e in self.events]
+        if not seen:
+            prop.detail = (
+                f"the reader's warm-up call on the capture's batch (bs={self.bs}) under the "
+                f"{self.detector} detector: 0 syncs"
+            )
+            return []
+        prop.fail(
+            f"eager call of reader {reader.name!r} on bs={self.bs} (the capture's warm-up): "
+            f"{seen[0]}" + (f"; {len(seen)} sync(s) in all" if len(seen) > 1 else "")
         )
-        return []
-    prop.fail(
-        f"eager call of reader {reader.name!r} on bs={bucket} (the capture's batch): {seen[0]}"
-        + (f"; {len(seen)} sync(s) in all" if len(seen) > 1 else "")
-    )
-    return seen
+        return seen
 
 
 def reader_sync_capture_cause(exc: BaseException, syncs: list[str]) -> str | None:

@@ -31,9 +31,9 @@ from ..judges.padded_rows import nan_page as nan_page_id
 from ..judges.padded_rows import note_convention
 from ..judges.protocol import Judge
 from ..judges.reader_judges import (
+    ReaderSyncWatch,
     canary_replay,
     eager_rows,
-    judge_reader_syncs,
     reader_details,
     reader_judges,
     reader_sync_capture_cause,
@@ -269,14 +269,15 @@ def _setup(
 
 def _capture(run: _Run) -> bool:
     """Warm up and capture every bucket; False (the rest incomplete) when that raised."""
-    syncs = judge_reader_syncs(run)  # the reader's eager call, before the capture
+    watch = ReaderSyncWatch(run)  # around the reader's first call: the warm-up's
     t0 = time.perf_counter()
     try:
         run.graphs.capture()
     except Exception as exc:  # noqa: BLE001 - a builder or consumer that raises is reported
-        what = reader_sync_capture_cause(exc, syncs)
+        what = reader_sync_capture_cause(exc, watch.judge())
         fail_capture(run.report, run.props, what or f"capture raised {type(exc).__name__}: {exc}")
         return False
+    watch.judge()
     g = run.graphs
     record_capture(
         run.report, run.props["capture"], len(run.buckets), g.graphs, g.use_graphs, g.emulated, t0

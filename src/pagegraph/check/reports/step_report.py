@@ -61,8 +61,8 @@ STEP_PROPERTIES: dict[str, tuple[str, str]] = {
     "sync-free reader": (
         "reader (launch arguments + attention)",
         "a host sync (.item(), .tolist(), indexing with a 0-dim device tensor, ...) in one eager "
-        "call of the reader on the capture's batch, before capture, under the device's sync "
-        "detector (cpu without CUDA, torch's sync-debug mode with it); names its file:line",
+        "call of the reader on the capture's batch (the capture's warm-up), under the device's "
+        "sync detector (cpu without CUDA, torch's sync-debug mode with it); names its file:line",
     ),
     "reader writes every real row": (
         "reader",
