@@ -116,9 +116,12 @@ def test_launch_arguments_see_one_token_rows_at_capture_and_nothing_at_replay():
 
     reader = Reader("spy", paged_decode_attention, spy)
     check_decode_step("build_page_table", tiny(steps=2), consumer=reader)
-    # warm-up and capture, a call each per bucket: nothing at replay (the graph replays)
-    assert [h.bucket for h in seen] == [4, 2, 4, 2]
-    assert all(set(h.lens) == {1} and len(h.lens) == h.bucket for h in seen)
+    # warm-up and capture, a call each per bucket: nothing at replay (the graph replays);
+    # then one eager call a step ("replay equals eager, bitwise"), on the step's lengths
+    captured, eager = seen[:4], seen[4:]
+    assert [h.bucket for h in captured] == [4, 2, 4, 2]
+    assert all(set(h.lens) == {1} and len(h.lens) == h.bucket for h in captured)
+    assert len(eager) == 2 and all(h.max_len > 1 for h in eager)
     assert seen[0].capacity == 128 and seen[0].max_len == 1
 
 

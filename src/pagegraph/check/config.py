@@ -257,6 +257,9 @@ class CheckConfig:
     #: reader such as "sglang:triton_decode", or ``module:name``), used when the check is
     #: given none; None: pagegraph's attention of the consumer's format
     reader: str | None = None
+    #: "replay equals eager, bitwise" judged (a failure when a replay's real rows differ from
+    #: the reader's own eager call in any bit); advice when False
+    bitwise: bool = False
 
     def replace(self, **changes: Any) -> CheckConfig:
         return dataclasses.replace(self, **changes)

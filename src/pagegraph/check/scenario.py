@@ -101,6 +101,7 @@ _SCHEMA: dict[str, dict[str, tuple[tuple[type, ...], str | None]]] = {
         "null_block": ((str,), "null_block"),
         "pad_slot": ((str,), "pad_slot"),
         "reader": ((str,), "reader"),
+        "bitwise": ((bool,), "bitwise"),
     },
 }
 _REQUIRED = {"graph": ("max_bs", "max_context_len", "page_size")}

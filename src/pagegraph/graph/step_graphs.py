@@ -286,6 +286,7 @@ class StepGraphs:
         without CUDA, or the step run eagerly)."""
         if self.batch is None:
             raise RuntimeError("replay() before stage(): no batch to run")
+        self.consumer.poison_out()  # a row the replay leaves unwritten keeps the poison
         with self._quiet():
             self.runner.replay(*self.batch)
 

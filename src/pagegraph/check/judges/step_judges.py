@@ -79,6 +79,11 @@ class StepReplays:
     model_kv: tuple[torch.Tensor, torch.Tensor] | None = None
     #: the first difference of the replayed cache from the model, described; None: none
     cache_failure: str | None = None
+    #: the reader's own eager call on B's inputs, real rows (``reader_judges.eager_rows``)
+    out_eager: torch.Tensor | None = None
+    #: replay E's real rows (the NaN page outside every row: ``reader_judges.canary_replay``);
+    #: None where it did not run
+    out_canary: torch.Tensor | None = None
 
 
 class StepRun(PaddedRun, Protocol):

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -37,6 +37,15 @@ from ..judges.padded_rows import judge_capture as judge_reserved_at_capture
 from ..judges.padded_rows import nan_page as nan_page_id
 from ..judges.padded_rows import note_convention
 from ..judges.protocol import Judge
+from ..judges.reader_judges import (
+    ReaderSyncWatch,
+    canary_replay,
+    eager_rows,
+    reader_details,
+    reader_judges,
+    reader_sync_capture_cause,
+    set_details,
+)
 from ..judges.step_judges import STEP_JUDGES, StepBatch, StepReplays, StepSeen
 from ..judges.step_plan import plan_detail, replay_refilled
 from ..plan import CheckPlan
@@ -123,7 +132,9 @@ class _Run:
     #: told the phase reached (``check_decode_step``'s ``on_phase``)
     on_phase: Callable[[str], None] | None = None
     #: what judges each step's replays (``pagegraph.check.judges.step_judges``)
-    judges: tuple[Judge[StepSeen], ...] = STEP_JUDGES
+    judges: tuple[Judge[StepSeen], ...] = field(
+        default_factory=lambda: (*STEP_JUDGES, *reader_judges())
+    )
 
 
 class StepBench:
@@ -265,12 +276,15 @@ def _setup(
 
 def _capture(run: _Run) -> bool:
     """Warm up and capture every bucket; False (the rest incomplete) when that raised."""
+    watch = ReaderSyncWatch(run)  # around the reader's first call: the warm-up's
     t0 = time.perf_counter()
     try:
         run.graphs.capture()
     except Exception as exc:  # noqa: BLE001 - a builder or consumer that raises is reported
-        fail_capture(run.report, run.props, f"capture raised {type(exc).__name__}: {exc}")
+        what = reader_sync_capture_cause(exc, watch.judge())
+        fail_capture(run.report, run.props, what or f"capture raised {type(exc).__name__}: {exc}")
         return False
+    watch.judge()
     g = run.graphs
     record_capture(
         run.report, run.props["capture"], len(run.buckets), g.graphs, g.use_graphs, g.emulated, t0
@@ -342,6 +356,7 @@ def _one_step(run: _Run, k: int, step: Step) -> None:
     g.replay()
     out_b = g.out[:n].clone()
     sentinel = sentinel and g.sentinel_intact()
+    out_eager = eager_rows(run, b)  # the reader's own eager call on B's inputs
     out_d = replay_refilled(run, b)  # D: the entries the plan left unwritten changed
     sentinel = sentinel and g.sentinel_intact()
     out_c = pad_c = None
@@ -352,6 +367,8 @@ def _one_step(run: _Run, k: int, step: Step) -> None:
         sentinel = sentinel and g.sentinel_intact()
         out_c = g.out[:n].clone()
         pad_c = g.out[n:bucket].clone()
+    out_e = canary_replay(run, b)  # E: the NaN page in every entry outside the rows read
+    sentinel = sentinel and g.sentinel_intact()
     # Page 0 and the guard are never restored: one read-back after the step's last replay
     # sees a write in any of them.
     cache_failure = cache_failure or _cache_failure(run, b, model, "the step's last")
@@ -367,6 +384,8 @@ def _one_step(run: _Run, k: int, step: Step) -> None:
         out_plan=out_d,
         model_kv=(model.k, model.v),
         cache_failure=cache_failure,
+        out_eager=out_eager,
+        out_canary=out_e,
     )
     seen = StepSeen(run, b, replays)
     for judge in run.judges:
@@ -483,6 +502,7 @@ def _details(run: _Run) -> None:
     for name, detail in text.items():
         if name in ok:
             ok[name].detail = detail
+    set_details(p, reader_details(run, run.judges))
     describe_padded_rows(run)
 
 

@@ -64,6 +64,29 @@ STEP_PROPERTIES: dict[str, tuple[str, str]] = {
         "plan did not write (an earlier plan's) get other values (passes trivially without a "
         "plan)",
     ),
+    "sync-free reader": (
+        "reader (launch arguments + attention)",
+        "a host sync (.item(), .tolist(), indexing with a 0-dim device tensor, ...) in one eager "
+        "call of the reader on the capture's batch (the capture's warm-up), under the device's "
+        "sync detector (cpu without CUDA, torch's sync-debug mode with it); names its file:line",
+    ),
+    "reader writes every real row": (
+        "reader",
+        "a real row of out still holding the poison bit pattern put there before the replay "
+        "(named by replay, bucket and row); a length-0 real row must be written too (zeros)",
+    ),
+    "replay equals eager, bitwise": (
+        "reader (graph vs eager)",
+        "with [consumer] bitwise = true: replay B's real rows differ in any bit from the "
+        "reader's own eager call on the same inputs (the largest ULP difference named); "
+        "advice otherwise",
+    ),
+    "reader reads only its row": (
+        "reader",
+        "a real row non-finite in replay E, where every table entry outside the rows the graph "
+        "reads (page-table rows past the bucket, CSR entries past every span) names the NaN "
+        "page: a read past the last real row's width or span",
+    ),
     "replays completed": (
         "builder + consumer",
         "a replay raised, or the check process died (run in a child process)",

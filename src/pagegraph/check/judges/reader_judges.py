@@ -1,0 +1,310 @@
+"""The decode step's judges of the reader itself (the attention call ``StepConsumer.consume``
+runs, with its launch arguments' host work): it does not sync the host, it writes every real
+row of ``out``, a replay gives what its own eager call gives bit for bit, and it reads no
+table entry outside its row. Each is a property of ``STEP_PROPERTIES``; docs/ARCHITECTURE.md
+("The decode step end to end") says what each replay holds.
+"""
+
+from __future__ import annotations
+
+import contextlib
+from collections.abc import Iterator
+
+import numpy as np
+import torch
+
+from ...consumers.reader import Reader
+from ...detect.sync import record_device_syncs
+from ...detect.sync_events import DetectorUnavailable, SyncEvent
+from ...graph.step_consumer import OUT_POISON, quiet_interpreter
+from ..reports.report import PropertyResult
+from .padded_rows import nan_page as nan_page_id
+from .protocol import Judge, JudgedAtOnce
+from .step_judges import StepBatch, StepRun, StepSeen, changed_rows
+from .table_judges import _CAPTURE_ERROR, _sync_site
+
+__all__ = [
+    "BITWISE",
+    "OWN_ROW",
+    "SYNC_FREE",
+    "WRITES_ROWS",
+    "canary_replay",
+    "eager_rows",
+    "ReaderSyncWatch",
+    "reader_details",
+    "reader_judges",
+    "reader_sync_capture_cause",
+    "ulp_distance",
+]
+
+SYNC_FREE = "sync-free reader"
+WRITES_ROWS = "reader writes every real row"
+BITWISE = "replay equals eager, bitwise"
+OWN_ROW = "reader reads only its row"
+
+
+# -- sync-free reader ----------------------------------------------------------------------------
+
+
+def _site(event: SyncEvent, reader: Reader) -> str:
+    """``WHAT at FILE:LINE`` of a sync: the cpu detector's name says it already; torch's
+    comes with a stack, whose innermost frame in the reader's file (else outside pagegraph,
+    torch and triton) is the line."""
+    name = event.name.removeprefix("sync_debug: ")
+    if " at " in name and event.detector == "cpu":
+        return name
+    return f"{name} at {_sync_site(event.stack, reader.attend)}"
+
+
+class ReaderSyncWatch:
+    """The sync detector around the reader's first call of the capture: the largest bucket's
+    warm-up (eager, on the capture's batch: one token a row), under the device's detector
+    (cpu without CUDA, torch's sync-debug mode with it). ``judge`` then fails "sync-free
+    reader" naming the first sync's file:line."""
+
+    def __init__(self, run: StepRun) -> None:
+        self.run = run
+        self.detector = "torch" if run.graphs.device.type == "cuda" else "cpu"
+        self.events: list[SyncEvent] = []
+        self.bs: int | None = None
+        self.unavailable: str | None = None
+        run.graphs.consumer.watch = self._watch
+
+    @contextlib.contextmanager
+    def _watch(self, bs: int) -> Iterator[None]:
+        self.bs = bs
+        try:
+            rec_cm = record_device_syncs(self.detector)
+            rec = rec_cm.__enter__()
+        except DetectorUnavailable as exc:
+            self.unavailable = str(exc)
+            yield
+            return
+        try:
+            yield
+        finally:
+            rec_cm.__exit__(None, None, None)
+            self.events = list(rec.events)
+
+    def judge(self) -> list[str]:
+        """Judge "sync-free reader"; the syncs seen (``WHAT at FILE:LINE``)."""
+        g, prop = self.run.graphs, self.run.props[SYNC_FREE]
+        g.consumer.watch = None
+        if self.unavailable is not None:
+            prop.skip(f"no sync detector: {self.unavailable}")
+            return []
+        if self.bs is None:
+            return []  # the reader was never called: the capture says why
+        reader = g.consumer.reader
+        seen = [_site(e, reader) for e in self.events]
+        if not seen:
+            prop.detail = (
+                f"the reader's warm-up call on the capture's batch (bs={self.bs}) under the "
+                f"{self.detector} detector: 0 syncs"
+            )
+            return []
+        prop.fail(
+            f"eager call of reader {reader.name!r} on bs={self.bs} (the capture's warm-up): "
+            f"{seen[0]}" + (f"; {len(seen)} sync(s) in all" if len(seen) > 1 else "")
+        )
+        return seen
+
+
+def reader_sync_capture_cause(exc: BaseException, syncs: list[str]) -> str | None:
+    """The line for a capture that raised because the reader synchronises (the eager call
+    before it saw ``syncs``, and the exception reads as a capture error); else None."""
+    if not syncs or not _CAPTURE_ERROR.search(str(exc)):
+        return None
+    return (
+        f"capture failed: the reader synchronised ({syncs[0]}), which a CUDA graph cannot "
+        f"capture ({type(exc).__name__})"
+    )
+
+
+# -- the replays' extra calls --------------------------------------------------------------------
+
+
+def eager_rows(run: StepRun, batch: StepBatch) -> torch.Tensor:
+    """The reader's own eager call (outside the graph) on the bucket, on what the last replay
+    left: the staged inputs, the builder's tables, the queries, the cache, the host lengths.
+    Returns its real rows (``out`` is overwritten; the next replay poisons it)."""
+    g = run.graphs
+    quiet = quiet_interpreter() if g.device.type != "cuda" else contextlib.nullcontext()
+    with quiet:
+        g.consume(batch.bucket)
+    return g.out[: len(batch.rpi)].clone()
+
+
+def canary_replay(run: StepRun, batch: StepBatch) -> torch.Tensor | None:
+    """Replay E (after C: padded queries finite; stale tails other live pages): every table
+    entry outside the rows the graph reads (the page table's rows past the bucket; CSR's
+    ``kv_indices`` past every span the graph builds) names the NaN page, restored after.
+    Returns the real rows, or None where no real row can read past its row: in the page-table
+    format, the last real row's pages must fill the table's width."""
+    g = run.graphs
+    width, ps = g.shape.width, g.shape.page_size
+    last = batch.lens[-1] if batch.lens else 0
+    if not g.shape.lists_pages and -(-last // ps) < width:
+        return None
+    page = nan_page_id(g.null_block)
+    rows = g.page_table[batch.bucket :]
+    saved = rows.clone()
+    rows.fill_(page)
+    if g.shape.lists_pages:
+        g.kv_indices.fill_(page)
+    try:
+        g.replay()
+        return g.out[: len(batch.rpi)].clone()
+    finally:
+        rows.copy_(saved)
+
+
+def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """Per element, how many representable values of the dtype lie between ``a`` and ``b``
+    (int64; 0 for equal bits, NaN included)."""
+    bits = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
+    top = 1 << (8 * a.element_size() - 1)
+
+    def ordered(t: torch.Tensor) -> torch.Tensor:
+        v = t.contiguous().view(bits).to(torch.int64)
+        return torch.where(v < 0, -(v + top), v)  # sign-magnitude to a monotonic order
+
+    return (ordered(a) - ordered(b)).abs()
+
+
+# -- the judges --------------------------------------------------------------------------------
+
+
+def _unwritten(out: torch.Tensor) -> list[int]:
+    """Rows holding the poison ``StepGraphs.replay`` wrote into ``out`` before the replay."""
+    bits = {2: torch.int16, 4: torch.int32}[out.element_size()]
+    poison = OUT_POISON[out.element_size()]
+    left = (out.contiguous().view(bits) == poison).flatten(1).any(1)
+    return np.flatnonzero(left.cpu().numpy()).tolist()
+
+
+class WritesEveryRow(JudgedAtOnce):
+    """Every element of every real row of each replay's ``out`` written (``out`` holds a
+    poison bit pattern, out of any attention output's range, before each replay)."""
+
+    property_name = WRITES_ROWS
+
+    def __init__(self) -> None:
+        self.replays = 0
+
+    def observe(self, seen: StepSeen) -> None:
+        batch, r = seen.batch, seen.replays
+        named = [("A", r.out_a), ("B", r.out_b), ("D", r.out_plan), ("C", r.out_c)]
+        named.append(("E", r.out_canary))
+        for which, out in named:
+            if out is None:
+                continue
+            self.replays += 1
+            rows = _unwritten(out)
+            if rows:
+                seen.run.props[self.property_name].fail(
+                    f"{batch.where(rows[0])}, replay {which} of the step: left unwritten (the "
+                    f"poison put in out before the replay stayed); {len(rows)} real row(s)"
+                )
+                return
+
+
+class ReplayEqualsEager(JudgedAtOnce):
+    """Replay B's real rows bit-identical with the reader's own eager call on the same state;
+    the largest ULP difference is kept. A failure with ``[consumer] bitwise = true``, advice
+    otherwise."""
+
+    property_name = BITWISE
+
+    def __init__(self) -> None:
+        self.steps = 0
+        self.max_ulp = 0
+
+    def observe(self, seen: StepSeen) -> None:
+        run, batch, r = seen.run, seen.batch, seen.replays
+        if r.out_eager is None:
+            return
+        self.steps += 1
+        changed = changed_rows(r.out_b, r.out_eager)
+        if not changed:
+            return
+        ulp = ulp_distance(r.out_b, r.out_eager).flatten(1).max(1).values.cpu()
+        worst = int(ulp.max())
+        self.max_ulp = max(self.max_ulp, worst)
+        prop = run.props[self.property_name]
+        what = (
+            f"{batch.where(changed[0])}: replay B and the reader's eager call on the same "
+            f"inputs differ by up to {int(ulp[changed[0]])} ULP; {len(changed)} row(s) differ, "
+            f"largest {worst} ULP"
+        )
+        if run.cfg.bitwise:
+            prop.fail(what)
+        else:
+            prop.advise(what + " ([consumer] bitwise = false: advice)")
+
+
+class ReadsOnlyItsRow(JudgedAtOnce):
+    """Replay E's real rows finite: with every entry outside the rows the graph reads naming
+    the NaN page, and the stale tails other live pages, a NaN came from past a row's end."""
+
+    property_name = OWN_ROW
+
+    def __init__(self) -> None:
+        self.replays = 0
+
+    def observe(self, seen: StepSeen) -> None:
+        run, batch, r = seen.run, seen.batch, seen.replays
+        out = r.out_canary
+        if out is None:
+            return
+        self.replays += 1
+        finite = torch.isfinite(out.float()).flatten(1).all(1).cpu().numpy()
+        bad = np.flatnonzero(~finite).tolist()
+        if bad:
+            where = (
+                "CSR's kv_indices past its span"
+                if run.graphs.shape.lists_pages
+                else (f"the page table past its row's width ({run.graphs.shape.width} entries)")
+            )
+            run.props[self.property_name].fail(
+                f"{batch.where(bad[0])}: non-finite when only the entries outside every real "
+                f"row (the NaN page) and the padded rows' entries could hold NaN: it read "
+                f"{where}; {len(bad)} real row(s) non-finite"
+            )
+
+
+def reader_judges() -> tuple[Judge[StepSeen], ...]:
+    """Fresh judges of the reader for one run (they keep the run's tallies)."""
+    return (WritesEveryRow(), ReplayEqualsEager(), ReadsOnlyItsRow())
+
+
+def reader_details(run: StepRun, judges: tuple[Judge[StepSeen], ...]) -> dict[str, str]:
+    """The pass details of the reader's properties, from the run's judges."""
+    text: dict[str, str] = {}
+    for judge in judges:
+        if isinstance(judge, WritesEveryRow):
+            text[WRITES_ROWS] = (
+                f"{judge.replays} replays with a poison bit pattern in out before each: every "
+                "real row written"
+            )
+        elif isinstance(judge, ReplayEqualsEager):
+            mode = "judged" if run.cfg.bitwise else "advice ([consumer] bitwise = false)"
+            text[BITWISE] = (
+                f"{judge.steps} replays compared with the reader's eager call on the same "
+                f"inputs: largest difference {judge.max_ulp} ULP ({mode})"
+            )
+        elif isinstance(judge, ReadsOnlyItsRow):
+            text[OWN_ROW] = (
+                f"{judge.replays} replays with the NaN page in every entry outside the rows "
+                "the graph reads: real rows finite"
+                if judge.replays
+                else "no replay whose last real row filled the table's width: nothing to check"
+            )
+    return text
+
+
+def set_details(props: dict[str, PropertyResult], text: dict[str, str]) -> None:
+    """``text``'s details on the properties that passed."""
+    for name, detail in text.items():
+        if props[name].status == "pass":
+            props[name].detail = detail
