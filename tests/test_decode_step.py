@@ -133,7 +133,8 @@ def padded_leak_consumer(
 def sentinel_writer_consumer(
     q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size, workspace
 ):
-    """Correct, then writes into the last page of the KV pool."""
+    """Correct, then writes into the sentinel page, past every page of the KV pool (the last
+    page of the cache is the discard page, where a masked write may go)."""
     paged_decode_attention(
         q,
         k_cache,
@@ -144,7 +145,7 @@ def sentinel_writer_consumer(
         page_size=page_size,
         workspace=workspace,
     )
-    k_cache[k_cache.shape[0] - 1, 0].add_(1)
+    k_cache[k_cache.shape[0] - 2, 0].add_(1)
     return out
 
 

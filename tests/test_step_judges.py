@@ -8,6 +8,7 @@ from types import SimpleNamespace
 import pytest
 import torch
 
+from pagegraph.check.judges.reader_judges import reader_judges
 from pagegraph.check.judges.step_judges import (
     STEP_JUDGES,
     PaddedRowsContained,
@@ -41,11 +42,12 @@ def _outs(seed: int = 1, n: int = 3) -> torch.Tensor:
 
 
 def test_every_judge_names_a_step_property_and_each_once():
-    names = [j.property_name for j in STEP_JUDGES]
+    names = [j.property_name for j in (*STEP_JUDGES, *reader_judges())]
     assert len(set(names)) == len(names)
     assert set(names) <= set(STEP_PROPERTIES)
-    # capture and replays completed are the pipeline's, not a replay judge's
-    assert set(STEP_PROPERTIES) - set(names) == {"capture", "replays completed"}
+    # capture and replays completed are the pipeline's, the reader's syncs the capture's
+    left = {"capture", "replays completed", "sync-free reader"}
+    assert set(STEP_PROPERTIES) - set(names) == left
 
 
 def test_changed_rows_compares_bits_so_a_nan_row_that_stays_nan_is_unchanged():

@@ -280,11 +280,12 @@ class CheckConfig:
 
     @property
     def cache_pad_slot(self) -> str:
-        """``pad_slot``, or the engine's by ``padding``: "null" for SGLang's padding (its padded
-        rows' ``out_cache_loc`` is slot 0), "skip" for every other (vLLM's ``PAD_SLOT_ID``)."""
+        """``pad_slot``, or the engine's by ``padding``: "null" for SGLang's padding over a NaN
+        null block (its padded rows' ``out_cache_loc`` is slot 0), "skip" for every other
+        (vLLM's ``PAD_SLOT_ID``; a null block holding data is never written)."""
         if self.pad_slot is not None:
             return self.pad_slot
-        return "null" if self.padding == "sglang" else "skip"
+        return "null" if self.padding == "sglang" and self.null_block == "nan" else "skip"
 
     @property
     def width(self) -> int:
@@ -440,7 +441,7 @@ def _check_consumer(c: CheckConfig, name: FieldNamer) -> None:
         _fail("null_block", f"must be 'nan' or 'finite', got {c.null_block!r}", name)
     if c.pad_slot is not None and c.pad_slot not in PAD_SLOTS:
         _fail("pad_slot", f"must be 'skip' or 'null', got {c.pad_slot!r}", name)
-    if c.cache_pad_slot == "null" and c.null_block == "finite":
+    if c.pad_slot == "null" and c.null_block == "finite":
         _fail(
             "pad_slot",
             "'null' (padded rows write slot 0) cannot go with a null block that holds data "

@@ -324,9 +324,9 @@ def load_vllm_attention() -> SimpleNamespace:
 def capture_sizes(max_bs: int) -> list[int]:
     """vLLM's default ``cudagraph_capture_sizes`` up to ``max_bs`` (pagegraph's "vllm"
     buckets): what the backend picks ``seq_threshold_3D`` from."""
-    from ..graph.buckets import PRESETS
-
-    return [b for b in PRESETS["vllm"](max_bs) if b <= max_bs] or [max_bs]
+    # vLLM's default list: 1, 2, 4, every multiple of 8 up to 256, then of 16.
+    defaults = (1, 2, 4, *range(8, 257, 8), *range(272, max(max_bs, 272) + 1, 16))
+    return [b for b in defaults if b <= max_bs] or [max_bs]
 
 
 def triton_attn_config(

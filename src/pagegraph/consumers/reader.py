@@ -16,7 +16,7 @@ from dataclasses import dataclass
 
 import torch
 
-from .cache_write import write_new_tokens
+from .cache_write import PAD_SLOT_ID, PAD_SLOTS, CacheWrite, StepInputs, write_new_tokens
 
 __all__ = [
     "PAD_SLOTS",
@@ -27,14 +27,6 @@ __all__ = [
     "StepInputs",
     "as_reader",
 ]
-
-#: The slot a padded row's new token goes to under ``pad_slot = "skip"``: vLLM's
-#: ``PAD_SLOT_ID``, which a cache write skips.
-PAD_SLOT_ID = -1
-#: Values of ``[consumer] pad_slot``: what a padded row's ``out_cache_loc`` holds. "skip":
-#: ``PAD_SLOT_ID`` (vLLM: the write skips it); "null": slot 0, padding's own reserved slot,
-#: written like any other (SGLang's ``out_cache_loc`` of padded rows).
-PAD_SLOTS = ("skip", "null")
 
 
 @dataclass(frozen=True)
@@ -59,48 +51,6 @@ class HostBatch:
     def capacity(self) -> int:
         """Tokens a table row holds: the static worst case of any length."""
         return self.width * self.page_size
-
-
-@dataclass(frozen=True)
-class StepInputs:
-    """The step's staged inputs, for a reader that builds its own metadata from them (SGLang's
-    Triton backend builds its CSR from ``req_to_token``): ``req_to_token`` ``[rows, >= context]``
-    int32/int64 (the pool's), ``req_pool_indices`` and ``seq_lens`` ``[bs]`` of the index dtype,
-    padded by the scenario's convention (the runner's static buffers, rows ``:bs``)."""
-
-    req_to_token: torch.Tensor
-    req_pool_indices: torch.Tensor
-    seq_lens: torch.Tensor
-
-
-@dataclass(frozen=True)
-class CacheWrite:
-    """What the step's KV-cache write is given for ``bs`` rows (each row one new token).
-
-    ``k_new``, ``v_new`` ``[bs, Hkv, D]`` (the cache's dtype): each row's new token's key and
-    value. ``k_cache``, ``v_cache`` ``[num_pages + 2, page_size, Hkv, D]``: the pool's pages,
-    then the sentinel page (``num_pages``, which nothing may write) and the discard page
-    (``num_pages + 1``). ``out_cache_loc`` ``[bs]`` int64: the slot (``page * page_size +
-    offset``) the engine's allocator gave each real row's new token (SGLang's), a padded row's
-    by ``pad_slot``: ``PAD_SLOT_ID`` or 0. ``positions`` ``[bs]`` int64: each real row's new
-    token's position (``seq_len - 1``), 0 for a padded row. ``idx_mapping`` ``[bs]`` int32:
-    ``i`` for a real row, -1 for a padded one (vLLM's padded requests). ``page_table``
-    ``[bs, width]`` int32 and ``cache_seqlens`` ``[bs]`` int32: the builder's tables.
-    ``discard_slot``: the first slot of the discard page, where a masked write may go (no one
-    reads it). ``inputs``: the staged inputs (``StepInputs``)."""
-
-    k_new: torch.Tensor
-    v_new: torch.Tensor
-    k_cache: torch.Tensor
-    v_cache: torch.Tensor
-    out_cache_loc: torch.Tensor
-    positions: torch.Tensor
-    idx_mapping: torch.Tensor
-    page_table: torch.Tensor
-    cache_seqlens: torch.Tensor
-    page_size: int
-    discard_slot: int
-    inputs: StepInputs
 
 
 @dataclass(frozen=True)

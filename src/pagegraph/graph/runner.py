@@ -141,16 +141,9 @@ class GraphRunner:
             table_width=table_width,
             use_graphs=use_graphs,
         )
-        given = merge_vectors(
-            {
-                "cache_seqlens": cache_seqlens,
-                "cu_seqlens_k": cu_seqlens_k,
-                "cu_seqlens_q": cu_seqlens_q,
-                "kv_indptr": kv_indptr,
-                "kv_indices": kv_indices,
-            },
-            vectors,
-        )
+        named = dict(cache_seqlens=cache_seqlens, cu_seqlens_k=cu_seqlens_k)
+        named.update(cu_seqlens_q=cu_seqlens_q, kv_indptr=kv_indptr, kv_indices=kv_indices)
+        given = merge_vectors(named, vectors)
         #: what reads the tables after the builder in each bucket's graph (``attach_reader``)
         self.reader: Callable[[int], None] | None = None
         self.engine = engine

@@ -57,9 +57,10 @@ def _site(event: SyncEvent, reader: Reader) -> str:
 
 
 class ReaderSyncWatch:
-    """The sync detector around the reader's first call of the capture: the largest bucket's
-    warm-up (eager, on the capture's batch: one token a row), under the device's detector
-    (cpu without CUDA, torch's sync-debug mode with it). ``judge`` then fails "sync-free
+    """The sync detector around the reader's second call of the capture: a warm-up (eager, on
+    the capture's batch: one token a row) after the first, which may set up once what the
+    reader keeps, under the device's detector (cpu without CUDA, torch's sync-debug mode
+    with it). ``judge`` then fails "sync-free
     reader" naming the first sync's file:line."""
 
     def __init__(self, run: StepRun) -> None:
@@ -68,7 +69,16 @@ class ReaderSyncWatch:
         self.events: list[SyncEvent] = []
         self.bs: int | None = None
         self.unavailable: str | None = None
-        run.graphs.consumer.watch = self._watch
+        run.graphs.consumer.watch = self._after_first
+
+    @contextlib.contextmanager
+    def _after_first(self, bs: int) -> Iterator[None]:
+        """The reader's first call runs unwatched, as an engine's first warm-up sets up what it
+        keeps (pointer tensors, scratch); the watch is set for the next call."""
+        try:
+            yield
+        finally:
+            self.run.graphs.consumer.watch = self._watch
 
     @contextlib.contextmanager
     def _watch(self, bs: int) -> Iterator[None]:
@@ -99,12 +109,12 @@ class ReaderSyncWatch:
         seen = [_site(e, reader) for e in self.events]
         if not seen:
             prop.detail = (
-                f"the reader's warm-up call on the capture's batch (bs={self.bs}) under the "
-                f"{self.detector} detector: 0 syncs"
+                f"the reader's second warm-up call on the capture's batch (bs={self.bs}) under "
+                f"the {self.detector} detector: 0 syncs"
             )
             return []
         prop.fail(
-            f"eager call of reader {reader.name!r} on bs={self.bs} (the capture's warm-up): "
+            f"eager call of reader {reader.name!r} on bs={self.bs} (a warm-up of the capture): "
             f"{seen[0]}" + (f"; {len(seen)} sync(s) in all" if len(seen) > 1 else "")
         )
         return seen

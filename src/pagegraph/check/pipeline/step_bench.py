@@ -276,7 +276,7 @@ def _setup(
 
 def _capture(run: _Run) -> bool:
     """Warm up and capture every bucket; False (the rest incomplete) when that raised."""
-    watch = ReaderSyncWatch(run)  # around the reader's first call: the warm-up's
+    watch = ReaderSyncWatch(run)  # around the reader's second call: a warm-up
     t0 = time.perf_counter()
     try:
         run.graphs.capture()
