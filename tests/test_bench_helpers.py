@@ -13,15 +13,24 @@ import pytest
 import torch
 
 from pagegraph import bench
-from pagegraph.bench import bench_report, checker_rate, decode_bench, replay_overhead
+from pagegraph.bench import (
+    bench_report,
+    checker_rate,
+    decode_bench,
+    floors,
+    inputs,
+    replay_overhead,
+)
 from pagegraph.check.scenario import load_scenario
+from pagegraph.kernels.baselines import block_grid
 from pagegraph.kernels.contract import POISON
+from pagegraph.kernels.page_table import build_page_table
 from pagegraph.kernels.table_reference import expected_tables
 
 
 def test_rotation_count_divides_builds_and_covers_l2():
     for nbytes in (1, 10_000, 9_000_000, 40_000_000, 10**9):
-        k = bench.rotation_count(nbytes, table_bytes=1 << 20, l2_bytes=60 << 20, builds=20)
+        k = inputs.rotation_count(nbytes, table_bytes=1 << 20, l2_bytes=60 << 20, builds=20)
         assert 20 % k == 0
         assert k == 20 or k * nbytes >= 4 * (60 << 20)
 
@@ -30,7 +39,7 @@ def test_rotated_tables_are_page_permutations():
     cfg = bench.smoke_config(bench.get_config("decode-large"))
     # The kernel takes CPU tensors only under the interpreter: on a GPU machine, the GPU.
     inp = bench.make_inputs(cfg, "cuda" if torch.cuda.is_available() else "cpu")
-    bench.rotate_out_of_l2(inp, 60 << 20, 20)
+    inputs.rotate_out_of_l2(inp, 60 << 20, 20)
     assert len(inp.rotated) == 19
     ps = cfg.page_size
     base_pages = inp.req_to_token // ps
@@ -43,26 +52,26 @@ def test_rotated_tables_are_page_permutations():
         assert (0, 0) in pairs or 0 not in base_pages, "page 0 (padding) stays page 0"
         want, _ = expected_tables(table, inp.req_pool_indices, inp.seq_lens, cfg.width, ps)
         got = torch.full_like(want, POISON)
-        bench.build_page_table(table, inp.req_pool_indices, inp.seq_lens, got, ps)
+        build_page_table(table, inp.req_pool_indices, inp.seq_lens, got, ps)
         assert torch.equal(got, want)
 
 
 def test_floor_bytes():
-    assert bench.floor_bytes(10, page_size=64) == 10 * (32 + 4)
-    assert bench.floor_bytes(10, page_size=1) == 10 * (4 + 4)
-    assert bench.floor_bytes(10, page_size=16, swa=True) == 10 * (32 + 4 + 32 + 4)
+    assert floors.floor_bytes(10, page_size=64) == 10 * (32 + 4)
+    assert floors.floor_bytes(10, page_size=1) == 10 * (4 + 4)
+    assert floors.floor_bytes(10, page_size=16, swa=True) == 10 * (32 + 4 + 32 + 4)
 
 
 def test_block_grid_baseline_is_exact_and_registered():
     from pagegraph.kinds import PAGE_TABLE
     from pagegraph.kinds.builders import resolve_builder
 
-    assert resolve_builder("block_grid") is PAGE_TABLE.builders["block_grid"] is bench.block_grid
+    assert resolve_builder("block_grid") is PAGE_TABLE.builders["block_grid"] is block_grid
     for name in ("skewed", "swa"):
         cfg = bench.smoke_config(bench.get_config(name))
         inp = bench.make_inputs(cfg, "cuda" if torch.cuda.is_available() else "cpu")
         page_table, swa_page_table, kwargs = bench.make_outputs(inp)
-        bench.block_grid(
+        block_grid(
             inp.req_to_token,
             inp.req_pool_indices,
             inp.seq_lens,
@@ -76,13 +85,14 @@ def test_block_grid_baseline_is_exact_and_registered():
 def test_first_difference_names_the_first_differing_entry():
     want = {"a": torch.arange(6).view(2, 3), "b": torch.zeros(4, dtype=torch.int32)}
     got = {k: v.clone() for k, v in want.items()}
-    assert bench.first_difference(got, want) is None
+    assert decode_bench.first_difference(got, want) is None
     got["a"][1, 2] = 99
     got["a"][1, 0] = 98
-    assert bench.first_difference(got, want) == "a: 2 entries differ; first [1, 0] got 98 want 3"
-    assert bench.first_difference(got, want, ["b"]) is None
+    want_text = "a: 2 entries differ; first [1, 0] got 98 want 3"
+    assert decode_bench.first_difference(got, want) == want_text
+    assert decode_bench.first_difference(got, want, ["b"]) is None
     got["b"] = torch.zeros(5, dtype=torch.int32)
-    assert bench.first_difference(got, want, ["b"]) == "b: shape (5,), want (4,)"
+    assert decode_bench.first_difference(got, want, ["b"]) == "b: shape (5,), want (4,)"
 
 
 def _decode_rows(config: str, times: dict) -> list[dict]:
@@ -116,7 +126,7 @@ def test_decode_summary_and_targets():
             "unfused_decode_metadata": (None, None, 26.0),
         },
     )
-    mid, skewed = bench.decode_summary(rows)
+    mid, skewed = decode_bench.decode_summary(rows)
     assert (mid["diff_us"], mid["diff_warm_us"]) == (0.5, 0.5)
     assert (mid["diff_draft_us"], mid["diff_draft_warm_us"]) == (0.75, 0.75)
     assert mid["fused_over_bpt"] == 1.1 and mid["prepared_over_bpt"] == 0.8
@@ -135,7 +145,7 @@ def test_decode_summary_and_targets():
     assert (unfused["measured"], unfused["met"]) == (2.0, False)
 
     rows[1]["exact"] = False  # an inexact output: no target on it is met
-    assert not bench.decode_summary(rows)[0]["exact"]
+    assert not decode_bench.decode_summary(rows)[0]["exact"]
     warm = bench_report.decode_targets(rows, "device_warm_us")[0]
     assert warm["met"] is False and "inexact output: decode-mid" in warm["target"]
 
@@ -166,7 +176,7 @@ def test_replay_target_and_failures():
 
 def test_interleaved_wall_times_alternate_rounds():
     order = []
-    times = bench.interleaved_wall_us(
+    times = replay_overhead.interleaved_wall_us(
         {"a": lambda: order.append("a"), "b": lambda: order.append("b")},
         5,
         round_calls=2,
@@ -182,7 +192,7 @@ def test_interleaved_rounds_give_paired_ratios():
     """Each round's median per function; the paired ratio is the median of the per-round
     ratios, so a host that slows down for some rounds does not move it."""
     per_round: dict = {}
-    times = bench.interleaved_wall_us(
+    times = replay_overhead.interleaved_wall_us(
         {"a": lambda: None, "b": lambda: None},
         6,
         round_calls=2,
@@ -214,7 +224,7 @@ def test_decode_summary_prefers_paired_rounds():
     by = {r["variant"]: r for r in rows}
     by["build_page_table"]["eager_round_us"] = [10.0, 20.0, 30.0]
     by["build_decode_metadata"]["eager_round_us"] = [11.0, 22.0, 36.0]
-    (mid,) = bench.decode_summary(rows)
+    (mid,) = decode_bench.decode_summary(rows)
     assert mid["fused_over_bpt"] == pytest.approx(1.1)  # not 14 / 10
     # without rounds on both sides: the ratio of the medians
     assert mid["unfused_over_fused"] == pytest.approx(44.0 / 14.0)
@@ -237,7 +247,7 @@ def test_checker_helpers(tmp_path, monkeypatch):
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU smoke path (a GPU runs 5000)")
 def test_checker_section_smoke():
-    rows = bench.bench_checker(cuda=False)
+    rows = checker_rate.bench_checker(cuda=False)
     assert [r["detectors"] for r in rows] == ["none", "cupti"]
     none, cupti = rows
     assert none["error"] is None and none["verdict"] == "SAFE", none

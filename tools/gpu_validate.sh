@@ -37,7 +37,7 @@ for s in "$@"; do
   case $s in
     env) step env 30 bash -c "nvidia-smi; $PY -c 'import torch, triton; print(torch.__version__, triton.__version__, torch.cuda.get_device_name())'; which nsys compute-sanitizer; $PY -m pip list 2>/dev/null | grep -i -E 'nvtx|cupti|xdist|cuda-python|cuda-bindings'" ;;
     test) TAILN=25 step test 270 make test ;;
-    launch) TAILN=45 step launch 90 "$PY" tools/experiments/launch_overhead.py ;;
+    launch) TAILN=45 step launch 90 "$PY" benchmarks/test_launch_overhead.py ;;
     run) TAILN=30 step run 180 make run ;;
     sync) TAILN=25 step sync 60 "$PY" -m pagegraph sync-table --json "$out/sync.json" ;;
     traces)

@@ -9,6 +9,8 @@ adapters raise its ``*Unavailable`` error with the reason; importing a client ne
 
 from collections.abc import Callable
 
+__all__ = ["CLIENT_BUILDERS"]
+
 
 def CLIENT_BUILDERS() -> dict[str, Callable]:  # noqa: N802 - reads as the table it returns
     """Every engine's adapters by name (those of an engine whose files are missing still

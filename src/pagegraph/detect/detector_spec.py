@@ -18,7 +18,9 @@ DETECTORS = ("torch", "cupti", "cpu")
 GPU_DETECTORS = ("torch", "cupti")
 
 
-def parse_detectors(spec, *, known: Iterable[str] = DETECTORS) -> str | tuple[str, ...]:
+def parse_detectors(
+    spec: str | Iterable[str] | None, *, known: Iterable[str] = DETECTORS
+) -> str | tuple[str, ...]:
     """Normalise a detector choice: ``"auto"``; ``"none"``, ``""``, ``None`` or an empty
     sequence (no detector); a name (``"torch"``, ``"cupti"``, ``"cpu"``); a comma-separated
     list (``"torch,cupti"``);

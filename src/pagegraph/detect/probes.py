@@ -31,8 +31,7 @@ class AllocationCounter:
 
         counter = self
 
-        # torch's TorchDispatchMode is unannotated (its __init_subclass__ and __init__ too).
-        class _Mode(TorchDispatchMode):  # type: ignore[no-untyped-call]
+        class _Mode(TorchDispatchMode):
             @classmethod
             def _should_skip_dynamo(cls) -> bool:
                 # torch otherwise wraps __torch_dispatch__ in a dynamo-disable, which imports

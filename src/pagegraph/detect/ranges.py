@@ -12,6 +12,8 @@ from __future__ import annotations
 import os
 import threading
 import time
+from types import TracebackType
+from typing import Any
 
 __all__ = [
     "DEFAULT_COLOR",
@@ -52,8 +54,8 @@ _record_function = False
 # The NVTX domain is looked up on first use, not at import: importing pagegraph must not
 # fail (or pay for NVTX initialisation) where the nvtx package is missing or broken.
 _UNRESOLVED = object()
-_domain = _UNRESOLVED
-_attributes: dict[str, object] = {}
+_domain: Any = _UNRESOLVED
+_attributes: dict[str, Any] = {}
 
 
 #: The variables through which a tool (Nsight Systems, Nsight Compute) injects itself into
@@ -68,7 +70,7 @@ def nvtx_tool_attached() -> bool:
     return any(os.environ.get(v) for v in NVTX_INJECTION_VARS)
 
 
-def _get_domain():
+def _get_domain() -> Any:
     global _domain
     if _domain is _UNRESOLVED:
         if not nvtx_tool_attached():
@@ -85,7 +87,7 @@ def _get_domain():
     return _domain
 
 
-def _get_attributes(full_name: str):
+def _get_attributes(full_name: str) -> Any:
     attrs = _attributes.get(full_name, _UNRESOLVED)
     if attrs is _UNRESOLVED:
         domain = _get_domain()
@@ -95,12 +97,12 @@ def _get_attributes(full_name: str):
     return attrs
 
 
-def _stack() -> list:
+def _stack() -> list[tuple[str, Any]]:
     try:
-        return _local.stack
+        stack: list[tuple[str, Any]] = _local.stack
     except AttributeError:
-        _local.stack = []
-        return _local.stack
+        stack = _local.stack = []
+    return stack
 
 
 def range_name(name: str, bs: int | None = None) -> str:
@@ -117,7 +119,7 @@ def push(name: str, bs: int | None = None) -> str:
     attrs = _get_attributes(full_name)
     if attrs is not None:
         _domain.push_range(attrs)
-    rf = None
+    rf: Any = None
     if _record_function:
         import torch.profiler
 
@@ -150,18 +152,23 @@ class phase:
 
     __slots__ = ("name",)
 
-    def __init__(self, name: str, bs: int | None = None):
+    def __init__(self, name: str, bs: int | None = None) -> None:
         self.name = name if bs is None else f"{name}/bs={bs}"
 
     def __enter__(self) -> str:
         # push() would rebuild the full name; this path reuses the one built in __init__.
         return push(self.name)
 
-    def __exit__(self, exc_type, exc, tb) -> None:
+    def __exit__(
+        self,
+        exc_type: type[BaseException] | None,
+        exc: BaseException | None,
+        tb: TracebackType | None,
+    ) -> None:
         pop()
         if exc is not None and not hasattr(exc, "pagegraph_range"):
             try:
-                exc.pagegraph_range = self.name
+                exc.pagegraph_range = self.name  # type: ignore[attr-defined]
             except (AttributeError, TypeError):  # exception types without a __dict__
                 pass
 

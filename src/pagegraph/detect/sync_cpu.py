@@ -13,6 +13,9 @@ from __future__ import annotations
 import sys
 import threading
 import weakref
+from collections.abc import Callable
+from types import CodeType, FrameType
+from typing import Any
 
 import torch
 from torch.overrides import TorchFunctionMode
@@ -63,14 +66,14 @@ _HOST_READS = {
 #: the host.
 _DEVICE_ARG_FUNCS = {torch.tensor, torch.as_tensor}
 
-_interpreter_codes: set | None = None
+_interpreter_codes: set[CodeType] | None = None
 
 
-def _interpreter_launch_codes() -> set:
+def _interpreter_launch_codes() -> set[CodeType]:
     """Code objects of the Triton interpreter's launch (empty without Triton)."""
     global _interpreter_codes
     if _interpreter_codes is None:
-        codes = set()
+        codes: set[CodeType] = set()
         try:
             from triton.runtime import interpreter as ti
 
@@ -90,7 +93,7 @@ def _inside_interpreter_launch() -> bool:
     codes = _interpreter_launch_codes()
     if not codes:
         return False
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None:
         if frame.f_code in codes:
             return True
@@ -101,7 +104,7 @@ def _inside_interpreter_launch() -> bool:
 # -- host tensors --------------------------------------------------------------------------------
 
 #: storage address -> weak reference to a tensor holding it, for host storages.
-_host: dict[int, weakref.ref] = {}
+_host: dict[int, weakref.ref[torch.Tensor]] = {}
 _host_lock = threading.Lock()
 
 
@@ -123,7 +126,12 @@ def mark_host(*tensors: torch.Tensor) -> None:
                 with _host_lock:
                     held = _host.get(key)
                     if held is None or held() is None:  # a live mark stays as it is
-                        _host[key] = weakref.ref(t, lambda _, key=key: _forget(key))
+                        _host[key] = weakref.ref(t, _forgetter(key))
+
+
+def _forgetter(key: int) -> Callable[[object], None]:
+    """A weak reference's callback that forgets ``key``'s mark once its tensor is gone."""
+    return lambda _: _forget(key)
 
 
 def _forget(key: int) -> None:
@@ -138,7 +146,7 @@ def _unmark(t: torch.Tensor) -> None:
         _host.pop(_storage_key(t), None)
 
 
-def is_device_side(t) -> bool:
+def is_device_side(t: object) -> bool:
     """Whether reading ``t`` on the host would wait on the device (see the module's doc)."""
     if not isinstance(t, torch.Tensor):
         return False
@@ -151,15 +159,17 @@ def is_device_side(t) -> bool:
     return ref is None or ref() is None
 
 
-def _tensors(tree) -> list[torch.Tensor]:
+def _tensors(tree: object) -> list[torch.Tensor]:
     return [x for x in tree_flatten(tree)[0] if isinstance(x, torch.Tensor)]
 
 
-def _is_mask(t) -> bool:
+def _is_mask(t: object) -> bool:
     return isinstance(t, torch.Tensor) and t.dtype in (torch.bool, torch.uint8)
 
 
-def _conditional(func, args, kwargs) -> tuple[str, list] | None:
+def _conditional(
+    func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[str, list[Any]] | None:
     """An operator of ``_CONDITIONAL`` that waits with these arguments: its event name and
     the tensors that must be device-side for it to wait."""
     packet = func.overloadpacket
@@ -195,10 +205,12 @@ def _conditional(func, args, kwargs) -> tuple[str, list] | None:
     return None
 
 
-def sync_op_name(func, args, kwargs) -> tuple[str, list] | None:
+def sync_op_name(
+    func: Any, args: tuple[Any, ...], kwargs: dict[str, Any]
+) -> tuple[str, list[Any]] | None:
     """The event an aten call (an ``OpOverload``) would make on CUDA, with the tensors that
     must be device-side for it, or None when it cannot wait."""
-    packet = getattr(func, "overloadpacket", None)
+    packet: Any = getattr(func, "overloadpacket", None)
     name = _ALWAYS.get(packet)
     if name is not None:
         return name, _tensors((args, kwargs))
@@ -207,7 +219,7 @@ def sync_op_name(func, args, kwargs) -> tuple[str, list] | None:
     return None
 
 
-def _to_host_target(args, kwargs) -> bool:
+def _to_host_target(args: tuple[Any, ...], kwargs: dict[str, Any]) -> bool:
     """Whether ``Tensor.to(*args, **kwargs)`` names the CPU as a string (see the module's doc)."""
     dev = kwargs.get("device")
     if dev is None and len(args) > 1 and isinstance(args[1], str):
@@ -218,12 +230,18 @@ def _to_host_target(args, kwargs) -> bool:
 class CpuHub(Hub):
     name = "cpu"
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__()
         hub = self
 
         class _Dispatch(TorchDispatchMode):
-            def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+            def __torch_dispatch__(
+                self,
+                func: Any,
+                types: Any,
+                args: tuple[Any, ...] = (),
+                kwargs: dict[str, Any] | None = None,
+            ) -> Any:
                 kwargs = kwargs or {}
                 found = sync_op_name(func, args, kwargs)
                 out = func(*args, **kwargs)
@@ -236,7 +254,13 @@ class CpuHub(Hub):
                 return out
 
         class _Function(TorchFunctionMode):
-            def __torch_function__(self, func, types, args=(), kwargs=None):
+            def __torch_function__(
+                self,
+                func: Any,
+                types: Any,
+                args: tuple[Any, ...] = (),
+                kwargs: dict[str, Any] | None = None,
+            ) -> Any:
                 kwargs = kwargs or {}
                 what = _HOST_READS.get(func)
                 if what is None and func is torch.Tensor.to and _to_host_target(args, kwargs):
@@ -251,7 +275,7 @@ class CpuHub(Hub):
                     hub._note_factory(func, args, kwargs, out)
                 return out
 
-        self._dispatch_mode = _Dispatch()
+        self._dispatch_mode = _Dispatch()  # type: ignore[no-untyped-call]  # torch's __init__ is unannotated
         self._function_mode = _Function()
         self._pushed = False
         self._patched: list[tuple[object, str, object]] = []
@@ -262,7 +286,7 @@ class CpuHub(Hub):
 
     # -- what the modes see ------------------------------------------------------------------
 
-    def _maybe_record(self, what: str, tensors: list) -> None:
+    def _maybe_record(self, what: str, tensors: list[Any]) -> None:
         if self.paused or not any(is_device_side(t) for t in tensors):
             return
         if _inside_interpreter_launch():
@@ -271,14 +295,14 @@ class CpuHub(Hub):
         self._dispatch(f"{what} at {code_site(frame)}", frame)
 
     @staticmethod
-    def _propagate_host(args, kwargs, out) -> None:
+    def _propagate_host(args: object, kwargs: object, out: object) -> None:
         """An operator's outputs are host tensors when all its tensor inputs are."""
         inputs = _tensors((args, kwargs))
         if inputs and not any(is_device_side(t) for t in inputs):
             mark_host(*_tensors(out))
 
     @staticmethod
-    def _note_factory(func, args, kwargs, out) -> None:
+    def _note_factory(func: Any, args: object, kwargs: dict[str, Any], out: object) -> None:
         """A new tensor made with ``device="cpu"`` or ``pin_memory=True`` is host memory; one
         made from Python data with another ``device=`` is the device's. An output that shares
         its memory with an input (``t.to(device="cpu")`` of a CPU tensor is ``t``) is left as
@@ -312,26 +336,26 @@ class CpuHub(Hub):
             self._patched.append((owner, attr, original))
             setattr(owner, attr, self._waiting(original, what))
 
-    def _waiting(self, original, what: str):
+    def _waiting(self, original: Callable[..., Any], what: str) -> Callable[..., Any]:
         hub = self
 
-        def synchronize(*args, **kwargs):
+        def synchronize(*args: Any, **kwargs: Any) -> Any:
             if hub.active and not hub.paused:
                 frame = user_frame()
                 hub._dispatch(f"{what} (explicit wait) at {code_site(frame)}", frame)
             return original(*args, **kwargs)
 
-        synchronize.__wrapped__ = original
+        synchronize.__wrapped__ = original  # type: ignore[attr-defined]
         return synchronize
 
     # -- installation ----------------------------------------------------------------------
 
     def _push(self) -> None:
-        self._function_mode.__enter__()
+        self._function_mode.__enter__()  # type: ignore[no-untyped-call]  # torch's modes are unannotated
         try:
-            self._dispatch_mode.__enter__()
+            self._dispatch_mode.__enter__()  # type: ignore[no-untyped-call]  # as above
         except BaseException:
-            self._function_mode.__exit__(None, None, None)
+            self._function_mode.__exit__(None, None, None)  # type: ignore[no-untyped-call]  # as above
             raise
         self._pushed = True
 
@@ -345,10 +369,10 @@ class CpuHub(Hub):
             return True
         if (
             _get_current_dispatch_mode() is not self._dispatch_mode
-            or _get_current_function_mode() is not self._function_mode
+            or _get_current_function_mode() is not self._function_mode  # type: ignore[no-untyped-call]
         ):
             return False
-        self._dispatch_mode.__exit__(None, None, None)
+        self._dispatch_mode.__exit__(None, None, None)  # type: ignore[no-untyped-call]  # as above
         self._function_mode.__exit__(None, None, None)
         self._pushed = False
         return True

@@ -9,6 +9,7 @@ or torch.profiler is attached; the subscription is released on uninstall.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 from . import sync_hub
 from .sync_calls import is_forbidden_api
@@ -18,10 +19,10 @@ from .sync_stacks import add_machinery, add_machinery_dir
 
 __all__ = ["CuptiHub", "import_cupti", "sync_callback_ids"]
 
-_cupti_module = None
+_cupti_module: Any = None
 
 
-def import_cupti():
+def import_cupti() -> Any:
     """``cupti.cupti`` from cupti-python, or raise ImportError."""
     global _cupti_module
     if _cupti_module is None:
@@ -48,14 +49,14 @@ def _cupti_failure(action: str, e: BaseException) -> str:
     return f"{action} failed: {text}"
 
 
-def _noop_callback(*args) -> None:
+def _noop_callback(*args: object) -> None:
     pass
 
 
-def sync_callback_ids(cupti) -> list[int]:
+def sync_callback_ids(cupti: Any) -> list[int]:
     """CUPTI's driver callback ids of every call ``is_forbidden_api`` flags (empty where the
     ``driver_api_trace_cbid`` table is missing)."""
-    table = getattr(cupti, "driver_api_trace_cbid", None)
+    table: Any = getattr(cupti, "driver_api_trace_cbid", None)
     members = getattr(table, "__members__", {}) if table is not None else {}
     return sorted({int(m) for name, m in members.items() if is_forbidden_api(name)})
 
@@ -65,10 +66,10 @@ class CuptiHub(Hub):
     #: only the sync calls are subscribed (see _install)
     selective = False
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__()
-        self._handle = None
-        self._enter = None
+        self._handle: Any = None
+        self._enter: Any = None
         self._enter_value = 0
 
     def unavailable_reason(self, probe: bool = True) -> str | None:
@@ -121,7 +122,7 @@ class CuptiHub(Hub):
         self.selective = bool(enabled)
 
     @staticmethod
-    def _enable_sync_callbacks(cupti, handle, domain) -> int:
+    def _enable_sync_callbacks(cupti: Any, handle: Any, domain: Any) -> int:
         """Subscribe the driver calls that can wait, one callback id each; how many (0: the
         caller subscribes the whole domain).
 
@@ -156,7 +157,7 @@ class CuptiHub(Hub):
         if handle is not None:
             import_cupti().unsubscribe(handle)
 
-    def _callback(self, userdata, domain, callback_id, cbdata) -> None:
+    def _callback(self, userdata: Any, domain: Any, callback_id: Any, cbdata: Any) -> None:
         # Runs on every driver API entry and exit of every thread while subscribed: only the
         # site check and a cached name lookup on the common path.
         site = cbdata.callback_site

@@ -41,8 +41,8 @@ class SyncGroup:
 def summarize(events: Iterable[SyncEvent]) -> list[SyncGroup]:
     """Group events by (detector, name, range), in order of first occurrence, with counts and
     the stack of the first occurrence that has one."""
-    counts: dict[tuple, int] = {}
-    stacks: dict[tuple, str | None] = {}
+    counts: dict[tuple[str, str, str | None], int] = {}
+    stacks: dict[tuple[str, str, str | None], str | None] = {}
     for e in events:
         key = (e.detector, e.name, e.range)
         counts[key] = counts.get(key, 0) + 1

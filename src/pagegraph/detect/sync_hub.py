@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+from types import FrameType
 
 import torch
 
@@ -30,11 +31,11 @@ class SyncRecorder:
         self.detectors: tuple[str, ...] = ()
         self.unavailable: dict[str, str] = {}
         self.events: list[SyncEvent] = []
-        self._seen: set[tuple] = set()
+        self._seen: set[tuple[str, str, str | None]] = set()
         #: detector name -> its hub, for those started for this recorder
         self._hubs: dict[str, Hub] = {}
 
-    def _record(self, detector: str, name: str, frame=None) -> None:
+    def _record(self, detector: str, name: str, frame: FrameType | None = None) -> None:
         rng = ranges.current_range()
         key = (detector, name, rng)
         stack = None
@@ -94,9 +95,13 @@ class Hub:
     name = ""
     paused = False
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self._recorders: list[SyncRecorder] = []
+
+    def unavailable_reason(self, probe: bool = True) -> str | None:
+        """Why this detector cannot run here, or None where it can (each detector's own)."""
+        raise NotImplementedError
 
     def acquire(self, recorder: SyncRecorder) -> None:
         with self._lock:
@@ -130,7 +135,7 @@ class Hub:
     def _resume(self) -> None:
         pass
 
-    def _dispatch(self, name: str, frame=None) -> None:
+    def _dispatch(self, name: str, frame: FrameType | None = None) -> None:
         if self.paused:
             return
         if frame is None:

@@ -90,7 +90,9 @@ def _start(recorder: SyncRecorder, names: tuple[str, ...], auto: bool) -> None:
 
 
 @contextlib.contextmanager
-def record_device_syncs(detectors="auto") -> Iterator[SyncRecorder]:
+def record_device_syncs(
+    detectors: str | Iterable[str] | None = "auto",
+) -> Iterator[SyncRecorder]:
     """Record every synchronizing call made while the body runs; never raises on syncs.
 
     ``detectors``: ``"auto"`` (where CUDA is present, the torch and cupti detectors that can
@@ -102,7 +104,7 @@ def record_device_syncs(detectors="auto") -> Iterator[SyncRecorder]:
     """
     choice = parse_detectors(detectors, known=HUBS)
     auto = choice == "auto"
-    names = auto_detectors() if auto else choice
+    names = auto_detectors() if isinstance(choice, str) else choice  # a str is "auto"
     recorder = SyncRecorder(names)
     if auto:
         for name in HUBS:
@@ -134,7 +136,9 @@ def _event_from_torch_error(exc: BaseException) -> SyncEvent:
 
 
 @contextlib.contextmanager
-def no_device_sync(detectors=GPU_DETECTORS, *, allow: Iterable[str] = ()) -> Iterator[SyncRecorder]:
+def no_device_sync(
+    detectors: str | Iterable[str] | None = GPU_DETECTORS, *, allow: Iterable[str] = ()
+) -> Iterator[SyncRecorder]:
     """Assert that the body makes no synchronizing call; yields the recorder.
 
     On normal exit, raises :class:`DeviceSyncError` listing every offending call (so the body

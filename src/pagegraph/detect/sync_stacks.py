@@ -9,6 +9,8 @@ import threading
 import traceback
 import warnings
 from collections.abc import Callable
+from types import CodeType, FrameType
+from typing import Any
 
 import torch
 
@@ -30,12 +32,12 @@ STACK_FRAMES = 8
 TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
 
 _WARNINGS_FILE = warnings.__file__
-_machinery_codes: set = set()
+_machinery_codes: set[CodeType] = set()
 _machinery_dirs: list[str] = []
 _machinery_files: set[str] = set()
 
 
-def add_machinery(*functions: Callable) -> None:
+def add_machinery(*functions: Callable[..., Any]) -> None:
     """Leave the frames of these functions (detector hooks, dispatchers) out of stacks."""
     _machinery_codes.update(f.__code__ for f in functions)
 
@@ -50,7 +52,7 @@ def add_machinery_file(filename: str) -> None:
     _machinery_files.add(filename)
 
 
-def _is_machinery(frame) -> bool:
+def _is_machinery(frame: FrameType) -> bool:
     code = frame.f_code
     if code in _machinery_codes:
         return True
@@ -65,18 +67,18 @@ def _is_machinery(frame) -> bool:
     return any(filename.startswith(d) for d in _machinery_dirs)
 
 
-def caller_frame():
+def caller_frame() -> FrameType | None:
     """Innermost frame that is not detector machinery (our hooks, warnings, trampolines)."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None and _is_machinery(frame):
         frame = frame.f_back
     return frame
 
 
-def user_frame():
+def user_frame() -> FrameType | None:
     """Innermost frame that is neither detector machinery nor torch's own code: the line that
     called into torch (for a detector inside torch's operator dispatch)."""
-    frame = sys._getframe(1)
+    frame: FrameType | None = sys._getframe(1)
     while frame is not None and (
         _is_machinery(frame) or frame.f_code.co_filename.startswith(TORCH_DIR)
     ):
@@ -84,7 +86,7 @@ def user_frame():
     return frame
 
 
-def format_stack(frame) -> str | None:
+def format_stack(frame: FrameType | None) -> str | None:
     if frame is None:
         return None
     thread = threading.current_thread().name
@@ -92,7 +94,7 @@ def format_stack(frame) -> str | None:
     return f"(thread {thread})\n" + "".join(entries)
 
 
-def code_location(frame) -> str:
+def code_location(frame: FrameType | None) -> str:
     """Source of the innermost frame outside torch, e.g. ``t.sum().item()``."""
     while frame is not None and frame.f_code.co_filename.startswith(TORCH_DIR):
         frame = frame.f_back
@@ -105,7 +107,7 @@ def code_location(frame) -> str:
     return code if len(code) <= 60 else code[:57] + "..."
 
 
-def code_site(frame) -> str:
+def code_site(frame: FrameType | None) -> str:
     """``file.py:LINE: source`` of ``frame`` (``<unknown location>`` without one): where an
     event happened, for a report that must name the line."""
     if frame is None:

@@ -13,6 +13,7 @@ import contextlib
 import re
 import warnings
 from collections.abc import Callable
+from typing import Any, TextIO
 
 import torch
 
@@ -44,12 +45,12 @@ def _activate_gpu_trace() -> None:
 class TorchHub(Hub):
     name = "torch"
 
-    def __init__(self):
+    def __init__(self) -> None:
         super().__init__()
-        self._prev_mode = None
-        self._warnings_cm = None
-        self._prev_showwarning = None
-        self._trace_callbacks: list[tuple[object, Callable]] = []
+        self._prev_mode: Any = None
+        self._warnings_cm: warnings.catch_warnings[None] | None = None
+        self._prev_showwarning: Any = None
+        self._trace_callbacks: list[tuple[Any, Callable[..., None]]] = []
         self.trace_error: str | None = None
 
     @staticmethod
@@ -97,7 +98,15 @@ class TorchHub(Hub):
             if cm is not None:
                 cm.__exit__(None, None, None)
 
-    def _showwarning(self, message, category, filename, lineno, file=None, line=None):
+    def _showwarning(
+        self,
+        message: Warning | str,
+        category: type[Warning],
+        filename: str,
+        lineno: int,
+        file: TextIO | None = None,
+        line: str | None = None,
+    ) -> None:
         if TORCH_SYNC_MESSAGE in str(message):
             frame = caller_frame()
             self._dispatch(f"sync_debug: {code_location(frame)}", frame)
@@ -118,7 +127,7 @@ class TorchHub(Hub):
         try:
             from torch.cuda import _gpu_trace
 
-            pairs = [
+            pairs: list[tuple[Any, Callable[..., None]]] = [
                 (_gpu_trace.DeviceSynchronizationCallbacks, self._on_device_sync),
                 (_gpu_trace.StreamSynchronizationCallbacks, self._on_stream_sync),
                 (_gpu_trace.EventSynchronizationCallbacks, self._on_event_sync),

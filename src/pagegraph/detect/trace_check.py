@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import fnmatch
 from dataclasses import dataclass, field
+from os import PathLike
+from typing import Any
 
 from .trace_model import Trace
 from .trace_stats import TraceSummary, analyze, summarize
@@ -24,7 +26,7 @@ class Violation:
     count: int
     first_time_ns: int
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "range": self.range,
             "kind": self.kind,
@@ -34,7 +36,11 @@ class Violation:
         }
 
 
-def _as_summary(summary_or_trace) -> TraceSummary:
+#: What the checks accept: a summary, a trace, or a trace file's path.
+TraceSource = TraceSummary | Trace | str | PathLike[str]
+
+
+def _as_summary(summary_or_trace: TraceSource) -> TraceSummary:
     if isinstance(summary_or_trace, TraceSummary):
         return summary_or_trace
     if isinstance(summary_or_trace, Trace):
@@ -46,7 +52,7 @@ def _matching(summary: TraceSummary, pattern: str) -> list[str]:
     return [n for n in summary.ranges if fnmatch.fnmatchcase(n, pattern)]
 
 
-def find_violations(summary_or_trace, patterns: list[str]) -> list[Violation]:
+def find_violations(summary_or_trace: TraceSource, patterns: list[str]) -> list[Violation]:
     """Host syncs and device-to-host copies inside ranges whose name matches a glob.
 
     Accepts a TraceSummary, a Trace, or a path to a trace file. One Violation per
@@ -120,7 +126,7 @@ class CheckResult:
         lines += [f"note: {n}" for n in self.notes]
         return "\n".join(lines)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "patterns": list(self.patterns),
             "notes": list(self.notes),
@@ -134,7 +140,7 @@ class CheckResult:
         }
 
 
-def check(summary_or_trace, patterns: list[str]) -> CheckResult:
+def check(summary_or_trace: TraceSource, patterns: list[str]) -> CheckResult:
     """Run the ``--forbid-sync`` check. A trace without ranges, a pattern that matches no
     range, or a matching range with no CUDA activity in it (a trace recorded without CUDA
     tracing) cannot prove anything and gives exit code 2 rather than a silent pass."""

@@ -18,8 +18,10 @@ import shutil
 import sqlite3
 import subprocess
 import sys
+from collections.abc import Container
 from os import PathLike
 from pathlib import Path
+from typing import Any
 
 from .trace_model import ApiCall, GpuActivity, Range, Trace, TraceError
 
@@ -79,7 +81,7 @@ def _sync_kind(text: str) -> str:
 # Reading files.
 
 
-def load_trace(path: str | PathLike) -> Trace:
+def load_trace(path: str | PathLike[str]) -> Trace:
     """Read an Nsight Systems SQLite export or a torch.profiler JSON trace (format by content)."""
     p = Path(path)
     if p.suffix.lower() in NSYS_REPORT_SUFFIXES:
@@ -155,7 +157,7 @@ class _Db:
             self._columns[table] = {row[1] for row in rows}
         return self._columns[table]
 
-    def select(self, table: str, wanted: tuple[str, ...]) -> list[dict]:
+    def select(self, table: str, wanted: tuple[str, ...]) -> list[dict[str, Any]]:
         """Rows of ``table`` as dicts over ``wanted``; a column the table lacks reads None."""
         have = [c for c in wanted if c in self.columns(table)]
         if not have:
@@ -181,7 +183,7 @@ class _Db:
             rows = self.select("StringIds", ("id", "value"))
             self.strings = {int(r["id"]): str(r["value"]) for r in rows}
 
-    def text(self, value) -> str | None:
+    def text(self, value: object) -> str | None:
         """A string column, or a ``StringIds`` id resolved; None for anything else."""
         if isinstance(value, int):
             return self.strings.get(value)
@@ -201,7 +203,7 @@ def _load_sqlite(path: Path) -> Trace:
         con.close()
 
 
-def _pid_of(global_id) -> object | None:
+def _pid_of(global_id: object) -> object | None:
     # nsys packs hardware id, VM id, pid and tid into globalTid (24 bits for the tid);
     # globalPid is the same with tid 0, so both reduce to one process key.
     return global_id >> 24 if isinstance(global_id, int) else None
@@ -251,7 +253,7 @@ def _read_api_calls(db: _Db, trace: Trace) -> None:
             )
 
 
-def _activity(r: dict, kind: str, subkind: str, name: str) -> GpuActivity:
+def _activity(r: dict[str, Any], kind: str, subkind: str, name: str) -> GpuActivity:
     return GpuActivity(
         kind=kind,
         subkind=subkind,
@@ -362,7 +364,13 @@ def _read_nvtx(db: _Db, trace: Trace) -> None:
         trace.warnings.append(f"{len(open_rows)} NVTX range(s) never closed: taken to trace end")
 
 
-def _nvtx_range(db: _Db, r: dict, end, push_pop, domains) -> Range:
+def _nvtx_range(
+    db: _Db,
+    r: dict[str, Any],
+    end: Any,
+    push_pop: Container[object],
+    domains: dict[Any, str | None],
+) -> Range:
     return Range(
         name=db.text(r["text"]) or db.text(r["textId"]) or "<unnamed>",
         start=int(r["start"]),
@@ -383,13 +391,13 @@ _TORCH_SYNC_CATS = frozenset(("cuda_sync",))
 _TORCH_RANGE_CATS = frozenset(("user_annotation",))
 
 
-def _us_to_ns(value) -> int | None:
+def _us_to_ns(value: object) -> int | None:
     if isinstance(value, bool) or not isinstance(value, (int, float, decimal.Decimal)):
         return None
     return int((decimal.Decimal(value) * 1000).to_integral_value(decimal.ROUND_HALF_EVEN))
 
 
-def _json_events(path: Path, raw: bytes) -> tuple[object, list]:
+def _json_events(path: Path, raw: bytes) -> tuple[object, list[Any]]:
     """The parsed document and its list of trace events."""
     try:
         # Decimals keep the nanosecond digits of microsecond timestamps exact.
@@ -428,7 +436,7 @@ def _load_json(path: Path, raw: bytes) -> Trace:
     return trace
 
 
-def _add_json_event(trace: Trace, ev: dict) -> bool:
+def _add_json_event(trace: Trace, ev: dict[str, Any]) -> bool:
     """Add one complete ("X") event to ``trace``; False when it has no numeric ts/dur."""
     cat = str(ev.get("cat", "")).lower()
     start, dur = _us_to_ns(ev.get("ts")), _us_to_ns(ev.get("dur", 0))
@@ -436,7 +444,8 @@ def _add_json_event(trace: Trace, ev: dict) -> bool:
         return False
     end = start + max(dur, 0)
     name = str(ev.get("name", ""))
-    args = ev.get("args") if isinstance(ev.get("args"), dict) else {}
+    raw_args = ev.get("args")
+    args: dict[str, Any] = raw_args if isinstance(raw_args, dict) else {}
     corr = args.get("correlation")
     corr = corr if isinstance(corr, int) and not isinstance(corr, bool) else None
     thread = (ev.get("pid"), ev.get("tid"))

@@ -93,6 +93,7 @@ class Trace:
 
     def bounds(self) -> tuple[int, int]:
         """(first start, last end) over every event, (0, 0) for an empty trace."""
-        starts = [e.start for e in (*self.ranges, *self.api_calls, *self.gpu)]
-        ends = [e.end for e in (*self.ranges, *self.api_calls, *self.gpu)]
+        events: list[Range | ApiCall | GpuActivity] = [*self.ranges, *self.api_calls, *self.gpu]
+        starts = [e.start for e in events]
+        ends = [e.end for e in events]
         return (min(starts), max(ends)) if starts else (0, 0)

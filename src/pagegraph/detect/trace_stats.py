@@ -13,6 +13,7 @@ import re
 from collections import defaultdict
 from dataclasses import dataclass, field
 from os import PathLike
+from typing import Any
 
 from .sync_calls import api_base_name, is_sync_api
 from .trace_loaders import load_trace
@@ -63,7 +64,7 @@ def is_host_blocking_sync(activity: GpuActivity) -> bool:
 
 
 def _is_query_api(name: str | None) -> bool:
-    return bool(name) and re.fullmatch(r"cu(?:da)?(?:Event|Stream)Query", name) is not None
+    return bool(name) and re.fullmatch(r"cu(?:da)?(?:Event|Stream)Query", name or "") is not None
 
 
 # --------------------------------------------------------------------------------------------
@@ -142,7 +143,7 @@ class RangeStats:
             self.api_calls or self.kernels or self.memcpys or self.memsets or self.sync_events
         )
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "name": self.name,
             "domains": list(self.domains),
@@ -180,7 +181,7 @@ class TraceSummary:
     device: str | None = None
     warnings: list[str] = field(default_factory=list)
 
-    def to_dict(self) -> dict:
+    def to_dict(self) -> dict[str, Any]:
         return {
             "path": self.path,
             "format": self.format,
@@ -218,11 +219,11 @@ def _link(trace: Trace) -> tuple[list[list[GpuActivity]], list[GpuActivity]]:
     linked: list[list[GpuActivity]] = [[] for _ in calls]
     unclaimed: list[GpuActivity] = []
     for a in trace.gpu:
-        i = _call_for(a, by_corr, calls)
-        if i is None:
+        owner = _call_for(a, by_corr, calls)
+        if owner is None:
             unclaimed.append(a)
         else:
-            linked[i].append(a)
+            linked[owner].append(a)
     return linked, unclaimed
 
 
@@ -298,6 +299,6 @@ def summarize(trace: Trace) -> TraceSummary:
     )
 
 
-def analyze(path: str | PathLike) -> TraceSummary:
+def analyze(path: str | PathLike[str]) -> TraceSummary:
     """Read a trace file (Nsight SQLite or torch.profiler JSON) and summarize it by range."""
     return summarize(load_trace(path))

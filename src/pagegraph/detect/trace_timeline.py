@@ -59,7 +59,7 @@ class Timeline:
     markers: list[Marker] = field(default_factory=list)
 
 
-def _holder(ranges: list[Range], t: int, thread) -> Range | None:
+def _holder(ranges: list[Range], t: int, thread: object) -> Range | None:
     """The innermost (shortest) range holding time ``t`` on ``thread`` (or unbound)."""
     held = [r for r in ranges if r.start <= t <= r.end and (r.thread is None or r.thread == thread)]
     return min(held, key=lambda r: r.end - r.start) if held else None
@@ -77,11 +77,11 @@ def hazard_markers(trace: Trace) -> list[Marker]:
             found[(id(c), "sync")] = (c, "sync")
     for a in trace.gpu:
         kind = "d2h" if is_d2h_copy(a) else "sync" if is_host_blocking_sync(a) else None
-        c = calls.get(a.correlation) if a.correlation is not None else None
-        if kind == "sync" and c is not None and _is_query_api(c.base_name):
+        call = calls.get(a.correlation) if a.correlation is not None else None
+        if kind == "sync" and call is not None and _is_query_api(call.base_name):
             continue  # a poll (cudaEventQuery), not a wait: trace_stats does not count it
-        if kind is not None and c is not None:
-            found.setdefault((id(c), kind), (c, kind))
+        if kind is not None and call is not None:
+            found.setdefault((id(call), kind), (call, kind))
     out = []
     for c, kind in found.values():
         holder = _holder(trace.ranges, c.start, c.thread)
@@ -147,12 +147,15 @@ def write_timeline_image(
     h_in = size[1] / DPI
     ax = fig.add_axes((1.0 / WIDTH_IN, 0.9 / h_in, 1 - 1.3 / WIDTH_IN, 1 - 1.5 / h_in))
     phases = list(timeline.rows)
-    ms = lambda t: (t - timeline.start) / 1e6  # noqa: E731 - the axis unit
-    for y, phase in enumerate(phases):
+
+    def ms(t: float) -> float:  # the axis unit
+        return (t - timeline.start) / 1e6
+
+    for row, phase in enumerate(phases):
         bars = [(ms(s), max(ms(e) - ms(s), 1e-4)) for s, e, _ in timeline.rows[phase]]
         ax.broken_barh(
             bars,
-            (y - 0.35, 0.7),
+            (row - 0.35, 0.7),
             facecolors=PHASE_COLORS.get(phase, "#bdbdbd"),
             edgecolors="#555",
             linewidth=0.4,

@@ -3,8 +3,9 @@ process has loaded (torch's own, found in ``/proc/self/maps``; ``None`` where th
 and callers then fall back to torch): ``clear_last_error``, after a refused
 ``cudaHostRegister`` whose error the next launch would otherwise report as its own, and
 ``HostToDevice``, a non-blocking copy from page-locked memory without torch's ``copy_``
-overhead, for the checker's upload of its model every replay (both ways are timed by
-``tools/experiments/checker_phases.py``). From pageable memory the copy would be synchronous.
+overhead, for the checker's upload of its model every replay (both ways were timed on an
+H200: docs/HISTORY.md, "Checked replays per second"). From pageable memory the copy would be
+synchronous.
 """
 
 from __future__ import annotations

@@ -20,7 +20,7 @@ from .launch import LaunchCache, hooks_active, launch_compiled, launch_key
 
 #: Pages per block, blocks of each row per loop iteration, the cap on the grid
 #: (``C * row_groups(bs)``) when choosing programs per row group, and warps per program.
-#: Chosen on an H200 by ``tools/experiments/kernel_variants.py`` (profiles/bench/NOTES.md):
+#: Chosen on an H200 by sweeps of kernel variants (profiles/bench/NOTES.md, docs/HISTORY.md):
 #: a gather of scattered 32-byte sectors wants many independent loads in flight spread over
 #: many SMs, and every program costs launch throughput even when it exits at once, so
 #: 128-page blocks two to a pass (256 pages of a row a program per pass, loads issued

@@ -5,4 +5,28 @@ One module per kind's zoo (``page_table``, ``decode_metadata``, ``csr``, and ``v
 ``Mutant`` records and controls. A kind's spec holds its zoo (``KindSpec.zoo``);
 ``pagegraph.kinds.zoo`` gathers every kind's for ``pagegraph mutate``. The zoo is built on
 the kernels' layer only, so a kind can load it.
+
 """
+
+from importlib import import_module
+
+#: public name -> the module of this package that defines it, imported at first use, so
+#: that importing one module of the package loads no other.
+_DEFINED_IN = {
+    "Mutant": "record",
+    "Zoo": "record",
+}
+
+__all__ = [
+    "Mutant",
+    "Zoo",
+]
+
+
+def __getattr__(name: str) -> object:
+    module = _DEFINED_IN.get(name)
+    if module is None:  # a submodule not yet imported is found by the import system then
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f".{module}", __name__), name)
+    globals()[name] = value  # found once: later lookups do not come here
+    return value

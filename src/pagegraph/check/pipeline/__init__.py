@@ -1,1 +1,37 @@
-"""The check pipeline: its phases and loop, both benches, and the state they run on."""
+"""The check pipeline: its phases and replay loop, both benches, and the state they run on.
+
+``run_pipeline`` runs a planned check's phases (device, buffers, workload, capture, replays,
+judgment) over a bench: ``TableBench`` for a metadata builder in its graph, ``StepBench`` for a
+whole decode step; ``CheckHooks`` and the replay state are what the judges read.
+"""
+
+from importlib import import_module
+
+#: public name -> the module of this package that defines it, imported at first use, so
+#: that importing one module of the package loads no other.
+_DEFINED_IN = {
+    "pick_device": "phases",
+    "run_pipeline": "phases",
+    "TableBench": "table_bench",
+    "StepBench": "step_bench",
+    "CheckHooks": "state",
+    "allocate_check_buffers": "buffers",
+}
+
+__all__ = [
+    "CheckHooks",
+    "StepBench",
+    "TableBench",
+    "allocate_check_buffers",
+    "pick_device",
+    "run_pipeline",
+]
+
+
+def __getattr__(name: str) -> object:
+    module = _DEFINED_IN.get(name)
+    if module is None:  # a submodule not yet imported is found by the import system then
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f".{module}", __name__), name)
+    globals()[name] = value  # found once: later lookups do not come here
+    return value
