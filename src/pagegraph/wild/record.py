@@ -21,7 +21,7 @@ from ..check.reports.report import Report
 from ..check.scenario import load_scenario
 from ..consumers.reader import Reader
 
-__all__ = ["BUG_CLASSES", "SCENARIO_DIR", "Twin", "WildBug"]
+__all__ = ["BUG_CLASSES", "SCENARIO_DIR", "Fidelity", "NotYetExpressible", "Twin", "WildBug"]
 
 #: The classes of bugs, by letter: where in the metadata's life the bug sits.
 BUG_CLASSES = {
@@ -52,6 +52,33 @@ class Twin:
 
 
 @dataclass(frozen=True)
+class Fidelity:
+    """How closely an entry follows its bug (``profiles/wild.md`` shows it).
+
+    ``modelled``: what is reproduced exactly (the root cause, as upstream had it);
+    ``stands_in``: what stands in for what (``"seq_lens for positions"``, ``"KV page 0 for the
+    SSM state"``), empty when nothing does; ``fix``: the upstream fix the fixed twin follows
+    (its pull request or commit, and its mechanism); ``refs``: further threads of the same
+    defect (``owner/repo#number``), one entry per mechanism."""
+
+    modelled: str
+    fix: str
+    stands_in: tuple[str, ...] = ()
+    refs: tuple[str, ...] = ()
+
+
+@dataclass(frozen=True)
+class NotYetExpressible:
+    """A public bug the bed cannot yet reproduce faithfully: listed, never counted as held."""
+
+    ref: str
+    engine: str
+    bug_class: str
+    summary: str
+    why: str
+
+
+@dataclass(frozen=True)
 class WildBug:
     """One public bug (see the module docstring)."""
 
@@ -76,6 +103,8 @@ class WildBug:
     needs: str | None = None
     #: settings of the entry's check besides its scenario file (``CheckConfig`` fields)
     overrides: dict = field(default_factory=dict)
+    #: how faithful the entry is to its bug (None: not yet recorded)
+    fidelity: Fidelity | None = None
 
     @property
     def url(self) -> str:
