@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from pagegraph import GraphRunner, KVPool, NotCaptured, StaticBufferMoved
-from pagegraph.kernels.contract import POISON
+from pagegraph.kernels.contract import POISON, cdiv
 from pagegraph.kernels.table_reference import expected_tables
 from pagegraph.workload.decode import DecodeWorkload
 
@@ -152,7 +152,7 @@ def test_without_a_reader_nothing_reads_the_tables():
     runner.close()
 
 
-def test_a_reader_is_refused_after_capture_and_for_a_kind_built_before_the_graph():
+def test_a_reader_is_refused_after_capture():
     _, runner, _ = _reading_runner(False, None)
     runner.capture()
     try:
@@ -160,13 +160,36 @@ def test_a_reader_is_refused_after_capture_and_for_a_kind_built_before_the_graph
             runner.attach_reader(lambda bs: None)
     finally:
         runner.close()  # the graphs go now, not when a collection finds the traceback's cycle
+
+
+def test_a_kind_built_before_the_graph_has_its_reader_in_the_graph():
+    """vLLM's gather runs eagerly before the launch; the graph holds the reader alone, which
+    reads at each replay the table the gather just wrote (padded rows cleared to block 0)."""
     from pagegraph.kernels.block_table import gather_block_tables
     from pagegraph.workload.block_tables import EngineBlockTables
 
     engine = EngineBlockTables(13, 13, 16, device=DEVICE)
-    _, eager = make(builder=gather_block_tables, engine=engine)
-    with pytest.raises(ValueError, match="runs before the graph: no reader"):
-        eager.attach_reader(lambda bs: None)
+    pool, eager = make(builder=gather_block_tables, engine=engine, buckets=[4, 12], padding="vllm")
+    read = torch.full_like(eager.page_table, POISON)
+    eager.attach_reader(lambda bs: read[:bs].copy_(eager.page_table[:bs]))
+    eager.capture()
+    try:
+        for lens in ([30, 150, 7], [199, 16], [64, 90, 12, 5, 41, 3, 100]):
+            rows = [pool.alloc(n) for n in lens]
+            pool.flush()
+            engine.update(rows, lens, pool.req_to_token)
+            eager.replay(rows, lens)
+            bucket = eager.last_bucket
+            assert torch.equal(read[:bucket], eager.page_table[:bucket])
+            assert (read[len(lens) : bucket] == 0).all()  # padded rows: the null block
+            for i, (row, n) in enumerate(zip(rows, lens)):
+                pages = cdiv(n, 16)
+                want = pool.req_to_token[row, : pages * 16 : 16] // 16
+                assert torch.equal(read[i, :pages].long(), want.long())
+            for row in rows:
+                pool.free(row)
+    finally:
+        eager.close()
 
 
 def test_swa_view_is_none_without_full_to_swa():

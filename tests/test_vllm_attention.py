@@ -102,8 +102,9 @@ def test_unified_attention_matches_dense_attention():
 
 @pytest.mark.cpu_heavy
 def test_decode_step_through_vllms_triton_attn_is_safe():
-    cfg = tiny(padding="vllm", null_block="finite", steps=4, consumer_dtype="float16")
-    report = check_decode_step("build_page_table", cfg, consumer="vllm:triton_attn")
+    # vLLM's own gather builds the table eagerly before each replay, as its model runner does.
+    cfg = tiny(padding="vllm", null_block="finite", steps=4)
+    report = check_decode_step("vllm_gather_block_tables", cfg, consumer="vllm:triton_attn")
     assert report.verdict == "SAFE", report.format()
     props = {p.name: p for p in report.properties}
     assert props["cache write exact"].status == "pass"

@@ -32,7 +32,7 @@ def test_each_kernel_is_planned_on_the_scenarios_of_its_kind_only():
         ("vllm_compute_slot_mappings", "vllm-slot-mapping"),
         ("vllm_compute_slot_mappings", "vllm-slot-mapping-spec"),
         ("vllm_compute_slot_mappings", "vllm-slot-mapping-groups"),
-        ("build_page_table", "vllm-triton-attn"),
+        ("vllm_gather_block_tables", "vllm-triton-attn"),
     }
     assert all(r.skipped is None and r.config.steps == 3 for r in runs)
     step = next(r for r in runs if r.scenario == "vllm-triton-attn")

@@ -330,10 +330,9 @@ class GraphRunner:
     def attach_reader(self, reader: Callable[[int], None]) -> None:
         """Run ``reader(bs)`` after the builder on rows ``:bs`` in every bucket's graph (warmed
         up, captured and replayed with it: the decode step's attention,
-        ``pagegraph.graph.step_consumer``). Before ``capture()``; not for a kind built
-        eagerly, before the graph (``ValueError``)."""
-        if self.eager_builder:
-            raise ValueError(f"a {self.kind.name} builder runs before the graph: no reader in it")
+        ``pagegraph.graph.step_consumer``); for a kind built eagerly, the graph holds the
+        reader alone, reading what the builder wrote before the launch. Before
+        ``capture()``."""
         if self.captured:
             raise RuntimeError("attach_reader() after capture(): the graphs would not hold it")
         self.reader = reader
@@ -350,11 +349,13 @@ class GraphRunner:
 
     def graph_reads(self, bs: int) -> None:
         """What the graph of an eagerly built kind does with the tables: reads rows ``:bs``
-        (a copy into ``read_table``), as an attention kernel would."""
+        (a copy into ``read_table``), as an attention kernel would, then the reader if any."""
         read_table = self.read_table
         if read_table is None:
             raise RuntimeError(f"a {self.kind.name} builder runs in the graph: no read_table")
         read_table[:bs].copy_(self.page_table[:bs])
+        if self.reader is not None:
+            self.reader(bs)
 
     def _warm_up_graph(self, bs: int) -> None:
         """A bucket's warm-up before its CUDA graph: the graph's body, after the builder of a

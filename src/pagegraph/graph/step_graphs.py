@@ -19,6 +19,7 @@ import torch
 
 from ..consumers.reader import Reader
 from ..kinds import KindSpec
+from ..kinds.seams import EngineState
 from .buckets import Buckets, PaddingPolicy
 from .capture import Graph, capture_buckets
 from .runner import GraphRunner
@@ -72,6 +73,8 @@ class StepGraphs:
         null_block: what page 0 holds (``pagegraph.check.config.NULL_BLOCKS``): "nan" or
             "finite" (then the sentinel holds NaN).
         padding: the padded rows' convention (``pagegraph.graph.buckets.PADDING``).
+        engine: the engine state a kind built eagerly reads (vLLM's per-request block tables,
+            ``GraphRunner``'s ``engine``), kept up to date by the caller before each step.
     """
 
     def __init__(
@@ -86,6 +89,7 @@ class StepGraphs:
         emulate: bool | None = None,
         null_block: str = "nan",
         padding: str | PaddingPolicy = "sglang",
+        engine: EngineState | None = None,
     ) -> None:
         self.shape = s = shape
         self.device = req_to_token.device
@@ -102,6 +106,7 @@ class StepGraphs:
             table_width=s.width,
             # Only an opt-out is passed: the runner emulates by default where it can (the CPU).
             emulate=False if emulate is False else None,
+            engine=engine,
         )
         self.buckets = sorted(r.buckets.sizes, reverse=True)
         # The runner's buffers, under the names the judges use.

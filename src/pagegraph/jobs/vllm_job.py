@@ -80,7 +80,7 @@ def plan_runs(scenarios: list[str] | None, replays: int | None) -> list[ClientRu
     for client in CLIENTS:
         _, kind = resolve_kind(client)
         for s in loaded:
-            if _scenario_kind(s) is not kind:
+            if _scenario_kind(s) is not kind or s.config.reader in STEP_READERS:
                 continue
             cfg = s.config if replays is None else s.config.replace(steps=replays)
             runs.append(plan_run(ClientRun(client, s.name, str(s.path), cfg)))

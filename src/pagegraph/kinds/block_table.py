@@ -33,7 +33,8 @@ class BlockTableKind(KindSpec):
     keywords = ("batch",)
     where = "eager"
     swa = False
-    feeds_consumer = False
+    #: the batch table is what vLLM's captured attention reads (TRITON_ATTN's block_table)
+    feeds_consumer = True
     error_kinds = ()
     padded_rows = PaddedRows("cleared", 0)
     engine_state = "block_tables"

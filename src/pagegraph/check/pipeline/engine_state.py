@@ -16,6 +16,7 @@ import torch
 
 from ...detect.ranges import phase
 from ...kinds import KindSpec
+from ...kinds.seams import EngineState as BuilderEngineState
 from ...workload.block_tables import EngineBlockTables
 from ...workload.decode import Step
 from ...workload.pool import KVPool
@@ -25,9 +26,11 @@ from ..config import CheckConfig
 ENGINE_STATES = {"block_tables": EngineBlockTables}
 
 
-class EngineState(Protocol):
-    """An engine state a kind's builder reads (``EngineBlockTables``): its device buffers by
-    name, brought up to date before each replay, and its hostile ``num_blocks`` injection."""
+class EngineState(BuilderEngineState, Protocol):
+    """An engine state a kind's builder reads (``EngineBlockTables``; what the builder reads
+    of it: ``pagegraph.kinds.seams.EngineState``), as the check keeps it: its device buffers
+    by name, brought up to date before each replay, and its hostile ``num_blocks``
+    injection."""
 
     @property
     def max_reqs(self) -> int: ...

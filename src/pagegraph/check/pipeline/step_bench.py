@@ -12,6 +12,7 @@ import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 
+import numpy as np
 import torch
 
 from ...consumers.paged_attention import BLOCK_N, TOKENS_PER_SPLIT
@@ -52,6 +53,7 @@ from ..plan import CheckPlan
 from ..reports.report import BucketStats, PropertyResult, Report
 from ..reports.step_report import STEP_PROPERTIES, StepSection
 from ..signals import CheckInterrupted, stop_requested
+from .engine_state import EngineState, make_engine_state, update_engine_state
 from .phases import LoopEnd, fail_capture, mark_unfinished, pick_device, record_capture
 from .state import CheckHooks
 from .workload_setup import pool_kwargs, workload_kwargs
@@ -128,6 +130,13 @@ class _Run:
     props: dict[str, PropertyResult]
     buckets: Buckets
     gen: torch.Generator
+    #: the builder's kind
+    kind: KindSpec
+    #: the engine state the kind reads (``engine_state``: vLLM's tables), None without
+    engine: EngineState | None = None
+    #: ``EngineRun``'s: the decode step never breaks the engine's guarantees
+    engine_rng: np.random.Generator | None = None
+    engine_overrun: np.ndarray | None = None
     padded_replays: int = 0
     #: told the phase reached (``check_decode_step``'s ``on_phase``)
     on_phase: Callable[[str], None] | None = None
@@ -245,6 +254,7 @@ def _setup(
 ) -> _Run:
     assert cfg.consumer is not None, "a decode-step plan's config has a consumer (plan_check)"
     pool = KVPool(**pool_kwargs(cfg), device=dev)
+    engine = make_engine_state(kind, cfg, pool, dev)
     shape = StepShape(
         max_bs=cfg.max_bs,
         width=cfg.width,
@@ -269,9 +279,10 @@ def _setup(
         emulate,
         null_block=cfg.null_block,
         padding=cfg.padding,
+        engine=engine,
     )
     gen = torch.Generator().manual_seed(cfg.seed + 3)
-    return _Run(cfg, graphs, pool, report, props, buckets, gen)
+    return _Run(cfg, graphs, pool, report, props, buckets, gen, kind, engine)
 
 
 def _capture(run: _Run) -> bool:
@@ -337,6 +348,7 @@ def _one_step(run: _Run, k: int, step: Step) -> None:
     """Stage, replay A, B, D and C (docs/ARCHITECTURE.md), then hand the step to each judge."""
     g, b = run.graphs, _model(run, k, step)
     n, bucket = len(b.rpi), b.bucket
+    update_engine_state(run, step, may_break=False)  # an eager builder's state (vLLM's tables)
     g.stage(b.rpi, b.lens)  # the runner stages and pads it at each replay
     g.plan(bucket)  # a planned reader's host plan, eagerly, before the step's replays
     dims = (n, run.cfg.num_q_heads, run.cfg.head_dim)
@@ -562,6 +574,8 @@ def _time_buckets(run: _Run, rows: list[Request]) -> None:
         batch = [rows[i % len(rows)] for i in range(bucket)]
         g.req_pool_indices[:bucket].copy_(torch.tensor([req.row for req in batch]))
         g.seq_lens[:bucket].copy_(torch.tensor([req.length for req in batch]))
+        timed = Step(-1, [req.row for req in batch], [req.length for req in batch])
+        update_engine_state(run, timed, may_break=False)
         g.host_lens = [req.length for req in batch]
         slots = [new_token_slot(req.pages, req.length, run.cfg.page_size) for req in batch]
         g.consumer.stage_writes(slots, [req.length - 1 for req in batch], bucket, 0)
