@@ -269,6 +269,7 @@ def _setup(
         emulate,
         null_block=cfg.null_block,
         padding=cfg.padding,
+        table_pad_cols=cfg.table_pad_cols,
     )
     gen = torch.Generator().manual_seed(cfg.seed + 3)
     return _Run(cfg, graphs, pool, report, props, buckets, gen)
