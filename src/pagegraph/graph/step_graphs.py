@@ -90,9 +90,17 @@ class StepGraphs:
         null_block: str = "nan",
         padding: str | PaddingPolicy = "sglang",
         engine: EngineState | None = None,
+        table_pad_cols: int = 0,
     ) -> None:
         self.shape = s = shape
         self.device = req_to_token.device
+        # With pad columns the page table is a column slice of a wider buffer, its row stride
+        # above its width, as an engine's persistent table sliced for the step.
+        table = (
+            torch.zeros((s.max_bs, s.width + table_pad_cols), dtype=torch.int32, device=self.device)
+            if table_pad_cols
+            else None
+        )
         self.runner = r = GraphRunner(
             req_to_token,
             max_bs=s.max_bs,
@@ -104,6 +112,7 @@ class StepGraphs:
             outputs=kind.name,
             index_dtype=s.index_dtype,
             table_width=s.width,
+            page_table=table,
             # Only an opt-out is passed: the runner emulates by default where it can (the CPU).
             emulate=False if emulate is False else None,
             engine=engine,

@@ -280,6 +280,7 @@ def _setup(
         null_block=cfg.null_block,
         padding=cfg.padding,
         engine=engine,
+        table_pad_cols=cfg.table_pad_cols,
     )
     gen = torch.Generator().manual_seed(cfg.seed + 3)
     return _Run(cfg, graphs, pool, report, props, buckets, gen, kind, engine)
