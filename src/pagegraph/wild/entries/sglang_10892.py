@@ -34,8 +34,7 @@ BUG = WildBug(
         modelled="A runner's padded rows not reset when a batch shrinks below its bucket: they "
         "replay the previous, larger batch's values (the staged-input failure names them).",
         stands_in=(
-            "the staged request indices and lengths for positions (in a decode step, "
-            "seq_len - 1)",
+            "the staged request indices and lengths for positions (in a decode step, seq_len - 1)",
             "pagegraph's decode metadata for the draft and verify steps' attention plans",
         ),
         fix="#10892 and #24401: reset the padded rows' positions whenever raw_bs differs from "
