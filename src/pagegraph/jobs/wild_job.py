@@ -22,6 +22,7 @@ from ..check.pipeline.phases import pick_device
 from ..check.reports.report import Report
 from ..supervise.isolate import write_json_atomic
 from ..wild import BUG_CLASSES, WildBug, entries
+from ..wild.pending import NOT_YET_EXPRESSIBLE
 from .environment import environment
 
 __all__ = ["EntryResult", "add_arguments", "judge_entry", "main", "run_wild"]
@@ -137,8 +138,21 @@ def markdown_table(results: list[EntryResult], reports_dir: str | None) -> list[
         rows = [r for r in results if r.bug.bug_class == letter]
         if not rows:
             continue
-        head = "| entry | engine, version | state | property | buggy | fixed | what it printed |"
-        lines += [f"## ({letter}) {title}", "", head, "|---|---|---|---|---|---|---|"]
+        engines = sorted({r.bug.engine for r in rows})
+        further = sum(len(r.bug.fidelity.refs) for r in rows if r.bug.fidelity is not None)
+        head = (
+            "| entry | engine, version | state | property | buggy | fixed | what it printed "
+            "| fidelity |"
+        )
+        lines += [
+            f"## ({letter}) {title}",
+            "",
+            f"{len(rows)} distinct mechanism(s), one entry each ({further} further thread(s) "
+            f"of the same defects); {len(engines)} engine(s): {', '.join(engines)}.",
+            "",
+            head,
+            "|---|---|---|---|---|---|---|---|",
+        ]
         for r in rows:
             b = r.bug
             cells = {}
@@ -150,9 +164,45 @@ def markdown_table(results: list[EntryResult], reports_dir: str | None) -> list[
             lines.append(
                 f"| [{b.ref}]({b.url}) | {_cell(b.engine + ' ' + b.version, 80)} | "
                 f"{_cell(b.state, 60)} | {b.prop} | {cells['buggy']} | {cells['fixed']} | "
-                f"{_cell(r.printed())} |"
+                f"{_cell(r.printed())} | {_fidelity_cell(b)} |"
             )
         lines.append("")
+    lines += _not_yet_expressible()
+    return lines
+
+
+def _fidelity_cell(bug: WildBug) -> str:
+    """What an entry models, what stands in for what, the fix it follows (short)."""
+    fid = bug.fidelity
+    if fid is None:
+        return "not recorded"
+    parts = [f"modelled: {_cell(fid.modelled, 120)}"]
+    if fid.stands_in:
+        parts.append("stands in: " + "; ".join(_cell(x, 90) for x in fid.stands_in))
+    parts.append(f"fix: {_cell(fid.fix, 120)}")
+    if fid.refs:
+        parts.append("also: " + ", ".join(fid.refs))
+    return " <br> ".join(parts)
+
+
+def _not_yet_expressible() -> list[str]:
+    """The public bugs the bed cannot yet reproduce faithfully: listed, never counted."""
+    if not NOT_YET_EXPRESSIBLE:
+        return []
+    lines = [
+        "## Not yet expressible (never counted as held)",
+        "",
+        "| thread | engine | class | the bug | why not yet |",
+        "|---|---|---|---|---|",
+    ]
+    for item in NOT_YET_EXPRESSIBLE:
+        repo, number = item.ref.split("#")
+        url = f"https://github.com/{repo}/issues/{number}"
+        lines.append(
+            f"| [{item.ref}]({url}) | {item.engine} | ({item.bug_class}) | "
+            f"{_cell(item.summary, 300)} | {_cell(item.why, 400)} |"
+        )
+    lines.append("")
     return lines
 
 

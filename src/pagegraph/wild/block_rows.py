@@ -6,7 +6,23 @@ import torch
 
 from ..kernels.batch import BatchContext
 
-__all__ = ["gather_real_rows"]
+__all__ = ["gather_real_rows", "persistent_buffer"]
+
+#: Engine-side buffers that outlive a step, one per output allocation they mirror.
+_BUFFERS: dict[tuple, torch.Tensor] = {}
+
+
+def persistent_buffer(out: torch.Tensor, name: str) -> torch.Tensor:
+    """The engine's persistent buffer ``name`` laid out as ``out`` (a view of its own
+    allocation, the size of ``out``'s): what one step writes there, the next step finds. The
+    bed poisons its outputs between replays; an engine's own buffer it never touches."""
+    storage = out.untyped_storage()
+    key = (name, storage.data_ptr(), storage.nbytes(), out.device, out.dtype)
+    buf = _BUFFERS.get(key)
+    if buf is None:
+        n = storage.nbytes() // out.element_size()
+        buf = _BUFFERS[key] = torch.zeros(n, dtype=out.dtype, device=out.device)
+    return buf.as_strided(out.shape, out.stride(), out.storage_offset())
 
 
 def gather_real_rows(block_table, num_blocks, idx_mapping, out, batch: BatchContext) -> None:

@@ -23,7 +23,7 @@ from ..pipeline.state import ALLOCATION_PROBES, ReplayMeasure, ReplayState, Tabl
 from ..reports.report import REAL_DETECTORS, BucketStats, Failure, PropertyResult, Report
 from .graph_safety import EVERY_REPLAY, SAMPLE, never_compared
 from .protocol import JudgedAtOnce
-from .verify import CANARY_ROWS, ModelStep, TableVerifier, read_mask
+from .verify import CANARY_ROWS, ModelStep, TableVerifier, read_mask, read_previous
 
 Props = dict[str, PropertyResult]
 #: names a replay's out-of-contract rows, for its failures (``BatchModel.describe_rows``)
@@ -388,6 +388,20 @@ def judge_records(
             _judge_error_counters(
                 rec, st, verifier, kinds, props["error counters"], report, describe_rows
             )
+        verifier.previous_step = st
+
+
+def left_by(step: ModelStep) -> str:
+    """The replay a stale value was left by, as a failure names it."""
+    return f"left by replay {step.index} (bucket {step.bucket}, {step.n} real rows)"
+
+
+def _stale(rec: np.ndarray, verifier: TableVerifier) -> tuple[list[int], int, int] | None:
+    """What the previous replay left at this record's first failures, when the verifier's
+    previous ring entry holds it and the host knows that replay."""
+    if verifier.previous_step is None:
+        return None
+    return read_previous(rec, verifier)
 
 
 def _fail_with(
@@ -442,6 +456,10 @@ def _judge_tables(
             _fail_with(props["row containment"], failure, st, describe_rows)
         elif mask < T:
             stats.mismatches += count
+            previous = _stale(rec, verifier)
+            if previous is not None and got == previous[0][mask] != POISON:
+                assert verifier.previous_step is not None  # _stale found it
+                failure.stale = left_by(verifier.previous_step)
             _fail_with(props["correct"], failure, st, describe_rows)
         else:
             stats.oob_writes += count
@@ -520,9 +538,15 @@ def _judge_staged_inputs(
     at = verifier.staged_at
     if rec[at] and staged_prop.status == "pass":
         row = int(rec[at + 1])
+        got_rpi, got_sl = int(rec[at + 2]), int(rec[at + 3])
+        stale = ""
+        previous = _stale(rec, verifier)
+        if previous is not None and (got_rpi, got_sl) == previous[1:]:
+            assert verifier.previous_step is not None  # _stale found it
+            stale = f" (stale: {left_by(verifier.previous_step)})"
         staged_prop.fail(
             f"replay {st.index} (bucket {st.bucket}): {int(rec[at])} row(s) differ; first "
-            f"row {row}: req_pool_index {int(rec[at + 2])}, seq_len {int(rec[at + 3])}, "
+            f"row {row}: req_pool_index {got_rpi}, seq_len {got_sl}{stale}, "
             f"asked for (padded) req_pool_index {_asked(st.asked_rpi, row)}, "
             f"seq_len {_asked(st.asked_sl, row)}"
         )

@@ -26,6 +26,7 @@ __all__ = [
     "batch_size",
     "preset_views",
     "read_mask",
+    "read_previous",
     "replay_bytes",
     "vector_replay_bytes",
 ]
@@ -68,10 +69,11 @@ def preset_views(
 def replay_bytes(tables: int, rows: int, padded_width: int, max_bs: int, cap: int) -> int:
     """Device bytes the verification of one replay takes in a batch (an upper estimate): its
     snapshot of the tables and of the reference's gathers, the expected tables, the boolean
-    masks over them, the gathers as int64 and the live mask."""
+    masks over them, the gathers as int64, the live mask and the previous replay's tables (what
+    a stale failure compares with)."""
     entries = tables * rows * padded_width
     # + the snapshot of the gathers (at most int64) and their int64 copies in the computation
-    return entries * (4 + 4 + 12 + 2) + max_bs * cap * (16 * tables + 9)
+    return entries * (4 + 4 + 4 + 12 + 2) + max_bs * cap * (16 * tables + 9)
 
 
 def vector_replay_bytes(vector_entries: int, csr_capacity: int = 0) -> int:
@@ -193,7 +195,14 @@ class TableVerifier:
         self.masks = 2 * self.T + (2 if vectors is not None else 0)
         self.staged_at = self.masks * MASK_FIELDS
         self.errors_at = self.staged_at + 4
-        self.record_size = self.errors_at + 2 * self.E
+        #: What the previous replay left where this one's first failures are: whether the
+        #: previous ring entry holds the replay just before (1) or not (0), then each table's
+        #: value at its "correct" mask's first entry, then the staged request index and length
+        #: at the first staged row that differs (``read_previous``).
+        self.previous_at = self.errors_at + 2 * self.E
+        #: the replay judged last (the host's record of the ring's previous entry)
+        self.previous_step: ModelStep | None = None
+        self.record_size = self.previous_at + 3 + self.T
         M, cap = self.max_bs, self.cap
         if batch is None:
             per = replay_bytes(self.T, rows, self.padded_width, M, cap)
@@ -464,7 +473,21 @@ class TableVerifier:
         )
 
         error_fields = self._error_fields(rpi, sl, in_bucket, live, slots)
-        record = torch.cat([mask_fields, staged_fields, error_fields], dim=1)
+        # What the previous replay left (ring entry k - 1, when it holds the replay just before
+        # entry k's: consecutive slots), where this replay's first failures are.
+        prev_slot = torch.roll(slot, 1)
+        valid = (torch.arange(K, device=slot.device) >= 1) & (slot - prev_slot == 1)
+        prev_tables = torch.roll(tables, 1, dims=0).view(K, -1)
+        prev_fields = torch.cat(
+            [
+                valid.long().unsqueeze(-1),
+                prev_tables.gather(1, flat[:, : self.T]).long(),
+                torch.roll(got_rpi, 1, dims=0).gather(1, bad_row),
+                torch.roll(got_sl, 1, dims=0).gather(1, bad_row),
+            ],
+            dim=1,
+        )
+        record = torch.cat([mask_fields, staged_fields, error_fields, prev_fields], dim=1)
         self.records.index_copy_(0, slot, record)
 
     def _error_fields(
@@ -539,6 +562,18 @@ class TableVerifier:
             ],
             dim=-1,
         ).view(K, -1)
+
+
+def read_previous(record: np.ndarray, verifier: TableVerifier) -> tuple[list[int], int, int] | None:
+    """What the previous replay left at this record's first failures: each table's value at
+    its "correct" mask's first entry, and the staged request index and length at the first
+    staged row that differs; ``None`` when the record's previous ring entry does not hold the
+    replay just before."""
+    at = verifier.previous_at
+    if not record[at]:
+        return None
+    tables = [int(v) for v in record[at + 1 : at + 1 + verifier.T]]
+    return tables, int(record[at + 1 + verifier.T]), int(record[at + 2 + verifier.T])
 
 
 def read_mask(record: np.ndarray, mask: int) -> tuple[int, int, int, int] | None:

@@ -38,6 +38,9 @@ class Failure:
     injected: str = ""
     #: what the entry is, when its index alone does not say (a CSR entry's row and page)
     note: str = ""
+    #: when the wrong value is what the previous replay left there: which replay that was
+    #: (``"left by replay K (bucket B, N real rows)"``)
+    stale: str = ""
 
     def where(self) -> str:
         if self.vector:
@@ -75,6 +78,8 @@ class Failure:
         written where the poison must stay, or a wrong value written)."""
         if self.poison is not None and self.got == self.poison != self.expected:
             return " (the poison: never written)"
+        if self.stale:
+            return f" (stale: {self.stale})"
         return ""
 
     def __str__(self) -> str:

@@ -1,57 +1,73 @@
 """FlashAttention #1164: ``flash_attn_varlen_func`` under a CUDA graph attends as far as the
-``max_seqlen_k`` it was captured with.
+``max_seqlen_k`` it was captured with (fixed in the kernel by vllm-project/flash-attention#18).
 
-The reader: each row attends to ``min(cache_seqlens[i], max_seqlen_k)`` tokens (the key blocks
-the launch covers), clamped in a buffer allocated once, then pagegraph's paged attention.
-Buggy: ``max_seqlen_k`` is the batch's longest length, computed on the host at each launch
-(one token at capture). Fixed: the table's capacity, a static bound, as an engine that captures
-passes it.
+The reader is the split-KV varlen kernel: ``SPLITS`` splits a row (a host value, the launch's
+grid), each covering ``n_blocks_per_split`` key blocks of ``BLOCK_N`` tokens, combined per row;
+each split stops at the row's own length. Buggy: ``n_blocks_per_split`` comes from
+``params.seqlen_k``, the host ``max_seqlen_k`` (the batch's longest length, one token at
+capture), so a replay's splits cover only what the capture's bound spread over them. Fixed, as
+the kernel fix has it: from each row's own ``actual_seqlen_k`` (its ``cache_seqlens``), read on
+the device.
 """
 
 from __future__ import annotations
 
 import torch
 
-from ...consumers import paged_decode_attention
 from ...consumers.reader import HostBatch, Reader
-from ..record import Twin, WildBug
+from ...kernels.contract import cdiv
+from ..readers import merge, partials, token_kv
+from ..record import Fidelity, Twin, WildBug
+
+#: Splits of a row (``num_splits``: a host value, the grid of the captured launch).
+SPLITS = 4
+#: Tokens of one key block (``kBlockN``).
+BLOCK_N = 16
 
 
-def _lengths_buffer(max_bs: int, width: int, page_size: int, device) -> dict[str, torch.Tensor]:
-    """The clamped lengths, ``[max_bs]`` int32, allocated once before capture."""
-    return {"seqlen_k": torch.zeros(max_bs, dtype=torch.int32, device=device)}
+def _split_kv(q, k_cache, v_cache, page_table, cache_seqlens, out, page_size, seqlen_k):
+    """Split-KV decode attention: split ``s`` of row ``i`` covers key blocks ``[s * nb_i, (s +
+    1) * nb_i)``, ``nb_i = cdiv(cdiv(seqlen_k[i], BLOCK_N), SPLITS)``, below the row's length
+    (``seqlen_k`` ``[bs]`` int64: the value the partition is computed from). Shapes as
+    ``paged_decode_attention``'s."""
+    bs, num_q_heads, head_dim = q.shape
+    dev, width = q.device, page_table.shape[1]
+    cap = width * page_size
+    span = cdiv(cdiv(cap, BLOCK_N), SPLITS) * BLOCK_N  # the most tokens a split may cover
+    per_split = cdiv(cdiv(seqlen_k.clamp(0, cap), BLOCK_N), SPLITS) * BLOCK_N  # [bs]
+    lens = cache_seqlens[:bs].long().clamp(0, cap)
+    s = torch.arange(SPLITS, device=dev)[None, :, None]
+    t = torch.arange(span, device=dev)[None, None, :]
+    pos = s * per_split[:, None, None] + t  # [bs, SPLITS, span]
+    live = (t < per_split[:, None, None]) & (pos < lens[:, None, None])
+    rows = torch.arange(bs, device=dev).repeat_interleave(SPLITS)
+    k, v = token_kv(k_cache, v_cache, page_table, rows, pos.reshape(bs * SPLITS, span), page_size)
+    m, total, acc = partials(q[rows], k, v, live.reshape(bs * SPLITS, span), head_dim**-0.5)
+    shape = (bs, SPLITS, num_q_heads)
+    o = merge(m.reshape(shape), total.reshape(shape), acc.reshape(*shape, head_dim), dim=1)
+    return out.copy_(o)
 
 
-def varlen_attention(
-    q,
-    k_cache,
-    v_cache,
-    page_table,
-    cache_seqlens,
-    out,
-    *,
-    page_size,
-    workspace,
-    max_seqlen_k: int,
-    plan: dict,
-) -> torch.Tensor:
-    """Decode attention whose key blocks stop at the host ``max_seqlen_k`` (shapes as
-    ``paged_decode_attention``'s)."""
-    lens = plan["seqlen_k"][: q.shape[0]]
-    torch.clamp(cache_seqlens, max=max_seqlen_k, out=lens)
-    return paged_decode_attention(
-        q, k_cache, v_cache, page_table, lens, out, page_size=page_size, workspace=workspace
-    )
+def split_from_max_seqlen_k(
+    q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size, workspace, max_seqlen_k
+):
+    """Buggy: the splits are sized from ``params.seqlen_k`` (the host ``max_seqlen_k``)."""
+    seqlen_k = torch.full((q.shape[0],), max_seqlen_k, dtype=torch.int64, device=q.device)
+    return _split_kv(q, k_cache, v_cache, page_table, cache_seqlens, out, page_size, seqlen_k)
+
+
+def split_from_actual_seqlen_k(
+    q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size, workspace, max_seqlen_k
+):
+    """Fixed (flash-attention#18): the splits are sized from each row's ``actual_seqlen_k``."""
+    seqlen_k = cache_seqlens[: q.shape[0]].long()
+    return _split_kv(q, k_cache, v_cache, page_table, cache_seqlens, out, page_size, seqlen_k)
 
 
 def _batch_max(host: HostBatch) -> dict:
-    """Buggy: the longest length of the batch at hand (the capture's one token, in a graph)."""
+    """``max_seqlen_k`` as the engine passes it: the batch's longest length, on the host (the
+    capture's one token, in a graph)."""
     return {"max_seqlen_k": host.max_len}
-
-
-def _capacity(host: HostBatch) -> dict:
-    """Fixed: the static capacity of a row, whatever the batch."""
-    return {"max_seqlen_k": host.capacity}
 
 
 BUG = WildBug(
@@ -63,23 +79,29 @@ BUG = WildBug(
     bug_class="b",
     symptom="Under CUDA graphs, flash_attn_varlen_func's output depends on the context length "
     "used at capture.",
-    cause="max_seqlen_k is a host argument baked into the captured launch (and the split-KV "
-    "kernel used it instead of each sequence's length), so replays keep the capture's bound.",
+    cause="compute_attn_1rowblock_splitkv sized its splits from params.seqlen_k (the host "
+    "max_seqlen_k baked into the captured launch) instead of the row's actual_seqlen_k, so "
+    "replays cover only the keys the capture's bound reached.",
     prop="output correct through the consumer",
     buggy=Twin(
         reader=Reader(
-            "varlen attention, max_seqlen_k from the batch",
-            varlen_attention,
-            _batch_max,
-            workspace=_lengths_buffer,
+            "split-KV varlen, splits from max_seqlen_k", split_from_max_seqlen_k, _batch_max
         )
     ),
     fixed=Twin(
         reader=Reader(
-            "varlen attention, max_seqlen_k = capacity",
-            varlen_attention,
-            _capacity,
-            workspace=_lengths_buffer,
+            "split-KV varlen, splits from actual_seqlen_k", split_from_actual_seqlen_k, _batch_max
         )
+    ),
+    fidelity=Fidelity(
+        modelled="The split-KV kernel's blocks per split computed from the launch's host "
+        "seqlen_k (max_seqlen_k, frozen at capture) rather than each row's actual_seqlen_k.",
+        stands_in=(
+            "plain-torch split attention (4 splits of 16-token key blocks) for the CUDA kernel",
+        ),
+        fix="vllm-project/flash-attention#18: compute_attn_1rowblock_splitkv uses "
+        "binfo.actual_seqlen_k (the row's device length) for its split partition; the host "
+        "max_seqlen_k is still passed, and no longer bounds the keys.",
+        refs=("vllm-project/flash-attention#18",),
     ),
 )

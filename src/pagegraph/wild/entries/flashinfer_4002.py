@@ -15,7 +15,7 @@ import torch
 from ...consumers.reader import HostBatch, Reader
 from ...kernels.contract import cdiv
 from ..readers import merge, partials, token_kv
-from ..record import Twin, WildBug
+from ..record import Fidelity, Twin, WildBug
 
 #: Tokens one work item covers.
 TILE = 64
@@ -122,5 +122,16 @@ BUG = WildBug(
         reader=Reader(
             "FA2 work list, block_valid_mask", run_masked, plan=plan_work_list, workspace=_workspace
         )
+    ),
+    fidelity=Fidelity(
+        modelled="A plan that writes work items for the real work only into a workspace every "
+        "plan shares, and a padded grid over every item slot with no valid mask: slots past "
+        "the count run an earlier plan's items.",
+        stands_in=(
+            "plain-torch partial attention over 64-token items for the FA2 kernels",
+            "a wrong real-row output for the illegal memory access an earlier plan's item gives",
+        ),
+        fix="#5176 (open): slots past the plan's count are masked (block_valid_mask) also "
+        "without split-KV.",
     ),
 )

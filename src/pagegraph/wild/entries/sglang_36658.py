@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import torch
 
-from ..record import Twin, WildBug
+from ..record import Fidelity, Twin, WildBug
 
 
 def _build(
@@ -65,4 +65,11 @@ BUG = WildBug(
     prop="capture",
     buggy=Twin(bounds_from_list),
     fixed=Twin(bounds_on_device),
+    fidelity=Fidelity(
+        modelled="A small device tensor made from a Python list inside the captured forward: "
+        "a pageable host-to-device copy the capture refuses.",
+        stands_in=("a page-table builder's clamp bounds for tail_attn_meta's cu_seqlens_tail",),
+        fix="The merged fix builds the same values on the device (arange arithmetic), no host "
+        "data.",
+    ),
 )

@@ -15,7 +15,7 @@ import torch
 from ...consumers.reader import HostBatch, Reader
 from ...kernels.contract import cdiv
 from ..readers import split_attention
-from ..record import Twin, WildBug
+from ..record import Fidelity, Twin, WildBug
 
 #: Tokens one tile of the split-KV schedule covers.
 TILE = 64
@@ -118,5 +118,12 @@ BUG = WildBug(
         reader=Reader(
             "decode wrapper planned by prepare()", run, plan=plan_tiles, workspace=_workspace
         )
+    ),
+    fidelity=Fidelity(
+        modelled="A decode wrapper re-planned only in the forward path, which replays never "
+        "run: every replay reduces with the warm-up plan's tile counts.",
+        stands_in=("a per-row tile count in a workspace for FlashInfer's FA2 decode plan",),
+        fix="The merged fix re-plans every graph wrapper in prepare(), before each replay (the "
+        "bed's plan hook, run eagerly before every step).",
     ),
 )

@@ -14,7 +14,7 @@ import torch
 from ...consumers import paged_decode_attention
 from ...consumers.reader import Reader
 from ...kernels.page_table import build_page_table
-from ..record import Twin, WildBug
+from ..record import Fidelity, Twin, WildBug
 
 
 def _padded_table(fill: int):
@@ -67,4 +67,16 @@ BUG = WildBug(
     prop="padded rows read inside the KV pool",
     buggy=Twin(_padded_table(-1), READER),
     fixed=Twin(_padded_table(0), READER),
+    fidelity=Fidelity(
+        modelled="Padded rows of length 0 whose block tables hold -1, read by a kernel that "
+        "loads the row's last block (n - 1) // page_size even at length 0: block -1.",
+        stands_in=(
+            "pagegraph's paged attention made to read a zero-length row's last block for the "
+            "FlashMLA FP8 decode kernel",
+            "the NaN guard page before page 0 for the negative KV offset",
+        ),
+        fix="#35431: block-table CUDA-graph padding uses the null block 0 instead of -1 (the "
+        "alternative #35969 clamped seq_lens and the table in the FlashMLA builder).",
+        refs=("vllm-project/vllm#35431",),
+    ),
 )

@@ -12,7 +12,7 @@ from __future__ import annotations
 import torch
 
 from ...graph.runner import GraphRunner
-from ..record import Twin, WildBug
+from ..record import Fidelity, Twin, WildBug
 
 
 def second_group_on_first_buffers(
@@ -47,4 +47,10 @@ BUG = WildBug(
     prop="outputs unaliased",
     buggy=Twin("build_page_table", runner=second_group_on_first_buffers),
     fixed=Twin("build_page_table", runner=each_group_own_buffers),
+    fidelity=Fidelity(
+        modelled="A later KV-cache group's metadata handed over as views of the first group's "
+        "persistent buffers, so the buffers its graph reads are never updated.",
+        stands_in=("the bed's SWA page table for the second group's block_idx_last_* buffers",),
+        fix="The merged fix copies each group's metadata into that group's own persistent buffers.",
+    ),
 )

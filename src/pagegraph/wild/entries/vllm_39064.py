@@ -15,7 +15,7 @@ import torch
 from ...consumers import paged_decode_attention
 from ...consumers.reader import CacheWrite, Reader
 from ...kernels.page_table import build_page_table
-from ..record import Twin, WildBug
+from ..record import Fidelity, Twin, WildBug
 
 
 def page_table_null_padded(req_to_token, req_pool_indices, seq_lens, page_table, page_size) -> None:
@@ -62,4 +62,13 @@ BUG = WildBug(
     prop="null block and guard page untouched",
     buggy=Twin(page_table_null_padded, _reader(padding_id_max=-1)),
     fixed=Twin(page_table_null_padded, _reader(padding_id_max=0)),
+    fidelity=Fidelity(
+        modelled="A kernel guard `idx < 0` for padded rows once padding moved to the null block "
+        "0: padded rows read and write block 0.",
+        stands_in=(
+            "the KV cache's page 0 for the GDN/FLA state slot 0",
+            "the step's cache write through the block table for the state kernels' update",
+        ),
+        fix="The merged fix turns every guard into `<= 0` / `> 0` (the null block is padding).",
+    ),
 )

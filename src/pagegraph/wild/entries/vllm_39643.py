@@ -1,23 +1,29 @@
-"""vLLM #39643: padded rows of the indexer's expanded block table zeroed in column 0 only.
+"""vLLM #39643: DeepSeek V3.2's indexer reuses its expanded block-table buffer across steps and
+resets a padded row's column 0 only (the pull request zeroes whole padded rows).
 
-DeepSeek V3.2's sparse-attention indexer expands the batch's block table for the graph;
-padded rows were reset in their first column only, so the rest of each padded row kept block
-ids of an earlier batch, which the captured kernels then read. The fix zeroes whole rows.
+``_expand_decode()`` writes the expanded block table (each decode token its request's row) into
+a persistent buffer of the metadata builder; when the batch shrinks, the rows past the real
+ones are padding, and only their first column was zeroed: columns 1 and up keep the block ids
+a previous, larger step's expansion wrote, which the captured kernels then read.
 """
 
 from __future__ import annotations
 
 from ...kernels.batch import BatchContext
-from ..block_rows import gather_real_rows
-from ..record import Twin, WildBug
+from ..block_rows import gather_real_rows, persistent_buffer
+from ..record import Fidelity, Twin, WildBug
 
 
 def pad_rows_first_column(
     block_table, num_blocks, idx_mapping, out, *, batch: BatchContext
 ) -> None:
-    """Buggy: a padded row's first entry is the null block, the rest stale."""
+    """Buggy: the builder's persistent buffer gets the real rows, a padded row's column 0 the
+    null block; the kernels read the bucket's rows of it."""
+    expanded = persistent_buffer(out, "expanded_block_table")
+    gather_real_rows(block_table, num_blocks, idx_mapping, expanded, batch)
+    expanded[batch.num_reqs : batch.num_rows, 0] = 0
     gather_real_rows(block_table, num_blocks, idx_mapping, out, batch)
-    out[batch.num_reqs : batch.num_rows, 0] = 0
+    out[batch.num_reqs : batch.num_rows] = expanded[batch.num_reqs : batch.num_rows]
 
 
 def pad_rows_whole(block_table, num_blocks, idx_mapping, out, *, batch: BatchContext) -> None:
@@ -37,10 +43,19 @@ BUG = WildBug(
     state="closed (a pull request, not merged as written)",
     bug_class="a",
     symptom="Padded rows of the expanded block table carry stale block ids into the captured "
-    "indexer kernels.",
-    cause="Padding reset only column 0 of each padded row; the rest kept an earlier batch's "
-    "block ids.",
+    "indexer kernels: silent output corruption during decode.",
+    cause="_expand_decode() reused its persistent buffer across steps and zeroed only column 0 "
+    "of the padded rows; columns 1 and up kept an earlier, larger step's block ids.",
     prop="correct",
     buggy=Twin(pad_rows_first_column),
     fixed=Twin(pad_rows_whole),
+    fidelity=Fidelity(
+        modelled="The metadata builder's persistent expanded-block-table buffer, reused across "
+        "steps, its padded rows reset in column 0 only.",
+        stands_in=(
+            "one row a request (vLLM's batch block tables) for the expansion of one row a "
+            "decode token (repeat_interleave over the query lengths)",
+        ),
+        fix="#39643 (closed, not merged as written): zero the whole padded rows of the buffer.",
+    ),
 )

@@ -13,7 +13,7 @@ from __future__ import annotations
 import torch
 
 from ...kernels.page_table import build_page_table
-from ..record import Twin, WildBug
+from ..record import Fidelity, Twin, WildBug
 
 
 def _draft_step(*, skip_padded: bool):
@@ -64,4 +64,14 @@ BUG = WildBug(
     prop="padded rows read inside the KV pool",
     buggy=Twin(_draft_step(skip_padded=False)),
     fixed=Twin(_draft_step(skip_padded=True)),
+    fidelity=Fidelity(
+        modelled="The in-graph draft step advancing every row's length, padded rows' 0 to 1, "
+        "while their block tables hold -1: attention reads block -1.",
+        stands_in=(
+            "a decode-metadata builder for eagle_step_slot_mapping_metadata_kernel",
+            "the NaN guard page before page 0 for the out-of-bounds block -1",
+        ),
+        fix="#43682 (closed, not merged): the kernel returns early on a row of length 0, "
+        "leaving it 0 (its slot PADDING_SLOT_ID).",
+    ),
 )

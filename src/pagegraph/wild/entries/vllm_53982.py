@@ -1,10 +1,14 @@
-"""vLLM #53982: the generic slot-mapping kernel maps a one-block ring group's raw positions.
+"""vLLM #53982 (and #56469): the generic slot-mapping kernel maps a one-block ring group's raw
+positions.
 
 Modelled over the scenario's KV-cache groups (a full-attention group and the ring): the
 generic mapping reads the per-request tables as the kernel does, ``position // block_size`` as
 a column through the flat allocation at ``row * stride + column`` with no width mask; the bed's
 allocation ends one spare row past the last request slot, so a column past it reads the
-allocation's last entry (on a GPU, a fault). The fixed twin maps the ring modulo its width.
+allocation's last entry (on a GPU, a fault). One defect, two reports: the QSA ring (#53982) and
+GLM's kpool tail (#56469), whose spec inherits from the sliding-window one and so still went
+through the generic kernel. The fixed twin follows the merged #57317: ring groups are mapped by
+their own builder, never by the generic kernel.
 """
 
 from __future__ import annotations
@@ -12,7 +16,7 @@ from __future__ import annotations
 import torch
 
 from ...kernels.slot_mapping import PAD_SLOT_ID
-from ..record import Twin, WildBug
+from ..record import Fidelity, Twin, WildBug
 
 
 def flat_table(block_table: torch.Tensor) -> torch.Tensor:
@@ -44,7 +48,8 @@ def map_slots(
 def generic_on_every_group(
     block_table, idx_mapping, query_start_loc, positions, slot_mapping, page_size, *, group=None
 ) -> None:
-    """Buggy: ``pos // block_size`` as the column on every group, the ring included."""
+    """Buggy: ``pos // block_size`` as the column on every group, the ring included (the
+    generic kernel run on a group whose spec does not opt out of it)."""
     map_slots(
         block_table,
         idx_mapping,
@@ -56,12 +61,13 @@ def generic_on_every_group(
     )
 
 
-def ring_mapped_modulo(
+def ring_by_its_own_builder(
     block_table, idx_mapping, query_start_loc, positions, slot_mapping, page_size, *, group=None
 ) -> None:
-    """Fixed: a ring group's column is ``(pos // block_size) % width``."""
-    ring = group is not None and group.ring
-    width = block_table.shape[1]
+    """Fixed (#57317): a ring group (one circular block a request) is taken out of the
+    generic kernel and mapped by its own builder, ``own_block * block_size + pos %
+    block_size``; every other group keeps the generic mapping."""
+    own = group is not None and group.ring
     map_slots(
         block_table,
         idx_mapping,
@@ -69,26 +75,41 @@ def ring_mapped_modulo(
         positions,
         slot_mapping,
         page_size,
-        column=lambda pos: (pos // page_size) % width if ring else pos // page_size,
+        column=torch.zeros_like if own else (lambda pos: pos // page_size),
     )
 
 
 generic_on_every_group.pagegraph_outputs = "slot_mapping"
-ring_mapped_modulo.pagegraph_outputs = "slot_mapping"
+ring_by_its_own_builder.pagegraph_outputs = "slot_mapping"
 
 BUG = WildBug(
     key="vllm-53982",
     engine="vLLM",
-    version="main 94d96e24 (MI325X, ROCm 7.2.3); v0.28.1rc1.dev580 (B300, H200)",
+    version="main 94d96e24 (MI325X, ROCm 7.2.3); v0.28.1rc1.dev580 (B300, H200); GLM-5.3-Flash "
+    "kpool tail (#56469)",
     ref="vllm-project/vllm#53982",
-    state="open (guard PR #54296 open)",
+    state="open (the kpool-tail fix #57317 merged; guard PR #54296 open)",
     bug_class="d",
     symptom="Memory access faults (an illegal memory access on CUDA) on every rank once "
     "sequences grow long enough; the out-of-bounds read grows with the sequence length.",
-    cause="_compute_slot_mapping_kernel takes position // block_size as a column of a "
-    "one-block ring group's row with no check against the row's width: it reads the next "
-    "requests' rows, and the cache writes go through the poisoned slots.",
+    cause="The generic slot-mapping kernel takes position // block_size as a column of a "
+    "one-block ring group's row (QSA ring, GLM's kpool tail, whose spec inherits from the "
+    "sliding-window one) with no check against the row's width: it reads the next requests' "
+    "rows, and the cache writes go through the poisoned slots.",
     prop="correct",
     buggy=Twin(generic_on_every_group),
-    fixed=Twin(ring_mapped_modulo),
+    fixed=Twin(ring_by_its_own_builder),
+    fidelity=Fidelity(
+        modelled="The generic kernel's unmasked load at row * stride + pos // block_size of a "
+        "one-block ring group, reading past the row into the next rows of the allocation.",
+        stands_in=(
+            "the allocation's last entry for a read past its end (on a GPU, the fault)",
+            "a QSA-like ring of one 64-token block for the QSA ring and GLM's 4-token kpool tail",
+        ),
+        fix="#57317 (merged, for the kpool tail): ring groups are taken out of the generic "
+        "kernel and mapped by their own builder (own block * block_size + pos % block_size). "
+        "Not followed: the guard of #54296 (open), which maps columns past the row to "
+        "PAD_SLOT_ID and so drops the ring's writes the bed's contract counts as live.",
+        refs=("vllm-project/vllm#56469", "vllm-project/vllm#57317", "vllm-project/vllm#54296"),
+    ),
 )
