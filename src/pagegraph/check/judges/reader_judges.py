@@ -299,6 +299,28 @@ class ReadsOnlyItsRow(JudgedAtOnce):
                 f"{where}; {len(bad)} real row(s) non-finite"
             )
 
+    def _judge_padded(self, seen: StepSeen, pad_e: torch.Tensor, pad_c: torch.Tensor) -> None:
+        """A padded row finite in replay C and non-finite in E read an entry outside every
+        row (E differs from C only there); one non-finite in C already fails "padded rows
+        read inside the KV pool"."""
+        run, batch = seen.run, seen.batch
+        self.padded += 1
+
+        def finite(t: torch.Tensor) -> np.ndarray:
+            return torch.isfinite(t.float()).flatten(1).all(1).cpu().numpy()
+
+        bad = np.flatnonzero(finite(pad_c) & ~finite(pad_e)).tolist()
+        if not bad:
+            return
+        n = len(batch.rpi)
+        run.props[self.property_name].fail(
+            f"replay {batch.index} (bucket {batch.bucket}): padded row {n + bad[0]} (of rows "
+            f"{n}..{batch.bucket - 1}, {run.cfg.padding} padding) finite in replay C, "
+            f"non-finite in E, where only the page table's rows past the bucket changed (to "
+            f"the NaN page): it read past its row (width {run.graphs.shape.width}); "
+            f"{len(bad)} padded row(s)"
+        )
+
 
 class StaysInWorkspace(JudgedAtOnce):
     """No write past the end of any of the reader's workspace tensors: each is handed over as
@@ -330,28 +352,6 @@ class StaysInWorkspace(JudgedAtOnce):
         )
         more = f"; {len(found)} overruns in this step" if len(found) > 1 else ""
         run.props[self.property_name].fail(f"{where}: {first.describe()}{more}")
-
-    def _judge_padded(self, seen: StepSeen, pad_e: torch.Tensor, pad_c: torch.Tensor) -> None:
-        """A padded row finite in replay C and non-finite in E read an entry outside every
-        row (E differs from C only there); one non-finite in C already fails "padded rows
-        read inside the KV pool"."""
-        run, batch = seen.run, seen.batch
-        self.padded += 1
-
-        def finite(t: torch.Tensor) -> np.ndarray:
-            return torch.isfinite(t.float()).flatten(1).all(1).cpu().numpy()
-
-        bad = np.flatnonzero(finite(pad_c) & ~finite(pad_e)).tolist()
-        if not bad:
-            return
-        n = len(batch.rpi)
-        run.props[self.property_name].fail(
-            f"replay {batch.index} (bucket {batch.bucket}): padded row {n + bad[0]} (of rows "
-            f"{n}..{batch.bucket - 1}, {run.cfg.padding} padding) finite in replay C, "
-            f"non-finite in E, where only the page table's rows past the bucket changed (to "
-            f"the NaN page): it read past its row (width {run.graphs.shape.width}); "
-            f"{len(bad)} padded row(s)"
-        )
 
 
 def reader_judges() -> tuple[Judge[StepSeen], ...]:
