@@ -65,7 +65,10 @@ class Reader:
 
     ``workspace(max_bs, width, page_size, device) -> dict[str, torch.Tensor]``: the reader's
     buffers, allocated once before capture and given to every call of ``attend`` as its
-    ``plan=`` keyword (``None``: no such buffers, no ``plan=``). ``plan(host: HostBatch,
+    ``plan=`` keyword (``None``: no such buffers, no ``plan=``); one that takes ``num_q_heads=``
+    and ``head_dim=`` is given them too. Each tensor is handed over as the head of a longer
+    allocation whose trailing canary the bed reads back (a write past a tensor's end fails
+    "reader stays inside its workspace"). ``plan(host: HostBatch,
     workspace) -> None``: host work that writes the workspace for one step, run eagerly before
     the step's replays (and once before capture, on the capture's batch); it must depend only
     on ``host`` (the bed calls it more than once a step to see which entries it writes).

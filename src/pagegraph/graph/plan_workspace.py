@@ -1,16 +1,30 @@
 """A planned reader's workspace (``PlanWorkspace``): allocated once, planned on the host before
 each step, with the entries each plan wrote known, so the step can change every other entry
 and see whether the captured run reads it (``pagegraph.check.judges.step_plan``).
+
+Each workspace tensor is handed to the reader as a view at the head of a longer allocation
+whose trailing entries (the canary, ``canary_entries``) hold a poison: a plan or a run that
+writes past a tensor's end (a run-time split count past what the capture sized the tensor
+for) changes them, ``check_canaries`` notes it (``overruns``: the tensor, when, how far past
+the end) and puts the poison back (``pagegraph.check.judges.reader_judges``, "reader stays
+inside its workspace").
 """
 
 from __future__ import annotations
+
+import inspect
+from dataclasses import dataclass
 
 import torch
 
 from ..consumers.reader import HostBatch, Reader
 from ..kernels.contract import POISON
 
-__all__ = ["PlanWorkspace"]
+__all__ = ["CANARY_MIN_ENTRIES", "Overrun", "PlanWorkspace", "canary_entries"]
+
+#: The least entries of a workspace tensor's canary; a tensor larger than that gets as many
+#: as it has (a write up to twice a tensor's size lands in its canary).
+CANARY_MIN_ENTRIES = 4096
 
 #: A fill value of a workspace tensor's dtype.
 _Fill = bool | int | float
@@ -31,35 +45,161 @@ def _poisons(dtype: torch.dtype) -> tuple[_Fill, _Fill]:
     return info.min, info.max
 
 
+def _accepted(reader: Reader, heads: dict[str, int]) -> dict[str, int]:
+    """The keywords of ``heads`` the reader's ``workspace()`` takes (by name, or ``**``)."""
+    try:
+        params = inspect.signature(reader.workspace).parameters  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return {}
+    if any(p.kind is inspect.Parameter.VAR_KEYWORD for p in params.values()):
+        return dict(heads)
+    return {k: v for k, v in heads.items() if k in params}
+
+
+def canary_entries(numel: int) -> int:
+    """Entries of the canary after a workspace tensor of ``numel`` entries."""
+    return max(numel, CANARY_MIN_ENTRIES)
+
+
+@dataclass(frozen=True)
+class Overrun:
+    """A write past a workspace tensor's end: ``tensor``'s canary changed ``during`` a call
+    (``"capture"``, ``"the plan"``, ``"graph replay 2 of the step"``, ...), the furthest
+    changed entry ``past`` entries after the tensor's end (1: the entry right after it), of a
+    canary of ``canary`` entries (``past == canary``: it may have written further still)."""
+
+    tensor: str
+    during: str
+    past: int
+    canary: int
+    element_size: int
+    first: int
+
+    def describe(self) -> str:
+        reach = "at least " if self.past >= self.canary else ""
+        return (
+            f"workspace tensor {self.tensor!r} written past its end during {self.during}: "
+            f"{reach}{self.past} entries ({reach}{self.past * self.element_size} bytes) past "
+            f"its last entry, the first changed {self.first} past it (canary of "
+            f"{self.canary} entries)"
+        )
+
+
+def _with_canary(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``t`` copied to the head of an allocation with a canary after it: ``(view, canary,
+    the canary's values)``. A tensor that is not contiguous is kept as it is (no canary)."""
+    if not t.is_contiguous() or t.dtype.is_complex:
+        empty = t.new_empty(0)
+        return t, empty, empty
+    n = t.numel()
+    flat = torch.empty(n + canary_entries(n), dtype=t.dtype, device=t.device)
+    view = flat[:n].view(t.shape)
+    view.copy_(t)
+    canary = flat[n:]
+    canary.fill_(_poisons(t.dtype)[1])
+    return view, canary, canary.clone()
+
+
+def _bits(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s entries as integers of its size (bit comparison; NaN equals the same NaN)."""
+    if t.dtype == torch.bool:
+        return t
+    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    return t.view(ints[t.element_size()])
+
+
 class PlanWorkspace:
-    """A reader's workspace (``tensors``: name -> tensor, allocated once) and the entries the
-    last plan wrote (``written``: name -> bool tensor of the same shape)."""
+    """A reader's workspace (``tensors``: name -> tensor, allocated once, each with a canary
+    after it: the module docstring) and the entries the last plan wrote (``written``: name ->
+    bool tensor of the same shape)."""
 
     def __init__(
-        self, reader: Reader, max_bs: int, width: int, page_size: int, device: torch.device
+        self,
+        reader: Reader,
+        max_bs: int,
+        width: int,
+        page_size: int,
+        device: torch.device,
+        **heads: int,
     ) -> None:
         self.reader = reader
         if reader.workspace is None:
             raise TypeError(f"reader {reader.name}: no workspace() to allocate")
-        tensors = reader.workspace(max_bs, width, page_size, device)
+        tensors = reader.workspace(max_bs, width, page_size, device, **_accepted(reader, heads))
         if not isinstance(tensors, dict) or not all(
             isinstance(t, torch.Tensor) for t in tensors.values()
         ):
             raise TypeError(f"reader {reader.name}: workspace() must return a dict of tensors")
-        self.tensors: dict[str, torch.Tensor] = tensors
-        self._addresses = {k: t.data_ptr() for k, t in tensors.items()}
+        self.tensors: dict[str, torch.Tensor] = {}
+        #: name -> (the canary after the tensor, the values it must keep)
+        self._canaries: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+        for name, t in tensors.items():
+            view, canary, values = _with_canary(t)
+            self.tensors[name] = view
+            if canary.numel():
+                self._canaries[name] = (canary, values)
+        #: writes past a tensor's end seen by ``check_canaries`` and not yet taken
+        self.overruns: list[Overrun] = []
+        #: canary checks made, and graph replays since the last plan (their labels)
+        self.checks = self._replays = 0
+        self._addresses = {k: t.data_ptr() for k, t in self.tensors.items()}
         self.written: dict[str, torch.Tensor] = {}
         #: plans run, entries they left unwritten (summed), replays with those refilled
         self.plans = self.unwritten = self.refills = 0
 
     @classmethod
     def for_reader(
-        cls, reader: Reader, max_bs: int, width: int, page_size: int, device: torch.device
+        cls,
+        reader: Reader,
+        max_bs: int,
+        width: int,
+        page_size: int,
+        device: torch.device,
+        **heads: int,
     ) -> PlanWorkspace | None:
-        """The reader's workspace, or ``None`` for a reader without one."""
+        """The reader's workspace, or ``None`` for a reader without one. ``heads``
+        (``num_q_heads``, ``head_dim``) go to a ``workspace()`` that takes them."""
         if reader.workspace is None:
             return None
-        return cls(reader, max_bs, width, page_size, device)
+        return cls(reader, max_bs, width, page_size, device, **heads)
+
+    @property
+    def canary_size(self) -> int:
+        """Canary entries after the workspace's tensors, all told."""
+        return sum(c.numel() for c, _ in self._canaries.values())
+
+    def check_canaries(self, during: str) -> list[Overrun]:
+        """Read the canaries back after ``during`` (a read-back: on CUDA it waits for the
+        stream); each changed one is noted in ``overruns`` and given its poison back.
+        ``during`` ``"replay"`` is labelled with its place among the step's graph replays."""
+        if during == "replay":
+            self._replays += 1
+            during = f"graph replay {self._replays} of the step"
+        self.checks += 1
+        found = []
+        for name, (canary, values) in self._canaries.items():
+            changed = _bits(canary) != _bits(values)
+            if not bool(changed.any()):
+                continue
+            where = torch.nonzero(changed).flatten()
+            found.append(
+                Overrun(
+                    name,
+                    during,
+                    int(where[-1]) + 1,
+                    canary.numel(),
+                    canary.element_size(),
+                    int(where[0]) + 1,
+                )
+            )
+            canary.copy_(values)
+        self.overruns += found
+        return found
+
+    def take_overruns(self) -> list[Overrun]:
+        """The overruns noted since the last call."""
+        found, self.overruns = self.overruns, []
+        return found
 
     @property
     def size(self) -> int:
@@ -69,6 +209,7 @@ class PlanWorkspace:
     def plan(self, host: HostBatch) -> None:
         """Run the reader's plan on ``host`` (nothing without one): find what it writes, and
         leave the other entries as earlier plans left them (module docstring)."""
+        self._replays = 0
         if not self.reader.planned:
             return
         before = {k: t.clone() for k, t in self.tensors.items()}
@@ -81,6 +222,7 @@ class PlanWorkspace:
             self.written[k] = in_first | in_second
         self.plans += 1
         self.unwritten += sum(int((~w).sum()) for w in self.written.values())
+        self.check_canaries("the plan")
 
     def _poisoned(
         self, host: HostBatch, which: int

@@ -197,7 +197,15 @@ class StepConsumer:
         #: a context manager factory the next ``consume`` call runs in, then cleared
         self.watch: Callable[[int], contextlib.AbstractContextManager[object]] | None = None
         #: a reader's own buffers (``Reader.workspace``), allocated once; None without
-        self.plan_space = PlanWorkspace.for_reader(self.reader, s.max_bs, s.width, s.page_size, dev)
+        self.plan_space = PlanWorkspace.for_reader(
+            self.reader,
+            s.max_bs,
+            s.width,
+            s.page_size,
+            dev,
+            num_q_heads=s.num_q_heads,
+            head_dim=s.head_dim,
+        )
 
     def consume(self, bs: int) -> None:
         """The consumer on rows ``:bs``, from the builder's tables (the next call inside

@@ -283,11 +283,13 @@ class StepGraphs:
     def capture(self) -> None:
         """The step's graphs (stage, builder, consumer), one per bucket, by the runner; a
         planned reader's plan first runs on the capture's batch (the largest bucket, one token
-        a row)."""
+        a row); a reader's workspace canaries are read back after it."""
         self.host_lens = None
         self.plan(self.buckets[0])
         with self._quiet():
             self.runner.capture()
+        if self.plan_space is not None:
+            self.plan_space.check_canaries("capture (warm-up and capture on the capture's batch)")
 
     def stage(self, req_pool_indices: list[int], seq_lens: list[int]) -> None:
         """The batch the next replays run on (``n`` real rows; the runner pads the bucket),
@@ -297,12 +299,15 @@ class StepGraphs:
 
     def replay(self) -> None:
         """Run the staged batch's step through the runner: its bucket's graph (emulated
-        without CUDA, or the step run eagerly)."""
+        without CUDA, or the step run eagerly); a reader's workspace canaries are read back
+        after it (``PlanWorkspace.check_canaries``)."""
         if self.batch is None:
             raise RuntimeError("replay() before stage(): no batch to run")
         self.consumer.poison_out()  # a row the replay leaves unwritten keeps the poison
         with self._quiet():
             self.runner.replay(*self.batch)
+        if self.plan_space is not None:
+            self.plan_space.check_canaries("replay")  # a write past a workspace tensor's end
 
     # -- timing ----------------------------------------------------------------------------
 

@@ -1,8 +1,9 @@
 """The decode step's judges of the reader itself (the attention call ``StepConsumer.consume``
 runs, with its launch arguments' host work): it does not sync the host, it writes every real
-row of ``out``, a replay gives what its own eager call gives bit for bit, and it reads no
-table entry outside its row. Each is a property of ``STEP_PROPERTIES``; docs/ARCHITECTURE.md
-("The decode step end to end") says what each replay holds.
+row of ``out``, a replay gives what its own eager call gives bit for bit, it reads no
+table entry outside its row, and it writes nothing past the end of a workspace tensor. Each
+is a property of ``STEP_PROPERTIES``; docs/ARCHITECTURE.md ("The decode step end to end")
+says what each replay holds.
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ __all__ = [
     "BITWISE",
     "OWN_ROW",
     "SYNC_FREE",
+    "WORKSPACE",
     "WRITES_ROWS",
     "canary_replay",
     "eager_rows",
@@ -41,6 +43,7 @@ SYNC_FREE = "sync-free reader"
 WRITES_ROWS = "reader writes every real row"
 BITWISE = "replay equals eager, bitwise"
 OWN_ROW = "reader reads only its row"
+WORKSPACE = "reader stays inside its workspace"
 
 
 # -- sync-free reader ----------------------------------------------------------------------------
@@ -142,20 +145,28 @@ def eager_rows(run: StepRun, batch: StepBatch) -> torch.Tensor:
     quiet = quiet_interpreter() if g.device.type != "cuda" else contextlib.nullcontext()
     with quiet:
         g.consume(batch.bucket)
+    if g.plan_space is not None:
+        g.plan_space.check_canaries("the reader's eager call (after replay B)")
     return g.out[: len(batch.rpi)].clone()
 
 
-def canary_replay(run: StepRun, batch: StepBatch) -> torch.Tensor | None:
+def canary_replay(
+    run: StepRun, batch: StepBatch
+) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """Replay E (after C: padded queries finite; stale tails other live pages): every table
     entry outside the rows the graph reads (the page table's rows past the bucket; CSR's
     ``kv_indices`` past every span the graph builds) names the NaN page, restored after.
-    Returns the real rows, or None where no real row can read past its row: in the page-table
-    format, the last real row's pages must fill the table's width."""
+    Returns the real rows and, where padded rows are judged (``null_block = "finite"``: their
+    queries are finite since C and their entries name pages of data), the padded rows; each
+    None where it was not run: in the page-table format, E runs where the last real row's
+    pages fill the table's width, or padded rows are judged."""
     g = run.graphs
     width, ps = g.shape.width, g.shape.page_size
+    n = len(batch.rpi)
     last = batch.lens[-1] if batch.lens else 0
-    if not g.shape.lists_pages and -(-last // ps) < width:
-        return None
+    padded = g.null_block != "nan" and n < batch.bucket
+    if not g.shape.lists_pages and -(-last // ps) < width and not padded:
+        return None, None
     page = nan_page_id(g.null_block)
     rows = g.page_table[batch.bucket :]
     saved = rows.clone()
@@ -164,7 +175,7 @@ def canary_replay(run: StepRun, batch: StepBatch) -> torch.Tensor | None:
         g.kv_indices.fill_(page)
     try:
         g.replay()
-        return g.out[: len(batch.rpi)].clone()
+        return g.out[:n].clone(), g.out[n : batch.bucket].clone() if padded else None
     finally:
         rows.copy_(saved)
 
@@ -255,12 +266,16 @@ class ReplayEqualsEager(JudgedAtOnce):
 
 class ReadsOnlyItsRow(JudgedAtOnce):
     """Replay E's real rows finite: with every entry outside the rows the graph reads naming
-    the NaN page, and the stale tails other live pages, a NaN came from past a row's end."""
+    the NaN page, and the stale tails other live pages, a NaN came from past a row's end.
+    Where padded rows are judged (``null_block = "finite"``), a padded row finite in replay C
+    and non-finite in E read past its row too (a dummy row whose length passes its width)."""
 
     property_name = OWN_ROW
 
     def __init__(self) -> None:
         self.replays = 0
+        #: replays E whose padded rows were judged too (``null_block = "finite"``)
+        self.padded = 0
 
     def observe(self, seen: StepSeen) -> None:
         run, batch, r = seen.run, seen.batch, seen.replays
@@ -270,6 +285,8 @@ class ReadsOnlyItsRow(JudgedAtOnce):
         self.replays += 1
         finite = torch.isfinite(out.float()).flatten(1).all(1).cpu().numpy()
         bad = np.flatnonzero(~finite).tolist()
+        if not bad and r.pad_canary is not None and r.pad_c is not None:
+            self._judge_padded(seen, r.pad_canary, r.pad_c)
         if bad:
             where = (
                 "CSR's kv_indices past its span"
@@ -282,10 +299,64 @@ class ReadsOnlyItsRow(JudgedAtOnce):
                 f"{where}; {len(bad)} real row(s) non-finite"
             )
 
+    def _judge_padded(self, seen: StepSeen, pad_e: torch.Tensor, pad_c: torch.Tensor) -> None:
+        """A padded row finite in replay C and non-finite in E read an entry outside every
+        row (E differs from C only there); one non-finite in C already fails "padded rows
+        read inside the KV pool"."""
+        run, batch = seen.run, seen.batch
+        self.padded += 1
+
+        def finite(t: torch.Tensor) -> np.ndarray:
+            return torch.isfinite(t.float()).flatten(1).all(1).cpu().numpy()
+
+        bad = np.flatnonzero(finite(pad_c) & ~finite(pad_e)).tolist()
+        if not bad:
+            return
+        n = len(batch.rpi)
+        run.props[self.property_name].fail(
+            f"replay {batch.index} (bucket {batch.bucket}): padded row {n + bad[0]} (of rows "
+            f"{n}..{batch.bucket - 1}, {run.cfg.padding} padding) finite in replay C, "
+            f"non-finite in E, where only the page table's rows past the bucket changed (to "
+            f"the NaN page): it read past its row (width {run.graphs.shape.width}); "
+            f"{len(bad)} padded row(s)"
+        )
+
+
+class StaysInWorkspace(JudgedAtOnce):
+    """No write past the end of any of the reader's workspace tensors: each is handed over as
+    the head of a longer allocation whose trailing canary holds a poison
+    (``pagegraph.graph.plan_workspace``), read back after capture, each plan, each replay and
+    each eager call. A changed canary fails, naming the tensor, the step and its bucket, the
+    call, and how far past the end it wrote."""
+
+    property_name = WORKSPACE
+
+    def __init__(self) -> None:
+        self.steps = 0
+
+    def observe(self, seen: StepSeen) -> None:
+        run, batch = seen.run, seen.batch
+        space = run.graphs.plan_space
+        if space is None:
+            return
+        self.steps += 1
+        found = space.take_overruns()
+        if not found:
+            return
+        first = found[0]
+        lens = f"host lengths up to {max(batch.lens, default=0)}"
+        where = (
+            f"at capture (buckets {sorted(run.graphs.buckets)}, one token a row)"
+            if first.during.startswith("capture")
+            else f"replay {batch.index} (bucket {batch.bucket}, {len(batch.rpi)} real rows, {lens})"
+        )
+        more = f"; {len(found)} overruns in this step" if len(found) > 1 else ""
+        run.props[self.property_name].fail(f"{where}: {first.describe()}{more}")
+
 
 def reader_judges() -> tuple[Judge[StepSeen], ...]:
     """Fresh judges of the reader for one run (they keep the run's tallies)."""
-    return (WritesEveryRow(), ReplayEqualsEager(), ReadsOnlyItsRow())
+    return (WritesEveryRow(), ReplayEqualsEager(), ReadsOnlyItsRow(), StaysInWorkspace())
 
 
 def reader_details(run: StepRun, judges: tuple[Judge[StepSeen], ...]) -> dict[str, str]:
@@ -303,12 +374,23 @@ def reader_details(run: StepRun, judges: tuple[Judge[StepSeen], ...]) -> dict[st
                 f"{judge.steps} replays compared with the reader's eager call on the same "
                 f"inputs: largest difference {judge.max_ulp} ULP ({mode})"
             )
+        elif isinstance(judge, StaysInWorkspace):
+            space = run.graphs.plan_space
+            text[WORKSPACE] = (
+                "the reader has no workspace: nothing to check (passes trivially)"
+                if space is None
+                else f"{space.checks} read-backs of the {space.canary_size} canary entries after "
+                f"its {len(space.tensors)} workspace tensor(s) (after capture, each plan, each "
+                f"replay and eager call, {judge.steps} steps): none changed"
+            )
         elif isinstance(judge, ReadsOnlyItsRow):
+            padded = f", and padded rows finite in {judge.padded} of them" if judge.padded else ""
             text[OWN_ROW] = (
                 f"{judge.replays} replays with the NaN page in every entry outside the rows "
-                "the graph reads: real rows finite"
+                f"the graph reads: real rows finite{padded}"
                 if judge.replays
-                else "no replay whose last real row filled the table's width: nothing to check"
+                else "no replay whose last real row filled the table's width (nor with padded "
+                "rows judged): nothing to check"
             )
     return text
 

@@ -84,6 +84,8 @@ class StepReplays:
     #: replay E's real rows (the NaN page outside every row: ``reader_judges.canary_replay``);
     #: None where it did not run
     out_canary: torch.Tensor | None = None
+    #: replay E's padded rows, where they are judged (``null_block = "finite"``); else None
+    pad_canary: torch.Tensor | None = None
 
 
 class StepRun(PaddedRun, Protocol):

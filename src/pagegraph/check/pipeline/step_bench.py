@@ -380,7 +380,7 @@ def _one_step(run: _Run, k: int, step: Step) -> None:
         sentinel = sentinel and g.sentinel_intact()
         out_c = g.out[:n].clone()
         pad_c = g.out[n:bucket].clone()
-    out_e = canary_replay(run, b)  # E: the NaN page in every entry outside the rows read
+    out_e, pad_e = canary_replay(run, b)  # E: the NaN page in every entry outside the rows
     sentinel = sentinel and g.sentinel_intact()
     # Page 0 and the guard are never restored: one read-back after the step's last replay
     # sees a write in any of them.
@@ -399,6 +399,7 @@ def _one_step(run: _Run, k: int, step: Step) -> None:
         cache_failure=cache_failure,
         out_eager=out_eager,
         out_canary=out_e,
+        pad_canary=pad_e,
     )
     seen = StepSeen(run, b, replays)
     for judge in run.judges:

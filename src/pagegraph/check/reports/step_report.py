@@ -64,6 +64,14 @@ STEP_PROPERTIES: dict[str, tuple[str, str]] = {
         "plan did not write (an earlier plan's) get other values (passes trivially without a "
         "plan)",
     ),
+    "reader stays inside its workspace": (
+        "reader's plan + run",
+        "a write past the end of a workspace tensor of the reader (each is followed by a "
+        "canary holding a poison, read back after capture, each plan, each replay and each "
+        "eager call): named by tensor, step, bucket and call, with how far past the end it "
+        "wrote (a run-time split count past what the capture sized the workspace for); passes "
+        "trivially without a workspace",
+    ),
     "sync-free reader": (
         "reader (launch arguments + attention)",
         "a host sync (.item(), .tolist(), indexing with a 0-dim device tensor, ...) in one eager "

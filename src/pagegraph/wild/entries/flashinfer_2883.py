@@ -1,10 +1,16 @@
-"""FlashInfer #2883: a zero-length padded row's output is NaN, and a batch-wide scale spreads it
-(the fix writes the empty-KV identity, 0, for a zero-length row).
+"""FlashInfer #2883: the trtllm-gen MLA decode kernel writes nothing for a row of length 0, so a
+CUDA-graph padded row (vLLM pads with ``seq_lens`` 0) keeps whatever ``out`` held, and the next
+layer's per-tensor FP8 scale (one amax over the whole output) carries it to the real rows (the
+fix, #4975, writes the empty-KV identity, zeros, for those rows).
 
 Modelled in the decode step by a reader written in torch: attention over each row's pages up to
-its length, normalised by the row's softmax sum (0 / 0 for a zero-length row), then the output
-divided and multiplied by its per-tensor scale (amax over the batch / the FP8 maximum; the FP8
-rounding in between is not the bug). The builder is pagegraph's.
+its length, stored only for rows of length > 0 (buggy; the row of length 0 keeps the bits it
+held: the bed poisons ``out`` before every replay with a finite bit pattern, far above any
+attention output) or zeros for them (fixed), then the next layer's FP8 input quantised with one
+scale over the whole ``out`` of the bucket, padded rows included, and dequantised back into
+``out``. The FP8 range is kept (values under E4M3's smallest subnormal flush to zero, values
+past 448 saturate); its mantissa rounding is not (it would move every row past the bed's
+bf16 tolerance, and it is not the bug). The builder is pagegraph's.
 """
 
 from __future__ import annotations
@@ -12,60 +18,48 @@ from __future__ import annotations
 import torch
 
 from ...consumers.reader import Reader
-from ..record import Twin, WildBug
+from ..readers import split_attention
+from ..record import Fidelity, Twin, WildBug
 
 #: The largest finite FP8 E4M3 value: a per-tensor scale maps the batch's amax onto it.
 FP8_MAX = 448.0
+#: E4M3's smallest subnormal: a scaled value under half of it rounds to zero.
+FP8_MIN = 2.0**-9
 
 
-def _attention(
-    q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size, guard_empty: bool
-) -> torch.Tensor:
-    """Decode attention in fp32, torch ops only.
-
-    q ``[bs, Hq, D]``, caches ``[pages, page_size, Hkv, D]``, page_table ``[bs, width]`` int32
-    (entries past a row's length are loaded, then dropped by a select, never multiplied),
-    cache_seqlens ``[bs]`` int32. Returns ``[bs, Hq, D]`` fp32, before the scale."""
-    bs, hq, d = q.shape
-    hkv, width = k_cache.shape[2], page_table.shape[1]
-    tokens = width * page_size
-    n = cache_seqlens[:bs].long().clamp(0, tokens)
-    live = torch.arange(tokens, device=q.device)[None, :] < n[:, None]  # [bs, T]
-    pages = page_table[:bs].long()
-    k = k_cache[pages].flatten(1, 2).float()  # [bs, T, Hkv, D]
-    v = v_cache[pages].flatten(1, 2).float()
-    k = torch.where(live[:, :, None, None], k, 0.0)
-    v = torch.where(live[:, :, None, None], v, 0.0)
-    qg = q.float().view(bs, hkv, hq // hkv, d)
-    s = torch.einsum("bkgd,btkd->bkgt", qg, k) * d**-0.5
-    s = s.masked_fill(~live[:, None, None, :], float("-inf"))
-    m = s.amax(-1, keepdim=True)
-    p = torch.exp(s - torch.where(torch.isfinite(m), m, 0.0))  # a zero-length row: all 0
-    o = torch.einsum("bkgt,btkd->bkgd", p, v) / p.sum(-1, keepdim=True)  # there 0 / 0: NaN
-    o = o.reshape(bs, hq, d)
-    if guard_empty:
-        o = torch.where((n > 0)[:, None, None], o, 0.0)  # the fix: the empty-KV identity
-    return o
+def fp8_per_tensor(out: torch.Tensor) -> None:
+    """The next layer's FP8 input, quantised with one scale over all of ``out`` and dequantised
+    back in place (range only: module docstring)."""
+    o = out.float()
+    scale = (o.abs().amax() / FP8_MAX).clamp(min=torch.finfo(torch.float32).tiny)
+    x = (o / scale).clamp(-FP8_MAX, FP8_MAX)
+    x = torch.where(x.abs() < FP8_MIN / 2, 0.0, x)
+    out.copy_(x * scale)
 
 
-def _reader(*, guard_empty: bool) -> Reader:
+def _reader(*, zero_empty: bool) -> Reader:
     def attend(q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size, workspace):
-        o = _attention(
+        bs = q.shape[0]
+        capacity = page_table.shape[1] * page_size
+        o = split_attention(
             q,
             k_cache,
             v_cache,
             page_table,
             cache_seqlens,
-            out,
             page_size=page_size,
-            guard_empty=guard_empty,
+            splits=1,
+            split_tokens=capacity,
         )
-        # The next layer's per-tensor FP8 input scale: one amax over the whole batch.
-        scale = o.abs().amax() / FP8_MAX
-        out.copy_(o / scale * scale)
+        empty = (cache_seqlens[:bs] <= 0)[:, None, None]
+        if zero_empty:
+            out.copy_(torch.where(empty, 0.0, o))  # the fix: the empty-KV identity
+        else:
+            out.copy_(torch.where(empty, out, o.to(out.dtype)))  # nothing written for them
+        fp8_per_tensor(out)  # over the whole bucket: padded rows included
         return out
 
-    name = "mla_decode_empty_rows_zero" if guard_empty else "mla_decode_empty_rows_nan"
+    name = "mla_decode_empty_rows_zeroed" if zero_empty else "mla_decode_empty_rows_skipped"
     attend.__name__ = name
     return Reader(name, attend)
 
@@ -79,9 +73,27 @@ BUG = WildBug(
     bug_class="e",
     symptom="NaN in the output rows of CUDA-graph padded rows (seq_lens 0), spread to the real "
     "rows by the batch-wide FP8 quantization scale.",
-    cause="The MLA decode kernel leaves zero-length rows undefined (NaN); the per-tensor amax "
-    "of the next layer's FP8 input reads the whole batch.",
-    prop="padded rows contained",
-    buggy=Twin(reader=_reader(guard_empty=False)),
-    fixed=Twin(reader=_reader(guard_empty=True)),
+    cause="The MLA decode kernel skips rows of length 0, leaving their output as stale or "
+    "uninitialised memory; the per-tensor amax of the next layer's FP8 input reads the whole "
+    "batch, padded rows included.",
+    prop="output correct through the consumer",
+    buggy=Twin(reader=_reader(zero_empty=False)),
+    fixed=Twin(reader=_reader(zero_empty=True)),
+    fidelity=Fidelity(
+        modelled="a decode kernel that writes nothing for rows of length 0 (vLLM's padded "
+        "rows), followed by one FP8 scale over the whole output buffer, padded rows included",
+        stands_in=(
+            "the bed's finite poison in out before each replay for the stale or uninitialised "
+            "memory (NaN in production) a skipped row keeps",
+            "torch attention over the page table for trtllm-gen's MLA kernel",
+            "FP8 E4M3's range (flush to zero, saturation) for its rounding",
+        ),
+        fix="flashinfer-ai/flashinfer#4975: write the empty-KV identity (zeros) for rows "
+        "with seq_lens == 0",
+        refs=(
+            "vllm-project/vllm#37442",
+            "vllm-project/vllm#38436",
+            "vllm-project/vllm#57094",
+        ),
+    ),
 )
