@@ -27,9 +27,6 @@ from pagegraph.wild.pending import NOT_YET_EXPRESSIBLE
 CORPUS = entries()
 KEYS = [b.key for b in CORPUS]
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-#: Entries whose fidelity record is still to be written (reader-side entries being reworked);
-#: this set must only shrink.
-FIDELITY_PENDING = {"vllm-53658", "flashinfer-2883", "vllm-20301"}
 #: Class (a) entries whose failure text does not yet name the replay that left the stale
 #: value: flashinfer-4002 is judged by the planned reader's judge, which names the workspace
 #: entries the current plan did not write, not the earlier plan that wrote them.
@@ -108,23 +105,12 @@ def test_a_gpu_only_entry_is_skipped_with_its_reason_on_a_cpu():
 
 @pytest.mark.parametrize("bug", CORPUS, ids=KEYS)
 def test_an_entry_says_how_faithful_it_is(bug: WildBug):
-    if bug.key in FIDELITY_PENDING and bug.fidelity is None:
-        pytest.skip("fidelity record pending (FIDELITY_PENDING)")
     fid = bug.fidelity
     assert isinstance(fid, Fidelity), f"{bug.key}: no fidelity record"
     assert fid.modelled.strip() and fid.fix.strip()
     for ref in fid.refs:
         assert re.fullmatch(r"[\w.-]+/[\w.-]+#\d+", ref), ref
         assert ref != bug.ref
-
-
-def test_the_fidelity_pending_set_only_names_entries_without_a_record():
-    by_key = {b.key: b for b in CORPUS}
-    for key in FIDELITY_PENDING:
-        assert key in by_key, key
-    assert not {k for k in FIDELITY_PENDING if by_key[k].fidelity is not None}, (
-        "an entry of FIDELITY_PENDING has its record now: take it out of the set"
-    )
 
 
 def _source(fn) -> str:
