@@ -108,4 +108,29 @@ NOT_YET_EXPRESSIBLE: list[NotYetExpressible] = [
         why="the bed keys graphs by batch bucket only; without a graph key to extend it "
         "reduces to flashattn-1164's frozen max_seqlen_k",
     ),
+    NotYetExpressible(
+        ref="vllm-project/vllm#40807",
+        engine="vLLM",
+        bug_class="c",
+        summary="TurboQuant KV with MTP speculative decoding and chunked prefill: the "
+        "attention's continuation-prefill branch calls query_start_loc.tolist() and "
+        "seq_lens.tolist() inside FULL graph capture ('Cannot copy between CPU and CUDA "
+        "tensors during CUDA graph capture'); open PR #43747 narrows the backend's graph "
+        "support to single-token decode and uses CPU copies.",
+        why="the branch is entered only when max_query_len != max_seq_len, i.e. for "
+        "spec-decode verify batches of K+1 query tokens a row; the bed's decode step has one "
+        "query token a row, so a reader syncing there would be another bug than this one",
+    ),
+    NotYetExpressible(
+        ref="pegainfer-project/pegainfer#438",
+        engine="PegaInfer",
+        bug_class="b",
+        summary="Qwen3 split-KV decode keyed its chunk size on the live batch's max_seq_len, "
+        "so a request's chunk count (its online-softmax rescale order) changed with its "
+        "batch-mates and flipped near-tie argmaxes; the merged fix keys it on "
+        "max_context_tokens under --batch-invariant.",
+        why="the chunk size follows the live batch at every step (nothing is frozen at "
+        "capture), so a replay equals its own eager call; the bed compares the two on the same "
+        "batch and has no judge of one row across batch compositions",
+    ),
 ]
