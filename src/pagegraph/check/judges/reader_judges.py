@@ -147,21 +147,20 @@ def eager_rows(run: StepRun, batch: StepBatch) -> torch.Tensor:
 
 def canary_replay(run: StepRun, batch: StepBatch) -> torch.Tensor | None:
     """Replay E (after C: padded queries finite; stale tails other live pages): every table
-    entry outside the rows the graph reads (the page table's rows past the bucket; CSR's
-    ``kv_indices`` past every span the graph builds) names the NaN page, restored after.
-    Returns the real rows, or None where no real row can read past its row: in the page-table
-    format, the last real row's pages must fill the table's width."""
+    entry outside the rows the graph reads (the page table's rows past the bucket; the reader
+    format's stale entries past what the graph builds, ``ReaderFormat.stale``: CSR's
+    ``kv_indices`` past every span) names the NaN page, the table's restored after. Returns the
+    real rows, or None where no real row can read past its row (``overread_visible``: in the
+    page-table format, the last real row's pages must fill the table's width)."""
     g = run.graphs
-    width, ps = g.shape.width, g.shape.page_size
-    last = batch.lens[-1] if batch.lens else 0
-    if not g.shape.lists_pages and -(-last // ps) < width:
+    if not g.shape.format.overread_visible(batch.lens, g.shape.page_size, g.shape.width):
         return None
     page = nan_page_id(g.null_block)
     rows = g.page_table[batch.bucket :]
     saved = rows.clone()
     rows.fill_(page)
-    if g.shape.lists_pages:
-        g.kv_indices.fill_(page)
+    for stale in g.stale:
+        stale.fill_(page)
     try:
         g.replay()
         return g.out[: len(batch.rpi)].clone()
@@ -271,11 +270,8 @@ class ReadsOnlyItsRow(JudgedAtOnce):
         finite = torch.isfinite(out.float()).flatten(1).all(1).cpu().numpy()
         bad = np.flatnonzero(~finite).tolist()
         if bad:
-            where = (
-                "CSR's kv_indices past its span"
-                if run.graphs.shape.lists_pages
-                else (f"the page table past its row's width ({run.graphs.shape.width} entries)")
-            )
+            shape = run.graphs.shape
+            where = shape.format.past_row.format(width=shape.width)
             run.props[self.property_name].fail(
                 f"{batch.where(bad[0])}: non-finite when only the entries outside every real "
                 f"row (the NaN page) and the padded rows' entries could hold NaN: it read "
