@@ -5,19 +5,23 @@
 the reads-only-its-row replay, the config and the consumer floor go through the registry. A
 toy format written to a temporary module (the page table transposed, built in the graph, read
 by a kernel of its own call shape) registers itself and runs a decode-step check with no other
-change: SAFE with its correct kernel, UNSAFE with one that reads past the lengths.
+change: SAFE with its correct kernel, UNSAFE with one that reads past the lengths. Outside
+``consumers/formats/`` no source compares a format's name or keys a table by it.
 """
 
 from __future__ import annotations
 
 import dataclasses
 import importlib
+import re
 import sys
 import textwrap
+from pathlib import Path
 
 import pytest
 import torch
 
+import pagegraph
 from pagegraph.check.checker import check_decode_step
 from pagegraph.check.config import CheckConfig, ConfigError, validate_config
 from pagegraph.consumers import prepare_decode_attention
@@ -196,3 +200,27 @@ def test_a_toy_format_in_its_own_module_runs_a_decode_step(toy_format):
     statuses = {p.name: p.status for p in report.properties}
     assert report.verdict == "UNSAFE", report.format()
     assert statuses["consumer reads only within cache_seqlens"] == "FAIL", report.format()
+
+
+SRC = Path(pagegraph.__file__).resolve().parent
+# A shipped format's name on either side of ==, !=, in or not in, or as a dict key.
+NAMED = re.compile(
+    r"""(==|!=|\bin)\s*\(?\s*["'](paged|csr)["']|["'](paged|csr)["']\s*(==|!=|\bin\b|:)"""
+)
+
+
+def test_no_format_name_is_dispatched_on_outside_the_formats_package():
+    """The rest of pagegraph asks the registry (``FORMATS``, ``ReaderFormat``) instead of
+    comparing a format's name or keying a table by it (``test_kinds.py`` holds the kinds to
+    the same rule)."""
+    formats = SRC / "consumers" / "formats"
+    found = {}
+    for path in sorted(SRC.rglob("*.py")):
+        if formats in path.parents:
+            continue
+        hits = [line.strip() for line in path.read_text().splitlines() if NAMED.search(line)]
+        if hits:
+            found[str(path.relative_to(SRC))] = hits
+    assert not found, f"format names dispatched on outside consumers/formats: {found}"
+    assert NAMED.search('kernels = {"paged": paged_decode_attention}')
+    assert NAMED.search('if cfg.consumer == "csr":')
