@@ -112,7 +112,7 @@ def test_check_of_a_case_passes_and_catches_a_wrong_format():
     t = cf._case_inputs(case, pool, torch.Generator().manual_seed(0))
     calls = cf._calls(case, pool, t)
     assert cf._check(case, pool, t, calls) is None
-    t["last"].fill_(64)
+    t["metadata"]["csr"][0]["kv_last_page_len"].fill_(64)
     assert "differ" in cf._check(case, pool, t, calls)
 
 

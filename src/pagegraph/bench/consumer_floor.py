@@ -1,10 +1,11 @@
 """The consumer against the DRAM floor: ``pagegraph bench --consumer-floor``.
 
-For the ``sglang-h200`` shapes, per ``(batch, context)`` case, the device time of paged and CSR
-decode attention (a CUDA graph of ``CALLS`` calls, cycled over copies that keep it out of the
-L2) beside the time a ``torch.sum`` over as many bytes of the same pool takes in the same
-process, each case's outputs checked first; written as ``consumer-floor.md`` and ``.json``.
-Without CUDA it exits 2. The method: docs/ARCHITECTURE.md, "The consumer against the DRAM floor".
+For the ``sglang-h200`` shapes, per ``(batch, context)`` case, the device time of decode
+attention in each reader format (``pagegraph.consumers.formats.FORMATS``: paged and CSR; a
+CUDA graph of ``CALLS`` calls, cycled over copies that keep it out of the L2) beside the time
+a ``torch.sum`` over as many bytes of the same pool takes in the same process, each case's
+outputs checked first; written as ``consumer-floor.md`` and ``.json``. Without CUDA it exits 2.
+The method: docs/ARCHITECTURE.md, "The consumer against the DRAM floor".
 """
 
 from __future__ import annotations
@@ -21,8 +22,9 @@ from pathlib import Path
 import torch
 
 from ..check.scenario import load_scenario
-from ..consumers import csr_decode_attention, paged_decode_attention, prepare_decode_attention
+from ..consumers import prepare_decode_attention
 from ..consumers.attention_reference import attend, live_kv, tolerances
+from ..consumers.formats import FORMATS, Metadata, ReaderFormat
 from ..graph.buckets import Buckets
 from ..jobs.scenario_paths import scenario_path
 from .floors import measure_bandwidth
@@ -49,7 +51,6 @@ H200_PEAK_BYTES_PER_S = 4.8e12
 FLOOR_CHUNK = 2**30
 #: GPU memory left free besides the pool (workspace, graphs, the reference check).
 HEADROOM_BYTES = 4 * 2**30
-FORMATS = ("paged", "csr")
 
 
 def kv_bytes(lengths, num_kv_heads: int, head_dim: int, itemsize: int) -> int:
@@ -156,16 +157,22 @@ class _Pool:
 
 
 def _case_inputs(case: Case, pool: _Pool, gen: torch.Generator) -> dict:
-    """A case's tensors: per copy a page table over pages of its own (random, disjoint), the
-    CSR metadata of the same pages, one ``q``, ``out`` and workspace."""
+    """A case's tensors: per copy a page table over pages of its own (random, disjoint), and
+    per reader format each copy's metadata of the same pages (``ReaderFormat.build``, run once
+    here) and its call's positional arguments; one ``q``, ``out`` and workspace."""
     dev = pool.k.device
     pages = torch.randperm(pool.k.shape[0] - 1, generator=gen)[: case.pages] + 1
     tables = pages.to(torch.int32).view(case.sets, case.bs, case.width).to(dev)
     lens = torch.full((case.bs,), case.context, dtype=torch.int32, device=dev)
-    row_pages = torch.full_like(lens, case.width)
-    indptr = torch.zeros(case.bs + 1, dtype=torch.int32, device=dev)
-    indptr[1:] = torch.cumsum(row_pages, 0)
-    last = lens - (row_pages - 1) * case.page_size
+    metadata: dict[str, list[Metadata]] = {}
+    args: dict[str, list[tuple[torch.Tensor, ...]]] = {}
+    for name, fmt in FORMATS.items():
+        metadata[name], args[name] = [], []
+        for s in range(case.sets):
+            meta = fmt.allocate(case.bs, case.width, dev)
+            fmt.build(meta, tables[s], lens, case.page_size)
+            metadata[name].append(meta)
+            args[name].append(fmt.arguments(meta, tables[s], lens))
     q = torch.randn((case.bs, NUM_Q_HEADS, HEAD_DIM), generator=gen).to(DTYPE).to(dev)
     ws = prepare_decode_attention(
         case.bs, NUM_Q_HEADS, HEAD_DIM, device=dev, max_context_len=case.width * case.page_size
@@ -173,8 +180,8 @@ def _case_inputs(case: Case, pool: _Pool, gen: torch.Generator) -> dict:
     return {
         "tables": tables,
         "lens": lens,
-        "indptr": indptr,
-        "last": last,
+        "metadata": metadata,
+        "args": args,
         "q": q,
         "out": torch.empty_like(q),
         "ws": ws,
@@ -185,15 +192,8 @@ def _calls(case: Case, pool: _Pool, t: dict) -> dict[str, list]:
     """Per format (and ``floor``), one call per copy of the case."""
     ps, q, out, ws = case.page_size, t["q"], t["out"], t["ws"]
 
-    def paged(s: int) -> None:
-        table = t["tables"][s]
-        paged_decode_attention(q, pool.k, pool.v, table, t["lens"], out, page_size=ps, workspace=ws)
-
-    def csr(s: int) -> None:
-        indices = t["tables"][s].view(-1)
-        csr_decode_attention(
-            q, pool.k, pool.v, t["indptr"], indices, t["last"], out, page_size=ps, workspace=ws
-        )
+    def attention(fmt: ReaderFormat, s: int) -> None:
+        fmt.kernel(q, pool.k, pool.v, *t["args"][fmt.name][s], out, page_size=ps, workspace=ws)
 
     # The floor reads as many bytes from each of K and V, copy s at offset s * half, in
     # chunks a reduction indexes with 32-bit offsets.
@@ -208,27 +208,31 @@ def _calls(case: Case, pool: _Pool, t: dict) -> dict[str, list]:
                 part = flat[s * half + a : s * half + b]
                 torch.sum(part, 0, dtype=torch.float32, out=acc[2 * j + i])
 
-    return {
-        name: [partial(fn, s) for s in range(case.sets)]
-        for name, fn in (("paged", paged), ("csr", csr), ("floor", floor))
+    calls = {
+        name: [partial(attention, fmt, s) for s in range(case.sets)]
+        for name, fmt in FORMATS.items()
     }
+    calls["floor"] = [partial(floor, s) for s in range(case.sets)]
+    return calls
 
 
 def _check(case: Case, pool: _Pool, t: dict, calls: dict) -> str | None:
-    """Why the case's outputs are wrong, or None: the formats bit-identical on copy 0, row 0
-    within the reference's tolerance."""
-    calls["paged"][0]()
-    paged = t["out"].clone()
-    calls["csr"][0]()
-    if not torch.equal(paged.view(torch.int16), t["out"].view(torch.int16)):
-        return "paged and CSR outputs differ on the same pages"
-    row = (t["tables"][0, 0].tolist(), case.context)
+    """Why the case's outputs are wrong, or None: every format bit-identical to the first on
+    copy 0, row 0 within the reference's tolerance (read through the first format)."""
+    first, *others = FORMATS
+    calls[first][0]()
+    want = t["out"].clone()
+    for name in others:
+        calls[name][0]()
+        if not torch.equal(want.view(torch.int16), t["out"].view(torch.int16)):
+            return f"{first} and {name} outputs differ on the same pages"
+    row = FORMATS[first].rows(t["args"][first][0], case.page_size, case.bs)[0]
     kv = live_kv(pool.k, pool.v, [row], case.page_size)
     ref = attend(t["q"][:1], kv)
     atol, rtol = tolerances(t["q"][:1], kv)
-    err = (paged[:1].float() - ref.float()).abs()
+    err = (want[:1].float() - ref.float()).abs()
     allowed = float(atol[0]) + rtol * ref.float().abs()
-    if not bool(torch.isfinite(paged[:1]).all()) or bool((err > allowed).any()):
+    if not bool(torch.isfinite(want[:1]).all()) or bool((err > allowed).any()):
         return f"row 0 outside the reference's tolerance (max |out - ref| {float(err.max()):.3g})"
     return None
 
@@ -365,6 +369,7 @@ def format_markdown(result: dict) -> str:
     """The report: where and how it was measured, one table row per case, the notes."""
     env, shape = result["env"], result["shape"]
     copy = env.get("copy_bytes_per_s")
+    timed = ("floor", *FORMATS)
     lines = [
         "# Paged decode attention against the DRAM floor",
         "",
@@ -389,10 +394,22 @@ def format_markdown(result: dict) -> str:
         f"Device-to-device copy (read + write) in the same process: {_num(copy, 1e-9, '.0f')} "
         "GB/s.",
         "",
-        "| batch | context | KV MiB | sets | floor us | paged us | csr us | floor GB/s | "
-        "paged GB/s | csr GB/s | paged x floor | csr x floor | floor % of peak | "
-        "paged % of peak | csr % of peak | checked |",
-        "|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|---:|:---:|",
+        "| "
+        + " | ".join(
+            [
+                "batch",
+                "context",
+                "KV MiB",
+                "sets",
+                *(f"{n} us" for n in timed),
+                *(f"{n} GB/s" for n in timed),
+                *(f"{n} x floor" for n in FORMATS),
+                *(f"{n} % of peak" for n in timed),
+                "checked",
+            ]
+        )
+        + " |",
+        "|" + "---:|" * (4 + 3 * len(timed) + len(FORMATS)) + ":---:|",
     ]
     for r in result["rows"]:
         checked = {True: "yes", False: "NO", None: "-"}[r["checked"]]
@@ -401,10 +418,10 @@ def format_markdown(result: dict) -> str:
             str(r["context"]),
             f"{r['kv_bytes'] / 2**20:.0f}",
             str(r["sets"]),
-            *(_num(r[f"{n}_us"]) for n in ("floor", "paged", "csr")),
-            *(_num(r[f"{n}_bytes_per_s"], 1e-9, ".0f") for n in ("floor", "paged", "csr")),
+            *(_num(r[f"{n}_us"]) for n in timed),
+            *(_num(r[f"{n}_bytes_per_s"], 1e-9, ".0f") for n in timed),
             *(_num(r[f"{n}_over_floor"], 1, ".2f") for n in FORMATS),
-            *(_num(r[f"{n}_of_peak"], 100, ".0f") for n in ("floor", "paged", "csr")),
+            *(_num(r[f"{n}_of_peak"], 100, ".0f") for n in timed),
             checked,
         ]
         lines.append("| " + " | ".join(cells) + " |")

@@ -14,6 +14,7 @@ from collections.abc import Callable
 
 import torch
 
+from ..consumers.formats import DEFAULT_FORMAT
 from ..consumers.reader import Reader
 from ..graph.runner import GraphRunner
 from .config import CheckConfig
@@ -163,9 +164,10 @@ def check_decode_step(
     Args:
         builder, device, progress, stop_on_failure: as ``check_replay_safety``'s (without
             CUDA the shapes are shrunk; a stop on failure skips the timing too).
-        cfg: the setup; ``cfg.consumer`` ("paged" or "csr", default "paged") picks the format.
-        consumer: the attention call (``paged_decode_attention``'s or ``csr_decode_attention``'s
-            signature; default pagegraph's of the format), a ``Reader``, or a reader's name
+        cfg: the setup; ``cfg.consumer`` (a name in ``pagegraph.consumers.formats.FORMATS``,
+            default ``DEFAULT_FORMAT``) picks the reader format.
+        consumer: the attention call (the signature of the format's kernel; default
+            pagegraph's of the format), a ``Reader``, or a reader's name
             (``resolve_reader``: "sglang:triton_decode", ``module:name``); default: the
             config's ``reader``, else pagegraph's attention of the format.
         on_phase, on_report: ``check_replay_safety``'s ``on_phase`` (``"timing"`` too) and
@@ -177,7 +179,9 @@ def check_decode_step(
     reported, not raised; a stop asked for by a signal raises ``CheckInterrupted``.
     """
     named = consumer if isinstance(consumer, str) else None
-    plan, fn = plan_check(builder, cfg.replace(consumer=cfg.consumer or "paged"), reader=named)
+    plan, fn = plan_check(
+        builder, cfg.replace(consumer=cfg.consumer or DEFAULT_FORMAT), reader=named
+    )
     reader = consumer if consumer is not None and not isinstance(consumer, str) else None
     if reader is None:
         reader = resolve_reader(plan.reader)  # the name given, or the scenario's reader

@@ -16,7 +16,7 @@ from typing import Any, NoReturn
 
 import torch
 
-from ..consumers.formats import CONSUMERS
+from ..consumers.formats import FORMATS
 from ..consumers.reader import PAD_SLOTS
 from ..graph.buckets import PADDING, PRESETS, Buckets
 from ..kernels.contract import cdiv
@@ -237,7 +237,8 @@ class CheckConfig:
     preset_outputs: tuple[str, ...] = ()
     # -- the decode step: the tables consumed by paged attention in the same graph --
     #: None (the builder alone), or the attention format that consumes the builder's tables in
-    #: the same CUDA graph (``CONSUMERS``): ``check_decode_step`` judges the step end to end
+    #: the same CUDA graph (a name in ``pagegraph.consumers.formats.FORMATS``):
+    #: ``check_decode_step`` judges the step end to end
     consumer: str | None = None
     #: query and KV-cache dtype (``CONSUMER_DTYPES``)
     consumer_dtype: str = "bfloat16"
@@ -426,8 +427,9 @@ def _check_consumer(c: CheckConfig, name: FieldNamer) -> None:
     injected out-of-contract values are refused with a consumer."""
     if c.consumer is None:
         return
-    if c.consumer not in CONSUMERS:
-        _fail("consumer", f"must be 'paged' or 'csr', got {c.consumer!r}", name)
+    if c.consumer not in FORMATS:
+        known = " or ".join(repr(f) for f in FORMATS)
+        _fail("consumer", f"must be {known}, got {c.consumer!r}", name)
     if c.consumer_dtype not in CONSUMER_DTYPES:
         _fail("consumer_dtype", f"must be 'bfloat16' or 'float16', got {c.consumer_dtype!r}", name)
     for field in ("num_q_heads", "num_kv_heads"):

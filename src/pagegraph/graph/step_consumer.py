@@ -1,9 +1,10 @@
 """The decode step's consumer side: what reads a builder's tables in the step's graph.
-``StepConsumer`` holds the attention's buffers (the queries, the output, the CSR list built in
-the graph, the split-K workspace, a reader's plan workspace) and the host lengths a reader's
-launch arguments come from; its ``consume`` is the reader a ``GraphRunner`` captures after the
-builder. It sees the runner's tables, never the builder. docs/ARCHITECTURE.md, "The step's
-graphs".
+``StepConsumer`` holds the attention's buffers (the queries, the output, the reader format's
+metadata built in the graph, the split-K workspace, a reader's plan workspace) and the host
+lengths a reader's launch arguments come from; its ``consume`` is the reader a ``GraphRunner``
+captures after the builder. It sees the runner's tables, never the builder. The format
+(``pagegraph.consumers.formats``) says what the graph builds and how the attention is called.
+docs/ARCHITECTURE.md, "The step's graphs".
 """
 
 from __future__ import annotations
@@ -16,8 +17,8 @@ from dataclasses import dataclass
 import numpy as np
 import torch
 
-from ..consumers import csr_decode_attention, paged_decode_attention, prepare_decode_attention
-from ..consumers.formats import CSR_CONSUMERS
+from ..consumers import prepare_decode_attention
+from ..consumers.formats import ReaderFormat, reader_format
 from ..consumers.reader import (
     PAD_SLOT_ID,
     CacheWrite,
@@ -48,7 +49,7 @@ class StepShape:
     num_kv_heads: int
     head_dim: int
     dtype: torch.dtype
-    #: "paged" or "csr" (``pagegraph.consumers.formats.CONSUMERS``)
+    #: the reader format's name (``pagegraph.consumers.formats.FORMATS``)
     fmt: str
     index_dtype: torch.dtype = torch.int32
 
@@ -58,60 +59,14 @@ class StepShape:
         return (self.num_pages + 1) * self.page_size
 
     @property
-    def lists_pages(self) -> bool:
-        """The consumer reads FlashInfer's page list (``kv_indptr`` / ``kv_indices``, built in
-        the graph from the table), not the table itself."""
-        return self.fmt in CSR_CONSUMERS
+    def format(self) -> ReaderFormat:
+        """The registered reader format ``fmt`` names."""
+        return reader_format(self.fmt)
 
 
 def default_consumer(fmt: str) -> Callable[..., object]:
-    """The attention kernel of a format: ``paged_decode_attention`` or
-    ``csr_decode_attention``."""
-    kernels: dict[str, Callable[..., object]] = {
-        "paged": paged_decode_attention,
-        "csr": csr_decode_attention,
-    }
-    return kernels[fmt]
-
-
-def build_csr(
-    page_table: torch.Tensor,
-    cache_seqlens: torch.Tensor,
-    page_size: int,
-    *,
-    kv_pages: torch.Tensor,
-    kv_indptr: torch.Tensor,
-    kv_indices: torch.Tensor,
-    kv_last_page_len: torch.Tensor,
-) -> None:
-    """FlashInfer's CSR metadata from a page table, with torch ops only (no sync).
-
-    page_table       ``[bs, width]`` int32, contiguous rows; row ``i``'s first
-                     ``cdiv(cache_seqlens[i], page_size)`` entries (clamped to the width) live
-    cache_seqlens    ``[bs]`` int32
-    kv_pages         ``[>= bs]`` int32 scratch: each row's page count
-    kv_indptr        ``[>= bs + 1]`` int32; entry 0 is 0 from allocation, entries
-                     ``1..bs`` get the running sum of the page counts
-    kv_indices       ``[max_bs * width + 1]`` int32: the live page ids, row after row; the
-                     last entry is where the non-live entries of the table are scattered,
-                     past every span a consumer is given
-    kv_last_page_len ``[>= bs]`` int32: tokens in each row's last page (``1..page_size``)
-    """
-    bs, width = page_table.shape
-    pages = kv_pages[:bs]
-    torch.add(cache_seqlens[:bs], page_size - 1, out=pages)
-    pages.div_(page_size, rounding_mode="floor").clamp_(0, width)
-    torch.cumsum(pages, 0, dtype=torch.int32, out=kv_indptr[1 : bs + 1])
-    last = kv_last_page_len[:bs]
-    torch.sub(pages, 1, out=last)
-    last.mul_(-page_size).add_(cache_seqlens[:bs])
-    # The scatter's index and source are temporaries: inside a capture they come from the
-    # graph's own pool, so the step allocates nothing at replay.
-    cols = torch.arange(width, device=page_table.device)
-    dest = kv_indptr[:bs, None].long() + cols[None, :]
-    dump = kv_indices.shape[0] - 1
-    dest = torch.where(cols[None, :] < pages[:, None], dest, dump)
-    kv_indices.scatter_(0, dest.reshape(-1), page_table.reshape(-1))
+    """The attention kernel of a format (``ReaderFormat.kernel``)."""
+    return reader_format(fmt).kernel
 
 
 @contextlib.contextmanager
@@ -127,8 +82,9 @@ class StepConsumer:
     """The attention that reads one decode step's tables, and its buffers.
 
     Args:
-        consumer: the attention call (``paged_decode_attention``'s or
-            ``csr_decode_attention``'s signature, given ``page_size=`` and ``workspace=``) or
+        consumer: the attention call (the signature of ``shape.format``'s kernel: ``q``,
+            ``k_cache``, ``v_cache``, the format's ``arguments``, ``out``, given
+            ``page_size=`` and ``workspace=``) or
             a ``pagegraph.consumers.reader.Reader`` (launch arguments from the host lengths at
             each call, frozen in a graph; its workspace allocated here once, planned by
             ``plan``).
@@ -176,12 +132,11 @@ class StepConsumer:
         #: the real rows' lengths as the engine knows them on the host for the next call
         #: (``None``: a capture's, one token a row)
         self.host_lens: list[int] | None = None
-        self.kv_pages = torch.zeros(s.max_bs, dtype=i32, device=dev)
-        self.kv_indptr = torch.zeros(s.max_bs + 1, dtype=i32, device=dev)
-        self.kv_indices_all = torch.zeros(s.max_bs * s.width + 1, dtype=i32, device=dev)
-        #: what the consumer is given: every entry but the scatter's dump
-        self.kv_indices = self.kv_indices_all[:-1]
-        self.kv_last_page_len = torch.zeros(s.max_bs, dtype=i32, device=dev)
+        #: the reader format, its buffers (built in the graph from the table before the
+        #: attention) and their stale entries (``ReaderFormat.stale``)
+        self.format = fmt = s.format
+        self.metadata = fmt.allocate(s.max_bs, s.width, dev)
+        self.stale = fmt.stale(self.metadata)
         heads = (s.max_bs, s.num_q_heads, s.head_dim)
         self.q = torch.zeros(heads, dtype=s.dtype, device=dev)
         self.out = torch.zeros(heads, dtype=s.dtype, device=dev)
@@ -223,40 +178,18 @@ class StepConsumer:
         self.reader.writer(self.cache_write(bs), **launch)
         if self.reader.inputs:
             launch["inputs"] = self.inputs(bs)
-        if self.shape.lists_pages:
-            build_csr(
-                self.page_table[:bs],
-                self.cache_seqlens[:bs],
-                ps,
-                kv_pages=self.kv_pages,
-                kv_indptr=self.kv_indptr,
-                kv_indices=self.kv_indices_all,
-                kv_last_page_len=self.kv_last_page_len,
-            )
-            self.consumer(
-                q,
-                self.k_cache,
-                self.v_cache,
-                self.kv_indptr[: bs + 1],
-                self.kv_indices,
-                self.kv_last_page_len[:bs],
-                out,
-                page_size=ps,
-                workspace=self.workspace,
-                **launch,
-            )
-        else:
-            self.consumer(
-                q,
-                self.k_cache,
-                self.v_cache,
-                self.page_table[:bs],
-                self.cache_seqlens[:bs],
-                out,
-                page_size=ps,
-                workspace=self.workspace,
-                **launch,
-            )
+        table, lens = self.page_table[:bs], self.cache_seqlens[:bs]
+        self.format.build(self.metadata, table, lens, ps)
+        self.consumer(
+            q,
+            self.k_cache,
+            self.v_cache,
+            *self.format.arguments(self.metadata, table, lens),
+            out,
+            page_size=ps,
+            workspace=self.workspace,
+            **launch,
+        )
 
     def inputs(self, bs: int) -> StepInputs:
         """The staged inputs, rows ``:bs``."""

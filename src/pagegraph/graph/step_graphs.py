@@ -59,11 +59,11 @@ class StepGraphs:
     Args:
         builder: a builder of ``kind``, a kind that feeds the consumer (page table or decode
             metadata).
-        consumer: the attention call, with ``paged_decode_attention``'s signature (``fmt``
-            "paged") or ``csr_decode_attention``'s ("csr"), given ``page_size=`` and
-            ``workspace=``; or a ``pagegraph.consumers.reader.Reader`` (its launch arguments
-            computed on the host at each call: at capture, the capture's lengths; its own
-            workspace, if any, allocated here once, and its plan run by ``plan``).
+        consumer: the attention call, with the signature of ``shape.format``'s kernel
+            (``pagegraph.consumers.formats``), given ``page_size=`` and ``workspace=``; or a
+            ``pagegraph.consumers.reader.Reader`` (its launch arguments computed on the host at
+            each call: at capture, the capture's lengths; its own workspace, if any, allocated
+            here once, and its plan run by ``plan``).
         shape: the static shapes.
         req_to_token: the pool's ``[max_reqs + 1, >= max_context_len]`` table.
         buckets: batch sizes to capture (a ``Buckets`` or a list ending at ``shape.max_bs``).
@@ -140,7 +140,7 @@ class StepGraphs:
         )
         r.attach_reader(c.consume)
         # The consumer's buffers, under the names the judges use.
-        self.q, self.out, self.kv_indices, self.plan_space = c.q, c.out, c.kv_indices, c.plan_space
+        self.q, self.out, self.stale, self.plan_space = c.q, c.out, c.stale, c.plan_space
         self.k_new, self.v_new = c.k_new, c.v_new
         #: the batch ``replay`` stages: ``(req_pool_indices, seq_lens)`` of the real rows
         self.batch: tuple[list[int], list[int]] | None = None

@@ -154,25 +154,26 @@ def canary_replay(
     run: StepRun, batch: StepBatch
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """Replay E (after C: padded queries finite; stale tails other live pages): every table
-    entry outside the rows the graph reads (the page table's rows past the bucket; CSR's
-    ``kv_indices`` past every span the graph builds) names the NaN page, restored after.
-    Returns the real rows and, where padded rows are judged (``null_block = "finite"``: their
-    queries are finite since C and their entries name pages of data), the padded rows; each
-    None where it was not run: in the page-table format, E runs where the last real row's
-    pages fill the table's width, or padded rows are judged."""
+    entry outside the rows the graph reads (the page table's rows past the bucket; the reader
+    format's stale entries past what the graph builds, ``ReaderFormat.stale``: CSR's
+    ``kv_indices`` past every span) names the NaN page, the table's restored after. Returns the
+    real rows and, where padded rows are judged (``null_block = "finite"``: their queries are
+    finite since C and their entries name pages of data), the padded rows; each None where it
+    was not run: E runs where a real row can read past its row (``overread_visible``: in the
+    page-table format, the last real row's pages must fill the table's width), or padded rows
+    are judged."""
     g = run.graphs
-    width, ps = g.shape.width, g.shape.page_size
     n = len(batch.rpi)
-    last = batch.lens[-1] if batch.lens else 0
     padded = g.null_block != "nan" and n < batch.bucket
-    if not g.shape.lists_pages and -(-last // ps) < width and not padded:
+    visible = g.shape.format.overread_visible(batch.lens, g.shape.page_size, g.shape.width)
+    if not visible and not padded:
         return None, None
     page = nan_page_id(g.null_block)
     rows = g.page_table[batch.bucket :]
     saved = rows.clone()
     rows.fill_(page)
-    if g.shape.lists_pages:
-        g.kv_indices.fill_(page)
+    for stale in g.stale:
+        stale.fill_(page)
     try:
         g.replay()
         return g.out[:n].clone(), g.out[n : batch.bucket].clone() if padded else None
@@ -288,11 +289,8 @@ class ReadsOnlyItsRow(JudgedAtOnce):
         if not bad and r.pad_canary is not None and r.pad_c is not None:
             self._judge_padded(seen, r.pad_canary, r.pad_c)
         if bad:
-            where = (
-                "CSR's kv_indices past its span"
-                if run.graphs.shape.lists_pages
-                else (f"the page table past its row's width ({run.graphs.shape.width} entries)")
-            )
+            shape = run.graphs.shape
+            where = shape.format.past_row.format(width=shape.width)
             run.props[self.property_name].fail(
                 f"{batch.where(bad[0])}: non-finite when only the entries outside every real "
                 f"row (the NaN page) and the padded rows' entries could hold NaN: it read "

@@ -18,7 +18,7 @@ import torch
 from ...consumers.paged_attention import BLOCK_N, TOKENS_PER_SPLIT
 from ...consumers.reader import Reader
 from ...graph.buckets import Buckets
-from ...graph.step_consumer import StepShape, default_consumer
+from ...graph.step_consumer import StepShape
 from ...graph.step_graphs import TIMING_CALLS, TIMING_WARMUP, StepGraphs
 from ...kernels.contract import cdiv
 from ...kinds import KindSpec
@@ -271,7 +271,7 @@ def _setup(
     graphs = StepGraphs(
         fn,
         kind,
-        consumer or default_consumer(cfg.consumer),
+        consumer or shape.format.kernel,
         shape,
         pool.req_to_token,
         buckets,
@@ -425,18 +425,18 @@ def _padded_queries(g: StepGraphs, n: int, bucket: int, finite: torch.Generator 
 def _poison_tails(
     run: _Run, b: StepBatch, before: tuple[torch.Tensor, ...] | None = None, nan_page: bool = False
 ) -> tuple[torch.Tensor, ...]:
-    """Fill the whole table of the bucket (and CSR's ``kv_indices``) with ids of live pages
-    drawn at random, each entry a different page than ``before`` (the picks this returned
-    last) where two pages live: the builder overwrites the live entries, and a stale tail
-    then names real data, so reading it changes the output (-1 or 0 might be skipped or read
-    as padding's page). With ``nan_page`` every entry is the NaN page (page 0, or the guard
-    page -1 where the null block holds data: ``pagegraph.check.judges.padded_rows``): a read of a
-    stale entry, even one whose score is masked by a multiplication by zero, makes the row
-    NaN. The picks are returned either way (``before`` of the next fill)."""
+    """Fill the whole table of the bucket (and the reader format's stale entries,
+    ``ReaderFormat.stale``: CSR's ``kv_indices``) with ids of live pages drawn at random, each
+    entry a different page than ``before`` (the picks this returned last) where two pages
+    live: the builder overwrites the live entries, and a stale tail then names real data, so
+    reading it changes the output (-1 or 0 might be skipped or read as padding's page). With
+    ``nan_page`` every entry is the NaN page (page 0, or the guard page -1 where the null block
+    holds data: ``pagegraph.check.judges.padded_rows``): a read of a stale entry, even one whose
+    score is masked by a multiplication by zero, makes the row NaN. The picks are returned
+    either way (``before`` of the next fill)."""
     g, live = run.graphs, len(b.live)
     sizes: list[tuple[int, ...]] = [(b.bucket, g.shape.width)]
-    if g.shape.lists_pages:
-        sizes.append((g.kv_indices.shape[0],))
+    sizes += [tuple(t.shape) for t in g.stale]
     picks = []
     for k, size in enumerate(sizes):
         pick = torch.randint(live, size, generator=run.gen)
@@ -446,12 +446,12 @@ def _poison_tails(
     if nan_page:
         page = nan_page_id(g.null_block)
         g.page_table[: b.bucket].fill_(page)
-        if len(picks) > 1:
-            g.kv_indices.fill_(page)
+        for t in g.stale:
+            t.fill_(page)
         return tuple(picks)
     g.page_table[: b.bucket].copy_(b.live[picks[0]])
-    if len(picks) > 1:
-        g.kv_indices.copy_(b.live[picks[1]])
+    for t, pick in zip(g.stale, picks[1:], strict=True):
+        t.copy_(b.live[pick])
     return tuple(picks)
 
 

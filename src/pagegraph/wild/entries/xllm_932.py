@@ -65,9 +65,10 @@ BUG = WildBug(
         modelled="a cache write that indexes the block table as contiguous rows while the "
         "graph's table is a strided slice of a persistent buffer: rows past the first read "
         "outside their own row, and their K/V land at wrong slots",
-        fix="PR #932: read block_table through its actual stride(0) in "
-        "decoder_reshape_and_cache",
-        stands_in=("pagegraph's page table, a column slice with pad columns, for xLLM's "
-                   "sliced persistent block table",),
+        fix="PR #932: read block_table through its actual stride(0) in decoder_reshape_and_cache",
+        stands_in=(
+            "pagegraph's page table, a column slice with pad columns, for xLLM's "
+            "sliced persistent block table",
+        ),
     ),
 )
