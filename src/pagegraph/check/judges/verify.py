@@ -191,18 +191,7 @@ class TableVerifier:
                 f"a {kind.name} builder clears padded rows over the width ({width} pages), "
                 f"wider than req_to_token's rows ({row_pages} pages)"
             )
-        # Masks: wrong and outside for each table, then (metadata) for the vectors.
-        self.masks = 2 * self.T + (2 if vectors is not None else 0)
-        self.staged_at = self.masks * MASK_FIELDS
-        self.errors_at = self.staged_at + 4
-        #: What the previous replay left where this one's first failures are: whether the
-        #: previous ring entry holds the replay just before (1) or not (0), then each table's
-        #: value at its "correct" mask's first entry, then the staged request index and length
-        #: at the first staged row that differs (``read_previous``).
-        self.previous_at = self.errors_at + 2 * self.E
-        #: the replay judged last (the host's record of the ring's previous entry)
-        self.previous_step: ModelStep | None = None
-        self.record_size = self.previous_at + 3 + self.T
+        self._lay_out_record(vectors is not None)
         M, cap = self.max_bs, self.cap
         if batch is None:
             per = replay_bytes(self.T, rows, self.padded_width, M, cap)
@@ -234,6 +223,22 @@ class TableVerifier:
         self.snapshot_graph: torch.cuda.CUDAGraph | None = None
         if use_graph:
             self._capture()
+
+    def _lay_out_record(self, has_vectors: bool) -> None:
+        """Where each field of a replay's record lies: the masks (wrong and outside for each
+        table, then, for a metadata builder, for the vectors), the staged rows, the error
+        counters, then what the previous replay left."""
+        self.masks = 2 * self.T + (2 if has_vectors else 0)
+        self.staged_at = self.masks * MASK_FIELDS
+        self.errors_at = self.staged_at + 4
+        #: What the previous replay left where this one's first failures are: whether the
+        #: previous ring entry holds the replay just before (1) or not (0), then each table's
+        #: value at its "correct" mask's first entry, then the staged request index and length
+        #: at the first staged row that differs (``read_previous``).
+        self.previous_at = self.errors_at + 2 * self.E
+        #: the replay judged last (the host's record of the ring's previous entry)
+        self.previous_step: ModelStep | None = None
+        self.record_size = self.previous_at + 3 + self.T
 
     def _allocate_ring(self, rows: int) -> None:
         """The snapshot ring of ``batch`` entries and the computation's buffers and

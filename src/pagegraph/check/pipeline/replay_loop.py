@@ -19,12 +19,8 @@ from ...detect.probes import AllocationCounter
 from ...detect.ranges import phase
 from ...workload.decode import Step
 from ..judges.replay_judge import RecordedComparisons
-from ..judges.table_judges import (
-    HostJudge,
-    TableVerification,
-    describe_exception,
-    summarise_replays,
-)
+from ..judges.replay_summary import summarise_replays
+from ..judges.table_judges import HostJudge, TableVerification, describe_exception
 from ..judges.verify import ModelStep
 from ..reports.report import PropertyResult
 from ..signals import CheckInterrupted, stop_requested
