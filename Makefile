@@ -79,11 +79,12 @@ run: $(SETUP)
 	$(PY) -m pagegraph check $(SCENARIO)
 
 # mypy --strict (pyproject.toml's [tool.mypy]) on the layers whose seams are typed: the kinds,
-# the graph bed, the checker and the detectors.
+# the graph bed, the checker, the detectors and the child-process supervision.
 lint: $(SETUP)
 	$(PY) -m ruff check src tests benchmarks tools
 	$(PY) -m ruff format --check src tests benchmarks
-	$(PY) -m mypy src/pagegraph/kinds src/pagegraph/graph src/pagegraph/check src/pagegraph/detect
+	$(PY) -m mypy src/pagegraph/kinds src/pagegraph/graph src/pagegraph/check src/pagegraph/detect \
+		src/pagegraph/supervise
 
 format: $(SETUP)
 	$(PY) -m ruff format src tests benchmarks
