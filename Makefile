@@ -79,12 +79,13 @@ run: $(SETUP)
 	$(PY) -m pagegraph check $(SCENARIO)
 
 # mypy --strict (pyproject.toml's [tool.mypy]) on the layers whose seams are typed: the kinds,
-# the graph bed, the checker, the detectors and the child-process supervision.
+# the graph bed, the checker, the detectors, the child-process supervision, the kernels and
+# the workload.
 lint: $(SETUP)
 	$(PY) -m ruff check src tests benchmarks tools
 	$(PY) -m ruff format --check src tests benchmarks
 	$(PY) -m mypy src/pagegraph/kinds src/pagegraph/graph src/pagegraph/check src/pagegraph/detect \
-		src/pagegraph/supervise
+		src/pagegraph/supervise src/pagegraph/kernels src/pagegraph/workload
 
 format: $(SETUP)
 	$(PY) -m ruff format src tests benchmarks

@@ -8,7 +8,7 @@ from collections.abc import Callable
 
 import torch
 
-from ..kernels.contract import cdiv
+from ..kernels.contract import cdiv, declare_outputs
 from ..kernels.kv_indices import build_kv_indices
 from .record import GRAPH, OUTSIDE, WRONG, Mutant, Zoo
 
@@ -16,7 +16,7 @@ _csr_frozen: dict[tuple[int, int], int] = {}
 
 
 def _csr(fn: Callable) -> Callable:
-    fn.pagegraph_outputs = "csr"
+    declare_outputs(fn, "csr")
     return fn
 
 

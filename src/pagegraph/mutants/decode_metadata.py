@@ -8,13 +8,14 @@ from collections.abc import Callable
 
 import torch
 
+from ..kernels.contract import declare_outputs
 from ..kernels.decode_metadata import build_decode_metadata
 from ..kernels.page_table import build_page_table
 from .record import WRONG, Mutant, Zoo
 
 
 def _metadata(fn: Callable) -> Callable:
-    fn.pagegraph_outputs = "decode_metadata"
+    declare_outputs(fn, "decode_metadata")
     return fn
 
 

@@ -15,6 +15,7 @@ import torch
 
 from ..kernels.batch import BatchContext
 from ..kernels.block_table import gather_block_tables
+from ..kernels.contract import declare_outputs
 from ..kernels.slot_mapping import PAD_SLOT_ID, compute_slot_mappings
 from .record import Mutant, Zoo
 
@@ -96,7 +97,7 @@ def _block_table_mutant(bug: str, doc: str) -> Callable:
 
     builder.__doc__ = doc
     builder.__name__ = builder.__qualname__ = bug
-    builder.pagegraph_outputs = "block_table"
+    declare_outputs(builder, "block_table")
     return builder
 
 
@@ -105,7 +106,7 @@ def plain_block_table(block_table, num_blocks, idx_mapping, out, *, batch: Batch
     _torch_block_table(block_table, num_blocks, idx_mapping, out, batch)
 
 
-plain_block_table.pagegraph_outputs = "block_table"
+declare_outputs(plain_block_table, "block_table")
 
 
 def _torch_slot_mapping(
@@ -150,7 +151,7 @@ def _slot_mapping_mutant(bug: str, doc: str) -> Callable:
 
     builder.__doc__ = doc
     builder.__name__ = builder.__qualname__ = bug
-    builder.pagegraph_outputs = "slot_mapping"
+    declare_outputs(builder, "slot_mapping")
     return builder
 
 
@@ -163,7 +164,7 @@ def plain_slot_mapping(
     )
 
 
-plain_slot_mapping.pagegraph_outputs = "slot_mapping"
+declare_outputs(plain_slot_mapping, "slot_mapping")
 
 BLOCK_TABLE_BUGS: dict[str, Callable] = {
     f.__name__: f
