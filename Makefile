@@ -79,13 +79,13 @@ run: $(SETUP)
 	$(PY) -m pagegraph check $(SCENARIO)
 
 # mypy --strict (pyproject.toml's [tool.mypy]) on the layers whose seams are typed: the kinds,
-# the graph bed, the checker, the detectors, the child-process supervision, the kernels and
-# the workload.
+# the graph bed, the checker, the detectors, the child-process supervision, the kernels, the
+# workload and the mutants.
 lint: $(SETUP)
 	$(PY) -m ruff check src tests benchmarks tools
 	$(PY) -m ruff format --check src tests benchmarks
 	$(PY) -m mypy src/pagegraph/kinds src/pagegraph/graph src/pagegraph/check src/pagegraph/detect \
-		src/pagegraph/supervise src/pagegraph/kernels src/pagegraph/workload
+		src/pagegraph/supervise src/pagegraph/kernels src/pagegraph/workload src/pagegraph/mutants
 
 format: $(SETUP)
 	$(PY) -m ruff format src tests benchmarks
