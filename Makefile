@@ -80,12 +80,13 @@ run: $(SETUP)
 
 # mypy --strict (pyproject.toml's [tool.mypy]) on the layers whose seams are typed: the kinds,
 # the graph bed, the checker, the detectors, the child-process supervision, the kernels, the
-# workload and the mutants.
+# workload, the mutants and the bench.
 lint: $(SETUP)
 	$(PY) -m ruff check src tests benchmarks tools
 	$(PY) -m ruff format --check src tests benchmarks
 	$(PY) -m mypy src/pagegraph/kinds src/pagegraph/graph src/pagegraph/check src/pagegraph/detect \
-		src/pagegraph/supervise src/pagegraph/kernels src/pagegraph/workload src/pagegraph/mutants
+		src/pagegraph/supervise src/pagegraph/kernels src/pagegraph/workload src/pagegraph/mutants \
+		src/pagegraph/bench
 
 format: $(SETUP)
 	$(PY) -m ruff format src tests benchmarks
