@@ -10,17 +10,22 @@ mapping on a ring group, ``compute_slot_mappings`` on any other. Both are sync-f
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 import torch
 
 from .contract import declare_outputs
 from .slot_mapping import PAD_SLOT_ID, compute_slot_mappings
 
-if TYPE_CHECKING:
-    from ..kinds.kv_groups import KVGroup
-
 __all__ = ["compute_group_slot_mappings", "ring_slot_mappings"]
+
+
+class RingGroup(Protocol):
+    """What a slot mapping reads of a KV-cache group (``pagegraph.kinds.kv_groups.KVGroup``,
+    a layer above): whether its table is a ring."""
+
+    @property
+    def ring(self) -> bool: ...
 
 
 def ring_slot_mappings(
@@ -62,7 +67,7 @@ def compute_group_slot_mappings(
     slot_mapping: torch.Tensor,
     page_size: int,
     *,
-    group: KVGroup | None = None,
+    group: RingGroup | None = None,
 ) -> None:
     """The slot mapping of KV-cache group ``group`` (a ``pagegraph.kinds.kv_groups.KVGroup``,
     or ``None``: a single group): the ring's own on a ring group, else

@@ -19,7 +19,7 @@ from .contract import declare_outputs
 from .slot_mapping import PAD_SLOT_ID
 
 if TYPE_CHECKING:
-    from ..kinds.kv_groups import KVGroup
+    from .kv_groups import RingGroup
 
 __all__ = [
     "reference_block_table",
@@ -144,7 +144,7 @@ def reference_group_slot_mapping(
     slot_mapping: torch.Tensor,
     page_size: int,
     *,
-    group: KVGroup | None = None,
+    group: RingGroup | None = None,
 ) -> None:
     """What the slot mapping of KV-cache group ``group`` must be (a
     ``pagegraph.kinds.kv_groups.KVGroup``, or ``None``: a single group): the ring's on a ring
