@@ -6,6 +6,7 @@ interpreter.
 """
 
 import os
+from typing import Any
 
 if "TRITON_INTERPRET" not in os.environ:
     import torch
@@ -41,7 +42,7 @@ _LAZY = {
 }
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     defined = "PAGEGRAPH_VERSION" if name == "__version__" else name
     module = _LAZY.get(defined)
     if module is None:

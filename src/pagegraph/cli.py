@@ -12,6 +12,7 @@ import os
 import sys
 import threading
 from pathlib import Path
+from typing import Any
 
 from .check.config import ADVICE, WORKLOAD_PROCESS_MODES
 from .jobs.environment import PAGEGRAPH_VERSION
@@ -20,7 +21,7 @@ from .jobs.scenario_paths import DEFAULT_SCENARIO
 __all__ = ["DEFAULT_SCENARIO", "build_parser", "main", "run", "run_check"]  # noqa: F822 - lazy
 
 
-def __getattr__(name: str):
+def __getattr__(name: str) -> Any:
     # The check job lives in pagegraph.jobs.check_job (the checker, the kernels, Triton): run_check
     # stays importable from here, loaded at first use, so that another command does not pay
     # for it.
@@ -279,7 +280,8 @@ def main(argv: list[str] | None = None) -> int:
 
         return consumer_floor.run(args.out)
     module = {"bench": bench, "profile": profile, "trace": trace}[args.command]
-    return module.run(args)
+    rc: int = module.run(args)
+    return rc
 
 
 #: Set in a process that a CUDA tool is injected into (Nsight Systems, compute-sanitizer, a

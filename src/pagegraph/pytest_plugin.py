@@ -10,15 +10,24 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable, Iterator
+from typing import TYPE_CHECKING, Any
+
 import pytest
 import torch
 
+if TYPE_CHECKING:
+    from .check.config import CheckConfig
+    from .check.reports.report import Report
+    from .graph.runner import GraphRunner
+    from .kinds.seams import Builder
 
-def pytest_configure(config):
+
+def pytest_configure(config: pytest.Config) -> None:
     config.addinivalue_line("markers", "gpu: needs a CUDA device (skipped cleanly without one)")
 
 
-def pytest_runtest_setup(item):
+def pytest_runtest_setup(item: pytest.Item) -> None:
     if item.get_closest_marker("gpu") is not None and not torch.cuda.is_available():
         pytest.skip("needs a CUDA device")
 
@@ -26,15 +35,22 @@ def pytest_runtest_setup(item):
 class ReplayUnsafe(AssertionError):
     """``assert_replay_safe`` failed; ``report`` is the checker's ``Report``."""
 
-    def __init__(self, report):
+    def __init__(self, report: Report) -> None:
         super().__init__(f"builder is not replay-safe:\n{report.format()}")
         self.report = report
 
     def __str__(self) -> str:  # pytest prints this, once
-        return self.args[0]
+        message: str = self.args[0]
+        return message
 
 
-def assert_replay_safe(builder, config=None, *, isolate: bool = False, **shape):
+def assert_replay_safe(
+    builder: str | Builder,
+    config: CheckConfig | None = None,
+    *,
+    isolate: bool = False,
+    **shape: Any,
+) -> Report:
     """Run ``pagegraph.check_replay_safety`` and raise ``AssertionError`` (a ``ReplayUnsafe``
     carrying the report as ``.report``) unless the verdict is SAFE, as
     ``torch.testing.assert_close`` does, so ``pytest.raises(AssertionError)`` works.
@@ -60,7 +76,7 @@ def assert_replay_safe(builder, config=None, *, isolate: bool = False, **shape):
 
 
 @pytest.fixture
-def graph_runner():
+def graph_runner() -> Iterator[Callable[..., GraphRunner]]:
     """A factory: ``graph_runner(builder=..., max_bs=..., max_context_len=..., page_size=...,
     swa=False, buckets=..., padding=..., seed=0)`` returns a captured ``GraphRunner`` over a
     fresh ``KVPool`` (``runner.pool_model``). Every runner made, captured or not, has its
@@ -69,9 +85,17 @@ def graph_runner():
     from .graph.runner import GraphRunner
     from .workload.pool import KVPool
 
-    made = []
+    made: list[GraphRunner] = []
 
-    def make(*, max_bs, max_context_len, page_size, swa=False, seed=0, **kwargs):
+    def make(
+        *,
+        max_bs: int,
+        max_context_len: int,
+        page_size: int,
+        swa: bool = False,
+        seed: int = 0,
+        **kwargs: Any,
+    ) -> GraphRunner:
         device = pick_device(None)
         pool = KVPool(
             max_reqs=max_bs + 1,
@@ -89,7 +113,7 @@ def graph_runner():
             full_to_swa=pool.full_to_swa,
             **kwargs,
         )
-        runner.pool_model = pool
+        vars(runner)["pool_model"] = pool  # the test's handle on the pool
         made.append(runner)  # before capture: a capture that raises is released too
         runner.capture()
         return runner
@@ -97,7 +121,7 @@ def graph_runner():
     try:
         yield make
     finally:
-        errors = []
+        errors: list[Exception] = []
         for runner in made:
             try:
                 runner.close()

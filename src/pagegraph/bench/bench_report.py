@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 from .configs import SMOKE_BS, SMOKE_CONTEXT, tokens
 from .decode_bench import (
@@ -25,7 +26,7 @@ from .rows import GRAPH_SAFE
 from .timing import error
 
 
-def plot(sweep: dict, path: Path, gpu: str, launch_floor: float | None) -> str | None:
+def plot(sweep: dict[str, Any], path: Path, gpu: str, launch_floor: float | None) -> str | None:
     """Write one PNG; returns an error message instead of raising."""
     try:
         import matplotlib
@@ -66,7 +67,7 @@ def plot(sweep: dict, path: Path, gpu: str, launch_floor: float | None) -> str |
     return None
 
 
-def _f(v, digits: int = 2, none: str = "n/a") -> str:
+def _f(v: Any, digits: int = 2, none: str = "n/a") -> str:
     if v is None:
         return none
     if isinstance(v, bool):
@@ -76,36 +77,39 @@ def _f(v, digits: int = 2, none: str = "n/a") -> str:
     return str(v)
 
 
-def _row_for(rows: list[dict], config: str, builder: str) -> dict | None:
+def _row_for(rows: list[dict[str, Any]], config: str, builder: str) -> dict[str, Any] | None:
     for row in rows:
         if row["config"] == config and row["builder"] == builder:
             return row
     return None
 
 
-def _speedup(rows: list[dict], config: str, other: str, key: str = "device_us") -> float | None:
+def _speedup(
+    rows: list[dict[str, Any]], config: str, other: str, key: str = "device_us"
+) -> float | None:
     ours = _row_for(rows, config, "build_page_table")
     theirs = _row_for(rows, config, other)
     if not ours or not theirs or not ours.get(key) or not theirs.get(key):
         return None
-    return theirs[key] / ours[key]
+    ratio: float = theirs[key] / ours[key]
+    return ratio
 
 
 def targets(
-    rows: list[dict],
+    rows: list[dict[str, Any]],
     launch_floor: float | None,
     key: str = "device_us",
     *,
-    decode: list[dict] | None = None,
-    replay: dict | None = None,
-) -> list[dict]:
+    decode: list[dict[str, Any]] | None = None,
+    replay: dict[str, Any] | None = None,
+) -> list[dict[str, Any]]:
     """The H200 targets, each with its measured value and whether it is met (``None``: not
     measured), on device times ``key`` (``device_us``: inputs rotated out of L2;
     ``device_warm_us``: the same inputs every build). A target on an inexact row is never
     met. The builder targets come from ``rows`` (none when it is empty), the decode-metadata
     targets from ``decode`` (its rows) and the runner-overhead target from ``replay``; the
     eager and overhead targets are wall times, the same for either ``key``."""
-    out: list[dict] = []
+    out: list[dict[str, Any]] = []
     if rows:
         out += _builder_targets(rows, launch_floor, key)
     if decode:
@@ -115,13 +119,15 @@ def targets(
     return out
 
 
-def _builder_targets(rows: list[dict], launch_floor: float | None, key: str) -> list[dict]:
+def _builder_targets(
+    rows: list[dict[str, Any]], launch_floor: float | None, key: str
+) -> list[dict[str, Any]]:
     out = []
 
-    def ours(config: str) -> dict | None:
+    def ours(config: str) -> dict[str, Any] | None:
         return _row_for(rows, config, "build_page_table")
 
-    def add(target: str, value, met, unit: str, config: str | None) -> None:
+    def add(target: str, value: Any, met: Any, unit: str, config: str | None) -> None:
         row = ours(config) if config else None
         if met and row is not None and row["exact"] is False:
             met = False
@@ -183,7 +189,7 @@ def _builder_targets(rows: list[dict], launch_floor: float | None, key: str) -> 
     return out
 
 
-def decode_targets(decode: list[dict], key: str = "device_us") -> list[dict]:
+def decode_targets(decode: list[dict[str, Any]], key: str = "device_us") -> list[dict[str, Any]]:
     """Targets of the decode-metadata rows (``pagegraph.bench.decode_bench``): the worst device-time
     difference to ``build_page_table`` over configs and draft settings (within 1 us), the
     worst eager ratio ``build_decode_metadata`` / ``build_page_table`` (at most 1.2x) and the
@@ -195,7 +201,9 @@ def decode_targets(decode: list[dict], key: str = "device_us") -> list[dict]:
     diff_keys = ("diff_warm_us", "diff_draft_warm_us") if warm else ("diff_us", "diff_draft_us")
     out = []
 
-    def add(target: str, pairs: list, pick, limit: float, at_most: bool, unit: str) -> None:
+    def add(
+        target: str, pairs: list[Any], pick: Any, limit: float, at_most: bool, unit: str
+    ) -> None:
         value, where = pick(pairs) if pairs else (None, None)
         met = None if value is None else (value <= limit if at_most else value >= limit)
         if where:
@@ -235,7 +243,7 @@ def decode_targets(decode: list[dict], key: str = "device_us") -> list[dict]:
     return out
 
 
-def replay_target(replay: dict) -> dict:
+def replay_target(replay: dict[str, Any]) -> dict[str, Any]:
     """The runner-overhead target: ``GraphRunner.replay()`` host time at most
     ``REPLAY_OVERHEAD_TARGET`` times a bare ``CUDAGraph.replay()``'s."""
     v = replay.get("ratio")
@@ -249,7 +257,7 @@ def replay_target(replay: dict) -> dict:
     return {"target": target, "measured": v, "unit": "x", "met": met}
 
 
-def format_markdown(result: dict) -> str:
+def format_markdown(result: dict[str, Any]) -> str:
     """``bench.md``: the whole ``run_bench`` result (see ``pagegraph.bench.bench_runner``)."""
     env = result["env"]
     rows = result["rows"]
@@ -278,7 +286,7 @@ def format_markdown(result: dict) -> str:
     return "\n".join(lines).rstrip() + "\n"
 
 
-def _environment_markdown(env: dict, cuda: bool) -> list[str]:
+def _environment_markdown(env: dict[str, Any], cuda: bool) -> list[str]:
     """The smoke-run warning (without CUDA), the environment table and how things are timed."""
     lines = []
     if not cuda:
@@ -303,7 +311,7 @@ def _environment_markdown(env: dict, cuda: bool) -> list[str]:
     ]
 
 
-def _gpu_method_notes(env: dict) -> list[str]:
+def _gpu_method_notes(env: dict[str, Any]) -> list[str]:
     """The bullet list that says how each GPU figure of the tables is taken."""
     bw = env.get("bandwidth_bytes_per_s")
     builds, replays = env.get("graph_builds"), env.get("graph_replays")
@@ -328,7 +336,7 @@ def _gpu_method_notes(env: dict) -> list[str]:
     ]
 
 
-def _config_names(rows: list[dict]) -> list[str]:
+def _config_names(rows: list[dict[str, Any]]) -> list[str]:
     """The configs of ``rows``, in the order they first appear."""
     configs: list[str] = []
     for row in rows:
@@ -337,7 +345,7 @@ def _config_names(rows: list[dict]) -> list[str]:
     return configs
 
 
-def _config_markdown(rows: list[dict], config: str) -> list[str]:
+def _config_markdown(rows: list[dict[str, Any]], config: str) -> list[str]:
     """One config's section: its shape, then a line per builder, then its errors."""
     first = next(r for r in rows if r["config"] == config)
     mb = first["bytes"] / 1e6 if first["bytes"] is not None else None
@@ -366,7 +374,7 @@ def _config_markdown(rows: list[dict], config: str) -> list[str]:
     return lines
 
 
-def _builder_line(row: dict) -> str:
+def _builder_line(row: dict[str, Any]) -> str:
     """A builder's line of its config's table."""
     pct = row["fraction_of_floor"] * 100 if row["fraction_of_floor"] is not None else None
     replay = _f(row["replay_us"])
@@ -390,7 +398,7 @@ def _builder_line(row: dict) -> str:
     )
 
 
-def _speedup_markdown(rows: list[dict], configs: list[str]) -> list[str]:
+def _speedup_markdown(rows: list[dict[str, Any]], configs: list[str]) -> list[str]:
     """``build_page_table``'s device-time speed-up over the two baselines, per config."""
     lines = [
         "## build_page_table speed-up (device time)",
@@ -406,7 +414,7 @@ def _speedup_markdown(rows: list[dict], configs: list[str]) -> list[str]:
     return lines
 
 
-def _targets_markdown(result: dict, cuda: bool) -> list[str]:
+def _targets_markdown(result: dict[str, Any], cuda: bool) -> list[str]:
     """The targets, rotated and L2-warm (without CUDA: a line saying they were not checked)."""
     lines = ["## Targets (H200)", ""]
     if not cuda:
@@ -426,7 +434,7 @@ def _targets_markdown(result: dict, cuda: bool) -> list[str]:
     return lines
 
 
-def _sweeps_markdown(sweeps: dict, cuda: bool) -> list[str]:
+def _sweeps_markdown(sweeps: dict[str, Any], cuda: bool) -> list[str]:
     """A table per sweep (device us per build against its x), with its errors."""
     if not sweeps:
         return [] if cuda else ["## Sweeps", "", "Not run: device-time sweeps need a GPU.", ""]
@@ -439,7 +447,7 @@ def _sweeps_markdown(sweeps: dict, cuda: bool) -> list[str]:
     return lines
 
 
-def _sweep_table(sweep: dict) -> list[str]:
+def _sweep_table(sweep: dict[str, Any]) -> list[str]:
     xs = sweep["x"]
     label = tokens if sweep["x_name"] == "max_context_len" else str
     lines = [
@@ -472,7 +480,7 @@ def _x(v: float | None) -> str:
     return f"{_f(v, 2)}x" if v is not None else "n/a"
 
 
-def format_decode_markdown(decode: list[dict], cuda: bool) -> list[str]:
+def format_decode_markdown(decode: list[dict[str, Any]], cuda: bool) -> list[str]:
     """The "Decode metadata" section: device times next to ``build_page_table``'s, eager
     times and their ratios, per config."""
     summary = {s["config"]: s for s in decode_summary(decode)}
@@ -499,7 +507,7 @@ def format_decode_markdown(decode: list[dict], cuda: bool) -> list[str]:
         for config, s in summary.items():
             by = {r["variant"]: r for r in decode if r["config"] == config}
 
-            def cell(v: str, by: dict = by) -> str:
+            def cell(v: str, by: dict[str, Any] = by) -> str:
                 row = by.get(v) or {}
                 return _pair(row.get("device_us"), row.get("device_warm_us"))
 
@@ -529,7 +537,7 @@ def format_decode_markdown(decode: list[dict], cuda: bool) -> list[str]:
     for config, s in summary.items():
         by = {r["variant"]: r for r in decode if r["config"] == config}
 
-        def eager(v: str, by: dict = by) -> str:
+        def eager(v: str, by: dict[str, Any] = by) -> str:
             return _f((by.get(v) or {}).get("eager_us"), 1)
 
         lines.append(
@@ -547,7 +555,7 @@ def format_decode_markdown(decode: list[dict], cuda: bool) -> list[str]:
     return lines
 
 
-def format_replay_markdown(replay: dict) -> list[str]:
+def format_replay_markdown(replay: dict[str, Any]) -> list[str]:
     """The runner-overhead section: ``GraphRunner.replay()`` against a bare graph replay."""
     lines = [
         "## Runner replay vs bare graph replay",
@@ -572,7 +580,7 @@ def format_replay_markdown(replay: dict) -> list[str]:
     return lines
 
 
-def format_checker_markdown(checker: list[dict], cuda: bool) -> list[str]:
+def format_checker_markdown(checker: list[dict[str, Any]], cuda: bool) -> list[str]:
     """The "Checked replays per second" section: the checker's steady-state rate."""
     lines = [
         "## Checked replays per second",
@@ -616,7 +624,7 @@ def format_checker_markdown(checker: list[dict], cuda: bool) -> list[str]:
     return lines
 
 
-def format_tune_markdown(result: dict) -> str:
+def format_tune_markdown(result: dict[str, Any]) -> str:
     """``tune.md``: the ``sweep_kernel_params`` result, one line per parameter combination."""
     rows = result["rows"]
     configs = [c["name"] for c in result["configs"]]
@@ -647,7 +655,7 @@ def format_tune_markdown(result: dict) -> str:
         f"| BLOCK | TARGET | warps | {' | '.join(configs)} |",
         f"|---:|---:|---:|{'---:|' * len(configs)}",
     ]
-    combos: list[tuple] = []
+    combos: list[tuple[Any, ...]] = []
     for r in rows:
         key = (r["block"], r["target"], r["num_warps"])
         if key not in combos:

@@ -14,6 +14,7 @@ import json
 import sys
 from collections.abc import Sequence
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -43,7 +44,7 @@ def run_bench(
     plots: bool = True,
     sweeps: bool = True,
     only: Sequence[str] | None = None,
-) -> dict:
+) -> dict[str, Any]:
     """Run the suite and write ``bench.json``, ``bench.md`` and (with a GPU) the two sweep
     PNGs into ``out_dir``; returns the result dict and prints the markdown.
 
@@ -76,7 +77,7 @@ def run_bench(
         replay_calls=s.replay_calls if cuda else None,
         quick=quick,
     )
-    result: dict = {"env": env, "sections": sections}
+    result: dict[str, Any] = {"env": env, "sections": sections}
     measured = _run_sections(sections, chosen, s, env, quick, (out if plots else None), notes)
     rows, decode, replay = measured["rows"], measured["decode"], measured["replay"]
     lf = env["launch_floor_us"]
@@ -106,7 +107,7 @@ def _chosen_sections(only: Sequence[str] | None, sweeps: bool) -> list[str]:
     return [x for x in SECTIONS if (not only or x in only) and (sweeps or x != "sweeps")]
 
 
-def _measure_floors(env: dict, s: Settings, wanted: bool, notes: list[str]) -> None:
+def _measure_floors(env: dict[str, Any], s: Settings, wanted: bool, notes: list[str]) -> None:
     """Set ``env``'s bandwidth and launch floor (``None`` unless ``wanted`` and measured; a
     failed measurement adds a note and leaves the device usable)."""
     env["bandwidth_bytes_per_s"] = None
@@ -148,16 +149,16 @@ def _run_sections(
     sections: list[str],
     chosen: list[BenchConfig],
     s: Settings,
-    env: dict,
+    env: dict[str, Any],
     quick: bool,
     plot_dir: Path | None,
     notes: list[str],
-) -> dict:
+) -> dict[str, Any]:
     """Run the chosen sections in order: ``rows``, ``replay``, ``decode``, ``sweeps`` (and
     their ``plots``, drawn into ``plot_dir`` unless it is ``None``) and ``checker``, each
     empty (``None`` for ``replay``) when its section is not run."""
     cuda = s.cuda
-    measured: dict = {"rows": [], "replay": None, "decode": [], "sweeps": {}, "plots": []}
+    measured: dict[str, Any] = {"rows": [], "replay": None, "decode": [], "sweeps": {}, "plots": []}
     measured["checker"] = []
     total = (
         len(chosen) * (("builders" in sections) + ("metadata" in sections))
@@ -191,7 +192,9 @@ def _run_sections(
     return measured
 
 
-def _plot_sweeps(sweeps: dict, out: Path, env: dict, notes: list[str]) -> list[str]:
+def _plot_sweeps(
+    sweeps: dict[str, Any], out: Path, env: dict[str, Any], notes: list[str]
+) -> list[str]:
     """Draw each sweep that has series into ``out``; the PNGs' names (a failure: a note)."""
     plot_names: list[str] = []
     for key, sweep in sweeps.items():
@@ -206,7 +209,7 @@ def _plot_sweeps(sweeps: dict, out: Path, env: dict, notes: list[str]) -> list[s
     return plot_names
 
 
-def _write_outputs(result: dict, out: Path) -> None:
+def _write_outputs(result: dict[str, Any], out: Path) -> None:
     """Write ``bench.json`` and ``bench.md`` and print the markdown."""
     markdown = format_markdown(result)
     (out / "bench.json").write_text(json.dumps(result, indent=2, default=str) + "\n")
@@ -223,7 +226,7 @@ def _progress(what: str, progress: Progress | None = None) -> None:
     print(f"[bench] {what}", file=sys.stderr, flush=True)
 
 
-def failures(result: dict) -> list[str]:
+def failures(result: dict[str, Any]) -> list[str]:
     """What went wrong in a ``run_bench`` result, one line each: a row with an error or an
     inexact output in any section, a checker run that was not SAFE (skipped runs aside)."""
     bad = []

@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 import time
 from pathlib import Path
+from typing import Any
 
 from ..check.checker import check_replay_safety
 from ..check.scenario import load_scenario
@@ -59,7 +60,7 @@ def finite_or_none(x: float | None) -> float | None:
 
 def checker_row(
     scenario: str, path: str, detectors: str, replays: int, workload_process: str = "off"
-) -> dict:
+) -> dict[str, Any]:
     """A row of the checker section with every field present, the measured ones ``None``."""
     return {
         "scenario": scenario,
@@ -83,7 +84,7 @@ def checker_row(
     }
 
 
-def bench_checker(cuda: bool, quick: bool = False) -> list[dict]:
+def bench_checker(cuda: bool, quick: bool = False) -> list[dict[str, Any]]:
     """One row per run of ``CHECKER_RUNS``; a failure or a skip is recorded in its row, never
     raised. Without CUDA only the in-process runs (a child's start-up would dominate 8
     replays)."""

@@ -18,6 +18,7 @@ import sys
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -53,7 +54,7 @@ FLOOR_CHUNK = 2**30
 HEADROOM_BYTES = 4 * 2**30
 
 
-def kv_bytes(lengths, num_kv_heads: int, head_dim: int, itemsize: int) -> int:
+def kv_bytes(lengths: Any, num_kv_heads: int, head_dim: int, itemsize: int) -> int:
     """Bytes of K and V a decode call reads: ``sum(lengths) * num_kv_heads * head_dim * 2 *
     itemsize`` (negative lengths count as 0)."""
     return sum(max(int(n), 0) for n in lengths) * num_kv_heads * head_dim * 2 * itemsize
@@ -100,8 +101,8 @@ def plan_cases(
     buckets: list[int],
     l2_bytes: int,
     free_bytes: int | None,
-    batches=BATCHES,
-    contexts=CONTEXTS,
+    batches: Any = BATCHES,
+    contexts: Any = CONTEXTS,
 ) -> tuple[list[Case], list[str]]:
     """The cases to measure, and a note for each one left out: a batch that is not one of
     ``buckets``, or KV (with its copies) that does not fit ``free_bytes`` less
@@ -133,7 +134,7 @@ class _Cycle:
     """A callable that runs its calls in turn, one per call: captured ``CALLS`` times in a
     graph, it binds each copy of the case in order."""
 
-    def __init__(self, calls: list) -> None:
+    def __init__(self, calls: list[Any]) -> None:
         self.calls, self.i = calls, 0
 
     def __call__(self) -> None:
@@ -149,14 +150,14 @@ class _Pool:
     v: torch.Tensor
 
     @classmethod
-    def make(cls, pages: int, page_size: int, device="cuda") -> _Pool:
+    def make(cls, pages: int, page_size: int, device: str | torch.device = "cuda") -> _Pool:
         dims = (pages + 1, page_size, NUM_KV_HEADS, HEAD_DIM)
         k = torch.empty(dims, dtype=DTYPE, device=device).normal_()
         v = torch.empty(dims, dtype=DTYPE, device=device).normal_()
         return cls(k, v)
 
 
-def _case_inputs(case: Case, pool: _Pool, gen: torch.Generator) -> dict:
+def _case_inputs(case: Case, pool: _Pool, gen: torch.Generator) -> dict[str, Any]:
     """A case's tensors: per copy a page table over pages of its own (random, disjoint), and
     per reader format each copy's metadata of the same pages (``ReaderFormat.build``, run once
     here) and its call's positional arguments; one ``q``, ``out`` and workspace."""
@@ -188,7 +189,7 @@ def _case_inputs(case: Case, pool: _Pool, gen: torch.Generator) -> dict:
     }
 
 
-def _calls(case: Case, pool: _Pool, t: dict) -> dict[str, list]:
+def _calls(case: Case, pool: _Pool, t: dict[str, Any]) -> dict[str, list[Any]]:
     """Per format (and ``floor``), one call per copy of the case."""
     ps, q, out, ws = case.page_size, t["q"], t["out"], t["ws"]
 
@@ -216,7 +217,7 @@ def _calls(case: Case, pool: _Pool, t: dict) -> dict[str, list]:
     return calls
 
 
-def _check(case: Case, pool: _Pool, t: dict, calls: dict) -> str | None:
+def _check(case: Case, pool: _Pool, t: dict[str, Any], calls: dict[str, Any]) -> str | None:
     """Why the case's outputs are wrong, or None: every format bit-identical to the first on
     copy 0, row 0 within the reference's tolerance (read through the first format)."""
     first, *others = FORMATS
@@ -239,10 +240,10 @@ def _check(case: Case, pool: _Pool, t: dict, calls: dict) -> str | None:
 
 def measure_case(
     case: Case, pool: _Pool, gen: torch.Generator, calls: int = CALLS, replays: int = REPLAYS
-) -> dict:
+) -> dict[str, Any]:
     """One row: the case, its KV bytes, and per format and the floor, device us per call and
     bytes per second; failures go into ``error``, never raised."""
-    row: dict = {
+    row: dict[str, Any] = {
         "bs": case.bs,
         "context": case.context,
         "sets": case.sets,
@@ -271,7 +272,7 @@ def measure_case(
     return row
 
 
-def derive(row: dict) -> dict:
+def derive(row: dict[str, Any]) -> dict[str, Any]:
     """Ratios of a row: ``{fmt}_over_floor`` (time over the floor's) and ``{fmt}_of_peak``
     (achieved bandwidth over ``H200_PEAK_BYTES_PER_S``), ``floor_of_peak``; None where a
     time is missing."""
@@ -305,7 +306,9 @@ def git_commit() -> str:
     return "unknown"
 
 
-def bench_consumer_floor(out_dir: str | Path, batches=BATCHES, contexts=CONTEXTS) -> dict:
+def bench_consumer_floor(
+    out_dir: str | Path, batches: Any = BATCHES, contexts: Any = CONTEXTS
+) -> dict[str, Any]:
     """Measure every case that fits (CUDA only) and write ``consumer-floor.json`` and
     ``consumer-floor.md`` into ``out_dir``; returns the result (``env``, ``shape``,
     ``rows``, ``notes``)."""
@@ -361,11 +364,11 @@ def bench_consumer_floor(out_dir: str | Path, batches=BATCHES, contexts=CONTEXTS
     return result
 
 
-def _num(x, scale: float = 1.0, fmt: str = ".1f") -> str:
+def _num(x: Any, scale: float = 1.0, fmt: str = ".1f") -> str:
     return "-" if x is None else format(x * scale, fmt)
 
 
-def format_markdown(result: dict) -> str:
+def format_markdown(result: dict[str, Any]) -> str:
     """The report: where and how it was measured, one table row per case, the notes."""
     env, shape = result["env"], result["shape"]
     copy = env.get("copy_bytes_per_s")

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from typing import Any
 
 import torch
 
@@ -71,7 +72,10 @@ class DecodeOutputs:
     def like(cls, inp: BenchInputs) -> DecodeOutputs:
         cfg = inp.config
         dev = inp.req_to_token.device
-        vec = lambda n: torch.full((n,), VECTOR_POISON, dtype=torch.int32, device=dev)  # noqa: E731
+
+        def vec(n: int) -> torch.Tensor:
+            return torch.full((n,), VECTOR_POISON, dtype=torch.int32, device=dev)
+
         table = torch.full((cfg.bs, cfg.width), POISON, dtype=torch.int32, device=dev)
         swa = torch.full_like(table, POISON) if cfg.swa else None
         return cls(vec(cfg.bs), vec(cfg.bs + 1), vec(cfg.bs + 1), table, swa, inp.full_to_swa)
@@ -88,9 +92,9 @@ class DecodeOutputs:
             out["swa_page_table"] = self.swa_page_table
         return out
 
-    def metadata_kwargs(self) -> dict:
+    def metadata_kwargs(self) -> dict[str, Any]:
         """Keyword arguments of a ``build_decode_metadata`` call (``draft_tokens`` aside)."""
-        kwargs = {
+        kwargs: dict[str, Any] = {
             "cache_seqlens": self.cache_seqlens,
             "cu_seqlens_k": self.cu_seqlens_k,
             "cu_seqlens_q": self.cu_seqlens_q,
@@ -100,7 +104,7 @@ class DecodeOutputs:
             kwargs.update(swa_page_table=self.swa_page_table, full_to_swa=self.full_to_swa)
         return kwargs
 
-    def table_kwargs(self) -> dict:
+    def table_kwargs(self) -> dict[str, Any]:
         """SWA keyword arguments of a ``build_page_table`` call (empty without SWA)."""
         if self.swa_page_table is None:
             return {}
@@ -112,7 +116,7 @@ class DecodeOutputs:
 
 
 def first_difference(
-    got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], names=None
+    got: dict[str, torch.Tensor], want: dict[str, torch.Tensor], names: list[str] | None = None
 ) -> str | None:
     """``None`` when every tensor of ``names`` (default: all of ``want``) is equal
     (``torch.equal``) in ``got`` and ``want``, else where the first one differs:
@@ -133,7 +137,7 @@ def first_difference(
     return None
 
 
-def decode_row(cfg: BenchConfig, variant: str, draft: int) -> dict:
+def decode_row(cfg: BenchConfig, variant: str, draft: int) -> dict[str, Any]:
     """A row of the metadata section with every field present, the measured ones ``None``."""
     return {
         "config": cfg.name,
@@ -169,13 +173,22 @@ def _reference(inp: BenchInputs, draft: int) -> dict[str, torch.Tensor]:
     return want.tensors()
 
 
-def _calls(inp: BenchInputs, key: str, draft: int, out: DecodeOutputs):
+def _calls(
+    inp: BenchInputs, key: str, draft: int, out: DecodeOutputs
+) -> tuple[
+    Callable[[], object],
+    Callable[..., object] | None,
+    tuple[Any, ...] | None,
+    dict[str, Any] | None,
+]:
     """``(call, rotation_fn, rest, kwargs)`` of one variant: ``call()`` runs it on the
     input's table, ``rotation_fn(table, *rest, **kwargs)`` on any table."""
     r2t, rpi, lens, ps = inp.req_to_token, inp.req_pool_indices, inp.seq_lens, inp.config.page_size
+    rest: tuple[Any, ...]
+    kwargs: dict[str, Any]
     if key == "build_page_table":
         rest, kwargs = (rpi, lens, out.page_table, ps), out.table_kwargs()
-        fn: Callable = build_page_table
+        fn: Callable[..., object] = build_page_table
     elif key == "prepared":
         prepared = prepare_decode_metadata(
             r2t, rpi, lens, ps, draft_tokens=draft, **out.metadata_kwargs()
@@ -188,7 +201,13 @@ def _calls(inp: BenchInputs, key: str, draft: int, out: DecodeOutputs):
 
 
 def _bench_variant(
-    inp: BenchInputs, key: str, draft: int, graphs: bool, want: dict, s: Settings, row: dict
+    inp: BenchInputs,
+    key: str,
+    draft: int,
+    graphs: bool,
+    want: dict[str, Any],
+    s: Settings,
+    row: dict[str, Any],
 ) -> Callable[[], object] | None:
     """Check one variant and time it on the device; returns its eager call, which
     ``bench_decode_config`` times beside the others' (``None`` if the check raised)."""
@@ -212,6 +231,8 @@ def _bench_variant(
     if s.cuda and graphs and not errors:
         graph = None
         tables = [*inp.rotated, inp.req_to_token]
+        # Every graphed variant has a rotation form (the prepared one alone has none).
+        assert fn is not None and rest is not None and kwargs is not None
         rotation = Rotation(fn, tables, rest, kwargs)
         try:
             row["device_warm_us"], graph = device_time_us(call, s.builds, s.replays)
@@ -237,7 +258,7 @@ def _bench_variant(
     return call if runs else None
 
 
-def bench_decode_config(cfg: BenchConfig, s: Settings) -> list[dict]:
+def bench_decode_config(cfg: BenchConfig, s: Settings) -> list[dict[str, Any]]:
     """One row per ``DECODE_VARIANTS`` entry for ``cfg``; failures are recorded in the rows,
     never raised."""
     rows = [decode_row(cfg, name, draft) for name, _, draft, _ in DECODE_VARIANTS]
@@ -269,7 +290,7 @@ def bench_decode_config(cfg: BenchConfig, s: Settings) -> list[dict]:
     # Rounds of EAGER_ROUND_CALLS: the ratios are taken round by round (paired_ratio in
     # decode_summary), so short rounds give many pairs, each within one state of the host.
     try:
-        rounds: dict = {}
+        rounds: dict[int, list[float]] = {}
         with phase("bench", cfg.bs):
             eager = interleaved_wall_us(
                 calls,
@@ -316,7 +337,7 @@ def difference(a: float | None, b: float | None) -> float | None:
     return a - b
 
 
-def eager_ratio(get, a: str, b: str) -> float | None:
+def eager_ratio(get: Any, a: str, b: str) -> float | None:
     """Eager host time of variant ``a`` over ``b``: the median of the per-round ratios when
     both were timed in the same rounds (``timing.paired_ratio``), else the ratio of their
     medians (each timed alone after a failed round)."""
@@ -324,7 +345,7 @@ def eager_ratio(get, a: str, b: str) -> float | None:
     return paired if paired is not None else ratio(get(a, "eager_us"), get(b, "eager_us"))
 
 
-def decode_summary(rows: list[dict]) -> list[dict]:
+def decode_summary(rows: list[dict[str, Any]]) -> list[dict[str, Any]]:
     """Per config, from its metadata rows: ``diff_us`` / ``diff_warm_us`` (fused, draft 0,
     minus ``build_page_table``, rotated / L2-warm device us), the same with draft tokens
     (``diff_draft_us`` / ``diff_draft_warm_us``), the eager ratios ``fused_over_bpt``
@@ -340,7 +361,7 @@ def decode_summary(rows: list[dict]) -> list[dict]:
     for config in configs:
         by = {r["variant"]: r for r in rows if r["config"] == config}
 
-        def get(variant: str, key: str, by: dict = by):
+        def get(variant: str, key: str, by: dict[str, Any] = by) -> Any:
             return (by.get(variant) or {}).get(key)
 
         bpt, fused, draft, prep, unfused = names

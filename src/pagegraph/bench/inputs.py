@@ -12,6 +12,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from typing import Any, cast
 
 import torch
 
@@ -136,7 +137,13 @@ class Rotation:
     """``fn(table, *rest, **kwargs)`` cycling over ``tables``; ``reset()`` restarts the cycle,
     so a graph of a multiple of ``len(tables)`` builds ends on the last table."""
 
-    def __init__(self, fn: Callable, tables: list[torch.Tensor], rest: tuple, kwargs: dict):
+    def __init__(
+        self,
+        fn: Callable[..., object],
+        tables: list[torch.Tensor],
+        rest: tuple[Any, ...],
+        kwargs: dict[str, Any],
+    ):
         self.fn, self.tables, self.rest, self.kwargs = fn, tables, rest, kwargs
         self.turn = 0
 
@@ -177,7 +184,7 @@ def rotate_out_of_l2(inp: BenchInputs, l2_bytes: int, builds: int) -> None:
 # -- outputs and the exactness check ----------------------------------------------------------
 
 
-def make_outputs(inp: BenchInputs) -> tuple[torch.Tensor, torch.Tensor | None, dict]:
+def make_outputs(inp: BenchInputs) -> tuple[torch.Tensor, torch.Tensor | None, dict[str, Any]]:
     """``(page_table, swa_page_table or None, kwargs)``: ``[bs, width]`` int32 tables filled
     with ``POISON``, and the SWA keyword arguments of a builder call (empty without SWA)."""
     cfg = inp.config
@@ -197,7 +204,7 @@ def poison(*tables: torch.Tensor | None) -> None:
             t.fill_(POISON)
 
 
-def live_mask(inp: BenchInputs, device) -> torch.Tensor:
+def live_mask(inp: BenchInputs, device: str | torch.device) -> torch.Tensor:
     """``[bs, width]`` bool: the entries a builder must write for ``inp``'s lengths."""
     cfg = inp.config
     cap = min(cfg.width, cdiv(inp.req_to_token.shape[1], cfg.page_size))
@@ -221,11 +228,12 @@ class Check:
         )
         self.live = live_mask(inp, inp.req_to_token.device)
 
-    def compare(self, page_table, swa_page_table) -> str | None:
+    def compare(self, page_table: torch.Tensor, swa_page_table: torch.Tensor | None) -> str | None:
         """``None`` when exact, else where the first live entry differs."""
         tables = [("page_table", page_table, self.want)]
         if self.want_swa is not None:
-            tables.append(("swa_page_table", swa_page_table, self.want_swa))
+            # with SWA the caller passes its table
+            tables.append(("swa_page_table", cast(torch.Tensor, swa_page_table), self.want_swa))
         for name, got, want in tables:
             if torch.equal(got[self.live], want[self.live]):
                 continue

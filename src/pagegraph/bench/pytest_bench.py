@@ -9,6 +9,9 @@ builder cannot post a number. What is timed is host wall time of one call with a
 
 from __future__ import annotations
 
+from collections.abc import Callable
+from typing import Any
+
 import torch
 
 from .configs import get_config
@@ -45,7 +48,12 @@ class InputCache:
             torch.cuda.empty_cache()
 
 
-def _pedantic(benchmark, fn, args: tuple, kwargs: dict | None = None) -> None:
+def _pedantic(
+    benchmark: Any,
+    fn: Callable[..., object],
+    args: tuple[Any, ...],
+    kwargs: dict[str, Any] | None = None,
+) -> None:
     benchmark.pedantic(
         fn,
         args=args,
@@ -56,13 +64,15 @@ def _pedantic(benchmark, fn, args: tuple, kwargs: dict | None = None) -> None:
     )
 
 
-def _require_exact(check: Check, page_table, swa_page_table, what: str) -> None:
+def _require_exact(
+    check: Check, page_table: torch.Tensor, swa_page_table: torch.Tensor | None, what: str
+) -> None:
     mismatch = check.compare(page_table, swa_page_table)
     if mismatch is not None:
         raise AssertionError(f"{what}: {mismatch}")
 
 
-def time_eager(benchmark, inp: BenchInputs, check: Check, builder: str) -> None:
+def time_eager(benchmark: Any, inp: BenchInputs, check: Check, builder: str) -> None:
     """Time one eager call of ``builder`` on ``inp``, then check one call's output exactly
     (``AssertionError`` when it differs)."""
     fn = BUILDERS[builder]
@@ -78,7 +88,7 @@ def time_eager(benchmark, inp: BenchInputs, check: Check, builder: str) -> None:
     _require_exact(check, page_table, swa_page_table, f"{builder} on {inp.config.name}")
 
 
-def time_replay(benchmark, inp: BenchInputs, check: Check) -> None:
+def time_replay(benchmark: Any, inp: BenchInputs, check: Check) -> None:
     """Time one ``GraphRunner.replay()`` of ``inp``'s batch (one bucket, captured), then
     check one replay's output exactly (``AssertionError`` when it differs)."""
     cfg = inp.config

@@ -9,6 +9,8 @@ runner's output is checked exactly before and after. Without CUDA only the check
 
 from __future__ import annotations
 
+from typing import Any
+
 from ..detect.ranges import phase
 from .configs import get_config, smoke_config
 from .inputs import Check, make_inputs, poison
@@ -20,7 +22,7 @@ REPLAY_OVERHEAD_CONFIG = "decode-mid"
 REPLAY_OVERHEAD_TARGET = 2.0
 
 
-def overhead_row(config: str, bs: int) -> dict:
+def overhead_row(config: str, bs: int) -> dict[str, Any]:
     """The replay-overhead result with every field present, the measured ones ``None``."""
     return {
         "config": config,
@@ -37,7 +39,7 @@ def overhead_row(config: str, bs: int) -> dict:
     }
 
 
-def bench_replay_overhead(s: Settings, config: str = REPLAY_OVERHEAD_CONFIG) -> dict:
+def bench_replay_overhead(s: Settings, config: str = REPLAY_OVERHEAD_CONFIG) -> dict[str, Any]:
     """Runner replay vs bare graph replay, host wall time per call (see the module
     docstring); a failure is recorded in ``error``, never raised."""
     cfg = get_config(config)

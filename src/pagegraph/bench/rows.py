@@ -11,6 +11,7 @@ never stops the run.
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
+from typing import Any
 
 import torch
 
@@ -33,7 +34,7 @@ from .inputs import (
 from .timing import Settings, device_time_us, error, recover, sync, wall_time_us
 
 #: Builders benchmarked, in table order.
-BUILDERS: dict[str, Callable] = {
+BUILDERS: dict[str, Callable[..., object]] = {
     "build_page_table": build_page_table,
     "block_grid": block_grid,
     "static_width_gather": static_width_gather,
@@ -43,7 +44,9 @@ BUILDERS: dict[str, Callable] = {
 GRAPH_SAFE = ("build_page_table", "block_grid", "static_width_gather")
 
 
-def base_row(cfg: BenchConfig, builder: str, env: dict, launch_floor: float | None) -> dict:
+def base_row(
+    cfg: BenchConfig, builder: str, env: dict[str, Any], launch_floor: float | None
+) -> dict[str, Any]:
     """A builder row with every field present, the measured ones ``None``."""
     return {
         "gpu": env.get("device"),
@@ -92,7 +95,9 @@ def single_bucket_runner(inp: BenchInputs) -> GraphRunner:
     )
 
 
-def _runner_replays(inp: BenchInputs, check: Check, s: Settings, row: dict, errors: list):
+def _runner_replays(
+    inp: BenchInputs, check: Check, s: Settings, row: dict[str, Any], errors: list[Any]
+) -> None:
     runner = single_bucket_runner(inp)
     try:
         runner.capture()
@@ -127,7 +132,9 @@ def eager_warmup(s: Settings) -> int:
     return 10 if s.cuda else 2
 
 
-def bench_builder(name: str, inp: BenchInputs, check: Check, s: Settings, row: dict) -> None:
+def bench_builder(
+    name: str, inp: BenchInputs, check: Check, s: Settings, row: dict[str, Any]
+) -> None:
     """Fill ``row`` for one builder; each measurement fails on its own, into ``row["error"]``."""
     cfg = inp.config
     fn = BUILDERS[name]
@@ -209,10 +216,10 @@ def bench_builder(name: str, inp: BenchInputs, check: Check, s: Settings, row: d
 def bench_config(
     cfg: BenchConfig,
     s: Settings,
-    env: dict,
+    env: dict[str, Any],
     launch_floor: float | None,
     builders: Sequence[str] = tuple(BUILDERS),
-) -> list[dict]:
+) -> list[dict[str, Any]]:
     """One row per builder for ``cfg``; a failure is recorded in its row, never raised."""
     rows = [base_row(cfg, b, env, launch_floor) for b in builders]
     device = "cuda" if s.cuda else "cpu"

@@ -12,6 +12,7 @@ import time
 from collections.abc import Sequence
 from dataclasses import asdict
 from pathlib import Path
+from typing import Any
 
 import torch
 
@@ -33,10 +34,14 @@ SWEEP_BUILDERS = ("build_page_table", "block_grid", "static_width_gather")
 
 
 def _sweep(
-    name: str, x_name: str, configs: list[tuple[int, BenchConfig]], fixed: dict, s: Settings
-) -> dict:
-    series: dict[str, list] = {b: [] for b in SWEEP_BUILDERS}
-    exact: dict[str, list] = {b: [] for b in SWEEP_BUILDERS}
+    name: str,
+    x_name: str,
+    configs: list[tuple[int, BenchConfig]],
+    fixed: dict[str, Any],
+    s: Settings,
+) -> dict[str, Any]:
+    series: dict[str, list[Any]] = {b: [] for b in SWEEP_BUILDERS}
+    exact: dict[str, list[Any]] = {b: [] for b in SWEEP_BUILDERS}
     errors: list[str] = []
     for x, cfg in configs:
         inp = check = None
@@ -85,7 +90,7 @@ def _sweep(
     }
 
 
-def run_sweeps(s: Settings, quick: bool = False) -> dict:
+def run_sweeps(s: Settings, quick: bool = False) -> dict[str, Any]:
     """``{"device_time_vs_bs": sweep, "device_time_vs_context": sweep}`` (CUDA only): each
     sweep has ``x``, ``series[builder]`` (device us per build, ``None`` where it failed),
     ``exact[builder]`` and ``errors``; a sweep that could not run holds ``error`` instead."""
@@ -134,7 +139,7 @@ def sweep_kernel_params(
     out_dir: str | Path = "profiles/bench",
     builds: int = 10,
     replays: int = 10,
-) -> dict:
+) -> dict[str, Any]:
     """Device time of ``build_page_table`` per config for every (``BLOCK_PAGES``,
     ``TARGET_PROGRAMS``, ``NUM_WARPS``) combination; writes ``tune.json`` and ``tune.md``.
 
@@ -152,8 +157,8 @@ def sweep_kernel_params(
     if not cuda:
         cfgs = [smoke_config(c) for c in cfgs]
     device = "cuda" if cuda else "cpu"
-    prepared: dict[str, tuple] = {}
-    results: list[dict] = []
+    prepared: dict[str, tuple[Any, ...]] = {}
+    results: list[dict[str, Any]] = []
     input_errors: dict[str, str] = {}
     for cfg in cfgs:
         try:
@@ -213,7 +218,17 @@ def sweep_kernel_params(
     return result
 
 
-def _tune_one(cfg, prepared, input_errors, block, target, warps, cuda, builds, replays) -> dict:
+def _tune_one(
+    cfg: Any,
+    prepared: Any,
+    input_errors: Any,
+    block: Any,
+    target: Any,
+    warps: Any,
+    cuda: Any,
+    builds: Any,
+    replays: Any,
+) -> dict[str, Any]:
     row = {
         "config": cfg.name,
         "block": block,

@@ -15,10 +15,13 @@ import traceback
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, TypeVar
 
 import torch
 
 from ..jobs.environment import environment
+
+_K = TypeVar("_K")
 
 #: Builds per captured graph, and replays of it, for the device time.
 GRAPH_BUILDS = 20
@@ -45,7 +48,7 @@ class Settings:
     l2_bytes: int
 
 
-def bench_environment(cuda: bool) -> dict:
+def bench_environment(cuda: bool) -> dict[str, Any]:
     """``pagegraph.jobs.environment.environment()`` plus what the bench reports of the device:
     ``cuda_available``, ``sm_count`` and ``l2_bytes`` (``None`` without CUDA)."""
     env = environment()
@@ -87,7 +90,7 @@ def keep_gpu_busy(seconds: float) -> None:
 
 
 def capture(
-    fn: Callable[[], None], builds: int, reset: Callable[[], None] | None = None
+    fn: Callable[[], object], builds: int, reset: Callable[[], None] | None = None
 ) -> torch.cuda.CUDAGraph:
     """Warm ``fn`` up on a side stream, then capture ``builds`` calls of it in one graph
     (``reset`` runs just before the capture)."""
@@ -124,11 +127,12 @@ def time_graph(graph: torch.cuda.CUDAGraph, replays: int) -> float:
         graph.replay()
         end.record()
     torch.cuda.synchronize()
-    return statistics.median(start.elapsed_time(end) for start, end in events)
+    ms: float = statistics.median(start.elapsed_time(end) for start, end in events)
+    return ms
 
 
 def device_time_us(
-    fn: Callable[[], None],
+    fn: Callable[[], object],
     builds: int = GRAPH_BUILDS,
     replays: int = GRAPH_REPLAYS,
     reset: Callable[[], None] | None = None,
@@ -175,14 +179,14 @@ def wall_time_us(
 
 
 def interleaved_wall_us(
-    fns: dict,
+    fns: dict[_K, Callable[[], object]],
     calls: int,
     *,
     round_calls: int = SYNC_EVERY,
     warmup: int = 20,
     cuda: bool = True,
-    per_round: dict | None = None,
-) -> dict:
+    per_round: dict[_K, list[float]] | None = None,
+) -> dict[_K, float]:
     """Median host microseconds per call of each of ``fns`` (by key), ``calls`` timed calls each,
     taken in alternating rounds of ``round_calls`` calls (``fns`` in order, round after
     round). Each round starts after a drained queue, outside the timed region. With
@@ -192,7 +196,7 @@ def interleaved_wall_us(
         for _ in range(warmup):
             fn()
     sync(cuda)
-    times: dict = {name: [] for name in fns}
+    times: dict[_K, list[int]] = {name: [] for name in fns}
     rounds = max(1, -(-calls // round_calls))
     for r in range(rounds):
         n = min(round_calls, calls - r * round_calls)
@@ -206,7 +210,7 @@ def interleaved_wall_us(
     return {name: statistics.median(ts) / 1e3 for name, ts in times.items()}
 
 
-def paired_ratio(a_rounds: list | None, b_rounds: list | None) -> float | None:
+def paired_ratio(a_rounds: list[float] | None, b_rounds: list[float] | None) -> float | None:
     """The median over rounds of ``a / b`` within each round (``interleaved_wall_us``'s
     ``per_round`` lists of two of its functions): a drift of the host's speed from round to
     round moves both sides of a pair, so it cancels, where a ratio of two overall medians
@@ -215,7 +219,8 @@ def paired_ratio(a_rounds: list | None, b_rounds: list | None) -> float | None:
         return None
     if min(b_rounds) <= 0:
         return None
-    return statistics.median(a / b for a, b in zip(a_rounds, b_rounds))
+    ratio: float = statistics.median(a / b for a, b in zip(a_rounds, b_rounds))
+    return ratio
 
 
 def error(exc: BaseException) -> str:

@@ -81,14 +81,15 @@ def resolve_reader(reader: Reader | Callable[..., object] | str | None) -> Reade
         return None
     if isinstance(reader, str) and is_engine_reader_name(reader):
         return engine_reader(reader)
+    found: object = reader
     if isinstance(reader, str):
         try:
-            reader = load_object(reader)
+            found = load_object(reader)
         except BuilderLoadError as exc:
             raise ValueError(str(exc).replace("builder", "reader")) from None
-    if not isinstance(reader, Reader) and not callable(reader):
-        raise ValueError(f"reader {reader!r} is neither a Reader nor an attention call")
-    return as_reader(reader)
+    if not isinstance(found, Reader) and not callable(found):
+        raise ValueError(f"reader {found!r} is neither a Reader nor an attention call")
+    return as_reader(found)
 
 
 def resolve_kind(

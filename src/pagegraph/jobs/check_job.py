@@ -14,13 +14,15 @@ import signal
 import sys
 import threading
 import time
+from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 
 from ..check.checker import run_plan
-from ..check.config import CONSUMER_DTYPES
+from ..check.config import CONSUMER_DTYPES, CheckConfig
 from ..check.pipeline.buffers import table_bytes
 from ..check.pipeline.phases import pick_device
 from ..check.plan import CheckPlan, PlanError, plan_check
@@ -56,7 +58,7 @@ class _CheckProgress:
     """Progress lines of the scenarios a check runs, one after another (``Progress``: replays
     done, elapsed, time left), and a heartbeat while a scenario sets up and captures."""
 
-    def __init__(self, plan: _Plan, quiet: bool):
+    def __init__(self, plan: _Plan, quiet: bool) -> None:
         self.plan, self.quiet = plan, quiet
         self.current: Progress | None = None
         self.index = -1
@@ -85,7 +87,7 @@ class _CheckProgress:
             p.tick()
 
     @contextlib.contextmanager
-    def heartbeat(self):
+    def heartbeat(self) -> Iterator[_CheckProgress]:
         """While the body runs, the current scenario's line at least every ``EVERY_S``."""
         stop = threading.Event()
 
@@ -105,7 +107,7 @@ class _CheckProgress:
                 thread.join()
 
 
-def memory_need(cfg, kind: KindSpec = PAGE_TABLE) -> tuple[int, dict[str, int]]:
+def memory_need(cfg: CheckConfig, kind: KindSpec = PAGE_TABLE) -> tuple[int, dict[str, int]]:
     """About how many bytes a check of ``cfg`` allocates where its tables live, and the parts:
     the pool's tables, the static buffers and the checker's working set, the pool's write
     scratch, the tables parked by extra workload streams, with a consumer the KV cache and
@@ -140,7 +142,7 @@ def memory_need(cfg, kind: KindSpec = PAGE_TABLE) -> tuple[int, dict[str, int]]:
     return sum(parts.values()) + (64 << 20), parts
 
 
-def _consumer_bytes(cfg, pages: int) -> int:
+def _consumer_bytes(cfg: CheckConfig, pages: int) -> int:
     """The decode step's K and V pages (made in fp32, then cast) and the reference's gathered
     chunk of K and V (in the cache's dtype and in fp32)."""
     token = cfg.num_kv_heads * cfg.head_dim
@@ -149,7 +151,7 @@ def _consumer_bytes(cfg, pages: int) -> int:
     return cache * (2 * item + 4) + 2 * GATHER_TOKENS * token * (item + 4)
 
 
-def _memory_problem(cfg, kind: KindSpec = PAGE_TABLE) -> str | None:
+def _memory_problem(cfg: CheckConfig, kind: KindSpec = PAGE_TABLE) -> str | None:
     """Why a scenario does not fit the memory its tables would live in (the GPU's free
     memory, or the host's available memory without CUDA), or None. Checked before anything
     is allocated (``memory_need``)."""
@@ -178,9 +180,9 @@ class _Plan:
     planned (``plan_check``: the builder as a child resolves it, the config, the reader as a
     child loads it) and the resolved builder, one entry a scenario."""
 
-    scenarios: list
+    scenarios: list[Any]
     checks: list[CheckPlan]
-    builders: list
+    builders: list[Any]
 
 
 def _output_problem(option: str, path: str | None) -> str | None:
@@ -194,16 +196,16 @@ def _output_problem(option: str, path: str | None) -> str | None:
 
 
 def _plan(
-    scenarios,
+    scenarios: Any,
     *,
-    replays,
-    builder,
-    detectors,
-    workload_process,
-    strict,
-    json_path,
-    markdown_path,
-    reader=None,
+    replays: Any,
+    builder: Any,
+    detectors: Any,
+    workload_process: Any,
+    strict: Any,
+    json_path: Any,
+    markdown_path: Any,
+    reader: Any = None,
 ) -> _Plan:
     """Load every scenario, check the options and plan each check (``plan_check``: the
     scenario's own builder, or ``builder`` put on it); ``ValueError`` (a ``ScenarioError``,
@@ -255,14 +257,14 @@ def _plan(
     return _Plan(loaded, checks, fns)
 
 
-def _refuse_detectors(path, detectors) -> None:
+def _refuse_detectors(path: Any, detectors: Any) -> None:
     """A ``ValueError`` when a detector asked for by name cannot run here: a usage error
     before anything runs (and before a slow scenario is announced)."""
     from ..detect.sync_record import refuse_unavailable
 
     if detectors and detectors != "auto":
         try:
-            refuse_unavailable(parse_detectors(detectors))
+            refuse_unavailable(cast(tuple[str, ...], parse_detectors(detectors)))  # not auto
         except DetectorUnavailable as exc:
             raise ValueError(f"{path}: {exc}") from None
 
@@ -308,9 +310,9 @@ def run_check(
         warning = slow_warning(scenario.name, check.config, device)
         if warning:  # before it starts: the user may rather shorten it
             print(warning, file=sys.stderr, flush=True)
-    results: list = []
+    results: list[Any] = []
 
-    def show(scenario, report) -> None:
+    def show(scenario: Any, report: Any) -> None:
         results.append((scenario, report))
         if not quiet:
             print(f"## {scenario.name} ({scenario.path})")
@@ -339,7 +341,7 @@ class _UsageError(Exception):
     """A problem found only once the check started (a detector that cannot run here)."""
 
 
-def _run_isolated(plan: _Plan, show, results, progress: _CheckProgress) -> int | None:
+def _run_isolated(plan: _Plan, show: Any, results: Any, progress: _CheckProgress) -> int | None:
     """Each scenario in a child process; the signal number if interrupted, else None."""
     jobs = [Job.planned(check, s.name) for s, check in zip(plan.scenarios, plan.checks)]
     try:
@@ -356,7 +358,7 @@ def _run_isolated(plan: _Plan, show, results, progress: _CheckProgress) -> int |
     return None
 
 
-def _run_in_process(plan: _Plan, show, results, scenarios: _CheckProgress) -> int | None:
+def _run_in_process(plan: _Plan, show: Any, results: Any, scenarios: _CheckProgress) -> int | None:
     """Each scenario in this process; the signal number if interrupted, else None."""
     for k, (scenario, fn, check) in enumerate(zip(plan.scenarios, plan.builders, plan.checks)):
         p = scenarios.scenario(k)
@@ -374,7 +376,7 @@ def _run_in_process(plan: _Plan, show, results, scenarios: _CheckProgress) -> in
     return None
 
 
-def _finish(plan: _Plan, results, interrupted, json_path, markdown_path) -> int:
+def _finish(plan: _Plan, results: Any, interrupted: Any, json_path: Any, markdown_path: Any) -> int:
     """The summary line and the reports; the exit code."""
     safe = sum(r.safe for _, r in results)
     line = f"pagegraph check: {safe}/{len(results)} scenario(s) safe"
@@ -397,7 +399,7 @@ def _finish(plan: _Plan, results, interrupted, json_path, markdown_path) -> int:
     return 0 if all(r.safe for _, r in results) else 1
 
 
-def write_markdown_report(path: str, results, incomplete: bool = False) -> None:
+def write_markdown_report(path: str | Path, results: Any, incomplete: bool = False) -> None:
     """A markdown report with, where matplotlib is present, a PNG of replay latency per
     bucket beside it (``PATH`` with suffix ``.png``)."""
     path = Path(path)
@@ -496,7 +498,7 @@ def run_kernel_table() -> int:
         sl = torch.randint(0, ctx + 2 * ps, (bs,), generator=gen).to(dev)
         f2s = torch.randint(0, num_slots, (num_slots + 1,), generator=gen).to(dev) if swa else None
         pt = torch.full((bs, width), POISON, dtype=torch.int32, device=dev)
-        kw = {}
+        kw: dict[str, Any] = {}
         if swa:
             kw = {"swa_page_table": torch.full_like(pt, POISON), "full_to_swa": f2s}
         build_page_table(r2t, rpi, sl, pt, ps, **kw)  # warm-up / compile
@@ -508,7 +510,8 @@ def run_kernel_table() -> int:
             torch.cuda.synchronize()
         us = (time.perf_counter() - t0) / reps * 1e6
         want, want_swa = expected_tables(r2t, rpi, sl, width, ps, f2s)
-        exact = torch.equal(pt, want) and (not swa or torch.equal(kw["swa_page_table"], want_swa))
+        swa_want = cast(torch.Tensor, want_swa)  # made with f2s: with swa
+        exact = torch.equal(pt, want) and (not swa or torch.equal(kw["swa_page_table"], swa_want))
         failures += not exact
         print(
             f"| {bs} | {ctx} | {ps} | {'yes' if swa else 'no'} | "

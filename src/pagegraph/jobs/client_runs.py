@@ -8,12 +8,13 @@ import contextlib
 import sys
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 
 from ..check.config import CheckConfig
 from ..check.plan import CheckPlan, PlanError, plan_check
-from ..check.reports.report import Report
+from ..check.reports.report import PropertyResult, Report
 from ..supervise.isolate import IsolatedError, Job, run_isolated, write_json_atomic
 from ..supervise.worker_pool import task_cost
 from .check_job import _memory_problem
@@ -56,8 +57,13 @@ class ClientRun:
             return self.report.verdict
         return "not run" if self.skipped else "ERROR"
 
-    def with_status(self, status: str):
+    def with_status(self, status: str) -> list[PropertyResult]:
         return [p for p in self.report.properties if p.status == status] if self.report else []
+
+
+def _config(run: ClientRun) -> CheckConfig:
+    """The scenario's config of a run that was not skipped while loading (it has one)."""
+    return cast(CheckConfig, run.config)
 
 
 def plan_run(run: ClientRun) -> ClientRun:
@@ -67,7 +73,7 @@ def plan_run(run: ClientRun) -> ClientRun:
     if run.skipped is not None:
         return run
     try:
-        run.plan, _ = plan_check(run.client, run.config)
+        run.plan, _ = plan_check(run.client, _config(run))
     except PlanError as exc:
         run.skipped = str(exc)
         return run
@@ -91,7 +97,8 @@ def _summary(run: ClientRun) -> str:
     extra = "; ".join(
         x for x in (failed and f"failed: {failed}", advice and f"advice: {advice}") if x
     )
-    return f"{head}, {run.report.replays} replays" + (f" ({extra})" if extra else "")
+    replays = cast(Report, run.report).replays  # neither skipped nor failed: it has one
+    return f"{head}, {replays} replays" + (f" ({extra})" if extra else "")
 
 
 def run_checks(runs: list[ClientRun], *, timeout: float | None, quiet: bool, job: str) -> bool:
@@ -102,9 +109,10 @@ def run_checks(runs: list[ClientRun], *, timeout: float | None, quiet: bool, job
     total = sum(run.skipped is None for run in runs)
     progress = Progress(job, total, "checks")
     # Checks of very different sizes: the time left counts each by its cost.
-    progress.total_weight = sum(task_cost(run.config) for run in runs if run.skipped is None)
+    progress.total_weight = sum(task_cost(_config(run)) for run in runs if run.skipped is None)
     if not quiet and not torch.cuda.is_available():
-        seconds = sum(check_estimate(run.config, "cpu") for run in runs if run.skipped is None)
+        estimates = [check_estimate(_config(run), "cpu") for run in runs if run.skipped is None]
+        seconds = sum(cast(list[float], estimates))  # a CPU's estimates are never None
         print(
             f"{job}: {total} checks on the CPU (Triton interpreter): estimate "
             f"{format_seconds(seconds)} or more; a GPU runs them in minutes",
@@ -123,10 +131,12 @@ def _run_each(
     for k, run in enumerate(runs):
         if run.skipped is None:
             label = f"{run.client} on {run.scenario}"
-            job = Job.planned(run.plan, label)
+            job = Job.planned(cast(CheckPlan, run.plan), label)  # planned: not skipped
             progress.detail = label
 
-            def on_phase(_, phase: str, label=label, steps=run.config.steps) -> None:
+            def on_phase(
+                _: int, phase: str, label: str = label, steps: int = _config(run).steps
+            ) -> None:
                 of = f" of {steps}" if phase.startswith("replay") else ""
                 progress.detail = f"{label}: {phase}{of}"
 
@@ -140,23 +150,23 @@ def _run_each(
                 for rest in runs[k + (run.report is not None) :]:
                     rest.skipped = rest.skipped or "interrupted before it ran"
                 return False
-            progress.advance(detail="", weight=task_cost(run.config))
+            progress.advance(detail="", weight=task_cost(_config(run)))
         say(quiet, _summary(run))
     return True
 
 
-def inputs_label(doc: dict) -> str:
+def inputs_label(doc: dict[str, Any]) -> str:
     """What a run's inputs were: the engine's (``"engine"``, what an engine sends, out of
     contract included), or hostile, with the knobs set (a run doc's ``hostile``)."""
     hostile = doc.get("hostile") or []
     return f"hostile: {', '.join(hostile)}" if hostile else "engine"
 
 
-def table_cell(text) -> str:
+def table_cell(text: Any) -> str:
     return str(text).replace("|", "\\|").replace("\n", " ")
 
 
-def run_doc(run: ClientRun) -> dict:
+def run_doc(run: ClientRun) -> dict[str, Any]:
     """One run as JSON: verdict, advice, failures, the full report."""
     return {
         "client": run.client,
@@ -181,7 +191,7 @@ def run_doc(run: ClientRun) -> dict:
     }
 
 
-def run_section(doc: dict) -> list[str]:
+def run_section(doc: dict[str, Any]) -> list[str]:
     lines = [f"### {doc['client']} on {doc['scenario']}", "", f"Verdict: **{doc['verdict']}**"]
     if doc["skipped"] or doc["error"]:
         return lines + [f"({doc['skipped'] or doc['error']})", ""]
@@ -209,7 +219,7 @@ def run_section(doc: dict) -> list[str]:
 
 
 def add_job_arguments(
-    parser, *, cpu_replays: int, check_timeout: float, scenarios_help: str
+    parser: Any, *, cpu_replays: int, check_timeout: float, scenarios_help: str
 ) -> None:
     """The options every client job takes: ``--out``, ``--json``, ``--replays``,
     ``--scenarios``, ``--timeout``, ``--quiet``."""
@@ -231,10 +241,10 @@ def add_job_arguments(
     parser.add_argument("--quiet", action="store_true", help="print nothing but errors")
 
 
-def job_replays(args, cpu_replays: int) -> int | None:
+def job_replays(args: Any, cpu_replays: int) -> int | None:
     """Replays a check (``None``: each scenario's steps; ``cpu_replays`` without CUDA unless
     given); ``ValueError`` for ``--replays`` below 1 or a ``--timeout`` not above 0."""
-    replays = args.replays
+    replays: int | None = args.replays
     if replays is None and not torch.cuda.is_available():
         replays = cpu_replays
     if replays is not None and replays < 1:
@@ -245,7 +255,7 @@ def job_replays(args, cpu_replays: int) -> int | None:
 
 
 def plan_job(
-    job: str, args, *, unavailable: str | None, cpu_replays: int, plan_runs
+    job: str, args: Any, *, unavailable: str | None, cpu_replays: int, plan_runs: Any
 ) -> tuple[int | None, list[ClientRun]] | int:
     """A client job's replays and runs, or its exit code 2 after one line on stderr: the
     engine's kernels are ``unavailable`` (the line to print, else None), an argument is bad,
@@ -266,8 +276,8 @@ def plan_job(
 
 
 def job_doc(
-    env: dict, replays: int | None, completed: bool, runs: list[ClientRun], **extra
-) -> dict:
+    env: dict[str, Any], replays: int | None, completed: bool, runs: list[ClientRun], **extra: Any
+) -> dict[str, Any]:
     """A client job's JSON document: its environment, replays a check, whether every check
     ran, each run (``run_doc``), then ``extra`` sections."""
     return {
@@ -279,7 +289,7 @@ def job_doc(
     }
 
 
-def verdict_lines(doc: dict, clients: tuple[str, ...], noun: str) -> list[str]:
+def verdict_lines(doc: dict[str, Any], clients: tuple[str, ...], noun: str) -> list[str]:
     """The Markdown of ``doc``'s runs: a table of verdicts (``noun`` heads its first column;
     the reader column names a decode step's reader, ``-`` for a table check), then each
     client's runs in ``clients`` order."""
@@ -306,7 +316,7 @@ def verdict_lines(doc: dict, clients: tuple[str, ...], noun: str) -> list[str]:
     return lines
 
 
-def write_reports(doc: dict, text: str, args) -> None:
+def write_reports(doc: dict[str, Any], text: str, args: Any) -> None:
     """The Markdown ``text`` to ``args.out`` (else stdout) and ``doc`` as JSON to
     ``args.json``, each said unless ``args.quiet``."""
     if args.out:

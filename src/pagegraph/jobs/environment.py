@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import datetime
 import platform
+from typing import Any
 
 import torch
 
@@ -11,7 +12,7 @@ import torch
 PAGEGRAPH_VERSION = "0.1.0"
 
 
-def environment() -> dict:
+def environment() -> dict[str, Any]:
     try:
         import triton
 

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 #: cell state -> (fill colour, legend text)
 STATES = {
@@ -36,7 +37,7 @@ class GridRow:
     cells: list[tuple[str, str]]
 
 
-def kill_grid(outcomes: list, scenarios: list[str]) -> list[GridRow]:
+def kill_grid(outcomes: list[Any], scenarios: list[str]) -> list[GridRow]:
     """The grid's rows, controls first; ``outcomes``: ``mutate.Outcome``s."""
     rows = []
     for o in sorted(outcomes, key=lambda o: not o.control):  # stable: the table's order
@@ -66,7 +67,7 @@ def image_size(rows: int, columns: int) -> tuple[int, int]:
 
 
 def write_kill_image(
-    path: str | Path, outcomes: list, scenarios: list[str], title: str = ""
+    path: str | Path, outcomes: list[Any], scenarios: list[str], title: str = ""
 ) -> tuple[int, int] | None:
     """Draw the grid into the PNG ``path``; its (width, height) in pixels, or None when
     matplotlib is not installed (nothing written)."""

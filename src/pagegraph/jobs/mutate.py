@@ -9,17 +9,21 @@ control is SAFE everywhere, 1 otherwise, 2 for bad usage.
 
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import os
 import sys
 import tempfile
 import time
 from collections import Counter
+from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
+from typing import Any, cast
 
 import torch
 
+from ..check.config import CheckConfig
 from ..check.plan import PlanError, plan_check
 from ..check.reports.report import Report
 from ..check.scenario import ScenarioError, load_scenario
@@ -138,7 +142,7 @@ def run_mutate(
 
 def _run_checks(
     outcomes: list[Outcome],
-    loaded: list,
+    loaded: list[Any],
     replays: int | None,
     jobs: int,
     timeout: float | None,
@@ -182,7 +186,7 @@ def _run_checks(
 
 def _load_and_validate(
     scenarios: list[str], mutants: list[str] | None, replays: int | None, jobs: int
-) -> tuple[list, list[str]]:
+) -> tuple[list[Any], list[str]]:
     """The loaded scenarios and the mutant names to run; ``ScenarioError`` or ``ValueError``
     for bad usage."""
     loaded = [load_scenario(scenario_path(p)) for p in scenarios]
@@ -197,7 +201,9 @@ def _load_and_validate(
     return loaded, names
 
 
-def _initial_outcomes(names: list[str], gpu_mutants: bool, loaded: list = ()) -> list[Outcome]:
+def _initial_outcomes(
+    names: list[str], gpu_mutants: bool, loaded: Sequence[Any] = ()
+) -> list[Outcome]:
     """An empty outcome per control, then per mutant (skipped: a GPU-only mutant without
     ``gpu_mutants``)."""
     outcomes = [
@@ -220,7 +226,7 @@ def _initial_outcomes(names: list[str], gpu_mutants: bool, loaded: list = ()) ->
 CHILD_BYTES = 1 << 30
 
 
-def check_need(cfg) -> int:
+def check_need(cfg: CheckConfig) -> int:
     """Bytes a check of ``cfg`` needs in a mutate run: ``check_job.memory_need`` for the
     larger of a page-table and a CSR builder, plus ``CHILD_BYTES``."""
     from ..kinds import KINDS
@@ -229,7 +235,7 @@ def check_need(cfg) -> int:
     return max(memory_need(cfg, kind)[0] for kind in KINDS.values()) + CHILD_BYTES
 
 
-def memory_slots(configs: dict, workers: int, tmp: Path) -> dict[str, tuple[str, ...]]:
+def memory_slots(configs: dict[str, Any], workers: int, tmp: Path) -> dict[str, tuple[str, ...]]:
     """scenario -> the lock files its checks share (``isolate.memory_slot``), for the
     scenarios whose checks would not fit on every worker at once; ``configs``: scenario ->
     the config its jobs run, ``workers``: how many checks run at once.
@@ -259,7 +265,7 @@ def memory_slots(configs: dict, workers: int, tmp: Path) -> dict[str, tuple[str,
     return {name: paths for name in big}
 
 
-def _detector_missing(name: str, loaded: list = ()) -> str | None:
+def _detector_missing(name: str, loaded: Sequence[Any] = ()) -> str | None:
     """Why sync detector ``name`` will not run: it cannot run here (a cheap check: package
     and device), or no scenario of ``loaded`` asks for it (``auto`` does); None if it runs."""
     from ..detect.detector_spec import parse_detectors
@@ -275,7 +281,7 @@ def _detector_missing(name: str, loaded: list = ()) -> str | None:
 
 
 def _scenario_jobs(
-    loaded: list,
+    loaded: list[Any],
     replays: int | None,
     control: bool,
     slots: dict[str, tuple[str, ...]] | None = None,
@@ -321,7 +327,7 @@ def _fitted_jobs(spec: str, scenario_jobs: list[Job], o: Outcome) -> list[Job]:
     return out
 
 
-def _count_checks(outcomes: list[Outcome], loaded: list, replays: int | None) -> int:
+def _count_checks(outcomes: list[Outcome], loaded: list[Any], replays: int | None) -> int:
     """How many checks (a builder on a scenario) the run will make."""
     return sum(
         len(_fitted_jobs(_builder_spec(o), _scenario_jobs(loaded, replays, o.control), o))
@@ -340,7 +346,7 @@ def _builder_spec(o: Outcome) -> str:
 def _check_builder(
     o: Outcome,
     k: int,
-    loaded: list,
+    loaded: list[Any],
     slots: dict[str, tuple[str, ...]],
     replays: int | None,
     timeout: float | None,
@@ -387,7 +393,7 @@ def _print_progress(o: Outcome, seconds: float) -> None:
 
 def _pool_tasks(
     outcomes: list[Outcome],
-    loaded: list,
+    loaded: list[Any],
     replays: int | None,
     slots: dict[str, tuple[str, ...]],
     first_kill: bool = False,
@@ -409,9 +415,14 @@ def _pool_tasks(
     return tasks
 
 
+def _key(task: Task) -> tuple[int, str]:
+    """A pool task's key here: ``(the outcome's index, the scenario's label)``."""
+    return cast(tuple[int, str], task.key)
+
+
 def _check_in_pool(
     outcomes: list[Outcome],
-    loaded: list,
+    loaded: list[Any],
     tasks: list[Task],
     jobs: int,
     timeout: float | None,
@@ -427,12 +438,12 @@ def _check_in_pool(
     names their scenarios): the pool hands out the cheapest tasks first, a mutant's big ones
     too (``_pool_tasks``: ``in_cost_order``), so its expensive scenarios run only while
     nothing cheaper has killed it."""
-    left = Counter(t.key[0] for t in tasks)
+    left = Counter(_key(t)[0] for t in tasks)
     done: dict[int, dict[str, Report]] = {k: {} for k in left}
-    seconds = Counter()
+    seconds = cast(dict[int, float], Counter())
 
     def on_report(task: Task, report: Report) -> None:
-        k, label = task.key
+        k, label = _key(task)
         done[k][label] = report
         seconds[k] += task.seconds
         left[k] -= 1
@@ -440,9 +451,9 @@ def _check_in_pool(
             progress.advance(detail=f"{outcomes[k].name} on {label}", weight=task.cost)
         o = outcomes[k]
         if first_kill and not o.control and killing_property(report) is not None:
-            dropped = pool.drop(lambda t: t.key[0] == k)
+            dropped = pool.drop(lambda t: _key(t)[0] == k)
             left[k] -= len(dropped)
-            o.not_checked_after_kill += [t.key[1] for t in dropped]
+            o.not_checked_after_kill += [_key(t)[1] for t in dropped]
             if progress is not None and dropped:
                 progress.forgo(len(dropped), weight=sum(t.cost for t in dropped))
         if left[k] == 0:
@@ -461,7 +472,7 @@ def _check_in_pool(
         )
 
 
-def add_arguments(parser):
+def add_arguments(parser: argparse.ArgumentParser) -> argparse.ArgumentParser:
     parser.description = parser.description or (
         "Check every mutant of the zoo (one realistic builder bug each) and the correct "
         "controls over the scenarios, each builder in a child process, and print the kill "
@@ -528,7 +539,7 @@ def add_arguments(parser):
     return parser
 
 
-def run(args) -> int:
+def run(args: Any) -> int:
     scenarios = args.scenarios or shipped_scenarios()
     return run_mutate(
         scenarios,

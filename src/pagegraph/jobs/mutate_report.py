@@ -8,6 +8,7 @@ from __future__ import annotations
 import sys
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import Any, cast
 
 from ..check.config import PROPERTIES
 from ..check.pipeline.step_bench import STEP_PROPERTIES
@@ -111,7 +112,8 @@ def format_kill_table(outcomes: list[Outcome], scenarios: list[str]) -> str:
             result = "killed" if killers else "SURVIVED"
             first = next((s for s in scenarios if s in killers), "")
             prop = killers.get(first, "")
-            if first and o.reports[first].stopped and "process" in o.reports[first].stopped:
+            stopped = o.reports[first].stopped if first else None
+            if stopped and "process" in stopped:
                 prop += " (process died)"
             where = ", ".join(s for s in scenarios if s in killers)
             if o.not_checked_after_kill:
@@ -157,7 +159,7 @@ def write_image(
         return ""
     from .kill_image import write_kill_image
 
-    png = Path(png_path) if png_path else Path(markdown_path).with_suffix(".png")
+    png = Path(png_path) if png_path else Path(cast(str, markdown_path)).with_suffix(".png")
     title = summary.removeprefix("pagegraph mutate: ").split("; smallest")[0]
     if write_kill_image(png, outcomes, labels, title=title) is None:
         print("pagegraph mutate: matplotlib not installed: no kill-table image", file=sys.stderr)
@@ -186,7 +188,7 @@ def print_results(
 
 def write_json(
     json_path: str,
-    loaded: list,
+    loaded: list[Any],
     outcomes: list[Outcome],
     smallest: list[str],
     survivors: list[str],

@@ -17,7 +17,9 @@ import shutil
 import subprocess
 import sys
 import traceback
+from collections.abc import Callable
 from pathlib import Path
+from typing import Any
 
 from ..detect import trace as _trace
 from ..supervise.isolate import child_env
@@ -41,7 +43,7 @@ FORBID = ("replay/*",)
 
 
 def check_command(
-    scenario: str | os.PathLike, replays: int | None = None, python: str | None = None
+    scenario: str | os.PathLike[str], replays: int | None = None, python: str | None = None
 ) -> list[str]:
     """``python -m pagegraph check SCENARIO --detectors torch [--replays N]``."""
     cmd = [python or sys.executable, "-m", "pagegraph", "check", str(scenario)]
@@ -52,8 +54,8 @@ def check_command(
 
 
 def nsys_command(
-    scenario: str | os.PathLike,
-    out_base: str | os.PathLike,
+    scenario: str | os.PathLike[str],
+    out_base: str | os.PathLike[str],
     *,
     replays: int | None = None,
     python: str | None = None,
@@ -78,7 +80,7 @@ def nsys_command(
 
 
 def nsys_export_command(
-    report: str | os.PathLike, sqlite_path: str | os.PathLike, *, nsys: str = "nsys"
+    report: str | os.PathLike[str], sqlite_path: str | os.PathLike[str], *, nsys: str = "nsys"
 ) -> list[str]:
     return [
         nsys,
@@ -92,7 +94,9 @@ def nsys_export_command(
     ]
 
 
-def _record_nsys(nsys: str, scenario, out: Path, name: str, replays) -> tuple[int, Path, str]:
+def _record_nsys(
+    nsys: str, scenario: Any, out: Path, name: str, replays: Any
+) -> tuple[int, Path, str]:
     base = out / name
     cmd = nsys_command(scenario, base, replays=replays, nsys=nsys)
     shown = shlex.join(cmd)
@@ -114,13 +118,13 @@ def _record_nsys(nsys: str, scenario, out: Path, name: str, replays) -> tuple[in
     return check_rc, sqlite_path, shown
 
 
-def _in_process_command(scenario, replays) -> str:
+def _in_process_command(scenario: Any, replays: Any) -> str:
     return "in-process under torch.profiler: " + shlex.join(
         ["pagegraph", *check_command(scenario, replays)[3:]]
     )
 
 
-def _run_check_hook():
+def _run_check_hook() -> Callable[[str, int | None], int]:
     """The in-process check, ``(scenario, replays) -> exit code`` (a hook: the tests put a
     fake check here)."""
     return run_check_for_profile
@@ -136,7 +140,7 @@ def _set_record_function(enabled: bool) -> bool:
     return previous
 
 
-def _record_torch(scenario, out: Path, name: str, replays) -> tuple[int, Path, str]:
+def _record_torch(scenario: Any, out: Path, name: str, replays: Any) -> tuple[int, Path, str]:
     import torch
     from torch.profiler import ProfilerActivity
     from torch.profiler import profile as torch_profile
@@ -144,7 +148,7 @@ def _record_torch(scenario, out: Path, name: str, replays) -> tuple[int, Path, s
     activities = [ProfilerActivity.CPU]
     if torch.cuda.is_available():
         activities.append(ProfilerActivity.CUDA)
-    kwargs = {}
+    kwargs: dict[str, Any] = {}
     try:
         kwargs["experimental_config"] = torch._C._profiler._ExperimentalConfig(
             enable_cuda_sync_events=True
@@ -206,7 +210,7 @@ def _gpu_name(summary: _trace.TraceSummary | None) -> str:
 def _report(
     *,
     name: str,
-    scenario,
+    scenario: Any,
     recorder: str,
     command: str,
     check_rc: int,
@@ -247,8 +251,8 @@ def _report(
 
 
 def profile(
-    scenario: str | os.PathLike = DEFAULT_SCENARIO,
-    out_dir: str | os.PathLike = "profiles",
+    scenario: str | os.PathLike[str] = DEFAULT_SCENARIO,
+    out_dir: str | os.PathLike[str] = "profiles",
     name: str | None = None,
     replays: int | None = None,
 ) -> int:

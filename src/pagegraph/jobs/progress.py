@@ -13,6 +13,11 @@ import contextlib
 import sys
 import threading
 import time
+from collections.abc import Iterator
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from ..check.config import CheckConfig
 
 #: Seconds between two progress lines at most.
 EVERY_S = 5.0
@@ -46,9 +51,9 @@ class Progress:
         unit: str = "",
         *,
         every: float = EVERY_S,
-        stream=None,
-        clock=time.monotonic,
-    ):
+        stream: Any = None,
+        clock: Any = time.monotonic,
+    ) -> None:
         self.label, self.total, self.unit = label, total, unit
         self.every = every
         self.stream = stream
@@ -145,7 +150,7 @@ class Progress:
         print(self.line(), file=stream, flush=True)
 
     @contextlib.contextmanager
-    def heartbeat(self, period: float = 1.0):
+    def heartbeat(self, period: float = 1.0) -> Iterator[Progress]:
         """While the body runs, a thread calls ``tick()`` every ``period`` seconds."""
         stop = threading.Event()
 
@@ -162,7 +167,7 @@ class Progress:
             thread.join()
 
 
-def live_pages(cfg) -> int:
+def live_pages(cfg: CheckConfig) -> int:
     """Pages a row of ``cfg`` about holds: its longest initial length's (the workload's
     default: a quarter of the context), within the width (the builder's work, in the
     interpreter, goes with the live pages)."""
@@ -171,13 +176,13 @@ def live_pages(cfg) -> int:
     return max(1, min(width, -(-longest // cfg.page_size)))
 
 
-def check_entries(cfg) -> int:
+def check_entries(cfg: CheckConfig) -> int:
     """Live table entries a replay of ``cfg`` builds at most: the largest bucket's rows times
     ``live_pages``, for the full table and the SWA one."""
     return cfg.max_bs * live_pages(cfg) * (2 if cfg.swa else 1)
 
 
-def check_estimate(cfg, device: str) -> float | None:
+def check_estimate(cfg: CheckConfig, device: str) -> float | None:
     """Seconds a check of ``cfg`` is estimated to take on ``device`` (``"cpu"`` or
     ``"cuda"``); None where pagegraph has no rate (a GPU: checks there run at thousands of
     replays a second). On a CPU: entries per replay (``check_entries``) times replays, plus
@@ -193,7 +198,9 @@ def check_estimate(cfg, device: str) -> float | None:
     return check_entries(cfg) * (cfg.steps + buckets) / CPU_ENTRIES_PER_S
 
 
-def slow_warning(name: str, cfg, device: str, limit: float = SLOW_CHECK_S) -> str | None:
+def slow_warning(
+    name: str, cfg: CheckConfig, device: str, limit: float = SLOW_CHECK_S
+) -> str | None:
     """The line that announces a check of scenario ``name`` estimated to take longer than
     ``limit`` seconds here, or None."""
     seconds = check_estimate(cfg, device)

@@ -15,6 +15,7 @@ import sys
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any, cast
 
 from ..check.config import CheckConfig
 from ..check.plan import resolve_kind
@@ -118,7 +119,7 @@ OVERLONG_CRASH = "seq_len past the row's capacity"
 # -- plan ---------------------------------------------------------------------------------------
 
 
-def _scenario_kind(scenario) -> KindSpec:
+def _scenario_kind(scenario: Any) -> KindSpec:
     """What a scenario's own builder outputs; its ``outputs`` when that builder cannot load."""
     try:
         return resolve_kind(scenario.builder, scenario.config.outputs)[1]
@@ -136,15 +137,16 @@ def _kernel_problem(client: str, cfg: CheckConfig) -> str | None:
     return None
 
 
-def _in_sglangs_words(run: ClientRun, fn) -> ClientRun:
+def _in_sglangs_words(run: ClientRun, fn: Any) -> ClientRun:
     """``run``, with a CSR client's refusal for its page size (``plan_check`` refuses a page
     size its adapter does not declare) said as SGLang's reason."""
     if run.plan is not None or run.client not in CSR_CLIENTS:
         return run
     sizes = getattr(fn, "pagegraph_page_sizes", None)
-    if sizes is not None and run.config.page_size not in sizes:
+    page_size = cast(CheckConfig, run.config).page_size  # loaded: the plan refused it
+    if sizes is not None and page_size not in sizes:
         run.skipped = (
-            f"page_size {run.config.page_size}: SGLang's FlashInfer backend builds token slots "
+            f"page_size {page_size}: SGLang's FlashInfer backend builds token slots "
             f"(page size {' or '.join(map(str, sizes))})"
         )
     return run
@@ -187,7 +189,7 @@ def grid_columns(client: str, cfg: CheckConfig) -> int:
     return -(-span // block) * block
 
 
-def classify(run: ClientRun, prop) -> str | None:
+def classify(run: ClientRun, prop: Any) -> str | None:
     """The key of the finding a failed property shows (``FINDINGS``), or None."""
     if run.client in CSR_CLIENTS and run.config is not None:
         return "flashinfer-overlong" if _overlong_csr_failure(run, prop) else None
@@ -205,7 +207,7 @@ def classify(run: ClientRun, prop) -> str | None:
     return None
 
 
-def _overlong_csr_failure(run: ClientRun, prop) -> bool:
+def _overlong_csr_failure(run: ClientRun, prop: Any) -> bool:
     """Whether a CSR client's failure is its unbounded copy of an overlong row: a crash the
     serialised re-run tied to a replay whose only out-of-contract rows are overlong, or a
     write past the end of ``kv_indices`` on such a replay."""
@@ -221,7 +223,7 @@ def _overlong_csr_failure(run: ClientRun, prop) -> bool:
     return OVERLONG_CRASH in text and not any(other in text for other in others)
 
 
-def run_reproducer(path: str, timeout: float = REPRODUCER_TIMEOUT) -> dict:
+def run_reproducer(path: str, timeout: float = REPRODUCER_TIMEOUT) -> dict[str, Any]:
     """Run one reproducer script; its exit code (None when it could not finish) and what
     that means."""
     script = ROOT / path
@@ -246,11 +248,11 @@ def run_reproducer(path: str, timeout: float = REPRODUCER_TIMEOUT) -> dict:
     return {"exit_code": done.returncode, "state": state}
 
 
-def collect_findings(runs: list[ClientRun], *, reproducers: bool = True) -> dict:
+def collect_findings(runs: list[ClientRun], *, reproducers: bool = True) -> dict[str, Any]:
     """Each finding with the checks that hit it and its reproducer's exit code now, and the
     failures that match no finding."""
-    hits = {f.key: [] for f in FINDINGS}
-    unexplained = []
+    hits: dict[str, list[dict[str, Any]]] = {f.key: [] for f in FINDINGS}
+    unexplained: list[dict[str, Any]] = []
     for run in runs:
         for prop in run.with_status("FAIL"):
             entry = {
@@ -292,7 +294,7 @@ def collect_findings(runs: list[ClientRun], *, reproducers: bool = True) -> dict
 # -- reports ------------------------------------------------------------------------------------
 
 
-def _header(env: dict, replays: str) -> list[str]:
+def _header(env: dict[str, Any], replays: str) -> list[str]:
     versions = ", ".join(f"{k} {env.get(k)}" for k in ("sglang", "torch", "triton", "cuda"))
     return [
         f"# SGLang {env.get('sglang') or '?'} under pagegraph's checks",
@@ -305,7 +307,7 @@ def _header(env: dict, replays: str) -> list[str]:
     ]
 
 
-def _findings_section(found: dict) -> list[str]:
+def _findings_section(found: dict[str, Any]) -> list[str]:
     lines = ["## Findings", ""]
     for f in found["findings"]:
         lines += [f"### {f['key']}: `{f['reproducer']}`", "", f["title"] + ".", ""]
@@ -350,7 +352,7 @@ def _readers_lines(readers: dict[str, str]) -> list[str]:
     return lines
 
 
-def markdown(doc: dict) -> str:
+def markdown(doc: dict[str, Any]) -> str:
     """The Markdown report of ``doc`` (``run_job``'s JSON document)."""
     lines = _header(doc["environment"], doc["replays"])
     lines += _readers_lines(doc.get("readers", {}))

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from typing import Any
 
 import torch
 
@@ -24,7 +25,7 @@ def _no_requirement() -> str | None:
 
 def _cuda_python_reason() -> str | None:
     try:
-        from cuda.bindings import driver  # noqa: F401
+        from cuda.bindings import driver  # type: ignore[import-not-found,unused-ignore]  # noqa: F401
     except ImportError as e:
         return f"cuda-python is not installed (pip install cuda-python): {e}"
     return None
@@ -41,14 +42,14 @@ class PlantedSync:
 
     name: str
     description: str
-    expected: frozenset
+    expected: frozenset[str]
     setup: Callable[[torch.device], Callable[[], object]] = field(repr=False)
     requires: Callable[[], str | None] = field(default=_no_requirement, repr=False)
 
     def unavailable_reason(self) -> str | None:
         return self.requires()
 
-    def prepare(self, device="cuda") -> Callable[[], object]:
+    def prepare(self, device: Any = "cuda") -> Callable[[], object]:
         """Set up on ``device`` (then wait for the device); return the planted action."""
         reason = self.requires()
         if reason is not None:
@@ -57,7 +58,7 @@ class PlantedSync:
         torch.cuda.synchronize(device)
         return action
 
-    def __call__(self, device="cuda") -> None:
+    def __call__(self, device: Any = "cuda") -> None:
         self.prepare(device)()
 
 
@@ -68,63 +69,63 @@ def _vec(device: torch.device) -> torch.Tensor:
     return t
 
 
-def _setup_item(device):
+def _setup_item(device: torch.device) -> Callable[[], object]:
     t = _vec(device)
 
-    def run():
+    def run() -> object:
         with ranges.phase("replay", bs=1):
             return t.sum().item()
 
     return run
 
 
-def _setup_bool(device):
+def _setup_bool(device: torch.device) -> Callable[[], object]:
     t = _vec(device)
 
-    def run():
+    def run() -> object:
         with ranges.phase("replay", bs=1):
             return bool(t.sum() > 0)
 
     return run
 
 
-def _setup_cpu(device):
+def _setup_cpu(device: torch.device) -> Callable[[], object]:
     t = _vec(device)
 
-    def run():
+    def run() -> object:
         with ranges.phase("replay", bs=1):
             return t.cpu()
 
     return run
 
 
-def _setup_tolist(device):
+def _setup_tolist(device: torch.device) -> Callable[[], object]:
     t = _vec(device)
 
-    def run():
+    def run() -> object:
         with ranges.phase("replay", bs=1):
             return t.tolist()
 
     return run
 
 
-def _setup_copy_to_host(device):
+def _setup_copy_to_host(device: torch.device) -> Callable[[], object]:
     t = _vec(device)
     host = torch.empty(t.shape, dtype=t.dtype)
 
-    def run():
+    def run() -> None:
         with ranges.phase("replay", bs=1):
             host.copy_(t)
 
     return run
 
 
-def _setup_nonblocking_pageable(device):
+def _setup_nonblocking_pageable(device: torch.device) -> Callable[[], object]:
     t = _vec(device)
     host = torch.empty(t.shape, dtype=t.dtype)  # pageable: not pin_memory()
     assert not host.is_pinned()
 
-    def run():
+    def run() -> None:
         with ranges.phase("replay", bs=1):
             # non_blocking only helps with pinned memory: into pageable memory the driver
             # stages the copy and returns once it is done, and torch calls no sync for it.
@@ -133,10 +134,10 @@ def _setup_nonblocking_pageable(device):
     return run
 
 
-def _setup_cuda_synchronize(device):
+def _setup_cuda_synchronize(device: torch.device) -> Callable[[], object]:
     t = _vec(device)
 
-    def run():
+    def run() -> None:
         with ranges.phase("replay", bs=1):
             t.add_(1)
             torch.cuda.synchronize(device)
@@ -144,11 +145,11 @@ def _setup_cuda_synchronize(device):
     return run
 
 
-def _setup_event_synchronize(device):
+def _setup_event_synchronize(device: torch.device) -> Callable[[], object]:
     t = _vec(device)
     event = torch.cuda.Event()
 
-    def run():
+    def run() -> None:
         with ranges.phase("replay", bs=1):
             t.add_(1)
             event.record()
@@ -157,10 +158,10 @@ def _setup_event_synchronize(device):
     return run
 
 
-def _setup_stream_synchronize(device):
+def _setup_stream_synchronize(device: torch.device) -> Callable[[], object]:
     t = _vec(device)
 
-    def run():
+    def run() -> None:
         with ranges.phase("replay", bs=1):
             t.add_(1)
             torch.cuda.current_stream(device).synchronize()
@@ -168,12 +169,12 @@ def _setup_stream_synchronize(device):
     return run
 
 
-def _setup_cu_stream_synchronize(device):
+def _setup_cu_stream_synchronize(device: torch.device) -> Callable[[], object]:
     from cuda.bindings import driver
 
     t = _vec(device)
 
-    def run():
+    def run() -> None:
         with ranges.phase("replay", bs=1):
             t.add_(1)
             stream = driver.CUstream(torch.cuda.current_stream(device).cuda_stream)
@@ -184,11 +185,11 @@ def _setup_cu_stream_synchronize(device):
     return run
 
 
-def _setup_clean(device):
+def _setup_clean(device: torch.device) -> Callable[[], object]:
     t = _vec(device)
     t.mul_(1)
 
-    def run():
+    def run() -> None:
         with ranges.phase("replay", bs=1):
             t.add_(1)
             t.mul_(1)
@@ -196,7 +197,7 @@ def _setup_clean(device):
     return run
 
 
-def _setup_clean_graph_replay(device):
+def _setup_clean_graph_replay(device: torch.device) -> Callable[[], object]:
     static = torch.zeros(64, dtype=torch.float32, device=device)
     # Warm up on a side stream, then capture: the capture itself synchronizes (torch.cuda.graph
     # calls synchronize() around it), which is why it happens here, outside the recording.
@@ -211,18 +212,18 @@ def _setup_clean_graph_replay(device):
         static.add_(1)
     graph.replay()
 
-    def run():
+    def run() -> None:
         with ranges.phase("replay", bs=1):
             graph.replay()
 
-    run.graph = graph  # keeps the graph (and its pool) alive as long as the action
-    run.static = static
+    # keeps the graph (and its pool) alive as long as the action
+    vars(run).update(graph=graph, static=static)
     return run
 
 
 _BOTH = frozenset({"torch", "cupti"})
 _CUPTI_ONLY = frozenset({"cupti"})
-_NONE = frozenset()
+_NONE: frozenset[str] = frozenset()
 
 _PLANTED = {
     p.name: p
@@ -275,7 +276,7 @@ def planted_syncs() -> dict[str, PlantedSync]:
     return dict(_PLANTED)
 
 
-def detector_matrix(device="cuda") -> list[dict]:
+def detector_matrix(device: str | torch.device = "cuda") -> list[dict[str, Any]]:
     """Run every planted sync under each detector alone; one row per (planted, detector).
 
     Row keys: ``planted``, ``detector``, ``status`` (``"caught"``, ``"missed"``, ``"n/a"``
@@ -319,7 +320,7 @@ def _md(text: str) -> str:
     return text.replace("|", "\\|").replace("\n", " ")
 
 
-def format_detector_matrix(rows: Iterable[dict]) -> str:
+def format_detector_matrix(rows: Iterable[dict[str, Any]]) -> str:
     """Markdown table: one row per planted sync, one column per detector.
 
     A cell that contradicts the expectation is marked ``(unexpected)``.
@@ -337,17 +338,20 @@ def format_detector_matrix(rows: Iterable[dict]) -> str:
     for p in planted:
         line = [f"`{p}`"]
         for det in detectors:
-            r = cells.get((p, det))
-            if r is None:
+            found = cells.get((p, det))
+            if found is None:
                 line.append("")
                 continue
-            if r["status"] == "caught":
-                cell = f"caught ({', '.join(r['names'])})"
-            elif r["status"] == "missed":
+            if found["status"] == "caught":
+                cell = f"caught ({', '.join(found['names'])})"
+            elif found["status"] == "missed":
                 cell = "missed"
             else:
-                cell = f"{r['status']}: {r['reason']}"
-            if r["status"] in ("caught", "missed") and (r["status"] == "caught") != r["expected"]:
+                cell = f"{found['status']}: {found['reason']}"
+            if (
+                found["status"] in ("caught", "missed")
+                and (found["status"] == "caught") != found["expected"]
+            ):
                 cell += " **(unexpected)**"
             line.append(_md(cell))
         line.append(", ".join(expected[p]) or "none (must stay silent)")

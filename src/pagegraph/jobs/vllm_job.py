@@ -11,11 +11,13 @@ from __future__ import annotations
 
 import argparse
 import sys
+from typing import Any
 
 from ..check.plan import resolve_kind
 from ..check.scenario import load_scenario
 from ..clients import vllm as vllm_client
 from ..clients.vllm_files import vllm_root
+from ..kinds import KindSpec
 from .client_runs import (
     ClientRun,
     add_job_arguments,
@@ -63,7 +65,7 @@ GROUPS_NOTE = (
 )
 
 
-def _scenario_kind(scenario):
+def _scenario_kind(scenario: Any) -> KindSpec | None:
     """The kind of a scenario's own builder, or None when it cannot load."""
     try:
         return resolve_kind(scenario.builder, scenario.config.outputs)[1]
@@ -91,7 +93,7 @@ def plan_runs(scenarios: list[str] | None, replays: int | None) -> list[ClientRu
     return runs
 
 
-def _header(env: dict, replays: str) -> list[str]:
+def _header(env: dict[str, Any], replays: str) -> list[str]:
     versions = ", ".join(f"{k} {env.get(k)}" for k in ("torch", "triton", "cuda"))
     return [
         f"# vLLM {vllm_client.TESTED_VERSION}'s block-table kernels under pagegraph's checks",
@@ -106,7 +108,7 @@ def _header(env: dict, replays: str) -> list[str]:
     ]
 
 
-def findings_lines(doc: dict) -> list[str]:
+def findings_lines(doc: dict[str, Any]) -> list[str]:
     """The findings of ``doc``'s runs, split by contract: UNSAFE runs on the engine's inputs
     (vLLM's own rules: a bug of the kernel's), then those on hostile inputs (outside vLLM's
     contract), each with its failed properties' first failures."""
@@ -130,7 +132,7 @@ def findings_lines(doc: dict) -> list[str]:
     return lines
 
 
-def markdown(doc: dict) -> str:
+def markdown(doc: dict[str, Any]) -> str:
     """The Markdown report of ``doc`` (``run_job``'s JSON document)."""
     lines = _header(doc["environment"], doc["replays"])
     if any(r.get("hostile") for r in doc["runs"]):

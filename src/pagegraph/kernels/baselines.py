@@ -10,6 +10,7 @@ accepts it (``pagegraph check --builder block_grid``) and the bench times it bes
 from __future__ import annotations
 
 from contextlib import nullcontext
+from typing import cast
 
 import torch
 import triton
@@ -64,8 +65,8 @@ def block_grid(
         return
     has_swa = full_to_swa is not None
     # Unused pointer arguments alias page_table: the HAS_SWA constexpr compiles them out.
-    swa_pt = swa_page_table if has_swa else page_table
-    f2s = full_to_swa if has_swa else page_table
+    swa_pt = cast(torch.Tensor, swa_page_table) if has_swa else page_table
+    f2s = cast(torch.Tensor, full_to_swa) if has_swa else page_table
     grid = (bs, cdiv(max_pages, BLOCK_GRID_PAGES))
     # A device context costs host time: enter one only when not on that device already.
     dev = page_table.device
@@ -91,8 +92,8 @@ def block_grid(
         )
 
 
-@triton.jit
-def _block_grid_kernel(
+@triton.jit  # type: ignore[untyped-decorator]  # Triton ships no types
+def _block_grid_kernel(  # type: ignore[no-untyped-def]  # a Triton kernel
     req_to_token_ptr,  # [max_reqs, r2t_stride] int32|int64
     req_pool_indices_ptr,  # [bs] int32|int64
     seq_lens_ptr,  # [bs] int32|int64

@@ -10,12 +10,14 @@ trusted: both are clamped, so broken metadata stays inside its own row. The cont
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
 
 from .batch import BatchContext
-from .contract import _check_tensor, cdiv
+from .contract import _check_tensor, cdiv, declare_outputs
 
 __all__ = ["GATHER_BLOCK", "gather_block_tables", "gather_parts"]
 
@@ -30,7 +32,9 @@ def gather_parts(width: int) -> int:
     return max(1, min(MAX_PARTS, cdiv(width, GATHER_BLOCK)))
 
 
-def check_block_table_args(block_table, num_blocks, idx_mapping, out, batch) -> None:
+def check_block_table_args(
+    block_table: Any, num_blocks: Any, idx_mapping: Any, out: Any, batch: Any
+) -> None:
     """The ``"block_table"`` contract's host-side checks, from metadata only (never values):
     ``TypeError`` for a wrong type or dtype, ``ValueError`` for a wrong rank, stride, size or
     device, each naming the argument."""
@@ -109,11 +113,11 @@ def gather_block_tables(
     )
 
 
-gather_block_tables.pagegraph_outputs = "block_table"
+declare_outputs(gather_block_tables, "block_table")
 
 
-@triton.jit(do_not_specialize=["num_reqs"])
-def _gather_kernel(
+@triton.jit(do_not_specialize=["num_reqs"])  # type: ignore[untyped-decorator]  # Triton ships no types
+def _gather_kernel(  # type: ignore[no-untyped-def]  # a Triton kernel
     block_table_ptr,  # [max_reqs, src_stride] int32
     num_blocks_ptr,  # [max_reqs] int32
     idx_mapping_ptr,  # [>= num_reqs] int32

@@ -9,6 +9,7 @@ be a device-to-host sync, which is exactly what the builders exist to avoid.
 from __future__ import annotations
 
 import os
+from typing import Any, TypeAlias
 
 import torch
 
@@ -28,6 +29,16 @@ ERROR_KINDS = (
 )
 
 
+#: The attribute by which a builder that is not a built-in names the kind of its outputs
+#: (``pagegraph.kinds.kind_of``).
+OUTPUTS_ATTRIBUTE = "pagegraph_outputs"
+
+
+def declare_outputs(builder: object, kind: str) -> None:
+    """Set ``builder.pagegraph_outputs`` to ``kind`` (``OUTPUTS_ATTRIBUTE``)."""
+    setattr(builder, OUTPUTS_ATTRIBUTE, kind)
+
+
 def interpreter_active() -> bool:
     """True when Triton kernels run under the CPU interpreter (``TRITON_INTERPRET=1``)."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")
@@ -37,7 +48,7 @@ def cdiv(a: int, b: int) -> int:
     return -(-a // b)
 
 
-def _check_tensor(name: str, t, ndim: int, dtypes: tuple[torch.dtype, ...]) -> None:
+def _check_tensor(name: str, t: Any, ndim: int, dtypes: tuple[torch.dtype, ...]) -> None:
     # Ordered and written for speed: this runs on every builder call, and each tensor
     # attribute read is a Python call into torch.
     try:
@@ -56,16 +67,21 @@ def _check_tensor(name: str, t, ndim: int, dtypes: tuple[torch.dtype, ...]) -> N
         raise ValueError(f"{name} must have inner stride 1, got strides {tuple(t.stride())}")
 
 
+#: ``cuda_call_metadata``'s answer: device, bs, width, r2t_rows, r2t_cols, r2t_row_stride,
+#: pt_row_stride, swa_row_stride, f2s_len (the last two None without SWA).
+CallMetadata: TypeAlias = tuple[int, int, int, int, int, int, int, int | None, int | None]
+
+
 def cuda_call_metadata(
-    req_to_token,
-    req_pool_indices,
-    seq_lens,
-    page_table,
-    page_size,
-    swa_page_table=None,
-    full_to_swa=None,
-    errors=None,
-) -> tuple | None:
+    req_to_token: Any,
+    req_pool_indices: Any,
+    seq_lens: Any,
+    page_table: Any,
+    page_size: Any,
+    swa_page_table: Any = None,
+    full_to_swa: Any = None,
+    errors: Any = None,
+) -> CallMetadata | None:
     """The metadata a builder needs, when the call is in contract with every tensor on one
     CUDA device; ``None`` otherwise (then ``check_builder_args`` says what is wrong, or
     accepts what this fast path does not try to judge: CPU tensors, int subclasses).
@@ -159,14 +175,14 @@ def cuda_call_metadata(
 
 
 def check_builder_args(
-    req_to_token,
-    req_pool_indices,
-    seq_lens,
-    page_table,
-    page_size,
-    swa_page_table=None,
-    full_to_swa=None,
-    errors=None,
+    req_to_token: Any,
+    req_pool_indices: Any,
+    seq_lens: Any,
+    page_table: Any,
+    page_size: Any,
+    swa_page_table: Any = None,
+    full_to_swa: Any = None,
+    errors: Any = None,
     *,
     builder: str = "builder",
     cpu_ok: bool = True,

@@ -11,6 +11,8 @@ synchronous.
 from __future__ import annotations
 
 import ctypes
+from collections.abc import Iterable
+from typing import cast
 
 import torch
 
@@ -19,10 +21,10 @@ from .launch import current_stream, raw_stream
 #: ``cudaMemcpyHostToDevice``.
 _HOST_TO_DEVICE = 1
 _UNRESOLVED = object()
-_runtime = _UNRESOLVED
+_runtime: ctypes.CDLL | None | object = _UNRESOLVED
 
 
-def runtime_paths(maps_lines) -> list[str]:
+def runtime_paths(maps_lines: Iterable[str]) -> list[str]:
     """Paths of the ``libcudart`` files in lines of ``/proc/<pid>/maps``, once each, in order."""
     paths: list[str] = []
     for line in maps_lines:
@@ -49,7 +51,7 @@ def runtime() -> ctypes.CDLL | None:
     Where several are loaded, the one of torch's CUDA major version."""
     global _runtime
     if _runtime is not _UNRESOLVED:
-        return _runtime
+        return cast("ctypes.CDLL | None", _runtime)
     libs = []
     try:
         for path in _loaded_runtimes():

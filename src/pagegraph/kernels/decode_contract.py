@@ -7,6 +7,8 @@ Also the limits they enforce (``MAX_DRAFT_TOKENS``, the batch's ``MAX_BATCH``) a
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from .contract import ERROR_KINDS, check_builder_args, cuda_call_metadata
@@ -26,18 +28,18 @@ MAX_DRAFT_TOKENS = (2**31 - 1) // MAX_BATCH
 
 
 def check_decode_args(
-    req_to_token,
-    req_pool_indices,
-    seq_lens,
-    page_size,
-    cache_seqlens,
-    cu_seqlens_k,
-    page_table,
-    draft_tokens=0,
-    cu_seqlens_q=None,
-    swa_page_table=None,
-    full_to_swa=None,
-    errors=None,
+    req_to_token: Any,
+    req_pool_indices: Any,
+    seq_lens: Any,
+    page_size: Any,
+    cache_seqlens: Any,
+    cu_seqlens_k: Any,
+    page_table: Any,
+    draft_tokens: Any = 0,
+    cu_seqlens_q: Any = None,
+    swa_page_table: Any = None,
+    full_to_swa: Any = None,
+    errors: Any = None,
     *,
     caller: str = "build_decode_metadata",
     cpu_ok: bool = True,
@@ -79,7 +81,7 @@ def check_decode_args(
         raise ValueError(f"{caller}: batch size {page_table.shape[0]} exceeds {MAX_BATCH} rows")
 
 
-def _check_draft_tokens(draft_tokens) -> None:
+def _check_draft_tokens(draft_tokens: Any) -> None:
     if type(draft_tokens) is not int:
         if isinstance(draft_tokens, bool) or not isinstance(draft_tokens, int):
             raise TypeError(f"draft_tokens must be an int, got {type(draft_tokens).__name__}")
@@ -87,7 +89,7 @@ def _check_draft_tokens(draft_tokens) -> None:
         raise ValueError(f"draft_tokens must be in 0..{MAX_DRAFT_TOKENS}, got {draft_tokens}")
 
 
-def _check_errors(errors) -> None:
+def _check_errors(errors: Any) -> None:
     # Before the builder checks, which accept the four counters build_page_table needs.
     if isinstance(errors, torch.Tensor) and errors.dim() == 1:
         if errors.dtype is torch.int32 and errors.shape[0] < len(DECODE_ERROR_KINDS):
@@ -97,7 +99,9 @@ def _check_errors(errors) -> None:
             )
 
 
-def _check_outputs(cache_seqlens, cu_seqlens_k, cu_seqlens_q, page_table) -> None:
+def _check_outputs(
+    cache_seqlens: Any, cu_seqlens_k: Any, cu_seqlens_q: Any, page_table: Any
+) -> None:
     """The metadata outputs: shapes against ``page_table``'s batch, dtypes, contiguity and
     device, each mistake named (``fast_decode_checks`` is the passing path of eager calls)."""
     bs = page_table.shape[0]
@@ -114,7 +118,9 @@ _I32_I64 = (torch.int32, torch.int64)
 _INT32, _INT64, _Tensor = torch.int32, torch.int64, torch.Tensor
 
 
-def _check_vector(name: str, t, length: int, dtypes: tuple, device: int, page_table) -> None:
+def _check_vector(
+    name: str, t: Any, length: int, dtypes: tuple[Any, ...], device: int, page_table: Any
+) -> None:
     if not isinstance(t, torch.Tensor):
         raise TypeError(f"{name} must be a torch.Tensor, got {type(t).__name__}")
     if t.dtype not in dtypes:
@@ -134,7 +140,15 @@ def _check_vector(name: str, t, length: int, dtypes: tuple, device: int, page_ta
         )
 
 
-def fast_decode_checks(device, bs, cache_seqlens, cu_seqlens_k, cu_seqlens_q, draft_tokens, errors):
+def fast_decode_checks(
+    device: Any,
+    bs: Any,
+    cache_seqlens: Any,
+    cu_seqlens_k: Any,
+    cu_seqlens_q: Any,
+    draft_tokens: Any,
+    errors: Any,
+) -> bool:
     """Whether the arguments ``cuda_call_metadata`` does not see are in contract, for the
     common all-CUDA call: a handful of attribute reads (this runs on every eager call). False
     sends the call to ``check_decode_args``, which names what is wrong."""

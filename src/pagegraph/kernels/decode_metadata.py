@@ -10,6 +10,8 @@ docs/ARCHITECTURE.md, "One launch for a decode step's metadata".
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
@@ -22,7 +24,7 @@ from .decode_contract import (
     fast_decode_checks,
 )
 from .gather import count_group_errors, gather_row_pages
-from .launch import MAX_KEYS, LaunchCache, hooks_active, launch_compiled, launch_key
+from .launch import MAX_KEYS, LaunchCache, LaunchEntry, hooks_active, launch_compiled, launch_key
 from .page_table import (
     BLOCK_PAGES,
     NUM_WARPS,
@@ -175,10 +177,10 @@ class PreparedDecodeMetadata:
 
     def __init__(
         self,
-        tensors: tuple,
-        ints: tuple,
-        constexprs: tuple,
-        grid: tuple,
+        tensors: tuple[Any, ...],
+        ints: tuple[Any, ...],
+        constexprs: tuple[Any, ...],
+        grid: tuple[Any, ...],
         rows: int,
         draft: int,
         max_pages: int,
@@ -198,8 +200,10 @@ class PreparedDecodeMetadata:
         self._draft = draft
         self._index = tensors[6].get_device()
         self._key = _launch_key(self._index, tensors, self._ptrs, ints, constexprs)
-        self._entry = None  # the compiled launch, once a first call has compiled it
-        self._grids: dict[int, tuple] = {rows: grid}
+        self._entry: LaunchEntry | None = (
+            None  # the compiled launch, once a first call has compiled it
+        )
+        self._grids: dict[int, tuple[Any, ...]] = {rows: grid}
 
     @property
     def rows(self) -> int:
@@ -277,20 +281,20 @@ def prepare_decode_metadata(
 
 
 def _plan(
-    req_to_token,
-    req_pool_indices,
-    seq_lens,
-    page_size,
-    cache_seqlens,
-    cu_seqlens_k,
-    page_table,
-    draft_tokens,
-    cu_seqlens_q,
-    swa_page_table,
-    full_to_swa,
-    errors,
+    req_to_token: Any,
+    req_pool_indices: Any,
+    seq_lens: Any,
+    page_size: Any,
+    cache_seqlens: Any,
+    cu_seqlens_k: Any,
+    page_table: Any,
+    draft_tokens: Any,
+    cu_seqlens_q: Any,
+    swa_page_table: Any,
+    full_to_swa: Any,
+    errors: Any,
     caller: str,
-) -> tuple:
+) -> tuple[Any, ...]:
     """Checked arguments of one launch: ``(tensors, ints, constexprs, grid, bs, draft,
     max_pages)``."""
     meta = cuda_call_metadata(
@@ -378,10 +382,10 @@ launch_cache = LaunchCache()
 
 #: ``(bs, max_pages, page_size)`` -> ``(grid, row_i32)``: host arithmetic that every eager call
 #: would otherwise repeat, kept per shape.
-_geometries: dict[tuple, tuple] = {}
+_geometries: dict[tuple[Any, ...], tuple[Any, ...]] = {}
 
 
-def _geometry(bs: int, max_pages: int, page_size: int) -> tuple:
+def _geometry(bs: int, max_pages: int, page_size: int) -> tuple[Any, ...]:
     """The grid ``(C, row groups)`` and whether in-row offsets fit 32 bits. One row group even
     for ``bs == 0``: program (0, 0) still writes ``cu_seqlens_k[0]``."""
     geometry = _geometries.get((bs, max_pages, page_size))
@@ -394,7 +398,14 @@ def _geometry(bs: int, max_pages: int, page_size: int) -> tuple:
     return geometry
 
 
-def _launch(grid: tuple, bs: int, draft: int, tensors: tuple, ints: tuple, constexprs: tuple):
+def _launch(
+    grid: tuple[Any, ...],
+    bs: int,
+    draft: int,
+    tensors: tuple[Any, ...],
+    ints: tuple[Any, ...],
+    constexprs: tuple[Any, ...],
+) -> None:
     index = tensors[6].get_device()
     if index < 0:  # Triton interpreter: no compiled kernel to cache.
         _jit_launch(grid, bs, draft, tensors, ints, constexprs)
@@ -410,14 +421,27 @@ def _launch(grid: tuple, bs: int, draft: int, tensors: tuple, ints: tuple, const
     launch_compiled(entry, index, grid[0], grid[1], ptrs, ints, (bs, draft, *constexprs))
 
 
-def _launch_key(index: int, tensors: tuple, ptrs: list, ints: tuple, constexprs: tuple) -> tuple:
+def _launch_key(
+    index: int,
+    tensors: tuple[Any, ...],
+    ptrs: list[Any],
+    ints: tuple[Any, ...],
+    constexprs: tuple[Any, ...],
+) -> tuple[Any, ...]:
     """``cu_seqlens_k``'s dtype is the constexpr ``CU_K_I32``. ``bs`` and ``draft_tokens`` are
     not in it: neither is specialised, so one key serves every bucket and every draft count."""
     dtypes = (tensors[0].dtype, tensors[1].dtype, tensors[2].dtype, tensors[8].dtype)
     return launch_key(index, dtypes, ptrs, ints, constexprs, NUM_WARPS)
 
 
-def _jit_launch(grid: tuple, bs: int, draft: int, tensors: tuple, ints: tuple, constexprs: tuple):
+def _jit_launch(
+    grid: tuple[Any, ...],
+    bs: int,
+    draft: int,
+    tensors: tuple[Any, ...],
+    ints: tuple[Any, ...],
+    constexprs: tuple[Any, ...],
+) -> Any:
     """Triton's own launch path (binds, specialises, compiles on first use); returns the
     compiled kernel. Only the first call of a launch key, the interpreter and calls under
     launch hooks come here."""
@@ -454,8 +478,8 @@ def compiled_variants() -> int:
 # -- kernel -----------------------------------------------------------------------------------
 
 
-@triton.jit(do_not_specialize=["bs", "draft_tokens"])
-def _decode_metadata_kernel(
+@triton.jit(do_not_specialize=["bs", "draft_tokens"])  # type: ignore[untyped-decorator]  # Triton ships no types
+def _decode_metadata_kernel(  # type: ignore[no-untyped-def]  # a Triton kernel
     req_to_token_ptr,  # [max_reqs, r2t_stride] int32|int64
     req_pool_indices_ptr,  # [bs] int32|int64
     seq_lens_ptr,  # [bs] int32|int64
@@ -524,8 +548,8 @@ def _decode_metadata_kernel(
         )  # fmt: skip
 
 
-@triton.jit
-def _build_rows(
+@triton.jit  # type: ignore[untyped-decorator]  # Triton ships no types
+def _build_rows(  # type: ignore[no-untyped-def]  # a Triton kernel
     req_to_token_ptr,
     req_pool_indices_ptr,
     seq_lens_ptr,
@@ -589,8 +613,8 @@ def _build_rows(
     )  # fmt: skip
 
 
-@triton.jit
-def _scan_tile(SCAN_BLOCK: tl.constexpr):
+@triton.jit  # type: ignore[untyped-decorator]  # Triton ships no types
+def _scan_tile(SCAN_BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]  # a Triton kernel
     """Row offsets of one scan tile as ``[SCAN_BLOCK // SCAN_WIDTH, SCAN_WIDTH]``, row-major:
     a scan along rows of SCAN_WIDTH within each thread, then one across the row totals, is
     faster than a single 1-D scan over the tile."""
@@ -598,8 +622,8 @@ def _scan_tile(SCAN_BLOCK: tl.constexpr):
     return rows + tl.arange(0, SCAN_WIDTH)[None, :]
 
 
-@triton.jit
-def _scan_cu_seqlens(
+@triton.jit  # type: ignore[untyped-decorator]  # Triton ships no types
+def _scan_cu_seqlens(  # type: ignore[no-untyped-def]  # a Triton kernel
     head,
     seq_lens_ptr,
     cu_seqlens_k_ptr,

@@ -21,7 +21,9 @@ from types import ModuleType
 _LOADING = threading.RLock()
 
 
-def load_file_module(key: str, path: Path, module_builtins: dict | None = None) -> ModuleType:
+def load_file_module(
+    key: str, path: Path, module_builtins: dict[str, object] | None = None
+) -> ModuleType:
     """The file ``path`` run as the module ``key`` of ``sys.modules``, once per process, whole
     in whichever thread asks. ``module_builtins``: the module's own ``__builtins__`` (an
     ``__import__`` that answers some names itself, say). The module is registered before it

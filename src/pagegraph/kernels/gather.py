@@ -24,7 +24,7 @@ ERR_BAD_SWA_INDEX = tl.constexpr(ERROR_KINDS.index("full_to_swa_index_out_of_ran
 
 
 @triton.jit
-def count_group_errors(
+def count_group_errors(  # type: ignore[no-untyped-def]  # a Triton kernel
     errors_ptr,  # [>= len(ERROR_KINDS)] int32 counters
     req_pool_indices_ptr,  # [bs] int32|int64
     group,  # [ROWS] int32: the group's rows
@@ -44,8 +44,8 @@ def count_group_errors(
     tl.atomic_add(errors_ptr + ERR_BAD_REQ_INDEX, tl.sum(bad_req, axis=0))
 
 
-@triton.jit
-def gather_row_pages(
+@triton.jit  # type: ignore[untyped-decorator]  # Triton ships no types
+def gather_row_pages(  # type: ignore[no-untyped-def]  # a Triton kernel
     req_to_token_ptr,  # [max_reqs, r2t_stride] int32|int64
     req_pool_indices_ptr,  # [bs] int32|int64
     seq_lens_ptr,  # [bs] int32|int64

@@ -10,11 +10,22 @@ mapping on a ring group, ``compute_slot_mappings`` on any other. Both are sync-f
 
 from __future__ import annotations
 
+from typing import Protocol
+
 import torch
 
+from .contract import declare_outputs
 from .slot_mapping import PAD_SLOT_ID, compute_slot_mappings
 
 __all__ = ["compute_group_slot_mappings", "ring_slot_mappings"]
+
+
+class RingGroup(Protocol):
+    """What a slot mapping reads of a KV-cache group (``pagegraph.kinds.kv_groups.KVGroup``,
+    a layer above): whether its table is a ring."""
+
+    @property
+    def ring(self) -> bool: ...
 
 
 def ring_slot_mappings(
@@ -45,7 +56,7 @@ def ring_slot_mappings(
     slot_mapping.copy_(value)
 
 
-ring_slot_mappings.pagegraph_outputs = "slot_mapping"
+declare_outputs(ring_slot_mappings, "slot_mapping")
 
 
 def compute_group_slot_mappings(
@@ -56,7 +67,7 @@ def compute_group_slot_mappings(
     slot_mapping: torch.Tensor,
     page_size: int,
     *,
-    group=None,
+    group: RingGroup | None = None,
 ) -> None:
     """The slot mapping of KV-cache group ``group`` (a ``pagegraph.kinds.kv_groups.KVGroup``,
     or ``None``: a single group): the ring's own on a ring group, else
@@ -65,4 +76,4 @@ def compute_group_slot_mappings(
     mapper(block_table, idx_mapping, query_start_loc, positions, slot_mapping, page_size)
 
 
-compute_group_slot_mappings.pagegraph_outputs = "slot_mapping"
+declare_outputs(compute_group_slot_mappings, "slot_mapping")

@@ -13,7 +13,7 @@ import torch
 import triton
 import triton.language as tl
 
-from .contract import INDEX_DTYPES, _check_tensor, cdiv
+from .contract import INDEX_DTYPES, _check_tensor, cdiv, declare_outputs
 
 __all__ = ["KV_INDICES_BLOCK", "build_kv_indices", "kv_indices_parts"]
 
@@ -97,11 +97,11 @@ def build_kv_indices(
     )
 
 
-build_kv_indices.pagegraph_outputs = "csr"
+declare_outputs(build_kv_indices, "csr")
 
 
-@triton.jit(do_not_specialize=["capacity"])
-def _kv_indices_kernel(
+@triton.jit(do_not_specialize=["capacity"])  # type: ignore[untyped-decorator]  # Triton ships no types
+def _kv_indices_kernel(  # type: ignore[no-untyped-def]  # a Triton kernel
     req_to_token_ptr,  # [r2t_rows, r2t_stride] int32|int64
     req_pool_indices_ptr,  # [bs] int32|int64
     seq_lens_ptr,  # [bs] int32|int64

@@ -10,7 +10,9 @@ which compiles, and later calls go straight into the compiled C launcher with ra
 
 from __future__ import annotations
 
-from contextlib import nullcontext
+from collections.abc import Callable, Sequence
+from contextlib import AbstractContextManager, nullcontext
+from typing import Any, TypeAlias
 
 import torch
 import triton
@@ -26,6 +28,12 @@ __all__ = [
     "launch_key",
     "raw_stream",
 ]
+
+#: A compiled kernel's launch (``launch_entry``): the function to call and its leading
+#: arguments.
+LaunchEntry: TypeAlias = tuple[Callable[..., object], tuple[object, ...]]
+#: A ``launch_key``: the device, dtypes, alignment, ints, constexprs and warps of a launch.
+LaunchKey: TypeAlias = tuple[object, ...]
 
 #: Beyond this many keys a ``LaunchCache`` starts over (keys hold exact int values, so a caller
 #: that kept changing strides could otherwise grow it without bound).
@@ -52,7 +60,7 @@ def hooks_active() -> bool:
     return False
 
 
-def device_context(index: int):
+def device_context(index: int) -> AbstractContextManager[object]:
     """A context that makes CUDA device ``index`` current, or does nothing where it already
     is or ``index < 0`` (CPU tensors under the interpreter)."""
     if index >= 0 and index != torch.cuda.current_device():
@@ -61,8 +69,13 @@ def device_context(index: int):
 
 
 def launch_key(
-    index: int, dtypes: tuple, ptrs: list | tuple, ints: tuple, constexprs: tuple, num_warps: int
-) -> tuple:
+    index: int,
+    dtypes: tuple[object, ...],
+    ptrs: Sequence[int],
+    ints: tuple[object, ...],
+    constexprs: tuple[object, ...],
+    num_warps: int,
+) -> LaunchKey:
     """A launch key finer than Triton's own specialisation (the ints by value, not by class),
     so one key never maps to two compiled kernels.
 
@@ -75,25 +88,26 @@ def launch_key(
     combined = 0
     for q in ptrs:
         combined |= q
-    aligned = True if combined & 15 == 0 else tuple(q & 15 == 0 for q in ptrs)
+    aligned: bool | tuple[bool, ...] = (
+        True if combined & 15 == 0 else tuple(q & 15 == 0 for q in ptrs)
+    )
     return (index, dtypes, aligned, ints, constexprs, num_warps)
 
 
-def launch_entry(kernel) -> tuple:
+def launch_entry(kernel: Any) -> LaunchEntry:
     """How later launches of the compiled ``kernel`` go: ``(function, leading arguments)``,
     straight into the compiled C launcher when the kernel needs no scratch memory, else
     through ``kernel.run``."""
     run = kernel.run
-    launch = getattr(run, "launch", None)
-    direct = (
+    launch: Callable[..., object] | None = getattr(run, "launch", None)
+    if (
         launch is not None
         and getattr(run, "global_scratch_size", 1) == 0
         and getattr(run, "profile_scratch_size", 1) == 0
         and getattr(run, "num_ctas", 0) == 1
         and hasattr(run, "launch_cooperative_grid")
         and hasattr(run, "launch_pdl")
-    )
-    if direct:
+    ):
         # The C launcher's own order: function, cooperative, pdl, the two scratch buffers,
         # then what CompiledKernel.run passes on (metadata, launch metadata, two hooks).
         leading = (
@@ -112,7 +126,13 @@ def launch_entry(kernel) -> tuple:
 
 
 def launch_compiled(
-    entry: tuple, index: int, grid_x: int, grid_y: int, ptrs: list | tuple, ints: tuple, tail: tuple
+    entry: LaunchEntry,
+    index: int,
+    grid_x: int,
+    grid_y: int,
+    ptrs: Sequence[object],
+    ints: Sequence[object],
+    tail: Sequence[object],
 ) -> None:
     """Launch a compiled kernel's entry (``launch_entry``) on the grid ``(grid_x, grid_y)`` of
     device ``index``, on that device's current stream.
@@ -134,20 +154,22 @@ def launch_compiled(
     function(grid_x, grid_y, 1, stream, *leading, *ptrs, *ints, *tail)
 
 
-class LaunchCache(dict):
+class LaunchCache(dict[LaunchKey, LaunchEntry]):
     """Launch entries (``launch_entry``) of one kernel by launch key (``launch_key``).
 
     A plain ``dict`` for lookups (``get`` is the fast path); ``add`` keeps it under
     ``MAX_KEYS`` entries and ``first_launch`` fills it.
     """
 
-    def add(self, key: tuple, entry: tuple) -> None:
+    def add(self, key: LaunchKey, entry: LaunchEntry) -> None:
         """Keep ``entry`` under ``key``, starting over once ``MAX_KEYS`` keys are held."""
         if len(self) >= MAX_KEYS:
             self.clear()
         self[key] = entry
 
-    def first_launch(self, key: tuple, index: int, jit_launch, *args) -> None:
+    def first_launch(
+        self, key: LaunchKey, index: int, jit_launch: Callable[..., object], *args: object
+    ) -> None:
         """Launch through Triton's own path, ``jit_launch(*args)`` (which compiles on first
         use and returns the compiled kernel), with device ``index`` current; keep the
         kernel's entry under ``key`` if none is kept yet. For the first call of a key and for

@@ -10,13 +10,15 @@ kernel", with the measurements behind the design in profiles/bench/NOTES.md).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
 
 from .contract import check_builder_args, cuda_call_metadata, interpreter_active
 from .gather import count_group_errors, gather_row_pages
-from .launch import LaunchCache, hooks_active, launch_compiled, launch_key
+from .launch import LaunchCache, LaunchEntry, hooks_active, launch_compiled, launch_key
 
 #: Pages per block, blocks of each row per loop iteration, the cap on the grid
 #: (``C * row_groups(bs)``) when choosing programs per row group, and warps per program.
@@ -152,7 +154,14 @@ class PreparedBuild:
         "_parts",
     )
 
-    def __init__(self, tensors: tuple, ints: tuple, constexprs: tuple, max_pages: int, rows: int):
+    def __init__(
+        self,
+        tensors: tuple[Any, ...],
+        ints: tuple[Any, ...],
+        constexprs: tuple[Any, ...],
+        max_pages: int,
+        rows: int,
+    ):
         self._tensors = tensors
         self._ptrs = [t.data_ptr() for t in tensors]
         self._ints = ints
@@ -161,7 +170,9 @@ class PreparedBuild:
         self._rows = rows
         self._index = tensors[3].get_device()
         self._key = _launch_key(self._index, tensors, self._ptrs, ints, constexprs)
-        self._entry = None  # the compiled launch, once a first call has compiled it
+        self._entry: LaunchEntry | None = (
+            None  # the compiled launch, once a first call has compiled it
+        )
         self._parts: dict[int, int] = {}
 
     @property
@@ -224,17 +235,17 @@ def prepare_build(
 
 
 def _plan(
-    req_to_token,
-    req_pool_indices,
-    seq_lens,
-    page_table,
-    page_size,
-    swa_page_table,
-    full_to_swa,
-    errors,
+    req_to_token: Any,
+    req_pool_indices: Any,
+    seq_lens: Any,
+    page_table: Any,
+    page_size: Any,
+    swa_page_table: Any,
+    full_to_swa: Any,
+    errors: Any,
     builder: str,
-    work_counter=None,
-) -> tuple:
+    work_counter: Any = None,
+) -> tuple[Any, ...]:
     """Checked arguments of one build: ``(tensors, ints, constexprs, max_pages, bs)``."""
     meta = cuda_call_metadata(
         req_to_token,
@@ -310,7 +321,7 @@ def _plan(
     return tensors, ints, constexprs, max_pages, bs
 
 
-def _check_work_counter(work_counter, page_table, bs: int) -> None:
+def _check_work_counter(work_counter: Any, page_table: torch.Tensor, bs: int) -> None:
     if not isinstance(work_counter, torch.Tensor) or work_counter.dtype != torch.int32:
         raise TypeError("work_counter must be an int32 torch.Tensor")
     if work_counter.dim() != 1 or work_counter.shape[0] < row_groups(bs):
@@ -329,7 +340,13 @@ def _check_work_counter(work_counter, page_table, bs: int) -> None:
 launch_cache = LaunchCache()
 
 
-def _launch(parts: int, bs: int, tensors: tuple, ints: tuple, constexprs: tuple) -> None:
+def _launch(
+    parts: int,
+    bs: int,
+    tensors: tuple[Any, ...],
+    ints: tuple[Any, ...],
+    constexprs: tuple[Any, ...],
+) -> None:
     index = tensors[3].get_device()
     if index < 0:  # Triton interpreter: no compiled kernel to cache.
         _jit_launch(parts, bs, tensors, ints, constexprs)
@@ -343,14 +360,26 @@ def _launch(parts: int, bs: int, tensors: tuple, ints: tuple, constexprs: tuple)
     launch_compiled(entry, index, parts, row_groups(bs), ptrs, ints, (bs, *constexprs))
 
 
-def _launch_key(index: int, tensors: tuple, ptrs: list, ints: tuple, constexprs: tuple) -> tuple:
+def _launch_key(
+    index: int,
+    tensors: tuple[Any, ...],
+    ptrs: list[Any],
+    ints: tuple[Any, ...],
+    constexprs: tuple[Any, ...],
+) -> tuple[Any, ...]:
     """The batch size is not in it: that argument is not specialised, so one key serves every
     bucket."""
     dtypes = (tensors[0].dtype, tensors[1].dtype, tensors[2].dtype, tensors[5].dtype)
     return launch_key(index, dtypes, ptrs, ints, constexprs, NUM_WARPS)
 
 
-def _jit_launch(parts: int, bs: int, tensors: tuple, ints: tuple, constexprs: tuple):
+def _jit_launch(
+    parts: int,
+    bs: int,
+    tensors: tuple[Any, ...],
+    ints: tuple[Any, ...],
+    constexprs: tuple[Any, ...],
+) -> Any:
     """Triton's own launch path (binds, specialises, compiles on first use); returns the
     compiled kernel. Only the first call of a launch key, the interpreter and calls under
     launch hooks come here, so its keyword arguments stay off the fast path."""
@@ -385,8 +414,8 @@ def compiled_variants() -> int:
 # -- kernel -----------------------------------------------------------------------------------
 
 
-@triton.jit(do_not_specialize=["bs"])
-def _page_table_kernel(
+@triton.jit(do_not_specialize=["bs"])  # type: ignore[untyped-decorator]  # Triton ships no types
+def _page_table_kernel(  # type: ignore[no-untyped-def]  # a Triton kernel
     req_to_token_ptr,  # [max_reqs, r2t_stride] int32|int64
     req_pool_indices_ptr,  # [bs] int32|int64
     seq_lens_ptr,  # [bs] int32|int64

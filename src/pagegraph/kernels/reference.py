@@ -9,16 +9,20 @@ input that does not need the ``errors`` counters. The decode-metadata and CSR or
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 
-from .contract import cdiv, check_builder_args
+from .contract import cdiv, check_builder_args, declare_outputs
 
 
 def _row_capacity(req_to_token: torch.Tensor, page_table: torch.Tensor, page_size: int) -> int:
     return min(page_table.shape[1], cdiv(req_to_token.shape[1], page_size))
 
 
-def _page_starts(req_to_token, rows, n_pages: int, page_size: int) -> torch.Tensor:
+def _page_starts(
+    req_to_token: torch.Tensor, rows: torch.Tensor, n_pages: int, page_size: int
+) -> torch.Tensor:
     """``[len(rows), n_pages]`` slots at the first token of each page (int64)."""
     return req_to_token[rows][:, : n_pages * page_size : page_size].to(torch.int64)
 
@@ -29,15 +33,15 @@ def _swa_pages(full_to_swa: torch.Tensor, slots: torch.Tensor, page_size: int) -
 
 
 def reference_page_table(
-    req_to_token,
-    req_pool_indices,
-    seq_lens,
-    page_table,
-    page_size,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    page_table: torch.Tensor,
+    page_size: int,
     *,
-    swa_page_table=None,
-    full_to_swa=None,
-    errors=None,
+    swa_page_table: torch.Tensor | None = None,
+    full_to_swa: torch.Tensor | None = None,
+    errors: torch.Tensor | None = None,
 ) -> None:
     """The oracle: for each row ``i``, ``n = min(cdiv(seq_lens[i], page_size), width)`` and
     ``page_table[i, :n] = req_to_token[req_pool_indices[i], :n*page_size:page_size] // page_size``.
@@ -66,7 +70,7 @@ def reference_page_table(
         slots = req_to_token[req, : n * page_size : page_size].to(torch.int64)
         page_table[i, :n] = (slots // page_size).to(torch.int32)
         if full_to_swa is not None:
-            swa_page_table[i, :n] = _swa_pages(full_to_swa, slots, page_size)
+            cast(torch.Tensor, swa_page_table)[i, :n] = _swa_pages(full_to_swa, slots, page_size)
 
 
 # Lengths seen by host_max_gather's last eager call, per page_table buffer: the width it
@@ -75,15 +79,15 @@ _frozen_pages: dict[int, int] = {}
 
 
 def host_max_gather(
-    req_to_token,
-    req_pool_indices,
-    seq_lens,
-    page_table,
-    page_size,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    page_table: torch.Tensor,
+    page_size: int,
     *,
-    swa_page_table=None,
-    full_to_swa=None,
-    errors=None,
+    swa_page_table: torch.Tensor | None = None,
+    full_to_swa: torch.Tensor | None = None,
+    errors: torch.Tensor | None = None,
 ) -> None:
     """Naive baseline: ``n = cdiv(seq_lens.max().item(), page_size)``, then gather every row
     into ``page_table[:, :n]``.
@@ -119,19 +123,19 @@ def host_max_gather(
     slots = _page_starts(req_to_token, rows, n, page_size)
     page_table[:, :n] = (slots // page_size).to(torch.int32)
     if full_to_swa is not None:
-        swa_page_table[:, :n] = _swa_pages(full_to_swa, slots, page_size)
+        cast(torch.Tensor, swa_page_table)[:, :n] = _swa_pages(full_to_swa, slots, page_size)
 
 
 def static_width_gather(
-    req_to_token,
-    req_pool_indices,
-    seq_lens,
-    page_table,
-    page_size,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    page_table: torch.Tensor,
+    page_size: int,
     *,
-    swa_page_table=None,
-    full_to_swa=None,
-    errors=None,
+    swa_page_table: torch.Tensor | None = None,
+    full_to_swa: torch.Tensor | None = None,
+    errors: torch.Tensor | None = None,
 ) -> None:
     """Sync-free baseline: gather the whole static width of every row, lengths ignored.
 
@@ -156,7 +160,7 @@ def static_width_gather(
     slots = _page_starts(req_to_token, rows, n, page_size)
     page_table[:, :n] = (slots // page_size).to(torch.int32)
     if full_to_swa is not None:
-        swa_page_table[:, :n] = _swa_pages(full_to_swa, slots, page_size)
+        cast(torch.Tensor, swa_page_table)[:, :n] = _swa_pages(full_to_swa, slots, page_size)
 
 
 # -- decode metadata: the oracle and the unfused chain of kernels/decode_metadata.py ---------
@@ -169,19 +173,19 @@ _DECODE_INT32_MAX = 2**31 - 1
 
 
 def reference_decode_metadata(
-    req_to_token,
-    req_pool_indices,
-    seq_lens,
-    page_size,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    page_size: int,
     *,
-    cache_seqlens,
-    cu_seqlens_k,
-    page_table,
-    draft_tokens=0,
-    cu_seqlens_q=None,
-    swa_page_table=None,
-    full_to_swa=None,
-    errors=None,
+    cache_seqlens: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    page_table: torch.Tensor,
+    draft_tokens: int = 0,
+    cu_seqlens_q: torch.Tensor | None = None,
+    swa_page_table: torch.Tensor | None = None,
+    full_to_swa: torch.Tensor | None = None,
+    errors: torch.Tensor | None = None,
 ) -> None:
     """The oracle of ``pagegraph.kernels.decode_metadata.build_decode_metadata``, in Python
     ints on the host.
@@ -256,19 +260,19 @@ def reference_decode_metadata(
 
 
 def unfused_decode_metadata(
-    req_to_token,
-    req_pool_indices,
-    seq_lens,
-    page_size,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    page_size: int,
     *,
-    cache_seqlens,
-    cu_seqlens_k,
-    page_table,
-    draft_tokens=0,
-    cu_seqlens_q=None,
-    swa_page_table=None,
-    full_to_swa=None,
-    errors=None,
+    cache_seqlens: torch.Tensor,
+    cu_seqlens_k: torch.Tensor,
+    page_table: torch.Tensor,
+    draft_tokens: int = 0,
+    cu_seqlens_q: torch.Tensor | None = None,
+    swa_page_table: torch.Tensor | None = None,
+    full_to_swa: torch.Tensor | None = None,
+    errors: torch.Tensor | None = None,
 ) -> None:
     """The chain an engine writes instead of ``build_decode_metadata``: sync-free and
     graph-safe, but a clamp, an add, a cumsum, a fill, an arange and ``build_page_table``,
@@ -319,7 +323,13 @@ def unfused_decode_metadata(
 
 
 def reference_kv_indices(
-    req_to_token, req_pool_indices, seq_lens, page_size, *, kv_indptr, kv_indices
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    page_size: int,
+    *,
+    kv_indptr: torch.Tensor,
+    kv_indices: torch.Tensor,
 ) -> None:
     """The oracle of the CSR contract (``pagegraph.kernels.kv_indices``): row ``i`` owns
     ``n_i = min(cdiv(max(seq_lens[i], 0), page_size), cdiv(cols, page_size))`` pages,
@@ -340,4 +350,4 @@ def reference_kv_indices(
     kv_indptr[: len(offsets)] = torch.tensor(offsets, dtype=torch.int32)
 
 
-reference_kv_indices.pagegraph_outputs = "csr"
+declare_outputs(reference_kv_indices, "csr")

@@ -11,6 +11,8 @@ import importlib.util
 import sys
 from collections.abc import Callable
 from pathlib import Path
+from types import ModuleType
+from typing import cast
 
 from .file_modules import load_file_module
 
@@ -20,7 +22,7 @@ class BuilderLoadError(ValueError):
     line of a syntax error in the builder's module."""
 
 
-def load_builder(spec: str, known: list[str] | tuple[str, ...] = ()) -> Callable:
+def load_builder(spec: str, known: list[str] | tuple[str, ...] = ()) -> Callable[..., object]:
     """The function ``"package.module:function"`` or ``"path/to/file.py:function"`` names;
     ``BuilderLoadError`` with the reason otherwise (``known``: the built-in names, listed
     when ``spec`` is neither). A module is looked for on ``sys.path`` and then in the current
@@ -28,10 +30,10 @@ def load_builder(spec: str, known: list[str] | tuple[str, ...] = ()) -> Callable
     fn = load_object(spec, known)
     if not callable(fn):
         raise BuilderLoadError(f"builder {spec!r} is not callable")
-    return fn
+    return cast("Callable[..., object]", fn)
 
 
-def load_object(spec: str, known: list[str] | tuple[str, ...] = ()):
+def load_object(spec: str, known: list[str] | tuple[str, ...] = ()) -> object:
     """The attribute ``"package.module:name"`` or ``"path/to/file.py:name"`` names, whatever
     it is (``load_builder``'s rules and errors, without asking for a callable)."""
     if ":" not in spec and (_is_path(spec) or _local_module_file(spec)):
@@ -43,7 +45,7 @@ def load_object(spec: str, known: list[str] | tuple[str, ...] = ()):
         )
     target, _, attr = spec.rpartition(":")
     module = _load_module(spec, target)
-    fn = getattr(module, attr, None)
+    fn: object = getattr(module, attr, None)
     if fn is None:
         raise BuilderLoadError(
             f"cannot load builder {spec!r}: {target} has no attribute {attr!r} "
@@ -52,7 +54,7 @@ def load_object(spec: str, known: list[str] | tuple[str, ...] = ()):
     return fn
 
 
-def _functions(module) -> list[str]:
+def _functions(module: ModuleType) -> list[str]:
     """The public functions defined in ``module`` (not imported into it), sorted."""
     return sorted(
         n
@@ -104,7 +106,7 @@ def _is_path(target: str) -> bool:
     return target.endswith(".py") or "/" in target or "\\" in target
 
 
-def _load_module(spec: str, target: str):
+def _load_module(spec: str, target: str) -> ModuleType:
     """The module ``target`` names (a dotted name or a ``.py`` file), with one-line errors."""
     try:
         if _is_path(target):
@@ -148,7 +150,7 @@ def _load_module(spec: str, target: str):
         ) from None
 
 
-def raised_at(exc: BaseException, builder=None) -> str:
+def raised_at(exc: BaseException, builder: object = None) -> str:
     """``file:line`` of the innermost traceback frame in the builder's file, else of the
     innermost frame outside pagegraph, torch and triton; ``""`` when there is none."""
     frames = []

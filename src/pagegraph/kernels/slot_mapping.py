@@ -10,11 +10,13 @@ slots and token ranges are clamped into their buffers). The contract is
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
 
-from .contract import _check_tensor, cdiv
+from .contract import _check_tensor, cdiv, declare_outputs
 
 __all__ = ["PAD_SLOT_ID", "SLOT_BLOCK", "compute_slot_mappings", "slot_mapping_parts"]
 
@@ -32,7 +34,12 @@ def slot_mapping_parts(max_num_tokens: int) -> int:
 
 
 def check_slot_mapping_args(
-    block_table, idx_mapping, query_start_loc, positions, slot_mapping, page_size
+    block_table: Any,
+    idx_mapping: Any,
+    query_start_loc: Any,
+    positions: Any,
+    slot_mapping: Any,
+    page_size: Any,
 ) -> None:
     """The ``"slot_mapping"`` contract's host-side checks, from metadata only (never values):
     ``TypeError`` for a wrong type or dtype, ``ValueError`` for a wrong rank, stride, size,
@@ -114,11 +121,11 @@ def compute_slot_mappings(
     )
 
 
-compute_slot_mappings.pagegraph_outputs = "slot_mapping"
+declare_outputs(compute_slot_mappings, "slot_mapping")
 
 
-@triton.jit
-def _slot_mapping_kernel(
+@triton.jit  # type: ignore[untyped-decorator]  # Triton ships no types
+def _slot_mapping_kernel(  # type: ignore[no-untyped-def]  # a Triton kernel
     block_table_ptr,  # [max_reqs, bt_stride] int32
     idx_mapping_ptr,  # [rows] int32
     qsl_ptr,  # [rows + 1] int32

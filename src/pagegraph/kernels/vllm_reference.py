@@ -10,10 +10,16 @@ and its oracle agree on any input, hostile or not.
 
 from __future__ import annotations
 
+from typing import TYPE_CHECKING, cast
+
 import torch
 
 from .batch import BatchContext
+from .contract import declare_outputs
 from .slot_mapping import PAD_SLOT_ID
+
+if TYPE_CHECKING:
+    from .kv_groups import RingGroup
 
 __all__ = [
     "reference_block_table",
@@ -48,11 +54,11 @@ def reference_block_table(
         n = _clamp(counts[r], 0, width)
         if n:
             out[i, :n] = torch.tensor(table[r][:n], dtype=torch.int32)
-    for i in range(batch.num_reqs, batch.num_rows):
+    for i in range(cast(int, batch.num_reqs), batch.num_rows):
         out[i, :width] = 0
 
 
-reference_block_table.pagegraph_outputs = "block_table"
+declare_outputs(reference_block_table, "block_table")
 
 
 def reference_slot_mapping(
@@ -110,11 +116,16 @@ def reference_slot_mapping(
     slot_mapping.copy_(torch.tensor(values, dtype=torch.int64))
 
 
-reference_slot_mapping.pagegraph_outputs = "slot_mapping"
+declare_outputs(reference_slot_mapping, "slot_mapping")
 
 
 def reference_ring_slot_mapping(
-    block_table, idx_mapping, query_start_loc, positions, slot_mapping, page_size
+    block_table: torch.Tensor,
+    idx_mapping: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    positions: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    page_size: int,
 ) -> None:
     """``reference_slot_mapping`` of a ring group's table (``ring=True``)."""
     reference_slot_mapping(
@@ -122,11 +133,18 @@ def reference_ring_slot_mapping(
     )
 
 
-reference_ring_slot_mapping.pagegraph_outputs = "slot_mapping"
+declare_outputs(reference_ring_slot_mapping, "slot_mapping")
 
 
 def reference_group_slot_mapping(
-    block_table, idx_mapping, query_start_loc, positions, slot_mapping, page_size, *, group=None
+    block_table: torch.Tensor,
+    idx_mapping: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    positions: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    page_size: int,
+    *,
+    group: RingGroup | None = None,
 ) -> None:
     """What the slot mapping of KV-cache group ``group`` must be (a
     ``pagegraph.kinds.kv_groups.KVGroup``, or ``None``: a single group): the ring's on a ring
@@ -142,4 +160,4 @@ def reference_group_slot_mapping(
     )
 
 
-reference_group_slot_mapping.pagegraph_outputs = "slot_mapping"
+declare_outputs(reference_group_slot_mapping, "slot_mapping")

@@ -5,28 +5,29 @@ a ``Mutant``; ``CONTROLS`` holds the kind's correct builders."""
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
-from ..kernels.contract import cdiv
+from ..kernels.contract import cdiv, declare_outputs
 from ..kernels.kv_indices import build_kv_indices
 from .record import GRAPH, OUTSIDE, WRONG, Mutant, Zoo
 
 _csr_frozen: dict[tuple[int, int], int] = {}
 
 
-def _csr(fn: Callable) -> Callable:
-    fn.pagegraph_outputs = "csr"
+def _csr(fn: Callable[..., object]) -> Callable[..., object]:
+    declare_outputs(fn, "csr")
     return fn
 
 
 def _torch_csr(
-    req_to_token,
-    req_pool_indices,
-    seq_lens,
-    page_size,
-    kv_indptr,
-    kv_indices,
+    req_to_token: Any,
+    req_pool_indices: Any,
+    seq_lens: Any,
+    page_size: Any,
+    kv_indptr: Any,
+    kv_indices: Any,
     *,
     bug: str = "",
     max_pages: int | None = None,
@@ -61,7 +62,15 @@ def _torch_csr(
 
 
 @_csr
-def csr_ell_offsets(req_to_token, req_pool_indices, seq_lens, page_size, *, kv_indptr, kv_indices):
+def csr_ell_offsets(
+    req_to_token: Any,
+    req_pool_indices: Any,
+    seq_lens: Any,
+    page_size: Any,
+    *,
+    kv_indptr: Any,
+    kv_indices: Any,
+) -> None:
     """Row i's pages written at i * row_pages (a padded layout) while kv_indptr is packed."""
     _torch_csr(
         req_to_token, req_pool_indices, seq_lens, page_size, kv_indptr, kv_indices, bug="ell"
@@ -70,8 +79,14 @@ def csr_ell_offsets(req_to_token, req_pool_indices, seq_lens, page_size, *, kv_i
 
 @_csr
 def csr_one_page_past(
-    req_to_token, req_pool_indices, seq_lens, page_size, *, kv_indptr, kv_indices
-):
+    req_to_token: Any,
+    req_pool_indices: Any,
+    seq_lens: Any,
+    page_size: Any,
+    *,
+    kv_indptr: Any,
+    kv_indices: Any,
+) -> None:
     """Each row copies pages p <= n: one entry too many, past kv_indptr[bs] at the last row."""
     _torch_csr(
         req_to_token, req_pool_indices, seq_lens, page_size, kv_indptr, kv_indices, bug="past_end"
@@ -79,7 +94,15 @@ def csr_one_page_past(
 
 
 @_csr
-def csr_pages_frozen(req_to_token, req_pool_indices, seq_lens, page_size, *, kv_indptr, kv_indices):
+def csr_pages_frozen(
+    req_to_token: Any,
+    req_pool_indices: Any,
+    seq_lens: Any,
+    page_size: Any,
+    *,
+    kv_indptr: Any,
+    kv_indices: Any,
+) -> None:
     """Pages per row capped at what a batch size's first call (its warm-up) needed."""
     key = (kv_indices.data_ptr(), seq_lens.shape[0])
     if key not in _csr_frozen:
@@ -97,7 +120,15 @@ def csr_pages_frozen(req_to_token, req_pool_indices, seq_lens, page_size, *, kv_
 
 
 @_csr
-def plain_kv_indices(req_to_token, req_pool_indices, seq_lens, page_size, *, kv_indptr, kv_indices):
+def plain_kv_indices(
+    req_to_token: Any,
+    req_pool_indices: Any,
+    seq_lens: Any,
+    page_size: Any,
+    *,
+    kv_indptr: Any,
+    kv_indices: Any,
+) -> None:
     """The CSR contract in sync-free torch ops: the mutants' base, correct (a control)."""
     _torch_csr(req_to_token, req_pool_indices, seq_lens, page_size, kv_indptr, kv_indices)
 
@@ -120,7 +151,7 @@ MUTANTS: dict[str, Mutant] = {
 }  # fmt: skip
 
 #: The kind's correct builders, run as controls.
-CONTROLS: dict[str, Callable] = {
+CONTROLS: dict[str, Callable[..., object]] = {
     "build_kv_indices": build_kv_indices,
     "plain_kv_indices": plain_kv_indices,
 }

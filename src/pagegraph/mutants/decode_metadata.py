@@ -5,28 +5,34 @@ correct builder with one bug switched in after it (a scan, the draft tokens, ``c
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
+from ..kernels.contract import declare_outputs
 from ..kernels.decode_metadata import build_decode_metadata
 from ..kernels.page_table import build_page_table
 from .record import WRONG, Mutant, Zoo
 
 
-def _metadata(fn: Callable) -> Callable:
-    fn.pagegraph_outputs = "decode_metadata"
+def _metadata(fn: Callable[..., object]) -> Callable[..., object]:
+    declare_outputs(fn, "decode_metadata")
     return fn
 
 
 @_metadata
-def scan_exclusive(req_to_token, req_pool_indices, seq_lens, page_size, **kw):
+def scan_exclusive(
+    req_to_token: Any, req_pool_indices: Any, seq_lens: Any, page_size: Any, **kw: Any
+) -> None:
     """cu_seqlens_k written as the exclusive scan: each row's start instead of its end."""
     build_decode_metadata(req_to_token, req_pool_indices, seq_lens, page_size, **kw)
     kw["cu_seqlens_k"][1:].sub_(kw["cache_seqlens"])
 
 
 @_metadata
-def draft_pages_missing(req_to_token, req_pool_indices, seq_lens, page_size, **kw):
+def draft_pages_missing(
+    req_to_token: Any, req_pool_indices: Any, seq_lens: Any, page_size: Any, **kw: Any
+) -> None:
     """The page tables built for seq_lens: the draft tokens' pages left out."""
     table, swa = kw["page_table"], kw.get("swa_page_table")
     narrow = dict(kw, page_table=table[:, :0])
@@ -44,7 +50,9 @@ SCAN_RESTART = 8
 
 
 @_metadata
-def scan_restarts_per_block(req_to_token, req_pool_indices, seq_lens, page_size, **kw):
+def scan_restarts_per_block(
+    req_to_token: Any, req_pool_indices: Any, seq_lens: Any, page_size: Any, **kw: Any
+) -> None:
     """cu_seqlens_k summed per block of 8 rows and never carried across blocks."""
     build_decode_metadata(req_to_token, req_pool_indices, seq_lens, page_size, **kw)
     cu = kw["cu_seqlens_k"]
@@ -54,7 +62,9 @@ def scan_restarts_per_block(req_to_token, req_pool_indices, seq_lens, page_size,
 
 
 @_metadata
-def cu_q_unscaled(req_to_token, req_pool_indices, seq_lens, page_size, **kw):
+def cu_q_unscaled(
+    req_to_token: Any, req_pool_indices: Any, seq_lens: Any, page_size: Any, **kw: Any
+) -> None:
     """cu_seqlens_q written as 0, 1, 2, ...: the draft tokens per row forgotten."""
     build_decode_metadata(req_to_token, req_pool_indices, seq_lens, page_size, **kw)
     cu_q = kw.get("cu_seqlens_q")
@@ -76,7 +86,7 @@ MUTANTS: dict[str, Mutant] = {
 }  # fmt: skip
 
 #: The kind's correct builder, run as a control.
-CONTROLS: dict[str, Callable] = {"build_decode_metadata": build_decode_metadata}
+CONTROLS: dict[str, Callable[..., object]] = {"build_decode_metadata": build_decode_metadata}
 
 #: The kind's zoo (``KindSpec.zoo``).
 ZOO = Zoo(MUTANTS, CONTROLS)

@@ -10,6 +10,7 @@ host bugs wrap the correct kernel (syncs, frozen or stale host values, caches, s
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 import triton
@@ -65,8 +66,8 @@ SWA_EVICTED_AS_FULL_C = tl.constexpr(SWA_EVICTED_AS_FULL)
 R2T_AS_INT32_C = tl.constexpr(R2T_AS_INT32)
 
 
-@triton.jit
-def _mutant_lengths(
+@triton.jit  # type: ignore[untyped-decorator]  # Triton ships no types
+def _mutant_lengths(  # type: ignore[no-untyped-def]  # a Triton kernel
     seq_lens_ptr, req_pool_indices_ptr, row, bs, BUG: tl.constexpr, BLOCK: tl.constexpr
 ):
     """Batch row ``row``'s length and request index, both int64 and unclamped, read as bug
@@ -92,8 +93,8 @@ def _mutant_lengths(
     return seq, req
 
 
-@triton.jit
-def _mutant_pages(seq, PS: tl.constexpr, BUG: tl.constexpr):
+@triton.jit  # type: ignore[untyped-decorator]  # Triton ships no types
+def _mutant_pages(seq, PS: tl.constexpr, BUG: tl.constexpr):  # type: ignore[no-untyped-def]  # a Triton kernel
     """Pages of a row of ``seq`` tokens (int64) of ``PS`` tokens a page, as bug ``BUG``
     counts them."""
     tokens = tl.maximum(seq, 0)
@@ -108,8 +109,8 @@ def _mutant_pages(seq, PS: tl.constexpr, BUG: tl.constexpr):
     return n
 
 
-@triton.jit
-def _mutant_clear_tail(pt_row, n_full, width, BLOCK: tl.constexpr):
+@triton.jit  # type: ignore[untyped-decorator]  # Triton ships no types
+def _mutant_clear_tail(pt_row, n_full, width, BLOCK: tl.constexpr):  # type: ignore[no-untyped-def]  # a Triton kernel
     """CLEARS_TAIL's bug: pages ``n_full .. width - 1`` of the row at ``pt_row`` set to 0."""
     p = n_full
     while p < width:
@@ -118,8 +119,8 @@ def _mutant_clear_tail(pt_row, n_full, width, BLOCK: tl.constexpr):
         p += BLOCK
 
 
-@triton.jit
-def _mutant_errors(
+@triton.jit  # type: ignore[untyped-decorator]  # Triton ships no types
+def _mutant_errors(  # type: ignore[no-untyped-def]  # a Triton kernel
     errors_ptr,
     req_pool_indices_ptr,
     row,
@@ -146,8 +147,8 @@ def _mutant_errors(
         tl.atomic_add(errors_ptr + 2, bad_req)
 
 
-@triton.jit(do_not_specialize=["bs"])
-def _mutant_kernel(
+@triton.jit(do_not_specialize=["bs"])  # type: ignore[untyped-decorator]  # Triton ships no types
+def _mutant_kernel(  # type: ignore[no-untyped-def]  # a Triton kernel
     req_to_token_ptr,  # [r2t_rows, r2t_stride] int32|int64
     req_pool_indices_ptr,  # [bs] int32|int64
     seq_lens_ptr,  # [bs] int32|int64
@@ -235,15 +236,15 @@ def _mutant_kernel(
 
 
 def plain_page_table(
-    req_to_token,
-    req_pool_indices,
-    seq_lens,
-    page_table,
-    page_size,
+    req_to_token: Any,
+    req_pool_indices: Any,
+    seq_lens: Any,
+    page_table: Any,
+    page_size: Any,
     *,
-    swa_page_table=None,
-    full_to_swa=None,
-    errors=None,
+    swa_page_table: Any = None,
+    full_to_swa: Any = None,
+    errors: Any = None,
     bug: int = CORRECT,
 ) -> None:
     """The mutants' kernel with no bug: a correct, simple builder (one program per row).
@@ -289,8 +290,15 @@ def plain_page_table(
     )
 
 
-def _kernel_mutant(bug: int, doc: str) -> Callable:
-    def builder(req_to_token, req_pool_indices, seq_lens, page_table, page_size, **kw):
+def _kernel_mutant(bug: int, doc: str) -> Callable[..., object]:
+    def builder(
+        req_to_token: Any,
+        req_pool_indices: Any,
+        seq_lens: Any,
+        page_table: Any,
+        page_size: Any,
+        **kw: Any,
+    ) -> None:
         plain_page_table(
             req_to_token, req_pool_indices, seq_lens, page_table, page_size, bug=bug, **kw
         )
@@ -307,8 +315,13 @@ def _capturing() -> bool:
 
 
 def debug_sync_outside_capture(
-    req_to_token, req_pool_indices, seq_lens, page_table, page_size, **kw
-):
+    req_to_token: Any,
+    req_pool_indices: Any,
+    seq_lens: Any,
+    page_table: Any,
+    page_size: Any,
+    **kw: Any,
+) -> None:
     """A debug check of the lengths that reads them on the host, skipped only during capture."""
     if not _capturing():
         if not bool((seq_lens >= 0).all()):
@@ -319,7 +332,14 @@ def debug_sync_outside_capture(
 _logged: dict[int, torch.Tensor] = {}
 
 
-def hidden_dtoh_copy(req_to_token, req_pool_indices, seq_lens, page_table, page_size, **kw):
+def hidden_dtoh_copy(
+    req_to_token: Any,
+    req_pool_indices: Any,
+    seq_lens: Any,
+    page_table: Any,
+    page_size: Any,
+    **kw: Any,
+) -> None:
     """The lengths copied to pageable host memory with ``non_blocking=True`` for logging."""
     if seq_lens.is_cuda and not _capturing():
         host = _logged.get(seq_lens.data_ptr())
@@ -332,7 +352,14 @@ def hidden_dtoh_copy(req_to_token, req_pool_indices, seq_lens, page_table, page_
 _streams: dict[int, torch.cuda.Stream] = {}
 
 
-def side_stream_not_joined(req_to_token, req_pool_indices, seq_lens, page_table, page_size, **kw):
+def side_stream_not_joined(
+    req_to_token: Any,
+    req_pool_indices: Any,
+    seq_lens: Any,
+    page_table: Any,
+    page_size: Any,
+    **kw: Any,
+) -> None:
     """The build launched on a side stream that never waits for, nor joins, the caller's."""
     if not page_table.is_cuda:
         build_page_table(req_to_token, req_pool_indices, seq_lens, page_table, page_size, **kw)
@@ -348,8 +375,13 @@ _frozen_pages: dict[tuple[int, int], int] = {}
 
 
 def width_frozen_per_batch_size(
-    req_to_token, req_pool_indices, seq_lens, page_table, page_size, **kw
-):
+    req_to_token: Any,
+    req_pool_indices: Any,
+    seq_lens: Any,
+    page_table: Any,
+    page_size: Any,
+    **kw: Any,
+) -> None:
     """Pages per row frozen per batch size from that size's first call (its warm-up)."""
     key = (page_table.data_ptr(), page_table.shape[0])
     if key not in _frozen_pages:
@@ -362,7 +394,14 @@ def width_frozen_per_batch_size(
     build_page_table(req_to_token, req_pool_indices, seq_lens, page_table[:, :n], page_size, **kw)
 
 
-def width_from_host_max(req_to_token, req_pool_indices, seq_lens, page_table, page_size, **kw):
+def width_from_host_max(
+    req_to_token: Any,
+    req_pool_indices: Any,
+    seq_lens: Any,
+    page_table: Any,
+    page_size: Any,
+    **kw: Any,
+) -> None:
     """The width read on the host from the batch's longest length at every call."""
     # Right at every eager call (one sync each); a capture freezes the capture-time width.
     longest = int(seq_lens.max()) if seq_lens.numel() else 0
@@ -375,7 +414,14 @@ def width_from_host_max(req_to_token, req_pool_indices, seq_lens, page_table, pa
 _host_lengths: dict[int, torch.Tensor] = {}
 
 
-def stale_host_copy_grid(req_to_token, req_pool_indices, seq_lens, page_table, page_size, **kw):
+def stale_host_copy_grid(
+    req_to_token: Any,
+    req_pool_indices: Any,
+    seq_lens: Any,
+    page_table: Any,
+    page_size: Any,
+    **kw: Any,
+) -> None:
     """The width sized from a host copy of the lengths taken without a sync: one call stale."""
     key = page_table.data_ptr()
     host = _host_lengths.get(key)
@@ -397,8 +443,13 @@ _plans: dict[int, int] = {}
 
 
 def launch_plan_cached_by_address(
-    req_to_token, req_pool_indices, seq_lens, page_table, page_size, **kw
-):
+    req_to_token: Any,
+    req_pool_indices: Any,
+    seq_lens: Any,
+    page_table: Any,
+    page_size: Any,
+    **kw: Any,
+) -> None:
     """A launch plan cached by the table's address that keeps the first call's batch size."""
     bs = _plans.setdefault(page_table.data_ptr(), page_table.shape[0])
     rows = min(bs, page_table.shape[0])
@@ -412,7 +463,14 @@ def launch_plan_cached_by_address(
 _mappings: dict[int, torch.Tensor] = {}
 
 
-def swa_mapping_copied_once(req_to_token, req_pool_indices, seq_lens, page_table, page_size, **kw):
+def swa_mapping_copied_once(
+    req_to_token: Any,
+    req_pool_indices: Any,
+    seq_lens: Any,
+    page_table: Any,
+    page_size: Any,
+    **kw: Any,
+) -> None:
     """``full_to_swa`` copied once at the first call; later builds use the stale copy."""
     f2s = kw.get("full_to_swa")
     if f2s is not None:
@@ -524,7 +582,7 @@ MUTANTS: dict[str, Mutant] = {
 }  # fmt: skip
 
 #: The kind's correct builders, run as controls: each must be SAFE everywhere.
-CONTROLS: dict[str, Callable] = {
+CONTROLS: dict[str, Callable[..., object]] = {
     "build_page_table": build_page_table,
     "plain_page_table": plain_page_table,
 }

@@ -25,7 +25,7 @@ GRAPH = ("correct", "graph-safe (captured short, replayed long)")
 @dataclass(frozen=True)
 class Mutant:
     name: str
-    builder: Callable
+    builder: Callable[..., object]
     #: can die under the Triton interpreter on a machine without a GPU
     cpu: bool
     #: the property (or crash) that should kill it, for the reader
@@ -54,5 +54,5 @@ class Zoo:
     mutants cached between calls (tests and ``mutate`` run several checks in one process)."""
 
     mutants: dict[str, Mutant]
-    controls: dict[str, Callable]
+    controls: dict[str, Callable[..., object]]
     reset: Callable[[], None] = _nothing_cached

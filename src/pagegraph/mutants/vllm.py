@@ -10,11 +10,13 @@ needs slot ids past 2^31, which no real KV cache reaches (the kind's own tests k
 from __future__ import annotations
 
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
 from ..kernels.batch import BatchContext
 from ..kernels.block_table import gather_block_tables
+from ..kernels.contract import declare_outputs
 from ..kernels.slot_mapping import PAD_SLOT_ID, compute_slot_mappings
 from .record import Mutant, Zoo
 
@@ -36,7 +38,9 @@ __all__ = [
 _frozen_num_reqs: dict[tuple[int, int], int] = {}
 
 
-def _torch_block_table(block_table, num_blocks, idx_mapping, out, batch, *, bug: str = ""):
+def _torch_block_table(
+    block_table: Any, num_blocks: Any, idx_mapping: Any, out: Any, batch: Any, *, bug: str = ""
+) -> None:
     """The ``"block_table"`` contract in sync-free torch ops, with one ``bug`` switched in."""
     max_reqs, width = block_table.shape
     num_reqs, num_rows = batch.num_reqs, batch.num_rows
@@ -75,7 +79,7 @@ def _flat(t: torch.Tensor) -> torch.Tensor:
     return t.as_strided((room,), (1,))
 
 
-def _spill_past_width(block_table, out, slots, counts) -> None:
+def _spill_past_width(block_table: Any, out: Any, slots: Any, counts: Any) -> None:
     """What a gather that trusts ``num_blocks`` does past the width (vLLM's): entries ``width
     <= p < count`` of a row read on through the per-request table's storage and land on
     through the batch table's, in the next row. Within the storages only (at most a row past);
@@ -90,26 +94,37 @@ def _spill_past_width(block_table, out, slots, counts) -> None:
     dst[d_idx] = torch.where(spill, src[s_idx], dst[d_idx])
 
 
-def _block_table_mutant(bug: str, doc: str) -> Callable:
-    def builder(block_table, num_blocks, idx_mapping, out, *, batch: BatchContext) -> None:
+def _block_table_mutant(bug: str, doc: str) -> Callable[..., object]:
+    def builder(
+        block_table: Any, num_blocks: Any, idx_mapping: Any, out: Any, *, batch: BatchContext
+    ) -> None:
         _torch_block_table(block_table, num_blocks, idx_mapping, out, batch, bug=bug)
 
     builder.__doc__ = doc
     builder.__name__ = builder.__qualname__ = bug
-    builder.pagegraph_outputs = "block_table"
+    declare_outputs(builder, "block_table")
     return builder
 
 
-def plain_block_table(block_table, num_blocks, idx_mapping, out, *, batch: BatchContext):
+def plain_block_table(
+    block_table: Any, num_blocks: Any, idx_mapping: Any, out: Any, *, batch: BatchContext
+) -> None:
     """The ``"block_table"`` contract in sync-free torch ops: the mutants' base, correct."""
     _torch_block_table(block_table, num_blocks, idx_mapping, out, batch)
 
 
-plain_block_table.pagegraph_outputs = "block_table"
+declare_outputs(plain_block_table, "block_table")
 
 
 def _torch_slot_mapping(
-    block_table, idx_mapping, qsl, positions, slot_mapping, page_size, *, bug: str = ""
+    block_table: Any,
+    idx_mapping: Any,
+    qsl: Any,
+    positions: Any,
+    slot_mapping: Any,
+    page_size: Any,
+    *,
+    bug: str = "",
 ) -> None:
     """The ``"slot_mapping"`` contract in sync-free torch ops, with one ``bug`` switched in.
     Each token finds its row by a search of ``query_start_loc``."""
@@ -142,20 +157,32 @@ def _torch_slot_mapping(
     slot_mapping.copy_(value)
 
 
-def _slot_mapping_mutant(bug: str, doc: str) -> Callable:
-    def builder(block_table, idx_mapping, query_start_loc, positions, slot_mapping, page_size):
+def _slot_mapping_mutant(bug: str, doc: str) -> Callable[..., object]:
+    def builder(
+        block_table: Any,
+        idx_mapping: Any,
+        query_start_loc: Any,
+        positions: Any,
+        slot_mapping: Any,
+        page_size: Any,
+    ) -> None:
         _torch_slot_mapping(
             block_table, idx_mapping, query_start_loc, positions, slot_mapping, page_size, bug=bug
         )
 
     builder.__doc__ = doc
     builder.__name__ = builder.__qualname__ = bug
-    builder.pagegraph_outputs = "slot_mapping"
+    declare_outputs(builder, "slot_mapping")
     return builder
 
 
 def plain_slot_mapping(
-    block_table, idx_mapping, query_start_loc, positions, slot_mapping, page_size
+    block_table: Any,
+    idx_mapping: Any,
+    query_start_loc: Any,
+    positions: Any,
+    slot_mapping: Any,
+    page_size: Any,
 ) -> None:
     """The ``"slot_mapping"`` contract in sync-free torch ops: the mutants' base, correct."""
     _torch_slot_mapping(
@@ -163,9 +190,9 @@ def plain_slot_mapping(
     )
 
 
-plain_slot_mapping.pagegraph_outputs = "slot_mapping"
+declare_outputs(plain_slot_mapping, "slot_mapping")
 
-BLOCK_TABLE_BUGS: dict[str, Callable] = {
+BLOCK_TABLE_BUGS: dict[str, Callable[..., object]] = {
     f.__name__: f
     for f in [
         _block_table_mutant("pad_rows_not_cleared",
@@ -188,7 +215,7 @@ BLOCK_TABLE_BUGS: dict[str, Callable] = {
     ]
 }  # fmt: skip
 
-SLOT_MAPPING_BUGS: dict[str, Callable] = {
+SLOT_MAPPING_BUGS: dict[str, Callable[..., object]] = {
     f.__name__: f
     for f in [
         _slot_mapping_mutant("no_tail",
@@ -230,7 +257,7 @@ SLOT_MAPPING_KILLS = {
 }
 
 
-def _records(bugs: dict[str, Callable], kills: dict[str, str]) -> dict[str, Mutant]:
+def _records(bugs: dict[str, Callable[..., object]], kills: dict[str, str]) -> dict[str, Mutant]:
     """The zoo's records of ``kills``' bugs, every one able to die on a CPU; each is caught
     by the property its ``killed_by`` text starts with."""
     return {
@@ -242,11 +269,11 @@ def _records(bugs: dict[str, Callable], kills: dict[str, str]) -> dict[str, Muta
 BLOCK_TABLE_MUTANTS = _records(BLOCK_TABLE_BUGS, BLOCK_TABLE_KILLS)
 SLOT_MAPPING_MUTANTS = _records(SLOT_MAPPING_BUGS, SLOT_MAPPING_KILLS)
 #: The kinds' correct builders, run as controls.
-BLOCK_TABLE_CONTROLS: dict[str, Callable] = {
+BLOCK_TABLE_CONTROLS: dict[str, Callable[..., object]] = {
     "gather_block_tables": gather_block_tables,
     "plain_block_table": plain_block_table,
 }
-SLOT_MAPPING_CONTROLS: dict[str, Callable] = {
+SLOT_MAPPING_CONTROLS: dict[str, Callable[..., object]] = {
     "compute_slot_mappings": compute_slot_mappings,
     "plain_slot_mapping": plain_slot_mapping,
 }

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import re
 import signal
-from typing import Protocol
+from typing import Any, Protocol
 
 from ..check.config import PROPERTIES, REPLAY_PROPERTIES, CheckConfig
 from ..check.reports.report import PropertyResult, Report
@@ -64,7 +64,7 @@ def crash_cause(stderr: str) -> str:
     return lines[-1][:300] if lines else ""
 
 
-def report_from_dict(d: dict) -> Report:
+def report_from_dict(d: dict[str, Any]) -> Report:
     """A child's report from its JSON (a decode-step check's with its ``step`` section)."""
     return Report.from_dict(d)
 
@@ -76,11 +76,11 @@ def _blank_report(job: CrashedJob) -> Report:
         from ..check.pipeline.step_bench import step_properties
 
         report = Report(
-            job.builder, job.config, "?", False, step=StepSection(consumer=job.config.consumer)
+            job.builder, job.config, "?", "none", step=StepSection(consumer=job.config.consumer)
         )
         report.properties = list(step_properties("incomplete").values())
         return report
-    report = Report(job.builder, job.config, "?", False)
+    report = Report(job.builder, job.config, "?", "none")
     report.properties = [PropertyResult(name, "incomplete", "") for name in PROPERTIES]
     return report
 
@@ -100,7 +100,7 @@ RERUN_FOUND = ". Replayed again with launches serialised, it came from "
 
 def crash_report(
     job: CrashedJob,
-    partial: dict | None,
+    partial: dict[str, Any] | None,
     cause: str,
     phase: str,
     stderr: str,

@@ -19,12 +19,15 @@ import sys
 import tempfile
 import threading
 import time
+from collections.abc import Callable, Iterator
 from pathlib import Path
+from typing import Any, TypeVar, cast
 
 from ..check.config import CheckConfig
 from ..check.plan import CheckPlan, plan_check
 from ..check.reports.report import Report
 from ..check.signals import request_stop, stop_requested
+from ..kinds.seams import Builder
 from ..workload.lifetime import die_with_parent, escalate_stop
 from .crash_report import (
     CUDA_ERROR,
@@ -44,12 +47,14 @@ PROGRESS_BYTES = 2048
 #: (the child itself ends within ``lifetime.STOP_GRACE_S`` of the signal).
 FORWARDED_STOP_S = 10.0
 
+_T = TypeVar("_T")
+
 
 class IsolatedError(RuntimeError):
     """A child could not run a check at all (bad builder, bad config): not a verdict."""
 
 
-def write_json_atomic(path: str | Path, doc) -> None:
+def write_json_atomic(path: str | Path, doc: object) -> None:
     """Write JSON so that a reader never sees a half-written file: a temporary file in the
     same folder, flushed, then renamed over the target."""
     path = Path(path)
@@ -86,7 +91,7 @@ def child_env() -> dict[str, str]:
     return env
 
 
-def builder_spec(builder) -> str:
+def builder_spec(builder: str | Builder) -> str:
     """A builder as a string a child process can resolve: a built-in name, or
     ``module:function`` for a function importable at module level."""
     from ..kernels.registry import FILE_MODULE_PREFIX, builder_spec_for_child
@@ -131,7 +136,7 @@ class Job:
     plan: CheckPlan | None = None
 
     @classmethod
-    def planned(cls, plan: CheckPlan, label: str = "", **options) -> Job:
+    def planned(cls, plan: CheckPlan, label: str = "", **options: Any) -> Job:
         """The job that runs ``plan`` as given (its caller planned it: nothing is planned
         again); ``options``: the other fields (``stop_on_failure``, ...)."""
         return cls(plan.builder, plan.config, label, reader=plan.reader, plan=plan, **options)
@@ -161,7 +166,7 @@ def _explain_crash(job: Job, tmp: Path, k: int) -> str | None:
     progress = (sub / "progress").read_bytes().decode(errors="replace").strip().split("\t")
     result = sub / "result-0.json"
     doc = json.loads(result.read_text()) if result.exists() else None
-    stopped = (doc or {}).get("report", {}).get("stopped") if doc else None
+    stopped: str | None = (doc or {}).get("report", {}).get("stopped") if doc else None
     if stopped and "raised" in stopped:
         return stopped  # the error surfaced as an exception at the replay that caused it
     if ended.returncode == 0 or (doc is not None and doc.get("final")):
@@ -176,8 +181,8 @@ def run_isolated(
     jobs: list[Job],
     *,
     timeout: float | None = DEFAULT_TIMEOUT,
-    on_report=None,
-    on_phase=None,
+    on_report: Callable[[int, Report], object] | None = None,
+    on_phase: Callable[[int, str], object] | None = None,
 ) -> list[Report]:
     """Run every job in child processes (one at a time, in order); one report per job.
 
@@ -191,8 +196,8 @@ def run_isolated(
     jobs = [_planned(j) for j in jobs]  # every one refused or planned before any child
     reports: list[Report | None] = [None] * len(jobs)
     next_job = 0
-    with tempfile.TemporaryDirectory(prefix="pagegraph-isolate-") as tmp:
-        tmp = Path(tmp)
+    with tempfile.TemporaryDirectory(prefix="pagegraph-isolate-") as tmp_name:
+        tmp = Path(tmp_name)
         while next_job < len(jobs):
             spec_path = _write_spec(jobs, next_job, tmp)
             cmd = [sys.executable, "-m", "pagegraph.supervise.isolate", str(spec_path)]
@@ -200,20 +205,44 @@ def run_isolated(
             limit = None if timeout is None else timeout * (len(jobs) - next_job)
             with open(err_path, "w") as err:
                 proc = subprocess.Popen(cmd, env=child_env(), stderr=err, stdout=subprocess.DEVNULL)
-                watch = None if on_phase is None else (lambda: _tell_phase(tmp, on_phase))
                 ended = _wait_for_child(
-                    proc, limit, paused=lambda: _waiting_for_a_slot(tmp), watch=watch
+                    proc, limit, paused=_slot_wait_of(tmp), watch=_phase_watch(tmp, on_phase)
                 )
             ended.stderr = err_path.read_text(errors="replace")
             ended.progress = (tmp / "progress").read_bytes().decode(errors="replace").strip()
             next_job = _collect_reports(jobs, next_job, tmp, ended, reports, on_report)
             if ended.interrupted is not None:
-                ended.interrupted.reports = [r for r in reports if r is not None]
+                done = [r for r in reports if r is not None]
+                ended.interrupted.reports = done  # type: ignore[attr-defined]  # for the caller
                 raise ended.interrupted
     return [r for r in reports if r is not None]
 
 
-def _tell_phase(tmp: Path, on_phase) -> None:
+def _slot_wait_of(tmp: Path) -> Callable[[], bool]:
+    """``_waiting_for_a_slot`` of the child whose folder is ``tmp``."""
+
+    def waiting() -> bool:
+        return _waiting_for_a_slot(tmp)
+
+    return waiting
+
+
+def _phase_watch(
+    tmp: Path, on_phase: Callable[[int, str], object] | None
+) -> Callable[[], None] | None:
+    """The watch that tells ``on_phase`` the child's phase (``_tell_phase``); None without
+    ``on_phase``."""
+    if on_phase is None:
+        return None
+    told = on_phase
+
+    def watch() -> None:
+        _tell_phase(tmp, told)
+
+    return watch
+
+
+def _tell_phase(tmp: Path, on_phase: Callable[[int, str], object]) -> None:
     """Call ``on_phase(job, phase)`` with what the child's progress note says, if anything."""
     try:
         text = (tmp / "progress").read_bytes().decode(errors="replace").strip()
@@ -253,7 +282,7 @@ def _write_spec(jobs: list[Job], first: int, tmp: Path) -> Path:
     spec = {
         "jobs": [
             {
-                "plan": _planned(j).plan.to_dict(),
+                "plan": cast(CheckPlan, _planned(j).plan).to_dict(),
                 "stop_on_failure": j.stop_on_failure,
                 "explain": j.explain,
                 "memory_slots": list(j.memory_slots),
@@ -286,8 +315,12 @@ class _ChildEnd:
 
 
 def supervise_child(
-    proc: subprocess.Popen, step, limit: float | None, paused=None, watch=None
-) -> tuple[object, bool, KeyboardInterrupt | None]:
+    proc: subprocess.Popen[bytes],
+    step: Callable[[float], _T | None],
+    limit: float | None,
+    paused: Callable[[], bool] | None = None,
+    watch: Callable[[], object] | None = None,
+) -> tuple[_T | None, bool, KeyboardInterrupt | None]:
     """Wait for a child process until ``step(timeout)`` (a wait of at most ``timeout``
     seconds on it) returns something other than None: forward a stop request to the child,
     and kill it past ``limit`` seconds (or ``FORWARDED_STOP_S`` after a forwarded stop).
@@ -297,7 +330,7 @@ def supervise_child(
     Returns ``(what step returned, or None when the child was killed; killed for its time
     limit; the KeyboardInterrupt to raise once its reports are read)``. Fresh children
     (``_wait_for_child``) and warm workers (``pagegraph.supervise.worker_pool``) share it."""
-    interrupted = None
+    interrupted: KeyboardInterrupt | None = None
     deadline = None if limit is None else time.monotonic() + limit
     forwarded = False
     while True:
@@ -320,7 +353,7 @@ def supervise_child(
             # stops too, and let it write its partial report.
             forwarded = True
             interrupted = interrupted or KeyboardInterrupt()
-            interrupted.signum = signum
+            interrupted.signum = signum  # type: ignore[attr-defined]  # read by the caller
             deadline = time.monotonic() + FORWARDED_STOP_S
             with contextlib.suppress(ProcessLookupError):
                 proc.send_signal(signum)
@@ -331,7 +364,10 @@ def supervise_child(
 
 
 def _wait_for_child(
-    proc: subprocess.Popen, limit: float | None, paused=None, watch=None
+    proc: subprocess.Popen[bytes],
+    limit: float | None,
+    paused: Callable[[], bool] | None = None,
+    watch: Callable[[], object] | None = None,
 ) -> _ChildEnd:
     """Wait for a fresh child to exit (``supervise_child``): how it ended."""
 
@@ -352,7 +388,7 @@ def _collect_reports(
     tmp: Path,
     ended: _ChildEnd,
     reports: list[Report | None],
-    on_report,
+    on_report: Callable[[int, Report], object] | None,
 ) -> int:
     """The reports of the jobs a child ran from ``first``, into ``reports``; returns the next
     job to run (after the one it died in, if it died)."""
@@ -365,11 +401,11 @@ def _collect_reports(
         if doc is not None and doc.get("final"):
             if doc.get("error"):
                 raise IsolatedError(doc["error"])
-            reports[k] = report_from_dict(doc["report"])
-            if device_fault(reports[k]):
-                explain_fault(reports[k], _explain_crash(jobs[k], tmp, k))
+            report = reports[k] = report_from_dict(doc["report"])
+            if device_fault(report):
+                explain_fault(report, _explain_crash(jobs[k], tmp, k))
             if on_report is not None:
-                on_report(k, reports[k])
+                on_report(k, report)
             next_job = k + 1
             continue
         if ended.interrupted is not None:
@@ -382,11 +418,11 @@ def _collect_reports(
         explained = None
         if phase.startswith("replay") and CUDA_ERROR.search(ended.stderr or ""):
             explained = _explain_crash(jobs[k], tmp, k)
-        reports[k] = crash_report(
+        crashed = reports[k] = crash_report(
             jobs[k], doc["report"] if doc else None, cause, phase, ended.stderr or "", explained
         )
         if on_report is not None:
-            on_report(k, reports[k])
+            on_report(k, crashed)
         next_job = k + 1
         break
     return next_job
@@ -395,7 +431,13 @@ def _collect_reports(
 # -- the child ---------------------------------------------------------------------------------
 
 
-def _run_check(builder, plan, job: dict, note, keep):
+def _run_check(
+    builder: Builder,
+    plan: CheckPlan,
+    job: dict[str, Any],
+    note: Callable[[str], None],
+    keep: Callable[[Report], None],
+) -> Report:
     """One job's planned check (``pagegraph.check.checker.run_plan``), its partial reports to
     ``keep``; ``CheckInterrupted`` on a stop during its replays (a stop after them lets it
     finish: its verdict is whole)."""
@@ -416,7 +458,8 @@ def _free_cached_memory() -> None:
     in another process, may need them); a broken CUDA context is left to the parent."""
     import torch
 
-    if torch.cuda.is_available() and torch.cuda.is_initialized():
+    is_initialized = torch.cuda.is_initialized  # torch's is unannotated
+    if torch.cuda.is_available() and is_initialized():  # type: ignore[no-untyped-call]
         with contextlib.suppress(Exception):
             torch.cuda.empty_cache()
 
@@ -431,7 +474,11 @@ class SlotWaitStopped(Exception):
 
 
 @contextlib.contextmanager
-def memory_slot(paths: list[str] | tuple[str, ...], on_wait=None, should_stop=None):
+def memory_slot(
+    paths: list[str] | tuple[str, ...],
+    on_wait: Callable[[], object] | None = None,
+    should_stop: Callable[[], bool] | None = None,
+) -> Iterator[str | None]:
     """Hold one of the lock files ``paths`` (an exclusive ``flock``) for the ``with`` block,
     waiting until one is free; no paths: nothing to hold. ``on_wait()`` is called once if
     every slot was taken; ``SlotWaitStopped`` is raised when ``should_stop()`` turns true
@@ -486,18 +533,22 @@ class _ResultWriter:
             if now - self.last > 0.2 or any(p.status == "FAIL" for p in report.properties):
                 self.last = now
                 self.unwritten = None
-                write_json_atomic(self.path, {"final": False, "report": report.to_dict()})
+                write_json_atomic(
+                    cast(str, self.path), {"final": False, "report": report.to_dict()}
+                )
 
     def flush(self) -> None:
         with self.lock:
             if self.unwritten is not None:
                 report, self.unwritten = self.unwritten, None
-                write_json_atomic(self.path, {"final": False, "report": report.to_dict()})
+                write_json_atomic(
+                    cast(str, self.path), {"final": False, "report": report.to_dict()}
+                )
 
-    def write(self, doc: dict) -> None:
+    def write(self, doc: dict[str, object]) -> None:
         with self.lock:
             self.unwritten = None
-            write_json_atomic(self.path, doc)
+            write_json_atomic(cast(str, self.path), doc)
 
 
 def _stop_code(signum: int | None) -> int:
@@ -530,7 +581,7 @@ def _child(spec_path: str) -> int:
         result = job["result"]
         writer.start(result)
 
-        def note(phase: str, k=k) -> None:
+        def note(phase: str, k: int = k) -> None:
             # Rewritten in place in a mapped page (no system call): the parent reads it
             # after a crash, when the page has reached the file.
             text = f"{k}\t{phase}".encode()[: PROGRESS_BYTES - 1]

@@ -18,8 +18,11 @@ import subprocess
 import sys
 import threading
 import time
+from collections.abc import Callable
 from pathlib import Path
+from typing import IO, cast
 
+from ..check.config import CheckConfig
 from ..check.reports.report import Report
 from .isolate import (
     IsolatedError,
@@ -69,7 +72,7 @@ def needs_fresh_process(report: Report) -> bool:
     return any(p.status == "FAIL" and p.name in FRESH_PROCESS_AFTER for p in report.properties)
 
 
-def task_cost(cfg) -> float:
+def task_cost(cfg: CheckConfig) -> float:
     """A check's estimated cost, to order tasks: replays x batch rows x table width (pages),
     times 4 for a decode step (its attention and reference dominate)."""
     width = -(-cfg.max_context_len // cfg.page_size)
@@ -80,7 +83,7 @@ class _Worker:
     """One live worker process: its stdin for tasks, its stdout for answers, its stderr in
     a file (read from where the current check began)."""
 
-    def __init__(self, folder: Path):
+    def __init__(self, folder: Path) -> None:
         folder.mkdir(parents=True, exist_ok=True)
         self.err_path = folder / "stderr.txt"
         self._err = open(self.err_path, "wb")  # noqa: SIM115 - closed in close()
@@ -93,21 +96,31 @@ class _Worker:
         )
         self._buffer = b""
 
+    @property
+    def _stdin(self) -> IO[bytes]:
+        assert self.proc.stdin is not None  # opened with a pipe
+        return self.proc.stdin
+
+    @property
+    def _stdout(self) -> IO[bytes]:
+        assert self.proc.stdout is not None  # opened with a pipe
+        return self.proc.stdout
+
     def send(self, spec_path: Path) -> int:
         """Hand the worker a spec; returns the offset of its stderr where this check
         begins."""
         offset = self.err_path.stat().st_size
-        self.proc.stdin.write(f"{spec_path}\n".encode())
-        self.proc.stdin.flush()
+        self._stdin.write(f"{spec_path}\n".encode())
+        self._stdin.flush()
         return offset
 
     def answer(self, timeout: float) -> str | None:
         """The worker's next answer line, or None if none came within ``timeout`` s (or it
         closed its stdout: it died, which ``proc.poll()`` tells)."""
         if b"\n" not in self._buffer:
-            ready, _, _ = select.select([self.proc.stdout], [], [], timeout)
+            ready, _, _ = select.select([self._stdout], [], [], timeout)
             if ready:
-                chunk = os.read(self.proc.stdout.fileno(), 4096)
+                chunk = os.read(self._stdout.fileno(), 4096)
                 if not chunk:  # it closed its stdout: it is ending
                     with contextlib.suppress(subprocess.TimeoutExpired):
                         self.proc.wait(timeout=5)
@@ -126,24 +139,26 @@ class _Worker:
     def close(self) -> None:
         """Ask the worker to end (closing its stdin), and kill it if it does not."""
         with contextlib.suppress(OSError):
-            self.proc.stdin.close()
+            self._stdin.close()
         try:
             self.proc.wait(timeout=30)
         except subprocess.TimeoutExpired:
             self.proc.kill()
             self.proc.wait()
-        self.proc.stdout.close()
+        self._stdout.close()
         self._err.close()
 
 
-def _wait_for_answer(worker: _Worker, limit: float | None, paused) -> tuple[_ChildEnd, int | None]:
+def _wait_for_answer(
+    worker: _Worker, limit: float | None, paused: Callable[[], bool] | None
+) -> tuple[_ChildEnd, int | None]:
     """Wait for the worker's answer to its current task: ``(how it ended, the check's exit
     code)``; the code is None when the worker died or was killed (then ``returncode`` says
     how). The waiting is ``isolate.supervise_child``'s: a stop request is forwarded to the
     worker, the time limit stands still while ``paused()``, and it is killed past ``limit``."""
     died = object()
 
-    def answered(timeout: float):
+    def answered(timeout: float) -> object:
         line = worker.answer(timeout)
         if line is not None and line.startswith("done "):
             return int(line.split()[1])
@@ -156,7 +171,7 @@ def _wait_for_answer(worker: _Worker, limit: float | None, paused) -> tuple[_Chi
         return _ChildEnd(worker.proc.returncode, timed_out, interrupted), None
     if result in STOPPED_CODES:
         interrupted = interrupted or KeyboardInterrupt()
-    return _ChildEnd(None, False, interrupted), result
+    return _ChildEnd(None, False, interrupted), cast(int, result)  # "done RC": its code
 
 
 class WorkerPool:
@@ -167,7 +182,14 @@ class WorkerPool:
     the pool's lock) as each report is known.
     """
 
-    def __init__(self, workers: int, tmp: Path, *, timeout: float | None = None, on_report=None):
+    def __init__(
+        self,
+        workers: int,
+        tmp: Path,
+        *,
+        timeout: float | None = None,
+        on_report: Callable[[Task, Report], object] | None = None,
+    ) -> None:
         self.workers = max(1, workers)
         self.tmp = Path(tmp)
         self.timeout = timeout
@@ -196,11 +218,11 @@ class WorkerPool:
                 t.join(0.2)
         if self._error is not None:
             if isinstance(self._error, KeyboardInterrupt):
-                self._error.reports = dict(self._reports)
+                self._error.reports = dict(self._reports)  # type: ignore[attr-defined]
             raise self._error
         return self._reports
 
-    def drop(self, unwanted) -> list[Task]:
+    def drop(self, unwanted: Callable[[Task], bool]) -> list[Task]:
         """Take the pending tasks for which ``unwanted(task)`` is true out of the run (a
         task already running is left to finish); returns them. Safe to call from
         ``on_report``."""
@@ -293,7 +315,7 @@ class WorkerPool:
         reports: list[Report | None] = [None]
         _collect_reports([task.job], 0, folder, ended, reports, None)
         if ended.interrupted is not None:
-            ended.interrupted.report = reports[0]
+            ended.interrupted.report = reports[0]  # type: ignore[attr-defined]  # for _serve
             raise ended.interrupted
         if reports[0] is None:
             raise IsolatedError(f"the check of {task.job.label or task.key} left no report")
@@ -309,7 +331,8 @@ def _context_healthy() -> bool:
     synchronises, and no stream is left capturing."""
     import torch
 
-    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+    is_initialized = torch.cuda.is_initialized  # torch's is unannotated
+    if not (torch.cuda.is_available() and is_initialized()):  # type: ignore[no-untyped-call]
         return True
     try:
         if torch.cuda.is_current_stream_capturing():

@@ -18,10 +18,14 @@ import tempfile
 import time
 import weakref
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
 import numpy as np
 
 from ..kernels.cudart import clear_last_error
+
+if TYPE_CHECKING:
+    import torch
 
 #: Whether this machine carries runs through the ring (x86-64 only: docs/ARCHITECTURE.md).
 RING_SUPPORTED = platform.machine().lower() in ("x86_64", "amd64")
@@ -67,7 +71,7 @@ def _cuda_unregister(base: int) -> None:
     import torch
 
     try:
-        torch.cuda.cudart().cudaHostUnregister(base)
+        torch.cuda.cudart().cudaHostUnregister(base)  # type: ignore[no-untyped-call]
     except Exception:  # noqa: BLE001 - a broken CUDA context: the process is ending
         pass
 
@@ -97,6 +101,7 @@ class RingReader:
         self.capacity = capacity
         size = HEADER_BYTES + capacity
         where = folder or ring_folder(size)
+        self.path: str | None
         fd, self.path = tempfile.mkstemp(prefix="pagegraph-ring-", dir=where)
         self._in_shm = os.path.realpath(where) == os.path.realpath("/dev/shm")
         try:
@@ -116,7 +121,7 @@ class RingReader:
         self._registered: int | None = None  # the map's address, while registered with CUDA
         #: ``[capacity]`` uint8 torch view of the ring's bytes, once ``pin_for_cuda`` succeeded:
         #: page-locked, so device copies read blocks in place.
-        self.tensor = None
+        self.tensor: torch.Tensor | None = None
 
     def pin_for_cuda(self) -> bool:
         """Register the ring's pages with CUDA (page-locked, as pinned memory is) and make
@@ -132,7 +137,7 @@ class RingReader:
         base = self._header.ctypes.data  # the map's first byte: page-aligned
         try:
             # Portable: page-locked for every device's context, not only the current one's.
-            err = torch.cuda.cudart().cudaHostRegister(
+            err = torch.cuda.cudart().cudaHostRegister(  # type: ignore[no-untyped-call]
                 base, HEADER_BYTES + self.capacity, HOST_REGISTER_PORTABLE
             )
         except (AttributeError, AssertionError, RuntimeError):  # no CUDA in this build
@@ -193,7 +198,7 @@ class RingReader:
             self._unregister()
             self._registered = None
         self.tensor = None
-        self._header = self._data = None
+        self._header = self._data = None  # type: ignore[assignment]  # closed: never read again
         try:
             self._buf.close()
         except BufferError:
@@ -236,5 +241,5 @@ class RingWriter:
         return start
 
     def close(self) -> None:
-        self._header = self._data = None
+        self._header = self._data = None  # type: ignore[assignment]  # closed: never read again
         self._buf.close()

@@ -11,8 +11,7 @@ from __future__ import annotations
 
 import numpy as np
 import torch
-
-from ..kernels.contract import cdiv
+from numpy.typing import ArrayLike
 
 __all__ = ["EngineBlockTables"]
 
@@ -38,7 +37,9 @@ class EngineBlockTables:
     and a host copy of ``num_blocks`` (``host_num_blocks``) with each slot's last length, from
     which the next step's writes are planned without reading the device."""
 
-    def __init__(self, max_reqs: int, width: int, page_size: int, device="cpu"):
+    def __init__(
+        self, max_reqs: int, width: int, page_size: int, device: str | torch.device = "cpu"
+    ) -> None:
         if max_reqs < 1 or width < 1 or page_size < 1:
             raise ValueError(
                 f"max_reqs, width and page_size must be >= 1, got {max_reqs}, {width}, {page_size}"
@@ -54,7 +55,7 @@ class EngineBlockTables:
         self.host_num_blocks = np.zeros(max_reqs, dtype=np.int64)
         self.host_lengths = np.zeros(max_reqs, dtype=np.int64)
         self._ring: list[torch.Tensor] = []
-        self._done: list = []
+        self._done: list[torch.cuda.Event] = []
         self._next = 0
 
     # -- staging ----------------------------------------------------------------------------
@@ -80,7 +81,13 @@ class EngineBlockTables:
 
     # -- steps ------------------------------------------------------------------------------
 
-    def update(self, req_pool_indices, seq_lens, req_to_token: torch.Tensor, new=None) -> None:
+    def update(
+        self,
+        req_pool_indices: ArrayLike,
+        seq_lens: ArrayLike,
+        req_to_token: torch.Tensor,
+        new: ArrayLike | None = None,
+    ) -> None:
         """Bring the batch's request slots up to date from the pool's ``req_to_token``.
 
         A slot whose length grew gets only its new blocks appended (``block_table[r,
@@ -118,7 +125,7 @@ class EngineBlockTables:
         _, last = np.unique(rows[::-1], return_index=True)
         keep = rows.size - 1 - last
         rows, lens, fresh = rows[keep], lens[keep], fresh[keep]
-        need = np.minimum(cdiv(np.maximum(lens, 0), ps), self.width)
+        need = np.minimum(-(-np.maximum(lens, 0) // ps), self.width)  # cdiv, by row
         overwrite = fresh | (lens < self.host_lengths[rows])
         start = np.where(overwrite, 0, np.minimum(self.host_num_blocks[rows], need))
         owner, cols = _ranges(start, need)
@@ -149,7 +156,7 @@ class EngineBlockTables:
 
     # -- hostile inputs ---------------------------------------------------------------------
 
-    def inject_num_blocks(self, rows, values) -> None:
+    def inject_num_blocks(self, rows: ArrayLike, values: ArrayLike) -> None:
         """Break the host guarantee ``0 <= num_blocks <= width``: set the device ``num_blocks``
         of slots ``rows`` to ``values`` (say, ``width + 3`` or ``-1``; at most ``2 * width``,
         which the spare row keeps inside the allocation) without touching the host copy, as a

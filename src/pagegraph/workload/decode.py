@@ -151,7 +151,7 @@ class DecodeWorkload:
         # evolution (arrivals, finishes, lengths) exactly as it was.
         self.inject_rng = np.random.default_rng([seed, 1])
         self.running: list[int] = []
-        self._target = self.rng.integers(self.min_bs, self.max_real + 1)
+        self._target = int(self.rng.integers(self.min_bs, self.max_real + 1))
 
     def __len__(self) -> int:
         return self.steps
@@ -161,7 +161,8 @@ class DecodeWorkload:
             for i in range(self.steps):
                 yield self.step(i)
             return
-        ahead, ready, made = WriteAhead(), deque(), 0
+        ahead, made = WriteAhead(), 0
+        ready: deque[Step] = deque()
         while ready or made < self.steps:
             if not ready:
                 for i in range(made, min(made + self.lookahead, self.steps)):
@@ -174,7 +175,7 @@ class DecodeWorkload:
     def _arrival_length(self, row_hint: int | None) -> int:
         cap, grow = self.pool.max_context_len, 1 + self.draft_tokens
         if self.rng.random() < self.near_capacity:
-            return int(max(1, cap - grow * self.rng.integers(1, 6)))
+            return max(1, cap - grow * int(self.rng.integers(1, 6)))
         lo, hi = self.initial_len
         if row_hint is not None:
             # A reused row: usually shorter than what it held, so its stale tail is exposed.
@@ -217,10 +218,10 @@ class DecodeWorkload:
         pool.free_many(leaving)
         arrivals = self._target - len(self.running)
         if arrivals > 0:
-            hints = pool.next_free_rows(arrivals)
+            hints: list[int | None] = list(pool.next_free_rows(arrivals))
             hints += [None] * (arrivals - len(hints))
-            lengths = [max(1, min(self._arrival_length(h), cap - grow)) for h in hints]
-            self.running.extend(pool.alloc_many(lengths))
+            wanted = [max(1, min(self._arrival_length(h), cap - grow)) for h in hints]
+            self.running.extend(pool.alloc_many(wanted))
         if rng.random() < 0.2:
             rng.shuffle(self.running)
 
@@ -248,7 +249,7 @@ class DecodeWorkload:
         rng, inj, bs = self.inject_rng, self.inject, len(seq_lens)
         ps = self.pool.page_size
 
-        def rows() -> list[int]:
+        def rows() -> np.ndarray:
             return rng.choice(bs, size=int(rng.integers(1, min(3, bs) + 1)), replace=False)
 
         if rng.random() < inj.overlong:

@@ -18,6 +18,7 @@ import runpy
 import signal
 import sys
 import threading
+from collections.abc import Callable, Iterable, Iterator
 
 #: Seconds between two checks of ``os.getppid()`` by the watchdog.
 WATCH_S = 0.5
@@ -33,7 +34,7 @@ def _set_pdeathsig(signum: int) -> bool:
         return False
     try:
         libc = ctypes.CDLL(ctypes.util.find_library("c") or "libc.so.6", use_errno=True)
-        return libc.prctl(_PR_SET_PDEATHSIG, int(signum), 0, 0, 0) == 0
+        return bool(libc.prctl(_PR_SET_PDEATHSIG, int(signum), 0, 0, 0) == 0)
     except (OSError, AttributeError):
         return False
 
@@ -62,7 +63,11 @@ def die_with_parent(parent: int | None = None, signum: int = signal.SIGKILL) -> 
 
 
 @contextlib.contextmanager
-def escalate_stop(flush=None, grace: float = STOP_GRACE_S, signals=(signal.SIGINT, signal.SIGTERM)):
+def escalate_stop(
+    flush: Callable[[], object] | None = None,
+    grace: float = STOP_GRACE_S,
+    signals: Iterable[int] = (signal.SIGINT, signal.SIGTERM),
+) -> Iterator[None]:
     """While the body runs (in the main thread, with Python handlers set for ``signals``,
     e.g. by ``stop_on_signals``), a stop signal not obeyed within ``grace`` seconds ends the
     process: ``flush()`` first (its errors ignored), then ``os._exit(128 + signum)``. The

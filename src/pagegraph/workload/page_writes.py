@@ -9,11 +9,19 @@ a step's runs in one launch through ``pagegraph.kernels.launch``, and only entri
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 import triton
 import triton.language as tl
 
-from ..kernels.launch import device_context, hooks_active, launch_compiled, launch_entry
+from ..kernels.launch import (
+    LaunchEntry,
+    device_context,
+    hooks_active,
+    launch_compiled,
+    launch_entry,
+)
 
 #: Entries a program covers: as many runs as fit, at least one (a page wider than this
 #: takes a program of its own).
@@ -24,8 +32,8 @@ MAX_PAGE_SIZE = 1 << 20
 NUM_WARPS = 4
 
 
-@triton.jit(do_not_specialize=["first", "count", "numel"])
-def _write_runs_kernel(
+@triton.jit(do_not_specialize=["first", "count", "numel"])  # type: ignore[untyped-decorator]  # Triton ships no types
+def _write_runs_kernel(  # type: ignore[no-untyped-def]  # a Triton kernel
     runs,  # [capacity * 5] int64: base, value, step, lo, hi of each run
     table,  # flat int32 / int64 table
     first,  # first run to write
@@ -85,7 +93,7 @@ class RunWriter:
         self._constexprs = (page_size, block, self.runs_per_program)
         self._index = table.get_device()
         # The compiled kernel's launcher, once Triton's own path has compiled it (GPU only).
-        self._entry = None
+        self._entry: LaunchEntry | None = None
         self._ptrs = (runs.data_ptr(), table.data_ptr())
         self._numel = table.numel()
 
@@ -111,7 +119,7 @@ class RunWriter:
             entry, index, programs, 1, self._ptrs, (first, count, self._numel), self._constexprs
         )
 
-    def _jit_launch(self, programs: int, first: int, count: int):
+    def _jit_launch(self, programs: int, first: int, count: int) -> Any:
         page_size, block, runs = self._constexprs
         return _write_runs_kernel[(programs,)](
             self.runs,

@@ -11,9 +11,11 @@ them (docs/ARCHITECTURE.md, "The workload").
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import TypeAlias, cast
 
 import numpy as np
 import torch
+from numpy.typing import ArrayLike
 
 from ..kernels.contract import cdiv
 from .page_writes import MAX_PAGE_SIZE, RunWriter
@@ -179,11 +181,11 @@ class _PageWriter:
         if self._kernel is not None:
             return  # apply() reads the runs as uploaded
         rows = self.runs[: 5 * k].view(k, 5)
-        base, value, step, lo, hi = (rows[:, c : c + 1] for c in range(5))
+        base, value, step, first_lane, hi = (rows[:, c : c + 1] for c in range(5))
         last = self.last[:k]
         torch.sub(hi, 1, out=last)  # the last lane, for the clamp
         eff, val = self.eff[:k], self.value[:k]
-        torch.clamp(self.lane, lo, last, out=eff)
+        torch.clamp(self.lane, first_lane, last, out=eff)
         torch.add(base, eff, out=self.index[:k])
         torch.mul(eff, step, out=val)
         val.add_(value)
@@ -213,7 +215,7 @@ class _PageWriter:
             0, self._index_flat[lo * ps : hi * ps], self._cast_flat[lo * ps : hi * ps]
         )
 
-    def write(self, runs: np.ndarray) -> None:
+    def write(self, runs: Runs) -> None:
         """Stage and apply ``runs`` now, in parts of ``capacity`` runs."""
         for first in range(0, len(runs), self.capacity):
             part = runs[first : first + self.capacity]
@@ -222,7 +224,7 @@ class _PageWriter:
 
 
 #: Queued writes, closed and in order: ``(writer, runs)`` groups.
-Writes = list
+Writes: TypeAlias = list[tuple["_PageWriter", Runs]]
 
 
 class _PageStack:
@@ -242,7 +244,7 @@ class _PageStack:
         self.size -= n
         return taken
 
-    def push(self, pages) -> None:
+    def push(self, pages: ArrayLike) -> None:
         pages = np.asarray(pages, dtype=np.int64)
         end = self.size + len(pages)
         if end > len(self.pages):
@@ -349,7 +351,8 @@ class KVPool:
             self._swa_ids = np.zeros((rows, self.pages_per_req), dtype=np.int64)
             self._swa_first = np.zeros(rows, dtype=np.int64)
         self._r2t_writer = _PageWriter(self.req_to_token, page_size)
-        self._swa_writer = _PageWriter(self.full_to_swa, page_size) if swa else None
+        swa_table = cast(torch.Tensor, self.full_to_swa)  # made above when swa
+        self._swa_writer = _PageWriter(swa_table, page_size) if swa else None
         self._r2t_runs: list[np.ndarray] = []  # [k, 5] page runs queued for req_to_token
         self._r2t_rows: set[int] = set()  # rows with queued req_to_token runs
         self._swa_touched: list[np.ndarray] = []  # full pages whose mapping changed
@@ -386,7 +389,7 @@ class KVPool:
             )
         return out
 
-    def last_lengths(self, rows) -> np.ndarray:
+    def last_lengths(self, rows: ArrayLike) -> np.ndarray:
         """Length each of ``rows`` held when its last request finished (-1: never used)."""
         return self._last_length[np.asarray(rows, dtype=np.int64)]
 
@@ -400,7 +403,7 @@ class KVPool:
 
     def lengths_of(self, rows: np.ndarray) -> np.ndarray:
         """Current lengths of the given request rows (int64 array, 0 for a free row)."""
-        return self._length[rows]
+        return cast(np.ndarray, self._length[rows])
 
     def alloc(self, length: int, row: int | None = None) -> int:
         """A new request of ``length`` tokens; returns its row. ``row`` picks a free row."""
@@ -422,7 +425,7 @@ class KVPool:
         self._start(rows, lengths)
         return rows
 
-    def _start(self, rows: list[int], lengths) -> None:
+    def _start(self, rows: list[int], lengths: ArrayLike) -> None:
         if not self._r2t_rows.isdisjoint(rows):
             # A row's previous request still has queued writes: close them into their own
             # group first, so that no one write group sets an entry twice (a scatter has no
@@ -496,7 +499,7 @@ class KVPool:
         ``req_to_token`` row keeps the old entries."""
         self.free_many([row])
 
-    def free_many(self, rows) -> None:
+    def free_many(self, rows: ArrayLike) -> None:
         """``free`` of several requests (distinct rows), in order."""
         idx = np.asarray(rows, dtype=np.int64)
         if not len(idx):
@@ -517,7 +520,7 @@ class KVPool:
 
     # -- SWA ------------------------------------------------------------------------------
 
-    def _set_swa(self, pages: np.ndarray, swa_pages) -> None:
+    def _set_swa(self, pages: np.ndarray, swa_pages: ArrayLike) -> None:
         # The host copy takes every change in order; the writes upload its final state, so a
         # page mapped and evicted before one flush is written once.
         self._swa_of_page[pages] = swa_pages
@@ -540,7 +543,7 @@ class KVPool:
         sliding-window engine does; their slots map to 0. Returns pages evicted."""
         return self.evict_rows_outside_window([row], window)
 
-    def evict_rows_outside_window(self, rows, window: int) -> int:
+    def evict_rows_outside_window(self, rows: ArrayLike, window: int) -> int:
         """``evict_outside_window`` for many rows, vectorised; returns pages evicted."""
         idx = np.asarray(rows, dtype=np.int64)
         if not len(idx):
@@ -597,7 +600,7 @@ class KVPool:
             runs[:, 2] = swa != 0  # an unmapped page: every slot maps to 0
             runs[:, 3] = 0
             runs[:, 4] = ps
-            self._queued.append((self._swa_writer, runs))
+            self._queued.append((cast(_PageWriter, self._swa_writer), runs))  # an SWA pool's
             self._swa_touched.clear()
 
     def flush(self) -> None:
@@ -628,7 +631,7 @@ class WriteAhead:
     A step whose writes alone exceed a writer's capacity is written in parts when applied.
     """
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._steps: list[Writes] = []  # taken, not yet applied, oldest first
         self._staged: list[list[tuple[_PageWriter, int, int]] | None] = []
 
@@ -641,23 +644,23 @@ class WriteAhead:
 
     def _stage(self) -> None:
         used: dict[_PageWriter, int] = {}
-        parts: dict[_PageWriter, list[np.ndarray]] = {}
-        plans = []
+        parts: dict[_PageWriter, list[Runs]] = {}
+        plans: list[list[tuple[_PageWriter, int, int]] | None] = []
         for writes in self._steps:
             need: dict[_PageWriter, int] = {}
             for writer, runs in writes:
                 need[writer] = need.get(writer, 0) + len(runs)
             if any(used.get(w, 0) + k > w.capacity for w, k in need.items()):
                 break
-            plan = []
+            plan: list[tuple[_PageWriter, int, int]] = []
             for writer, runs in writes:
                 lo = used.get(writer, 0)
                 used[writer] = lo + len(runs)
                 parts.setdefault(writer, []).append(runs)
                 plan.append((writer, lo, lo + len(runs)))
             plans.append(plan)
-        for writer, runs in parts.items():
-            writer.stage(runs)
+        for writer, staged in parts.items():
+            writer.stage(staged)
         # Steps past the first that did not fit wait for the next stage; a first step too
         # large for any stage is written in parts (plan None).
         self._staged = plans or [None]

@@ -16,7 +16,9 @@ import queue as queue_mod
 import signal
 import time
 from collections import deque
-from collections.abc import Iterator
+from collections.abc import Callable, Generator, Iterator
+from multiprocessing.context import SpawnContext
+from typing import Any, TypeAlias, cast
 
 import numpy as np
 import torch
@@ -24,7 +26,14 @@ import torch
 from .batch_ring import RING_BYTES, RING_SUPPORTED, ReaderGone, RingReader, RingWriter
 from .decode import DecodeWorkload, Step
 from .lifetime import die_with_parent
-from .pool import KVPool, WriteAhead
+from .pool import KVPool, Runs, WriteAhead, _PageWriter
+
+#: A step's page runs: ``(tag, runs)`` groups, the tag naming the table they go to.
+Tagged: TypeAlias = list[tuple[int, Runs]]
+#: Steps made together, each with its page runs.
+Batch: TypeAlias = list[tuple[Step, Tagged]]
+#: What a child sends: ``(kind, payload)`` (see ``_pack`` and ``_produce``).
+Message: TypeAlias = tuple[str, Any]
 
 #: Steps per batch (a child's message): also how far ``WriteAhead`` stages at once.
 BATCH_STEPS = 16
@@ -48,7 +57,9 @@ class ProducerDied(RuntimeError):
     """A child process exited without sending its steps or an exception."""
 
 
-def stream_kwargs(pool_kwargs: dict, workload_kwargs: dict, k: int, steps: int):
+def stream_kwargs(
+    pool_kwargs: dict[str, Any], workload_kwargs: dict[str, Any], k: int, steps: int
+) -> tuple[dict[str, Any], dict[str, Any]]:
     """``KVPool`` and ``DecodeWorkload`` arguments of stream ``k``, ``steps`` steps long."""
     shift = k * STREAM_SEED_STRIDE
     return (
@@ -70,7 +81,9 @@ def streams_with_steps(steps: int, streams: int, segment: int) -> int:
     return max(1, sum(1 for n in stream_steps(steps, streams, segment) if n))
 
 
-def _batches(pool_kwargs: dict, workload_kwargs: dict) -> Iterator[list]:
+def _batches(
+    pool_kwargs: dict[str, Any], workload_kwargs: dict[str, Any]
+) -> Generator[Batch, None, None]:
     """One stream's steps in batches of ``BATCH_STEPS``: ``(Step, [(tag, runs), ...])`` each,
     the step's batch as two ``[bs]`` int64 arrays. A failure is raised after the batch of the
     steps made before it, so that it surfaces at its own step."""
@@ -79,7 +92,7 @@ def _batches(pool_kwargs: dict, workload_kwargs: dict) -> Iterator[list]:
     tags = {id(pool._r2t_writer): _R2T}
     if pool._swa_writer is not None:
         tags[id(pool._swa_writer)] = _SWA
-    batch: list = []
+    batch: Batch = []
     try:
         for i in range(workload.steps):
             step = workload._advance(i)
@@ -103,7 +116,7 @@ def _batches(pool_kwargs: dict, workload_kwargs: dict) -> Iterator[list]:
         yield batch
 
 
-def _pack(batch: list, ring: RingWriter | None, alive) -> tuple:
+def _pack(batch: Batch, ring: RingWriter | None, alive: Callable[[], bool]) -> Message:
     """A child's message for ``batch``: ``("ring", (start, runs, fields, steps))`` with the
     batch's page runs written into ``ring`` (``steps``: each step with its ``(tag, count)``
     groups), or ``("steps", batch)`` whole when there is no ring or the runs do not fit it.
@@ -121,7 +134,7 @@ def _pack(batch: list, ring: RingWriter | None, alive) -> tuple:
     return ("ring", (start, block.shape[0], block.shape[1], steps))
 
 
-def _unpack(payload: tuple, ring: RingReader, borrow: bool = False) -> list:
+def _unpack(payload: tuple[Any, ...], ring: RingReader, borrow: bool = False) -> Batch:
     """The batch a ``("ring", payload)`` message stands for, its runs copied out of ``ring``
     (which is then free for the child's next ones), or with ``borrow`` read in place: the
     caller then releases the block (``ring.release(_block_end(payload))``) once it has no more
@@ -132,7 +145,7 @@ def _unpack(payload: tuple, ring: RingReader, borrow: bool = False) -> list:
     nbytes = count * fields * 8
     if borrow and ring.tensor is not None:
         at = ring.offset(start, nbytes)
-        block = ring.tensor[at : at + nbytes].view(torch.int64).view(count, fields)
+        block: Runs = ring.tensor[at : at + nbytes].view(torch.int64).view(count, fields)
     else:
         raw = ring.borrow(start, nbytes) if borrow else ring.take(start, nbytes)
         block = raw.view(np.int64).reshape(count, fields)
@@ -141,13 +154,13 @@ def _unpack(payload: tuple, ring: RingReader, borrow: bool = False) -> list:
     for _, groups in steps:
         for tag, k in groups:
             totals[tag] += k
-    at, offsets = 0, {}
+    at, offsets = 0, dict[int, int]()
     for tag in _TAGS:
         offsets[tag] = at
         at += totals[tag]
-    batch = []
+    batch: Batch = []
     for step, groups in steps:
-        writes = []
+        writes: Tagged = []
         for tag, k in groups:
             o = offsets[tag]
             writes.append((tag, block[o : o + k]))
@@ -156,16 +169,17 @@ def _unpack(payload: tuple, ring: RingReader, borrow: bool = False) -> list:
     return batch
 
 
-def _block_end(payload: tuple) -> int:
+def _block_end(payload: tuple[Any, ...]) -> int:
     """The ring counter just past the runs of a ``("ring", payload)`` message."""
     start, count, fields, _ = payload
-    return start + count * fields * 8
+    end: int = start + count * fields * 8
+    return end
 
 
 def _produce(
-    pool_kwargs: dict,
-    workload_kwargs: dict,
-    out: mp.Queue,
+    pool_kwargs: dict[str, Any],
+    workload_kwargs: dict[str, Any],
+    out: mp.Queue[Message],
     parent: int,
     ring_path: str | None = None,
     ring_bytes: int = 0,
@@ -181,7 +195,7 @@ def _produce(
     def alive() -> bool:
         return os.getppid() == parent
 
-    def send(item) -> bool:
+    def send(item: Message) -> bool:
         while True:
             try:
                 out.put(item, timeout=POLL_S)
@@ -190,7 +204,7 @@ def _produce(
                 if not alive():  # the parent is gone: nobody will read this
                     return False
 
-    ring = None
+    ring: RingWriter | None = None
     try:
         if ring_path is not None:
             try:
@@ -219,12 +233,19 @@ class _ChildStream:
     """One stream's batches, from a child process (the page runs through a ring of
     ``ring_bytes``, if not 0 and the machine supports it)."""
 
-    def __init__(self, ctx, pool_kwargs: dict, workload_kwargs: dict, k: int, ring_bytes: int):
-        self.queue = ctx.Queue(maxsize=QUEUE_BATCHES)
-        self.ring = None
+    def __init__(
+        self,
+        ctx: SpawnContext,
+        pool_kwargs: dict[str, Any],
+        workload_kwargs: dict[str, Any],
+        k: int,
+        ring_bytes: int,
+    ) -> None:
+        self.queue: mp.Queue[Message] = ctx.Queue(maxsize=QUEUE_BATCHES)
+        self.ring: RingReader | None = None
         self._borrowed: int | None = None  # ring counter past the last batch read in place
         self._received = False  # whether anything came from the child yet
-        self._first = None  # its first message, once wait_first() took it
+        self._first: Message | None = None  # its first message, once wait_first() took it
         if ring_bytes and RING_SUPPORTED:
             try:
                 self.ring = RingReader(ring_bytes)
@@ -250,13 +271,17 @@ class _ChildStream:
                 self.ring.close()
             raise
 
-    def wait_first(self, should_stop=None) -> None:
+    def wait_first(self, should_stop: Callable[[], bool] | None = None) -> None:
         """Wait for the child's first message (its start-up), kept for ``next_batch``: a batch,
         or the child's exception, raised there as ever (at its stream's first step)."""
         if not self._received:
             self._first = self._receive(should_stop=should_stop)
 
-    def _receive(self, before_wait=None, should_stop=None):
+    def _receive(
+        self,
+        before_wait: Callable[[], object] | None = None,
+        should_stop: Callable[[], bool] | None = None,
+    ) -> Message:
         if self._first is not None:
             item, self._first = self._first, None
             return item
@@ -271,7 +296,7 @@ class _ChildStream:
             self.ring.unlink()  # the child maps the ring before it sends anything
         return item
 
-    def _wait_for_item(self, should_stop=None):
+    def _wait_for_item(self, should_stop: Callable[[], bool] | None = None) -> Message:
         while True:
             if should_stop is not None and should_stop():
                 raise KeyboardInterrupt("stopped while waiting for a workload process")
@@ -287,7 +312,7 @@ class _ChildStream:
                             f"{self.process.exitcode} before sending every step"
                         ) from None
 
-    def next_batch(self, before_wait=None) -> list:
+    def next_batch(self, before_wait: Callable[[], object] | None = None) -> Batch:
         """The next batch (``before_wait()`` is called first if the child has not sent it
         yet). Its runs may lie in the ring, read in place (borrowed): they stay valid until
         the caller gives their space back (``take_borrowed``, then ``ring.release``)."""
@@ -297,10 +322,11 @@ class _ChildStream:
         if kind == "done":  # more steps asked for than the stream was made with
             raise ProducerDied(f"the workload process {self.process.name} ran out of steps")
         if kind == "ring":
-            batch = _unpack(payload, self.ring, borrow=True)
+            ring = cast(RingReader, self.ring)  # runs come in a ring only where there is one
+            batch = _unpack(payload, ring, borrow=True)
             self._borrowed = _block_end(payload)
             return batch
-        return payload
+        return cast(Batch, payload)
 
     def take_borrowed(self) -> int | None:
         """The ring counter past the runs of the batches returned since the last call (to
@@ -325,10 +351,10 @@ class _ChildStream:
 class _LocalStream:
     """One stream's batches, made in this process when asked for."""
 
-    def __init__(self, pool_kwargs: dict, workload_kwargs: dict):
+    def __init__(self, pool_kwargs: dict[str, Any], workload_kwargs: dict[str, Any]) -> None:
         self.batches = _batches(pool_kwargs, workload_kwargs)
 
-    def next_batch(self, before_wait=None) -> list:
+    def next_batch(self, before_wait: Callable[[], object] | None = None) -> Batch:
         return next(self.batches)
 
     def take_borrowed(self) -> None:
@@ -366,14 +392,14 @@ class ProducedWorkload:
     def __init__(
         self,
         pool: KVPool,
-        pool_kwargs: dict,
-        workload_kwargs: dict,
+        pool_kwargs: dict[str, Any],
+        workload_kwargs: dict[str, Any],
         *,
         streams: int = 1,
         processes: bool = False,
         segment: int | None = None,
         ring_bytes: int = RING_BYTES,
-    ):
+    ) -> None:
         if "device" in pool_kwargs or "lookahead" in workload_kwargs or "pool" in workload_kwargs:
             raise ValueError("pool_kwargs takes no device, workload_kwargs no pool or lookahead")
         segment = SEGMENT_STEPS if segment is None else segment
@@ -404,7 +430,7 @@ class ProducedWorkload:
             if self.streams > 1
             else []
         )
-        self._sources: list = []
+        self._sources: list[_ChildStream | _LocalStream] = []
         self._closed = False
         self._iterated = False
         #: Seconds the iteration spent getting batches after the first one: waiting for a
@@ -413,7 +439,8 @@ class ProducedWorkload:
         #: limits the rate.
         self.receive_s = 0.0
         # Ring blocks given back once the device copies reading them complete.
-        self._held: deque = deque()
+        #: ``(event, [(child stream, ring counter), ...])``, oldest first
+        self._held: deque[tuple[torch.cuda.Event | None, list[tuple[Any, int]]]] = deque()
         self._device = pool.req_to_token.device
         #: Whether some child's ring is registered with CUDA (its runs are copied to the device
         #: straight from the ring).
@@ -423,7 +450,9 @@ class ProducedWorkload:
             for k in range(self.streams):
                 pk, wk = stream_kwargs(pool_kwargs, workload_kwargs, k, counts[k])
                 self._sources.append(
-                    _ChildStream(ctx, pk, wk, k, ring_bytes) if processes else _LocalStream(pk, wk)
+                    _ChildStream(cast(SpawnContext, ctx), pk, wk, k, ring_bytes)
+                    if processes
+                    else _LocalStream(pk, wk)
                 )
             if self._device.type == "cuda":
                 with torch.cuda.device(self._device):
@@ -441,10 +470,10 @@ class ProducedWorkload:
     def __enter__(self) -> ProducedWorkload:
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, *exc: object) -> None:
         self.close()
 
-    def wait_started(self, should_stop=None) -> float:
+    def wait_started(self, should_stop: Callable[[], bool] | None = None) -> float:
         """Wait until every child has sent its first batch; returns the seconds waited.
 
         A child's start-up (an interpreter, ``torch``, its first steps) takes seconds, and the
@@ -472,8 +501,12 @@ class ProducedWorkload:
         if self._iterated:
             raise RuntimeError("a ProducedWorkload can be iterated once")
         self._iterated = True
-        writers = {_R2T: self.pool._r2t_writer, _SWA: self.pool._swa_writer}
-        ahead, ready = WriteAhead(), deque()
+        # No SWA runs come without an SWA pool, whose writer alone may be None.
+        writers = cast(
+            dict[int, _PageWriter], {_R2T: self.pool._r2t_writer, _SWA: self.pool._swa_writer}
+        )
+        ahead = WriteAhead()
+        ready: deque[Step] = deque()
         active = 0
         try:
             for index in range(self.steps):
@@ -508,7 +541,7 @@ class ProducedWorkload:
         blocks = [(s, end) for s in self._sources if (end := s.take_borrowed()) is not None]
         if not blocks:
             return
-        event = None
+        event: torch.cuda.Event | None = None
         if self._pinned:
             event = torch.cuda.Event()
             event.record(torch.cuda.current_stream(self._device))
@@ -549,6 +582,6 @@ class ProducedWorkload:
             source.close()
 
     @property
-    def _processes(self) -> list:
+    def _processes(self) -> list[mp.process.BaseProcess]:
         """The child processes (for tests)."""
         return [s.process for s in self._sources if isinstance(s, _ChildStream)]
