@@ -134,14 +134,19 @@ def test_a_second_format_of_a_name_is_refused_and_unknown_names_say_the_known():
         validate_config(tiny("nope"))
 
 
+#: Where the kernels run: compiled on a GPU, the Triton interpreter without one.
+DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
+
+
 def _built_batch(fmt: ReaderFormat, lens: list[int], page_size: int = 4, width: int = 5):
-    """A batch's table over distinct pages and the format's metadata built from it."""
+    """A batch's table over distinct pages and the format's metadata built from it, on
+    ``DEVICE``."""
     gen = torch.Generator().manual_seed(len(lens) * 7 + width)
     bs, max_bs = len(lens), len(lens) + 2
     pages = torch.randperm(max_bs * width, generator=gen).to(torch.int32) + 1
-    table = pages.view(max_bs, width)
-    seqlens = torch.tensor(lens + [0] * (max_bs - bs), dtype=torch.int32)
-    meta = fmt.allocate(max_bs, width, torch.device("cpu"))
+    table = pages.view(max_bs, width).to(DEVICE)
+    seqlens = torch.tensor(lens + [0] * (max_bs - bs), dtype=torch.int32, device=DEVICE)
+    meta = fmt.allocate(max_bs, width, DEVICE)
     for stale in fmt.stale(meta):
         stale.fill_(-1)
     fmt.build(meta, table[:bs], seqlens[:bs], page_size)
@@ -156,13 +161,13 @@ def test_every_format_kernel_matches_its_reference(with_toy, request):
         request.getfixturevalue("toy_format")
     lens, ps, heads, dim = [5, 20, 0, 13], 4, (4, 2), 16
     gen = torch.Generator().manual_seed(1)
-    q = torch.randn((len(lens), heads[0], dim), generator=gen)
-    ws = prepare_decode_attention(len(lens), heads[0], dim, device="cpu", max_context_len=20)
+    q = torch.randn((len(lens), heads[0], dim), generator=gen).to(DEVICE)
+    ws = prepare_decode_attention(len(lens), heads[0], dim, device=DEVICE, max_context_len=20)
     want_rows = None
     for fmt in FORMATS.values():
         args, table, num_pages = _built_batch(fmt, lens, ps)
-        k = torch.randn((num_pages, ps, heads[1], dim), generator=gen)
-        v = torch.randn((num_pages, ps, heads[1], dim), generator=gen)
+        k = torch.randn((num_pages, ps, heads[1], dim), generator=gen).to(DEVICE)
+        v = torch.randn((num_pages, ps, heads[1], dim), generator=gen).to(DEVICE)
         rows = fmt.rows(args, ps, len(lens))
         want_rows = rows if want_rows is None else want_rows
         assert rows == want_rows, fmt.name
