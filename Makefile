@@ -78,17 +78,11 @@ run: $(SETUP)
 	$(PY) -m pagegraph kernel-table
 	$(PY) -m pagegraph check $(SCENARIO)
 
-# mypy --strict (pyproject.toml's [tool.mypy]) on the layers whose seams are typed: the kinds,
-# the graph bed, the checker, the detectors, the child-process supervision, the kernels, the
-# workload, the mutants, the bench, the jobs (jobs/wild_job.py aside, for now) and the
-# top-level modules (the CLI, the package's lazy names, the pytest plugin).
+# mypy --strict (pyproject.toml's [tool.mypy]) on the whole package, src/pagegraph.
 lint: $(SETUP)
 	$(PY) -m ruff check src tests benchmarks tools
 	$(PY) -m ruff format --check src tests benchmarks
-	$(PY) -m mypy src/pagegraph/kinds src/pagegraph/graph src/pagegraph/check src/pagegraph/detect \
-		src/pagegraph/supervise src/pagegraph/kernels src/pagegraph/workload src/pagegraph/mutants \
-		src/pagegraph/bench src/pagegraph/jobs src/pagegraph/cli.py src/pagegraph/__init__.py \
-		src/pagegraph/__main__.py src/pagegraph/pytest_plugin.py --exclude 'jobs/wild_job\.py$$'
+	$(PY) -m mypy src/pagegraph
 
 format: $(SETUP)
 	$(PY) -m ruff format src tests benchmarks

@@ -12,7 +12,7 @@ from collections.abc import Callable
 __all__ = ["CLIENT_BUILDERS"]
 
 
-def CLIENT_BUILDERS() -> dict[str, Callable]:  # noqa: N802 - reads as the table it returns
+def CLIENT_BUILDERS() -> dict[str, Callable[..., object]]:  # noqa: N802 - reads as the table it returns
     """Every engine's adapters by name (those of an engine whose files are missing still
     resolve, and raise its ``*Unavailable`` error with the reason when called)."""
     from .sglang import SGLANG_BUILDERS

@@ -6,6 +6,7 @@ compiled kernels never see them and the engines' files stay unchanged.
 from __future__ import annotations
 
 import os
+from typing import Any
 
 __all__ = ["fit_interpreter"]
 
@@ -42,11 +43,14 @@ def _interpreter_indexes_loaded_scalars() -> None:
     if original is None or getattr(original, "pagegraph_index_fix", False):
         return
 
-    def patch_lang_tensor(tensor, scope):
-        original(tensor, scope)
-        scope.set_attr(tensor, "__index__", lambda self: int(self.handle.data.item()))
+    def index(self: Any) -> int:
+        return int(self.handle.data.item())
 
-    patch_lang_tensor.pagegraph_index_fix = True
+    def patch_lang_tensor(tensor: Any, scope: Any) -> None:
+        original(tensor, scope)
+        scope.set_attr(tensor, "__index__", index)
+
+    vars(patch_lang_tensor)["pagegraph_index_fix"] = True
     interpreter._patch_lang_tensor = patch_lang_tensor
 
 
@@ -66,14 +70,16 @@ def _interpreter_dots_bf16_as_values() -> None:
     import numpy as np
     import triton.language as tl
 
-    def widened(handle):
+    def widened(handle: Any) -> Any:
         if handle.dtype.scalar != tl.bfloat16:
             return handle
         data = interpreter._convert_float(handle.data, tl.bfloat16, tl.float32, None)
         return interpreter.TensorHandle(data.view(np.float32), tl.float32)
 
-    def create_dot(self, a, b, d, input_precision, max_num_imprecise_acc):
+    def create_dot(
+        self: Any, a: Any, b: Any, d: Any, input_precision: Any, max_num_imprecise_acc: Any
+    ) -> Any:
         return original(self, widened(a), widened(b), d, input_precision, max_num_imprecise_acc)
 
-    create_dot.pagegraph_bf16_fix = True  # type: ignore[attr-defined]
+    vars(create_dot)["pagegraph_bf16_fix"] = True
     builder.create_dot = create_dot

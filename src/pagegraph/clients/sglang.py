@@ -13,11 +13,13 @@ from __future__ import annotations
 import importlib.metadata
 import importlib.util
 import sys
+from collections.abc import Callable
 from pathlib import Path
 from types import ModuleType
 
 import torch
 
+from ..kernels.contract import declare_outputs
 from ..kernels.file_modules import load_file_module
 from .interpreter import fit_interpreter
 
@@ -201,7 +203,7 @@ def trtllm_mha_graph_metadata(
     )
 
 
-trtllm_mha_graph_metadata.pagegraph_outputs = "decode_metadata"
+declare_outputs(trtllm_mha_graph_metadata, "decode_metadata")
 
 
 def normal_decode_metadata(
@@ -245,7 +247,7 @@ def normal_decode_metadata(
     )
 
 
-normal_decode_metadata.pagegraph_outputs = "decode_metadata"
+declare_outputs(normal_decode_metadata, "decode_metadata")
 
 
 # -- kv_indices.py: CSR and FlashMLA formats, with their references ---------------------------
@@ -376,8 +378,10 @@ def flashinfer_csr(
     flashinfer_kv_indices(req_to_token, req_pool_indices, seq_lens, kv_indptr, kv_indices)
 
 
-flashinfer_csr.pagegraph_outputs = "csr"
-flashinfer_csr.pagegraph_page_sizes = (1,)  # SGLang's FlashInfer backend builds token slots
+declare_outputs(flashinfer_csr, "csr")
+vars(flashinfer_csr)["pagegraph_page_sizes"] = (
+    1,
+)  # SGLang's FlashInfer backend builds token slots
 
 
 def flashinfer_csr_token_blocks(
@@ -400,8 +404,8 @@ def flashinfer_csr_token_blocks(
     )
 
 
-flashinfer_csr_token_blocks.pagegraph_outputs = "csr"
-flashinfer_csr_token_blocks.pagegraph_page_sizes = (1,)
+declare_outputs(flashinfer_csr_token_blocks, "csr")
+vars(flashinfer_csr_token_blocks)["pagegraph_page_sizes"] = (1,)
 
 
 def _starts(kv_start_idx: torch.Tensor | None, bs: int) -> list[int]:
@@ -456,7 +460,7 @@ def reference_flashmla_kv_indices(
 
 #: SGLang's builders under pagegraph's contracts, by the name the checker knows them by;
 #: empty where SGLang's kernel files are not installed.
-SGLANG_BUILDERS = (
+SGLANG_BUILDERS: dict[str, Callable[..., object]] = (
     {
         "sglang_trtllm_mha_page_table": trtllm_mha_page_table,
         "sglang_trtllm_mha_graph_metadata": trtllm_mha_graph_metadata,

@@ -24,6 +24,7 @@ from __future__ import annotations
 import builtins
 import math
 import sys
+from collections.abc import Callable, Mapping, Sequence
 from types import ModuleType, SimpleNamespace
 
 import torch
@@ -132,11 +133,17 @@ def _stand_ins(score_mod: ModuleType) -> dict[str, object]:
     }
 
 
-def _importer(answers: dict[str, object]):
+def _importer(answers: dict[str, object]) -> Callable[..., object]:
     """An ``__import__`` answering ``answers``' names and refusing any other ``sglang``."""
     real = builtins.__import__
 
-    def isolated_import(name, globals=None, locals=None, fromlist=(), level=0):
+    def isolated_import(
+        name: str,
+        globals: Mapping[str, object] | None = None,
+        locals: Mapping[str, object] | None = None,
+        fromlist: Sequence[str] = (),
+        level: int = 0,
+    ) -> object:
         if level == 0 and (name == "sglang" or name.startswith("sglang.")):
             if name in answers and fromlist:
                 return answers[name]
@@ -204,7 +211,9 @@ def set_kv_buffer(w: CacheWrite, **_: object) -> None:
     w.v_cache.view(-1, heads, dim)[w.out_cache_loc] = w.v_new
 
 
-def _workspace(max_bs: int, width: int, page_size: int, device) -> dict[str, torch.Tensor]:
+def _workspace(
+    max_bs: int, width: int, page_size: int, device: torch.device
+) -> dict[str, torch.Tensor]:
     """The backend's CUDA-graph buffers (``init_cuda_graph_state``) that do not depend on the
     heads: ``kv_indptr`` ``[max_bs + 1]``, ``kv_indices`` ``[max_bs * context]`` (token slots),
     ``num_kv_splits`` ``[max_bs]`` int32. ``attn_logits`` / ``attn_lse`` (``[max_bs, Hq,

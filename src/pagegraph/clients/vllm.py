@@ -9,11 +9,14 @@ every table, no clamps, 16-byte aligned tables): docs/ARCHITECTURE.md, "vLLM's o
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from types import SimpleNamespace
 
 import torch
 
 from ..kernels.batch import BatchContext
+from ..kernels.contract import declare_outputs
+from ..kernels.kv_groups import RingGroup
 from .vllm_files import (
     STUBBED_IMPORTS,
     TESTED_VERSION,
@@ -42,7 +45,7 @@ __all__ = [
 GATHER_BLOCK_SIZE = 1024
 SLOT_BLOCK_SIZE = 1024
 
-_launch_args: dict[tuple, SimpleNamespace] = {}
+_launch_args: dict[tuple[object, ...], SimpleNamespace] = {}
 
 
 def clear_launch_args() -> None:
@@ -51,7 +54,7 @@ def clear_launch_args() -> None:
     _launch_args.clear()
 
 
-def _small(values: list, dtype: torch.dtype, device: torch.device) -> torch.Tensor:
+def _small(values: list[int], dtype: torch.dtype, device: torch.device) -> torch.Tensor:
     """A small device tensor from host values (vLLM's ``_make_ptr_tensor``): a host-to-device
     copy, which a stream capture forbids."""
     if device.type == "cuda" and torch.cuda.is_current_stream_capturing():
@@ -152,7 +155,7 @@ def vllm_gather_block_tables(
     )
 
 
-vllm_gather_block_tables.pagegraph_outputs = "block_table"
+declare_outputs(vllm_gather_block_tables, "block_table")
 
 
 def vllm_compute_slot_mappings(
@@ -163,7 +166,7 @@ def vllm_compute_slot_mappings(
     slot_mapping: torch.Tensor,
     page_size: int,
     *,
-    group=None,
+    group: RingGroup | None = None,
 ) -> None:
     """vLLM's ``_compute_slot_mappings_kernel`` under the ``"slot_mapping"`` contract (shapes as
     ``pagegraph.kernels.slot_mapping.compute_slot_mappings``), launched as
@@ -199,11 +202,11 @@ def vllm_compute_slot_mappings(
     )
 
 
-vllm_compute_slot_mappings.pagegraph_outputs = "slot_mapping"
+declare_outputs(vllm_compute_slot_mappings, "slot_mapping")
 
 #: vLLM's builders under pagegraph's contracts, by the name the checker knows them by; empty
 #: where vLLM's kernel files are not found (``vllm_unavailable_reason()`` says why).
-VLLM_BUILDERS = (
+VLLM_BUILDERS: dict[str, Callable[..., object]] = (
     {
         "vllm_gather_block_tables": vllm_gather_block_tables,
         "vllm_compute_slot_mappings": vllm_compute_slot_mappings,

@@ -16,8 +16,10 @@ import ast
 import builtins
 import enum
 import logging
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
+from typing import Any
 
 import torch
 
@@ -134,26 +136,26 @@ def _kv_quant_mode(root: Path) -> type[enum.IntEnum]:
     return enum.IntEnum("KVQuantMode", values or _KV_QUANT_MODES)  # type: ignore[return-value]
 
 
-class _OnceLogger(logging.LoggerAdapter):
+class _OnceLogger(logging.LoggerAdapter[logging.Logger]):
     """vLLM's logger: a standard one with ``*_once`` methods."""
 
     def __init__(self, name: str) -> None:
         super().__init__(logging.getLogger(name), {})
         self._seen: set[tuple[str, str]] = set()
 
-    def _once(self, level: str, msg: str, *args, **kwargs) -> None:
+    def _once(self, level: str, msg: str, *args: object, **kwargs: object) -> None:
         if (level, msg) not in self._seen:
             self._seen.add((level, msg))
             kwargs.pop("scope", None)
             getattr(self, level)(msg, *args, **kwargs)
 
-    def debug_once(self, msg, *args, **kwargs):
+    def debug_once(self, msg: str, *args: object, **kwargs: object) -> None:
         self._once("debug", msg, *args, **kwargs)
 
-    def info_once(self, msg, *args, **kwargs):
+    def info_once(self, msg: str, *args: object, **kwargs: object) -> None:
         self._once("info", msg, *args, **kwargs)
 
-    def warning_once(self, msg, *args, **kwargs):
+    def warning_once(self, msg: str, *args: object, **kwargs: object) -> None:
         self._once("warning", msg, *args, **kwargs)
 
 
@@ -177,12 +179,12 @@ class _Platform:
     def fp8_dtype(self) -> torch.dtype:
         return torch.float8_e4m3fn
 
-    def has_device_capability(self, capability, device_id: int = 0) -> bool:
+    def has_device_capability(self, capability: int | tuple[int, ...], device_id: int = 0) -> bool:
         if isinstance(capability, tuple):
             capability = capability[0] * 10 + capability[1]
         return self.capability[0] * 10 + self.capability[1] >= capability
 
-    def is_device_capability(self, capability, device_id: int = 0) -> bool:
+    def is_device_capability(self, capability: int | tuple[int, ...], device_id: int = 0) -> bool:
         if isinstance(capability, tuple):
             return tuple(capability) == self.capability
         return self.capability[0] * 10 + self.capability[1] == capability
@@ -190,7 +192,7 @@ class _Platform:
     def is_device_capability_family(self, capability: int, device_id: int = 0) -> bool:
         return (self.capability[0] * 10 + self.capability[1]) // 10 == capability // 10
 
-    def get_device_capability(self, device_id: int = 0):
+    def get_device_capability(self, device_id: int = 0) -> SimpleNamespace:
         return SimpleNamespace(major=self.capability[0], minor=self.capability[1])
 
     def num_compute_units(self, device_id: int = 0) -> int:
@@ -205,7 +207,7 @@ class _TorchOffCuda(ModuleType):
         super().__init__("torch")
         real_cuda = torch.cuda
 
-        def get_device_capability(device=None):
+        def get_device_capability(device: torch.types.Device = None) -> tuple[int, int]:
             if device is not None and torch.device(device).type != "cuda":
                 return _Platform.capability
             return real_cuda.get_device_capability(device)
@@ -215,7 +217,7 @@ class _TorchOffCuda(ModuleType):
         cuda.get_device_capability = get_device_capability  # type: ignore[attr-defined]
         self.cuda = cuda
 
-    def __getattr__(self, name: str):
+    def __getattr__(self, name: str) -> Any:
         return getattr(torch, name)
 
 
@@ -223,7 +225,7 @@ def _stand_ins(root: Path) -> dict[str, ModuleType]:
     import triton
     import triton.language as tl
 
-    def module(name: str, **names) -> ModuleType:
+    def module(name: str, **names: object) -> ModuleType:
         m = ModuleType(f"pagegraph_vllm_stub.{name}")
         m.__dict__.update(names)
         return m
@@ -248,12 +250,20 @@ def _stand_ins(root: Path) -> dict[str, ModuleType]:
     }
 
 
-def _importer(answers: dict[str, ModuleType], overrides: dict[str, ModuleType]):
+def _importer(
+    answers: dict[str, ModuleType], overrides: dict[str, ModuleType]
+) -> Callable[..., ModuleType]:
     """An ``__import__`` answering ``answers``' names (``from vllm.x import y`` and
     ``import vllm.x as y``) and ``overrides`` (non-vLLM modules), refusing any other vLLM."""
     real = builtins.__import__
 
-    def isolated_import(name, globals=None, locals=None, fromlist=(), level=0):
+    def isolated_import(
+        name: str,
+        globals: Mapping[str, object] | None = None,
+        locals: Mapping[str, object] | None = None,
+        fromlist: Sequence[str] = (),
+        level: int = 0,
+    ) -> ModuleType:
         if level == 0 and name in overrides:
             return overrides[name]
         if level == 0 and (name == "vllm" or name.startswith("vllm.")):
@@ -305,7 +315,7 @@ def load_vllm_attention() -> SimpleNamespace:
 
     helpers = load(ATTENTION_FILES[0])
     answers["vllm.v1.attention.ops.triton_attention_helpers"] = helpers
-    off_cuda = {"torch": _TorchOffCuda()}
+    off_cuda: dict[str, ModuleType] = {"torch": _TorchOffCuda()}
     cache = load(ATTENTION_FILES[1], off_cuda)
     attention = load(ATTENTION_FILES[2])
     _loaded = SimpleNamespace(
@@ -348,7 +358,9 @@ def triton_attn_config(
     }
 
 
-def _workspace(max_bs: int, width: int, page_size: int, device: torch.device) -> dict:
+def _workspace(
+    max_bs: int, width: int, page_size: int, device: torch.device
+) -> dict[str, torch.Tensor]:
     """The buffers vLLM keeps for a step, allocated once: ``slot_mapping`` ``[max_bs]`` int64,
     ``query_start_loc`` ``[max_bs + 1]`` int32 (``0..max_bs``: one token a row) and the unit
     ``k_scale`` / ``v_scale`` (``layer._k_scale``). The 3D scratch, sized by the heads, is
@@ -361,14 +373,14 @@ def _workspace(max_bs: int, width: int, page_size: int, device: torch.device) ->
     }
 
 
-def _launch_args(host: HostBatch) -> dict:
+def _launch_args(host: HostBatch) -> dict[str, int]:
     """What the engine passes from the host, frozen at capture: ``max_seqlen_k`` as vLLM's
     model runner builds it for a capture (``max_model_len``: the table's capacity here; the
     non-INT4 kernels never read it) and ``max_seqlen_q`` 1 (decode)."""
     return {"max_seqlen_k": host.capacity, "max_seqlen_q": 1}
 
 
-def _write_cache(w: CacheWrite, *, plan: dict, **_: object) -> None:
+def _write_cache(w: CacheWrite, *, plan: dict[str, torch.Tensor], **_: object) -> None:
     """vLLM's cache write for a decode batch: ``_compute_slot_mappings_kernel`` from the block
     table (``idx_mapping`` -1 rows get ``PAD_SLOT_ID``), then ``triton_reshape_and_cache_flash``
     (negative slots skipped)."""
@@ -386,7 +398,9 @@ def _write_cache(w: CacheWrite, *, plan: dict, **_: object) -> None:
     )
 
 
-def _scratch(plan: dict, q: torch.Tensor, k_cache: torch.Tensor) -> dict[str, int]:
+def _scratch(
+    plan: dict[str, torch.Tensor], q: torch.Tensor, k_cache: torch.Tensor
+) -> dict[str, int]:
     """The backend's host values for these shapes, its 3D scratch allocated in ``plan`` on
     the first call (the warm-up before capture)."""
     vllm = load_vllm_attention()
@@ -404,9 +418,10 @@ def _scratch(plan: dict, q: torch.Tensor, k_cache: torch.Tensor) -> dict[str, in
 
 
 def _attend(
-    q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size, workspace, plan,
-    max_seqlen_k, max_seqlen_q=1, **_,
-):  # fmt: skip
+    q: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor, page_table: torch.Tensor,
+    cache_seqlens: torch.Tensor, out: torch.Tensor, *, page_size: int, workspace: object,
+    plan: dict[str, torch.Tensor], max_seqlen_k: int, max_seqlen_q: int = 1, **_: object,
+) -> None:  # fmt: skip
     """``unified_attention`` as ``TritonAttentionImpl.forward`` calls it for a decode batch."""
     vllm = load_vllm_attention()
     config = _scratch(plan, q, k_cache)

@@ -15,8 +15,10 @@ import builtins
 import importlib.util
 import logging
 import os
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from types import ModuleType, SimpleNamespace
+from typing import NoReturn, cast
 
 from ..kernels.file_modules import load_file_module
 from .interpreter import fit_interpreter
@@ -132,8 +134,8 @@ def pad_slot_id(root: Path) -> int:
     return -1
 
 
-def _unused(name: str):
-    def stand_in(*args, **kwargs):
+def _unused(name: str) -> Callable[..., NoReturn]:
+    def stand_in(*args: object, **kwargs: object) -> NoReturn:
         raise NotImplementedError(f"{name} is stubbed by pagegraph (only the kernels are used)")
 
     return stand_in
@@ -144,7 +146,7 @@ def _stand_ins(root: Path) -> dict[str, ModuleType]:
     import triton
     import triton.language as tl
 
-    def module(name: str, **names) -> ModuleType:
+    def module(name: str, **names: object) -> ModuleType:
         m = ModuleType(f"pagegraph_vllm_stub.{name}")
         m.__dict__.update(names)
         return m
@@ -172,11 +174,17 @@ def _stand_ins(root: Path) -> dict[str, ModuleType]:
     }
 
 
-def _importer(answers: dict[str, ModuleType]):
+def _importer(answers: dict[str, ModuleType]) -> Callable[..., ModuleType]:
     """An ``__import__`` that answers ``answers``' names and refuses any other ``vllm``."""
     real = builtins.__import__
 
-    def isolated_import(name, globals=None, locals=None, fromlist=(), level=0):
+    def isolated_import(
+        name: str,
+        globals: Mapping[str, object] | None = None,
+        locals: Mapping[str, object] | None = None,
+        fromlist: Sequence[str] = (),
+        level: int = 0,
+    ) -> ModuleType:
         if level == 0 and (name == "vllm" or name.startswith("vllm.")):
             if name in answers and fromlist:
                 return answers[name]
@@ -215,6 +223,6 @@ def load_vllm_kernels() -> SimpleNamespace:
         gather=block_table._gather_block_tables_kernel,
         slot_mappings=block_table._compute_slot_mappings_kernel,
         pad_slot_id=block_table.PAD_SLOT_ID,
-        root=Path(block_table.__file__).parents[4],
+        root=Path(cast(str, block_table.__file__)).parents[4],
     )
     return _kernels

@@ -9,6 +9,7 @@ docs/ARCHITECTURE.md, "Paged attention, the consumer".
 
 from __future__ import annotations
 
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -21,14 +22,17 @@ UNIT_ROUNDOFF = {torch.bfloat16: 2.0**-8, torch.float16: 2.0**-11, torch.float32
 EXP2_ERROR = 2.0**-22
 FP32_EPS = 2.0**-24
 
+#: A row's ``(page ids, length)``.
+_Row = tuple[list[int], int]
 
-def table_rows(page_table: torch.Tensor, cache_seqlens: torch.Tensor, page_size: int) -> list:
+
+def table_rows(page_table: torch.Tensor, cache_seqlens: torch.Tensor, page_size: int) -> list[_Row]:
     """``(page ids, length)`` of every row of a page table (``[bs, width]`` int32) with its
     ``cache_seqlens`` (``[bs]``), lengths clamped to ``[0, width * page_size]``; only the
     entries a correct consumer may read are returned."""
     width = page_table.shape[1]
     table, lens = page_table.cpu(), cache_seqlens.cpu().tolist()
-    rows = []
+    rows: list[_Row] = []
     for i, length in enumerate(lens[: page_table.shape[0]]):
         length = min(max(int(length), 0), width * page_size)
         rows.append((table[i, : cdiv(length, page_size)].tolist(), length))
@@ -41,12 +45,12 @@ def csr_rows(
     kv_last_page_len: torch.Tensor,
     page_size: int,
     bs: int,
-) -> list:
+) -> list[_Row]:
     """``(page ids, length)`` of the first ``bs`` rows of FlashInfer's CSR format, clamped as
     ``csr_decode_attention`` clamps it."""
     indptr, indices = kv_indptr.cpu().tolist(), kv_indices.cpu().tolist()
     last, nnz = kv_last_page_len.cpu().tolist(), len(indices)
-    rows = []
+    rows: list[_Row] = []
     for i in range(bs):
         start = min(max(indptr[i], 0), nnz)
         end = min(max(indptr[i + 1], start), nnz)
@@ -78,7 +82,7 @@ class LiveKV:
     def __len__(self) -> int:
         return self.lengths.shape[0]
 
-    def chunks(self):
+    def chunks(self) -> Iterator[tuple[slice, torch.Tensor, torch.Tensor, torch.Tensor]]:
         """``(rows slice, k, v, mask)`` per chunk of rows: ``k``/``v`` ``[c, l, Hkv, D]`` fp32
         on the pool's device (``l``: the chunk's longest length), zero where ``mask``
         ``[c, l]`` (token below the length) is False (the padding's page may hold NaN)."""
@@ -102,7 +106,9 @@ class LiveKV:
             yield rows, k, v, mask
 
 
-def live_kv(k_cache: torch.Tensor, v_cache: torch.Tensor, rows: list, page_size: int) -> LiveKV:
+def live_kv(
+    k_cache: torch.Tensor, v_cache: torch.Tensor, rows: list[_Row], page_size: int
+) -> LiveKV:
     """Each row's live keys and values from the pool ``[num_pages, page_size, num_kv_heads,
     head_dim]``, through its page ids: ``rows`` is a list of ``(page ids, length)``."""
     lengths = torch.tensor([length for _, length in rows], dtype=torch.long)
@@ -146,7 +152,9 @@ def attend(q: torch.Tensor, kv: LiveKV, sm_scale: float | None = None) -> torch.
     return out
 
 
-def tolerances(q: torch.Tensor, kv: LiveKV, sm_scale: float | None = None):
+def tolerances(
+    q: torch.Tensor, kv: LiveKV, sm_scale: float | None = None
+) -> tuple[torch.Tensor, float]:
     """``(atol [bs] fp32 tensor on the host, rtol)`` from each row's live data, as derived in
     docs/ARCHITECTURE.md ("Paged attention, the consumer"); 0 for a row of length 0."""
     head_dim = q.shape[-1]

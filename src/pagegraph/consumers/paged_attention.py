@@ -10,6 +10,8 @@ the split-K design: docs/ARCHITECTURE.md, "Paged attention, the consumer".
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 import triton
 import triton.language as tl
@@ -46,7 +48,14 @@ class DecodeWorkspace:
     written, and the combine kernel reads only those, so stale contents are harmless.
     """
 
-    def __init__(self, max_bs: int, num_q_heads: int, head_dim: int, num_splits: int, device):
+    def __init__(
+        self,
+        max_bs: int,
+        num_q_heads: int,
+        head_dim: int,
+        num_splits: int,
+        device: torch.device | str,
+    ) -> None:
         if min(max_bs, num_q_heads, head_dim, num_splits) < 1:
             raise ValueError("max_bs, num_q_heads, head_dim and num_splits must be >= 1")
         shape = (max_bs, num_q_heads, num_splits)
@@ -55,7 +64,7 @@ class DecodeWorkspace:
         self.max_bs, self.num_q_heads, self.head_dim = max_bs, num_q_heads, head_dim
         self.num_splits = num_splits
 
-    def check(self, bs: int, num_q_heads: int, head_dim: int, device) -> None:
+    def check(self, bs: int, num_q_heads: int, head_dim: int, device: torch.device | str) -> None:
         if bs > self.max_bs or (num_q_heads, head_dim) != (self.num_q_heads, self.head_dim):
             raise ValueError(
                 f"workspace for max_bs={self.max_bs}, num_q_heads={self.num_q_heads}, "
@@ -71,7 +80,7 @@ def prepare_decode_attention(
     num_q_heads: int,
     head_dim: int,
     *,
-    device,
+    device: torch.device | str,
     num_splits: int | None = None,
     max_context_len: int | None = None,
 ) -> DecodeWorkspace:
@@ -178,7 +187,13 @@ def csr_decode_attention(
     return out
 
 
-def _check_common(q, k_cache, v_cache, out, page_size: int) -> int:
+def _check_common(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    out: torch.Tensor,
+    page_size: int,
+) -> int:
     """Shapes, dtypes, devices and strides of the tensors both formats share (metadata only:
     reading a value would be a device-to-host sync); returns the batch size."""
     for name, t, ndim in (
@@ -214,7 +229,7 @@ def _check_common(q, k_cache, v_cache, out, page_size: int) -> int:
     return bs
 
 
-def _check_index(name: str, t, ndim: int) -> None:
+def _check_index(name: str, t: object, ndim: int) -> None:
     if not isinstance(t, torch.Tensor) or t.dtype != torch.int32 or t.dim() != ndim:
         what = f"{t.dtype} {tuple(t.shape)}" if isinstance(t, torch.Tensor) else type(t).__name__
         raise TypeError(f"{name} must be an int32 tensor of {ndim} dimension(s), got {what}")
@@ -222,17 +237,37 @@ def _check_index(name: str, t, ndim: int) -> None:
         raise ValueError(f"{name} must have inner stride 1, got {tuple(t.stride())}")
 
 
-def _workspace(workspace, num_splits, q) -> DecodeWorkspace:
+def _workspace(
+    workspace: DecodeWorkspace | None, num_splits: int | None, q: torch.Tensor
+) -> DecodeWorkspace:
     bs, num_q_heads, head_dim = q.shape
     if workspace is None:
-        return DecodeWorkspace(max(bs, 1), num_q_heads, head_dim, num_splits, q.device)
+        # Both callers choose num_splits when no workspace is given.
+        splits = cast(int, num_splits)
+        return DecodeWorkspace(max(bs, 1), num_q_heads, head_dim, splits, q.device)
     if num_splits is not None and num_splits != workspace.num_splits:
         raise ValueError(f"num_splits {num_splits} != the workspace's {workspace.num_splits}")
     workspace.check(bs, num_q_heads, head_dim, q.device)
     return workspace
 
 
-def _launch(q, k_cache, v_cache, out, meta, ws, page_size, sm_scale, block_n, *, csr) -> None:
+#: ``_launch``'s ``meta``: three int32 index tensors, the first one's row stride and width.
+_LaunchMeta = tuple[torch.Tensor, torch.Tensor, torch.Tensor, int, int]
+
+
+def _launch(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    out: torch.Tensor,
+    meta: _LaunchMeta,
+    ws: DecodeWorkspace,
+    page_size: int,
+    sm_scale: float | None,
+    block_n: int,
+    *,
+    csr: bool,
+) -> None:
     """Launch both kernels. ``meta`` is ``(pages, lens, last, pages_stride, width)``: the
     page table, ``cache_seqlens`` (twice) and the table's row stride and width; or
     ``kv_indices``, ``kv_indptr``, ``kv_last_page_len``, 0 and ``nnz``."""
@@ -299,7 +334,16 @@ def _launch(q, k_cache, v_cache, out, meta, ws, page_size, sm_scale, block_n, *,
 
 
 @triton.jit
-def _row_span(row, pages_ptr, lens_ptr, last_ptr, pages_stride, width, PAGE_SIZE, CSR):
+def _row_span(  # type: ignore[no-untyped-def]  # a Triton kernel
+    row,
+    pages_ptr,
+    lens_ptr,
+    last_ptr,
+    pages_stride,
+    width,
+    PAGE_SIZE,
+    CSR,
+):
     """Pointer to row ``row``'s first page id, and its length clamped into the contract."""
     if CSR:
         start = tl.minimum(tl.maximum(tl.load(lens_ptr + row), 0), width)
@@ -313,8 +357,13 @@ def _row_span(row, pages_ptr, lens_ptr, last_ptr, pages_stride, width, PAGE_SIZE
     return base, length
 
 
-@triton.jit
-def _dot(a, b, WIDEN: tl.constexpr, PRECISION: tl.constexpr):
+@triton.jit  # type: ignore[untyped-decorator]  # Triton ships no types
+def _dot(  # type: ignore[no-untyped-def]  # a Triton kernel
+    a,
+    b,
+    WIDEN: tl.constexpr,
+    PRECISION: tl.constexpr,
+):
     """``a @ b`` accumulated in fp32. ``WIDEN`` (the interpreter with bf16 only) widens both
     operands to fp32 first: the interpreter's dot multiplies bf16's raw bits, and bf16 widens
     exactly, so the products are the ones the tensor cores form."""
@@ -324,15 +373,19 @@ def _dot(a, b, WIDEN: tl.constexpr, PRECISION: tl.constexpr):
         return tl.dot(a, b, input_precision=PRECISION)
 
 
-@triton.jit
-def _split_tokens(length, NUM_SPLITS: tl.constexpr, BLOCK_N: tl.constexpr):
+@triton.jit  # type: ignore[untyped-decorator]  # Triton ships no types
+def _split_tokens(  # type: ignore[no-untyped-def]  # a Triton kernel
+    length,
+    NUM_SPLITS: tl.constexpr,
+    BLOCK_N: tl.constexpr,
+):
     """Tokens per split: an equal share of the row, rounded up to whole tiles, so every tile
     but a split's last is full and the splits past the row's end are empty."""
     return tl.cdiv(tl.cdiv(length, NUM_SPLITS), BLOCK_N) * BLOCK_N
 
 
-@triton.jit
-def _split_kernel(
+@triton.jit  # type: ignore[untyped-decorator]  # Triton ships no types
+def _split_kernel(  # type: ignore[no-untyped-def]  # a Triton kernel
     q_ptr,  # [bs, Hq, D] bf16 | fp16 | fp32
     k_ptr,  # [num_pages, PAGE_SIZE, Hkv, D] q's dtype
     v_ptr,  # [num_pages, PAGE_SIZE, Hkv, D] q's dtype
@@ -417,8 +470,8 @@ def _split_kernel(
     tl.store(stats_ptr + ws * 2 + 1, l_i, mask=h_mask)
 
 
-@triton.jit
-def _combine_kernel(
+@triton.jit  # type: ignore[untyped-decorator]  # Triton ships no types
+def _combine_kernel(  # type: ignore[no-untyped-def]  # a Triton kernel
     out_ptr,  # [bs, Hq, D] bf16 | fp16 | fp32
     lens_ptr,  # [>= bs] int32 cache_seqlens, or [>= bs + 1] int32 kv_indptr (CSR)
     last_ptr,  # [>= bs] int32 kv_last_page_len (CSR; unused otherwise)

@@ -11,7 +11,7 @@ token's K/V at its slot, as ``CacheWrite`` describes).
 
 from __future__ import annotations
 
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 
 import torch
@@ -26,6 +26,7 @@ __all__ = [
     "Reader",
     "StepInputs",
     "as_reader",
+    "write_new_tokens",
 ]
 
 
@@ -79,8 +80,8 @@ class Reader:
     (``write_new_tokens``). ``inputs``: ``attend`` also takes ``inputs=`` (``StepInputs``)."""
 
     name: str
-    attend: Callable
-    launch_args: Callable[[HostBatch], dict] | None = None
+    attend: Callable[..., object]
+    launch_args: Callable[[HostBatch], Mapping[str, object]] | None = None
     plan: Callable[[HostBatch, dict[str, torch.Tensor]], None] | None = None
     workspace: Callable[..., dict[str, torch.Tensor]] | None = None
     write_cache: Callable[..., None] | None = None
@@ -100,12 +101,12 @@ class Reader:
         """The step's cache write: the reader's own, or ``write_new_tokens``."""
         return self.write_cache or write_new_tokens
 
-    def arguments(self, host: HostBatch) -> dict:
+    def arguments(self, host: HostBatch) -> dict[str, object]:
         """The keyword arguments of a launch for ``host`` (empty without ``launch_args``)."""
         return {} if self.launch_args is None else dict(self.launch_args(host))
 
 
-def as_reader(consumer: Callable | Reader) -> Reader:
+def as_reader(consumer: Callable[..., object] | Reader) -> Reader:
     """``consumer`` as a ``Reader``: a plain attention call has no launch arguments."""
     if isinstance(consumer, Reader):
         return consumer

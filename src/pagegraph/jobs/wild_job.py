@@ -256,7 +256,7 @@ def run_wild(
     return 1 if False in held else 0
 
 
-def _json_doc(results: list[EntryResult]) -> dict:
+def _json_doc(results: list[EntryResult]) -> dict[str, object]:
     rows = []
     for r in results:
         b = r.bug

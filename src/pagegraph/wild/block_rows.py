@@ -9,7 +9,7 @@ from ..kernels.batch import BatchContext
 __all__ = ["gather_real_rows", "persistent_buffer"]
 
 #: Engine-side buffers that outlive a step, one per output allocation they mirror.
-_BUFFERS: dict[tuple, torch.Tensor] = {}
+_BUFFERS: dict[tuple[object, ...], torch.Tensor] = {}
 
 
 def persistent_buffer(out: torch.Tensor, name: str) -> torch.Tensor:
@@ -25,7 +25,13 @@ def persistent_buffer(out: torch.Tensor, name: str) -> torch.Tensor:
     return buf.as_strided(out.shape, out.stride(), out.storage_offset())
 
 
-def gather_real_rows(block_table, num_blocks, idx_mapping, out, batch: BatchContext) -> None:
+def gather_real_rows(
+    block_table: torch.Tensor,
+    num_blocks: torch.Tensor,
+    idx_mapping: torch.Tensor,
+    out: torch.Tensor,
+    batch: BatchContext,
+) -> None:
     """Each real row's live blocks from the per-request table (sync-free torch ops); padded
     rows are left to the caller (``block_table`` ``[max_reqs, width]``, ``out`` ``[>= rows,
     width]`` int32)."""

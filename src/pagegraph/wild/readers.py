@@ -22,7 +22,7 @@ def token_kv(
     rows: torch.Tensor,
     pos: torch.Tensor,
     page_size: int,
-):
+) -> tuple[torch.Tensor, torch.Tensor]:
     """Keys and values at token positions ``pos`` ``[I, T]`` int64 of table rows ``rows``
     ``[I]`` int64, as fp32 ``[I, T, Hkv, D]``. Rows, columns and page ids are clamped into the
     table and the pool (a garbage schedule reads wrong data, never outside the buffers)."""
@@ -34,7 +34,9 @@ def token_kv(
     return k_cache[pages, slot].float(), v_cache[pages, slot].float()
 
 
-def partials(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, live: torch.Tensor, scale: float):
+def partials(
+    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, live: torch.Tensor, scale: float
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One partial result an item: ``q`` ``[I, Hq, D]``, ``k`` / ``v`` fp32 ``[I, T, Hkv,
     D]``, ``live`` ``[I, T]`` bool. Returns ``m`` (the running max, ``-inf`` with no live
     token) and ``l`` (the exponential sum) ``[I, Hq]`` and the unnormalised ``acc`` ``[I, Hq,

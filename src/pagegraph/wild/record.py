@@ -20,6 +20,7 @@ from ..check.checker import check_replay_safety
 from ..check.reports.report import Report
 from ..check.scenario import load_scenario
 from ..consumers.reader import Reader
+from ..graph.runner import GraphRunner
 
 __all__ = ["BUG_CLASSES", "SCENARIO_DIR", "Fidelity", "NotYetExpressible", "Twin", "WildBug"]
 
@@ -46,9 +47,9 @@ class Twin:
     the engine's runner, staging the batch into the graph's static inputs (``GraphRunner``'s
     arguments; default pagegraph's ``GraphRunner``)."""
 
-    builder: Callable | str = "build_page_table"
-    reader: Reader | Callable | None = None
-    runner: Callable | None = None
+    builder: Callable[..., object] | str = "build_page_table"
+    reader: Reader | Callable[..., object] | None = None
+    runner: Callable[..., GraphRunner] | None = None
 
 
 @dataclass(frozen=True)
@@ -102,7 +103,7 @@ class WildBug:
     #: why the entry needs a GPU (a real stream capture, CUPTI); ``None``: runs anywhere
     needs: str | None = None
     #: settings of the entry's check besides its scenario file (``CheckConfig`` fields)
-    overrides: dict = field(default_factory=dict)
+    overrides: dict[str, object] = field(default_factory=dict)
     #: how faithful the entry is to its bug (None: not yet recorded)
     fidelity: Fidelity | None = None
 

@@ -9,12 +9,17 @@ engine's: here the lengths.
 
 from __future__ import annotations
 
+from typing import Any
+
+import torch
+
 from ..graph.runner import GraphRunner
+from ..graph.staging import BatchValues
 
 __all__ = ["TailKeptRunner"]
 
 
-def _host_list(values) -> list[int]:
+def _host_list(values: BatchValues) -> list[int]:
     """A host batch (list, numpy array or CPU tensor) as ints; never a device read."""
     return [int(v) for v in values]
 
@@ -25,11 +30,13 @@ class TailKeptRunner(GraphRunner):
     whose tail was not reset does; the padding policy then fills only what lies past ``m``.
     Takes host batches only (a scenario with ``[check] staging = "host"``)."""
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         self._last: tuple[list[int], list[int]] = ([], [])
 
-    def replay(self, req_pool_indices, seq_lens):
+    def replay(
+        self, req_pool_indices: BatchValues, seq_lens: BatchValues
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         rpi, lens = _host_list(req_pool_indices), _host_list(seq_lens)
         n = len(lens)
         m = min(len(self._last[1]), self.buckets.bucket_for(n))

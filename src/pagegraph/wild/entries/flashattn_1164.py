@@ -25,7 +25,21 @@ SPLITS = 4
 BLOCK_N = 16
 
 
-def _split_kv(q, k_cache, v_cache, page_table, cache_seqlens, out, page_size, seqlen_k):
+def _cdiv_rows(a: torch.Tensor, b: int) -> torch.Tensor:
+    """``cdiv`` of each entry of ``a``."""
+    return -(-a // b)
+
+
+def _split_kv(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    out: torch.Tensor,
+    page_size: int,
+    seqlen_k: torch.Tensor,
+) -> torch.Tensor:
     """Split-KV decode attention: split ``s`` of row ``i`` covers key blocks ``[s * nb_i, (s +
     1) * nb_i)``, ``nb_i = cdiv(cdiv(seqlen_k[i], BLOCK_N), SPLITS)``, below the row's length
     (``seqlen_k`` ``[bs]`` int64: the value the partition is computed from). Shapes as
@@ -34,7 +48,7 @@ def _split_kv(q, k_cache, v_cache, page_table, cache_seqlens, out, page_size, se
     dev, width = q.device, page_table.shape[1]
     cap = width * page_size
     span = cdiv(cdiv(cap, BLOCK_N), SPLITS) * BLOCK_N  # the most tokens a split may cover
-    per_split = cdiv(cdiv(seqlen_k.clamp(0, cap), BLOCK_N), SPLITS) * BLOCK_N  # [bs]
+    per_split = _cdiv_rows(_cdiv_rows(seqlen_k.clamp(0, cap), BLOCK_N), SPLITS) * BLOCK_N  # [bs]
     lens = cache_seqlens[:bs].long().clamp(0, cap)
     s = torch.arange(SPLITS, device=dev)[None, :, None]
     t = torch.arange(span, device=dev)[None, None, :]
@@ -49,22 +63,40 @@ def _split_kv(q, k_cache, v_cache, page_table, cache_seqlens, out, page_size, se
 
 
 def split_from_max_seqlen_k(
-    q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size, workspace, max_seqlen_k
-):
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    page_size: int,
+    workspace: object,
+    max_seqlen_k: int,
+) -> torch.Tensor:
     """Buggy: the splits are sized from ``params.seqlen_k`` (the host ``max_seqlen_k``)."""
     seqlen_k = torch.full((q.shape[0],), max_seqlen_k, dtype=torch.int64, device=q.device)
     return _split_kv(q, k_cache, v_cache, page_table, cache_seqlens, out, page_size, seqlen_k)
 
 
 def split_from_actual_seqlen_k(
-    q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size, workspace, max_seqlen_k
-):
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    page_size: int,
+    workspace: object,
+    max_seqlen_k: int,
+) -> torch.Tensor:
     """Fixed (flash-attention#18): the splits are sized from each row's ``actual_seqlen_k``."""
     seqlen_k = cache_seqlens[: q.shape[0]].long()
     return _split_kv(q, k_cache, v_cache, page_table, cache_seqlens, out, page_size, seqlen_k)
 
 
-def _batch_max(host: HostBatch) -> dict:
+def _batch_max(host: HostBatch) -> dict[str, int]:
     """``max_seqlen_k`` as the engine passes it: the batch's longest length, on the host (the
     capture's one token, in a graph)."""
     return {"max_seqlen_k": host.max_len}

@@ -38,7 +38,17 @@ def fp8_per_tensor(out: torch.Tensor) -> None:
 
 
 def _reader(*, zero_empty: bool) -> Reader:
-    def attend(q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size, workspace):
+    def attend(
+        q: torch.Tensor,
+        k_cache: torch.Tensor,
+        v_cache: torch.Tensor,
+        page_table: torch.Tensor,
+        cache_seqlens: torch.Tensor,
+        out: torch.Tensor,
+        *,
+        page_size: int,
+        workspace: object,
+    ) -> torch.Tensor:
         bs = q.shape[0]
         capacity = page_table.shape[1] * page_size
         o = split_attention(

@@ -21,7 +21,9 @@ from ..record import Fidelity, Twin, WildBug
 TILE = 64
 
 
-def _workspace(max_bs: int, width: int, page_size: int, device) -> dict[str, torch.Tensor]:
+def _workspace(
+    max_bs: int, width: int, page_size: int, device: torch.device
+) -> dict[str, torch.Tensor]:
     """The scheduler's buffers, allocated once: ``items`` ``[max_bs * tiles, 3]`` int32 (row,
     token start, token end; ``tiles`` a row's capacity in ``TILE``s: the padded grid) and
     ``count`` ``[1]`` int32."""
@@ -47,7 +49,16 @@ def plan_work_list(host: HostBatch, workspace: dict[str, torch.Tensor]) -> None:
     workspace["count"].fill_(len(items))
 
 
-def _run(q, k_cache, v_cache, page_table, out, page_size, ws, masked: bool) -> torch.Tensor:
+def _run(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    out: torch.Tensor,
+    page_size: int,
+    ws: dict[str, torch.Tensor],
+    masked: bool,
+) -> torch.Tensor:
     """The captured run over every item slot (``[slots]``): each item's partial over its token
     range, scattered into a ``[bs, tiles]`` grid by (row, tile) and merged per row. A masked
     (or, with ``masked``, out-of-count) item goes to a dump slot the merge never reads."""
@@ -85,14 +96,32 @@ def _run(q, k_cache, v_cache, page_table, out, page_size, ws, masked: bool) -> t
 
 
 def run_padded(
-    q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size, workspace, plan: dict
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    page_size: int,
+    workspace: object,
+    plan: dict[str, torch.Tensor],
 ) -> torch.Tensor:
     """Buggy run: every slot of the padded grid is processed."""
     return _run(q, k_cache, v_cache, page_table, out, page_size, plan, masked=False)
 
 
 def run_masked(
-    q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size, workspace, plan: dict
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    page_size: int,
+    workspace: object,
+    plan: dict[str, torch.Tensor],
 ) -> torch.Tensor:
     """Fixed run: slots past the plan's count are masked (``block_valid_mask``)."""
     return _run(q, k_cache, v_cache, page_table, out, page_size, plan, masked=True)

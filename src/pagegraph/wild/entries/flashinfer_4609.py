@@ -14,12 +14,22 @@ from __future__ import annotations
 
 import torch
 
-from ...consumers import paged_decode_attention
+from ...consumers import DecodeWorkspace, paged_decode_attention
 from ...consumers.reader import HostBatch, Reader
 from ..record import Fidelity, Twin, WildBug
 
 
-def _attend(q, k_cache, v_cache, page_table, cache_seqlens, out, page_size, workspace, empty_rows):
+def _attend(
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    out: torch.Tensor,
+    page_size: int,
+    workspace: DecodeWorkspace | None,
+    empty_rows: bool,
+) -> None:
     """Paged decode attention; with ``empty_rows`` (a host bool) the rows without a key are
     zeroed after it (the empty-row path, with static shapes)."""
     paged_decode_attention(
@@ -32,8 +42,16 @@ def _attend(q, k_cache, v_cache, page_table, cache_seqlens, out, page_size, work
 
 
 def empty_rows_read_on_device(
-    q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size, workspace
-):
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    page_size: int,
+    workspace: DecodeWorkspace | None,
+) -> None:
     """Buggy: whether a row is empty read back from the device lengths (``.item()``)."""
     active = cache_seqlens[: q.shape[0]] > 0
     empty_rows = bool((~active).any().item())
@@ -41,13 +59,22 @@ def empty_rows_read_on_device(
 
 
 def empty_rows_from_host(
-    q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size, workspace, empty_rows
-):
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    page_size: int,
+    workspace: DecodeWorkspace | None,
+    empty_rows: bool,
+) -> None:
     """Fixed: whether a row is empty given by the host (the CPU length mirrors)."""
     _attend(q, k_cache, v_cache, page_table, cache_seqlens, out, page_size, workspace, empty_rows)
 
 
-def _host_mirrors(host: HostBatch) -> dict:
+def _host_mirrors(host: HostBatch) -> dict[str, bool]:
     """The empty-row test on the host lengths the engine holds before the launch."""
     return {"empty_rows": any(n <= 0 for n in host.lens)}
 

@@ -12,9 +12,12 @@ a moved source: the bed's graphs are captured once).
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from ...graph.runner import GraphRunner
+from ...graph.staging import BatchValues
 from ..record import Fidelity, Twin, WildBug
 
 
@@ -22,17 +25,19 @@ class SourceStepsWithoutRecapture(GraphRunner):
     """Buggy: after each step the engine's ``req_to_token`` is a view at a new address (the
     window stepped to a new block); the graphs are not re-captured."""
 
-    def replay(self, req_pool_indices, seq_lens):
+    def replay(
+        self, req_pool_indices: BatchValues, seq_lens: BatchValues
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         out = super().replay(req_pool_indices, seq_lens)
         self.req_to_token = self.req_to_token.clone()  # the stepped view: new storage
         return out
 
 
-def source_steps_without_recapture(req_to_token: torch.Tensor, **kwargs) -> GraphRunner:
+def source_steps_without_recapture(req_to_token: torch.Tensor, **kwargs: Any) -> GraphRunner:
     return SourceStepsWithoutRecapture(req_to_token, **kwargs)
 
 
-def source_where_captured(req_to_token: torch.Tensor, **kwargs) -> GraphRunner:
+def source_where_captured(req_to_token: torch.Tensor, **kwargs: Any) -> GraphRunner:
     """Fixed: the graphs' read source stays the storage they were captured on."""
     return GraphRunner(req_to_token, **kwargs)
 

@@ -9,12 +9,22 @@ blocks that now belong to other requests. Fixed: padded rows are filled with blo
 
 from __future__ import annotations
 
+import torch
+
 from ...kernels.batch import BatchContext
+from ...kernels.contract import declare_outputs
 from ..block_rows import gather_real_rows, persistent_buffer
 from ..record import Fidelity, Twin, WildBug
 
 
-def offsets_tail_kept(block_table, num_blocks, idx_mapping, out, *, batch: BatchContext) -> None:
+def offsets_tail_kept(
+    block_table: torch.Tensor,
+    num_blocks: torch.Tensor,
+    idx_mapping: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    batch: BatchContext,
+) -> None:
     """Buggy: the real rows are copied into the runner's static buffer; the graph reads the
     bucket's rows of it, the padded ones as an earlier batch left them."""
     static = persistent_buffer(out, "block_offsets")
@@ -23,14 +33,21 @@ def offsets_tail_kept(block_table, num_blocks, idx_mapping, out, *, batch: Batch
     out[batch.num_reqs : batch.num_rows] = static[batch.num_reqs : batch.num_rows]
 
 
-def offsets_tail_reset(block_table, num_blocks, idx_mapping, out, *, batch: BatchContext) -> None:
+def offsets_tail_reset(
+    block_table: torch.Tensor,
+    num_blocks: torch.Tensor,
+    idx_mapping: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    batch: BatchContext,
+) -> None:
     """Fixed: padded rows are filled with the reserved block 0."""
     gather_real_rows(block_table, num_blocks, idx_mapping, out, batch)
     out[batch.num_reqs : batch.num_rows] = 0
 
 
-offsets_tail_kept.pagegraph_outputs = "block_table"
-offsets_tail_reset.pagegraph_outputs = "block_table"
+declare_outputs(offsets_tail_kept, "block_table")
+declare_outputs(offsets_tail_reset, "block_table")
 
 BUG = WildBug(
     key="lmdeploy-4569",

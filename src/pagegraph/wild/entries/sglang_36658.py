@@ -36,14 +36,26 @@ def _build(
     page_table.copy_(torch.where(live, ids, page_table))
 
 
-def bounds_from_list(req_to_token, req_pool_indices, seq_lens, page_table, page_size) -> None:
+def bounds_from_list(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    page_table: torch.Tensor,
+    page_size: int,
+) -> None:
     """Buggy: the bounds are a device tensor made from a Python list at every call."""
     width = page_table.shape[1]
     bounds = torch.tensor([0, width], device=page_table.device)
     _build(req_to_token, req_pool_indices, seq_lens, page_table, page_size, bounds)
 
 
-def bounds_on_device(req_to_token, req_pool_indices, seq_lens, page_table, page_size) -> None:
+def bounds_on_device(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    page_table: torch.Tensor,
+    page_size: int,
+) -> None:
     """Fixed: the same bounds made on the device, ``arange(2) * width``."""
     width = page_table.shape[1]
     bounds = torch.arange(2, device=page_table.device) * width

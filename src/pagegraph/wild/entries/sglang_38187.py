@@ -10,6 +10,8 @@ holds). With ``page_size == 1`` the two agree, as the report says; the scenario 
 
 from __future__ import annotations
 
+from typing import cast
+
 import torch
 
 from ...kernels.page_table import build_page_table
@@ -17,34 +19,36 @@ from ..record import Fidelity, Twin, WildBug
 
 
 def swa_from_page_ids(
-    req_to_token,
-    req_pool_indices,
-    seq_lens,
-    page_table,
-    page_size,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    page_table: torch.Tensor,
+    page_size: int,
     *,
-    swa_page_table=None,
-    full_to_swa=None,
+    swa_page_table: torch.Tensor | None = None,
+    full_to_swa: torch.Tensor | None = None,
 ) -> None:
     """Buggy: ``swa_page_table[i, p] = full_to_swa[page_table[i, p]]`` on live entries."""
     build_page_table(req_to_token, req_pool_indices, seq_lens, page_table, page_size)
     bs, width = page_table.shape
     pages = torch.div(seq_lens[:bs].long() + page_size - 1, page_size, rounding_mode="floor")
     live = torch.arange(width, device=page_table.device) < pages.clamp(0, width)[:, None]
-    ids = page_table.long().clamp(0, full_to_swa.shape[0] - 1)
-    swa = full_to_swa[ids].to(swa_page_table.dtype)  # a token slot, taken for a page id
-    swa_page_table.copy_(torch.where(live, swa, swa_page_table))
+    # The entry's scenario has SWA: the bed passes both tables.
+    to_swa, swa_table = cast(torch.Tensor, full_to_swa), cast(torch.Tensor, swa_page_table)
+    ids = page_table.long().clamp(0, to_swa.shape[0] - 1)
+    swa = to_swa[ids].to(swa_table.dtype)  # a token slot, taken for a page id
+    swa_table.copy_(torch.where(live, swa, swa_table))
 
 
 def swa_from_slots(
-    req_to_token,
-    req_pool_indices,
-    seq_lens,
-    page_table,
-    page_size,
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    page_table: torch.Tensor,
+    page_size: int,
     *,
-    swa_page_table=None,
-    full_to_swa=None,
+    swa_page_table: torch.Tensor | None = None,
+    full_to_swa: torch.Tensor | None = None,
 ) -> None:
     """Fixed: the SWA table from each page's first slot, ``full_to_swa[slot] // page_size``."""
     build_page_table(

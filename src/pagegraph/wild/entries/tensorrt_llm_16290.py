@@ -9,9 +9,12 @@ fixed engine keeps one buffer for the graphs' lifetime.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from ...graph.runner import GraphRunner
+from ...graph.staging import BatchValues
 from ..record import Fidelity, Twin, WildBug
 
 
@@ -19,18 +22,20 @@ class FreshOutputEachStep(GraphRunner):
     """Buggy: ``page_table``, the step's output, is a new allocation at every step: the graph
     writes the buffer it captured, and the engine's handle is the step's own ``torch.empty``."""
 
-    def replay(self, req_pool_indices, seq_lens):
+    def replay(
+        self, req_pool_indices: BatchValues, seq_lens: BatchValues
+    ) -> tuple[torch.Tensor, torch.Tensor | None]:
         out = super().replay(req_pool_indices, seq_lens)
         self.page_table = torch.empty_like(self.page_table)  # torch.empty per forward
         self._views = {}
         return out
 
 
-def fresh_output_each_step(req_to_token: torch.Tensor, **kwargs) -> GraphRunner:
+def fresh_output_each_step(req_to_token: torch.Tensor, **kwargs: Any) -> GraphRunner:
     return FreshOutputEachStep(req_to_token, **kwargs)
 
 
-def persistent_output(req_to_token: torch.Tensor, **kwargs) -> GraphRunner:
+def persistent_output(req_to_token: torch.Tensor, **kwargs: Any) -> GraphRunner:
     """Fixed: the output lives in one buffer allocated before capture."""
     return GraphRunner(req_to_token, **kwargs)
 

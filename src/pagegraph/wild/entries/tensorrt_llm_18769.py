@@ -21,7 +21,9 @@ from ..record import Fidelity, Twin, WildBug
 TILE = 64
 
 
-def _workspace(max_bs: int, width: int, page_size: int, device) -> dict[str, torch.Tensor]:
+def _workspace(
+    max_bs: int, width: int, page_size: int, device: torch.device
+) -> dict[str, torch.Tensor]:
     """The wrapper's schedule, allocated once: ``tiles`` ``[max_bs]`` int32, each row's tile
     count."""
     return {"tiles": torch.zeros(max_bs, dtype=torch.int32, device=device)}
@@ -37,7 +39,16 @@ def plan_tiles(host: HostBatch, workspace: dict[str, torch.Tensor]) -> None:
 
 
 def run(
-    q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size, workspace, plan: dict
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    page_size: int,
+    workspace: object,
+    plan: dict[str, torch.Tensor],
 ) -> torch.Tensor:
     """The captured run: split-KV over the table's capacity in ``TILE`` splits, each row
     reducing only the tiles its plan gave it (shapes as ``paged_decode_attention``'s)."""
@@ -64,16 +75,16 @@ def _warmup_batch(host: HostBatch) -> HostBatch:
 
 
 def forward_planned(
-    q,
-    k_cache,
-    v_cache,
-    page_table,
-    cache_seqlens,
-    out,
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    out: torch.Tensor,
     *,
-    page_size,
-    workspace,
-    plan: dict,
+    page_size: int,
+    workspace: object,
+    plan: dict[str, torch.Tensor],
     host: HostBatch,
 ) -> torch.Tensor:
     """Buggy: ``forward_impl`` plans (on the warm-up batch: it runs at warm-up and capture
@@ -92,7 +103,7 @@ def forward_planned(
     )
 
 
-def _host(host: HostBatch) -> dict:
+def _host(host: HostBatch) -> dict[str, HostBatch]:
     """The host batch the forward path sees (at capture, the capture's)."""
     return {"host": host}
 

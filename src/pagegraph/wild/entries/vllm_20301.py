@@ -39,7 +39,7 @@ def heuristic_splits(host: HostBatch) -> int:
 
 
 def _split_buffers(
-    splits: int, max_bs: int, num_q_heads: int, head_dim: int, device
+    splits: int, max_bs: int, num_q_heads: int, head_dim: int, device: torch.device
 ) -> dict[str, torch.Tensor]:
     f32 = torch.float32
     return {
@@ -51,7 +51,13 @@ def _split_buffers(
 
 
 def workspace_at_capture_splits(
-    max_bs: int, width: int, page_size: int, device, *, num_q_heads: int, head_dim: int
+    max_bs: int,
+    width: int,
+    page_size: int,
+    device: torch.device,
+    *,
+    num_q_heads: int,
+    head_dim: int,
 ) -> dict[str, torch.Tensor]:
     """Buggy: split buffers for the splits the heuristic gives the capture's batch."""
     capture = HostBatch((1,) * max_bs, max_bs, page_size, width)
@@ -59,7 +65,13 @@ def workspace_at_capture_splits(
 
 
 def workspace_for_upper_bound(
-    max_bs: int, width: int, page_size: int, device, *, num_q_heads: int, head_dim: int
+    max_bs: int,
+    width: int,
+    page_size: int,
+    device: torch.device,
+    *,
+    num_q_heads: int,
+    head_dim: int,
 ) -> dict[str, torch.Tensor]:
     """Fixed: split buffers for ``MAX_NUM_SPLITS``, the bound passed at capture."""
     return _split_buffers(MAX_NUM_SPLITS, max_bs, num_q_heads, head_dim, device)
@@ -93,7 +105,16 @@ def _slot(t: torch.Tensor, s: int, bs: int) -> torch.Tensor | None:
 
 
 def fa3_aot_run(
-    q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size, workspace, plan: dict
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    page_size: int,
+    workspace: object,
+    plan: dict[str, torch.Tensor],
 ) -> torch.Tensor:
     """The captured run (shapes as ``paged_decode_attention``'s; ``workspace``, pagegraph's
     split-K buffers, unused; ``plan``: the scheduler's buffers, module docstring)."""

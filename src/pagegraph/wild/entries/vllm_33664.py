@@ -9,18 +9,26 @@ padded rows' outputs are judged: block -1 reads the NaN guard page before page 0
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
-from ...consumers import paged_decode_attention
+from ...consumers import DecodeWorkspace, paged_decode_attention
 from ...consumers.reader import Reader
 from ...kernels.page_table import build_page_table
 from ..record import Fidelity, Twin, WildBug
 
 
-def _padded_table(fill: int):
+def _padded_table(fill: int) -> Callable[..., None]:
     """A page-table builder that pads every row of length 0 with block ``fill``."""
 
-    def build(req_to_token, req_pool_indices, seq_lens, page_table, page_size) -> None:
+    def build(
+        req_to_token: torch.Tensor,
+        req_pool_indices: torch.Tensor,
+        seq_lens: torch.Tensor,
+        page_table: torch.Tensor,
+        page_size: int,
+    ) -> None:
         build_page_table(req_to_token, req_pool_indices, seq_lens, page_table, page_size)
         # In the graph a padded row is known by its length 0 (real rows hold a token).
         page_table.masked_fill_((seq_lens <= 0)[:, None], fill)
@@ -30,8 +38,16 @@ def _padded_table(fill: int):
 
 
 def last_block_attention(
-    q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size, workspace
-):
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    page_size: int,
+    workspace: DecodeWorkspace | None,
+) -> torch.Tensor:
     """Paged decode attention whose block loop always runs on the row's last block.
 
     q ``[bs, Hq, D]``, caches ``[pages, page_size, Hkv, D]``, page_table ``[bs, width]`` int32,

@@ -9,6 +9,8 @@ second group's own.
 
 from __future__ import annotations
 
+from typing import Any
+
 import torch
 
 from ...graph.runner import GraphRunner
@@ -16,7 +18,11 @@ from ..record import Fidelity, Twin, WildBug
 
 
 def second_group_on_first_buffers(
-    req_to_token: torch.Tensor, *, page_table: torch.Tensor, swa_page_table: torch.Tensor, **kwargs
+    req_to_token: torch.Tensor,
+    *,
+    page_table: torch.Tensor,
+    swa_page_table: torch.Tensor,
+    **kwargs: Any,
 ) -> GraphRunner:
     """Buggy: the second group's metadata (``swa_page_table``, ``[max_bs, width]`` int32) is
     the first group's persistent buffer; its own buffer, which its reader reads, keeps what it
@@ -26,7 +32,11 @@ def second_group_on_first_buffers(
 
 
 def each_group_own_buffers(
-    req_to_token: torch.Tensor, *, page_table: torch.Tensor, swa_page_table: torch.Tensor, **kwargs
+    req_to_token: torch.Tensor,
+    *,
+    page_table: torch.Tensor,
+    swa_page_table: torch.Tensor,
+    **kwargs: Any,
 ) -> GraphRunner:
     """Fixed: each group's metadata are written into that group's own persistent buffer."""
     return GraphRunner(req_to_token, page_table=page_table, swa_page_table=swa_page_table, **kwargs)

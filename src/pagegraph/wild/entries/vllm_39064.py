@@ -18,7 +18,13 @@ from ...kernels.page_table import build_page_table
 from ..record import Fidelity, Twin, WildBug
 
 
-def page_table_null_padded(req_to_token, req_pool_indices, seq_lens, page_table, page_size) -> None:
+def page_table_null_padded(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    page_table: torch.Tensor,
+    page_size: int,
+) -> None:
     """pagegraph's page table, every row of length 0 padded with the null block 0."""
     build_page_table(req_to_token, req_pool_indices, seq_lens, page_table, page_size)
     # In the graph a padded row is known by its length 0 (real rows hold a token).

@@ -9,13 +9,21 @@ a previous, larger step's expansion wrote, which the captured kernels then read.
 
 from __future__ import annotations
 
+import torch
+
 from ...kernels.batch import BatchContext
+from ...kernels.contract import declare_outputs
 from ..block_rows import gather_real_rows, persistent_buffer
 from ..record import Fidelity, Twin, WildBug
 
 
 def pad_rows_first_column(
-    block_table, num_blocks, idx_mapping, out, *, batch: BatchContext
+    block_table: torch.Tensor,
+    num_blocks: torch.Tensor,
+    idx_mapping: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    batch: BatchContext,
 ) -> None:
     """Buggy: the builder's persistent buffer gets the real rows, a padded row's column 0 the
     null block; the kernels read the bucket's rows of it."""
@@ -26,14 +34,21 @@ def pad_rows_first_column(
     out[batch.num_reqs : batch.num_rows] = expanded[batch.num_reqs : batch.num_rows]
 
 
-def pad_rows_whole(block_table, num_blocks, idx_mapping, out, *, batch: BatchContext) -> None:
+def pad_rows_whole(
+    block_table: torch.Tensor,
+    num_blocks: torch.Tensor,
+    idx_mapping: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    batch: BatchContext,
+) -> None:
     """Fixed: every entry of a padded row is the null block."""
     gather_real_rows(block_table, num_blocks, idx_mapping, out, batch)
     out[batch.num_reqs : batch.num_rows] = 0
 
 
-pad_rows_first_column.pagegraph_outputs = "block_table"
-pad_rows_whole.pagegraph_outputs = "block_table"
+declare_outputs(pad_rows_first_column, "block_table")
+declare_outputs(pad_rows_whole, "block_table")
 
 BUG = WildBug(
     key="vllm-39643",

@@ -10,26 +10,29 @@ output is judged, and block -1 reads the NaN guard page before page 0.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
+from ...kernels.contract import declare_outputs
 from ...kernels.page_table import build_page_table
 from ..record import Fidelity, Twin, WildBug
 
 
-def _draft_step(*, skip_padded: bool):
+def _draft_step(*, skip_padded: bool) -> Callable[..., None]:
     """A decode-metadata builder whose lengths come from the draft step's kernel."""
 
     def build(
-        req_to_token,
-        req_pool_indices,
-        seq_lens,
-        page_size,
+        req_to_token: torch.Tensor,
+        req_pool_indices: torch.Tensor,
+        seq_lens: torch.Tensor,
+        page_size: int,
         *,
-        cache_seqlens,
-        cu_seqlens_k,
-        page_table,
-        draft_tokens=0,
-        cu_seqlens_q=None,
+        cache_seqlens: torch.Tensor,
+        cu_seqlens_k: torch.Tensor,
+        page_table: torch.Tensor,
+        draft_tokens: int = 0,
+        cu_seqlens_q: torch.Tensor | None = None,
     ) -> None:
         build_page_table(req_to_token, req_pool_indices, seq_lens, page_table, page_size)
         padded = seq_lens <= 0  # in the graph a padded row is known by its length 0
@@ -46,7 +49,7 @@ def _draft_step(*, skip_padded: bool):
             torch.arange(cu_seqlens_q.shape[0], out=cu_seqlens_q)
 
     build.__name__ = "draft_step_skips_padded_rows" if skip_padded else "draft_step_every_row"
-    build.pagegraph_outputs = "decode_metadata"
+    declare_outputs(build, "decode_metadata")
     return build
 
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 
 import dataclasses
 from types import SimpleNamespace
+from typing import Any
 
 import torch
 
@@ -40,11 +41,11 @@ class DualBatchRunner(GraphRunner):
     swaps in the micro-batch's own block table, its requests' rows of the pool, and keeps the
     cached lengths (vLLM's ``update_block_table``)."""
 
-    def __init__(self, *args, **kwargs) -> None:
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
-        self._metadata: dict[tuple, UbatchMetadata] = {}
+        self._metadata: dict[tuple[int, ...], UbatchMetadata] = {}
 
-    def cache_key(self, bucket: int, ubatch: int) -> tuple:
+    def cache_key(self, bucket: int, ubatch: int) -> tuple[int, ...]:
         """Fixed: the bucket and the micro-batch."""
         return (bucket, ubatch)
 
@@ -83,7 +84,7 @@ class UbatchBlindCacheRunner(DualBatchRunner):
     """Buggy: the key lacks the micro-batch, so micro-batch 1 hits micro-batch 0's entry: its
     own block table, micro-batch 0's lengths."""
 
-    def cache_key(self, bucket: int, ubatch: int) -> tuple:
+    def cache_key(self, bucket: int, ubatch: int) -> tuple[int, ...]:
         return (bucket,)
 
 

@@ -29,7 +29,14 @@ BLOCK_N = 16
 MAX_SPLITS = 8
 
 
-def _split_partials(q, k, v, live, scale, pv_dtype):
+def _split_partials(
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    live: torch.Tensor,
+    scale: float,
+    pv_dtype: torch.dtype,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One split's running max ``m``, exponential sum ``l`` ``[I, Hq]`` and unnormalised
     output ``[I, Hq, D]`` (fp32), as a tensor-core kernel has them: ``l`` summed from the fp32
     probabilities, the PV product taken with the probabilities rounded to the cache's dtype
@@ -53,8 +60,17 @@ def _split_partials(q, k, v, live, scale, pv_dtype):
 
 
 def split_kv_decode(
-    q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size, workspace, num_kv_splits
-):
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    page_size: int,
+    workspace: object,
+    num_kv_splits: int,
+) -> torch.Tensor:
     """Split ``s`` of row ``i`` covers key blocks ``[s * nb_i, (s + 1) * nb_i)``, ``nb_i =
     cdiv(cdiv(len_i, BLOCK_N), num_kv_splits)``, below the row's length; the partials merge
     per row (``num_kv_splits``: a host int, the launch's grid)."""
@@ -83,12 +99,12 @@ def _splits_for(tokens: int) -> int:
     return max(1, min(MAX_SPLITS, cdiv(tokens, BLOCK_N)))
 
 
-def splits_from_min_kv_seq_len(host: HostBatch) -> dict:
+def splits_from_min_kv_seq_len(host: HostBatch) -> dict[str, int]:
     """Buggy: the split count from the shortest row on the host (one token at capture)."""
     return {"num_kv_splits": _splits_for(min(host.lens, default=1))}
 
 
-def splits_from_page_table(host: HostBatch) -> dict:
+def splits_from_page_table(host: HostBatch) -> dict[str, int]:
     """Fixed: the split count from the page table's capacity, a static bound."""
     return {"num_kv_splits": _splits_for(host.capacity)}
 

@@ -43,7 +43,15 @@ def _pages(cache: torch.Tensor, page: torch.Tensor, slot: torch.Tensor) -> torch
 
 
 def unified_attention(
-    q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size, workspace
+    q: torch.Tensor,
+    k_cache: torch.Tensor,
+    v_cache: torch.Tensor,
+    page_table: torch.Tensor,
+    cache_seqlens: torch.Tensor,
+    out: torch.Tensor,
+    *,
+    page_size: int,
+    workspace: object,
 ) -> torch.Tensor:
     """TRITON_ATTN's decode (shapes as ``paged_decode_attention``'s; ``workspace`` unused):
     block ``j`` of row ``i`` loaded at ``i * stride + j`` of the table's memory, unmasked, for
@@ -68,7 +76,13 @@ def unified_attention(
     return out.copy_(o)
 
 
-def clamp_dummy_lengths(req_to_token, req_pool_indices, seq_lens, page_table, page_size) -> None:
+def clamp_dummy_lengths(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    page_table: torch.Tensor,
+    page_size: int,
+) -> None:
     """The fix (#53671): the runner's lengths clamped to ``max_model_len`` (the table's
     capacity) before the attention metadata is built from them, then pagegraph's build."""
     bs, width = page_table.shape

@@ -13,8 +13,12 @@ their own builder, never by the generic kernel.
 
 from __future__ import annotations
 
+from collections.abc import Callable
+
 import torch
 
+from ...kernels.contract import declare_outputs
+from ...kernels.kv_groups import RingGroup
 from ...kernels.slot_mapping import PAD_SLOT_ID
 from ..record import Fidelity, Twin, WildBug
 
@@ -27,7 +31,14 @@ def flat_table(block_table: torch.Tensor) -> torch.Tensor:
 
 
 def map_slots(
-    block_table, idx_mapping, query_start_loc, positions, slot_mapping, page_size, *, column
+    block_table: torch.Tensor,
+    idx_mapping: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    positions: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    page_size: int,
+    *,
+    column: Callable[[torch.Tensor], torch.Tensor],
 ) -> None:
     """Each token's slot through the flat table (sync-free torch ops): ``column(pos)`` is the
     column its block is read from; a padded row (index -1) and the tail get ``PAD_SLOT_ID``."""
@@ -46,7 +57,14 @@ def map_slots(
 
 
 def generic_on_every_group(
-    block_table, idx_mapping, query_start_loc, positions, slot_mapping, page_size, *, group=None
+    block_table: torch.Tensor,
+    idx_mapping: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    positions: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    page_size: int,
+    *,
+    group: RingGroup | None = None,
 ) -> None:
     """Buggy: ``pos // block_size`` as the column on every group, the ring included (the
     generic kernel run on a group whose spec does not opt out of it)."""
@@ -62,7 +80,14 @@ def generic_on_every_group(
 
 
 def ring_by_its_own_builder(
-    block_table, idx_mapping, query_start_loc, positions, slot_mapping, page_size, *, group=None
+    block_table: torch.Tensor,
+    idx_mapping: torch.Tensor,
+    query_start_loc: torch.Tensor,
+    positions: torch.Tensor,
+    slot_mapping: torch.Tensor,
+    page_size: int,
+    *,
+    group: RingGroup | None = None,
 ) -> None:
     """Fixed (#57317): a ring group (one circular block a request) is taken out of the
     generic kernel and mapped by its own builder, ``own_block * block_size + pos %
@@ -79,8 +104,8 @@ def ring_by_its_own_builder(
     )
 
 
-generic_on_every_group.pagegraph_outputs = "slot_mapping"
-ring_by_its_own_builder.pagegraph_outputs = "slot_mapping"
+declare_outputs(generic_on_every_group, "slot_mapping")
+declare_outputs(ring_by_its_own_builder, "slot_mapping")
 
 BUG = WildBug(
     key="vllm-53982",

@@ -15,7 +15,13 @@ import torch
 from ..record import Fidelity, Twin, WildBug
 
 
-def _page_ids(req_to_token, req_pool_indices, seq_lens, page_table, page_size):
+def _page_ids(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    page_table: torch.Tensor,
+    page_size: int,
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """Each row's page ids ``[bs, width]`` and which of them are live (sync-free torch ops)."""
     bs, width = page_table.shape
     pages = torch.div(seq_lens[:bs].long() + page_size - 1, page_size, rounding_mode="floor")
@@ -27,7 +33,13 @@ def _page_ids(req_to_token, req_pool_indices, seq_lens, page_table, page_size):
     return ids, live, pages
 
 
-def rows_by_mask(req_to_token, req_pool_indices, seq_lens, page_table, page_size) -> None:
+def rows_by_mask(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    page_table: torch.Tensor,
+    page_size: int,
+) -> None:
     """Buggy: the rows holding a token picked by boolean-mask indexing, then written."""
     ids, live, pages = _page_ids(req_to_token, req_pool_indices, seq_lens, page_table, page_size)
     keep = pages > 0
@@ -35,7 +47,13 @@ def rows_by_mask(req_to_token, req_pool_indices, seq_lens, page_table, page_size
     page_table[picked] = torch.where(live[picked], ids[picked], page_table[picked])
 
 
-def rows_by_where(req_to_token, req_pool_indices, seq_lens, page_table, page_size) -> None:
+def rows_by_where(
+    req_to_token: torch.Tensor,
+    req_pool_indices: torch.Tensor,
+    seq_lens: torch.Tensor,
+    page_table: torch.Tensor,
+    page_size: int,
+) -> None:
     """Fixed: every row kept, the mask applied with ``torch.where`` (a static shape)."""
     ids, live, pages = _page_ids(req_to_token, req_pool_indices, seq_lens, page_table, page_size)
     keep = (pages > 0)[:, None] & live
