@@ -28,9 +28,10 @@ from pagegraph.wild.pending import NOT_YET_EXPRESSIBLE
 CORPUS = entries()
 KEYS = [b.key for b in CORPUS]
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-#: Class (a) entries whose failure text does not yet name the replay that left the stale
-#: value: flashinfer-4002 is judged by the planned reader's judge, which names the workspace
-#: entries the current plan did not write, not the earlier plan that wrote them.
+#: Class (a) entries whose first failure does not name the replay that left the stale value:
+#: flashinfer-4002's first failure is at replay 0, on workspace entries no plan has written yet
+#: (FlashInfer allocates its int workspace uninitialised, which the refill stands in for); the
+#: planned reader's judge names the earlier plan ("stale: left by replay K") on later failures.
 STALE_TEXT_PENDING = {"flashinfer-4002"}
 
 

@@ -146,6 +146,13 @@ class PlanWorkspace:
         self.written: dict[str, torch.Tensor] = {}
         #: plans run, entries they left unwritten (summed), replays with those refilled
         self.plans = self.unwritten = self.refills = 0
+        #: each plan's label (``plan``'s ``label``), and by tensor the index of the plan that
+        #: last wrote each entry (-1: none since allocation)
+        self.labels: list[str] = []
+        self.last_plan = {
+            k: torch.full(t.shape, -1, dtype=torch.int32, device=t.device)
+            for k, t in self.tensors.items()
+        }
 
     @classmethod
     def for_reader(
@@ -206,12 +213,15 @@ class PlanWorkspace:
         """Entries in the workspace."""
         return sum(t.numel() for t in self.tensors.values())
 
-    def plan(self, host: HostBatch) -> None:
+    def plan(self, host: HostBatch, label: str | None = None) -> None:
         """Run the reader's plan on ``host`` (nothing without one): find what it writes, and
-        leave the other entries as earlier plans left them (module docstring)."""
+        leave the other entries as earlier plans left them (module docstring). ``label``
+        names the plan where a later one reads what it left (``left_by``)."""
         self._replays = 0
         if not self.reader.planned:
             return
+        plan_id = len(self.labels)
+        self.labels.append(label or f"the plan for bucket {host.bucket}")
         before = {k: t.clone() for k, t in self.tensors.items()}
         first = self._poisoned(host, 0)
         second = self._poisoned(host, 1)
@@ -220,6 +230,7 @@ class PlanWorkspace:
             # A plan with state may write an entry in one call only: keep what it wrote.
             t.copy_(torch.where(in_second, t, torch.where(in_first, value, before[k])))
             self.written[k] = in_first | in_second
+            self.last_plan[k].masked_fill_(self.written[k], plan_id)
         self.plans += 1
         self.unwritten += sum(int((~w).sum()) for w in self.written.values())
         self.check_canaries("the plan")
@@ -243,6 +254,16 @@ class PlanWorkspace:
                 "the tensors it captured: write them in place)"
             )
         return {k: (t.clone(), t.ne(fills[k])) for k, t in self.tensors.items()}
+
+    def left_by(self) -> str | None:
+        """The latest earlier plan whose values the last plan left in place (the label of the
+        most recent plan that wrote an entry the last one did not), or None."""
+        latest = -1
+        for k, written in self.written.items():
+            stale = self.last_plan[k][~written]
+            if stale.numel():
+                latest = max(latest, int(stale.max()))
+        return self.labels[latest] if latest >= 0 else None
 
     def refill_unwritten(self, gen: torch.Generator) -> dict[str, torch.Tensor]:
         """Give each entry the last plan left unwritten another plausible value (module

@@ -248,8 +248,8 @@ class StepConsumer:
             launch["plan"] = self.plan_space.tensors
         return launch
 
-    def plan(self, bucket: int) -> None:
+    def plan(self, bucket: int, label: str | None = None) -> None:
         """A planned reader's plan for the next step on ``bucket`` (eager, outside the graph;
-        ``pagegraph.check.judges.step_plan``); nothing for other readers."""
+        ``pagegraph.check.judges.step_plan``), named ``label``; nothing for other readers."""
         if self.plan_space is not None:
-            self.plan_space.plan(self.host_batch(bucket))
+            self.plan_space.plan(self.host_batch(bucket), label)

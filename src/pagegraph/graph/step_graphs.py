@@ -247,9 +247,10 @@ class StepGraphs:
         self.build(bs)
         self.consume(bs)
 
-    def plan(self, bucket: int) -> None:
-        """A planned reader's plan for the next step on ``bucket`` (``StepConsumer.plan``)."""
-        self.consumer.plan(bucket)
+    def plan(self, bucket: int, label: str | None = None) -> None:
+        """A planned reader's plan for the next step on ``bucket`` (``StepConsumer.plan``),
+        named ``label`` where a later plan reads what it left."""
+        self.consumer.plan(bucket, label)
 
     # -- capture and replay ------------------------------------------------------------------
 
@@ -285,7 +286,9 @@ class StepGraphs:
         planned reader's plan first runs on the capture's batch (the largest bucket, one token
         a row); a reader's workspace canaries are read back after it."""
         self.host_lens = None
-        self.plan(self.buckets[0])
+        self.plan(
+            self.buckets[0], f"the capture's plan (bucket {self.buckets[0]}, one token a row)"
+        )
         with self._quiet():
             self.runner.capture()
         if self.plan_space is not None:

@@ -220,9 +220,12 @@ class ReadsOnlyCurrentPlan(JudgedAtOnce):
             return
         changed = changed_rows(replays.out_b, replays.out_plan)
         if changed:
+            space = run.graphs.plan_space
+            left = space.left_by() if space is not None else None
+            stale = f" (stale: left by {left})" if left else ""
             run.props[self.property_name].fail(
                 f"{batch.where(changed[0])}: the output changed when only the workspace "
-                "entries the current plan did not write changed (an earlier plan's values, "
+                f"entries the current plan did not write changed (an earlier plan's values{stale}, "
                 f"then others); {len(changed)} row(s) changed"
             )
 

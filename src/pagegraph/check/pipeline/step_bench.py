@@ -351,7 +351,8 @@ def _one_step(run: _Run, k: int, step: Step) -> None:
     n, bucket = len(b.rpi), b.bucket
     update_engine_state(run, step, may_break=False)  # an eager builder's state (vLLM's tables)
     g.stage(b.rpi, b.lens)  # the runner stages and pads it at each replay
-    g.plan(bucket)  # a planned reader's host plan, eagerly, before the step's replays
+    # A planned reader's host plan, eagerly, before the step's replays.
+    g.plan(bucket, f"replay {k} (bucket {bucket}, {n} real rows)")
     dims = (n, run.cfg.num_q_heads, run.cfg.head_dim)
     g.q[:n].copy_(torch.randn(dims, generator=run.gen).to(g.q.dtype))
     _padded_queries(g, n, bucket, finite=None)
