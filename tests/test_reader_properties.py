@@ -221,15 +221,21 @@ def _peek(out, k_cache, ids):
     out.add_((seen * 0)[:, None, None].to(out.dtype))
 
 
-def _one_past(page_table, cache_seqlens, page_size, clamp):
-    bs, width = page_table.shape
+def _one_past(page_table, cache_seqlens, page_size, clamp, rows=None):
+    """Each row's entry one past its last page through the table's memory (row stride, no
+    width check), or its last page with ``clamp``; ``rows``: the rows that read past (the
+    others clamp)."""
+    bs, stride = page_table.shape[0], page_table.stride(0)
     flat = page_table.as_strided((page_table.untyped_storage().nbytes() // 4,), (1,), 0)
     pages = (cache_seqlens.long() + page_size - 1) // page_size
     col = (cache_seqlens.long() - 1).clamp(min=0) // page_size + 1  # one past the last page
+    last = torch.minimum(col, pages - 1).clamp(min=0)
     if clamp:
-        col = torch.minimum(col, pages - 1).clamp(min=0)
+        col = last
+    elif rows is not None:
+        col = torch.where(torch.arange(bs, device=col.device) < rows, col, last)
     start = page_table.storage_offset()
-    idx = (start + torch.arange(bs, device=col.device) * width + col).clamp(max=flat.numel() - 1)
+    idx = (start + torch.arange(bs, device=col.device) * stride + col).clamp(max=flat.numel() - 1)
     return flat[idx]
 
 
@@ -239,6 +245,17 @@ def past_width(q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size
         workspace=workspace,
     )  # fmt: skip
     _peek(out, k_cache, _one_past(page_table, cache_seqlens, page_size, clamp=False))
+
+
+def first_row_past_width(
+    q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size, workspace
+):
+    """Reads one column past its width for row 0 only: a full row 0 reads what follows it."""
+    paged_decode_attention(
+        q, k_cache, v_cache, page_table, cache_seqlens, out, page_size=page_size,
+        workspace=workspace,
+    )  # fmt: skip
+    _peek(out, k_cache, _one_past(page_table, cache_seqlens, page_size, clamp=False, rows=1))
 
 
 def within_width(q, k_cache, v_cache, page_table, cache_seqlens, out, *, page_size, workspace):
@@ -276,6 +293,15 @@ def test_a_read_one_column_past_the_width_fails():
     prop = report.property(OWN_ROW)
     assert prop.status == "FAIL", report.format()
     assert "past its row's width" in str(prop.first_failure)
+
+
+def test_a_read_past_the_width_of_a_row_before_the_last_fails():
+    """Row 0's read past its width lands in the canary column after it (with every row full,
+    contiguous rows would hand it row 1's live first page)."""
+    report = check_decode_step("build_page_table", full_rows(), consumer=first_row_past_width)
+    prop = report.property(OWN_ROW)
+    assert prop.status == "FAIL", report.format()
+    assert "row 0 " in str(prop.first_failure) and "past its row's width" in str(prop.first_failure)
 
 
 def test_its_twin_reading_its_own_last_page_passes():

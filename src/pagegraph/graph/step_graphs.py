@@ -28,6 +28,9 @@ from .step_consumer import StepConsumer, StepShape, quiet_interpreter
 if TYPE_CHECKING:
     from .capture import GraphPool
 
+#: Columns after each page-table row's width that no row owns, for a kind built in the graph:
+#: a reader's read past its row lands there (``pagegraph.check.judges.reader_judges``).
+CANARY_COLUMNS = 1
 #: The page id of the guard page before page 0 of the step's KV cache.
 GUARD_PAGE = -1
 #: The two reserved pages as failures name them.
@@ -94,13 +97,19 @@ class StepGraphs:
     ) -> None:
         self.shape = s = shape
         self.device = req_to_token.device
-        # With pad columns the page table is a column slice of a wider buffer, its row stride
-        # above its width, as an engine's persistent table sliced for the step.
+        # The page table is a column slice of a wider buffer, its row stride above its width:
+        # the engine's pad columns, as an engine's persistent table sliced for the step, and
+        # at least one canary column after every row for a kind built in the graph (a kind
+        # built eagerly, vLLM's gather, writes at its engine tables' own stride).
+        extra = max(table_pad_cols, 0 if kind.where == "eager" else CANARY_COLUMNS)
         table = (
-            torch.zeros((s.max_bs, s.width + table_pad_cols), dtype=torch.int32, device=self.device)
-            if table_pad_cols
+            torch.zeros((s.max_bs, s.width + extra), dtype=torch.int32, device=self.device)
+            if extra
             else None
         )
+        #: the columns after each row's width, ``[max_bs, extra]`` (None without): the
+        #: reads-only-its-row replay names the NaN page there
+        self.canary = table[:, s.width :] if table is not None else None
         self.runner = r = GraphRunner(
             req_to_token,
             max_bs=s.max_bs,

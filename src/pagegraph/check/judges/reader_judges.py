@@ -154,31 +154,38 @@ def canary_replay(
     run: StepRun, batch: StepBatch
 ) -> tuple[torch.Tensor | None, torch.Tensor | None]:
     """Replay E (after C: padded queries finite; stale tails other live pages): every table
-    entry outside the rows the graph reads (the page table's rows past the bucket; the reader
-    format's stale entries past what the graph builds, ``ReaderFormat.stale``: CSR's
-    ``kv_indices`` past every span) names the NaN page, the table's restored after. Returns the
+    entry outside the rows the graph reads (the page table's rows past the bucket and its
+    canary columns after every row's width, ``StepGraphs.canary``; the reader format's stale
+    entries past what the graph builds, ``ReaderFormat.stale``: CSR's ``kv_indices`` past
+    every span) names the NaN page, the table's restored after. Returns the
     real rows and, where padded rows are judged (``null_block = "finite"``: their queries are
     finite since C and their entries name pages of data), the padded rows; each None where it
-    was not run: E runs where a real row can read past its row (``overread_visible``: in the
-    page-table format, the last real row's pages must fill the table's width), or padded rows
-    are judged."""
+    was not run: E runs where a real row's read past its row lands outside every row (with
+    canary columns, always; else ``overread_visible``: in the page-table format, the last real
+    row's pages must fill the table's width), or padded rows are judged."""
     g = run.graphs
     n = len(batch.rpi)
     padded = g.null_block != "nan" and n < batch.bucket
-    visible = g.shape.format.overread_visible(batch.lens, g.shape.page_size, g.shape.width)
+    visible = g.canary is not None or g.shape.format.overread_visible(
+        batch.lens, g.shape.page_size, g.shape.width
+    )
     if not visible and not padded:
         return None, None
     page = nan_page_id(g.null_block)
-    rows = g.page_table[batch.bucket :]
-    saved = rows.clone()
-    rows.fill_(page)
+    outside = [g.page_table[batch.bucket :]]
+    if g.canary is not None:
+        outside.append(g.canary[: batch.bucket])
+    saved = [t.clone() for t in outside]
+    for t in outside:
+        t.fill_(page)
     for stale in g.stale:
         stale.fill_(page)
     try:
         g.replay()
         return g.out[:n].clone(), g.out[n : batch.bucket].clone() if padded else None
     finally:
-        rows.copy_(saved)
+        for t, values in zip(outside, saved):
+            t.copy_(values)
 
 
 def ulp_distance(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
