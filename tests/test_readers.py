@@ -210,6 +210,39 @@ def test_a_run_masked_by_the_plans_count_passes_every_property():
     assert int(re.search(r"(\d+) replays re-run", detail).group(1)) >= 1, detail
 
 
+FRESH_PROP = "reader reads only workspace a plan wrote"
+
+
+def _wide_work_list(max_bs, width, page_size, device):
+    """Twice the slots a batch needs: no plan writes the second half."""
+    return {
+        k: torch.cat([t, t]) if k == "rows" else t
+        for k, t in _work_list(max_bs, width, page_size, device).items()
+    }
+
+
+WIDE_UNMASKED = Reader("every slot", run_every_slot, plan=plan_rows, workspace=_wide_work_list)
+WIDE_MASKED = Reader(
+    "slots below the count", run_counted_slots, plan=plan_rows, workspace=_wide_work_list
+)
+
+
+def test_a_run_over_slots_no_plan_wrote_fails_at_once_and_names_the_earlier_plan_later():
+    report = check_decode_step("build_page_table", tiny(), consumer=WIDE_UNMASKED)
+    fresh, stale = report.property(FRESH_PROP), report.property(PLAN_PROP)
+    assert fresh.status == "FAIL", report.format()
+    assert "no plan has written since allocation" in fresh.first_failure
+    assert stale.status == "FAIL", report.format()
+    assert re.search(r"stale: left by (replay \d+ \(bucket \d+, \d+ real rows\)|the capture)",
+                     stale.first_failure), stale.first_failure  # fmt: skip
+
+
+def test_its_masked_twin_passes_both_workspace_properties():
+    report = check_decode_step("build_page_table", tiny(), consumer=WIDE_MASKED)
+    assert report.safe, report.format()
+    assert "no plan had written" in report.property(FRESH_PROP).detail
+
+
 def test_a_plain_consumer_passes_the_plan_property_with_nothing_to_check():
     report = check_decode_step("build_page_table", tiny(steps=2))
     assert report.safe, report.format()
@@ -263,6 +296,21 @@ def test_a_smaller_plan_leaves_the_earlier_plans_entries_and_refills_only_those(
     assert rows[0] == 0 and (rows[1:] != torch.tensor([1, 2, 3])).all(), rows
     space.restore(saved)
     assert rows.tolist() == [0, 1, 2, 3]
+    assert space.left_by() == "the plan for bucket 4"  # the larger plan left rows[1:]
+
+
+def test_entries_no_plan_wrote_are_refilled_apart_from_an_earlier_plans():
+    space = _space(plan_rows, _wide_work_list(4, 2, 16, "cpu"))
+    space.plan(_host(9, 9), "plan A")
+    space.plan(_host(9), "plan B")
+    rows = space.tensors["rows"]
+    stale = space.refill_unwritten(torch.Generator().manual_seed(0))
+    assert rows[0] == 0 and rows[1] != 1 and rows[2:].tolist() == [0] * 6, rows
+    space.restore(stale)
+    fresh = space.refill_unwritten(torch.Generator().manual_seed(0), stale=False)
+    assert rows[:2].tolist() == [0, 1] and (rows[2:] != 0).all(), rows
+    space.restore(fresh)
+    assert space.left_by() == "plan A"
 
 
 def test_a_plan_that_replaces_a_workspace_tensor_is_refused():

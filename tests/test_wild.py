@@ -28,11 +28,6 @@ from pagegraph.wild.pending import NOT_YET_EXPRESSIBLE
 CORPUS = entries()
 KEYS = [b.key for b in CORPUS]
 DEVICE = torch.device("cuda" if torch.cuda.is_available() else "cpu")
-#: Class (a) entries whose first failure does not name the replay that left the stale value:
-#: flashinfer-4002's first failure is at replay 0, on workspace entries no plan has written yet
-#: (FlashInfer allocates its int workspace uninitialised, which the refill stands in for); the
-#: planned reader's judge names the earlier plan ("stale: left by replay K") on later failures.
-STALE_TEXT_PENDING = {"flashinfer-4002"}
 
 
 def test_the_corpus_holds_24_mechanisms_three_a_class_over_six_engines():
@@ -185,7 +180,7 @@ def test_the_not_yet_expressible_list_is_apart_from_the_corpus():
         assert item.ref not in refs, f"{item.ref} is both an entry and not yet expressible"
 
 
-STALE_ENTRIES = [b for b in CORPUS if b.bug_class == "a" and b.key not in STALE_TEXT_PENDING]
+STALE_ENTRIES = [b for b in CORPUS if b.bug_class == "a"]
 
 
 @pytest.mark.parametrize("bug", STALE_ENTRIES, ids=[b.key for b in STALE_ENTRIES])

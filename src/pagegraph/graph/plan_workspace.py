@@ -146,6 +146,8 @@ class PlanWorkspace:
         self.written: dict[str, torch.Tensor] = {}
         #: plans run, entries they left unwritten (summed), replays with those refilled
         self.plans = self.unwritten = self.refills = 0
+        #: replays with the entries no plan has written refilled
+        self.fresh_refills = 0
         #: each plan's label (``plan``'s ``label``), and by tensor the index of the plan that
         #: last wrote each entry (-1: none since allocation)
         self.labels: list[str] = []
@@ -265,16 +267,21 @@ class PlanWorkspace:
                 latest = max(latest, int(stale.max()))
         return self.labels[latest] if latest >= 0 else None
 
-    def refill_unwritten(self, gen: torch.Generator) -> dict[str, torch.Tensor]:
-        """Give each entry the last plan left unwritten another plausible value (module
-        docstring); returns the stale values to ``restore`` (empty: every entry written)."""
+    def refill_unwritten(self, gen: torch.Generator, stale: bool = True) -> dict[str, torch.Tensor]:
+        """Give the entries the last plan left unwritten another plausible value (module
+        docstring): with ``stale`` those an earlier plan wrote, else those no plan has written
+        since allocation. Returns their values to ``restore`` (empty: no such entry)."""
         saved: dict[str, torch.Tensor] = {}
         for k, t in self.tensors.items():
             written = self.written.get(k)
-            if written is None or bool(written.all()):
+            if written is None:
+                continue
+            by_earlier = self.last_plan[k] >= 0
+            refill = ~written & (by_earlier if stale else ~by_earlier)
+            if not bool(refill.any()):
                 continue
             saved[k] = t.clone()
-            t.copy_(_other_values(t, written, gen))
+            t.copy_(_other_values(t, ~refill, gen))
         return saved
 
     def restore(self, saved: dict[str, torch.Tensor]) -> None:

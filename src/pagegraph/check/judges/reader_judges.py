@@ -223,7 +223,8 @@ class WritesEveryRow(JudgedAtOnce):
 
     def observe(self, seen: StepSeen) -> None:
         batch, r = seen.batch, seen.replays
-        named = [("A", r.out_a), ("B", r.out_b), ("D", r.out_plan), ("C", r.out_c)]
+        named = [("A", r.out_a), ("B", r.out_b), ("D", r.out_plan), ("D0", r.out_fresh)]
+        named.append(("C", r.out_c))
         named.append(("E", r.out_canary))
         for which, out in named:
             if out is None:

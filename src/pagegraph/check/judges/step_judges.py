@@ -74,6 +74,9 @@ class StepReplays:
     #: replay D's real rows (a planned reader's unwritten workspace entries given other
     #: values, B's inputs otherwise: ``pagegraph.check.judges.step_plan``); None without it
     out_plan: torch.Tensor | None = None
+    #: replay D0's real rows (the workspace entries no plan has written given other values);
+    #: None without such entries
+    out_fresh: torch.Tensor | None = None
     #: the K and V the step must leave (``pagegraph.check.judges.cache_write.CacheModel``),
     #: what the reference reads; None: the graphs' own caches
     model_kv: tuple[torch.Tensor, torch.Tensor] | None = None
@@ -230,6 +233,26 @@ class ReadsOnlyCurrentPlan(JudgedAtOnce):
             )
 
 
+class ReadsOnlyPlannedWorkspace(JudgedAtOnce):
+    """A planned reader's real rows bit-identical between replay B and replay D0, whose only
+    change is the workspace entries no plan has written since allocation (given other
+    values): an engine's workspace holds whatever its allocation left there."""
+
+    property_name = "reader reads only workspace a plan wrote"
+
+    def observe(self, seen: StepSeen) -> None:
+        run, batch, replays = seen.run, seen.batch, seen.replays
+        if replays.out_fresh is None:
+            return
+        changed = changed_rows(replays.out_b, replays.out_fresh)
+        if changed:
+            run.props[self.property_name].fail(
+                f"{batch.where(changed[0])}: the output changed when only the workspace "
+                "entries no plan has written since allocation changed (an engine's allocation "
+                f"leaves anything there); {len(changed)} row(s) changed"
+            )
+
+
 class CacheWriteExact(JudgedAtOnce):
     """Every real row's new K/V at the slot the host model gives it and no other pool slot
     changed, padded rows' writes discarded by the scenario's ``pad_slot``
@@ -305,4 +328,5 @@ STEP_JUDGES: tuple[Judge[StepSeen], ...] = (
     NullBlockUntouched(),
     SentinelUntouched(),
     ReadsOnlyCurrentPlan(),
+    ReadsOnlyPlannedWorkspace(),
 )

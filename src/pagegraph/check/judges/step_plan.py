@@ -13,7 +13,7 @@ import torch
 from ...graph.step_graphs import StepGraphs
 from .step_judges import StepBatch
 
-__all__ = ["PlannedRun", "RefilledRun", "plan_detail", "replay_refilled"]
+__all__ = ["PlannedRun", "RefilledRun", "fresh_detail", "plan_detail", "replay_refilled"]
 
 
 class PlannedRun(Protocol):
@@ -32,16 +32,17 @@ class RefilledRun(PlannedRun, Protocol):
     def gen(self) -> torch.Generator: ...
 
 
-def replay_refilled(run: RefilledRun, batch: StepBatch) -> torch.Tensor | None:
+def replay_refilled(run: RefilledRun, batch: StepBatch, stale: bool = True) -> torch.Tensor | None:
     """Replay D of a step (``run``: the decode step's run, after replay B): the planned
-    reader's unwritten workspace entries refilled, the graph replayed on the same inputs, the
-    stale entries restored. Returns the real rows' output, or ``None`` without a planned
-    reader or when the plan wrote every entry."""
+    reader's workspace entries the step's plan did not write refilled (with ``stale`` those
+    an earlier plan wrote; else those no plan has written), the graph replayed on the same
+    inputs, the entries restored. Returns the real rows' output, or ``None`` without a
+    planned reader or when there is no such entry."""
     g = run.graphs
     space = g.plan_space
     if space is None or not space.reader.planned:
         return None
-    saved = space.refill_unwritten(run.gen)
+    saved = space.refill_unwritten(run.gen, stale)
     if not saved:
         return None
     try:
@@ -49,8 +50,22 @@ def replay_refilled(run: RefilledRun, batch: StepBatch) -> torch.Tensor | None:
         out = g.out[: len(batch.rpi)].clone()
     finally:
         space.restore(saved)
-    space.refills += 1
+    if stale:
+        space.refills += 1
+    else:
+        space.fresh_refills += 1
     return out
+
+
+def fresh_detail(run: PlannedRun) -> str:
+    """What "reader reads only workspace a plan wrote" covered in ``run``."""
+    space = run.graphs.plan_space
+    if space is None or not space.reader.planned:
+        return "the reader has no plan(): nothing to check (passes trivially)"
+    return (
+        f"{space.fresh_refills} replays re-run with the workspace entries no plan had written "
+        "since allocation holding other values: real rows bit-identical"
+    )
 
 
 def plan_detail(run: PlannedRun) -> str:

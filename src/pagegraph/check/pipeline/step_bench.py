@@ -48,7 +48,7 @@ from ..judges.reader_judges import (
     set_details,
 )
 from ..judges.step_judges import STEP_JUDGES, StepBatch, StepReplays, StepSeen
-from ..judges.step_plan import plan_detail, replay_refilled
+from ..judges.step_plan import fresh_detail, plan_detail, replay_refilled
 from ..plan import CheckPlan
 from ..reports.report import BucketStats, PropertyResult, Report
 from ..reports.step_report import STEP_PROPERTIES, StepSection
@@ -371,7 +371,8 @@ def _one_step(run: _Run, k: int, step: Step) -> None:
     out_b = g.out[:n].clone()
     sentinel = sentinel and g.sentinel_intact()
     out_eager = eager_rows(run, b)  # the reader's own eager call on B's inputs
-    out_d = replay_refilled(run, b)  # D: the entries the plan left unwritten changed
+    out_d = replay_refilled(run, b)  # D: the entries earlier plans left changed
+    out_fresh = replay_refilled(run, b, stale=False)  # and those no plan has written
     sentinel = sentinel and g.sentinel_intact()
     out_c = pad_c = None
     if n < bucket:
@@ -396,6 +397,7 @@ def _one_step(run: _Run, k: int, step: Step) -> None:
         pad_c=pad_c,
         reserved_changed=reserved,
         out_plan=out_d,
+        out_fresh=out_fresh,
         model_kv=(model.k, model.v),
         cache_failure=cache_failure,
         out_eager=out_eager,
@@ -513,6 +515,7 @@ def _details(run: _Run) -> None:
             )
         ),
         "reader reads only what the current plan wrote": plan_detail(run),
+        "reader reads only workspace a plan wrote": fresh_detail(run),
     }
     for name, detail in text.items():
         if name in ok:

@@ -61,8 +61,14 @@ STEP_PROPERTIES: dict[str, tuple[str, str]] = {
     "reader reads only what the current plan wrote": (
         "reader's plan + run",
         "a planned reader's real row that changes when only the workspace entries the step's "
-        "plan did not write (an earlier plan's) get other values (passes trivially without a "
-        "plan)",
+        "plan did not write and an earlier plan did (an earlier plan's values) get other "
+        "values (passes trivially without a plan)",
+    ),
+    "reader reads only workspace a plan wrote": (
+        "reader's plan + run",
+        "a planned reader's real row that changes when only the workspace entries no plan has "
+        "written since allocation get other values (an engine's allocation leaves anything "
+        "there; passes trivially without a plan)",
     ),
     "reader stays inside its workspace": (
         "reader's plan + run",
