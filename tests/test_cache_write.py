@@ -104,6 +104,7 @@ def _status(report, name=PROP):
     return next(p for p in report.properties if p.name == name)
 
 
+@pytest.mark.cpu_heavy  # a decode step: long under the Triton interpreter
 @pytest.mark.parametrize("padding", ["sglang", "vllm"])
 def test_pagegraphs_own_write_is_exact(padding):
     report = _check(write_new_tokens, padding=padding)
@@ -113,6 +114,7 @@ def test_pagegraphs_own_write_is_exact(padding):
     assert ("slot 0" in prop.detail) == (padding == "sglang")
 
 
+@pytest.mark.cpu_heavy  # a decode step: long under the Triton interpreter
 def test_a_writer_frozen_at_capture_fails():
     report = _check(FrozenSlots())
     prop = _status(report)
@@ -123,6 +125,7 @@ def test_a_writer_frozen_at_capture_fails():
     assert _status(report, OUTPUT).status == "FAIL"
 
 
+@pytest.mark.cpu_heavy  # a decode step: long under the Triton interpreter
 def test_a_writer_that_skips_a_real_row_fails():
     report = _check(skips_row_0)
     failure = str(_status(report).first_failure)
@@ -130,6 +133,7 @@ def test_a_writer_that_skips_a_real_row_fails():
     assert "row 0 " in failure and "is not at slot" in failure
 
 
+@pytest.mark.cpu_heavy  # a decode step: long under the Triton interpreter
 def test_a_padded_row_written_into_a_live_slot_fails():
     # SGLang's padding: padded rows hold a running request's index and length 1, so their
     # slot through the table is that request's first token.
@@ -140,6 +144,7 @@ def test_a_padded_row_written_into_a_live_slot_fails():
     assert "request" in str(prop.first_failure)
 
 
+@pytest.mark.cpu_heavy  # a decode step: long under the Triton interpreter
 def test_the_masked_twin_passes():
     report = _check(through_table_masked, padding="sglang", seed=3, finish_rate=0.5)
     assert report.verdict == "SAFE", report.format()

@@ -187,6 +187,7 @@ def test_the_step_allocates_and_poisons_through_the_format(toy_format):
     assert [tuple(t.shape) for t in stale] == [(5, 4)]
 
 
+@pytest.mark.cpu_heavy  # a decode step: long under the Triton interpreter
 def test_a_toy_format_in_its_own_module_runs_a_decode_step(toy_format):
     """The toy registers from its own module and the whole decode step runs on it: SAFE with
     its kernel; a kernel of its call shape bound by the table's width instead of the lengths

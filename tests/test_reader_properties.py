@@ -27,6 +27,9 @@ from pagegraph.check.reports.step_report import STEP_PROPERTIES
 from pagegraph.consumers import csr_decode_attention, paged_decode_attention
 from pagegraph.consumers.reader import Reader
 
+#: Each test runs a decode step: long under the Triton interpreter (make test-heavy there).
+pytestmark = pytest.mark.cpu_heavy
+
 OUTPUT_PROP = "output correct through the consumer"
 
 

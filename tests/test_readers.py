@@ -115,9 +115,10 @@ def test_launch_arguments_see_one_token_rows_at_capture_and_nothing_at_replay():
         return {}
 
     reader = Reader("spy", paged_decode_attention, spy)
-    check_decode_step("build_page_table", tiny(steps=2), consumer=reader)
+    check_decode_step("build_page_table", tiny(steps=4), consumer=reader)
     # warm-up and capture, a call each per bucket: nothing at replay (the graph replays);
-    # then one eager call a step ("replay equals eager, bitwise"), on the step's lengths
+    # then the eager calls of "replay equals eager, bitwise" (advice here: steps 0 and 3 of
+    # four), on the step's lengths
     captured, eager = seen[:4], seen[4:]
     assert [h.bucket for h in captured] == [4, 2, 4, 2]
     assert all(set(h.lens) == {1} and len(h.lens) == h.bucket for h in captured)

@@ -55,7 +55,7 @@ def tiny(page_size: int, **changes) -> CheckConfig:
 @pytest.mark.parametrize(
     # page size 1: ~25 s under the interpreter (make test-heavy)
     "page_size",
-    [pytest.param(1, marks=pytest.mark.cpu_heavy), 16],
+    [pytest.param(1, marks=pytest.mark.cpu_heavy), pytest.param(16, marks=pytest.mark.cpu_heavy)],
 )
 def test_the_step_with_sglangs_triton_decode_is_safe(page_size):
     report = check_decode_step("build_page_table", tiny(page_size), consumer="sglang:triton_decode")

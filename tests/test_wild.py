@@ -183,6 +183,7 @@ def test_the_not_yet_expressible_list_is_apart_from_the_corpus():
 STALE_ENTRIES = [b for b in CORPUS if b.bug_class == "a"]
 
 
+@pytest.mark.cpu_heavy
 @pytest.mark.parametrize("bug", STALE_ENTRIES, ids=[b.key for b in STALE_ENTRIES])
 def test_a_stale_tail_entry_names_the_larger_replay_that_left_the_value(bug: WildBug):
     why = bug.runnable(DEVICE)

@@ -24,6 +24,9 @@ from pagegraph.consumers.reader import HostBatch, Reader
 from pagegraph.graph.plan_workspace import CANARY_MIN_ENTRIES, PlanWorkspace, canary_entries
 from pagegraph.wild.entries import vllm_20301 as fa3
 
+#: Each test runs a decode step: long under the Triton interpreter (make test-heavy there).
+pytestmark = pytest.mark.cpu_heavy
+
 
 def tiny(**changes) -> CheckConfig:
     base = dict(

@@ -31,6 +31,7 @@ __all__ = [
     "WORKSPACE",
     "WRITES_ROWS",
     "canary_replay",
+    "compares_eagerly",
     "eager_rows",
     "ReaderSyncWatch",
     "reader_details",
@@ -40,6 +41,9 @@ __all__ = [
 ]
 
 SYNC_FREE = "sync-free reader"
+#: Replay E with canary columns, and the eager comparison where it is advice, run on one step
+#: in this many (``sampled``).
+CANARY_EVERY = 3
 WRITES_ROWS = "reader writes every real row"
 BITWISE = "replay equals eager, bitwise"
 OWN_ROW = "reader reads only its row"
@@ -137,6 +141,18 @@ def reader_sync_capture_cause(exc: BaseException, syncs: list[str]) -> str | Non
 # -- the replays' extra calls --------------------------------------------------------------------
 
 
+def sampled(batch: StepBatch) -> bool:
+    """Whether a sampled check runs on this step: the first, then one in ``CANARY_EVERY``."""
+    return batch.index % CANARY_EVERY == 0
+
+
+def compares_eagerly(run: StepRun, batch: StepBatch) -> bool:
+    """Whether this step's replay is compared with the reader's own eager call: at every step
+    where the scenario judges it (``[consumer] bitwise = true``), on the sampled steps where
+    it is advice."""
+    return run.cfg.bitwise or sampled(batch)
+
+
 def eager_rows(run: StepRun, batch: StepBatch) -> torch.Tensor:
     """The reader's own eager call (outside the graph) on the bucket, on what the last replay
     left: the staged inputs, the builder's tables, the queries, the cache, the host lengths.
@@ -166,7 +182,10 @@ def canary_replay(
     g = run.graphs
     n = len(batch.rpi)
     padded = g.null_block != "nan" and n < batch.bucket
-    visible = g.canary is not None or g.shape.format.overread_visible(
+    # With canary columns every step could run E: one step in CANARY_EVERY does (a reader
+    # that reads past its row does so whatever the step).
+    canary_step = g.canary is not None and sampled(batch)
+    visible = canary_step or g.shape.format.overread_visible(
         batch.lens, g.shape.page_size, g.shape.width
     )
     if not visible and not padded:
@@ -375,7 +394,11 @@ def reader_details(run: StepRun, judges: tuple[Judge[StepSeen], ...]) -> dict[st
                 "real row written"
             )
         elif isinstance(judge, ReplayEqualsEager):
-            mode = "judged" if run.cfg.bitwise else "advice ([consumer] bitwise = false)"
+            mode = (
+                "judged at every step"
+                if run.cfg.bitwise
+                else f"advice ([consumer] bitwise = false), one step in {CANARY_EVERY}"
+            )
             text[BITWISE] = (
                 f"{judge.steps} replays compared with the reader's eager call on the same "
                 f"inputs: largest difference {judge.max_ulp} ULP ({mode})"

@@ -41,6 +41,7 @@ from ..judges.protocol import Judge
 from ..judges.reader_judges import (
     ReaderSyncWatch,
     canary_replay,
+    compares_eagerly,
     eager_rows,
     reader_details,
     reader_judges,
@@ -370,7 +371,8 @@ def _one_step(run: _Run, k: int, step: Step) -> None:
     g.replay()
     out_b = g.out[:n].clone()
     sentinel = sentinel and g.sentinel_intact()
-    out_eager = eager_rows(run, b)  # the reader's own eager call on B's inputs
+    # The reader's own eager call on B's inputs (every step where the scenario judges it).
+    out_eager = eager_rows(run, b) if compares_eagerly(run, b) else None
     out_d = replay_refilled(run, b)  # D: the entries earlier plans left changed
     out_fresh = replay_refilled(run, b, stale=False)  # and those no plan has written
     sentinel = sentinel and g.sentinel_intact()
