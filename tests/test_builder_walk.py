@@ -55,7 +55,11 @@ def reentered_chains(builder, run) -> set[tuple[str, ...]]:
     return bad
 
 
-@pytest.mark.parametrize("consumer", [None, "paged"], ids=["tables", "decode-step"])
+@pytest.mark.parametrize(
+    "consumer",
+    [None, pytest.param("paged", marks=pytest.mark.cpu_heavy)],
+    ids=["tables", "decode-step"],
+)
 def test_the_builder_enters_no_module_twice(consumer):
     builder = resolve_builder("build_page_table")
     cfg = CheckConfig(**SMALL, consumer=consumer)

@@ -174,7 +174,10 @@ def masked_read_consumer(
 
 
 @pytest.mark.parametrize("fmt", ["paged", "csr"])
-@pytest.mark.parametrize("builder", ["build_page_table", "build_decode_metadata"])
+@pytest.mark.parametrize(
+    "builder",
+    ["build_page_table", pytest.param("build_decode_metadata", marks=pytest.mark.cpu_heavy)],
+)
 def test_correct_pair_is_safe(fmt, builder):
     report = check_decode_step(builder, tiny(fmt))
     assert report.verdict == "SAFE", report.format()
@@ -194,6 +197,7 @@ def test_static_width_consumer_fails():
     )
 
 
+@pytest.mark.cpu_heavy  # a decode step: long under the Triton interpreter
 def test_masked_read_of_stale_entries_fails_on_the_nan_tail_replays(monkeypatch):
     report = check_decode_step("build_page_table", tiny(), consumer=masked_read_consumer)
     assert statuses(report)["output correct through the consumer"] == "FAIL", report.format()
@@ -290,6 +294,7 @@ def test_report_to_dict_and_timing():
         assert d["decode_step"]["timing"] == [] and d["decode_step"]["timing_method"] is None
 
 
+@pytest.mark.cpu_heavy  # a decode step: long under the Triton interpreter
 def test_stop_on_failure_stops_at_the_first_failing_replay():
     """Mutation testing: a planted bug stops the run at its first failing replay, untimed;
     a correct pair with the same flag runs every replay."""

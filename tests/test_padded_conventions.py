@@ -223,6 +223,7 @@ def test_a_minus_one_block_read_by_a_padded_row_fails():
     assert statuses(report)["padded rows contained"] == "pass"
 
 
+@pytest.mark.cpu_heavy  # a decode step: long under the Triton interpreter
 def test_the_same_reader_over_null_block_padding_is_safe():
     report = check_decode_step(pads_null_block, tiny(), consumer=one_block_always)
     assert report.verdict == "SAFE", report.format()
@@ -231,6 +232,7 @@ def test_the_same_reader_over_null_block_padding_is_safe():
     assert report.verdict == "SAFE", report.format()
 
 
+@pytest.mark.cpu_heavy  # a decode step: long under the Triton interpreter
 def test_a_write_into_the_null_block_fails_where_it_holds_data():
     report = check_decode_step("build_page_table", tiny(), consumer=null_block_writer)
     assert statuses(report)[WRITES] == "FAIL", report.format()

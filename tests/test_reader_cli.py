@@ -47,6 +47,7 @@ def _small_step():
     return cfg.replace(steps=4, timing_iters=0)
 
 
+@pytest.mark.cpu_heavy  # a decode step: long under the Triton interpreter
 def test_a_launch_argument_frozen_at_capture_fails_and_the_worst_case_passes(reader_file):
     cfg = _small_step()
     frozen = check_replay_safety("build_page_table", cfg, reader=f"{reader_file}:frozen")

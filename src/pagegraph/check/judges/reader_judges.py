@@ -182,12 +182,13 @@ def canary_replay(
     g = run.graphs
     n = len(batch.rpi)
     padded = g.null_block != "nan" and n < batch.bucket
-    # With canary columns every step could run E: one step in CANARY_EVERY does (a reader
-    # that reads past its row does so whatever the step).
-    canary_step = g.canary is not None and sampled(batch)
-    visible = canary_step or g.shape.format.overread_visible(
-        batch.lens, g.shape.page_size, g.shape.width
-    )
+    # With canary columns a read past any row shows at every step: one step in CANARY_EVERY
+    # runs E (a reader that reads past its row does so whatever the step). Without them, the
+    # steps where the format's over-read lands outside every row.
+    if g.canary is not None:
+        visible = sampled(batch)
+    else:
+        visible = g.shape.format.overread_visible(batch.lens, g.shape.page_size, g.shape.width)
     if not visible and not padded:
         return None, None
     page = nan_page_id(g.null_block)
