@@ -186,6 +186,7 @@ def test_correct_pair_is_safe(fmt, builder):
     assert "padded rows" in report.property("padded rows contained").detail
 
 
+@pytest.mark.cpu_heavy  # a decode step: long under the Triton interpreter
 def test_static_width_consumer_fails():
     report = check_decode_step("build_page_table", tiny(), consumer=static_width_consumer)
     s = statuses(report)
@@ -208,11 +209,13 @@ def test_masked_read_of_stale_entries_fails_on_the_nan_tail_replays(monkeypatch)
     assert statuses(report)["output correct through the consumer"] == "pass", report.format()
 
 
+@pytest.mark.cpu_heavy  # a decode step: long under the Triton interpreter
 def test_one_page_over_read_fails():
     report = check_decode_step("build_page_table", tiny(), consumer=one_page_over_consumer)
     assert statuses(report)["consumer reads only within cache_seqlens"] == "FAIL", report.format()
 
 
+@pytest.mark.cpu_heavy  # a decode step: long under the Triton interpreter
 def test_static_width_consumer_trusts_a_whole_width_builder():
     """A builder that writes the whole width (the tail from ``req_to_token``: zeros, padding's
     NaN page, or freed requests' pages) hides the stale tail from the re-run, but a consumer
@@ -221,6 +224,7 @@ def test_static_width_consumer_trusts_a_whole_width_builder():
     assert statuses(report)["output correct through the consumer"] == "FAIL", report.format()
 
 
+@pytest.mark.cpu_heavy  # a decode step: long under the Triton interpreter
 def test_whole_width_builder_with_a_bounded_consumer_is_safe():
     """What the builder writes past the lengths is invisible to a consumer bounded by them."""
     report = check_decode_step("static_width_gather", tiny())
@@ -228,11 +232,13 @@ def test_whole_width_builder_with_a_bounded_consumer_is_safe():
     assert all(statuses(report)[name] == "pass" for name in PROPS), report.format()
 
 
+@pytest.mark.cpu_heavy  # a decode step: long under the Triton interpreter
 def test_csr_consumer_ignoring_last_page_len_fails():
     report = check_decode_step("build_page_table", tiny("csr"), consumer=full_last_page_consumer)
     assert statuses(report)["consumer reads only within cache_seqlens"] == "FAIL", report.format()
 
 
+@pytest.mark.cpu_heavy  # a decode step: long under the Triton interpreter
 def test_padded_row_leak_fails():
     report = check_decode_step("build_page_table", tiny(), consumer=padded_leak_consumer)
     s = statuses(report)
@@ -243,6 +249,7 @@ def test_padded_row_leak_fails():
     assert s["sentinel page untouched"] == "pass"
 
 
+@pytest.mark.cpu_heavy  # a decode step: long under the Triton interpreter
 def test_sentinel_writer_fails():
     report = check_decode_step("build_page_table", tiny(), consumer=sentinel_writer_consumer)
     s = statuses(report)

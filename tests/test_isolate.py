@@ -182,6 +182,7 @@ def test_cli_isolates_a_decode_step_user_builder_by_default(tmp_path, capsys):
     assert "verdict: UNSAFE (the check process crashed" in out
 
 
+@pytest.mark.cpu_heavy  # a decode step: long under the Triton interpreter
 def test_isolate_runs_the_decode_step_in_a_child(capsys):
     code = main(["check", "decode-step-csr", "--replays", "2", "--isolate"])
     out = capsys.readouterr().out

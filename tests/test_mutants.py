@@ -225,6 +225,7 @@ def test_a_scenarios_memory_slots_go_with_its_jobs():
     ]
 
 
+@pytest.mark.cpu_heavy  # a decode step: long under the Triton interpreter
 def test_a_mutant_killed_by_the_decode_step_is_named_in_the_kill_table():
     """A decode step's reports fail properties the checker does not have: the kill table
     names them (the first in the decode step's order), as the matrix does."""
