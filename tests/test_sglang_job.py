@@ -185,10 +185,10 @@ def test_job_writes_the_verdict_table_and_the_reproducers(tmp_path, capsys):
     assert sglang_job.main(args) == 0
     printed = capsys.readouterr().out
     text = md.read_text()
-    assert "| client | scenario | inputs | verdict | replays | failed | advice |" in text
+    assert "| client | reader | scenario | inputs | verdict | replays | failed | advice |" in text
     for client in (PAGE_TABLE_CLIENT, FLASHMLA_CLIENT):
         assert f"{client} on small:" in printed
-        assert f"| {client} | small |" in text
+        assert f"| {client} | - | small |" in text  # a table check: no reader
     assert "## Findings" in text and "### Failures without a reproducer" in text
     for finding in FINDINGS:
         assert f"`{finding.reproducer}`" in text
