@@ -18,7 +18,7 @@ from dataclasses import dataclass
 import torch
 
 from ..consumers.reader import HostBatch, Reader
-from ..kernels.contract import POISON
+from ..kernels.contract import POISON, bit_view
 
 __all__ = ["CANARY_MIN_ENTRIES", "Overrun", "PlanWorkspace", "canary_entries"]
 
@@ -100,14 +100,6 @@ def _with_canary(t: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Ten
     return view, canary, canary.clone()
 
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    """``t``'s entries as integers of its size (bit comparison; NaN equals the same NaN)."""
-    if t.dtype == torch.bool:
-        return t
-    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
-    return t.view(ints[t.element_size()])
-
-
 class PlanWorkspace:
     """A reader's workspace (``tensors``: name -> tensor, allocated once, each with a canary
     after it: the module docstring) and the entries the last plan wrote (``written``: name ->
@@ -187,7 +179,7 @@ class PlanWorkspace:
         self.checks += 1
         found = []
         for name, (canary, values) in self._canaries.items():
-            changed = _bits(canary) != _bits(values)
+            changed = bit_view(canary) != bit_view(values)
             if not bool(changed.any()):
                 continue
             where = torch.nonzero(changed).flatten()

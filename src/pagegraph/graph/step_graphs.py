@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any, Protocol, TypeVar
 import torch
 
 from ..consumers.reader import Reader
+from ..kernels.contract import same_bits
 from ..kinds import KindSpec
 from ..kinds.seams import EngineState
 from .buckets import Buckets, PaddingPolicy
@@ -45,12 +46,6 @@ TIMING_WARMUP = 3
 TIMED_PARTS = ("step", "builder", "consumer")
 
 _M = TypeVar("_M")
-
-
-def _same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
-    """Bit equality of two tensors of one dtype (NaN equals the same NaN)."""
-    as_int = {2: torch.int16, 4: torch.int32, 8: torch.int64}[a.element_size()]
-    return torch.equal(a.view(as_int), b.view(as_int))
 
 
 class StepGraphs:
@@ -231,7 +226,7 @@ class StepGraphs:
         read-back)."""
         k, v = self._sentinel_values
         page = self.sentinel
-        return _same_bits(self.k_cache[page], k) and _same_bits(self.v_cache[page], v)
+        return same_bits(self.k_cache[page], k) and same_bits(self.v_cache[page], v)
 
     def reserved_changed(self) -> list[str]:
         """Which of the guard page and (``null_block`` "finite") page 0 no longer hold their
@@ -239,7 +234,7 @@ class StepGraphs:
         return [
             name
             for name, pages in self._reserved.items()
-            if not all(map(_same_bits, pages, self._reserved_values[name]))
+            if not all(map(same_bits, pages, self._reserved_values[name]))
         ]
 
     # -- the step's body ---------------------------------------------------------------------

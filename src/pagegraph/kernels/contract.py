@@ -272,3 +272,17 @@ def check_builder_args(
             f"{builder} needs CUDA tensors (got {page_table.device}); CPU tensors run only "
             "under the Triton interpreter (TRITON_INTERPRET=1)"
         )
+
+
+def bit_view(t: torch.Tensor) -> torch.Tensor:
+    """``t``'s entries as integers of their size, ``t`` itself for bool: compared, two tensors
+    are equal bit for bit (a NaN equals the same NaN, -0.0 differs from 0.0)."""
+    if t.dtype == torch.bool:
+        return t
+    ints = {1: torch.uint8, 2: torch.int16, 4: torch.int32, 8: torch.int64}
+    return t.view(ints[t.element_size()])
+
+
+def same_bits(a: torch.Tensor, b: torch.Tensor) -> bool:
+    """Bit equality of two tensors of one dtype and shape (``bit_view``)."""
+    return torch.equal(bit_view(a), bit_view(b))

@@ -20,7 +20,7 @@ import torch
 
 from ...consumers.reader import PAD_SLOT_ID
 from ...graph.step_graphs import StepGraphs
-from ...kernels.contract import cdiv
+from ...kernels.contract import bit_view, cdiv
 from ...workload.pool import Request
 
 __all__ = [
@@ -49,10 +49,6 @@ def new_token_slot(pages: list[int], length: int, page_size: int) -> int:
     """The slot of a row's new token (its last, position ``length - 1``) through its pages."""
     pos = length - 1
     return pages[pos // page_size] * page_size + pos % page_size
-
-
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.view({2: torch.int16, 4: torch.int32, 8: torch.int64}[t.element_size()])
 
 
 @dataclass
@@ -109,7 +105,7 @@ class CacheModel:
         g, ps, pool = self.graphs, self.page_size, self.num_pages
         changed = torch.zeros(pool * ps, dtype=torch.bool, device=g.device)
         for cache, model in ((g.k_cache, self.k), (g.v_cache, self.v)):
-            now, want = _bits(cache[:pool]), _bits(model[:pool])
+            now, want = bit_view(cache[:pool]), bit_view(model[:pool])
             changed |= (now != want).reshape(pool * ps, -1).any(1)
         for slot in self.free:
             changed[slot] = False

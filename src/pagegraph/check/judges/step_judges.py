@@ -15,6 +15,7 @@ import torch
 
 from ...consumers.attention_reference import attend, live_kv, tolerances
 from ...graph.step_graphs import GUARD_PAGE
+from ...kernels.contract import bit_view
 from ..reports.report import BucketStats, Report
 from .cache_write import CACHE_WRITE
 from .padded_rows import READS, WRITES, PaddedRun
@@ -109,13 +110,9 @@ class StepSeen:
     replays: StepReplays
 
 
-def _bits(t: torch.Tensor) -> torch.Tensor:
-    return t.view(torch.int16) if t.element_size() == 2 else t.view(torch.int32)
-
-
 def changed_rows(a: torch.Tensor, b: torch.Tensor) -> list[int]:
     """Rows whose bits differ (NaN included: a NaN row that stays NaN is unchanged)."""
-    diff = (_bits(a) != _bits(b)).flatten(1).any(1)
+    diff = (bit_view(a) != bit_view(b)).flatten(1).any(1)
     return np.flatnonzero(diff.cpu().numpy()).tolist()
 
 
