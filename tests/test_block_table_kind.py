@@ -17,7 +17,7 @@ import torch
 from pagegraph.kernels.block_table import gather_block_tables
 from pagegraph.kernels.vllm_reference import reference_block_table
 from pagegraph.kinds import BatchContext
-from pagegraph.workload.block_tables import EngineBlockTables
+from pagegraph.workload.engine_block_tables import EngineBlockTables
 
 from helpers import CANARY, MARGIN, assert_equal_tables
 

@@ -10,7 +10,7 @@ import pytest
 
 from pagegraph.check import checker
 from pagegraph.check.config import CheckConfig
-from pagegraph.check.pipeline import table_bench
+from pagegraph.check.pipeline import table_bed
 from pagegraph.kinds.builders import resolve_builder
 
 SMALL = dict(max_bs=4, max_context_len=128, page_size=16, buckets=[4], steps=3, seed=3)
@@ -75,9 +75,9 @@ def test_the_builder_enters_no_module_twice(consumer):
 def test_a_bench_that_calls_back_into_the_entry_module_is_seen(monkeypatch):
     """Planted: the table bench's replay made a function of ``checker``'s module (as if the
     bench lived beside the entry points again): the walk sees checker entered twice."""
-    namespace = {"__name__": checker.__name__, "real": table_bench.TableBench.replay_one}
+    namespace = {"__name__": checker.__name__, "real": table_bed.TableBed.replay_one}
     exec("def replay_one(self, i):\n    return real(self, i)\n", namespace)  # noqa: S102
-    monkeypatch.setattr(table_bench.TableBench, "replay_one", namespace["replay_one"])
+    monkeypatch.setattr(table_bed.TableBed, "replay_one", namespace["replay_one"])
     builder = resolve_builder("build_page_table")
     cfg = CheckConfig(**SMALL)
     bad = reentered_chains(builder, lambda: checker.check_replay_safety(builder, cfg))

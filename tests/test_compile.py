@@ -115,7 +115,7 @@ def compile_mutant(bug: int, swa: bool) -> dict:
     from triton.backends.compiler import GPUTarget
     from triton.compiler import ASTSource
 
-    from pagegraph.mutants.page_table import BLOCK, HARD_CODED, _mutant_kernel
+    from pagegraph.mutants.page_table_mutants import BLOCK, HARD_CODED, _mutant_kernel
 
     sig = {
         "req_to_token_ptr": "*i64",

@@ -19,8 +19,8 @@ import torch
 from pagegraph import build_page_table
 from pagegraph.check.checker import check_decode_step
 from pagegraph.check.config import CheckConfig
-from pagegraph.check.pipeline import step_bench as decode_step
-from pagegraph.check.pipeline.step_bench import CPU_LIMITS, shrink_for_cpu
+from pagegraph.check.pipeline import step_bed as decode_step
+from pagegraph.check.pipeline.step_bed import CPU_LIMITS, shrink_for_cpu
 from pagegraph.check.reports.report import BucketStats, Report
 from pagegraph.check.reports.step_report import share
 from pagegraph.check.scenario import ScenarioError, load_scenario

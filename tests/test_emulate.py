@@ -22,7 +22,7 @@ import triton.language as tl
 from pagegraph import GraphRunner, build_page_table, check_replay_safety
 from pagegraph.check.checker import check_decode_step
 from pagegraph.check.config import CheckConfig
-from pagegraph.check.pipeline.step_bench import shrink_for_cpu
+from pagegraph.check.pipeline.step_bed import shrink_for_cpu
 from pagegraph.check.scenario import ScenarioError, load_scenario
 from pagegraph.consumers.paged_attention import BLOCK_N, default_num_splits
 from pagegraph.detect.probes import AllocationCounter

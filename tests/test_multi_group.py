@@ -19,14 +19,14 @@ import torch
 from pagegraph.check.checker import check_replay_safety
 from pagegraph.check.config import ConfigError, validate_config
 from pagegraph.check.scenario import ScenarioError, load_scenario
-from pagegraph.kernels.kv_groups import compute_group_slot_mappings, ring_slot_mappings
+from pagegraph.kernels.group_slot_mappings import compute_group_slot_mappings, ring_slot_mappings
 from pagegraph.kernels.slot_mapping import PAD_SLOT_ID
 from pagegraph.kernels.vllm_reference import (
     reference_group_slot_mapping,
     reference_ring_slot_mapping,
     reference_slot_mapping,
 )
-from pagegraph.kinds.kv_groups import KVGroup, parse_groups
+from pagegraph.kinds.kv_group_layout import KVGroup, parse_groups
 
 ROOT = Path(__file__).resolve().parents[1]
 SLOTS = ROOT / "graphs" / "vllm-slot-mapping-groups.toml"

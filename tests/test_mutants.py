@@ -15,7 +15,7 @@ import pytest
 import torch
 
 from pagegraph.check.config import PROPERTIES, CheckConfig
-from pagegraph.check.pipeline.step_bench import STEP_PROPERTIES
+from pagegraph.check.pipeline.step_bed import STEP_PROPERTIES
 from pagegraph.check.reports.report import Report
 from pagegraph.jobs.mutate import run_mutate
 from pagegraph.jobs.mutate_report import (

@@ -27,7 +27,7 @@ from pagegraph.check.judges.step_judges import (
     StepReplays,
     StepSeen,
 )
-from pagegraph.check.pipeline.step_bench import step_properties
+from pagegraph.check.pipeline.step_bed import step_properties
 from pagegraph.check.reports.step_report import STEP_PROPERTIES
 from pagegraph.check.scenario import ScenarioError, load_scenario
 from pagegraph.consumers import paged_decode_attention

@@ -22,7 +22,7 @@ from pagegraph.consumers import paged_decode_attention
 from pagegraph.consumers.reader import HostBatch, Reader, as_reader
 from pagegraph.graph.plan_workspace import PlanWorkspace, _poisons
 from pagegraph.kernels.contract import POISON
-from pagegraph.wild.readers import split_attention
+from pagegraph.wild.range_attention import split_attention
 
 PLAN_PROP = "reader reads only what the current plan wrote"
 #: Eager replays (``emulate=False``) exist only without CUDA, where graphs are emulated.

@@ -166,7 +166,7 @@ def test_a_kind_built_before_the_graph_has_its_reader_in_the_graph():
     """vLLM's gather runs eagerly before the launch; the graph holds the reader alone, which
     reads at each replay the table the gather just wrote (padded rows cleared to block 0)."""
     from pagegraph.kernels.block_table import gather_block_tables
-    from pagegraph.workload.block_tables import EngineBlockTables
+    from pagegraph.workload.engine_block_tables import EngineBlockTables
 
     engine = EngineBlockTables(13, 13, 16, device=DEVICE)
     pool, eager = make(builder=gather_block_tables, engine=engine, buckets=[4, 12], padding="vllm")

@@ -20,7 +20,7 @@ from pagegraph.check.config import CheckConfig
 from pagegraph.check.plan import plan_check
 from pagegraph.check.scenario import load_scenario
 from pagegraph.clients import sglang_attention as sa
-from pagegraph.clients.readers import engine_reader
+from pagegraph.clients.engine_readers import engine_reader
 
 REASON = sa.attention_unavailable_reason()
 needs_sglang = pytest.mark.skipif(REASON is not None, reason=f"SGLang unavailable: {REASON}")

@@ -19,7 +19,7 @@ from pagegraph.check.judges.step_judges import (
     StepSeen,
     changed_rows,
 )
-from pagegraph.check.pipeline.step_bench import step_properties
+from pagegraph.check.pipeline.step_bed import step_properties
 from pagegraph.check.reports.step_report import STEP_PROPERTIES
 
 

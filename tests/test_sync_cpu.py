@@ -20,7 +20,7 @@ import triton.language as tl
 from pagegraph import build_page_table
 from pagegraph.check.checker import check_replay_safety
 from pagegraph.check.config import CheckConfig
-from pagegraph.check.pipeline.table_bench import resolve_detectors
+from pagegraph.check.pipeline.table_bed import resolve_detectors
 from pagegraph.detect import ranges, sync_cpu, sync_record
 from pagegraph.detect.sync import (
     DeviceSyncError,

@@ -17,7 +17,7 @@ import torch
 
 from pagegraph.check.checker import check_decode_step
 from pagegraph.clients import vllm_attention as va
-from pagegraph.clients.readers import engine_reader
+from pagegraph.clients.engine_readers import engine_reader
 from pagegraph.consumers.reader import PAD_SLOT_ID, CacheWrite, StepInputs
 from test_cache_write import tiny
 

@@ -18,7 +18,7 @@ from pagegraph.kernels.block_table import gather_block_tables
 from pagegraph.kernels.slot_mapping import compute_slot_mappings
 from pagegraph.kernels.vllm_reference import reference_block_table, reference_slot_mapping
 from pagegraph.kinds import BatchContext
-from pagegraph.mutants.vllm import (
+from pagegraph.mutants.vllm_mutants import (
     BLOCK_TABLE_BUGS,
     SLOT_MAPPING_BUGS,
     plain_block_table,

@@ -2,8 +2,8 @@
 builder, any scenario), ``check_decode_step`` (a scenario's decode step end to end) and
 ``run_plan`` (a planned check, as a child process runs its parent's). Each plans the check
 once (``plan``) and hands it to the pipeline (``pipeline.phases.run_pipeline``) with its
-bench: ``pipeline.table_bench.TableBench`` (the builder's outputs compared exactly with the
-checker's model) or ``pipeline.step_bench.StepBench`` (the attention's output); a scenario
+bench: ``pipeline.table_bed.TableBed`` (the builder's outputs compared exactly with the
+checker's model) or ``pipeline.step_bed.StepBed`` (the attention's output); a scenario
 with ``kv_groups`` runs once a group (``pipeline.kv_groups``). Only passed properties count.
 """
 
@@ -18,11 +18,11 @@ from ..consumers.formats import DEFAULT_FORMAT
 from ..consumers.reader import Reader
 from ..graph.runner import GraphRunner
 from .config import CheckConfig
-from .pipeline.kv_groups import GroupRuns
+from .pipeline.group_checks import GroupRuns
 from .pipeline.phases import run_pipeline
 from .pipeline.state import CheckHooks
-from .pipeline.step_bench import StepBench
-from .pipeline.table_bench import TableBench, start_run
+from .pipeline.step_bed import StepBed
+from .pipeline.table_bed import TableBed, start_run
 from .plan import CheckPlan, plan_check, resolve_reader
 from .reports.report import Report
 
@@ -110,7 +110,7 @@ def run_plan(
     ``builder`` (resolved from ``plan.builder``): its pipeline's judges (``plan.pipeline``),
     with ``check_replay_safety``'s options. A child process runs its parent's plan this way.
     A config with ``kv_groups`` runs once a group, merged
-    (``pagegraph.check.pipeline.kv_groups``)."""
+    (``pagegraph.check.pipeline.group_checks``)."""
     hooks = CheckHooks(progress, on_phase, on_chunk, stop_on_failure, explain_replays)
     if plan.config.kv_groups:
         runs = GroupRuns(plan, builder, progress, on_chunk)
@@ -139,10 +139,10 @@ def _run_one(
                 "(a config with a consumer)"
             )
         reader = resolve_reader(reader if reader is not None else plan.reader)
-        return run_pipeline(StepBench(builder, plan, device, reader, hooks, None), hooks)
+        return run_pipeline(StepBed(builder, plan, device, reader, hooks, None), hooks)
     if reader is not None:
         raise ValueError("a reader needs a config with a consumer (a decode-step scenario)")
-    bench = TableBench(start_run(builder, plan, device, runner_factory or GraphRunner, hooks))
+    bench = TableBed(start_run(builder, plan, device, runner_factory or GraphRunner, hooks))
     return run_pipeline(bench, hooks)
 
 
@@ -186,4 +186,4 @@ def check_decode_step(
     if reader is None:
         reader = resolve_reader(plan.reader)  # the name given, or the scenario's reader
     hooks = CheckHooks(progress, on_phase, on_report, stop_on_failure)
-    return run_pipeline(StepBench(fn, plan, device, reader, hooks, emulate), hooks)
+    return run_pipeline(StepBed(fn, plan, device, reader, hooks, emulate), hooks)

@@ -200,7 +200,7 @@ class CheckConfig:
     full_to_swa_dtype: str = "int64"
     #: vLLM's KV-cache groups, each a dict (``name``, ``kind``, ``block_size``, ``width``):
     #: a block-table or slot-mapping builder is checked over every group
-    #: (``pagegraph.check.pipeline.kv_groups``); empty: one group, the page size and width above
+    #: (``pagegraph.check.pipeline.group_checks``); empty: one group, the page size and width above
     kv_groups: tuple[dict[str, Any], ...] = ()
     # -- out-of-contract and edge values in the batches (probabilities per step) --
     #: "engine" or "hostile" (``INJECTION_LEVELS``): which injections the scenario may ask for
@@ -354,7 +354,7 @@ def _check_layout(c: CheckConfig, name: FieldNamer) -> None:
         if getattr(c, field) < 0:
             _fail(field, f"must be >= 0, got {getattr(c, field)}", name)
     if c.kv_groups:
-        from ..kinds.kv_groups import groups_problem
+        from ..kinds.kv_group_layout import groups_problem
 
         problem = groups_problem(c)
         if problem:

@@ -10,7 +10,7 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..clients.readers import engine_reader, is_engine_reader_name
+from ..clients.engine_readers import engine_reader, is_engine_reader_name
 from ..consumers.reader import Reader, as_reader
 from ..kernels.registry import BuilderLoadError, load_object
 from ..kinds import KINDS, KindSpec, kind_of

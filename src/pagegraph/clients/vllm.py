@@ -16,7 +16,7 @@ import torch
 
 from ..kernels.batch import BatchContext
 from ..kernels.contract import declare_outputs
-from ..kernels.kv_groups import RingGroup
+from ..kernels.group_slot_mappings import RingGroup
 from .vllm_files import (
     STUBBED_IMPORTS,
     TESTED_VERSION,
@@ -173,7 +173,7 @@ def vllm_compute_slot_mappings(
     ``BlockTables.compute_slot_mappings`` launches it for one group, no context parallelism.
     ``ValueError`` when ``block_table`` does not start on a 16-byte boundary.
 
-    ``group`` (a ``pagegraph.kinds.kv_groups.KVGroup`` on a scenario with ``kv_groups``):
+    ``group`` (a ``pagegraph.kinds.kv_group_layout.KVGroup`` on a scenario with ``kv_groups``):
     the group's block size and row stride are ``page_size`` and ``block_table``'s; its slot
     mapping is enabled whatever its kind, as ``BlockTables`` enables every group by default
     (``slot_mapping_enabled=None``; which groups vLLM's runner disables is decided outside

@@ -91,7 +91,7 @@ class GraphRunner:
             ``ValueError``: an engine's own buffer is never replaced). ``draft_tokens`` is
             frozen into the graphs.
         engine: the engine state the kind reads (``KindSpec.engine_state``: vLLM's block
-            tables, ``pagegraph.workload.block_tables.EngineBlockTables``), or None.
+            tables, ``pagegraph.workload.engine_block_tables.EngineBlockTables``), or None.
 
     A kind built ``"eager"`` (``KindSpec.where``: vLLM's block tables) is called before
     each replay, told the real batch size (``batch=``); the graph reads its tables

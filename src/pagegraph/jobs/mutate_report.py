@@ -11,7 +11,7 @@ from pathlib import Path
 from typing import Any, cast
 
 from ..check.config import PROPERTIES
-from ..check.pipeline.step_bench import STEP_PROPERTIES
+from ..check.pipeline.step_bed import STEP_PROPERTIES
 from ..check.reports.report import Report
 from ..supervise.isolate import write_json_atomic
 

@@ -35,8 +35,8 @@ __all__ = ["CLIENTS", "main", "plan_runs", "run_job"]
 
 #: vLLM's kernels the job checks, by the name the checker knows them by.
 CLIENTS = ("vllm_gather_block_tables", "vllm_compute_slot_mappings")
-#: vLLM's decode-step readers (``pagegraph.clients.readers``): each runs on the scenarios that
-#: name it (``[consumer] reader``), with the scenario's own builder.
+#: vLLM's decode-step readers (``pagegraph.clients.engine_readers``): each runs on the
+#: scenarios that name it (``[consumer] reader``), with the scenario's own builder.
 STEP_READERS = ("vllm:triton_attn",)
 #: Replays a check without a GPU, where the Triton interpreter runs each kernel on the host.
 CPU_REPLAYS = 20
@@ -54,7 +54,7 @@ HOSTILE_NOTE = (
 #: What a run over KV-cache groups means (the report says it above the table when it has one).
 GROUPS_NOTE = (
     "Scenarios with `kv_groups` check each KV-cache group with its own block size and row "
-    "width (`pagegraph.check.pipeline.kv_groups`), as `BlockTables` holds them; a run's "
+    "width (`pagegraph.check.pipeline.group_checks`), as `BlockTables` holds them; a run's "
     "verdict is its groups' worst, and a failure names its group. vLLM's slot-mapping kernel "
     "is launched with the group's mapping enabled, `BlockTables`' default "
     "(`slot_mapping_enabled=None`); a ring group (narrower than the sequence: "

@@ -19,7 +19,7 @@ from .contract import declare_outputs
 from .slot_mapping import PAD_SLOT_ID
 
 if TYPE_CHECKING:
-    from .kv_groups import RingGroup
+    from .group_slot_mappings import RingGroup
 
 __all__ = [
     "reference_block_table",
@@ -83,7 +83,7 @@ def reference_slot_mapping(
     in order, then the tail (a ``query_start_loc`` that decreases makes rows overlap, and
     the builders' order of writes is then not defined).
 
-    ``ring``: the table is a ring group's (``pagegraph.check.pipeline.kv_groups``): its ``width``
+    ``ring``: the table is a ring group's (``pagegraph.check.pipeline.group_checks``): its ``width``
     blocks are used in turn, so a position past ``width * page_size`` is in the contract and
     goes to column ``(pos // page_size) % width`` (a negative position is still clamped to 0).
     """
@@ -147,7 +147,7 @@ def reference_group_slot_mapping(
     group: RingGroup | None = None,
 ) -> None:
     """What the slot mapping of KV-cache group ``group`` must be (a
-    ``pagegraph.kinds.kv_groups.KVGroup``, or ``None``: a single group): the ring's on a ring
+    ``pagegraph.kinds.kv_group_layout.KVGroup``, or ``None``: a single group): the ring's on a ring
     group, ``reference_slot_mapping``'s on any other."""
     reference_slot_mapping(
         block_table,

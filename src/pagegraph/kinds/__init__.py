@@ -2,7 +2,8 @@
 knows about that kind; the rest of pagegraph asks the spec (``kind_of(builder)``,
 ``KINDS[name]``) and never compares kind names.
 
-* ``page_table`` (``pagegraph.kinds.page_table``): ``build_page_table``'s contract, in the graph.
+* ``page_table`` (``pagegraph.kinds.page_table_kind``): ``build_page_table``'s contract, in
+  the graph.
 * ``decode_metadata``: ``build_decode_metadata``'s, in the graph.
 * ``csr``: FlashInfer's ``kv_indptr`` / ``kv_indices``, in the graph.
 * ``block_table``: vLLM's batch block tables gathered from per-request tables, eagerly before
@@ -17,10 +18,10 @@ from __future__ import annotations
 
 from ..kernels.batch import BatchContext
 from .base import IO_FIELDS, KindSpec, PaddedRows, VectorSpec
-from .block_table import BLOCK_TABLE
-from .csr import CSR
-from .decode_metadata import DECODE_METADATA
-from .page_table import PAGE_TABLE
+from .block_table_kind import BLOCK_TABLE
+from .csr_kind import CSR
+from .decode_metadata_kind import DECODE_METADATA
+from .page_table_kind import PAGE_TABLE
 from .seams import (
     Builder,
     BuilderIO,
@@ -30,7 +31,7 @@ from .seams import (
     ScenarioConfig,
     VectorVerifier,
 )
-from .slot_mapping import SLOT_MAPPING
+from .slot_mapping_kind import SLOT_MAPPING
 
 #: Every kind by name, in the order users read them.
 KINDS: dict[str, KindSpec] = {

@@ -19,7 +19,7 @@ from ..kernels.contract import ERROR_KINDS
 from .seams import Builder, BuilderIO, EngineState, ReplayModel, VectorVerifier
 
 if TYPE_CHECKING:  # the zoos are loaded on first use (``KindSpec.zoo``), never at import
-    from ..mutants.record import Zoo
+    from ..mutants.mutant import Zoo
 
 
 @dataclass(frozen=True)
@@ -129,7 +129,7 @@ class KindSpec:
         return self._builders
 
     def load_zoo(self) -> Zoo:
-        """The kind's mutant zoo (a ``pagegraph.mutants.record.Zoo``)."""
+        """The kind's mutant zoo (a ``pagegraph.mutants.mutant.Zoo``)."""
         raise NotImplementedError
 
     @property

@@ -128,7 +128,7 @@ def config_problem(builder: Builder, kind: KindSpec, cfg: ScenarioConfig) -> str
             "per-request num_blocks of vLLM's block tables, which only a block_table builder reads"
         )
     if problem is None and cfg.kv_groups:
-        from .kv_groups import builder_group_problem
+        from .kv_group_layout import builder_group_problem
 
         found = builder_group_problem(builder, kind.name, cfg)
         problem = found and f"{builder_name(builder)} {found}"

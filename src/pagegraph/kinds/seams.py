@@ -29,14 +29,14 @@ Builder: TypeAlias = Callable[..., object]
 
 #: One KV-cache group's table as a scenario gives it (``[layout] kv_groups``): ``name`` and
 #: ``kind`` (str), ``block_size`` and ``width`` (int), each optional;
-#: ``pagegraph.kinds.kv_groups.groups_problem`` says why a config's tables are not that.
+#: ``pagegraph.kinds.kv_group_layout.groups_problem`` says why a config's tables are not that.
 GroupTable: TypeAlias = Mapping[str, int | str]
 
 
 class EngineState(Protocol):
     """The engine's state between steps that a kind of ``engine_state = "block_tables"``
     reads (vLLM's per-request block tables,
-    ``pagegraph.workload.block_tables.EngineBlockTables``)."""
+    ``pagegraph.workload.engine_block_tables.EngineBlockTables``)."""
 
     @property
     def block_table(self) -> torch.Tensor:
@@ -267,7 +267,7 @@ class ScenarioConfig(Protocol):
 
     @property
     def kv_groups(self) -> Sequence[GroupTable]:
-        """vLLM's KV-cache groups (``pagegraph.kinds.kv_groups``); empty: one group."""
+        """vLLM's KV-cache groups (``pagegraph.kinds.kv_group_layout``); empty: one group."""
         ...
 
     @property

@@ -14,7 +14,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from ..mutants.record import Mutant
+from ..mutants.mutant import Mutant
 from . import KINDS
 
 __all__ = ["CONTROLS", "MUTANTS", "Mutant", "reset_caches"]

@@ -1,7 +1,7 @@
 """The mutant zoo: builders of each kind with one realistic bug each, for mutation testing.
 
 One module per kind's zoo (``page_table``, ``decode_metadata``, ``csr``, and ``vllm`` for vLLM's
-``block_table`` and ``slot_mapping``), each a ``Zoo`` (``pagegraph.mutants.record``) of
+``block_table`` and ``slot_mapping``), each a ``Zoo`` (``pagegraph.mutants.mutant``) of
 ``Mutant`` records and controls. A kind's spec holds its zoo (``KindSpec.zoo``);
 ``pagegraph.kinds.zoo`` gathers every kind's for ``pagegraph mutate``. The zoo is built on
 the kernels' layer only, so a kind can load it.
@@ -13,8 +13,8 @@ from importlib import import_module
 #: public name -> the module of this package that defines it, imported at first use, so
 #: that importing one module of the package loads no other.
 _DEFINED_IN = {
-    "Mutant": "record",
-    "Zoo": "record",
+    "Mutant": "mutant",
+    "Zoo": "mutant",
 }
 
 __all__ = [

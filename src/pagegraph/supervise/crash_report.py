@@ -73,7 +73,7 @@ def _blank_report(job: CrashedJob) -> Report:
     """The report of a check whose child died before writing one: every property
     incomplete."""
     if job.config.consumer:
-        from ..check.pipeline.step_bench import step_properties
+        from ..check.pipeline.step_bed import step_properties
 
         report = Report(
             job.builder, job.config, "?", "none", step=StepSection(consumer=job.config.consumer)
@@ -88,7 +88,7 @@ def _blank_report(job: CrashedJob) -> Report:
 def _cut_short(job: CrashedJob) -> tuple[str, ...]:
     """The properties a crash during the replays leaves unjudged."""
     if job.config.consumer:
-        from ..check.pipeline.step_bench import STEP_PROPERTIES
+        from ..check.pipeline.step_bed import STEP_PROPERTIES
 
         return tuple(n for n in STEP_PROPERTIES if n != "capture")
     return (*REPLAY_PROPERTIES, "replays completed")

@@ -3,7 +3,7 @@ a buggy builder, reader or runner written from its report, beside its fixed twin
 scenario and the property of the bed that must catch it (``pagegraph wild``)."""
 
 from .corpus import entries, entry
-from .record import BUG_CLASSES, Fidelity, NotYetExpressible, Twin, WildBug
+from .wild_bug import BUG_CLASSES, Fidelity, NotYetExpressible, Twin, WildBug
 
 __all__ = [
     "BUG_CLASSES",

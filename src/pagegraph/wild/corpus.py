@@ -6,7 +6,7 @@ import importlib
 import pkgutil
 
 from . import entries as _entries_package
-from .record import BUG_CLASSES, WildBug
+from .wild_bug import BUG_CLASSES, WildBug
 
 __all__ = ["entries", "entry"]
 

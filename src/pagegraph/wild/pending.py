@@ -4,7 +4,7 @@ entry of ``wild/entries/`` reproduces its root cause and its fix as upstream had
 
 from __future__ import annotations
 
-from .record import NotYetExpressible
+from .wild_bug import NotYetExpressible
 
 __all__ = ["NOT_YET_EXPRESSIBLE"]
 

@@ -17,7 +17,7 @@ _DEFINED_IN = {
     "Injection": "decode",
     "Step": "decode",
     "ProducedWorkload": "producer",
-    "EngineBlockTables": "block_tables",
+    "EngineBlockTables": "engine_block_tables",
 }
 
 __all__ = [

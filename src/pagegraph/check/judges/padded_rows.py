@@ -31,7 +31,7 @@ WRITES = "null block and guard page untouched"
 
 
 class PaddedRun(Protocol):
-    """The decode step's run as this module reads it (``pagegraph.check.pipeline.step_bench``'s,
+    """The decode step's run as this module reads it (``pagegraph.check.pipeline.step_bed``'s,
     ``pagegraph.check.judges.step_judges.StepRun``): its config, graphs and properties."""
 
     @property

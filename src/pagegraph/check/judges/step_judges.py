@@ -17,7 +17,7 @@ from ...consumers.attention_reference import attend, live_kv, tolerances
 from ...graph.step_graphs import GUARD_PAGE
 from ...kernels.contract import bit_view
 from ..reports.report import BucketStats, Report
-from .cache_write import CACHE_WRITE
+from .cache_write_judge import CACHE_WRITE
 from .padded_rows import READS, WRITES, PaddedRun
 from .protocol import Judge, JudgedAtOnce
 
@@ -78,7 +78,7 @@ class StepReplays:
     #: replay D0's real rows (the workspace entries no plan has written given other values);
     #: None without such entries
     out_fresh: torch.Tensor | None = None
-    #: the K and V the step must leave (``pagegraph.check.judges.cache_write.CacheModel``),
+    #: the K and V the step must leave (``pagegraph.check.judges.cache_write_judge.CacheModel``),
     #: what the reference reads; None: the graphs' own caches
     model_kv: tuple[torch.Tensor, torch.Tensor] | None = None
     #: the first difference of the replayed cache from the model, described; None: none
@@ -93,7 +93,7 @@ class StepReplays:
 
 
 class StepRun(PaddedRun, Protocol):
-    """The decode step's run as its judges read it (``pagegraph.check.pipeline.step_bench``'s): its
+    """The decode step's run as its judges read it (``pagegraph.check.pipeline.step_bed``'s): its
     ``cfg``, ``graphs``, ``props`` (``PaddedRun``) and ``report``."""
 
     @property
@@ -253,7 +253,7 @@ class ReadsOnlyPlannedWorkspace(JudgedAtOnce):
 class CacheWriteExact(JudgedAtOnce):
     """Every real row's new K/V at the slot the host model gives it and no other pool slot
     changed, padded rows' writes discarded by the scenario's ``pad_slot``
-    (``pagegraph.check.judges.cache_write``)."""
+    (``pagegraph.check.judges.cache_write_judge``)."""
 
     property_name = CACHE_WRITE
 

@@ -18,7 +18,7 @@ __all__ = ["PlannedRun", "RefilledRun", "fresh_detail", "plan_detail", "replay_r
 
 class PlannedRun(Protocol):
     """The decode step's run as its plan's summary reads it
-    (``pagegraph.check.pipeline.step_bench``'s):
+    (``pagegraph.check.pipeline.step_bed``'s):
     its graphs, with the reader's workspace."""
 
     @property

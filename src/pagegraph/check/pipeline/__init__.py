@@ -1,7 +1,7 @@
 """The check pipeline: its phases and replay loop, both benches, and the state they run on.
 
 ``run_pipeline`` runs a planned check's phases (device, buffers, workload, capture, replays,
-judgment) over a bench: ``TableBench`` for a metadata builder in its graph, ``StepBench`` for a
+judgment) over a bench: ``TableBed`` for a metadata builder in its graph, ``StepBed`` for a
 whole decode step; ``CheckHooks`` and the replay state are what the judges read.
 """
 
@@ -12,16 +12,16 @@ from importlib import import_module
 _DEFINED_IN = {
     "pick_device": "phases",
     "run_pipeline": "phases",
-    "TableBench": "table_bench",
-    "StepBench": "step_bench",
+    "TableBed": "table_bed",
+    "StepBed": "step_bed",
     "CheckHooks": "state",
     "allocate_check_buffers": "buffers",
 }
 
 __all__ = [
     "CheckHooks",
-    "StepBench",
-    "TableBench",
+    "StepBed",
+    "TableBed",
     "allocate_check_buffers",
     "pick_device",
     "run_pipeline",

@@ -1,6 +1,6 @@
 """The engine state a kind's builder reads besides ``req_to_token``, kept by the check
 between replays (``KindSpec.engine_state``): vLLM's per-request block tables and
-``num_blocks`` (``pagegraph.workload.block_tables.EngineBlockTables``) for a ``block_table``
+``num_blocks`` (``pagegraph.workload.engine_block_tables.EngineBlockTables``) for a ``block_table``
 builder.
 
 docs/ARCHITECTURE.md ("Inside the checker") has the details.
@@ -17,8 +17,8 @@ import torch
 from ...detect.ranges import phase
 from ...kinds import KindSpec
 from ...kinds.seams import EngineState as BuilderEngineState
-from ...workload.block_tables import EngineBlockTables
 from ...workload.decode import Step
+from ...workload.engine_block_tables import EngineBlockTables
 from ...workload.pool import KVPool
 from ..config import CheckConfig
 

@@ -1,6 +1,6 @@
 """The decode step's section of a ``Report`` (``StepSection``) and the step report's text.
 
-A check of the decode step (``pagegraph.check.pipeline.step_bench``) reports through the same
+A check of the decode step (``pagegraph.check.pipeline.step_bed``) reports through the same
 ``Report`` as every check: its properties (``STEP_PROPERTIES``, each ``PropertyResult``
 carrying what it covers), its buckets, replays, capture time, stop and crash. What only the
 step has (the consumer, the shapes shrunk for the CPU, the real rows checked, the per-bucket

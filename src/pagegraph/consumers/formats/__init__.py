@@ -9,10 +9,10 @@ from .spec import FORMATS, Metadata, ReaderFormat, Row, reader_format, register_
 
 # isort: split
 # The registration order is ``FORMATS``' order (the consumer floor's columns).
-from .paged import PAGED
+from .paged_format import PAGED
 
 # isort: split
-from .csr import CSR
+from .csr_format import CSR
 
 __all__ = [
     "CSR",

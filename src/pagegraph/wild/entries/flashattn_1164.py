@@ -16,8 +16,8 @@ import torch
 
 from ...consumers.reader import HostBatch, Reader
 from ...kernels.contract import cdiv
-from ..readers import merge, partials, token_kv
-from ..record import Fidelity, Twin, WildBug
+from ..range_attention import merge, partials, token_kv
+from ..wild_bug import Fidelity, Twin, WildBug
 
 #: Splits of a row (``num_splits``: a host value, the grid of the captured launch).
 SPLITS = 4

@@ -18,8 +18,8 @@ from __future__ import annotations
 import torch
 
 from ...consumers.reader import Reader
-from ..readers import split_attention
-from ..record import Fidelity, Twin, WildBug
+from ..range_attention import split_attention
+from ..wild_bug import Fidelity, Twin, WildBug
 
 #: The largest finite FP8 E4M3 value: a per-tensor scale maps the batch's amax onto it.
 FP8_MAX = 448.0

@@ -14,8 +14,8 @@ import torch
 
 from ...consumers.reader import HostBatch, Reader
 from ...kernels.contract import cdiv
-from ..readers import merge, partials, token_kv
-from ..record import Fidelity, Twin, WildBug
+from ..range_attention import merge, partials, token_kv
+from ..wild_bug import Fidelity, Twin, WildBug
 
 #: Tokens one work item covers.
 TILE = 64

@@ -16,7 +16,7 @@ import torch
 
 from ...consumers import DecodeWorkspace, paged_decode_attention
 from ...consumers.reader import HostBatch, Reader
-from ..record import Fidelity, Twin, WildBug
+from ..wild_bug import Fidelity, Twin, WildBug
 
 
 def _attend(

@@ -14,7 +14,7 @@ import torch
 from ...kernels.batch import BatchContext
 from ...kernels.contract import declare_outputs
 from ..block_rows import gather_real_rows, persistent_buffer
-from ..record import Fidelity, Twin, WildBug
+from ..wild_bug import Fidelity, Twin, WildBug
 
 
 def offsets_tail_kept(

@@ -13,8 +13,8 @@ runner pads them by the engine's policy.
 from __future__ import annotations
 
 from ...graph.runner import GraphRunner
-from ..record import Fidelity, Twin, WildBug
 from ..stale_inputs import TailKeptRunner
+from ..wild_bug import Fidelity, Twin, WildBug
 
 BUG = WildBug(
     key="sglang-10892",

@@ -15,7 +15,7 @@ from typing import cast
 import torch
 
 from ...kernels.page_table import build_page_table
-from ..record import Fidelity, Twin, WildBug
+from ..wild_bug import Fidelity, Twin, WildBug
 
 
 def swa_from_page_ids(

@@ -15,7 +15,7 @@ import torch
 
 from ...graph.runner import GraphRunner
 from ...graph.staging import BatchValues
-from ..record import Fidelity, Twin, WildBug
+from ..wild_bug import Fidelity, Twin, WildBug
 
 
 class FreshOutputEachStep(GraphRunner):

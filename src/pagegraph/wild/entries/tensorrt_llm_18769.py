@@ -14,8 +14,8 @@ import torch
 
 from ...consumers.reader import HostBatch, Reader
 from ...kernels.contract import cdiv
-from ..readers import split_attention
-from ..record import Fidelity, Twin, WildBug
+from ..range_attention import split_attention
+from ..wild_bug import Fidelity, Twin, WildBug
 
 #: Tokens one tile of the split-KV schedule covers.
 TILE = 64

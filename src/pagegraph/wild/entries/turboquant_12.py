@@ -16,7 +16,7 @@ import torch
 
 from ...consumers import paged_decode_attention
 from ...consumers.reader import CacheWrite, Reader
-from ..record import Fidelity, Twin, WildBug
+from ..wild_bug import Fidelity, Twin, WildBug
 
 _BITS = [1 << b for b in range(8)]
 #: the lookup a device, built on first use (the fix's per-device cache)

@@ -21,8 +21,8 @@ import torch
 
 from ...consumers.reader import HostBatch, Reader
 from ...kernels.contract import cdiv
-from ..readers import merge, partials, token_kv
-from ..record import Fidelity, Twin, WildBug
+from ..range_attention import merge, partials, token_kv
+from ..wild_bug import Fidelity, Twin, WildBug
 
 #: Tokens of the longest row the heuristic gives one split (FA3's heuristic picks more splits
 #: for longer rows when the batch is small).

@@ -14,7 +14,7 @@ from typing import Any
 import torch
 
 from ...graph.runner import GraphRunner
-from ..record import Fidelity, Twin, WildBug
+from ..wild_bug import Fidelity, Twin, WildBug
 
 
 def second_group_on_first_buffers(

@@ -15,7 +15,7 @@ import torch
 from ...consumers import paged_decode_attention
 from ...consumers.reader import CacheWrite, Reader
 from ...kernels.page_table import build_page_table
-from ..record import Fidelity, Twin, WildBug
+from ..wild_bug import Fidelity, Twin, WildBug
 
 
 def page_table_null_padded(

@@ -16,7 +16,7 @@ import torch
 
 from ...kernels.contract import declare_outputs
 from ...kernels.page_table import build_page_table
-from ..record import Fidelity, Twin, WildBug
+from ..wild_bug import Fidelity, Twin, WildBug
 
 
 def _draft_step(*, skip_padded: bool) -> Callable[..., None]:

@@ -13,7 +13,7 @@ from __future__ import annotations
 
 from ...consumers import paged_decode_attention
 from ...consumers.reader import CacheWrite, Reader, write_new_tokens
-from ..record import Fidelity, Twin, WildBug
+from ..wild_bug import Fidelity, Twin, WildBug
 
 
 def write_by_python_indexing(w: CacheWrite, **_: object) -> None:

@@ -21,7 +21,7 @@ from typing import Any
 import torch
 
 from ...graph.runner import GraphRunner
-from ..record import Fidelity, Twin, WildBug
+from ..wild_bug import Fidelity, Twin, WildBug
 
 
 @dataclasses.dataclass(frozen=True)

@@ -20,8 +20,8 @@ import torch
 
 from ...consumers.reader import HostBatch, Reader
 from ...kernels.contract import cdiv
-from ..readers import merge, token_kv
-from ..record import Fidelity, Twin, WildBug
+from ..range_attention import merge, token_kv
+from ..wild_bug import Fidelity, Twin, WildBug
 
 #: Tokens of one key block (the kernel's BLOCK_N).
 BLOCK_N = 16

@@ -18,8 +18,8 @@ from __future__ import annotations
 import torch
 
 from ...kernels.page_table import build_page_table
-from ..readers import partials
-from ..record import Fidelity, Twin, WildBug
+from ..range_attention import partials
+from ..wild_bug import Fidelity, Twin, WildBug
 
 
 def _pointer(t: torch.Tensor) -> torch.Tensor:

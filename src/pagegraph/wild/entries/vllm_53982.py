@@ -18,9 +18,9 @@ from collections.abc import Callable
 import torch
 
 from ...kernels.contract import declare_outputs
-from ...kernels.kv_groups import RingGroup
+from ...kernels.group_slot_mappings import RingGroup
 from ...kernels.slot_mapping import PAD_SLOT_ID
-from ..record import Fidelity, Twin, WildBug
+from ..wild_bug import Fidelity, Twin, WildBug
 
 
 def flat_table(block_table: torch.Tensor) -> torch.Tensor:

@@ -12,7 +12,7 @@ from __future__ import annotations
 
 import torch
 
-from ..record import Fidelity, Twin, WildBug
+from ..wild_bug import Fidelity, Twin, WildBug
 
 
 def _page_ids(

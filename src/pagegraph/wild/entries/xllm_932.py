@@ -16,7 +16,7 @@ import torch
 
 from ...consumers import paged_decode_attention
 from ...consumers.reader import CacheWrite, Reader
-from ..record import Fidelity, Twin, WildBug
+from ..wild_bug import Fidelity, Twin, WildBug
 
 
 def _write_through_block_table(w: CacheWrite, *, row_stride_from_table: bool) -> None:

@@ -18,7 +18,7 @@ import triton.language as tl
 
 from ..kernels.contract import cdiv, check_builder_args
 from ..kernels.page_table import build_page_table
-from .record import GRAPH, OUTSIDE, SPILL, WRONG, Mutant, Zoo
+from .mutant import GRAPH, OUTSIDE, SPILL, WRONG, Mutant, Zoo
 
 # Bug codes of _mutant_kernel (0: none, the plain kernel is correct).
 CORRECT = 0

@@ -1,7 +1,7 @@
 """vLLM's KV-cache groups as a scenario describes them (``[layout] kv_groups``): ``KVGroup``,
 parsing and validation, and which builders can run on them. How a check runs group by group
-is ``pagegraph.check.pipeline.kv_groups``; a group's own slot mapping is
-``pagegraph.kernels.kv_groups``.
+is ``pagegraph.check.pipeline.group_checks``; a group's own slot mapping is
+``pagegraph.kernels.group_slot_mappings``.
 
 The functions take the check's config (``pagegraph.check.config.CheckConfig``, a layer
 above, as ``pagegraph.kinds.seams.ScenarioConfig``): they read its ``kv_groups``,

@@ -1,5 +1,5 @@
-"""Slot mappings over vLLM's KV-cache groups (``pagegraph.check.pipeline.kv_groups``): a group's own
-mapping, as vLLM's runner gives each group its mapping.
+"""Slot mappings over vLLM's KV-cache groups (``pagegraph.check.pipeline.group_checks``): a
+group's own mapping, as vLLM's runner gives each group its mapping.
 
 ``ring_slot_mappings`` maps a ring group (vLLM's ``CircularBufferSpec`` and ``KpoolTailSpec``):
 a request holds ``width`` blocks, used in turn, so position ``pos`` goes to ``block_table[r,
@@ -21,7 +21,7 @@ __all__ = ["compute_group_slot_mappings", "ring_slot_mappings"]
 
 
 class RingGroup(Protocol):
-    """What a slot mapping reads of a KV-cache group (``pagegraph.kinds.kv_groups.KVGroup``,
+    """What a slot mapping reads of a KV-cache group (``pagegraph.kinds.kv_group_layout.KVGroup``,
     a layer above): whether its table is a ring."""
 
     @property
@@ -69,7 +69,7 @@ def compute_group_slot_mappings(
     *,
     group: RingGroup | None = None,
 ) -> None:
-    """The slot mapping of KV-cache group ``group`` (a ``pagegraph.kinds.kv_groups.KVGroup``,
+    """The slot mapping of KV-cache group ``group`` (a ``pagegraph.kinds.kv_group_layout.KVGroup``,
     or ``None``: a single group): the ring's own on a ring group, else
     ``compute_slot_mappings``."""
     mapper = ring_slot_mappings if group is not None and group.ring else compute_slot_mappings

@@ -1,4 +1,4 @@
-"""The decode step end to end (``StepBench``): a builder's tables consumed by paged attention
+"""The decode step end to end (``StepBed``): a builder's tables consumed by paged attention
 in one CUDA graph a bucket (``pagegraph.graph.step_graphs``), driven by the engine-like
 workload and judged on the attention's output, each replay up to four times on the same live
 data (stale tails renamed, values past each length renewed, padded queries NaN then finite, a
@@ -26,7 +26,7 @@ from ...kinds.builders import builder_name
 from ...workload.decode import DecodeWorkload, Injection, Step
 from ...workload.pool import KVPool, Request
 from ..config import CONSUMER_DTYPES, INDEX_DTYPES, CheckConfig
-from ..judges.cache_write import (
+from ..judges.cache_write_judge import (
     CacheModel,
     describe_diff,
     new_token_slot,
@@ -59,7 +59,7 @@ from .phases import LoopEnd, fail_capture, mark_unfinished, pick_device, record_
 from .state import CheckHooks
 from .workload_setup import pool_kwargs, workload_kwargs
 
-__all__ = ["CPU_LIMITS", "STEP_PROPERTIES", "StepBench", "shrink_for_cpu", "step_properties"]
+__all__ = ["CPU_LIMITS", "STEP_PROPERTIES", "StepBed", "shrink_for_cpu", "step_properties"]
 
 #: One replay in this many fills the stale table entries with the NaN page (``_poison_tails``).
 NAN_TAIL_EVERY = 3
@@ -147,7 +147,7 @@ class _Run:
     )
 
 
-class StepBench:
+class StepBed:
     """The decode step's pipeline (``pagegraph.check.pipeline.phases.Bench``): the builder and the
     consumer captured in one graph a bucket, each replay judged on the attention's output
     (docs/ARCHITECTURE.md)."""

@@ -1,4 +1,4 @@
-"""The tables pipeline's bench (``TableBench``, run by ``pagegraph.check.pipeline.phases``): the
+"""The tables pipeline's bench (``TableBed``, run by ``pagegraph.check.pipeline.phases``): the
 builder's eager calls, its capture into the runner under test, and the replays of
 ``replay_loop``, every replay's outputs compared exactly with the checker's model.
 """
@@ -38,10 +38,10 @@ from .replay_loop import end_replays, replay_one, start_replays, stop_recording
 from .state import CheckHooks, CheckRun, ReplayState
 from .workload_setup import pool_kwargs, workload_kwargs
 
-__all__ = ["TableBench", "resolve_detectors", "start_run"]
+__all__ = ["TableBed", "resolve_detectors", "start_run"]
 
 
-class TableBench:
+class TableBed:
     """The tables pipeline (``pagegraph.check.pipeline.phases.Bench``): the builder's outputs after
     every replay compared exactly with the checker's model, by the phases below."""
 

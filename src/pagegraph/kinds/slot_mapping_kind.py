@@ -18,7 +18,7 @@ from .base import KindSpec, VectorSpec
 from .seams import Builder, BuilderIO, ReplayModel, VectorVerifier
 
 if TYPE_CHECKING:
-    from ..mutants.record import Zoo
+    from ..mutants.mutant import Zoo
 
 #: Token entries past the largest bucket's: the fill past the last row is never empty.
 SLACK_TOKENS = 7
@@ -45,12 +45,12 @@ class SlotMappingKind(KindSpec):
     reference = "reference_slot_mapping"
 
     def load_zoo(self) -> Zoo:
-        from ..mutants.vllm import SLOT_MAPPING_ZOO
+        from ..mutants.vllm_mutants import SLOT_MAPPING_ZOO
 
         return SLOT_MAPPING_ZOO
 
     def load_builders(self) -> dict[str, Builder]:
-        from ..kernels.kv_groups import compute_group_slot_mappings
+        from ..kernels.group_slot_mappings import compute_group_slot_mappings
         from ..kernels.slot_mapping import compute_slot_mappings
         from ..kernels.vllm_reference import reference_group_slot_mapping, reference_slot_mapping
 

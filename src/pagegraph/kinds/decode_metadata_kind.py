@@ -20,7 +20,7 @@ from .base import KindSpec, VectorSpec
 from .seams import Builder, BuilderIO, ReplayModel, VectorVerifier
 
 if TYPE_CHECKING:
-    from ..mutants.record import Zoo
+    from ..mutants.mutant import Zoo
 
 INT32_MAX = 2**31 - 1
 
@@ -45,7 +45,7 @@ class DecodeMetadataKind(KindSpec):
     reference = "reference_decode_metadata"
 
     def load_zoo(self) -> Zoo:
-        from ..mutants.decode_metadata import ZOO
+        from ..mutants.decode_metadata_mutants import ZOO
 
         return ZOO
 

@@ -6,7 +6,7 @@ batch.num_reqs``, ``out[i, p] = block_table[idx_mapping[i], p]`` for ``p <
 num_blocks[idx_mapping[i]]`` (the rest of the row is not written); rows ``num_reqs <= i <
 batch.num_rows`` are cleared to the null block 0 over the whole width; nothing else is
 written. ``block_table`` ``[max_reqs, width]`` and ``num_blocks`` ``[max_reqs]`` (int32) are
-the engine's state between steps (``pagegraph.workload.block_tables.EngineBlockTables``);
+the engine's state between steps (``pagegraph.workload.engine_block_tables.EngineBlockTables``);
 ``idx_mapping`` is the batch's request slots (int32), ``out`` ``[>= num_rows, width]`` int32.
 The host guarantees ``num_blocks <= width`` (vLLM raises when a row's blocks would pass its
 capacity), so a longer row is a hostile injection only.
@@ -23,7 +23,7 @@ from .base import KindSpec, PaddedRows
 from .seams import Builder, BuilderIO
 
 if TYPE_CHECKING:
-    from ..mutants.record import Zoo
+    from ..mutants.mutant import Zoo
 
 
 class BlockTableKind(KindSpec):
@@ -43,7 +43,7 @@ class BlockTableKind(KindSpec):
     reference = "reference_block_table"
 
     def load_zoo(self) -> Zoo:
-        from ..mutants.vllm import BLOCK_TABLE_ZOO
+        from ..mutants.vllm_mutants import BLOCK_TABLE_ZOO
 
         return BLOCK_TABLE_ZOO
 

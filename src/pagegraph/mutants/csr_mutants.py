@@ -11,7 +11,7 @@ import torch
 
 from ..kernels.contract import cdiv, declare_outputs
 from ..kernels.kv_indices import build_kv_indices
-from .record import GRAPH, OUTSIDE, WRONG, Mutant, Zoo
+from .mutant import GRAPH, OUTSIDE, WRONG, Mutant, Zoo
 
 _csr_frozen: dict[tuple[int, int], int] = {}
 

@@ -18,7 +18,7 @@ from .base import KindSpec, VectorSpec
 from .seams import Builder, BuilderIO, ReplayModel, VectorVerifier
 
 if TYPE_CHECKING:
-    from ..mutants.record import Zoo
+    from ..mutants.mutant import Zoo
 
 
 class CsrKind(KindSpec):
@@ -40,7 +40,7 @@ class CsrKind(KindSpec):
     reference = "reference_kv_indices"
 
     def load_zoo(self) -> Zoo:
-        from ..mutants.csr import ZOO
+        from ..mutants.csr_mutants import ZOO
 
         return ZOO
 

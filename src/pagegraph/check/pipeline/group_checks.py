@@ -8,7 +8,7 @@ from __future__ import annotations
 import dataclasses
 from collections.abc import Callable, Iterator
 
-from ...kinds.kv_groups import KVGroup, bind_group, parse_groups
+from ...kinds.kv_group_layout import KVGroup, bind_group, parse_groups
 from ..config import CheckConfig
 from ..plan import CheckPlan
 from ..reports.report import BucketStats, Failure, Report

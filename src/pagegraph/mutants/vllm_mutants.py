@@ -18,7 +18,7 @@ from ..kernels.batch import BatchContext
 from ..kernels.block_table import gather_block_tables
 from ..kernels.contract import declare_outputs
 from ..kernels.slot_mapping import PAD_SLOT_ID, compute_slot_mappings
-from .record import Mutant, Zoo
+from .mutant import Mutant, Zoo
 
 __all__ = [
     "BLOCK_TABLE_BUGS",

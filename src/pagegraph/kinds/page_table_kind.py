@@ -14,7 +14,7 @@ from .base import KindSpec
 from .seams import Builder, BuilderIO
 
 if TYPE_CHECKING:
-    from ..mutants.record import Zoo
+    from ..mutants.mutant import Zoo
 
 
 class PageTableKind(KindSpec):
@@ -27,7 +27,7 @@ class PageTableKind(KindSpec):
     reference = "reference_page_table"
 
     def load_zoo(self) -> Zoo:
-        from ..mutants.page_table import ZOO
+        from ..mutants.page_table_mutants import ZOO
 
         return ZOO
 

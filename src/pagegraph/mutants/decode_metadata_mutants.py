@@ -12,7 +12,7 @@ import torch
 from ..kernels.contract import declare_outputs
 from ..kernels.decode_metadata import build_decode_metadata
 from ..kernels.page_table import build_page_table
-from .record import WRONG, Mutant, Zoo
+from .mutant import WRONG, Mutant, Zoo
 
 
 def _metadata(fn: Callable[..., object]) -> Callable[..., object]:
