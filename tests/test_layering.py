@@ -20,6 +20,11 @@ and across subpackages only public names (no leading underscore).
 * 6, the jobs: ``jobs`` (check, profile, mutate) and ``bench``;
 * 7, the front: ``cli``, ``__main__`` and ``pytest_plugin``, modules at the package's top.
 
+Inside the checker the rooms (its subpackages, and each of its own modules) import one way
+too, from the top down: ``checker`` -> ``pipeline`` -> ``judges`` -> ``run_end`` ->
+``reports`` -> ``config`` (``signals`` beside ``run_end``; ``plan`` and ``scenario`` on
+``config``): the pipeline calls the judges, and the judges never import the pipeline.
+
 Every module under ``src/pagegraph`` is parsed with ``ast``; every pagegraph-internal import,
 at module level or inside a function, is an edge. The package ``__init__`` re-exports the
 public API from several layers and is left out of the layering (it is never imported by name
@@ -118,8 +123,8 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
     return found
 
 
-def import_graph() -> dict[str, set[str]]:
-    mods = modules()
+def import_graph(root: Path = SRC) -> dict[str, set[str]]:
+    mods = modules(root)
     known = set(mods)
     return {name: imports_of(name, path, known) for name, path in mods.items()}
 
@@ -280,3 +285,71 @@ def test_top_modules_are_not_imported_from_inside(leaf):
         if f"pagegraph.{leaf}" in targets and name != "pagegraph.__main__"
     )
     assert not users, f"pagegraph.{leaf} is imported by {users}"
+
+
+#: The package whose rooms are layered among themselves (``unit_cycle``).
+CHECK = f"{PACKAGE}.check"
+
+
+def unit_graph(graph: dict[str, set[str]], package: str = CHECK) -> dict[str, set[str]]:
+    """The imports between the rooms of ``package``, each of its subpackages (every module
+    in it) and each of its own modules one node: ``judges`` for
+    ``pagegraph.check.judges.verify``, ``config`` for ``pagegraph.check.config``. The
+    package's ``__init__`` (lazy re-exports) is left out."""
+
+    def unit(name: str) -> str | None:
+        if not name.startswith(package + "."):
+            return None
+        return name[len(package) + 1 :].split(".")[0]
+
+    units: dict[str, set[str]] = {}
+    for importer, targets in graph.items():
+        here = unit(importer)
+        if here is None:
+            continue
+        units.setdefault(here, set())
+        for target in targets:
+            there = unit(target)
+            if there is not None and there != here:
+                units[here].add(there)
+    return units
+
+
+def unit_cycle(graph: dict[str, set[str]], package: str = CHECK) -> list[str] | None:
+    """One cycle between the rooms of ``package`` (``unit_graph``), or ``None``."""
+    return find_cycle(unit_graph(graph, package))
+
+
+def test_a_cycle_between_the_checkers_rooms_is_found(tmp_path):
+    """Planted: a judge importing the pipeline that imports the judges is a cycle between
+    the rooms, though no module imports itself back; without the judge's import there is
+    none, and imports inside one room never count."""
+    for folder in ("check", "check/judges", "check/pipeline"):
+        (tmp_path / folder).mkdir()
+        (tmp_path / folder / "__init__.py").write_text("")
+    (tmp_path / "check" / "config.py").write_text("")
+    (tmp_path / "check" / "judges" / "verify.py").write_text("from ..config import x\n")
+    (tmp_path / "check" / "judges" / "summary.py").write_text(
+        "from ..pipeline import phases\nfrom . import verify\n"
+    )
+    (tmp_path / "check" / "pipeline" / "phases.py").write_text("from ..judges.verify import y\n")
+    graph = import_graph(tmp_path)
+    assert find_cycle(graph) is None  # module by module, no cycle
+    assert unit_cycle(graph) == ["judges", "pipeline", "judges"]
+    (tmp_path / "check" / "judges" / "summary.py").write_text("from . import verify\n")
+    assert unit_cycle(import_graph(tmp_path)) is None
+
+
+def test_the_checkers_rooms_import_one_way():
+    """Inside ``check``, the rooms' imports go one way, from the top down: ``checker`` (the
+    entry points) imports ``pipeline`` (the phases, the loop, both benches), which imports
+    ``judges`` (every judgment), which import ``run_end`` (what an early end leaves
+    unfinished) and ``reports``; ``signals`` imports ``reports``; ``reports``, ``plan`` and
+    ``scenario`` import ``config`` alone. The judges read what the pipeline measured through
+    typed values they own (``judges/table_replays.py``), never the pipeline's modules."""
+    graph = import_graph()
+    cycle = unit_cycle(graph)
+    assert cycle is None, "import cycle between check's rooms: " + " -> ".join(cycle)
+    units = unit_graph(graph)
+    assert "pipeline" in units["checker"] and "judges" in units["pipeline"]
+    assert "pipeline" not in units["judges"] and "judges" not in units["reports"]

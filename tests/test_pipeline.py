@@ -300,9 +300,12 @@ def test_a_stop_asked_for_by_a_signal_ends_the_loop_as_interrupted(monkeypatch):
 
 
 def test_marking_unfinished_spares_capture_and_settled_properties():
-    props = _loop_props()
+    from pagegraph.check.reports.report import PropertyResult
+    from pagegraph.check.run_end import TABLE_BED_PROPERTIES, Ending, RunEnd, mark_unfinished
+
+    props = {n: PropertyResult(n) for n in TABLE_BED_PROPERTIES.names}
     props["correct"].fail("wrong")
-    pipeline.mark_unfinished(props.values(), "stopped")
+    mark_unfinished(props, TABLE_BED_PROPERTIES, RunEnd(Ending.STOPPED, "stopped"))
     assert props["capture"].status == "pass" and props["correct"].status == "FAIL"
     assert props["replays completed"].status == "incomplete"
     assert props["replays completed"].detail == "stopped"

@@ -11,9 +11,16 @@ import re
 import signal
 from typing import Any, Protocol
 
-from ..check.config import PROPERTIES, REPLAY_PROPERTIES, CheckConfig
+from ..check.config import PROPERTIES, CheckConfig
 from ..check.reports.report import PropertyResult, Report
 from ..check.reports.step_report import StepSection
+from ..check.run_end import (
+    STEP_BED_PROPERTIES,
+    TABLE_BED_PROPERTIES,
+    Ending,
+    RunEnd,
+    mark_unfinished,
+)
 
 
 class CrashedJob(Protocol):
@@ -85,15 +92,6 @@ def _blank_report(job: CrashedJob) -> Report:
     return report
 
 
-def _cut_short(job: CrashedJob) -> tuple[str, ...]:
-    """The properties a crash during the replays leaves unjudged."""
-    if job.config.consumer:
-        from ..check.pipeline.step_bed import STEP_PROPERTIES
-
-        return tuple(n for n in STEP_PROPERTIES if n != "capture")
-    return (*REPLAY_PROPERTIES, "replays completed")
-
-
 #: How a crash or a fault states what the serialised re-run found.
 RERUN_FOUND = ". Replayed again with launches serialised, it came from "
 
@@ -127,13 +125,10 @@ def crash_report(
     props[target].detail = short
     props[target].first_failure = props[target].first_failure or short
     # A decode step times its graphs after judging every replay: a crash there is a crash of
-    # the builder or consumer, but it leaves nothing unjudged.
-    cut_short = () if phase == "timing" else _cut_short(job)
-    for name in cut_short:
-        p = props[name]
-        if p.status == "pass" or (p.status == "incomplete" and not p.detail):
-            p.status = "incomplete"
-            p.detail = "not finished: the check process crashed (see crash)"
+    # the builder or consumer, but it leaves nothing unjudged (``STEP_BED_PROPERTIES``).
+    bed = STEP_BED_PROPERTIES if job.config.consumer else TABLE_BED_PROPERTIES
+    why = "not finished: the check process crashed (see crash)"
+    mark_unfinished(props, bed, RunEnd(Ending.CRASHED, why, phase))
     report.stopped = short
     report.crash = crash
     return report

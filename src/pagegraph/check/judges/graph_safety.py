@@ -18,7 +18,6 @@ from ...kinds import KindSpec
 from ...kinds.builders import builder_capabilities
 from ...workload.pool import KVPool
 from ..config import CheckConfig
-from ..pipeline.buffers import CheckBuffers, allocate_check_buffers
 from ..reports.report import Failure, PropertyResult
 from .replay_judge import RecordedComparisons
 from .verify import CANARY_ROWS, ModelStep, preset_views
@@ -26,6 +25,25 @@ from .verify import CANARY_ROWS, ModelStep, preset_views
 #: Replays that are all compared with an eager call; after them one in ``SAMPLE``.
 EVERY_REPLAY = 64
 SAMPLE = 8
+
+
+class OutputBuffers(Protocol):
+    """The checker's output buffers as the eager twin reads them
+    (``pagegraph.check.pipeline.buffers.CheckBuffers``): ``tables``, every table's
+    ``[T, max_bs + 2 * CANARY_ROWS, width + pad]`` int32 allocation, and the ``[max_bs,
+    width]`` int32 ``views`` of it the builder fills (row strides ``row_strides``); the kind's
+    ``vectors`` in one ``[V, L]`` allocation and their ``vector_views`` by name, or None."""
+
+    @property
+    def tables(self) -> torch.Tensor: ...
+    @property
+    def views(self) -> list[torch.Tensor]: ...
+    @property
+    def row_strides(self) -> tuple[int, ...]: ...
+    @property
+    def vectors(self) -> torch.Tensor | None: ...
+    @property
+    def vector_views(self) -> dict[str, torch.Tensor] | None: ...
 
 
 class TwinRun(Protocol):
@@ -47,7 +65,7 @@ class TwinRun(Protocol):
     @property
     def runner(self) -> GraphRunner | None: ...
     @property
-    def buffers(self) -> CheckBuffers | None: ...
+    def buffers(self) -> OutputBuffers | None: ...
     @property
     def errors(self) -> bool: ...
     @property
@@ -63,16 +81,18 @@ class EagerTwin(RecordedComparisons):
         kind,
             config, pool, runner and output buffers.
         chunk: replays between two read-backs of the records.
+        buffers: the twin's own output buffers, allocated as the replays' are
+            (``pagegraph.check.pipeline.buffers.allocate_check_buffers``), poisoned.
     """
 
     property_name = "graph-safe (captured short, replayed long)"
 
-    def __init__(self, run: TwinRun, chunk: int) -> None:
+    def __init__(self, run: TwinRun, chunk: int, buffers: OutputBuffers) -> None:
         cfg, dev = run.cfg, run.device
         pool, runner = run.pool, run.runner
         assert pool is not None and runner is not None, "the twin is made after capture"
         self.run = run
-        self.buffers: CheckBuffers = allocate_check_buffers(cfg, run.kind, dev)
+        self.buffers = buffers
         self._presets = preset_views(
             self.buffers.vectors, cfg.preset_outputs if run.kind.presets else (), run.kind
         )
@@ -145,7 +165,7 @@ class EagerTwin(RecordedComparisons):
         self._poison()
 
     @staticmethod
-    def _flat(buffers: CheckBuffers) -> torch.Tensor:
+    def _flat(buffers: OutputBuffers) -> torch.Tensor:
         parts = [buffers.tables.view(-1).to(torch.int64)]
         if buffers.vectors is not None:
             parts.append(buffers.vectors.view(-1).to(torch.int64))
@@ -203,4 +223,4 @@ def never_compared(prop: PropertyResult, why: str) -> None:
         prop.skip(why)
 
 
-__all__ = ["EVERY_REPLAY", "SAMPLE", "EagerTwin", "never_compared"]
+__all__ = ["EVERY_REPLAY", "SAMPLE", "EagerTwin", "OutputBuffers", "never_compared"]

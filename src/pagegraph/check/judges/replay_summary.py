@@ -5,16 +5,15 @@ and the syncs folded into their properties, and the replay properties nothing fa
 
 from __future__ import annotations
 
-from ..config import REPLAY_PROPERTIES
-from ..pipeline.phases import mark_unfinished
-from ..pipeline.state import ALLOCATION_PROBES, ReplayState
 from ..reports.report import Report
+from ..run_end import TABLE_BED_PROPERTIES, Ending, RunEnd, mark_unfinished
 from .graph_safety import EVERY_REPLAY, SAMPLE, never_compared
+from .table_replays import ALLOCATION_PROBES, TableReplays
 
 __all__ = ["summarise_replays"]
 
 
-def summarise_replays(state: ReplayState, memory_after: int | None) -> None:
+def summarise_replays(state: TableReplays, memory_after: int | None) -> None:
     """The details of the replay properties once the loop is over, the properties that had
     nothing to judge skipped, and, when the loop stopped early, those not finished marked
     incomplete."""
@@ -30,7 +29,7 @@ def _bucket_total(report: Report, attr: str) -> int:
     return sum(getattr(b, attr) for b in report.buckets.values())
 
 
-def _summarise_entries(state: ReplayState) -> None:
+def _summarise_entries(state: TableReplays) -> None:
     props, report = state.props, state.report
     n_ooc = len(report.out_of_contract_replays)
     props["correct"].detail = (
@@ -54,7 +53,7 @@ def _summarise_entries(state: ReplayState) -> None:
     )
 
 
-def _summarise_counters_inputs_addresses(state: ReplayState) -> None:
+def _summarise_counters_inputs_addresses(state: TableReplays) -> None:
     props, report = state.props, state.report
     err_prop = props["error counters"]
     if state.runner.errors is None:
@@ -79,7 +78,7 @@ def _summarise_counters_inputs_addresses(state: ReplayState) -> None:
         )
 
 
-def _summarise_allocations(state: ReplayState) -> None:
+def _summarise_allocations(state: TableReplays) -> None:
     alloc_prop = state.props["no allocation in replay"]
     tally = state.allocations
     if state.graphs:
@@ -98,7 +97,7 @@ def _summarise_allocations(state: ReplayState) -> None:
         )
 
 
-def _summarise_memory_growth(state: ReplayState, memory_after: int | None) -> None:
+def _summarise_memory_growth(state: TableReplays, memory_after: int | None) -> None:
     growth = state.props["no memory growth"]
     before = state.memory_before
     if not state.graphs:
@@ -110,7 +109,7 @@ def _summarise_memory_growth(state: ReplayState, memory_after: int | None) -> No
             growth.fail(f"+{memory_after - before} bytes over {state.report.replays} replays")
 
 
-def _summarise_syncs(state: ReplayState) -> None:
+def _summarise_syncs(state: TableReplays) -> None:
     sync_prop = state.props["sync-free replay path"]
     if not state.run.detectors:
         sync_prop.skip(state.run.no_detector_reason or "no detector")
@@ -121,12 +120,13 @@ def _summarise_syncs(state: ReplayState) -> None:
     )
 
 
-def _close_replay_properties(state: ReplayState) -> None:
+def _close_replay_properties(state: TableReplays) -> None:
     props, report, cfg, stopped = state.props, state.report, state.cfg, state.stopped
     completed = props["replays completed"]
-    completed.detail = completed.detail or f"{report.replays} of {cfg.steps} replays" + (
+    ran = completed.detail or f"{report.replays} of {cfg.steps} replays" + (
         f", then {stopped}" if stopped else ""
     )
+    completed.detail = ran
     if stopped is None:
         # Properties that had nothing to judge are skipped, with the reason.
         graph_safe = props["graph-safe (captured short, replayed long)"]
@@ -144,7 +144,6 @@ def _close_replay_properties(state: ReplayState) -> None:
     # A run that stopped early has not shown what it did not reach: nothing that was still
     # passing counts as passed.
     report.stopped = stopped
-    if completed.status == "pass":
-        completed.status = "incomplete"
     checked = f"{report.replays} of {cfg.steps} replays checked, then {stopped}"
-    mark_unfinished((props[name] for name in REPLAY_PROPERTIES), checked)
+    mark_unfinished(props, TABLE_BED_PROPERTIES, RunEnd(Ending.STOPPED, checked))
+    completed.detail = ran  # how far the replays went, not what they checked

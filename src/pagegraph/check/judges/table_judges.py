@@ -18,10 +18,10 @@ from ...graph.runner import GraphRunner
 from ...kernels.contract import POISON
 from ...kernels.registry import raised_at
 from ..config import CheckConfig
-from ..pipeline.phases import mark_unfinished
-from ..pipeline.state import ReplayMeasure, ReplayState, TableSeen
 from ..reports.report import REAL_DETECTORS, BucketStats, Failure, PropertyResult, Report
+from ..run_end import TABLE_BED_PROPERTIES, Ending, RunEnd, mark_unfinished
 from .protocol import JudgedAtOnce
+from .table_replays import ReplayMeasure, TableReplays, TableSeen
 from .verify import CANARY_ROWS, ModelStep, TableVerifier, read_mask, read_previous
 
 Props = dict[str, PropertyResult]
@@ -107,8 +107,8 @@ def judge_eager_call_raised(
     what = f"the builder's eager call (before capture) raised {describe_exception(exc, builder)}"
     props["capture"].fail(what)
     props["capture"].detail = what
-    unjudged = (p for p in props.values() if not p.detail)
-    mark_unfinished(unjudged, "not reached: the builder's eager call raised")
+    why = "not reached: the builder's eager call raised"
+    mark_unfinished(props, TABLE_BED_PROPERTIES, RunEnd(Ending.CAPTURE_FAILED, why))
     return what
 
 
@@ -207,7 +207,7 @@ class HostJudge(JudgedAtOnce):
     """What each replay did on the host (``judge_replay``: allocations, time, syncs,
     addresses), and, measured a chunk at a time, the chunk's allocations."""
 
-    def __init__(self, state: ReplayState) -> None:
+    def __init__(self, state: TableReplays) -> None:
         self.state = state
 
     def observe(self, seen: TableSeen) -> None:
@@ -224,7 +224,7 @@ class TableVerification:
     chunk's records read back into "correct", "bounded writes", "row containment", "staged
     inputs" and "error counters" (``settle``)."""
 
-    def __init__(self, state: ReplayState) -> None:
+    def __init__(self, state: TableReplays) -> None:
         self.state = state
 
     def observe(self, seen: TableSeen) -> None:
@@ -249,7 +249,7 @@ class TableVerification:
 # -- one replay, as it happens -------------------------------------------------------------------
 
 
-def judge_replay(state: ReplayState, i: int, mstep: ModelStep, measured: ReplayMeasure) -> None:
+def judge_replay(state: TableReplays, i: int, mstep: ModelStep, measured: ReplayMeasure) -> None:
     """What replay ``i`` did on the host: allocations while staging and replaying, its time
     (into its bucket's row), syncs in its stage/replay ranges, static buffers moved."""
     _judge_replay_allocations(state, i, mstep, measured)
@@ -262,7 +262,7 @@ def judge_replay(state: ReplayState, i: int, mstep: ModelStep, measured: ReplayM
 
 
 def _judge_replay_allocations(
-    state: ReplayState, i: int, mstep: ModelStep, measured: ReplayMeasure
+    state: TableReplays, i: int, mstep: ModelStep, measured: ReplayMeasure
 ) -> None:
     alloc_prop = state.props["no allocation in replay"]
     # A builder called at each replay (eagerly, or a kind built before its graph) is measured
@@ -298,7 +298,7 @@ def _judge_replay_allocations(
 
 
 def _judge_replay_syncs(
-    state: ReplayState, i: int, mstep: ModelStep, before: int, stats: BucketStats
+    state: TableReplays, i: int, mstep: ModelStep, before: int, stats: BucketStats
 ) -> None:
     rec = state.recorder
     if rec is None or len(rec.events) <= before:
@@ -317,7 +317,7 @@ def _judge_replay_syncs(
     state.replay_syncs.extend(new)
 
 
-def _judge_addresses(state: ReplayState, i: int) -> None:
+def _judge_addresses(state: TableReplays, i: int) -> None:
     moved = state.props["static buffers unmoved"]
     runner = state.runner
     for name, address in state.watched.live:
@@ -339,7 +339,7 @@ def _current(runner: GraphRunner, name: str) -> torch.Tensor | None:
         return None
 
 
-def judge_chunk_allocations(state: ReplayState) -> None:
+def judge_chunk_allocations(state: TableReplays) -> None:
     """Allocations over the pending chunk, once replays are measured a chunk at a time."""
     tally = state.allocations
     now = tally.read()

@@ -1,7 +1,8 @@
 """One check pipeline: a planned check is set up, captured, replayed and finished the same
 way whatever its judges (``run_pipeline``), through the stages both benches share: the device
 (``pick_device``), the capture's outcome (``record_capture``, ``fail_capture``), the one
-replay loop (``drive_replays``) and what a stopped run did not finish (``mark_unfinished``).
+replay loop (``drive_replays``). What an early end leaves unfinished is
+``pagegraph.check.run_end``'s to decide.
 """
 
 from __future__ import annotations
@@ -9,7 +10,7 @@ from __future__ import annotations
 import os
 import signal
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
 
@@ -17,6 +18,7 @@ import torch
 
 from ...graph.emulate import describe_frozen
 from ..reports.report import PropertyResult, Report
+from ..run_end import BedProperties, Ending, RunEnd, mark_unfinished
 from ..signals import stop_requested
 from .state import CheckHooks
 
@@ -26,7 +28,6 @@ __all__ = [
     "ReplayFailed",
     "drive_replays",
     "fail_capture",
-    "mark_unfinished",
     "pick_device",
     "process_age_s",
     "record_capture",
@@ -175,21 +176,15 @@ def record_capture(
     prop.detail = f"{buckets} buckets{how}"
 
 
-def fail_capture(report: Report, props: dict[str, PropertyResult], what: str) -> None:
+def fail_capture(
+    report: Report, props: dict[str, PropertyResult], what: str, bed: BedProperties
+) -> None:
     """A capture that raised: "capture" fails with ``what``, the run stops there, and what
-    was not judged yet is marked not reached."""
+    ``bed`` had not judged yet is marked not reached (``pagegraph.check.run_end``)."""
     props["capture"].fail(what)
     props["capture"].detail = what
     report.stopped = what
-    mark_unfinished((p for p in props.values() if not p.detail), "not reached: capture failed")
-
-
-def mark_unfinished(props: Iterable[PropertyResult], why: str) -> None:
-    """Every property given that still passes becomes incomplete, ``why`` its detail: a run
-    that stopped has not shown what it did not finish, and only finished checks pass."""
-    for p in props:
-        if p.status == "pass" and p.name != "capture":
-            p.status, p.detail = "incomplete", why
+    mark_unfinished(props, bed, RunEnd(Ending.CAPTURE_FAILED, "not reached: capture failed"))
 
 
 class ReplayFailed(Exception):

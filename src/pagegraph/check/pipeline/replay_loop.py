@@ -21,12 +21,13 @@ from ...workload.decode import Step
 from ..judges.replay_judge import RecordedComparisons
 from ..judges.replay_summary import summarise_replays
 from ..judges.table_judges import HostJudge, TableVerification, describe_exception
+from ..judges.table_replays import ALLOCATION_PROBES, ReplayMeasure, TableSeen
 from ..judges.verify import ModelStep
 from ..reports.report import PropertyResult
 from ..signals import CheckInterrupted, stop_requested
 from .engine_state import update_engine_state
 from .phases import LoopEnd, ReplayFailed
-from .state import ALLOCATION_PROBES, IN_FLIGHT, ReplayMeasure, ReplayState, TableSeen
+from .state import IN_FLIGHT, ReplayState
 
 #: a replay's arguments to the runner: the batch's request indices and lengths, as host lists
 #: (or arrays) or as ``[n]`` device views of the model's inputs

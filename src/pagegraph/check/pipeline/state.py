@@ -13,13 +13,7 @@ from dataclasses import dataclass, field
 import numpy as np
 import torch
 
-from ...detect.probes import (
-    AllocationCounter,
-    BuilderCall,
-    BuilderProbe,
-    CompileCounter,
-    cuda_allocations,
-)
+from ...detect.probes import BuilderProbe, CompileCounter
 from ...detect.ranges import phase
 from ...detect.sync_events import SyncEvent
 from ...detect.sync_hub import SyncRecorder
@@ -35,13 +29,11 @@ from ..judges.eager_reads import GraphReads
 from ..judges.graph_safety import EagerTwin
 from ..judges.protocol import Judge
 from ..judges.replay_judge import RecordedComparisons
+from ..judges.table_replays import AllocationTally, TableSeen, WatchedBuffers
 from ..judges.verify import BatchModel, ModelStep, TableVerifier
 from ..reports.report import PropertyResult, Report
-from .buffers import CheckBuffers, EngineVectors, engine_capacity
+from .buffers import CheckBuffers, EngineVectors, allocate_check_buffers, engine_capacity
 from .engine_state import EngineState
-
-#: Replays whose allocations are measured one by one before the checker trusts chunks.
-ALLOCATION_PROBES = 8
 
 #: Replays the host may be ahead of the device (checked, then waited for before the next
 #: replay). Three, not two: the verification of a whole batch (``TableVerifier``) runs on
@@ -133,51 +125,6 @@ class CheckRun:
 
 
 @dataclass
-class AllocationTally:
-    """Allocator events while staging and replaying, on CUDA.
-
-    Allocator statistics cost tens of microseconds to read: the first ``ALLOCATION_PROBES``
-    replays are measured one by one (the workload step apart from the replay); if the
-    checker's own work between replays allocated nothing there, later replays are measured a
-    chunk at a time (any allocation in a chunk is then the runner's), else every replay stays
-    measured on its own."""
-
-    device: torch.device
-    #: measured replay by replay (else a chunk at a time)
-    per_replay: bool
-    #: the reading at the start of the current chunk (chunk at a time)
-    base: int = 0
-    #: allocations during staging + replay so far
-    total: int = 0
-    #: allocations by the workload step between replays, while measured replay by replay
-    workload: int = 0
-
-    def read(self) -> int:
-        return cuda_allocations(self.device)
-
-
-@dataclass
-class WatchedBuffers:
-    """The checker's own record of every static buffer's address after capture. Checked
-    after every replay: each buffer there at capture still at its address, and none of those
-    absent at capture (None) now set."""
-
-    #: (attribute of the runner, its data_ptr at capture)
-    live: list[tuple[str, int]]
-    absent: list[str]
-
-    @classmethod
-    def of(cls, runner: GraphRunner) -> WatchedBuffers:
-        # Every buffer a graph reads or writes (the runner's, the kind's derived inputs, the
-        # engine state's): a runner's own list, as its address check keeps it.
-        watched = dict(runner.static_buffers())
-        return cls(
-            [(k, t.data_ptr()) for k, t in watched.items() if t is not None],
-            [k for k, t in watched.items() if t is None],
-        )
-
-
-@dataclass
 class ReplayTimes:
     """Host time of the replays: the steady state's start, and per-replay phases in us."""
 
@@ -187,33 +134,6 @@ class ReplayTimes:
     steady_from: int = 0
     workload_us: list[float] = field(default_factory=list)
     checker_us: list[float] = field(default_factory=list)
-
-
-@dataclass
-class TableSeen:
-    """What one replay of the tables' check showed its judges: its index, its record slot in
-    the chunk, the checker's model of it and what the replay measured on the host."""
-
-    index: int
-    slot: int
-    mstep: ModelStep
-    measured: ReplayMeasure
-
-
-@dataclass
-class ReplayMeasure:
-    """What the replay step measured of one replay (staging included)."""
-
-    #: host time of ``runner.replay``, in us
-    dt_us: float
-    #: allocator events, when measured replay by replay (else 0)
-    allocations: int
-    #: the torch operators' allocations, on an eager run (else None)
-    counter: AllocationCounter | None
-    #: the sync recorder's event count before the replay
-    syncs_before: int
-    #: the builder's own calls during an eager replay (their allocations are advice)
-    builder_calls: list[BuilderCall] = field(default_factory=list)
 
 
 @dataclass
@@ -310,7 +230,8 @@ class ReplayState:
             events=[torch.cuda.Event() for _ in range(IN_FLIGHT + 1)] if graphs else [],
         )
         if EagerTwin.applies(run):
-            state.twin = EagerTwin(run, chunk)
+            twin_buffers = allocate_check_buffers(run.cfg, run.kind, dev)
+            state.twin = EagerTwin(run, chunk, twin_buffers)
             with phase("verify"):
                 state.twin.warm_up()
         if GraphReads.applies(runner):

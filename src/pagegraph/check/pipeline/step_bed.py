@@ -53,9 +53,10 @@ from ..judges.step_plan import fresh_detail, plan_detail, replay_refilled
 from ..plan import CheckPlan
 from ..reports.report import BucketStats, PropertyResult, Report
 from ..reports.step_report import STEP_PROPERTIES, StepSection
+from ..run_end import STEP_BED_PROPERTIES, Ending, RunEnd, mark_unfinished
 from ..signals import CheckInterrupted, stop_requested
 from .engine_state import EngineState, make_engine_state, update_engine_state
-from .phases import LoopEnd, fail_capture, mark_unfinished, pick_device, record_capture
+from .phases import LoopEnd, fail_capture, pick_device, record_capture
 from .state import CheckHooks
 from .workload_setup import pool_kwargs, workload_kwargs
 
@@ -226,7 +227,7 @@ class StepBed:
             _details(self.run)
             return
         self.report.stopped = end.stopped
-        mark_unfinished(self.props.values(), end.stopped)
+        mark_unfinished(self.props, STEP_BED_PROPERTIES, RunEnd(Ending.STOPPED, end.stopped))
         if end.interrupted is not None:
             raise CheckInterrupted(self.report, end.interrupted)
 
@@ -295,7 +296,8 @@ def _capture(run: _Run) -> bool:
         run.graphs.capture()
     except Exception as exc:  # noqa: BLE001 - a builder or consumer that raises is reported
         what = reader_sync_capture_cause(exc, watch.judge())
-        fail_capture(run.report, run.props, what or f"capture raised {type(exc).__name__}: {exc}")
+        what = what or f"capture raised {type(exc).__name__}: {exc}"
+        fail_capture(run.report, run.props, what, STEP_BED_PROPERTIES)
         return False
     watch.judge()
     g = run.graphs

@@ -31,6 +31,7 @@ from ..judges.table_judges import (
 )
 from ..plan import CheckPlan
 from ..reports.report import PropertyResult, Report
+from ..run_end import TABLE_BED_PROPERTIES
 from .buffers import EngineVectors, allocate_check_buffers, engine_buffers
 from .engine_state import make_engine_state, update_engine_state
 from .phases import LoopEnd, fail_capture, pick_device, record_capture
@@ -64,7 +65,7 @@ class TableBed:
         assert self._first is not None, "set_up takes the first batch"
         if self.run.runner_error is not None:
             what = f"the runner factory raised {self.run.runner_error}"
-            fail_capture(self.report, self.props, what)
+            fail_capture(self.report, self.props, what, TABLE_BED_PROPERTIES)
             return False
         return _probe_eager_call(self.run, self._first) and _capture(self.run)
 
@@ -228,7 +229,7 @@ def _capture(run: CheckRun) -> bool:
         what = sync_capture_cause(exc, probe.eager_call, run.builder)
         what = what or f"{where} raised {describe_exception(exc, run.builder)}"
         judge_builder_calls(probe, compiles, props, run.cfg.strict)
-        fail_capture(report, props, what)
+        fail_capture(report, props, what, TABLE_BED_PROPERTIES)
         return False
     record_capture(
         report, props["capture"], len(runner.buckets), runner.graphs, run.graphs, run.emulated, t0
