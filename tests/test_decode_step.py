@@ -27,14 +27,9 @@ from pagegraph.check.scenario import ScenarioError, load_scenario
 from pagegraph.cli import main
 from pagegraph.consumers import csr_decode_attention, paged_decode_attention
 from pagegraph.graph.step_consumer import StepShape, default_consumer
-from pagegraph.graph.step_graphs import (
-    TIMED_PARTS,
-    HostClock,
-    StepGraphs,
-    per_call_us,
-    time_interleaved,
-)
+from pagegraph.graph.step_graphs import TIMED_PARTS, StepGraphs
 from pagegraph.kinds import PAGE_TABLE
+from pagegraph.runtime.timing import HostClock, per_call_us, time_interleaved
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = {name: ROOT / "graphs" / f"{name}.toml" for name in ("decode-step", "decode-step-csr")}

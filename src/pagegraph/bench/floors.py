@@ -17,8 +17,8 @@ import torch
 import triton
 
 from ..kernels.contract import cdiv
+from ..runtime.timing import GRAPH_BUILDS, GRAPH_REPLAYS, device_time_us
 from .configs import BenchConfig
-from .timing import GRAPH_BUILDS, GRAPH_REPLAYS, device_time_us
 
 #: Sector size: a page-start read costs at most one 32-byte sector, whatever the page size.
 SECTOR = 32

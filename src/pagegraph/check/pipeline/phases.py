@@ -1,6 +1,6 @@
 """One check pipeline: a planned check is set up, captured, replayed and finished the same
-way whatever its judges (``run_pipeline``), through the stages both benches share: the device
-(``pick_device``), the capture's outcome (``record_capture``, ``fail_capture``), the one
+way whatever its judges (``run_pipeline``), through the stages both benches share: the
+capture's outcome (``record_capture``, ``fail_capture``), the one
 replay loop (``drive_replays``) and what a stopped run did not finish (``mark_unfinished``).
 """
 
@@ -12,8 +12,6 @@ import time
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
-
-import torch
 
 from ...graph.emulate import describe_frozen
 from ..reports.report import PropertyResult, Report
@@ -27,7 +25,6 @@ __all__ = [
     "drive_replays",
     "fail_capture",
     "mark_unfinished",
-    "pick_device",
     "process_age_s",
     "record_capture",
     "run_pipeline",
@@ -143,11 +140,6 @@ def run_pipeline(bench: Bench, hooks: CheckHooks) -> Report:
 
 
 # -- the stages both benches share -----------------------------------------------------------
-
-
-def pick_device(device: str | torch.device | None) -> torch.device:
-    """The check's device: the one given, else CUDA when present, else the CPU."""
-    return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
 def record_capture(
