@@ -445,11 +445,12 @@ def _small_step(fmt: str, device: str, lens=(), **kw):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU path; the GPU times with events")
 def test_step_timing_path_runs_eagerly_without_cuda():
     """The timing graphs' bodies (step, builder alone, consumer alone) run and are timed by
-    ``HostClock`` when there is no CUDA; the inputs in the buffers are kept."""
+    ``HostClock`` when there is no CUDA; the batch loaded through the runner
+    (``load_timed_batch``) is in the buffers and the host's lengths, and is kept."""
     _, _, g = _small_step("csr", "cpu")
     g.capture()
-    g.req_pool_indices[:2].copy_(torch.tensor([1, 2]))
-    g.seq_lens[:2].copy_(torch.tensor([5, 40]))
+    g.load_timed_batch([1, 2], [5, 40])
+    assert g.host_lens == [5, 40]
     g.capture_timing(calls=2)
     assert g.seq_lens[:2].tolist() == [5, 40] and g.req_pool_indices[:2].tolist() == [1, 2]
     assert set(g._timing_bodies) == set(TIMED_PARTS) and not g.timing_graphs["step"]
