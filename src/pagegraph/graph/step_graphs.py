@@ -2,10 +2,9 @@
 ``StepGraphs`` holds every buffer of one decode step, allocated once at the largest batch as an
 engine's attention backend does; a ``GraphRunner`` given the consumer as its reader stages,
 pads and replays one graph per bucket (the stage, the builder, then the consumer), and the
-step's own timing graphs time each bucket's whole step, builder and consumer apart
-(``pagegraph.runtime.timing``). Its
-buffers, the KV pages no request holds, the capture and the timing: docs/ARCHITECTURE.md,
-"The step's graphs".
+step's own timing graphs time each bucket's whole step, builder and consumer apart, on inputs
+the runner writes, with ``pagegraph.runtime.timing``. Its buffers, the KV pages no request
+holds, the capture and the timing: docs/ARCHITECTURE.md, "The step's graphs".
 """
 
 from __future__ import annotations
