@@ -26,6 +26,7 @@ from pagegraph.kernels.baselines import block_grid
 from pagegraph.kernels.contract import POISON
 from pagegraph.kernels.page_table import build_page_table
 from pagegraph.kernels.table_reference import expected_tables
+from pagegraph.runtime import timing
 
 
 def test_rotation_count_divides_builds_and_covers_l2():
@@ -205,11 +206,96 @@ def test_interleaved_rounds_give_paired_ratios():
     # a = 1.1 b in every round while the host's speed changes fourfold between rounds
     b = [10.0, 40.0, 12.0, 39.0, 11.0]
     a = [1.1 * x for x in b]
-    assert bench.timing.paired_ratio(a, b) == pytest.approx(1.1)
+    assert timing.paired_ratio(a, b) == pytest.approx(1.1)
     assert a[0] / b[1] < 1.0 < a[1] / b[0]  # pairs across rounds could say anything
-    assert bench.timing.paired_ratio(a, b[:-1]) is None
-    assert bench.timing.paired_ratio(None, b) is None
-    assert bench.timing.paired_ratio(a, [0.0] * 5) is None
+    assert timing.paired_ratio(a, b[:-1]) is None
+    assert timing.paired_ratio(None, b) is None
+    assert timing.paired_ratio(a, [0.0] * 5) is None
+
+
+class ReplayedGraph:
+    """A captured graph's stand-in: ``replay()`` runs ``fn`` (one call of the graph's body)."""
+
+    def __init__(self, fn):
+        self.fn, self.replays = fn, 0
+
+    def replay(self):
+        self.replays += 1
+        self.fn()
+
+
+def test_device_time_is_the_median_event_timed_replay_over_the_calls(monkeypatch):
+    """``device_time_us``: a graph of ``builds`` calls, its warm-up replays untimed, then the
+    median of ``replays`` replays between two marks of the event clock, over ``builds``."""
+    now = [0.0]
+    cost = iter([1000.0] * timing.WARMUP_REPLAYS + [2.0, 9.0, 3.0])  # ms; the warm-up slow
+
+    class Clock:
+        begun: list[int] = []
+
+        def begin(self, replays):
+            self.begun.append(replays)
+
+        def mark(self):
+            return now[0]
+
+        def end(self):
+            pass
+
+        @staticmethod
+        def elapsed_ms(a, b):
+            return b - a
+
+    graph = ReplayedGraph(lambda: now.__setitem__(0, now[0] + next(cost)))
+    monkeypatch.setattr(timing, "capture", lambda fn, builds, reset=None: graph)
+    monkeypatch.setattr(timing, "EventClock", Clock)
+    us, got = timing.device_time_us(lambda: None, builds=20, replays=3)
+    assert got is graph and graph.replays == timing.WARMUP_REPLAYS + 3
+    assert us == pytest.approx(3.0 * 1e3 / 20) and Clock.begun == [3]
+
+
+def test_the_timed_graph_is_checked_on_poisoned_outputs(monkeypatch):
+    """``rows.time_exact_graph`` (the builders' and the decode metadata's rows): the L2-warm
+    and the rotated device times, the input sets, and ``graph_exact`` from one more replay of
+    the rotated graph on poisoned outputs. A planted graph that leaves its outputs unwritten
+    is flagged; one that raises is the row's error."""
+    from pagegraph.bench import rows
+    from pagegraph.bench.bench_settings import Settings
+
+    out, want = torch.zeros(4, dtype=torch.int32), torch.arange(4, dtype=torch.int32)
+
+    def fake_device_time_us(fn, builds, replays, reset=None):
+        return (1.0 if reset is None else 2.0), ReplayedGraph(fn)
+
+    monkeypatch.setattr(rows, "device_time_us", fake_device_time_us)
+    monkeypatch.setattr(torch.cuda, "synchronize", lambda *args: None)
+    s = Settings(True, 20, 5, 3, 3, None, 0)
+
+    def timed(write):
+        row: dict = {}
+        rotation = inputs.Rotation(write, [want, want], (), {})
+        failed = rows.time_exact_graph(
+            lambda: write(want),
+            rotation,
+            s,
+            lambda: out.fill_(POISON),
+            lambda: None if torch.equal(out, want) else "out differs",
+            row,
+        )
+        return failed, row
+
+    failed, row = timed(lambda table: out.copy_(table))
+    assert failed is None
+    assert row == {"device_warm_us": 1.0, "device_us": 2.0, "input_sets": 2, "graph_exact": True}
+    failed, row = timed(lambda table: None)
+    assert failed == "graph: out differs" and row["graph_exact"] is False
+
+    def broken(fn, builds, replays, reset=None):
+        raise RuntimeError("capture failed")
+
+    monkeypatch.setattr(rows, "device_time_us", broken)
+    failed, row = timed(lambda table: out.copy_(table))
+    assert failed.startswith("device time: RuntimeError: capture failed") and row == {}
 
 
 def test_decode_summary_prefers_paired_rounds():

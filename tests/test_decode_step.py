@@ -27,14 +27,9 @@ from pagegraph.check.scenario import ScenarioError, load_scenario
 from pagegraph.cli import main
 from pagegraph.consumers import csr_decode_attention, paged_decode_attention
 from pagegraph.graph.step_consumer import StepShape, default_consumer
-from pagegraph.graph.step_graphs import (
-    TIMED_PARTS,
-    HostClock,
-    StepGraphs,
-    per_call_us,
-    time_interleaved,
-)
+from pagegraph.graph.step_graphs import TIMED_PARTS, StepGraphs
 from pagegraph.kinds import PAGE_TABLE
+from pagegraph.runtime.timing import HostClock, per_call_us, time_interleaved
 
 ROOT = Path(__file__).resolve().parents[1]
 SCENARIOS = {name: ROOT / "graphs" / f"{name}.toml" for name in ("decode-step", "decode-step-csr")}
@@ -450,11 +445,12 @@ def _small_step(fmt: str, device: str, lens=(), **kw):
 @pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU path; the GPU times with events")
 def test_step_timing_path_runs_eagerly_without_cuda():
     """The timing graphs' bodies (step, builder alone, consumer alone) run and are timed by
-    ``HostClock`` when there is no CUDA; the inputs in the buffers are kept."""
+    ``HostClock`` when there is no CUDA; the batch loaded through the runner
+    (``load_timed_batch``) is in the buffers and the host's lengths, and is kept."""
     _, _, g = _small_step("csr", "cpu")
     g.capture()
-    g.req_pool_indices[:2].copy_(torch.tensor([1, 2]))
-    g.seq_lens[:2].copy_(torch.tensor([5, 40]))
+    g.load_timed_batch([1, 2], [5, 40])
+    assert g.host_lens == [5, 40]
     g.capture_timing(calls=2)
     assert g.seq_lens[:2].tolist() == [5, 40] and g.req_pool_indices[:2].tolist() == [1, 2]
     assert set(g._timing_bodies) == set(TIMED_PARTS) and not g.timing_graphs["step"]

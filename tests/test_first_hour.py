@@ -20,8 +20,8 @@ from pathlib import Path
 
 import pytest
 
+from pagegraph.check.scenario import shipped_scenarios
 from pagegraph.cli import main
-from pagegraph.jobs.scenario_paths import shipped_scenarios
 
 from helpers import CPU_PASSES, assert_passed_in_text, table_row
 
@@ -497,7 +497,7 @@ def test_a_builder_file_asked_for_by_several_threads_at_once_is_run_once_and_who
 
 
 def test_scenario_paths_only_fall_back_to_shipped_names(tmp_path, monkeypatch):
-    from pagegraph.jobs.scenario_paths import ScenarioNotFound, scenario_path
+    from pagegraph.check.scenario import ScenarioNotFound, scenario_path
 
     with pytest.raises(ScenarioNotFound):
         scenario_path(str(tmp_path / "graphs" / "default.toml"))  # someone else's missing file

@@ -4,9 +4,10 @@ Each subpackage of ``src/pagegraph`` is a layer, and its layer number is written
 a module may import its own subpackage or any subpackage of a lower layer, never a higher one,
 and across subpackages only public names (no leading underscore).
 
-* 0, the bottom: ``kernels`` (the Triton builders, their contract, references, launcher,
-  loading a user's builder), ``consumers`` (paged attention that reads the tables) and
-  ``detect`` (sync detectors, NVTX ranges, the trace analyzer);
+* 0, the bottom: ``runtime`` (the device choice, the machine a report records, the progress
+  line, the one timing toolkit), ``kernels`` (the Triton builders, their contract, references,
+  launcher, loading a user's builder), ``consumers`` (paged attention that reads the tables)
+  and ``detect`` (sync detectors, NVTX ranges, the trace analyzer);
 * 1, ``clients``: real engines' builders behind the same contracts (the kernels' registry
   never imports one), and ``mutants``: the mutant zoo, builders with one bug each;
 * 2, ``kinds``: the builder kinds as specs (each with its zoo), and builders by name
@@ -44,6 +45,7 @@ SRC = Path(pagegraph.__file__).resolve().parent
 PACKAGE = "pagegraph"
 
 SUBPACKAGE_LAYERS = {
+    "runtime": 0,
     "kernels": 0,
     "detect": 0,
     "consumers": 0,
@@ -77,7 +79,7 @@ LAYERS = layers()
 
 
 def module_name(path: Path, root: Path = SRC) -> str:
-    """``pagegraph.bench.timing`` for ``SRC/bench/timing.py``, ``pagegraph.bench`` for its
+    """``pagegraph.runtime.timing`` for ``SRC/runtime/timing.py``, ``pagegraph.bench`` for its
     ``__init__.py``."""
     parts = [PACKAGE, *path.relative_to(root).with_suffix("").parts]
     if parts[-1] == "__init__":
@@ -115,7 +117,7 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
         else:
             continue
         for target in targets:
-            # "import pagegraph.bench.timing" or a name inside a module: the longest known one.
+            # "import pagegraph.runtime.timing" or a name inside a module: the longest known one.
             while target and target not in known:
                 target = target.rpartition(".")[0]
             if target.startswith(PACKAGE) and target != name:
@@ -170,7 +172,7 @@ def test_the_graph_sees_every_kind_of_import():
     assert "pagegraph.kernels.decode_metadata" in graph["pagegraph.kernels.reference"]
     # from ..detect import trace as _trace
     assert "pagegraph.detect.trace" in graph["pagegraph.jobs.profile"]
-    assert "pagegraph.bench.timing" in graph["pagegraph.bench.floors"]
+    assert "pagegraph.runtime.timing" in graph["pagegraph.bench.floors"]
     assert (
         "pagegraph.kernels.table_reference" in graph["pagegraph.bench.inputs"]
     )  # from ..kernels.x
@@ -275,6 +277,36 @@ def test_trace_analyzer_needs_only_the_bottom_layer():
     graph = import_graph()
     above = sorted(t for t in graph["pagegraph.detect.trace"] if LAYERS[top_module(t)] > 0)
     assert not above, f"pagegraph.detect.trace imports {above}"
+
+
+def units_imported(unit: str, graph: dict[str, set[str]]) -> set[str]:
+    """The other layering units the modules of ``unit`` import."""
+    return {
+        top_module(target)
+        for name, targets in graph.items()
+        if top_module(name) == unit
+        for target in targets
+    } - {unit}
+
+
+def test_units_imported_finds_a_planted_import():
+    graph = {
+        "pagegraph.bench.a": {"pagegraph.bench.b", "pagegraph.jobs.progress"},
+        "pagegraph.jobs.x": {"pagegraph.check.scenario"},
+    }
+    assert units_imported("bench", graph) == {"jobs"}
+    assert units_imported("check", graph) == set()
+
+
+def test_the_bench_imports_no_job():
+    """``bench`` and ``jobs`` share a layer; the bench still runs without any job's module
+    (what both use lives lower: ``runtime``, ``check.scenario``)."""
+    assert "jobs" not in units_imported("bench", import_graph())
+
+
+def test_the_runtime_imports_no_other_part_of_pagegraph():
+    imported = units_imported("runtime", import_graph())
+    assert not imported, f"pagegraph.runtime imports {sorted(imported)}"
 
 
 @pytest.mark.parametrize("leaf", ["pytest_plugin", "cli"])

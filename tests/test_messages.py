@@ -14,12 +14,12 @@ import torch
 
 from pagegraph.check.judges.table_judges import sync_capture_cause
 from pagegraph.check.reports.report import Failure
+from pagegraph.check.scenario import shipped_scenarios
 from pagegraph.cli import main
 from pagegraph.detect.probes import EagerCall
 from pagegraph.detect.sync_events import SyncEvent
 from pagegraph.jobs import mutate
 from pagegraph.jobs.profile import NEEDS_GPU
-from pagegraph.jobs.scenario_paths import shipped_scenarios
 from pagegraph.kernels.contract import POISON
 
 ROOT = Path(__file__).resolve().parent.parent

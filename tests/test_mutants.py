@@ -148,9 +148,8 @@ def test_gpu_kill_set_fails_each_mutants_own_property_and_the_control_is_safe():
     """What ``make mutate`` shows at length, in seconds: each mutant, checked in a child
     process (a crash must not take the test process's CUDA context), fails one of its own
     properties (``Mutant.kills``), and the correct builder is SAFE on the same scenario."""
-    from pagegraph.check.scenario import load_scenario
+    from pagegraph.check.scenario import load_scenario, scenario_path
     from pagegraph.jobs.mutate import _fitted_jobs, _scenario_jobs
-    from pagegraph.jobs.scenario_paths import scenario_path
 
     names = sorted(set(GPU_KILL_SET.values()))
     loaded = {n: load_scenario(scenario_path(n)) for n in names}

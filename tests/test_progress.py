@@ -14,8 +14,9 @@ import pytest
 import torch
 
 from pagegraph.check.config import CheckConfig
-from pagegraph.jobs.progress import Progress, check_estimate, format_seconds, slow_warning
-from pagegraph.jobs.scenario_paths import scenario_path
+from pagegraph.check.scenario import scenario_path
+from pagegraph.jobs.check_estimate import check_estimate, slow_warning
+from pagegraph.runtime.progress import Progress, format_seconds
 
 
 class FakeClock:

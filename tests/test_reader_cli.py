@@ -13,9 +13,8 @@ import pytest
 
 from pagegraph.check.checker import check_replay_safety
 from pagegraph.check.plan import plan_check, resolve_reader
-from pagegraph.check.scenario import load_scenario
+from pagegraph.check.scenario import load_scenario, scenario_path
 from pagegraph.consumers.reader import Reader
-from pagegraph.jobs.scenario_paths import scenario_path
 
 READER = textwrap.dedent(
     """

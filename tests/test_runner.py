@@ -7,6 +7,7 @@ graphs over SGLang buckets and replay them out of order.
 
 from __future__ import annotations
 
+import numpy as np
 import pytest
 import torch
 
@@ -217,6 +218,34 @@ def test_batch_over_max_bs_raises_before_touching_buffers():
         runner.replay([1, 2], [3])
     after = (runner.seq_lens, runner.req_pool_indices, runner.page_table)
     assert all(torch.equal(a, b) for a, b in zip(before, after))
+
+
+@pytest.mark.parametrize("kind", ["list", "numpy", "device"])
+def test_write_inputs_writes_a_batch_for_bodies_outside_the_graphs(kind):
+    """``write_inputs`` copies a batch into rows ``:n`` now (the rows after it kept), which
+    the builder alone then reads; given none, the capture's inputs in every row. A batch of
+    unequal counts, of more rows than max_bs or of one argument only is refused, nothing
+    written."""
+    pool, runner = make(max_bs=4, buckets=[2, 4])
+    rows = [pool.alloc(n) for n in (17, 40)]
+    pool.flush()
+    as_kind = {"list": list, "numpy": np.array, "device": lambda v: torch.tensor(v, device=DEVICE)}
+    runner.req_pool_indices.fill_(7)
+    runner.seq_lens.fill_(9)
+    runner.write_inputs(as_kind[kind](rows), as_kind[kind]([17, 40]))
+    assert runner.req_pool_indices.tolist() == [*rows, 7, 7]
+    assert runner.seq_lens.tolist() == [17, 40, 9, 9]
+    runner.page_table.fill_(POISON)
+    runner.build(2)
+    rpi, sl = runner.req_pool_indices[:2], runner.seq_lens[:2]
+    want, _ = expected_tables(pool.req_to_token, rpi, sl, runner.max_num_pages, 16)
+    assert_equal_tables(runner.page_table[:2], want, "page_table")
+    for bad in (([1], [3, 4]), ([1] * 5, [3] * 5), ([1], None), ([], [])):
+        with pytest.raises(ValueError, match="batch"):
+            runner.write_inputs(*bad)
+    assert runner.seq_lens.tolist() == [17, 40, 9, 9]
+    runner.write_inputs()
+    assert runner.req_pool_indices.tolist() == [0] * 4 and runner.seq_lens.tolist() == [1] * 4
 
 
 def one_request(kind: str):

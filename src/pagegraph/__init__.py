@@ -28,7 +28,7 @@ _LAZY = {
     "GraphRunner": "graph.runner",
     "NotCaptured": "graph.runner",
     "StaticBufferMoved": "graph.runner",
-    "PAGEGRAPH_VERSION": "jobs.environment",
+    "PAGEGRAPH_VERSION": "runtime.environment",
     "ERROR_KINDS": "kernels.contract",
     "BuffersChanged": "kernels.page_table",
     "PreparedBuild": "kernels.page_table",

@@ -15,8 +15,8 @@ from pathlib import Path
 from typing import Any
 
 from .check.config import ADVICE, WORKLOAD_PROCESS_MODES
-from .jobs.environment import PAGEGRAPH_VERSION
-from .jobs.scenario_paths import DEFAULT_SCENARIO
+from .check.scenario import DEFAULT_SCENARIO
+from .runtime.environment import PAGEGRAPH_VERSION
 
 __all__ = ["DEFAULT_SCENARIO", "build_parser", "main", "run", "run_check"]  # noqa: F822 - lazy
 

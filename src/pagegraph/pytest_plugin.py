@@ -81,8 +81,8 @@ def graph_runner() -> Iterator[Callable[..., GraphRunner]]:
     swa=False, buckets=..., padding=..., seed=0)`` returns a captured ``GraphRunner`` over a
     fresh ``KVPool`` (``runner.pool_model``). Every runner made, captured or not, has its
     graphs released at teardown, also when the test failed or the capture raised."""
-    from .check.pipeline.phases import pick_device
     from .graph.runner import GraphRunner
+    from .runtime.device import pick_device
     from .workload.pool import KVPool
 
     made: list[GraphRunner] = []

@@ -12,6 +12,7 @@ import math
 from pathlib import Path
 from typing import Any
 
+from .bench_settings import error
 from .configs import SMOKE_BS, SMOKE_CONTEXT, tokens
 from .decode_bench import (
     DIFF_TARGET_US,
@@ -23,7 +24,6 @@ from .decode_bench import (
 from .floors import COPY_BYTES
 from .replay_overhead import REPLAY_OVERHEAD_TARGET
 from .rows import GRAPH_SAFE
-from .timing import error
 
 
 def plot(sweep: dict[str, Any], path: Path, gpu: str, launch_floor: float | None) -> str | None:

@@ -19,8 +19,9 @@ from typing import Any
 import torch
 
 from ..detect.ranges import phase
-from ..jobs.progress import Progress
+from ..runtime.progress import Progress
 from .bench_report import format_markdown, plot, targets
+from .bench_settings import Settings, bench_environment, error, make_settings, recover
 from .checker_rate import bench_checker
 from .configs import CONFIG_NAMES, TUNE_CONFIGS, BenchConfig, get_config, smoke_config
 from .decode_bench import bench_decode_config, decode_summary
@@ -28,7 +29,6 @@ from .floors import DEFAULT_L2_BYTES, measure_bandwidth, measure_launch_floor
 from .replay_overhead import bench_replay_overhead
 from .rows import bench_config
 from .sweeps import run_sweeps, sweep_kernel_params
-from .timing import Settings, bench_environment, error, make_settings, recover
 
 #: Sections of a run, in the order they run. ``builders``: a row per (config, builder);
 #: ``replay``: runner replay vs bare graph replay; ``metadata``: decode metadata per config;

@@ -18,7 +18,7 @@ from ..check.checker import check_replay_safety
 from ..check.scenario import load_scenario
 from ..detect.ranges import phase
 from ..detect.sync import available_detectors
-from .timing import error, recover
+from .bench_settings import error, recover
 
 CHECKER_SCENARIO = "graphs/sglang-h200.toml"
 CHECKER_REPLAYS = 5000

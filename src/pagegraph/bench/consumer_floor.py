@@ -22,14 +22,14 @@ from typing import Any
 
 import torch
 
-from ..check.scenario import load_scenario
+from ..check.scenario import load_scenario, scenario_path
 from ..consumers import prepare_decode_attention
 from ..consumers.attention_reference import attend, live_kv, tolerances
 from ..consumers.formats import FORMATS, Metadata, ReaderFormat
 from ..graph.buckets import Buckets
-from ..jobs.scenario_paths import scenario_path
+from ..runtime.timing import device_time_us
+from .bench_settings import bench_environment, error, recover
 from .floors import measure_bandwidth
-from .timing import bench_environment, device_time_us, error, recover
 
 #: The scenario whose page size and batch buckets the cases take.
 SCENARIO = "sglang-h200"

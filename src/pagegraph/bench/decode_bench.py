@@ -20,19 +20,11 @@ from ..kernels.contract import POISON
 from ..kernels.decode_metadata import build_decode_metadata, prepare_decode_metadata
 from ..kernels.page_table import build_page_table
 from ..kernels.reference import reference_decode_metadata, unfused_decode_metadata
+from ..runtime.timing import interleaved_wall_us, paired_ratio, sync, wall_time_us
+from .bench_settings import Settings, error, recover
 from .configs import BenchConfig
 from .inputs import BenchInputs, Rotation, make_inputs, rotate_out_of_l2
-from .rows import eager_calls, eager_warmup
-from .timing import (
-    Settings,
-    device_time_us,
-    error,
-    interleaved_wall_us,
-    paired_ratio,
-    recover,
-    sync,
-    wall_time_us,
-)
+from .rows import eager_calls, eager_warmup, time_exact_graph
 
 #: Speculative draft tokens of the second ``build_decode_metadata`` variant.
 DRAFT = 4
@@ -229,29 +221,13 @@ def _bench_variant(
     runs = not errors
 
     if s.cuda and graphs and not errors:
-        graph = None
-        tables = [*inp.rotated, inp.req_to_token]
         # Every graphed variant has a rotation form (the prepared one alone has none).
         assert fn is not None and rest is not None and kwargs is not None
-        rotation = Rotation(fn, tables, rest, kwargs)
-        try:
-            row["device_warm_us"], graph = device_time_us(call, s.builds, s.replays)
-            del graph
-            row["device_us"], graph = device_time_us(rotation, s.builds, s.replays, rotation.reset)
-            row["input_sets"] = len(tables)
-            # The graph's last call reads the input's own table: the outputs are the reference.
-            out.poison()
-            graph.replay()
-            torch.cuda.synchronize()
-            mismatch = first_difference(out.tensors(), want, names)
-            row["graph_exact"] = mismatch is None
-            if mismatch:
-                errors.append(f"graph: {mismatch}")
-        except Exception as exc:  # noqa: BLE001
-            errors.append(f"device time: {error(exc)}")
-        finally:
-            del graph
-            recover(s.cuda)
+        rotation = Rotation(fn, [*inp.rotated, inp.req_to_token], rest, kwargs)
+        failed = time_exact_graph(
+            call, rotation, s, out.poison, lambda: first_difference(out.tensors(), want, names), row
+        )
+        errors += [failed] if failed else []
 
     if errors:
         row["error"] = "; ".join(errors)

@@ -10,15 +10,21 @@
 from __future__ import annotations
 
 import math
-import statistics
 from collections.abc import Sequence
+from functools import partial
 
 import torch
 import triton
 
 from ..kernels.contract import cdiv
+from ..runtime.timing import (
+    GRAPH_BUILDS,
+    GRAPH_REPLAYS,
+    EventClock,
+    device_time_us,
+    time_interleaved,
+)
 from .configs import BenchConfig
-from .timing import GRAPH_BUILDS, GRAPH_REPLAYS, device_time_us
 
 #: Sector size: a page-start read costs at most one 32-byte sector, whatever the page size.
 SECTOR = 32
@@ -66,7 +72,8 @@ def _empty_kernel(x_ptr):  # type: ignore[no-untyped-def]  # [1] int32, never to
 
 def measure_bandwidth(nbytes: int = COPY_BYTES, copies: int = 10) -> float:
     """Device-to-device bytes per second (read + write) of a large ``dst.copy_(src)``, median
-    of ``copies`` event-timed copies (the buffers halve until they fit)."""
+    of ``copies`` event-timed copies after two untimed ones (``time_interleaved``; the buffers
+    halve until they fit)."""
     while True:
         try:
             src = torch.empty(nbytes, dtype=torch.uint8, device="cuda")
@@ -77,22 +84,11 @@ def measure_bandwidth(nbytes: int = COPY_BYTES, copies: int = 10) -> float:
                 raise
             nbytes //= 2
     src.fill_(1)
-    for _ in range(2):
-        dst.copy_(src)
-    torch.cuda.synchronize()
-    times = []
-    for _ in range(copies):
-        start = torch.cuda.Event(enable_timing=True)
-        end = torch.cuda.Event(enable_timing=True)
-        start.record()
-        dst.copy_(src)
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end))
-    del src, dst
+    copy = {"copy": partial(dst.copy_, src)}
+    us = time_interleaved(copy, calls=1, repeats=copies, clock=EventClock(), warmup=2)["copy"]
+    del src, dst, copy
     torch.cuda.empty_cache()
-    gbps: float = 2 * nbytes / (statistics.median(times) * 1e-3)
-    return gbps
+    return 2 * nbytes / (us * 1e-6)
 
 
 def measure_launch_floor(builds: int = GRAPH_BUILDS, replays: int = GRAPH_REPLAYS) -> float:

@@ -18,9 +18,9 @@ import torch
 
 from ..kernels.contract import POISON, cdiv
 from ..kernels.table_reference import expected_tables
+from .bench_settings import recover
 from .configs import BenchConfig
 from .floors import floor_bytes, live_pages
-from .timing import recover
 
 
 @dataclass

@@ -12,10 +12,11 @@ from __future__ import annotations
 from typing import Any
 
 from ..detect.ranges import phase
+from ..runtime.timing import interleaved_wall_us, sync
+from .bench_settings import Settings, error, recover
 from .configs import get_config, smoke_config
 from .inputs import Check, make_inputs, poison
 from .rows import single_bucket_runner
-from .timing import Settings, error, interleaved_wall_us, recover, sync
 
 REPLAY_OVERHEAD_CONFIG = "decode-mid"
 #: Target: a runner replay costs the host at most this many bare graph replays.

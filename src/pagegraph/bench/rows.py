@@ -20,6 +20,8 @@ from ..graph.runner import GraphRunner
 from ..kernels.baselines import block_grid
 from ..kernels.page_table import build_page_table, prepare_build
 from ..kernels.reference import host_max_gather, static_width_gather
+from ..runtime.timing import device_time_us, sync, wall_time_us
+from .bench_settings import Settings, error, recover
 from .configs import BenchConfig
 from .floors import floor_bytes, live_pages
 from .inputs import (
@@ -31,7 +33,6 @@ from .inputs import (
     poison,
     rotate_out_of_l2,
 )
-from .timing import Settings, device_time_us, error, recover, sync, wall_time_us
 
 #: Builders benchmarked, in table order.
 BUILDERS: dict[str, Callable[..., object]] = {
@@ -122,6 +123,40 @@ def _runner_replays(
         runner.close()
 
 
+def time_exact_graph(
+    call: Callable[[], object],
+    rotation: Rotation,
+    s: Settings,
+    poison_outputs: Callable[[], None],
+    compare: Callable[[], str | None],
+    row: dict[str, Any],
+) -> str | None:
+    """One builder's device time on ``s``'s graphs, into ``row``: ``device_warm_us`` (a graph
+    of ``call``, the same inputs every call, as a back-to-back microbenchmark sees: L2-warm),
+    ``device_us`` (a graph of ``rotation``, cycling over ``input_sets`` tables out of the L2)
+    and ``graph_exact``: the rotated graph replayed once more on poisoned outputs
+    (``poison_outputs``), whose last call reads the input's own table, so that ``compare``
+    (``None`` when they are exact) finds the reference's outputs. Returns the row's error,
+    ``None`` without; the device is recovered either way (``recover``)."""
+    graph: torch.cuda.CUDAGraph | None = None
+    try:
+        row["device_warm_us"], graph = device_time_us(call, s.builds, s.replays)
+        graph = None
+        row["device_us"], graph = device_time_us(rotation, s.builds, s.replays, rotation.reset)
+        row["input_sets"] = len(rotation.tables)
+        poison_outputs()
+        graph.replay()
+        torch.cuda.synchronize()
+        mismatch = compare()
+        row["graph_exact"] = mismatch is None
+        return f"graph: {mismatch}" if mismatch else None
+    except Exception as exc:  # noqa: BLE001 - the row says so; the run goes on
+        return f"device time: {error(exc)}"
+    finally:
+        graph = None
+        recover(s.cuda)
+
+
 def eager_calls(s: Settings) -> int:
     """Timed eager calls: the run's setting on a GPU, at least 3 under the interpreter."""
     return s.eager_calls if s.cuda else max(3, s.eager_calls)
@@ -156,32 +191,21 @@ def bench_builder(
         errors.append(f"check: {error(exc)}")
 
     if s.cuda and name in GRAPH_SAFE and not errors:
-        graph = None
         # Cycle over the rotated tables, so each build in the graph reads page starts the
         # previous one did not leave in L2; the last build uses the original table.
-        tables = [*inp.rotated, r2t]
-        rotation = Rotation(fn, tables, (rpi, lens, page_table, ps), kwargs)
-        try:
-            # L2-warm first: the same inputs every build, as a back-to-back microbenchmark sees.
-            row["device_warm_us"], graph = device_time_us(call, s.builds, s.replays)
-            del graph
-            us, graph = device_time_us(rotation, s.builds, s.replays, rotation.reset)
-            row["input_sets"] = len(tables)
-            row["device_us"] = us
-            if row["floor_us"] is not None and us > 0:
-                row["fraction_of_floor"] = row["floor_us"] / us
-            poison(page_table, swa_page_table)
-            graph.replay()
-            torch.cuda.synchronize()
-            mismatch = check.compare(page_table, swa_page_table)
-            row["graph_exact"] = mismatch is None
-            if mismatch:
-                errors.append(f"graph: {mismatch}")
-        except Exception as exc:  # noqa: BLE001
-            errors.append(f"device time: {error(exc)}")
-        finally:
-            del graph
-            recover(s.cuda)
+        rotation = Rotation(fn, [*inp.rotated, r2t], (rpi, lens, page_table, ps), kwargs)
+        failed = time_exact_graph(
+            call,
+            rotation,
+            s,
+            lambda: poison(page_table, swa_page_table),
+            lambda: check.compare(page_table, swa_page_table),
+            row,
+        )
+        errors += [failed] if failed else []
+        us = row["device_us"]
+        if row["floor_us"] is not None and us is not None and us > 0:
+            row["fraction_of_floor"] = row["floor_us"] / us
 
     try:
         row["eager_us"] = wall_time_us(call, eager_calls(s), eager_warmup(s), cuda=s.cuda)

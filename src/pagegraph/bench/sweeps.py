@@ -20,12 +20,13 @@ from ..detect.ranges import phase
 from ..kernels import page_table as _kernel
 from ..kernels.contract import cdiv
 from ..kernels.page_table import build_page_table
+from ..runtime.timing import device_time_us, sync
 from .bench_report import format_tune_markdown
+from .bench_settings import Settings, bench_environment, error, recover
 from .configs import TUNE_CONFIGS, BenchConfig, K, get_config, smoke_config, tokens
 from .floors import DEFAULT_L2_BYTES
 from .inputs import Check, Rotation, make_inputs, make_outputs, rotate_out_of_l2
 from .rows import BUILDERS
-from .timing import Settings, bench_environment, device_time_us, error, recover, sync
 
 #: Sweeps for the plots: (bs values at 128K context) and (context values at bs 64).
 SWEEP_BS = (1, 8, 32, 64, 128, 256, 512)

@@ -34,7 +34,7 @@ from .errors import (
     merge_vectors,
     oom_message,
 )
-from .staging import BatchValues, Mailbox, count_values
+from .staging import BatchValues, Mailbox, count_values, write_batch
 
 if TYPE_CHECKING:
     from .capture import GraphPool
@@ -341,6 +341,13 @@ class GraphRunner:
         """The builder alone on rows ``:bs`` (no stage, no reader): a body to time."""
         self._build(bs)
 
+    def write_inputs(
+        self, req_pool_indices: BatchValues | None = None, seq_lens: BatchValues | None = None
+    ) -> None:
+        """A batch into the inputs now, apart from the graphs (bodies timed outside them); with
+        none, the capture's inputs: request row 0, length 1 (``staging.write_batch``)."""
+        write_batch((self.req_pool_indices, self.seq_lens), req_pool_indices, seq_lens)
+
     def _body(self, bs: int) -> None:
         """What a bucket's graph runs after the stage: the builder, then the reader if any."""
         self._build(bs)
@@ -464,9 +471,7 @@ class GraphRunner:
     def capture(self) -> None:
         """Warm every bucket up, then capture one graph per bucket, largest first, in one
         shared pool (eager mode: only records the buffer addresses; emulated: see the top)."""
-        # Short lengths in the buffers at capture: replays must not depend on them.
-        self.seq_lens.fill_(1)
-        self.req_pool_indices.fill_(0)
+        self.write_inputs()  # short lengths at capture: replays must not depend on them
         sizes = sorted(self.buckets.sizes, reverse=True)
         step = CaptureStep("warm-up", sizes[0])  # where an out-of-memory error happened
         try:
@@ -578,10 +583,9 @@ class GraphRunner:
         # The engine's usual call, two 1-D tensors of one shape into captured graphs on the
         # current device, takes the short path: the general one's checks add up to a sizeable
         # part of a bare graph launch, so here the count and the bucket come from the shape
-        # once. What
-        # the shape does not settle (dtype, device, moved buffers) raises from the same calls
-        # as on the general path; anything else (lists, other shapes, an empty or oversized
-        # batch, eager mode, another current device) takes the general path.
+        # once. What the shape does not settle (dtype, device, moved buffers) raises from the
+        # same calls as on the general path; anything else (lists, other shapes, an empty or
+        # oversized batch, eager mode, another current device) takes the general path.
         bucket_of = self._bucket_of
         if (
             bucket_of is not None

@@ -50,6 +50,31 @@ def count_values(values: BatchValues) -> int:
     return len(values)
 
 
+def write_batch(
+    inputs: tuple[torch.Tensor, torch.Tensor],
+    req_pool_indices: BatchValues | None = None,
+    seq_lens: BatchValues | None = None,
+) -> None:
+    """Copy a batch of ``n`` rows (tensors on any device, or lists) into rows ``:n`` of
+    ``inputs``, the static ``(req_pool_indices, seq_lens)``, now, on the current stream;
+    ``ValueError`` unless both have ``n`` rows, ``0 < n <=`` the buffers' rows. With neither,
+    every row gets a capture's inputs: request row 0, length 1."""
+    if req_pool_indices is None and seq_lens is None:
+        inputs[0].fill_(0)
+        inputs[1].fill_(1)
+        return
+    if req_pool_indices is None or seq_lens is None:
+        raise ValueError("a batch has both req_pool_indices and seq_lens, or neither")
+    n, rows = count_values(seq_lens), inputs[0].shape[0]
+    if count_values(req_pool_indices) != n or not 0 < n <= rows:
+        raise ValueError(
+            f"a batch is 1 to {rows} rows of req_pool_indices and of seq_lens, got "
+            f"{count_values(req_pool_indices)} and {n}"
+        )
+    for buffer, values in zip(inputs, (req_pool_indices, seq_lens), strict=True):
+        buffer[:n].copy_(torch.as_tensor(values))
+
+
 # The two Triton kernels below stay unannotated: Triton reads a kernel's parameter annotations
 # as its own (``tl.constexpr``, type hints that specialise the kernel), and ships no types for
 # ``triton.jit``.

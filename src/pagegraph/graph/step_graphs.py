@@ -2,18 +2,16 @@
 ``StepGraphs`` holds every buffer of one decode step, allocated once at the largest batch as an
 engine's attention backend does; a ``GraphRunner`` given the consumer as its reader stages,
 pads and replays one graph per bucket (the stage, the builder, then the consumer), and the
-step's own timing graphs time each bucket's whole step, builder and consumer apart. Its
-buffers, the KV pages no request holds, the capture and the timing: docs/ARCHITECTURE.md,
-"The step's graphs".
+step's own timing graphs time each bucket's whole step, builder and consumer apart, on inputs
+the runner writes, with ``pagegraph.runtime.timing``. Its buffers, the KV pages no request
+holds, the capture and the timing: docs/ARCHITECTURE.md, "The step's graphs".
 """
 
 from __future__ import annotations
 
 import contextlib
-import statistics
-import time
 from collections.abc import Callable, Sequence
-from typing import TYPE_CHECKING, Any, Protocol, TypeVar
+from typing import TYPE_CHECKING, Any
 
 import torch
 
@@ -21,6 +19,7 @@ from ..consumers.reader import Reader
 from ..kernels.contract import same_bits
 from ..kinds import KindSpec
 from ..kinds.seams import EngineState
+from ..runtime.timing import Clock, EventClock, time_interleaved
 from .buckets import Buckets, PaddingPolicy
 from .capture import Graph, capture_buckets
 from .runner import GraphRunner
@@ -40,12 +39,8 @@ NULL_BLOCK_NAME = "page 0 (the null block)"
 #: Calls of one body captured back to back in a timing graph: a replay's launch is shared by
 #: this many calls.
 TIMING_CALLS = 20
-#: Untimed replays of each timing graph before the timed ones (first-touch and clock ramp).
-TIMING_WARMUP = 3
 #: The parts a decode step is timed in, in the order they are replayed.
 TIMED_PARTS = ("step", "builder", "consumer")
-
-_M = TypeVar("_M")
 
 
 class StepGraphs:
@@ -267,10 +262,9 @@ class StepGraphs:
     ) -> None:
         """Warm a timing ``body`` up for every bucket on a side stream, then capture it,
         largest bucket first, in ``pool``; without CUDA only the warm-up."""
-        # Short lengths at capture, as the runner's: replays must not depend on them (nor on
-        # the host values a reader computes from them).
-        self.seq_lens.fill_(1)
-        self.req_pool_indices.fill_(0)
+        # The runner's capture inputs: replays must not depend on them (nor on the host values
+        # a reader computes from them).
+        self.runner.write_inputs()
         self.host_lens = None
         mode = "cuda" if self.use_graphs else "eager"
         with self._quiet():
@@ -335,8 +329,14 @@ class StepGraphs:
 
             self._timing_bodies[part] = repeated
             self._capture(repeated, self.timing_graphs.setdefault(part, {}), pool)
-        self.req_pool_indices.copy_(rpi)
-        self.seq_lens.copy_(sl)
+        self.runner.write_inputs(rpi, sl)
+
+    def load_timed_batch(self, req_pool_indices: list[int], seq_lens: list[int]) -> None:
+        """The batch the timing graphs run on next: written into rows ``:n`` of the runner's
+        inputs now (``GraphRunner.write_inputs``), its lengths as the host knows them
+        (``host_lens``). Every row of a timed bucket is real: ``n`` is the bucket."""
+        self.runner.write_inputs(req_pool_indices, seq_lens)
+        self.host_lens = list(seq_lens)
 
     def _launcher(self, part: str, bucket: int) -> Callable[[], None]:
         if self.use_graphs:
@@ -368,100 +368,3 @@ class StepGraphs:
                 torch.cuda.synchronize(self.device)
         finally:
             self.timing_graphs.clear()
-
-
-# -- timing helpers --------------------------------------------------------------------------
-
-
-def per_call_us(replay_ms: Sequence[float], calls: int) -> float:
-    """Microseconds per call: the median of ``replay_ms`` (replays of a graph of ``calls``
-    back-to-back calls, in ms) over ``calls``."""
-    if not replay_ms or calls < 1:
-        raise ValueError("per_call_us needs at least one replay time and calls >= 1")
-    return statistics.median(replay_ms) * 1e3 / calls
-
-
-class Clock(Protocol[_M]):
-    """What ``time_interleaved`` times with: ``begin`` before the replays, a ``mark`` before
-    and after each, ``end`` after them all, then ``elapsed_ms`` between two marks
-    (``EventClock``, ``HostClock``)."""
-
-    def begin(self, replays: int) -> None: ...
-    def mark(self) -> _M: ...
-    def end(self) -> None: ...
-    def elapsed_ms(self, a: _M, b: _M, /) -> float: ...
-
-
-class EventClock:
-    """Device time on the current stream: CUDA events, the replays queued behind a spin
-    kernel so that the host's launch gaps do not reach the device's timeline."""
-
-    def __init__(self, device: torch.device) -> None:
-        self.device = device
-
-    def begin(self, replays: int) -> None:
-        torch.cuda.synchronize(self.device)
-        sleep = getattr(torch.cuda, "_sleep", None)
-        if sleep is not None:
-            # Cycles at about 2 GHz: long enough for the host to queue every replay.
-            sleep(int((1e-3 + 50e-6 * replays) * 2e9))
-
-    def mark(self) -> torch.cuda.Event:
-        event = torch.cuda.Event(enable_timing=True)
-        event.record()
-        return event
-
-    def end(self) -> None:
-        torch.cuda.synchronize(self.device)
-
-    @staticmethod
-    def elapsed_ms(a: torch.cuda.Event, b: torch.cuda.Event) -> float:
-        ms: float = a.elapsed_time(b)
-        return ms
-
-
-class HostClock:
-    """Host wall time (``time.perf_counter``): ``EventClock``'s interface for eager bodies."""
-
-    def begin(self, replays: int) -> None:
-        pass
-
-    def mark(self) -> float:
-        return time.perf_counter()
-
-    def end(self) -> None:
-        pass
-
-    @staticmethod
-    def elapsed_ms(a: float, b: float) -> float:
-        return (b - a) * 1e3
-
-
-def time_interleaved(
-    launch: dict[str, Callable[[], None]],
-    calls: int,
-    repeats: int,
-    clock: Clock[_M],
-    warmup: int = TIMING_WARMUP,
-) -> dict[str, float]:
-    """Microseconds per call of each of ``launch`` (by key), each a replay of ``calls``
-    back-to-back calls: ``warmup`` untimed replays each, then ``repeats`` rounds that time
-    one replay of each in turn (a drift of the clocks moves every part alike), the median
-    replay over ``calls`` (``per_call_us``)."""
-    if repeats < 1:
-        raise ValueError("time_interleaved needs repeats >= 1")
-    for fn in launch.values():
-        for _ in range(warmup):
-            fn()
-    clock.begin(repeats * len(launch))
-    marks: dict[str, list[tuple[_M, _M]]] = {name: [] for name in launch}
-    for _ in range(repeats):
-        for name, fn in launch.items():
-            start = clock.mark()
-            fn()
-            marks[name].append((start, clock.mark()))
-    clock.end()
-    return {
-        name: per_call_us([clock.elapsed_ms(a, b) for a, b in pairs], calls)
-        for name, pairs in marks.items()
-    }

@@ -1,8 +1,8 @@
 """The jobs the command line runs: check, kernel table, profile, mutate, the engines' runs.
 
-``run_check`` (``pagegraph check`` and ``kernel-table``), ``run_mutate`` (``pagegraph mutate``),
-the shipped scenarios by name (``scenario_path``, ``DEFAULT_SCENARIO``), the progress line
-(``Progress``) and the version of the environment a report records (``PAGEGRAPH_VERSION``).
+``run_check`` (``pagegraph check`` and ``kernel-table``) and ``run_mutate`` (``pagegraph
+mutate``); the shipped scenarios by name are ``pagegraph.check.scenario``'s, the progress line
+and the environment a report records ``pagegraph.runtime``'s.
 """
 
 from importlib import import_module
@@ -12,19 +12,11 @@ from importlib import import_module
 _DEFINED_IN = {
     "run_check": "check_job",
     "run_mutate": "mutate",
-    "DEFAULT_SCENARIO": "scenario_paths",
-    "scenario_path": "scenario_paths",
-    "Progress": "progress",
-    "PAGEGRAPH_VERSION": "environment",
 }
 
 __all__ = [
-    "DEFAULT_SCENARIO",
-    "PAGEGRAPH_VERSION",
-    "Progress",
     "run_check",
     "run_mutate",
-    "scenario_path",
 ]
 
 

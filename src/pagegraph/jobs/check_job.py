@@ -24,9 +24,8 @@ import torch
 from ..check.checker import run_plan
 from ..check.config import CONSUMER_DTYPES, CheckConfig
 from ..check.pipeline.buffers import table_bytes
-from ..check.pipeline.phases import pick_device
 from ..check.plan import CheckPlan, PlanError, plan_check
-from ..check.scenario import load_scenario
+from ..check.scenario import load_scenario, scenario_path
 from ..check.signals import CheckInterrupted, stop_on_signals, stop_requested
 from ..consumers.attention_reference import GATHER_TOKENS
 from ..detect.sync import DetectorUnavailable, parse_detectors
@@ -36,12 +35,13 @@ from ..kernels.registry import builder_spec_for_child
 from ..kernels.table_reference import expected_tables
 from ..kinds import PAGE_TABLE, KindSpec
 from ..kinds.builders import is_builtin
+from ..runtime.device import pick_device
+from ..runtime.environment import environment
+from ..runtime.progress import Progress
 from ..supervise.isolate import IsolatedError, Job, run_isolated, write_json_atomic
 from ..workload.pool import writer_bytes
 from ..workload.producer import SEGMENT_STEPS, streams_with_steps
-from .environment import environment
-from .progress import Progress, slow_warning
-from .scenario_paths import scenario_path
+from .check_estimate import slow_warning
 
 __all__ = [
     "memory_need",

@@ -15,10 +15,11 @@ import torch
 from ..check.config import CheckConfig
 from ..check.plan import CheckPlan, PlanError, plan_check
 from ..check.reports.report import PropertyResult, Report
+from ..runtime.progress import Progress, format_seconds
 from ..supervise.isolate import IsolatedError, Job, run_isolated, write_json_atomic
 from ..supervise.worker_pool import task_cost
+from .check_estimate import check_estimate
 from .check_job import _memory_problem
-from .progress import Progress, check_estimate, format_seconds
 
 __all__ = [
     "ClientRun",

@@ -26,8 +26,9 @@ import torch
 from ..check.config import CheckConfig
 from ..check.plan import PlanError, plan_check
 from ..check.reports.report import Report
-from ..check.scenario import ScenarioError, load_scenario
+from ..check.scenario import ScenarioError, load_scenario, scenario_path, shipped_scenarios
 from ..kinds.zoo import CONTROLS, MUTANTS
+from ..runtime.progress import Progress
 from ..supervise.isolate import IsolatedError, Job, run_isolated
 from ..supervise.worker_pool import Task, WorkerPool, task_cost
 from .mutate_report import (
@@ -41,8 +42,6 @@ from .mutate_report import (
     write_json,
     write_markdown,
 )
-from .progress import Progress
-from .scenario_paths import scenario_path, shipped_scenarios
 
 #: Seconds between two heartbeat lines of ``--quiet`` (without it: ``progress.EVERY_S``).
 QUIET_EVERY_S = 15.0

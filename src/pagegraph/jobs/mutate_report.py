@@ -196,7 +196,7 @@ def write_json(
     elapsed: float,
 ) -> None:
     """The whole run as JSON: environment, scenarios, verdicts and every report."""
-    from .environment import environment
+    from ..runtime.environment import environment
 
     write_json_atomic(
         json_path,
@@ -230,7 +230,7 @@ def write_markdown(
 ) -> None:
     """The summary, the kill table and the matrix as Markdown (``image``: the line that
     shows the kill-table image, after the summary)."""
-    from .environment import environment
+    from ..runtime.environment import environment
 
     env = environment()
     path = Path(markdown_path)

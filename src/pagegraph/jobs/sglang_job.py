@@ -19,9 +19,10 @@ from typing import Any, cast
 
 from ..check.config import CheckConfig
 from ..check.plan import resolve_kind
-from ..check.scenario import load_scenario
+from ..check.scenario import load_scenario, scenario_path, shipped_scenarios
 from ..clients import sglang as sglang_client
 from ..kinds import PAGE_TABLE, KindSpec, kind_named
+from ..runtime.environment import environment
 from ..supervise.isolate import child_env
 from ..workload.lifetime import script_command
 from .client_runs import (
@@ -35,8 +36,6 @@ from .client_runs import (
     verdict_lines,
     write_reports,
 )
-from .environment import environment
-from .scenario_paths import scenario_path, shipped_scenarios
 
 __all__ = ["CLIENTS", "FINDINGS", "Finding", "SGLangRun", "grid_columns", "main", "run_job"]
 

@@ -14,10 +14,11 @@ import sys
 from typing import Any
 
 from ..check.plan import resolve_kind
-from ..check.scenario import load_scenario
+from ..check.scenario import load_scenario, scenario_path, shipped_scenarios
 from ..clients import vllm as vllm_client
 from ..clients.vllm_files import vllm_root
 from ..kinds import KindSpec
+from ..runtime.environment import environment
 from .client_runs import (
     ClientRun,
     add_job_arguments,
@@ -28,8 +29,6 @@ from .client_runs import (
     verdict_lines,
     write_reports,
 )
-from .environment import environment
-from .scenario_paths import scenario_path, shipped_scenarios
 
 __all__ = ["CLIENTS", "main", "plan_runs", "run_job"]
 

@@ -18,12 +18,12 @@ from pathlib import Path
 
 import torch
 
-from ..check.pipeline.phases import pick_device
 from ..check.reports.report import Report
+from ..runtime.device import pick_device
+from ..runtime.environment import environment
 from ..supervise.isolate import write_json_atomic
 from ..wild import BUG_CLASSES, WildBug, entries
 from ..wild.pending import NOT_YET_EXPRESSIBLE
-from .environment import environment
 
 __all__ = ["EntryResult", "add_arguments", "judge_entry", "main", "run_wild"]
 

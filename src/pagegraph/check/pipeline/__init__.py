@@ -10,7 +10,6 @@ from importlib import import_module
 #: public name -> the module of this package that defines it, imported at first use, so
 #: that importing one module of the package loads no other.
 _DEFINED_IN = {
-    "pick_device": "phases",
     "run_pipeline": "phases",
     "TableBed": "table_bed",
     "StepBed": "step_bed",
@@ -23,7 +22,6 @@ __all__ = [
     "StepBed",
     "TableBed",
     "allocate_check_buffers",
-    "pick_device",
     "run_pipeline",
 ]
 

@@ -1,8 +1,8 @@
 """One check pipeline: a planned check is set up, captured, replayed and finished the same
-way whatever its judges (``run_pipeline``), through the stages both benches share: the device
-(``pick_device``), the capture's outcome (``record_capture``, ``fail_capture``), the one
-replay loop (``drive_replays``). What an early end leaves unfinished is
-``pagegraph.check.run_end``'s to decide.
+way whatever its judges (``run_pipeline``), through the stages both benches share: the
+capture's outcome (``record_capture``, ``fail_capture``) and the one replay loop
+(``drive_replays``). What an early end leaves unfinished is ``pagegraph.check.run_end``'s to
+decide; the device is ``pagegraph.runtime.pick_device``'s.
 """
 
 from __future__ import annotations
@@ -13,8 +13,6 @@ import time
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from typing import Protocol
-
-import torch
 
 from ...graph.emulate import describe_frozen
 from ..reports.report import PropertyResult, Report
@@ -28,7 +26,6 @@ __all__ = [
     "ReplayFailed",
     "drive_replays",
     "fail_capture",
-    "pick_device",
     "process_age_s",
     "record_capture",
     "run_pipeline",
@@ -144,11 +141,6 @@ def run_pipeline(bench: Bench, hooks: CheckHooks) -> Report:
 
 
 # -- the stages both benches share -----------------------------------------------------------
-
-
-def pick_device(device: str | torch.device | None) -> torch.device:
-    """The check's device: the one given, else CUDA when present, else the CPU."""
-    return torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
 
 
 def record_capture(

@@ -19,10 +19,12 @@ from ...consumers.paged_attention import BLOCK_N, TOKENS_PER_SPLIT
 from ...consumers.reader import Reader
 from ...graph.buckets import Buckets
 from ...graph.step_consumer import StepShape
-from ...graph.step_graphs import TIMING_CALLS, TIMING_WARMUP, StepGraphs
+from ...graph.step_graphs import TIMING_CALLS, StepGraphs
 from ...kernels.contract import cdiv
 from ...kinds import KindSpec
 from ...kinds.builders import builder_name
+from ...runtime.device import pick_device
+from ...runtime.timing import WARMUP_REPLAYS
 from ...workload.decode import DecodeWorkload, Injection, Step
 from ...workload.pool import KVPool, Request
 from ..config import CONSUMER_DTYPES, INDEX_DTYPES, CheckConfig
@@ -56,7 +58,7 @@ from ..reports.step_report import STEP_PROPERTIES, StepSection
 from ..run_end import STEP_BED_PROPERTIES, Ending, RunEnd, mark_unfinished
 from ..signals import CheckInterrupted, stop_requested
 from .engine_state import EngineState, make_engine_state, update_engine_state
-from .phases import LoopEnd, fail_capture, pick_device, record_capture
+from .phases import LoopEnd, fail_capture, record_capture
 from .state import CheckHooks
 from .workload_setup import pool_kwargs, workload_kwargs
 
@@ -573,7 +575,7 @@ def _time_buckets(run: _Run, rows: list[Request]) -> None:
     r.step.timing_method = (
         f"a graph of {TIMING_CALLS} back-to-back calls of the step, of the builder and of the "
         f"consumer, replayed in turns between CUDA events; median of {iters} replays over "
-        f"{TIMING_CALLS}, {TIMING_WARMUP} warm-up replays untimed; every row real (the running "
+        f"{TIMING_CALLS}, {WARMUP_REPLAYS} warm-up replays untimed; every row real (the running "
         "requests repeated to fill the bucket); builder share = builder / step"
     )
     for bucket in run.buckets.sizes:
@@ -582,11 +584,9 @@ def _time_buckets(run: _Run, rows: list[Request]) -> None:
             return
         # The running requests, repeated to fill the bucket: real lengths, no padded row.
         batch = [rows[i % len(rows)] for i in range(bucket)]
-        g.req_pool_indices[:bucket].copy_(torch.tensor([req.row for req in batch]))
-        g.seq_lens[:bucket].copy_(torch.tensor([req.length for req in batch]))
-        timed = Step(-1, [req.row for req in batch], [req.length for req in batch])
-        update_engine_state(run, timed, may_break=False)
-        g.host_lens = [req.length for req in batch]
+        req_rows, lens = [req.row for req in batch], [req.length for req in batch]
+        g.load_timed_batch(req_rows, lens)
+        update_engine_state(run, Step(-1, req_rows, lens), may_break=False)
         slots = [new_token_slot(req.pages, req.length, run.cfg.page_size) for req in batch]
         g.consumer.stage_writes(slots, [req.length - 1 for req in batch], bucket, 0)
         g.plan(bucket)  # a planned reader's plan for this batch, outside the timed replays

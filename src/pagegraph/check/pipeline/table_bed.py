@@ -16,6 +16,7 @@ from ...detect.probes import BuilderProbe, CompileCounter, measure_eager_call
 from ...detect.ranges import phase
 from ...graph.runner import GraphRunner
 from ...kinds.builders import builder_capabilities, builder_name
+from ...runtime.device import pick_device
 from ...workload.decode import Step
 from ...workload.pool import KVPool
 from ...workload.producer import ProducedWorkload
@@ -34,7 +35,7 @@ from ..reports.report import PropertyResult, Report
 from ..run_end import TABLE_BED_PROPERTIES
 from .buffers import EngineVectors, allocate_check_buffers, engine_buffers
 from .engine_state import make_engine_state, update_engine_state
-from .phases import LoopEnd, fail_capture, pick_device, record_capture
+from .phases import LoopEnd, fail_capture, record_capture
 from .replay_loop import end_replays, replay_one, start_replays, stop_recording
 from .state import CheckHooks, CheckRun, ReplayState
 from .workload_setup import pool_kwargs, workload_kwargs

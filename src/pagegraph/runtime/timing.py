@@ -1,75 +1,37 @@
-"""How the bench takes its times: device time inside a CUDA graph, host wall time per call.
+"""How pagegraph takes its times: device time inside CUDA graphs, host wall time per call.
 
-``device_time_us`` captures ``N`` calls in one graph and takes the median of event-timed
-replays over ``N``, a spin kernel keeping the GPU busy while they are queued; ``wall_time_us``
-is the median host time of one call, the queue drained now and then outside the timed region.
-Also here: ``Settings``, ``bench_environment``, and the helpers every failed measurement uses,
-``error`` (a one-line description) and ``recover`` (so one failed row does not poison the next).
+Device time: a graph of ``N`` back-to-back calls (``capture``) is replayed behind a spin
+kernel that keeps the GPU busy while the host queues the replays, each replay between two
+CUDA events (``EventClock``), ``WARMUP_REPLAYS`` untimed replays first; the median replay over
+``N`` is the time of one call (``per_call_us``). ``time_interleaved`` does so for several
+graphs replayed in turns (a drift of the clocks moves each alike), on ``EventClock`` or, for
+bodies run eagerly without CUDA, on ``HostClock``; ``device_time_us`` captures and times one
+callable. Host time: ``wall_time_us`` is the median host time of one call, the queue drained
+now and then outside the timed region; ``interleaved_wall_us`` times several in alternating
+rounds, and ``paired_ratio`` takes their ratio round by round.
 """
 
 from __future__ import annotations
 
 import statistics
 import time
-import traceback
-from collections.abc import Callable
-from dataclasses import dataclass
-from pathlib import Path
-from typing import Any, TypeVar
+from collections.abc import Callable, Mapping, Sequence
+from typing import Protocol, TypeVar
 
 import torch
 
-from ..jobs.environment import environment
-
 _K = TypeVar("_K")
+_M = TypeVar("_M")
 
-#: Builds per captured graph, and replays of it, for the device time.
+#: Calls per captured graph, and timed replays of it, for a device time.
 GRAPH_BUILDS = 20
 GRAPH_REPLAYS = 50
-#: Timed calls of an eager build, and of a ``GraphRunner.replay()``.
+#: Untimed replays of a graph before the timed ones (first touch, clock ramp).
+WARMUP_REPLAYS = 3
+#: Timed calls of a host-timed callable.
 EAGER_CALLS = 200
-REPLAY_CALLS = 200
 #: The queue is drained (outside the timed region) every this many timed calls.
 SYNC_EVERY = 50
-
-
-@dataclass
-class Settings:
-    """What one run measures with: ``cuda`` (False: the interpreter smoke run), graph
-    ``builds`` and ``replays`` for device times, timed calls for wall times, the measured
-    device-to-device ``bandwidth`` in bytes/s (None: not measured) and the L2 size."""
-
-    cuda: bool
-    builds: int
-    replays: int
-    eager_calls: int
-    replay_calls: int
-    bandwidth: float | None
-    l2_bytes: int
-
-
-def bench_environment(cuda: bool) -> dict[str, Any]:
-    """``pagegraph.jobs.environment.environment()`` plus what the bench reports of the device:
-    ``cuda_available``, ``sm_count`` and ``l2_bytes`` (``None`` without CUDA)."""
-    env = environment()
-    env["cuda_available"] = cuda
-    env["sm_count"] = None
-    env["l2_bytes"] = None
-    if cuda:
-        props = torch.cuda.get_device_properties(torch.cuda.current_device())
-        env["sm_count"] = getattr(props, "multi_processor_count", None)
-        env["l2_bytes"] = getattr(props, "L2_cache_size", None)
-    return env
-
-
-def make_settings(cuda: bool, quick: bool, l2_bytes: int) -> Settings:
-    """The run's settings: the interpreter's (3 eager calls, nothing on a device), ``quick``
-    (fewer replays and calls) or the full counts. ``bandwidth`` is filled in once measured."""
-    if not cuda:
-        return Settings(False, 0, 0, 3, 0, None, l2_bytes)
-    if quick:
-        return Settings(True, GRAPH_BUILDS, 20, 50, 50, None, l2_bytes)
-    return Settings(True, GRAPH_BUILDS, GRAPH_REPLAYS, EAGER_CALLS, REPLAY_CALLS, None, l2_bytes)
 
 
 def sync(cuda: bool) -> None:
@@ -112,23 +74,97 @@ def capture(
     return graph
 
 
-def time_graph(graph: torch.cuda.CUDAGraph, replays: int) -> float:
-    """Median milliseconds of one replay, event-timed, replays queued behind a spin."""
-    for _ in range(3):
-        graph.replay()
-    torch.cuda.synchronize()
-    events = [
-        (torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True))
-        for _ in range(replays)
-    ]
-    keep_gpu_busy(replays * 50e-6 + 1e-3)
-    for start, end in events:
-        start.record()
-        graph.replay()
-        end.record()
-    torch.cuda.synchronize()
-    ms: float = statistics.median(start.elapsed_time(end) for start, end in events)
-    return ms
+def per_call_us(replay_ms: Sequence[float], calls: int) -> float:
+    """Microseconds per call: the median of ``replay_ms`` (replays of a graph of ``calls``
+    back-to-back calls, in ms) over ``calls``."""
+    if not replay_ms or calls < 1:
+        raise ValueError("per_call_us needs at least one replay time and calls >= 1")
+    return statistics.median(replay_ms) * 1e3 / calls
+
+
+class Clock(Protocol[_M]):
+    """What ``time_interleaved`` times with: ``begin`` before the replays, a ``mark`` before
+    and after each, ``end`` after them all, then ``elapsed_ms`` between two marks
+    (``EventClock``, ``HostClock``)."""
+
+    def begin(self, replays: int) -> None: ...
+    def mark(self) -> _M: ...
+    def end(self) -> None: ...
+    def elapsed_ms(self, a: _M, b: _M, /) -> float: ...
+
+
+class EventClock:
+    """Device time on the current stream of ``device`` (default: the current device): CUDA
+    events, the replays queued behind a spin kernel so that the host's launch gaps do not
+    reach the device's timeline."""
+
+    def __init__(self, device: torch.device | None = None) -> None:
+        self.device = device
+
+    def begin(self, replays: int) -> None:
+        torch.cuda.synchronize(self.device)
+        # Long enough for the host to queue every replay.
+        keep_gpu_busy(1e-3 + 50e-6 * replays)
+
+    def mark(self) -> torch.cuda.Event:
+        event = torch.cuda.Event(enable_timing=True)
+        event.record()
+        return event
+
+    def end(self) -> None:
+        torch.cuda.synchronize(self.device)
+
+    @staticmethod
+    def elapsed_ms(a: torch.cuda.Event, b: torch.cuda.Event) -> float:
+        ms: float = a.elapsed_time(b)
+        return ms
+
+
+class HostClock:
+    """Host wall time (``time.perf_counter``): ``EventClock``'s interface for eager bodies."""
+
+    def begin(self, replays: int) -> None:
+        pass
+
+    def mark(self) -> float:
+        return time.perf_counter()
+
+    def end(self) -> None:
+        pass
+
+    @staticmethod
+    def elapsed_ms(a: float, b: float) -> float:
+        return (b - a) * 1e3
+
+
+def time_interleaved(
+    launch: Mapping[_K, Callable[[], object]],
+    calls: int,
+    repeats: int,
+    clock: Clock[_M],
+    warmup: int = WARMUP_REPLAYS,
+) -> dict[_K, float]:
+    """Microseconds per call of each of ``launch`` (by key), each a replay of ``calls``
+    back-to-back calls: ``warmup`` untimed replays each, then ``repeats`` rounds that time
+    one replay of each in turn (a drift of the clocks moves every part alike), the median
+    replay over ``calls`` (``per_call_us``)."""
+    if repeats < 1:
+        raise ValueError("time_interleaved needs repeats >= 1")
+    for fn in launch.values():
+        for _ in range(warmup):
+            fn()
+    clock.begin(repeats * len(launch))
+    marks: dict[_K, list[tuple[_M, _M]]] = {name: [] for name in launch}
+    for _ in range(repeats):
+        for name, fn in launch.items():
+            start = clock.mark()
+            fn()
+            marks[name].append((start, clock.mark()))
+    clock.end()
+    return {
+        name: per_call_us([clock.elapsed_ms(a, b) for a, b in pairs], calls)
+        for name, pairs in marks.items()
+    }
 
 
 def device_time_us(
@@ -137,11 +173,12 @@ def device_time_us(
     replays: int = GRAPH_REPLAYS,
     reset: Callable[[], None] | None = None,
 ) -> tuple[float, torch.cuda.CUDAGraph]:
-    """Device microseconds per call of ``fn``: a graph of ``builds`` calls, median of
-    ``replays`` replays, divided by ``builds``. Returns the graph too (caller deletes it)."""
+    """Device microseconds per call of ``fn``: a graph of ``builds`` calls (``capture``), the
+    median of ``replays`` event-timed replays over ``builds`` (``time_interleaved`` on an
+    ``EventClock``). Returns the graph too (the caller deletes it)."""
     graph = capture(fn, builds, reset)
-    ms = time_graph(graph, replays)
-    return ms * 1e3 / builds, graph
+    us = time_interleaved({"graph": graph.replay}, builds, replays, EventClock())["graph"]
+    return us, graph
 
 
 def wall_times_ns(
@@ -221,21 +258,3 @@ def paired_ratio(a_rounds: list[float] | None, b_rounds: list[float] | None) -> 
         return None
     ratio: float = statistics.median(a / b for a, b in zip(a_rounds, b_rounds))
     return ratio
-
-
-def error(exc: BaseException) -> str:
-    """``Type: message at file:line`` of the innermost frame, at most ~500 characters."""
-    where = traceback.extract_tb(exc.__traceback__)
-    loc = f" at {Path(where[-1].filename).name}:{where[-1].lineno}" if where else ""
-    return f"{type(exc).__name__}: {exc}"[:500] + loc
-
-
-def recover(cuda: bool) -> None:
-    """Drain the device and release cached memory after a measurement (or a failed one)."""
-    if not cuda:
-        return
-    try:
-        torch.cuda.synchronize()
-        torch.cuda.empty_cache()
-    except Exception:  # noqa: BLE001 - a poisoned context: later rows will say so
-        pass

@@ -13,6 +13,9 @@ PAGEGRAPH_VERSION = "0.1.0"
 
 
 def environment() -> dict[str, Any]:
+    """The machine and the versions a report or a benchmark row records: ``pagegraph``,
+    ``date`` (UTC, ISO 8601), ``device`` (the GPU's name, or the interpreter), ``cuda``,
+    ``torch``, ``triton`` (``None`` where absent) and ``python``."""
     try:
         import triton
 

@@ -1,0 +1,40 @@
+"""What every layer of pagegraph may use about the machine it runs on: the device a check or
+a job runs on (``pick_device``), the machine and versions a report or a benchmark row records
+(``pagegraph.runtime.environment``, ``PAGEGRAPH_VERSION``), the progress line of a long job
+(``Progress``) and the one timing toolkit (``pagegraph.runtime.timing``: device time in CUDA
+graphs of N calls between CUDA events, host wall time per call, medians with the warm-up left
+out). It imports no other part of pagegraph.
+"""
+
+from importlib import import_module
+
+#: public name -> the module of this package that defines it, imported at first use, so
+#: that importing one module of the package loads no other.
+_DEFINED_IN = {
+    "pick_device": "device",
+    "PAGEGRAPH_VERSION": "environment",
+    "Progress": "progress",
+    "format_seconds": "progress",
+    "device_time_us": "timing",
+    "time_interleaved": "timing",
+    "wall_time_us": "timing",
+}
+
+__all__ = [
+    "PAGEGRAPH_VERSION",
+    "Progress",
+    "device_time_us",
+    "format_seconds",
+    "pick_device",
+    "time_interleaved",
+    "wall_time_us",
+]
+
+
+def __getattr__(name: str) -> object:
+    module = _DEFINED_IN.get(name)
+    if module is None:  # a submodule not yet imported is found by the import system then
+        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+    value = getattr(import_module(f".{module}", __name__), name)
+    globals()[name] = value  # found once: later lookups do not come here
+    return value
