@@ -68,7 +68,7 @@ def test_a_reader_by_name_is_kept_in_the_plan_for_a_child(reader_file):
     [
         ("nope", "decode-step", "cannot load reader"),
         ("not_a_reader", "decode-step", "neither a Reader nor an attention call"),
-        ("frozen", "default", "--reader needs a decode-step scenario"),
+        ("frozen", "default", "a reader needs a decode-step scenario"),
     ],
 )
 def test_a_reader_that_cannot_run_is_one_line_and_exit_2(reader_file, name, scenario, message):
