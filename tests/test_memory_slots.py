@@ -22,9 +22,9 @@ import pytest
 import torch
 
 from pagegraph.check.config import CheckConfig
+from pagegraph.check.memory_fit import memory_need
 from pagegraph.check.scenario import load_scenario
 from pagegraph.jobs import mutate
-from pagegraph.jobs.check_job import memory_need
 from pagegraph.kinds import CSR
 from pagegraph.supervise.isolate import (
     Job,

@@ -7,7 +7,12 @@ Planning is the one place that decides whether a builder fits a scenario and whi
 outputs its check keeps: the scenario's own builder must have every preset (else a
 ``PlanError``), another builder put on it drops those its kind lacks; the jobs (``check``,
 ``mutate``, the engine clients') take the decision from ``plan_check``, and a job that planned
-hands its plan to the child, which runs it without planning again."""
+hands its plan to the child, which runs it without planning again.
+
+The plan also decides, each once and each with a refused case beside a planned twin: the
+memory fit (the pool's own figure), the reader's need of a decode step, the builder's page
+sizes, the error counters, the engine's presets, and a scenario's kind for the engine
+clients' jobs, which agree on it."""
 
 from __future__ import annotations
 
@@ -196,3 +201,154 @@ def test_a_planned_job_runs_in_a_child_without_planning_again(tmp_path, monkeypa
     (tmp_path / "sitecustomize.py").write_text(textwrap.dedent(NO_PLANNING) + replans)
     with pytest.raises(IsolatedError, match="planned again in the child"):
         isolate.run_isolated([Job.planned(p, "small")], timeout=300)
+
+
+# -- what else the plan decides: each decision made there once, the jobs taking its answer ----
+
+
+def test_memory_fit_is_the_plans_with_the_pools_own_figure(monkeypatch, tmp_path):
+    from pagegraph.check import memory_fit
+    from pagegraph.check.pipeline.workload_setup import pool_kwargs
+    from pagegraph.workload.pool import KVPool, pool_sizing
+
+    cfg = SMALL.replace(swa=True, full_to_swa_dtype="int32", r2t_offset=5, r2t_extra_cols=3)
+    # The figure is the pool's: what KVPool allocates, one set of formulas.
+    kwargs = pool_kwargs(cfg)
+    pool, sizing = KVPool(**kwargs, device="cpu"), pool_sizing(**kwargs).device_bytes()
+    assert sizing["req_to_token"] == pool.req_to_token.untyped_storage().nbytes()
+    assert sizing["full_to_swa"] == pool.full_to_swa.untyped_storage().nbytes()
+    need, parts = memory_fit.memory_need(cfg)
+    assert parts["req_to_token"] == sizing["req_to_token"] != 0
+    assert parts["full_to_swa"] == sizing["full_to_swa"] != 0
+    # Too little memory: refused by the plan, with the pool's figure.
+    free = [need - 1]
+    monkeypatch.setattr(memory_fit, "available_memory", lambda: (free[0], "GPU memory"))
+    figure = f"does not fit: needs about {need / 2**30:.2f} GiB of GPU memory"
+    with pytest.raises(PlanError, match=figure):
+        plan_check("build_page_table", cfg, fit_memory=True)
+    assert plan_check("build_page_table", cfg)[0].memory_need is None  # not asked
+    # The jobs take the refusal from the plan: pagegraph check's usage error, a client's skip.
+    scenario = tmp_path / "small.toml"
+    scenario.write_text(SMALL_SCENARIO.format(builder="build_kv_indices"))
+    run = client_runs.plan_run(client_runs.ClientRun("build_page_table", "small", "", cfg))
+    assert run.plan is None and run.skipped.startswith(figure)
+    free[0] = 1
+    with pytest.raises(ValueError, match="small.toml: does not fit: needs about"):
+        _check_plan(scenario)
+    # Enough memory: planned, the figure kept.
+    free[0] = need
+    p, _ = plan_check("build_page_table", cfg, fit_memory=True)
+    assert p.memory_need == need
+    assert CheckPlan.from_dict(json.loads(json.dumps(p.to_dict()))) == p
+    (check,) = _check_plan(scenario).checks
+    assert check.memory_need is not None
+    run = client_runs.plan_run(client_runs.ClientRun("build_page_table", "small", "", cfg))
+    assert run.skipped is None and run.plan.memory_need == need
+
+
+def test_a_reader_without_a_decode_step_is_refused_once_by_the_plan(tmp_path, monkeypatch):
+    with pytest.raises(PlanError) as refused:
+        plan_check("build_page_table", SMALL, reader="sglang:triton_decode")
+    assert str(refused.value) == plan.READER_NEEDS_CONSUMER
+    p, _ = plan_check("build_page_table", STEP, reader="sglang:triton_decode")
+    assert p.reader == "sglang:triton_decode" and p.pipeline == "step"
+    # pagegraph check --reader: the plan's one message, with the scenario's path.
+    scenario = tmp_path / "small.toml"
+    scenario.write_text(SMALL_SCENARIO.format(builder="build_kv_indices"))
+    plan_it = dict(replays=None, builder=None, detectors=None, workload_process=None,
+                   strict=None, json_path=None, markdown_path=None)  # fmt: skip
+    with pytest.raises(ValueError) as refused:
+        check_job._plan([str(scenario)], reader="sglang:triton_decode", **plan_it)
+    assert str(refused.value) == f"{scenario}: {plan.READER_NEEDS_CONSUMER}"
+    # The job asks the plan and nothing else: a plan that takes the reader is the answer.
+    taken = []
+    real = check_job.plan_check
+    monkeypatch.setattr(
+        check_job, "plan_check", lambda *a, **k: taken.append(k["reader"]) or real(*a, **k)
+    )
+    with pytest.raises(ValueError):
+        check_job._plan([str(scenario)], reader="sglang:triton_decode", **plan_it)
+    assert taken == ["sglang:triton_decode"]
+
+
+def _no_errors_builder(
+    req_to_token, req_pool_indices, seq_lens, page_table, page_size, *, swa_page_table=None,
+    full_to_swa=None,
+):  # fmt: skip
+    from pagegraph.kernels.page_table import build_page_table
+
+    build_page_table(req_to_token, req_pool_indices, seq_lens, page_table, page_size,
+                     swa_page_table=swa_page_table, full_to_swa=full_to_swa)  # fmt: skip
+
+
+def test_the_error_counters_are_the_plans_decision():
+    import dataclasses
+
+    counters = SMALL.replace(errors=True)  # the scenario asks for them
+    assert plan_check("build_page_table", counters)[0].errors
+    assert not plan_check(_no_errors_builder, counters)[0].errors
+    assert not plan_check("build_page_table", SMALL)[0].errors
+    # The bed reads the plan's decision: a plan without the counters skips them.
+    p, fn = plan_check("build_page_table", counters)
+    counted = run_plan(p, fn).property("error counters")
+    skipped = run_plan(dataclasses.replace(p, errors=False), fn).property("error counters")
+    assert counted.status == "pass", counted
+    assert skipped.status == "skip" and "takes no errors=" in skipped.detail
+
+
+def test_the_builders_page_sizes_are_the_plans_and_sglang_words_them():
+    from pagegraph.jobs import sglang_job
+
+    def only_16(*args, **kwargs):
+        return _no_errors_builder(*args, **kwargs)
+
+    only_16.pagegraph_page_sizes = (16,)
+    p, _ = plan_check(only_16, SMALL)
+    assert p.page_sizes == (16,) and plan_check("build_page_table", SMALL)[0].page_sizes is None
+    with pytest.raises(PlanError, match="takes page_size 16 only") as refused:
+        plan_check(only_16, SMALL.replace(page_size=8))
+    assert refused.value.page_sizes == (16,)
+    # SGLang's job says a CSR client's page-size refusal in SGLang's words, from the plan's.
+    client = sglang_job.CSR_CLIENTS[0]
+    run = client_runs.ClientRun(client, "csr", "", SMALL)
+    words = sglang_job.JOB.refusal(run, PlanError("x", page_sizes=(1,)))
+    assert words == ("page_size 16: SGLang's FlashInfer backend builds token slots (page size 1)")
+    assert sglang_job.JOB.refusal(run, PlanError("x", page_sizes=(16,))) is None
+    assert sglang_job.JOB.refusal(run, PlanError("x")) is None
+
+
+def test_engine_presets_join_the_scenarios_by_the_one_rule():
+    engine = ("kv_indptr[0]",)
+    p, _ = plan_check("build_kv_indices", SMALL, engine_presets=engine)
+    assert p.config.preset_outputs == engine
+    p, _ = plan_check("build_page_table", SMALL, engine_presets=engine)
+    assert p.config.preset_outputs == ()
+    with pytest.raises(PlanError, match="not outputs of a page_table builder"):
+        plan_check("build_page_table", SMALL, engine_presets=engine, own_builder=True)
+
+
+UNLOADABLE = SMALL_SCENARIO.replace('preset_outputs = ["kv_indptr[0]"]\n', "{outputs}")
+
+
+@pytest.mark.parametrize("declared", ["", 'outputs = "page_table"\n'], ids=["auto", "declared"])
+def test_the_client_jobs_agree_on_a_scenarios_kind(tmp_path, declared):
+    import dataclasses
+
+    from pagegraph.jobs import sglang_job, vllm_job
+    from pagegraph.jobs.client_job import plan_client_runs
+
+    path = tmp_path / "unloadable.toml"
+    path.write_text(UNLOADABLE.format(builder="no_such_module:fn", outputs=declared))
+    s = load_scenario(str(path))
+    # Its builder does not load: its kind is the one it declares, else unknown.
+    assert plan.scenario_kind(s.builder, s.config) is (
+        plan.KINDS["page_table"] if declared else None
+    )
+    pairs = []
+    for job in (sglang_job.JOB, vllm_job.JOB):
+        job = dataclasses.replace(job, clients=("build_page_table", "build_kv_indices"))
+        pairs.append([(r.client, r.skipped) for r in plan_client_runs(job, [str(path)], 3)])
+    assert pairs[0] == pairs[1] == ([("build_page_table", None)] if declared else [])
+    # SGLang's own clients: none of a kind unknown (not taken for a page table).
+    clients = {r.client for r in sglang_job.plan_runs([str(path)], 3)}
+    assert clients == ({*sglang_job.CLIENTS[:2]} if declared else set())

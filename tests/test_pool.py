@@ -244,7 +244,7 @@ def test_lookahead_shows_each_step_the_tables_of_that_step(monkeypatch, chunk, s
 
 
 def test_write_ahead_applies_in_order_and_refuses_an_empty_queue():
-    from pagegraph.workload.pool import WriteAhead
+    from pagegraph.workload.write_ahead import WriteAhead
 
     pool = KVPool(max_reqs=3, max_context_len=32, page_size=4, seed=1)
     ahead = WriteAhead()

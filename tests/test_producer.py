@@ -334,8 +334,8 @@ def test_auto_keeps_short_and_eager_runs_in_one_process():
 
 @pytest.mark.skipif(torch.cuda.is_available(), reason="sizes host memory (no CUDA here)")
 def test_memory_check_counts_the_parked_tables_of_the_streams_used(monkeypatch):
+    from pagegraph.check import memory_fit
     from pagegraph.check.pipeline.buffers import table_bytes
-    from pagegraph.jobs import check_job
 
     cfg = CheckConfig(max_bs=256, max_context_len=131072, page_size=64, steps=10_000)
     r2t = (cfg.max_bs + 2) * cfg.max_context_len * 4  # 135 MB
@@ -343,12 +343,12 @@ def test_memory_check_counts_the_parked_tables_of_the_streams_used(monkeypatch):
     # four parked copies on top.
     free = r2t * 4 + table_bytes(cfg)
     monkeypatch.setattr(
-        check_job.os,
+        memory_fit.os,
         "sysconf",
         lambda name: 4096 if name == "SC_PAGE_SIZE" else free // 4096,
     )
-    assert check_job._memory_problem(cfg) is None
-    problem = check_job._memory_problem(cfg.replace(workload_streams=4))
+    assert memory_fit.memory_problem(cfg) is None
+    problem = memory_fit.memory_problem(cfg.replace(workload_streams=4))
     assert problem and "parked stream tables" in problem
     # A run of one segment uses stream 0 alone: nothing is parked.
-    assert check_job._memory_problem(cfg.replace(workload_streams=4, steps=200)) is None
+    assert memory_fit.memory_problem(cfg.replace(workload_streams=4, steps=200)) is None

@@ -62,12 +62,35 @@ def test_a_reader_by_name_is_kept_in_the_plan_for_a_child(reader_file):
     assert isinstance(resolve_reader(plan.reader), Reader)
 
 
+def test_readers_load_through_their_own_loader_in_a_readers_words(reader_file):
+    from pagegraph.clients.engine_readers import ReaderLoadError, load_reader, reader_spec_for_child
+    from pagegraph.kernels.registry import BuilderLoadError
+    from pagegraph.kinds.builders import resolve_builder
+
+    assert isinstance(load_reader(f"{reader_file}:frozen"), Reader)
+    assert isinstance(load_reader(f"{reader_file}:attend"), Reader)  # an attention call
+    for spec, words in [
+        (f"{reader_file}:nope", r"cannot load reader .* \(its readers: attend, frozen, worst\)"),
+        (str(reader_file), "names a file but no reader: use .*:READER"),
+        ("nope", "unknown reader 'nope': use one of sglang:triton_decode, .*'module:reader'"),
+        ("vllm:nope", "reader 'vllm:nope' is no engine reader"),
+        (f"{reader_file}:not_a_reader", r"\(int 3\) is neither a Reader nor an attention call"),
+    ]:
+        with pytest.raises(ReaderLoadError, match=words) as refused:
+            load_reader(spec)
+        assert "builder" not in str(refused.value) and "\n" not in str(refused.value)
+    # A builder's loader keeps a builder's words.
+    with pytest.raises(BuilderLoadError, match=r"cannot load builder .* \(its functions: attend\)"):
+        resolve_builder(f"{reader_file}:nope")
+    assert reader_spec_for_child("vllm:triton_attn") == "vllm:triton_attn"
+
+
 @pytest.mark.parametrize(
     "name, scenario, message",
     [
         ("nope", "decode-step", "cannot load reader"),
         ("not_a_reader", "decode-step", "neither a Reader nor an attention call"),
-        ("frozen", "default", "--reader needs a decode-step scenario"),
+        ("frozen", "default", "a reader needs a decode-step scenario"),
     ],
 )
 def test_a_reader_that_cannot_run_is_one_line_and_exit_2(reader_file, name, scenario, message):

@@ -1,6 +1,26 @@
-"""A check validated once: ``plan_check(builder, config)`` and the ``CheckPlan`` it returns.
+"""A check decided once, before anything runs: ``plan_check(builder, config)`` and the
+``CheckPlan`` it returns (docs/ARCHITECTURE.md, "Inside the checker").
 
-docs/ARCHITECTURE.md ("Inside the checker") has the details.
+``plan_check`` is the one place that decides how a check is set up and whether it fits; the
+jobs (``pagegraph check``, ``mutate``, ``make sglang``, ``make vllm``) take its answer, and
+nothing that runs the plan decides again:
+
+* the builder and its kind (``resolve_kind``: the config's ``outputs`` when declared);
+* the fit: the builder takes the scenario's SWA outputs, consumer, page size (the page sizes
+  it declares: ``CheckPlan.page_sizes``, and ``PlanError.page_sizes`` on a refusal), padding
+  and engine-state injections (``config_problem``), else a ``PlanError``;
+* the preset outputs, by one rule: the scenario's own builder (``own_builder``) must have
+  every preset the scenario names (else a ``PlanError``, ``preset_problem``); another
+  builder put on the scenario keeps those its kind has and drops the rest. Outputs the
+  engine sets once, at allocation (``engine_presets``), join the scenario's first. The plan's
+  config holds the presets decided: whoever runs it uses them as they are;
+* the reader: one needs a decode-step scenario (a ``[consumer]`` table), else a
+  ``PlanError``, and must load (``pagegraph.clients.engine_readers.load_reader``);
+* the error counters (``CheckPlan.errors``): read when the config asks for them and the
+  builder takes ``errors=``;
+* the memory (``fit_memory``): a check whose tables would not fit the memory they live in is
+  refused with the pool's own figure (``pagegraph.check.memory_fit``);
+* a scenario's kind, for a job that pairs engines' clients with scenarios (``scenario_kind``).
 """
 
 from __future__ import annotations
@@ -10,36 +30,57 @@ from collections.abc import Callable
 from dataclasses import dataclass
 from typing import Any
 
-from ..clients.engine_readers import engine_reader, is_engine_reader_name
-from ..consumers.reader import Reader, as_reader
-from ..kernels.registry import BuilderLoadError, load_object
-from ..kinds import KINDS, KindSpec, kind_of
-from ..kinds.builders import builder_name, config_problem, resolve_builder
+from ..clients.engine_readers import load_reader as resolve_reader
+from ..consumers.reader import Reader
+from ..kinds import KINDS, KindSpec, kind_named, kind_of
+from ..kinds.builders import (
+    builder_capabilities,
+    builder_name,
+    config_problem,
+    resolve_builder,
+    supported_page_sizes,
+)
 from .config import CheckConfig, validate_config
+from .memory_fit import fit_problem, memory_need
 
 __all__ = [
     "PIPELINES",
+    "READER_NEEDS_CONSUMER",
     "CheckPlan",
     "PlanError",
     "plan_check",
     "preset_problem",
     "resolve_kind",
     "resolve_reader",
+    "scenario_kind",
 ]
 
 #: What a plan's check judges: the builder's outputs, or the decode step's attention output.
 PIPELINES = ("tables", "step")
 
+#: Why a reader is refused on a scenario without a decode step (``plan_check``).
+READER_NEEDS_CONSUMER = (
+    "a reader needs a decode-step scenario (one with a [consumer] table): the tables check "
+    "has no reader"
+)
+
 
 class PlanError(ValueError):
     """A builder that does not fit a check's config (its kind, its preset outputs, SWA, a
-    consumer, the page size, the padding, an injection, a reader): one line, the reason."""
+    consumer, the page size, the padding, an injection, a reader, the memory): one line, the
+    reason. ``page_sizes``: the page sizes the builder declares (None: any, or no builder
+    was resolved), for a job that says a page-size refusal in its engine's words."""
+
+    def __init__(self, message: str, *, page_sizes: tuple[int, ...] | None = None) -> None:
+        super().__init__(message)
+        self.page_sizes = page_sizes
 
 
 @dataclass(frozen=True)
 class CheckPlan:
-    """A validated check: the builder (as named to the user, or a spec a child resolves), the
-    config (the builder kind's presets only), the builder's kind and the judges to run."""
+    """A decided check: the builder (as named to the user, or a spec a child resolves), the
+    config (its preset outputs decided: the builder kind's only), the builder's kind and the
+    judges to run, and what else ``plan_check`` decided (the module docstring)."""
 
     builder: str
     config: CheckConfig
@@ -48,6 +89,13 @@ class CheckPlan:
     #: the decode step's reader as a child resolves it (``module:name``), ``None``: the
     #: consumer format's own attention (or a reader object given in this process)
     reader: str | None = None
+    #: whether the check reads the builder's error counters (``errors=``)
+    errors: bool = True
+    #: the page sizes the builder declares it takes; None: any
+    page_sizes: tuple[int, ...] | None = None
+    #: bytes the check needs where its tables live (``memory_fit.memory_need``), when planned
+    #: with ``fit_memory``; None otherwise
+    memory_need: int | None = None
 
     @property
     def kind_spec(self) -> KindSpec:
@@ -60,36 +108,25 @@ class CheckPlan:
             "kind": self.kind,
             "pipeline": self.pipeline,
             "reader": self.reader,
+            "errors": self.errors,
+            "page_sizes": None if self.page_sizes is None else list(self.page_sizes),
+            "memory_need": self.memory_need,
         }
 
     @classmethod
     def from_dict(cls, d: dict[str, Any]) -> CheckPlan:
         """The plan ``to_dict`` wrote (a parent's, for its child): trusted, not validated."""
+        sizes = d["page_sizes"]
         return cls(
             d["builder"],
             CheckConfig.from_dict(d["config"]),
             d["kind"],
             d["pipeline"],
-            d.get("reader"),
+            d["reader"],
+            d["errors"],
+            None if sizes is None else tuple(sizes),
+            d["memory_need"],
         )
-
-
-def resolve_reader(reader: Reader | Callable[..., object] | str | None) -> Reader | None:
-    """A decode step's reader: a ``Reader``, an attention call, or ``"module:name"`` /
-    ``"path/to/file.py:name"`` naming either; ``ValueError`` (one line) otherwise."""
-    if reader is None:
-        return None
-    if isinstance(reader, str) and is_engine_reader_name(reader):
-        return engine_reader(reader)
-    found: object = reader
-    if isinstance(reader, str):
-        try:
-            found = load_object(reader)
-        except BuilderLoadError as exc:
-            raise ValueError(str(exc).replace("builder", "reader")) from None
-    if not isinstance(found, Reader) and not callable(found):
-        raise ValueError(f"reader {found!r} is neither a Reader nor an attention call")
-    return as_reader(found)
 
 
 def resolve_kind(
@@ -100,6 +137,19 @@ def resolve_kind(
     config's ``outputs``), else what the builder says of itself."""
     fn = resolve_builder(builder)
     return fn, kind_of(fn, outputs)
+
+
+def scenario_kind(builder: str, config: CheckConfig) -> KindSpec | None:
+    """The kind of a scenario's own ``builder`` (the scenario's ``outputs`` when declared,
+    else what the builder says of itself); None when neither says: the builder does not load
+    here (an engine's whose files are missing) and the scenario declares no ``outputs``. A
+    job pairs a client only with a scenario of its kind, so with none of an unknown one."""
+    if config.outputs != "auto":
+        return kind_named(config.outputs)
+    try:
+        return resolve_kind(builder)[1]
+    except ValueError:
+        return None
 
 
 def preset_problem(cfg: CheckConfig, kind: KindSpec) -> str | None:
@@ -113,9 +163,15 @@ def preset_problem(cfg: CheckConfig, kind: KindSpec) -> str | None:
     )
 
 
-def _presets(cfg: CheckConfig, kind: KindSpec, own_builder: bool) -> CheckConfig:
-    """``cfg`` with the preset outputs of the one rule (the module docstring): the scenario's
-    own builder must have them all, another builder keeps those its kind has."""
+def _presets(
+    cfg: CheckConfig, kind: KindSpec, own_builder: bool, engine_presets: tuple[str, ...]
+) -> CheckConfig:
+    """``cfg`` with the preset outputs of the one rule (the module docstring): the engine's
+    joined to the scenario's, then the scenario's own builder must have them all, another
+    builder keeps those its kind has."""
+    if engine_presets:
+        merged = tuple(dict.fromkeys((*cfg.preset_outputs, *engine_presets)))
+        cfg = cfg.replace(preset_outputs=merged)
     if own_builder:
         problem = preset_problem(cfg, kind)
         if problem:
@@ -131,33 +187,47 @@ def plan_check(
     reader: Reader | Callable[..., object] | str | None = None,
     *,
     own_builder: bool = False,
+    engine_presets: tuple[str, ...] = (),
+    fit_memory: bool = False,
 ) -> tuple[CheckPlan, Callable[..., object]]:
-    """Validate a check of ``builder`` (a callable, a built-in name or ``module:fn``) on
+    """Decide a check of ``builder`` (a callable, a built-in name or ``module:fn``) on
     ``config``; the plan and the resolved builder. ``spec``: the builder as a child process
     resolves it (default: ``builder`` when a string, else its name). ``reader``: the decode
     step's reader (``resolve_reader``; a config with a consumer only), kept in the plan when
     given by name; default: the config's ``reader``. ``own_builder``: ``builder`` is the one
     the config's scenario names, so its preset outputs must all be its kind's (else they are
-    dropped: the module docstring).
+    dropped). ``engine_presets``: outputs the builder's engine sets at allocation, preset on
+    any scenario. ``fit_memory``: refuse a check that does not fit the memory its tables
+    would live in (the GPU's free memory, or the host's available memory without CUDA).
     ``PlanError`` when the builder does not fit, another ``ValueError`` when the config or a
-    name is bad (the module docstring)."""
+    name is bad: the rules are the module docstring's."""
     validate_config(config)
     if reader is None:
         reader = config.reader  # the scenario's own reader ([consumer] reader)
     if reader is not None:
         if not config.consumer:
-            raise PlanError(
-                "a reader needs a decode-step scenario (one with a [consumer] table): the "
-                "tables check has no reader"
-            )
+            raise PlanError(READER_NEEDS_CONSUMER)
         resolve_reader(reader)  # a name that does not load is refused before anything runs
     fn, kind = resolve_kind(builder, config.outputs)
+    page_sizes = supported_page_sizes(fn)
     problem = config_problem(fn, kind, config)
     if problem:
-        raise PlanError(problem)
-    cfg = _presets(config, kind, own_builder)
+        raise PlanError(problem, page_sizes=page_sizes)
+    cfg = _presets(config, kind, own_builder, engine_presets)
+    need: int | None = None
+    if fit_memory:
+        need, parts = memory_need(cfg, kind)
+        problem = fit_problem(need, parts)
+        if problem:
+            raise PlanError(problem, page_sizes=page_sizes)
     name = spec or (builder if isinstance(builder, str) else builder_name(fn))
-    pipeline = "step" if cfg.consumer else "tables"
     return CheckPlan(
-        name, cfg, kind.name, pipeline, reader if isinstance(reader, str) else None
+        name,
+        cfg,
+        kind.name,
+        "step" if cfg.consumer else "tables",
+        reader if isinstance(reader, str) else None,
+        errors=cfg.errors and builder_capabilities(fn).errors,
+        page_sizes=page_sizes,
+        memory_need=need,
     ), fn

@@ -9,7 +9,6 @@ the kernel table. The command line (``pagegraph.cli``) documents the exit codes
 from __future__ import annotations
 
 import contextlib
-import os
 import signal
 import sys
 import threading
@@ -22,29 +21,23 @@ from typing import Any, cast
 import torch
 
 from ..check.checker import run_plan
-from ..check.config import CONSUMER_DTYPES, CheckConfig
-from ..check.pipeline.buffers import table_bytes
 from ..check.plan import CheckPlan, PlanError, plan_check
 from ..check.scenario import load_scenario, scenario_path
 from ..check.signals import CheckInterrupted, stop_on_signals, stop_requested
-from ..consumers.attention_reference import GATHER_TOKENS
+from ..clients.engine_readers import reader_spec_for_child
 from ..detect.sync import DetectorUnavailable, parse_detectors
-from ..kernels.contract import POISON, cdiv
+from ..kernels.contract import POISON
 from ..kernels.page_table import build_page_table
 from ..kernels.registry import builder_spec_for_child
 from ..kernels.table_reference import expected_tables
-from ..kinds import PAGE_TABLE, KindSpec
 from ..kinds.builders import is_builtin
 from ..runtime.device import pick_device
 from ..runtime.environment import environment
 from ..runtime.progress import Progress
 from ..supervise.isolate import IsolatedError, Job, run_isolated, write_json_atomic
-from ..workload.pool import writer_bytes
-from ..workload.producer import SEGMENT_STEPS, streams_with_steps
 from .check_estimate import slow_warning
 
 __all__ = [
-    "memory_need",
     "run_check",
     "run_check_for_profile",
     "run_kernel_table",
@@ -107,73 +100,6 @@ class _CheckProgress:
                 thread.join()
 
 
-def memory_need(cfg: CheckConfig, kind: KindSpec = PAGE_TABLE) -> tuple[int, dict[str, int]]:
-    """About how many bytes a check of ``cfg`` allocates where its tables live, and the parts:
-    the pool's tables, the static buffers and the checker's working set, the pool's write
-    scratch, the tables parked by extra workload streams, with a consumer the KV cache and
-    the reference's chunk, plus 64 MiB of slack."""
-    rows = (cfg.max_reqs or cfg.max_bs + 1) + 1
-    r2t_entries = rows * (cfg.max_context_len + cfg.r2t_extra_cols) + cfg.r2t_offset
-    r2t_item = 8 if cfg.r2t_dtype == "int64" else 4
-    r2t = r2t_entries * r2t_item
-    pages = cfg.num_pages or (rows - 1) * cdiv(cfg.max_context_len, cfg.page_size) + 1
-    f2s_entries = pages * cfg.page_size + 1 if cfg.swa else 0
-    f2s = f2s_entries * 8  # counted as int64 whatever its dtype: an upper bound
-    tables = table_bytes(cfg, kind)
-    # The pool's write scratch (pool.writer_bytes), one a table.
-    scratch = writer_bytes(r2t_entries, cfg.page_size, r2t_item) + (
-        writer_bytes(f2s_entries, cfg.page_size, 8 if cfg.full_to_swa_dtype == "int64" else 4)
-        if cfg.swa
-        else 0
-    )
-    # With more than one stream that has steps, each parks its tables in buffers of its own
-    # (ProducedWorkload).
-    streams = streams_with_steps(cfg.steps, cfg.workload_streams, SEGMENT_STEPS)
-    parked = (r2t + f2s) * streams if streams > 1 else 0
-    parts = {
-        "req_to_token": r2t,
-        "full_to_swa": f2s,
-        "tables and checker": tables,
-        "pool write scratch": scratch,
-        "parked stream tables": parked,
-    }
-    if cfg.consumer:
-        parts["KV cache and reference"] = _consumer_bytes(cfg, pages)
-    return sum(parts.values()) + (64 << 20), parts
-
-
-def _consumer_bytes(cfg: CheckConfig, pages: int) -> int:
-    """The decode step's K and V pages (made in fp32, then cast) and the reference's gathered
-    chunk of K and V (in the cache's dtype and in fp32)."""
-    token = cfg.num_kv_heads * cfg.head_dim
-    item = CONSUMER_DTYPES[cfg.consumer_dtype].itemsize
-    cache = pages * cfg.page_size * token
-    return cache * (2 * item + 4) + 2 * GATHER_TOKENS * token * (item + 4)
-
-
-def _memory_problem(cfg: CheckConfig, kind: KindSpec = PAGE_TABLE) -> str | None:
-    """Why a scenario does not fit the memory its tables would live in (the GPU's free
-    memory, or the host's available memory without CUDA), or None. Checked before anything
-    is allocated (``memory_need``)."""
-    need, parts = memory_need(cfg, kind)
-    if torch.cuda.is_available():
-        free, _ = torch.cuda.mem_get_info()
-        where = "GPU memory"
-    else:
-        try:
-            free = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
-        except (ValueError, OSError, AttributeError):
-            return None
-        where = "host memory (no CUDA: the tables live on the CPU)"
-    if need > free:
-        shares = ", ".join(f"{name} {n / 2**30:.2f} GiB" for name, n in parts.items())
-        return (
-            f"does not fit: needs about {need / 2**30:.2f} GiB of {where} ({shares}), "
-            f"{free / 2**30:.2f} GiB available"
-        )
-    return None
-
-
 @dataclass
 class _Plan:
     """What ``run_check`` validated before running anything: a scenario, its check as
@@ -208,9 +134,10 @@ def _plan(
     reader: Any = None,
 ) -> _Plan:
     """Load every scenario, check the options and plan each check (``plan_check``: the
-    scenario's own builder, or ``builder`` put on it); ``ValueError`` (a ``ScenarioError``,
-    ``ScenarioNotFound`` or ``BuilderLoadError`` among them) on the first problem, before
-    anything runs."""
+    scenario's own builder, or ``builder`` put on it, the reader and the memory its tables
+    need); ``ValueError`` (a ``ScenarioError``, ``ScenarioNotFound``, ``BuilderLoadError`` or
+    ``PlanError`` with the scenario's path among them) on the first problem, before anything
+    runs."""
     for problem in (
         _output_problem("--json", json_path),
         _output_problem("--markdown", markdown_path),
@@ -221,7 +148,7 @@ def _plan(
         raise ValueError("--replays must be >= 1")
     loaded = [load_scenario(scenario_path(p)) for p in scenarios]
     dets = None if detectors is None else parse_detectors(detectors)
-    reader_spec = None if reader is None else builder_spec_for_child(reader)
+    reader_spec = None if reader is None else reader_spec_for_child(reader)
     checks, fns = [], []
     for s in loaded:
         cfg = s.config
@@ -234,10 +161,6 @@ def _plan(
         if strict is not None:
             cfg = cfg.replace(strict=tuple(dict.fromkeys((*cfg.strict, *parse_strict(strict)))))
         _refuse_detectors(s.path, cfg.detectors)
-        if reader is not None and not cfg.consumer:
-            raise ValueError(
-                f"{s.path}: --reader needs a decode-step scenario (a [consumer] table)"
-            )
         spec = builder or s.builder
         try:
             check, fn = plan_check(
@@ -246,12 +169,10 @@ def _plan(
                 spec=builder_spec_for_child(spec),
                 reader=reader_spec,
                 own_builder=builder is None,
+                fit_memory=True,
             )
         except PlanError as exc:
             raise ValueError(f"{s.path}: {exc}") from None
-        problem = _memory_problem(check.config, check.kind_spec)
-        if problem:
-            raise ValueError(f"{s.path}: {problem}")
         checks.append(check)
         fns.append(fn)
     return _Plan(loaded, checks, fns)

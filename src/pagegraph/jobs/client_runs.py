@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import sys
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any, cast
@@ -19,7 +20,6 @@ from ..runtime.progress import Progress, format_seconds
 from ..supervise.isolate import IsolatedError, Job, run_isolated, write_json_atomic
 from ..supervise.worker_pool import task_cost
 from .check_estimate import check_estimate
-from .check_job import _memory_problem
 
 __all__ = [
     "ClientRun",
@@ -67,18 +67,24 @@ def _config(run: ClientRun) -> CheckConfig:
     return cast(CheckConfig, run.config)
 
 
-def plan_run(run: ClientRun) -> ClientRun:
+def plan_run(
+    run: ClientRun,
+    *,
+    engine_presets: tuple[str, ...] = (),
+    refusal: Callable[[ClientRun, PlanError], str | None] | None = None,
+) -> ClientRun:
     """``run`` planned (``plan_check``: the client is a builder put on the scenario, so the
-    scenario's presets its kind lacks are dropped), or skipped with the reason: it was
-    already, the client does not fit the scenario, or the tables would not fit in memory."""
+    scenario's presets its kind lacks are dropped, ``engine_presets`` join them; and its tables
+    must fit in memory), or skipped with the reason: it was already, or the plan refused it
+    (``refusal``: the refusal in the engine's words, None to keep the plan's)."""
     if run.skipped is not None:
         return run
     try:
-        run.plan, _ = plan_check(run.client, _config(run))
+        run.plan, _ = plan_check(
+            run.client, _config(run), engine_presets=engine_presets, fit_memory=True
+        )
     except PlanError as exc:
-        run.skipped = str(exc)
-        return run
-    run.skipped = _memory_problem(run.plan.config, run.plan.kind_spec)
+        run.skipped = (refusal and refusal(run, exc)) or str(exc)
     return run
 
 

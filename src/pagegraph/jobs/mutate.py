@@ -226,10 +226,10 @@ CHILD_BYTES = 1 << 30
 
 
 def check_need(cfg: CheckConfig) -> int:
-    """Bytes a check of ``cfg`` needs in a mutate run: ``check_job.memory_need`` for the
-    larger of a page-table and a CSR builder, plus ``CHILD_BYTES``."""
+    """Bytes a check of ``cfg`` needs in a mutate run: ``memory_fit.memory_need`` for the
+    largest of every kind's builder, plus ``CHILD_BYTES``."""
+    from ..check.memory_fit import memory_need
     from ..kinds import KINDS
-    from .check_job import memory_need
 
     return max(memory_need(cfg, kind)[0] for kind in KINDS.values()) + CHILD_BYTES
 

@@ -2,9 +2,9 @@
 every check that fits them, each in a child process of its own, their failures matched with
 the known findings (``FINDINGS``), whose reproducers under ``examples/`` run again. A Markdown
 report (and JSON); exit 0 when the job ran (findings are its output), 2 when SGLang's kernel
-files are not installed or an argument is bad, 130 when interrupted. Which client fits which
-scenario, and how a failure is matched: docs/ARCHITECTURE.md, "SGLang's kernels behind the
-contracts".
+files are not installed or an argument is bad, 130 when interrupted; the job's skeleton is
+``pagegraph.jobs.client_job``'s (``JOB``). Which client fits which scenario, and how a
+failure is matched: docs/ARCHITECTURE.md, "SGLang's kernels behind the contracts".
 """
 
 from __future__ import annotations
@@ -18,26 +18,24 @@ from pathlib import Path
 from typing import Any, cast
 
 from ..check.config import CheckConfig
-from ..check.plan import resolve_kind
-from ..check.scenario import load_scenario, scenario_path, shipped_scenarios
+from ..check.plan import PlanError
 from ..clients import sglang as sglang_client
-from ..kinds import PAGE_TABLE, KindSpec, kind_named
-from ..runtime.environment import environment
 from ..supervise.isolate import child_env
 from ..workload.lifetime import script_command
-from .client_runs import (
-    ClientRun,
-    add_job_arguments,
-    job_doc,
-    plan_job,
-    plan_run,
-    run_checks,
-    say,
-    verdict_lines,
-    write_reports,
-)
+from .client_job import ClientJob, client_job_main, plan_client_runs, run_client_job
+from .client_runs import ClientRun, say, verdict_lines
 
-__all__ = ["CLIENTS", "FINDINGS", "Finding", "SGLangRun", "grid_columns", "main", "run_job"]
+__all__ = [
+    "CLIENTS",
+    "FINDINGS",
+    "JOB",
+    "Finding",
+    "SGLangRun",
+    "grid_columns",
+    "main",
+    "plan_runs",
+    "run_job",
+]
 
 #: One client on one scenario (``pagegraph.jobs.client_runs.ClientRun``).
 SGLangRun = ClientRun
@@ -49,8 +47,8 @@ CSR_CLIENTS = ("sglang_flashinfer_kv_indices", "sglang_flashinfer_kv_indices_blo
 #: The SGLang clients the job checks, by the name the checker's registry knows them by.
 CLIENTS = (PAGE_TABLE_CLIENT, FLASHMLA_CLIENT, "sglang_trtllm_mha_graph_metadata", *CSR_CLIENTS)
 #: Outputs a client never writes because SGLang sets them once, at allocation: on a generic
-#: scenario the check presets them too, as the engine would, rather than report SGLang's
-#: contract as a failure.
+#: scenario the check presets them too (``plan_check``'s ``engine_presets``), as the engine
+#: would, rather than report SGLang's contract as a failure.
 CLIENT_PRESETS = {
     "sglang_trtllm_mha_graph_metadata": ("cu_seqlens_k[0]", "cu_seqlens_q[0]"),
     **dict.fromkeys(CSR_CLIENTS, ("kv_indptr[0]",)),
@@ -118,15 +116,6 @@ OVERLONG_CRASH = "seq_len past the row's capacity"
 # -- plan ---------------------------------------------------------------------------------------
 
 
-def _scenario_kind(scenario: Any) -> KindSpec:
-    """What a scenario's own builder outputs; its ``outputs`` when that builder cannot load."""
-    try:
-        return resolve_kind(scenario.builder, scenario.config.outputs)[1]
-    except ValueError:
-        declared = scenario.config.outputs
-        return PAGE_TABLE if declared == "auto" else kind_named(declared)
-
-
 def _kernel_problem(client: str, cfg: CheckConfig) -> str | None:
     """Why SGLang's kernel of ``client`` cannot run on ``cfg`` for a reason its adapter does
     not declare (a page size the kernel asserts on), or None."""
@@ -136,43 +125,24 @@ def _kernel_problem(client: str, cfg: CheckConfig) -> str | None:
     return None
 
 
-def _in_sglangs_words(run: ClientRun, fn: Any) -> ClientRun:
-    """``run``, with a CSR client's refusal for its page size (``plan_check`` refuses a page
-    size its adapter does not declare) said as SGLang's reason."""
-    if run.plan is not None or run.client not in CSR_CLIENTS:
-        return run
-    sizes = getattr(fn, "pagegraph_page_sizes", None)
+def _in_sglangs_words(run: ClientRun, refused: PlanError) -> str | None:
+    """A CSR client's refusal for its page size (the page sizes its adapter declares:
+    ``PlanError.page_sizes``) said as SGLang's reason; None: the plan's words."""
+    sizes = refused.page_sizes
     page_size = cast(CheckConfig, run.config).page_size  # loaded: the plan refused it
-    if sizes is not None and page_size not in sizes:
-        run.skipped = (
-            f"page_size {page_size}: SGLang's FlashInfer backend builds token slots "
-            f"(page size {' or '.join(map(str, sizes))})"
-        )
-    return run
+    if run.client not in CSR_CLIENTS or sizes is None or page_size in sizes:
+        return None
+    return (
+        f"page_size {page_size}: SGLang's FlashInfer backend builds token slots "
+        f"(page size {' or '.join(map(str, sizes))})"
+    )
 
 
 def plan_runs(scenarios: list[str] | None, replays: int | None) -> list[ClientRun]:
     """Every (client, scenario) pair whose kinds match, shipped scenarios by default, each
-    planned or skipped with the reason (``plan_run``, after the kernel's own preconditions);
-    ``ValueError`` for a scenario that cannot be loaded."""
-    loaded = [load_scenario(scenario_path(s)) for s in scenarios or shipped_scenarios()]
-    runs = []
-    for client in CLIENTS:
-        fn, kind = resolve_kind(client)
-        for s in loaded:
-            if _scenario_kind(s) is not kind:
-                continue
-            cfg = s.config if replays is None else s.config.replace(steps=replays)
-            presets = CLIENT_PRESETS.get(client, ())
-            if presets:  # what SGLang sets at allocation: part of the config to plan
-                merged = tuple(dict.fromkeys((*cfg.preset_outputs, *presets)))
-                cfg = cfg.replace(preset_outputs=merged)
-            run = ClientRun(client, s.name, str(s.path), cfg, skipped=_kernel_problem(client, cfg))
-            runs.append(_in_sglangs_words(plan_run(run), fn))
-    return runs
-
-
-# -- checks -------------------------------------------------------------------------------------
+    planned or skipped with the reason (``pagegraph.jobs.client_job.plan_client_runs``, after
+    the kernel's own preconditions); ``ValueError`` for a scenario that cannot be loaded."""
+    return plan_client_runs(JOB, scenarios, replays)
 
 
 # -- findings -----------------------------------------------------------------------------------
@@ -363,64 +333,69 @@ def markdown(doc: dict[str, Any]) -> str:
 # -- the job ------------------------------------------------------------------------------------
 
 
-def run_job(args: argparse.Namespace) -> int:
-    """Plan, check, match findings, write the reports; the job's exit code."""
+def _unavailable() -> str | None:
     reason = sglang_client.sglang_unavailable_reason()
-    planned = plan_job(
-        "sglang_job",
-        args,
-        cpu_replays=CPU_REPLAYS,
-        plan_runs=plan_runs,
-        unavailable=None if reason is None else f"SGLang unavailable: {reason}",
-    )
-    if isinstance(planned, int):
-        return planned
-    replays, runs = planned
-    env = environment()
+    return None if reason is None else f"SGLang unavailable: {reason}"
+
+
+def _environment() -> dict[str, Any]:
     # An install of the kernel files alone (no package metadata) is the pinned release's.
-    env["sglang"] = sglang_client.sglang_version() or (
-        f"{sglang_client.TESTED_VERSION} (kernel files only, no package metadata)"
-    )
-    completed = run_checks(runs, timeout=args.timeout, quiet=args.quiet, job="sglang_job")
+    version = sglang_client.sglang_version()
+    return {
+        "sglang": version
+        or f"{sglang_client.TESTED_VERSION} (kernel files only, no package metadata)"
+    }
+
+
+def _findings(runs: list[ClientRun], completed: bool, quiet: bool) -> dict[str, Any]:
+    """The report's findings (``collect_findings``: reproducers run when the checks all ran)
+    and the decode-step readers the checks ran."""
     if completed:
         say(
-            args.quiet,
+            quiet,
             f"running the {len(FINDINGS)} findings' reproducers (at most "
             f"{REPRODUCER_TIMEOUT:.0f} s each, side by side)",
         )
     found = collect_findings(runs, reproducers=completed)
     for f in found["findings"]:
         say(
-            args.quiet,
+            quiet,
             f"finding {f['key']}: {len(f['hits'])} check(s) hit it; "
             f"{f['reproducer']}: {f['state']}",
         )
-    doc = job_doc(env, replays, completed, runs, found=found, readers=step_readers(runs))
-    write_reports(doc, markdown(doc), args)
-    return 0 if completed else 130
+    return {"found": found, "readers": step_readers(runs)}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m pagegraph.jobs.sglang_job",
-        description=(
-            "Check SGLang's metadata kernels (pagegraph.clients.sglang) on every scenario "
-            "that fits them, each check in a child process, and rerun the reproducers of "
-            "the findings under examples/. Exit 0 when the job ran (findings are its output), "
-            "2 when SGLang is not installed or an argument is bad, 130 when interrupted."
-        ),
-    )
-    add_job_arguments(
-        parser,
-        cpu_replays=CPU_REPLAYS,
-        check_timeout=CHECK_TIMEOUT,
-        scenarios_help="shipped scenario names or scenario files (default: every shipped one)",
-    )
-    return parser
+#: The SGLang job (``pagegraph.jobs.client_job``).
+JOB = ClientJob(
+    name="sglang_job",
+    clients=CLIENTS,
+    cpu_replays=CPU_REPLAYS,
+    check_timeout=CHECK_TIMEOUT,
+    unavailable=_unavailable,
+    environment=_environment,
+    markdown=markdown,
+    description=(
+        "Check SGLang's metadata kernels (pagegraph.clients.sglang) on every scenario "
+        "that fits them, each check in a child process, and rerun the reproducers of "
+        "the findings under examples/. Exit 0 when the job ran (findings are its output), "
+        "2 when SGLang is not installed or an argument is bad, 130 when interrupted."
+    ),
+    scenarios_help="shipped scenario names or scenario files (default: every shipped one)",
+    sections=_findings,
+    engine_presets=CLIENT_PRESETS,
+    precondition=_kernel_problem,
+    refusal=_in_sglangs_words,
+)
+
+
+def run_job(args: argparse.Namespace) -> int:
+    """Plan, check, match findings, write the reports; the job's exit code."""
+    return run_client_job(JOB, args)
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_job(build_parser().parse_args(argv))
+    return client_job_main(JOB, argv)
 
 
 if __name__ == "__main__":

@@ -4,7 +4,8 @@ kind, and its TRITON_ATTN decode step (``STEP_READERS``) on the scenarios that n
 check in a child process of its own; runs of a scenario that breaks vLLM's host
 guarantees are labelled hostile (``HOSTILE_NOTE``). A Markdown report (and JSON); exit 0 when
 the job ran, 2 when vLLM's kernel files are not found or an argument is bad, 130 when
-interrupted (docs/ARCHITECTURE.md, "vLLM's block tables").
+interrupted (docs/ARCHITECTURE.md, "vLLM's block tables"); the job's skeleton is
+``pagegraph.jobs.client_job``'s (``JOB``).
 """
 
 from __future__ import annotations
@@ -13,24 +14,12 @@ import argparse
 import sys
 from typing import Any
 
-from ..check.plan import resolve_kind
-from ..check.scenario import load_scenario, scenario_path, shipped_scenarios
 from ..clients import vllm as vllm_client
 from ..clients.vllm_files import vllm_root
-from ..kinds import KindSpec
-from ..runtime.environment import environment
-from .client_runs import (
-    ClientRun,
-    add_job_arguments,
-    job_doc,
-    plan_job,
-    plan_run,
-    run_checks,
-    verdict_lines,
-    write_reports,
-)
+from .client_job import ClientJob, client_job_main, plan_client_runs, run_client_job
+from .client_runs import ClientRun, verdict_lines
 
-__all__ = ["CLIENTS", "main", "plan_runs", "run_job"]
+__all__ = ["CLIENTS", "JOB", "main", "plan_runs", "run_job"]
 
 #: vLLM's kernels the job checks, by the name the checker knows them by.
 CLIENTS = ("vllm_gather_block_tables", "vllm_compute_slot_mappings")
@@ -64,32 +53,12 @@ GROUPS_NOTE = (
 )
 
 
-def _scenario_kind(scenario: Any) -> KindSpec | None:
-    """The kind of a scenario's own builder, or None when it cannot load."""
-    try:
-        return resolve_kind(scenario.builder, scenario.config.outputs)[1]
-    except ValueError:
-        return None
-
-
 def plan_runs(scenarios: list[str] | None, replays: int | None) -> list[ClientRun]:
-    """Every (client, scenario) pair of one kind, shipped scenarios by default, each planned
-    or skipped with the reason (``plan_run``); ``ValueError`` for a scenario that cannot be
-    loaded."""
-    loaded = [load_scenario(scenario_path(s)) for s in scenarios or shipped_scenarios()]
-    runs = []
-    for client in CLIENTS:
-        _, kind = resolve_kind(client)
-        for s in loaded:
-            if _scenario_kind(s) is not kind or s.config.reader in STEP_READERS:
-                continue
-            cfg = s.config if replays is None else s.config.replace(steps=replays)
-            runs.append(plan_run(ClientRun(client, s.name, str(s.path), cfg)))
-    for s in loaded:
-        if s.config.reader in STEP_READERS:
-            cfg = s.config if replays is None else s.config.replace(steps=replays)
-            runs.append(plan_run(ClientRun(s.builder, s.name, str(s.path), cfg)))
-    return runs
+    """Every (client, scenario) pair of one kind, shipped scenarios by default, and each
+    scenario that names a step reader with its own builder, each planned or skipped with the
+    reason (``pagegraph.jobs.client_job.plan_client_runs``); ``ValueError`` for a scenario
+    that cannot be loaded."""
+    return plan_client_runs(JOB, scenarios, replays)
 
 
 def _header(env: dict[str, Any], replays: str) -> list[str]:
@@ -145,54 +114,56 @@ def markdown(doc: dict[str, Any]) -> str:
     return "\n".join(lines)
 
 
-def run_job(args: argparse.Namespace) -> int:
-    """Plan, check, write the reports; the job's exit code."""
+def _unavailable() -> str | None:
     reason = vllm_client.vllm_unavailable_reason()
-    planned = plan_job(
-        "vllm_job",
-        args,
-        cpu_replays=CPU_REPLAYS,
-        plan_runs=plan_runs,
-        unavailable=None if reason is None else f"vLLM's kernel files unavailable: {reason}",
-    )
-    if isinstance(planned, int):
-        return planned
-    replays, runs = planned
-    env = environment()
-    env["vllm_files"] = str(vllm_root())
-    env["vllm_stubs"] = "; ".join(f"{k} ({v})" for k, v in vllm_client.STUBBED_IMPORTS.items())
-    completed = run_checks(runs, timeout=args.timeout, quiet=args.quiet, job="vllm_job")
+    return None if reason is None else f"vLLM's kernel files unavailable: {reason}"
+
+
+def _environment() -> dict[str, Any]:
+    return {
+        "vllm_files": str(vllm_root()),
+        "vllm_stubs": "; ".join(f"{k} ({v})" for k, v in vllm_client.STUBBED_IMPORTS.items()),
+    }
+
+
+def _groups(runs: list[ClientRun], completed: bool, quiet: bool) -> dict[str, Any]:
+    """scenario -> its KV-cache groups' names, for the scenarios with ``kv_groups``."""
     groups = {
         r.scenario: [str(g.get("name", i)) for i, g in enumerate(r.config.kv_groups)]
         for r in runs
         if r.config is not None and r.config.kv_groups
     }
-    doc = job_doc(env, replays, completed, runs, kv_groups=groups)
-    write_reports(doc, markdown(doc), args)
-    return 0 if completed else 130
+    return {"kv_groups": groups}
 
 
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
-        prog="python -m pagegraph.jobs.vllm_job",
-        description=(
-            "Check vLLM's block-table kernels (pagegraph.clients.vllm) on every scenario of "
-            "their kinds, each check in a child process. Exit 0 when the job ran, 2 when "
-            "vLLM's kernel files are not found or an argument is bad, 130 when interrupted."
-        ),
-    )
-    add_job_arguments(
-        parser,
-        cpu_replays=CPU_REPLAYS,
-        check_timeout=CHECK_TIMEOUT,
-        scenarios_help="shipped scenario names or scenario files (default: every shipped one "
-        "of the kernels' kinds)",
-    )
-    return parser
+#: The vLLM job (``pagegraph.jobs.client_job``).
+JOB = ClientJob(
+    name="vllm_job",
+    clients=CLIENTS,
+    cpu_replays=CPU_REPLAYS,
+    check_timeout=CHECK_TIMEOUT,
+    unavailable=_unavailable,
+    environment=_environment,
+    markdown=markdown,
+    description=(
+        "Check vLLM's block-table kernels (pagegraph.clients.vllm) on every scenario of "
+        "their kinds, each check in a child process. Exit 0 when the job ran, 2 when "
+        "vLLM's kernel files are not found or an argument is bad, 130 when interrupted."
+    ),
+    scenarios_help="shipped scenario names or scenario files (default: every shipped one "
+    "of the kernels' kinds)",
+    sections=_groups,
+    step_readers=STEP_READERS,
+)
+
+
+def run_job(args: argparse.Namespace) -> int:
+    """Plan, check, write the reports; the job's exit code."""
+    return run_client_job(JOB, args)
 
 
 def main(argv: list[str] | None = None) -> int:
-    return run_job(build_parser().parse_args(argv))
+    return client_job_main(JOB, argv)
 
 
 if __name__ == "__main__":

@@ -1,7 +1,9 @@
 """Loading a user's builder: ``module:function`` or ``path/to/file.py:function``, with
 one-line errors (``BuilderLoadError``) and the file:line where a builder raised
 (``raised_at``). Built-in builders by name, their kinds and what they take are one layer up,
-in ``pagegraph.kinds`` (``pagegraph.kinds.builders.resolve_builder``).
+in ``pagegraph.kinds`` (``pagegraph.kinds.builders.resolve_builder``). A decode step's reader
+loads by the same rules, in its own words (``LoadWords``;
+``pagegraph.clients.engine_readers.load_reader``).
 """
 
 from __future__ import annotations
@@ -10,6 +12,7 @@ import importlib
 import importlib.util
 import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from pathlib import Path
 from types import ModuleType
 from typing import cast
@@ -20,6 +23,28 @@ from .file_modules import load_file_module
 class BuilderLoadError(ValueError):
     """A builder spec that names nothing loadable; the message is one line, with the file and
     line of a syntax error in the builder's module."""
+
+
+@dataclass(frozen=True)
+class LoadWords:
+    """How ``load_object``'s errors name what is loaded: ``noun`` ("builder"), what the part
+    after the colon names (``attribute``: "function"), the command-line option that takes it
+    (``option``), the error raised (``error``, a ``ValueError``), and the module's attributes
+    listed when one is missing (``members``: public functions defined there, by default)."""
+
+    noun: str
+    attribute: str
+    option: str
+    error: type[ValueError]
+    members: Callable[[ModuleType], list[str]] | None = None
+
+    def listed(self, module: ModuleType) -> str:
+        found = (self.members or _functions)(module)
+        return ", ".join(found) or "none"
+
+
+#: A builder's words (``load_builder``).
+BUILDER_WORDS = LoadWords("builder", "function", "--builder", BuilderLoadError)
 
 
 def load_builder(spec: str, known: list[str] | tuple[str, ...] = ()) -> Callable[..., object]:
@@ -33,23 +58,26 @@ def load_builder(spec: str, known: list[str] | tuple[str, ...] = ()) -> Callable
     return cast("Callable[..., object]", fn)
 
 
-def load_object(spec: str, known: list[str] | tuple[str, ...] = ()) -> object:
+def load_object(
+    spec: str, known: list[str] | tuple[str, ...] = (), words: LoadWords = BUILDER_WORDS
+) -> object:
     """The attribute ``"package.module:name"`` or ``"path/to/file.py:name"`` names, whatever
-    it is (``load_builder``'s rules and errors, without asking for a callable)."""
+    it is (``load_builder``'s rules and errors, without asking for a callable; ``words``:
+    what the errors call it, and the error raised)."""
     if ":" not in spec and (_is_path(spec) or _local_module_file(spec)):
-        raise BuilderLoadError(_file_without_function(spec))
+        raise words.error(_file_without_function(spec, words))
     if ":" not in spec:
-        raise BuilderLoadError(
-            f"unknown builder {spec!r}: use one of {', '.join(known)}, 'module:function' or "
-            "'path/to/file.py:function'"
+        raise words.error(
+            f"unknown {words.noun} {spec!r}: use one of {', '.join(known)}, "
+            f"'module:{words.attribute}' or 'path/to/file.py:{words.attribute}'"
         )
     target, _, attr = spec.rpartition(":")
-    module = _load_module(spec, target)
+    module = _load_module(spec, target, words)
     fn: object = getattr(module, attr, None)
     if fn is None:
-        raise BuilderLoadError(
-            f"cannot load builder {spec!r}: {target} has no attribute {attr!r} "
-            f"(its functions: {', '.join(_functions(module)) or 'none'})"
+        raise words.error(
+            f"cannot load {words.noun} {spec!r}: {target} has no attribute {attr!r} "
+            f"(its {words.attribute}s: {words.listed(module)})"
         )
     return fn
 
@@ -69,17 +97,19 @@ def _local_module_file(spec: str) -> Path | None:
     return path if spec.replace(".", "").isidentifier() and path.is_file() else None
 
 
-def _file_without_function(spec: str) -> str:
-    """The message for a builder given as a file (or a module of the current folder)
-    without ``:function``."""
+def _file_without_function(spec: str, words: LoadWords = BUILDER_WORDS) -> str:
+    """The message for a builder (``words.noun``) given as a file (or a module of the current
+    folder) without ``:function``."""
     path = _local_module_file(spec) or Path(spec)
     what = "a file" if _is_path(spec) else "a module"
+    noun, attribute = words.noun, words.attribute
     if not path.is_file():
-        return f"builder {spec!r} names {what} but no function, and there is no such file"
-    functions = ", ".join(_functions(_load_module(f"{spec}:FUNCTION", str(path)))) or "none"
+        return f"{noun} {spec!r} names {what} but no {attribute}, and there is no such file"
+    placeholder = attribute.upper()
+    members = words.listed(_load_module(f"{spec}:{placeholder}", str(path), words))
     return (
-        f"builder {spec!r} names {what} but no function: use {spec}:FUNCTION "
-        f"(its functions: {functions})"
+        f"{noun} {spec!r} names {what} but no {attribute}: use {spec}:{placeholder} "
+        f"(its {attribute}s: {members})"
     )
 
 
@@ -106,20 +136,20 @@ def _is_path(target: str) -> bool:
     return target.endswith(".py") or "/" in target or "\\" in target
 
 
-def _load_module(spec: str, target: str) -> ModuleType:
-    """The module ``target`` names (a dotted name or a ``.py`` file), with one-line errors."""
+def _load_module(spec: str, target: str, words: LoadWords = BUILDER_WORDS) -> ModuleType:
+    """The module ``target`` names (a dotted name or a ``.py`` file), with one-line errors
+    (``words.error``: "cannot load builder ...")."""
+    cannot = f"cannot load {words.noun} {spec!r}"
     try:
         if _is_path(target):
             path = Path(target)
             if not path.is_file():
-                raise BuilderLoadError(f"cannot load builder {spec!r}: no such file {target}")
+                raise words.error(f"{cannot}: no such file {target}")
             name = f"{FILE_MODULE_PREFIX}{abs(hash(str(path.resolve())))}"
             try:
                 return load_file_module(name, path)
             except SystemExit as exc:  # a module that exits on import: a load error too
-                raise BuilderLoadError(
-                    f"cannot load builder {spec!r}: importing it called exit({exc.code})"
-                ) from None
+                raise words.error(f"{cannot}: importing it called exit({exc.code})") from None
         try:
             return importlib.import_module(target)
         except ModuleNotFoundError as exc:
@@ -127,25 +157,24 @@ def _load_module(spec: str, target: str) -> ModuleType:
                 raise
             sys.path.append(str(Path.cwd()))
             return importlib.import_module(target)
-    except BuilderLoadError:
+    except words.error:
         raise
     except SyntaxError as exc:
-        raise BuilderLoadError(
-            f"cannot load builder {spec!r}: {type(exc).__name__} in {exc.filename}:{exc.lineno}: "
-            f"{exc.msg}"
+        raise words.error(
+            f"{cannot}: {type(exc).__name__} in {exc.filename}:{exc.lineno}: {exc.msg}"
         ) from None
     except ModuleNotFoundError as exc:
         hint = ""
         if exc.name == target.split(".")[0]:
             hint = (
                 " (not importable from here: put its folder on PYTHONPATH, or name the file: "
-                "--builder path/to/file.py:function)"
+                f"{words.option} path/to/file.py:{words.attribute})"
             )
-        raise BuilderLoadError(f"cannot load builder {spec!r}: {exc}{hint}") from None
+        raise words.error(f"{cannot}: {exc}{hint}") from None
     except Exception as exc:
         where = raised_at(exc)
-        raise BuilderLoadError(
-            f"cannot load builder {spec!r}: importing it raised {type(exc).__name__}: {exc}"
+        raise words.error(
+            f"{cannot}: importing it raised {type(exc).__name__}: {exc}"
             f"{f' at {where}' if where else ''}"
         ) from None
 

@@ -110,6 +110,12 @@ def builder_capabilities(builder: Builder) -> BuilderCapabilities:
     return replace(found, **{k: bool(v) for k, v in declared.items()})
 
 
+def supported_page_sizes(builder: Builder) -> tuple[int, ...] | None:
+    """The page sizes ``builder`` takes (``fn.pagegraph_page_sizes = (1,)``), None: any."""
+    sizes = getattr(builder, "pagegraph_page_sizes", None)
+    return None if sizes is None else tuple(sizes)
+
+
 def config_problem(builder: Builder, kind: KindSpec, cfg: ScenarioConfig) -> str | None:
     """``signature_problem`` on a scenario's config ``cfg`` (a ``CheckConfig``): its SWA
     outputs, its decode-step consumer, its page size and its padding; and an injection into
@@ -150,7 +156,7 @@ def signature_problem(
     with the scenario's ``padding`` policy when given; ``None`` when it can. Only the
     arguments the bed always passes are required."""
     name = builder_name(builder)
-    sizes = getattr(builder, "pagegraph_page_sizes", None)
+    sizes = supported_page_sizes(builder)
     if page_size is not None and sizes is not None and page_size not in sizes:
         return (
             f"{name} takes page_size {' or '.join(map(str, sizes))} only, and this scenario "

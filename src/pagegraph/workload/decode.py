@@ -14,7 +14,8 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from .pool import KVPool, WriteAhead
+from .pool import KVPool
+from .write_ahead import WriteAhead
 
 
 @dataclass

@@ -4,8 +4,9 @@
 from a shuffled, seeded free list and an optional SWA pool (``full_to_swa``). The host keeps
 each request's state in per-row arrays, and writes to the device tables are queued as page
 runs, applied by ``flush()`` with no allocation and no wait for the device, or handed over by
-``take_writes()`` for a ``WriteAhead``. Freed rows keep their old entries, as engines leave
-them (docs/ARCHITECTURE.md, "The workload").
+``take_writes()`` for a ``WriteAhead`` (``pagegraph.workload.write_ahead``). Freed rows keep
+their old entries, as engines leave them (docs/ARCHITECTURE.md, "The workload"). The tables'
+sizes are ``pool_sizing``'s, which a memory check counts before anything is allocated.
 """
 
 from __future__ import annotations
@@ -69,6 +70,72 @@ def writer_bytes(numel: int, page_size: int, itemsize: int) -> int:
     n = writer_capacity(numel, page_size)
     entries = n * page_size
     return 6 * n * 8 + entries * (3 * 8 + (0 if itemsize == 8 else itemsize)) + page_size * 8
+
+
+@dataclass(frozen=True)
+class PoolSizing:
+    """A ``KVPool``'s device tables, sized before any is allocated: ``req_to_token`` is
+    ``[rows, cols]`` from ``storage_offset`` elements into its allocation; ``full_to_swa``
+    (SWA only) has an entry a slot of the full pool, and one."""
+
+    rows: int
+    cols: int
+    storage_offset: int
+    page_size: int
+    pages_per_req: int
+    num_pages: int
+    swa: bool
+    r2t_itemsize: int
+    f2s_itemsize: int
+
+    @property
+    def r2t_entries(self) -> int:
+        return self.storage_offset + self.rows * self.cols
+
+    @property
+    def f2s_entries(self) -> int:
+        return self.num_pages * self.page_size + 1 if self.swa else 0
+
+    def device_bytes(self) -> dict[str, int]:
+        """Bytes of ``req_to_token``, ``full_to_swa`` and the write scratch (``writer_bytes``,
+        one writer a table)."""
+        scratch = writer_bytes(self.rows * self.cols, self.page_size, self.r2t_itemsize)
+        if self.swa:
+            scratch += writer_bytes(self.f2s_entries, self.page_size, self.f2s_itemsize)
+        return {
+            "req_to_token": self.r2t_entries * self.r2t_itemsize,
+            "full_to_swa": self.f2s_entries * self.f2s_itemsize,
+            "pool write scratch": scratch,
+        }
+
+
+def pool_sizing(
+    *,
+    max_reqs: int,
+    max_context_len: int,
+    page_size: int,
+    num_pages: int | None = None,
+    swa: bool = False,
+    dtype: torch.dtype = torch.int32,
+    extra_cols: int = 0,
+    storage_offset: int = 0,
+    full_to_swa_dtype: torch.dtype = torch.int64,
+    **placement: object,
+) -> PoolSizing:
+    """The tables ``KVPool(**kwargs)`` allocates, sized (``placement``: the arguments that size
+    none, ``device``, ``seed``, ``row_order``, ``swa_num_pages``); the pool checks them."""
+    per_req = cdiv(max_context_len, page_size)
+    return PoolSizing(
+        rows=max_reqs + 1,
+        cols=max_context_len + extra_cols,
+        storage_offset=storage_offset,
+        page_size=page_size,
+        pages_per_req=per_req,
+        num_pages=num_pages or max_reqs * per_req + 1,
+        swa=swa,
+        r2t_itemsize=dtype.itemsize,
+        f2s_itemsize=full_to_swa_dtype.itemsize,
+    )
 
 
 #: A group of page runs, ``[k, 5]`` int64: a numpy array, or a contiguous CPU tensor in
@@ -313,15 +380,26 @@ class KVPool:
         self.max_context_len = max_context_len
         self.page_size = page_size
         self.device = torch.device(device)
-        self.pages_per_req = cdiv(max_context_len, page_size)
-        self.num_pages = num_pages or max_reqs * self.pages_per_req + 1
+        sizing = pool_sizing(
+            max_reqs=max_reqs,
+            max_context_len=max_context_len,
+            page_size=page_size,
+            num_pages=num_pages,
+            swa=swa,
+            dtype=dtype,
+            extra_cols=extra_cols,
+            storage_offset=storage_offset,
+            full_to_swa_dtype=full_to_swa_dtype,
+        )
+        self.pages_per_req = sizing.pages_per_req
+        self.num_pages = sizing.num_pages
         if self.num_pages < 2:
             raise ValueError("num_pages must be >= 2: page 0 is reserved for padding")
         if dtype == torch.int32 and self.num_pages * page_size >= 2**31:
             raise ValueError("the pool's slots do not fit in int32: use dtype=torch.int64")
         self.rng = np.random.default_rng(seed)
-        rows, cols = max_reqs + 1, max_context_len + extra_cols
-        base = torch.zeros(storage_offset + rows * cols, dtype=dtype, device=self.device)
+        rows, cols = sizing.rows, sizing.cols
+        base = torch.zeros(sizing.r2t_entries, dtype=dtype, device=self.device)
         self.req_to_token = base[storage_offset:].view(rows, cols)
         self._row_stride = self.req_to_token.stride(0)
         free_rows = list(range(1, max_reqs + 1))
@@ -342,8 +420,9 @@ class KVPool:
             if full_to_swa_dtype == torch.int32 and self.swa_num_pages * page_size >= 2**31:
                 raise ValueError("the SWA pool's slots do not fit in int32: use int64")
             self._free_swa_pages = _PageStack(self._shuffled(self.swa_num_pages))
-            n_slots = self.num_pages * page_size + 1
-            self.full_to_swa = torch.zeros(n_slots, dtype=full_to_swa_dtype, device=self.device)
+            self.full_to_swa = torch.zeros(
+                sizing.f2s_entries, dtype=full_to_swa_dtype, device=self.device
+            )
             # SWA page of each full page (0: unmapped): a whole page maps at once.
             self._swa_of_page = np.zeros(self.num_pages, dtype=np.int64)
             # Scratch of _close's deduplication, one slot a full page.
@@ -619,63 +698,3 @@ class KVPool:
     def batch(self, rows: list[int]) -> tuple[list[int], list[int]]:
         """``(req_pool_indices, seq_lens)`` of the given request rows, as host lists."""
         return list(rows), self._length[np.asarray(rows, dtype=np.int64)].tolist()
-
-
-class WriteAhead:
-    """Applies the writes of steps generated ahead of their replays: the writes of as many
-    steps as fit are uploaded at once (``stage``; on a CPU also expanded), then each step's are
-    applied with one launch a table (``apply``), in step order, on the current stream.
-
-    A step is staged only after every step staged before it was applied (the scratch is
-    reused), which ``next()`` ensures by staging when it reaches a step that is not staged.
-    A step whose writes alone exceed a writer's capacity is written in parts when applied.
-    """
-
-    def __init__(self) -> None:
-        self._steps: list[Writes] = []  # taken, not yet applied, oldest first
-        self._staged: list[list[tuple[_PageWriter, int, int]] | None] = []
-
-    def __len__(self) -> int:
-        return len(self._steps)
-
-    def add(self, writes: Writes) -> None:
-        """Queue one step's writes (``KVPool.take_writes()``), after the ones queued before."""
-        self._steps.append(writes)
-
-    def _stage(self) -> None:
-        used: dict[_PageWriter, int] = {}
-        parts: dict[_PageWriter, list[Runs]] = {}
-        plans: list[list[tuple[_PageWriter, int, int]] | None] = []
-        for writes in self._steps:
-            need: dict[_PageWriter, int] = {}
-            for writer, runs in writes:
-                need[writer] = need.get(writer, 0) + len(runs)
-            if any(used.get(w, 0) + k > w.capacity for w, k in need.items()):
-                break
-            plan: list[tuple[_PageWriter, int, int]] = []
-            for writer, runs in writes:
-                lo = used.get(writer, 0)
-                used[writer] = lo + len(runs)
-                parts.setdefault(writer, []).append(runs)
-                plan.append((writer, lo, lo + len(runs)))
-            plans.append(plan)
-        for writer, staged in parts.items():
-            writer.stage(staged)
-        # Steps past the first that did not fit wait for the next stage; a first step too
-        # large for any stage is written in parts (plan None).
-        self._staged = plans or [None]
-
-    def next(self) -> None:
-        """Apply the oldest queued step's writes."""
-        if not self._steps:
-            raise IndexError("no queued writes")
-        if not self._staged:
-            self._stage()
-        plan = self._staged.pop(0)
-        writes = self._steps.pop(0)
-        if plan is None:
-            for writer, runs in writes:
-                writer.write(runs)
-        else:
-            for writer, lo, hi in plan:
-                writer.apply(lo, hi)

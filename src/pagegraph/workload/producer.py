@@ -26,7 +26,8 @@ import torch
 from .batch_ring import RING_BYTES, RING_SUPPORTED, ReaderGone, RingReader, RingWriter
 from .decode import DecodeWorkload, Step
 from .lifetime import die_with_parent
-from .pool import KVPool, Runs, WriteAhead, _PageWriter
+from .pool import KVPool, Runs, _PageWriter
+from .write_ahead import WriteAhead
 
 #: A step's page runs: ``(tag, runs)`` groups, the tag naming the table they go to.
 Tagged: TypeAlias = list[tuple[int, Runs]]

@@ -93,9 +93,8 @@ class EagerTwin(RecordedComparisons):
         assert pool is not None and runner is not None, "the twin is made after capture"
         self.run = run
         self.buffers = buffers
-        self._presets = preset_views(
-            self.buffers.vectors, cfg.preset_outputs if run.kind.presets else (), run.kind
-        )
+        # The plan's presets are the kind's own (plan_check).
+        self._presets = preset_views(self.buffers.vectors, cfg.preset_outputs, run.kind)
         self._extra: dict[str, object] = {}
         if pool.full_to_swa is not None:
             self._extra = {"swa_page_table": self.buffers.views[1], "full_to_swa": pool.full_to_swa}

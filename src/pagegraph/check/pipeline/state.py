@@ -279,7 +279,7 @@ def _table_verifier(run: CheckRun, chunk: int) -> TableVerifier:
         use_graph=run.graphs,
         vectors=buffers.vectors,
         draft_tokens=cfg.draft_tokens if run.kind.tables_include_draft else 0,
-        preset_outputs=cfg.preset_outputs if run.kind.presets else (),
+        preset_outputs=cfg.preset_outputs,  # the kind's only (plan_check)
         error_kinds=len(run.kind.error_kinds),
         kind=run.kind,
         row_strides=buffers.row_strides,

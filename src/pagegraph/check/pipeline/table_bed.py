@@ -118,7 +118,7 @@ def start_run(
     run = CheckRun(
         cfg, fn, kind, dev, report, props, detectors, no_detector_reason, hooks, runner_factory
     )
-    run.errors = cfg.errors and builder_capabilities(fn).errors
+    run.errors = plan.errors  # decided by plan_check
     return run
 
 
