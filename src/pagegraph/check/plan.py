@@ -25,14 +25,11 @@ nothing that runs the plan decides again:
 
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import Any
 
 from ..clients.engine_readers import load_reader as resolve_reader
 from ..consumers.reader import Reader
-from ..kinds import KINDS, KindSpec, kind_named, kind_of
+from ..kinds import KindSpec, kind_named, kind_of
 from ..kinds.builders import (
     builder_capabilities,
     builder_name,
@@ -42,6 +39,7 @@ from ..kinds.builders import (
 )
 from .config import CheckConfig, validate_config
 from .memory_fit import fit_problem, memory_need
+from .planned import PIPELINES, CheckPlan
 
 __all__ = [
     "PIPELINES",
@@ -54,9 +52,6 @@ __all__ = [
     "resolve_reader",
     "scenario_kind",
 ]
-
-#: What a plan's check judges: the builder's outputs, or the decode step's attention output.
-PIPELINES = ("tables", "step")
 
 #: Why a reader is refused on a scenario without a decode step (``plan_check``).
 READER_NEEDS_CONSUMER = (
@@ -74,59 +69,6 @@ class PlanError(ValueError):
     def __init__(self, message: str, *, page_sizes: tuple[int, ...] | None = None) -> None:
         super().__init__(message)
         self.page_sizes = page_sizes
-
-
-@dataclass(frozen=True)
-class CheckPlan:
-    """A decided check: the builder (as named to the user, or a spec a child resolves), the
-    config (its preset outputs decided: the builder kind's only), the builder's kind and the
-    judges to run, and what else ``plan_check`` decided (the module docstring)."""
-
-    builder: str
-    config: CheckConfig
-    kind: str
-    pipeline: str
-    #: the decode step's reader as a child resolves it (``module:name``), ``None``: the
-    #: consumer format's own attention (or a reader object given in this process)
-    reader: str | None = None
-    #: whether the check reads the builder's error counters (``errors=``)
-    errors: bool = True
-    #: the page sizes the builder declares it takes; None: any
-    page_sizes: tuple[int, ...] | None = None
-    #: bytes the check needs where its tables live (``memory_fit.memory_need``), when planned
-    #: with ``fit_memory``; None otherwise
-    memory_need: int | None = None
-
-    @property
-    def kind_spec(self) -> KindSpec:
-        return KINDS[self.kind]
-
-    def to_dict(self) -> dict[str, Any]:
-        return {
-            "builder": self.builder,
-            "config": dataclasses.asdict(self.config),
-            "kind": self.kind,
-            "pipeline": self.pipeline,
-            "reader": self.reader,
-            "errors": self.errors,
-            "page_sizes": None if self.page_sizes is None else list(self.page_sizes),
-            "memory_need": self.memory_need,
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict[str, Any]) -> CheckPlan:
-        """The plan ``to_dict`` wrote (a parent's, for its child): trusted, not validated."""
-        sizes = d["page_sizes"]
-        return cls(
-            d["builder"],
-            CheckConfig.from_dict(d["config"]),
-            d["kind"],
-            d["pipeline"],
-            d["reader"],
-            d["errors"],
-            None if sizes is None else tuple(sizes),
-            d["memory_need"],
-        )
 
 
 def resolve_kind(

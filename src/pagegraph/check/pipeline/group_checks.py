@@ -10,7 +10,7 @@ from collections.abc import Callable, Iterator
 
 from ...kinds.kv_group_layout import KVGroup, bind_group, parse_groups
 from ..config import CheckConfig
-from ..plan import CheckPlan
+from ..planned import CheckPlan
 from ..reports.report import BucketStats, Failure, Report
 
 __all__ = ["group_config", "merge_reports", "GroupRuns"]

@@ -52,7 +52,7 @@ from ..judges.reader_judges import (
 )
 from ..judges.step_judges import STEP_JUDGES, StepBatch, StepReplays, StepSeen
 from ..judges.step_plan import fresh_detail, plan_detail, replay_refilled
-from ..plan import CheckPlan
+from ..planned import CheckPlan
 from ..reports.report import BucketStats, PropertyResult, Report
 from ..reports.step_report import STEP_PROPERTIES, StepSection
 from ..run_end import STEP_BED_PROPERTIES, Ending, RunEnd, mark_unfinished

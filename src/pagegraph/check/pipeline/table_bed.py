@@ -30,7 +30,7 @@ from ..judges.table_judges import (
     record_how_judged,
     sync_capture_cause,
 )
-from ..plan import CheckPlan
+from ..planned import CheckPlan
 from ..reports.report import PropertyResult, Report
 from ..run_end import TABLE_BED_PROPERTIES
 from .buffers import EngineVectors, allocate_check_buffers, engine_buffers
