@@ -16,8 +16,8 @@ from pathlib import Path
 import pytest
 
 import pagegraph
+from pagegraph.graph.builder_names import resolve_builder, signature_problem
 from pagegraph.kinds import KINDS, OUTPUT_KINDS, PAGE_TABLE, BatchContext, kind_named, kind_of
-from pagegraph.kinds.builders import resolve_builder, signature_problem
 
 SRC = Path(pagegraph.__file__).resolve().parent
 NAMES = "|".join(OUTPUT_KINDS)

@@ -12,9 +12,9 @@ from typing import Any
 
 from ..clients.engine_readers import engine_reader, is_engine_reader_name
 from ..consumers.reader import Reader, as_reader
+from ..graph.builder_names import builder_name, config_problem, resolve_builder
 from ..kernels.registry import BuilderLoadError, load_object
 from ..kinds import KINDS, KindSpec, kind_of
-from ..kinds.builders import builder_name, config_problem, resolve_builder
 from .config import CheckConfig, validate_config
 
 __all__ = [

@@ -22,6 +22,7 @@ from ..check.plan import resolve_kind
 from ..check.scenario import load_scenario
 from ..clients import sglang as sglang_client
 from ..kinds import PAGE_TABLE, KindSpec, kind_named
+from ..kinds.builders import supported_page_sizes
 from ..supervise.isolate import child_env
 from ..workload.lifetime import script_command
 from .client_runs import (
@@ -142,7 +143,7 @@ def _in_sglangs_words(run: ClientRun, fn: Any) -> ClientRun:
     size its adapter does not declare) said as SGLang's reason."""
     if run.plan is not None or run.client not in CSR_CLIENTS:
         return run
-    sizes = getattr(fn, "pagegraph_page_sizes", None)
+    sizes = supported_page_sizes(fn)
     page_size = cast(CheckConfig, run.config).page_size  # loaded: the plan refused it
     if sizes is not None and page_size not in sizes:
         run.skipped = (
