@@ -35,7 +35,8 @@ class CsrKind(KindSpec):
             torch.int32,
             lambda max_bs, width, d: max_bs * width,
             engine_sized=True,
-            untouched="an entry past kv_indptr[bucket], or a canary",
+            # a report's words: "the poison: <untouched> must stay untouched"
+            untouched="an entry past kv_indptr[bucket], or a canary,",
         ),
     )
     presets = {"kv_indptr[0]": (0, 1)}
