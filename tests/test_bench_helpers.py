@@ -64,8 +64,8 @@ def test_floor_bytes():
 
 
 def test_block_grid_baseline_is_exact_and_registered():
+    from pagegraph.graph.builder_names import resolve_builder
     from pagegraph.kinds import PAGE_TABLE
-    from pagegraph.kinds.builders import resolve_builder
 
     assert resolve_builder("block_grid") is PAGE_TABLE.builders["block_grid"] is block_grid
     for name in ("skewed", "swa"):

@@ -11,7 +11,7 @@ import pytest
 from pagegraph.check import checker
 from pagegraph.check.config import CheckConfig
 from pagegraph.check.pipeline import table_bed
-from pagegraph.kinds.builders import resolve_builder
+from pagegraph.graph.builder_names import resolve_builder
 
 SMALL = dict(max_bs=4, max_context_len=128, page_size=16, buckets=[4], steps=3, seed=3)
 

@@ -23,7 +23,7 @@ from pagegraph.detect.sync import DetectorUnavailable, parse_detectors
 from pagegraph.graph.buckets import resolve_padding
 from pagegraph.kernels.contract import POISON
 from pagegraph.kernels.table_reference import expected_tables
-from pagegraph.kinds.zoo import reset_caches
+from pagegraph.mutants.zoo import reset_caches
 from pagegraph.pytest_plugin import assert_replay_safe
 
 from helpers import CPU_PASSES, assert_equal_tables, assert_passed
@@ -472,7 +472,7 @@ def test_allocating_builder_fails_no_allocation_in_builder_when_strict():
 def test_width_frozen_per_bucket_fails_correct():
     """A width frozen at a batch size's first call is wrong in eager calls too: "correct"
     fails; "graph-safe" compares a replay with an eager call, and they agree here."""
-    from pagegraph.kinds.zoo import width_frozen_per_batch_size
+    from pagegraph.mutants.page_table_mutants import width_frozen_per_batch_size
 
     reset_caches()
     report = check_replay_safety(width_frozen_per_batch_size, SMALL)
@@ -798,7 +798,7 @@ def bs_specialised_builder(
 ):
     """The plain kernel with the batch size baked in as a constexpr: a compilation a bucket
     (``offset`` picks a family of variants not compiled yet in this process)."""
-    from pagegraph.kinds.zoo import plain_page_table
+    from pagegraph.mutants.page_table_mutants import plain_page_table
 
     plain_page_table(
         req_to_token,
@@ -827,7 +827,7 @@ def test_gpu_per_bucket_compilation_is_advice_unless_strict():
 
 @gpu
 def test_gpu_syncing_builder_fails_sync_free_builder_call():
-    from pagegraph.kinds.zoo import debug_sync_outside_capture
+    from pagegraph.mutants.page_table_mutants import debug_sync_outside_capture
 
     report = check_replay_safety(debug_sync_outside_capture, SMALL, steps=4)
     assert report.property("sync-free builder call").passed is False, report.format()

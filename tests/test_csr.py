@@ -14,12 +14,12 @@ from pagegraph.check.checker import check_replay_safety
 from pagegraph.check.config import CheckConfig
 from pagegraph.check.scenario import load_scenario
 from pagegraph.clients.sglang import sglang_unavailable_reason
+from pagegraph.graph.builder_names import resolve_builder, signature_problem
 from pagegraph.kernels.contract import POISON
 from pagegraph.kernels.kv_indices import build_kv_indices
 from pagegraph.kernels.reference import reference_kv_indices
 from pagegraph.kinds import CSR, PAGE_TABLE, kind_of
-from pagegraph.kinds.builders import resolve_builder, signature_problem
-from pagegraph.kinds.zoo import plain_kv_indices
+from pagegraph.mutants.csr_mutants import plain_kv_indices
 from pagegraph.supervise.isolate import Job, run_isolated
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -28,7 +28,7 @@ from pagegraph.consumers.paged_attention import BLOCK_N, default_num_splits
 from pagegraph.detect.probes import AllocationCounter
 from pagegraph.graph.emulate import EmulatedGraph, EmulationError
 from pagegraph.kernels.contract import cdiv
-from pagegraph.kinds.zoo import reset_caches
+from pagegraph.mutants.zoo import reset_caches
 
 ROOT = Path(__file__).resolve().parent.parent
 GRAPH_SAFE = "graph-safe (captured short, replayed long)"
@@ -361,7 +361,7 @@ def test_honest_builders_get_the_same_verdict_both_ways(builder, scenario):
 )
 def test_mutants_that_freeze_at_capture_die_emulated(mutant, scenario, eager_dies):
     cfg = _scenario(scenario).replace(detectors="none")  # what a capture freezes, not syncs
-    emulated, eager = _both(f"pagegraph.kinds.zoo:{mutant}", cfg)
+    emulated, eager = _both(f"pagegraph.mutants.zoo:{mutant}", cfg)
     assert emulated.verdict == "UNSAFE", emulated.format()
     assert (eager.verdict == "UNSAFE") is eager_dies, eager.format()
 
@@ -398,7 +398,7 @@ def test_the_decode_step_replays_emulated_graphs_and_a_frozen_width_fails_there_
     honest = check_decode_step("build_page_table", STEP)
     assert honest.emulated and honest.verdict == "SAFE", honest.format()
     assert honest.property("capture").detail.endswith("buckets captured (emulated)")
-    frozen = "pagegraph.kinds.zoo:width_from_host_max"
+    frozen = "pagegraph.mutants.zoo:width_from_host_max"
     eager = check_decode_step(frozen, STEP, emulate=False)
     assert not eager.emulated and eager.verdict == "SAFE", eager.format()
     emulated = check_decode_step(frozen, STEP)

@@ -15,6 +15,7 @@ from pagegraph.check.config import CheckConfig, validate_config
 from pagegraph.check.scenario import load_scenario
 from pagegraph.graph.runner import GraphRunner
 from pagegraph.kernels.contract import POISON, cdiv
+from pagegraph.kernels.declarations import declare_runner_factory
 from pagegraph.kernels.kv_indices import build_kv_indices
 from pagegraph.workload.decode import DecodeWorkload
 from pagegraph.workload.pool import KVPool
@@ -55,7 +56,7 @@ def _engine_factory(indptr_entries: int, made: list):
         made.append(runner)
         return runner
 
-    factory.pagegraph_engine_buffers = ("kv_indptr",)  # type: ignore[attr-defined]
+    declare_runner_factory(factory, engine_buffers=("kv_indptr",))
     return factory
 
 
@@ -180,7 +181,7 @@ def test_an_engine_indptr_sized_for_the_padded_batch_is_safe_and_written(entries
 
 
 def test_a_factory_forwarding_the_checkers_vectors_over_its_own_fails_capture():
-    """Without ``pagegraph_engine_buffers`` the checker hands the factory its ``kv_indptr``
+    """Without an ``engine_buffers`` declaration the checker hands the factory its ``kv_indptr``
     in ``vectors=``; a factory passing its own by keyword too gives the runner two: refused,
     never one silently replacing the other."""
 

@@ -453,8 +453,8 @@ def test_readme_pytest_example_passes(tmp_path, walk):
 
 
 def test_a_builder_file_that_exits_on_import_is_one_line(tmp_path):
+    from pagegraph.graph.builder_names import resolve_builder
     from pagegraph.kernels.registry import BuilderLoadError
-    from pagegraph.kinds.builders import resolve_builder
 
     (tmp_path / "exits.py").write_text("import sys\nsys.exit(3)\n")
     with pytest.raises(BuilderLoadError, match=r"called exit\(3\)"):
@@ -467,7 +467,7 @@ def test_a_builder_file_asked_for_by_several_threads_at_once_is_run_once_and_who
     # module, not be handed the half-run one that has no ``build`` yet.
     import threading
 
-    from pagegraph.kinds.builders import resolve_builder
+    from pagegraph.graph.builder_names import resolve_builder
 
     runs = tmp_path / "runs"
     (tmp_path / "slow_import.py").write_text(

@@ -118,7 +118,7 @@ def test_gpu_a_kernel_that_breaks_its_cuda_context_is_reported():
     cfg = SMALL.replace(overlong=1.0, steps=16)
     bad, fine = run_isolated(
         [
-            Job("pagegraph.kinds.zoo:no_row_clamp", cfg, stop_on_failure=False),
+            Job("pagegraph.mutants.zoo:no_row_clamp", cfg, stop_on_failure=False),
             Job("build_page_table", cfg),
         ],
         timeout=120,

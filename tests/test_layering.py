@@ -8,12 +8,14 @@ and across subpackages only public names (no leading underscore).
   line, the one timing toolkit), ``kernels`` (the Triton builders, their contract, references,
   launcher, loading a user's builder), ``consumers`` (paged attention that reads the tables)
   and ``detect`` (sync detectors, NVTX ranges, the trace analyzer);
-* 1, ``clients``: real engines' builders behind the same contracts (the kernels' registry
-  never imports one), and ``mutants``: the mutant zoo, builders with one bug each;
-* 2, ``kinds``: the builder kinds as specs (each with its zoo), and builders by name
-  (pagegraph's and the clients');
-* 3, the graph bed's parts: ``graph`` (buckets, staging, the runner) and ``workload`` (the
-  pool, its writes, the decode workload and its producers, the engine's block tables);
+* 1, ``kinds``: the builder kinds as specs, and what a builder takes; a kind imports neither
+  its mutants nor the clients;
+* 2, ``clients``: real engines' builders behind the kinds' contracts (the kernels' registry
+  never imports one), and ``mutants``: the mutant zoo, builders with one bug each, gathered
+  by kind (``mutants/zoo.py``);
+* 3, the graph bed's parts: ``graph`` (builders by name, pagegraph's and the clients';
+  buckets, staging, the runner) and ``workload`` (the pool, its writes, the decode workload
+  and its producers, the engine's block tables);
 * 4, the checker: ``check``, and ``wild``: public engines' bugs reproduced as twins the
   checker judges;
 * 5, process supervision: ``supervise`` (checks in child processes, warm workers); the
@@ -49,9 +51,9 @@ SUBPACKAGE_LAYERS = {
     "kernels": 0,
     "detect": 0,
     "consumers": 0,
-    "clients": 1,
-    "mutants": 1,
-    "kinds": 2,
+    "kinds": 1,
+    "clients": 2,
+    "mutants": 2,
     "graph": 3,
     "workload": 3,
     "check": 4,
@@ -61,7 +63,16 @@ SUBPACKAGE_LAYERS = {
     "bench": 6,
 }
 TOP_LAYER = 7
-LAYER_NAMES = ("bottom", "clients", "kinds", "graph bed", "checker", "supervision", "jobs", "front")
+LAYER_NAMES = (
+    "bottom",
+    "kinds",
+    "clients and mutants",
+    "graph bed",
+    "checker",
+    "supervision",
+    "jobs",
+    "front",
+)
 
 
 def layers() -> dict[str, int]:

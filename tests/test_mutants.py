@@ -25,7 +25,7 @@ from pagegraph.jobs.mutate_report import (
     smallest_killing_set,
 )
 from pagegraph.kinds import BLOCK_TABLE, SLOT_MAPPING, kind_of
-from pagegraph.kinds.zoo import CONTROLS, MUTANTS
+from pagegraph.mutants.zoo import CONTROLS, MUTANTS
 from pagegraph.supervise.isolate import run_isolated
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -156,7 +156,7 @@ def test_gpu_kill_set_fails_each_mutants_own_property_and_the_control_is_safe():
     jobs = []
     for name, scenario in GPU_KILL_SET.items():
         (job,) = _scenario_jobs([loaded[scenario]], None, control=False)
-        (job,) = _fitted_jobs(f"pagegraph.kinds.zoo:{name}", [job], Outcome(name, "", False))
+        (job,) = _fitted_jobs(f"pagegraph.mutants.zoo:{name}", [job], Outcome(name, "", False))
         jobs.append(dataclasses.replace(job, label=name))
     (control,) = _scenario_jobs([loaded["default"]], None, control=True)
     jobs.append(dataclasses.replace(control, builder="build_page_table", label="control"))
@@ -242,7 +242,7 @@ def test_a_mutant_killed_by_the_decode_step_is_named_in_the_kill_table():
         num_kv_heads=2,
         head_dim=16,
     )
-    report = check_decode_step("pagegraph.kinds.zoo:floor_last_page", cfg)
+    report = check_decode_step("pagegraph.mutants.zoo:floor_last_page", cfg)
     assert report.verdict == "UNSAFE", report.format()
     o = Outcome("floor_last_page", MUTANTS["floor_last_page"].bug, False)
     o.reports["decode-step"] = report

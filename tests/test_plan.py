@@ -27,6 +27,7 @@ from pagegraph.check.config import CheckConfig, ConfigError
 from pagegraph.check.plan import CheckPlan, PlanError, plan_check
 from pagegraph.check.scenario import load_scenario
 from pagegraph.jobs import check_job, client_runs, mutate
+from pagegraph.kernels.declarations import declare_builder
 from pagegraph.kernels.registry import BuilderLoadError
 from pagegraph.supervise import isolate
 from pagegraph.supervise.isolate import IsolatedError, Job
@@ -302,7 +303,7 @@ def test_the_builders_page_sizes_are_the_plans_and_sglang_words_them():
     def only_16(*args, **kwargs):
         return _no_errors_builder(*args, **kwargs)
 
-    only_16.pagegraph_page_sizes = (16,)
+    declare_builder(only_16, page_sizes=(16,))
     p, _ = plan_check(only_16, SMALL)
     assert p.page_sizes == (16,) and plan_check("build_page_table", SMALL)[0].page_sizes is None
     with pytest.raises(PlanError, match="takes page_size 16 only") as refused:

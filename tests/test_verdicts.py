@@ -19,9 +19,11 @@ import torch
 
 from pagegraph import build_page_table, check_replay_safety
 from pagegraph.check.config import CheckConfig, ConfigError, validate_config
+from pagegraph.graph.builder_names import signature_problem
+from pagegraph.kernels.declarations import declare_builder
 from pagegraph.kernels.decode_metadata import build_decode_metadata
 from pagegraph.kinds import PAGE_TABLE
-from pagegraph.kinds.builders import builder_capabilities, signature_problem
+from pagegraph.kinds.builders import builder_capabilities
 from pagegraph.supervise.crash_report import crash_cause, crash_report
 from pagegraph.supervise.isolate import Job, run_isolated
 
@@ -164,7 +166,7 @@ def test_capabilities_come_from_the_signature_or_a_declaration():
     def declared(*args, **kwargs):
         pass
 
-    declared.pagegraph_capabilities = {"errors": False}
+    declare_builder(declared, errors=False)
     assert not builder_capabilities(declared).errors and builder_capabilities(declared).swa
 
 
@@ -443,7 +445,7 @@ def test_capture_failure_names_the_bucket_that_raised():
 
 
 def test_a_builder_loaded_from_a_file_runs_in_a_child(tmp_path):
-    from pagegraph.kinds.builders import resolve_builder
+    from pagegraph.graph.builder_names import resolve_builder
     from pagegraph.supervise.isolate import builder_spec
 
     path = tmp_path / "filebuilt.py"

@@ -20,7 +20,7 @@ from pagegraph.check.scenario import load_scenario
 from pagegraph.clients.vllm import vllm_unavailable_reason
 from pagegraph.graph.runner import GraphRunner
 from pagegraph.kinds import BLOCK_TABLE, SLOT_MAPPING, kind_of
-from pagegraph.kinds.zoo import MUTANTS, reset_caches
+from pagegraph.mutants.zoo import MUTANTS, reset_caches
 
 ROOT = Path(__file__).resolve().parents[1]
 VLLM_MISSING = vllm_unavailable_reason()
@@ -78,7 +78,7 @@ HOSTILE = "vllm-block-table-hostile"
     ],
 )
 def test_pagegraphs_builders_and_controls_are_safe(builder, scenario):
-    from pagegraph.kinds.zoo import CONTROLS
+    from pagegraph.mutants.zoo import CONTROLS
 
     report = check_replay_safety(CONTROLS[builder], small(scenario))
     assert_passes(report)

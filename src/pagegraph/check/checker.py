@@ -52,9 +52,10 @@ def check_replay_safety(
         progress: called as ``progress(done, total)`` after each replay.
         runner_factory: makes the runner under test, with ``GraphRunner``'s arguments
             (default ``GraphRunner``): the checker judges any runner by what it was asked.
-            Output vectors it allocates itself, as an engine does, it names in
-            ``runner_factory.pagegraph_engine_buffers`` (e.g. ``("kv_indptr",)``): the
-            checker passes none of its own under those names and judges the engine's. A
+            Output vectors it allocates itself, as an engine does, it declares with
+            ``pagegraph.kernels.declarations.declare_runner_factory(factory,
+            engine_buffers=(...))`` (names of its kind's vectors): the checker passes none
+            of its own under those names and judges the engine's. A
             factory that raises fails "capture" with the exception.
         on_phase: called with the phase reached (``"capture"``, ``"replay 17"``, ...), for
             a supervisor that must say where a crashed run stopped.

@@ -20,7 +20,7 @@ from ..consumers.formats import FORMATS
 from ..consumers.reader import PAD_SLOTS
 from ..graph.buckets import PADDING, PRESETS, Buckets
 from ..kernels.contract import cdiv
-from ..kinds import OUTPUT_KINDS
+from ..kinds import kind_names, presettable_outputs
 from ..workload.decode import Injection
 from ..workload.producer import MAX_STREAMS
 
@@ -138,10 +138,6 @@ INJECTION_LEVELS = ("engine", "hostile")
 HOSTILE_INJECTIONS = ("negative", "bad_index", "num_blocks_overrun")
 #: Every injection knob (probabilities per step).
 INJECTIONS = ("overlong", "negative", "zero_len", "bad_index", "num_blocks_overrun")
-#: Outputs an engine may set once, at allocation, and a builder never write
-#: (``CheckConfig.preset_outputs``): the checker writes their value after each poisoning.
-#: The first two are a decode-metadata builder's, the last a CSR builder's.
-PRESETTABLE_OUTPUTS = ("cu_seqlens_k[0]", "cu_seqlens_q[0]", "kv_indptr[0]")
 
 #: Properties judged over the replays (incomplete when the run stops early).
 REPLAY_PROPERTIES = (
@@ -221,7 +217,7 @@ class CheckConfig:
     staging: str = "mixed"
     #: replays between two read-backs of the device records
     chunk: int = 256
-    #: "auto" (what the builder says), "page_table", "decode_metadata" or "csr"
+    #: "auto" (what the builder says), or a kind's name (``pagegraph.kinds.kind_names()``)
     outputs: str = "auto"
     #: where the workload's host models run: "on": a child process a stream
     #: (``ProducedWorkload``), "off": in this one, "auto": in children for CUDA-graph runs of
@@ -233,7 +229,8 @@ class CheckConfig:
     #: advice promoted to failures (names of ``ADVICE``)
     strict: tuple[str, ...] = ()
     #: decode-metadata or CSR entries set once at allocation that the builder never writes
-    #: (``PRESETTABLE_OUTPUTS``), as engines run some builders
+    #: (``pagegraph.kinds.presettable_outputs()``, the kinds' ``presets``), as engines run
+    #: some builders
     preset_outputs: tuple[str, ...] = ()
     # -- the decode step: the tables consumed by paged attention in the same graph --
     #: None (the builder alone), or the attention format that consumes the builder's tables in
@@ -394,11 +391,14 @@ def _check_advice(c: CheckConfig, name: FieldNamer) -> None:
     unknown = [s for s in c.strict if s not in ADVICE]
     if unknown:
         _fail("strict", f"names no advice: {unknown} (known: {', '.join(ADVICE)})", name)
-    unknown = [s for s in c.preset_outputs if s not in PRESETTABLE_OUTPUTS]
+    # Outputs an engine may set once, at allocation, and a builder never write: the checker
+    # writes their value after each poisoning.
+    known = presettable_outputs()
+    unknown = [s for s in c.preset_outputs if s not in known]
     if unknown:
         _fail(
             "preset_outputs",
-            f"names no presettable output: {unknown} (known: {', '.join(PRESETTABLE_OUTPUTS)})",
+            f"names no presettable output: {unknown} (known: {', '.join(known)})",
             name,
         )
 
@@ -416,8 +416,8 @@ def _check_driving(c: CheckConfig, name: FieldNamer) -> None:
         _fail(
             "workload_process", f"must be 'auto', 'on' or 'off', got {c.workload_process!r}", name
         )
-    if c.outputs not in ("auto", *OUTPUT_KINDS):
-        kinds = ", ".join(f"'{k}'" for k in ("auto", *OUTPUT_KINDS))
+    if c.outputs not in ("auto", *kind_names()):
+        kinds = ", ".join(f"'{k}'" for k in ("auto", *kind_names()))
         _fail("outputs", f"must be one of {kinds}, got {c.outputs!r}", name)
 
 

@@ -29,14 +29,9 @@ from collections.abc import Callable
 
 from ..clients.engine_readers import load_reader as resolve_reader
 from ..consumers.reader import Reader
+from ..graph.builder_names import builder_name, config_problem, resolve_builder
 from ..kinds import KindSpec, kind_named, kind_of
-from ..kinds.builders import (
-    builder_capabilities,
-    builder_name,
-    config_problem,
-    resolve_builder,
-    supported_page_sizes,
-)
+from ..kinds.builders import builder_capabilities, supported_page_sizes
 from .config import CheckConfig, validate_config
 from .memory_fit import fit_problem, memory_need
 from .planned import PIPELINES, CheckPlan

@@ -20,6 +20,7 @@ from types import ModuleType
 import torch
 
 from ..kernels.contract import declare_outputs
+from ..kernels.declarations import declare_builder
 from ..kernels.file_modules import load_file_module
 from .interpreter import fit_interpreter
 
@@ -379,9 +380,7 @@ def flashinfer_csr(
 
 
 declare_outputs(flashinfer_csr, "csr")
-vars(flashinfer_csr)["pagegraph_page_sizes"] = (
-    1,
-)  # SGLang's FlashInfer backend builds token slots
+declare_builder(flashinfer_csr, page_sizes=(1,))  # SGLang's FlashInfer backend builds token slots
 
 
 def flashinfer_csr_token_blocks(
@@ -405,7 +404,7 @@ def flashinfer_csr_token_blocks(
 
 
 declare_outputs(flashinfer_csr_token_blocks, "csr")
-vars(flashinfer_csr_token_blocks)["pagegraph_page_sizes"] = (1,)
+declare_builder(flashinfer_csr_token_blocks, page_sizes=(1,))
 
 
 def _starts(kv_start_idx: torch.Tensor | None, bs: int) -> list[int]:

@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import contextlib
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from types import TracebackType
 
 import torch
 
+from ..kernels.declarations import declare_builder
 from .ranges import current_range, phase
 from .sync_events import SyncEvent
 
@@ -144,6 +145,11 @@ class BuilderCall:
     ms: float = 0.0
 
 
+def _no_rows(args: tuple[object, ...], kwargs: Mapping[str, object]) -> int:
+    """A call's batch rows where the prober knows no kind: unknown."""
+    return -1
+
+
 class BuilderProbe:
     """The builder as the runner sees it: each call (warm-up, capture, eager replay) is
     measured for allocations and compilations and recorded with its NVTX phase, while
@@ -155,11 +161,20 @@ class BuilderProbe:
         device: torch.device,
         compiles: CompileCounter,
         capabilities: dict[str, bool],
+        rows: Callable[[tuple[object, ...], Mapping[str, object]], int] | None = None,
     ) -> None:
         self.fn = fn
         # What the builder takes (``kinds.builders.builder_capabilities``), as the runner
         # reads it from the probe in the builder's place.
-        self.pagegraph_capabilities = capabilities
+        declare_builder(
+            self,
+            errors=capabilities.get("errors"),
+            swa=capabilities.get("swa"),
+            batch=capabilities.get("batch"),
+        )
+        #: the batch rows of a call from its arguments (its kind's ``KindSpec.call_rows``);
+        #: -1 where unknown
+        self.rows = rows or _no_rows
         self.cuda = device.type == "cuda"
         self.device = device
         self.compiles = compiles
@@ -175,8 +190,7 @@ class BuilderProbe:
             return self.fn(*args, **kwargs)
         where = current_range() or "?"
         self.current_phase = where
-        table = kwargs.get("page_table", args[3] if len(args) > 3 else None)
-        bs = table.shape[0] if hasattr(table, "shape") else -1
+        bs = self.rows(args, kwargs)
         c0 = self.compiles.count
         t0 = time.perf_counter()
         if self.cuda:

@@ -17,9 +17,10 @@ import torch
 from ..detect.ranges import phase, pop, push, range_name
 from ..kernels.contract import cdiv
 from ..kernels.page_table import build_page_table
-from ..kinds import Builder, EngineState, kind_of
-from ..kinds.builders import builder_capabilities, resolve_builder
+from ..kinds import Builder, EngineState, kind_of, vector_names
+from ..kinds.builders import builder_capabilities
 from .buckets import Buckets, PaddingPolicy, resolve_padding
+from .builder_names import resolve_builder
 from .capture import CaptureStep, Graph, capture_buckets
 from .emulate import emulation_wanted
 from .errors import (
@@ -84,12 +85,11 @@ class GraphRunner:
         table_width: pages per table row, when an engine caps pages per request below
             ``cdiv(max_context_len, page_size)`` (longer rows then stop at the width).
         outputs: the builder's kind (``pagegraph.kinds.KINDS``; default ``kind_of``): how
-            it is called and its static output vectors (``KindSpec.vectors``: a decode
-            metadata builder's ``cache_seqlens``, ``cu_seqlens_k``, ``cu_seqlens_q``; a CSR
-            builder's ``kv_indptr``, ``kv_indices``), the engine's own passed by name
-            (``vectors={...}`` or keywords; a name given both ways as two tensors is a
-            ``ValueError``: an engine's own buffer is never replaced). ``draft_tokens`` is
-            frozen into the graphs.
+            it is called and its static output vectors (``KindSpec.vectors``, in
+            ``runner.vectors`` by name), the engine's own passed by name (``vectors={...}``
+            or keywords, ``**named_vectors``; a name that is not one of the kind's vectors,
+            or one given both ways as two tensors, is a ``ValueError``: an engine's own
+            buffer is never replaced). ``draft_tokens`` is frozen into the graphs.
         engine: the engine state the kind reads (``KindSpec.engine_state``: vLLM's block
             tables, ``pagegraph.workload.engine_block_tables.EngineBlockTables``), or None.
 
@@ -117,14 +117,10 @@ class GraphRunner:
         table_width: int | None = None,
         outputs: str = "auto",
         draft_tokens: int = 0,
-        cache_seqlens: torch.Tensor | None = None,
-        cu_seqlens_k: torch.Tensor | None = None,
-        cu_seqlens_q: torch.Tensor | None = None,
-        kv_indptr: torch.Tensor | None = None,
-        kv_indices: torch.Tensor | None = None,
         vectors: dict[str, torch.Tensor] | None = None,
         engine: EngineState | None = None,
         emulate: bool | None = None,
+        **named_vectors: torch.Tensor | None,
     ) -> None:
         check_arguments(req_to_token, page_size, max_context_len, index_dtype, full_to_swa)
         self._configure(
@@ -141,9 +137,16 @@ class GraphRunner:
             table_width=table_width,
             use_graphs=use_graphs,
         )
-        named = dict(cache_seqlens=cache_seqlens, cu_seqlens_k=cu_seqlens_k)
-        named.update(cu_seqlens_q=cu_seqlens_q, kv_indptr=kv_indptr, kv_indices=kv_indices)
-        given = merge_vectors(named, vectors)
+        given = merge_vectors(named_vectors, vectors)
+        # None is "not given": a caller may pass another kind's vector names as None.
+        unknown = sorted(
+            name
+            for name, buf in given.items()
+            if name not in self.kind.vector_names
+            and (buf is not None or name not in vector_names())
+        )
+        if unknown:
+            raise ValueError(self.kind.unknown_vectors_message(unknown))
         #: what reads the tables after the builder in each bucket's graph (``attach_reader``)
         self.reader: Callable[[int], None] | None = None
         self.engine = engine
@@ -254,12 +257,7 @@ class GraphRunner:
                 if errors
                 else None
             )
-            # The kinds' vectors by name, set where this kind has them (``_vector_buffers``).
-            self.cache_seqlens: torch.Tensor | None = None
-            self.cu_seqlens_k: torch.Tensor | None = None
-            self.cu_seqlens_q: torch.Tensor | None = None
-            self.kv_indptr: torch.Tensor | None = None
-            self.kv_indices: torch.Tensor | None = None
+            #: the kind's output vectors by name (``_vector_buffers``)
             self.vectors: dict[str, torch.Tensor] = {}
             self._vector_buffers(max_bs, metadata_given)
             #: the inputs the graph derives from the staged batch for the builder (its kind's)
@@ -292,6 +290,7 @@ class GraphRunner:
                 if spec.engine_sized:
                     length = buf.shape[0]  # the engine sized it; the builder must stay inside it
             self.vectors[name] = buf[:length]
+            # Also an attribute, as engines' code reads it (``runner.<name>``).
             setattr(self, name, self.vectors[name])
 
     def _init_staging(self, max_bs: int, index_dtype: torch.dtype) -> None:
@@ -402,7 +401,7 @@ class GraphRunner:
         """Every buffer a graph reads or writes, by name (``None`` where absent)."""
         own = {
             "read_table": self.read_table,
-            **{name: getattr(self, name) for name in self.vectors},
+            **self.vectors,
             **self.derived,
             **(self.engine.buffers() if self.engine is not None else {}),
         }
@@ -414,11 +413,6 @@ class GraphRunner:
             "page_table": self.page_table,
             "swa_page_table": self.swa_page_table,
             "errors": self.errors,
-            "cache_seqlens": self.cache_seqlens,
-            "cu_seqlens_k": self.cu_seqlens_k,
-            "cu_seqlens_q": self.cu_seqlens_q,
-            "kv_indptr": self.kv_indptr,
-            "kv_indices": self.kv_indices,
         }
 
     def static_buffer(self, name: str) -> torch.Tensor | None:

@@ -91,8 +91,9 @@ class StepConsumer:
         shape: the static shapes.
         page_table: ``[max_bs, width]`` int32, the builder's table (the runner's).
         seq_lens: ``[max_bs]`` int32/int64, the staged lengths (the runner's).
-        cache_seqlens: ``[max_bs]`` int32 the builder writes (a decode-metadata builder's), or
-            None: the consumer's own, copied from ``seq_lens`` in the graph.
+        lengths: ``[max_bs]`` int32, each row's length as the builder writes it (the vector
+            its kind names in ``KindSpec.consumer_lengths``), or None: the consumer's own,
+            copied from ``seq_lens`` in the graph.
         k_cache, v_cache: ``[num_pages + 2, page_size, Hkv, D]`` of ``shape.dtype``: the
             pool's pages, the sentinel and the discard page.
         req_to_token, req_pool_indices: the pool's table and the staged request indices (the
@@ -111,7 +112,7 @@ class StepConsumer:
         shape: StepShape,
         page_table: torch.Tensor,
         seq_lens: torch.Tensor,
-        cache_seqlens: torch.Tensor | None,
+        lengths: torch.Tensor | None,
         k_cache: torch.Tensor,
         v_cache: torch.Tensor,
         req_to_token: torch.Tensor,
@@ -124,11 +125,10 @@ class StepConsumer:
         self.k_cache, self.v_cache = k_cache, v_cache
         self.device = dev = page_table.device
         s, i32 = shape, torch.int32
-        #: the builder writes the consumer's lengths itself (a decode-metadata builder)
-        self.writes_lengths = cache_seqlens is not None
-        self.cache_seqlens = (
-            torch.zeros(s.max_bs, dtype=i32, device=dev) if cache_seqlens is None else cache_seqlens
-        )
+        #: the builder writes the consumer's lengths itself (``KindSpec.consumer_lengths``)
+        self.writes_lengths = lengths is not None
+        #: ``[max_bs]`` int32: each row's length as the consumer reads it
+        self.lengths = torch.zeros(s.max_bs, dtype=i32, device=dev) if lengths is None else lengths
         #: the real rows' lengths as the engine knows them on the host for the next call
         #: (``None``: a capture's, one token a row)
         self.host_lens: list[int] | None = None
@@ -172,13 +172,13 @@ class StepConsumer:
         ps = self.shape.page_size
         if not self.writes_lengths:
             # The trtllm_mha / FA3 format's lengths are int32, whatever seq_lens holds.
-            self.cache_seqlens[:bs].copy_(self.seq_lens[:bs])
+            self.lengths[:bs].copy_(self.seq_lens[:bs])
         q, out = self.q[:bs], self.out[:bs]
         launch = self._launch_args(bs)
         self.reader.writer(self.cache_write(bs), **launch)
         if self.reader.inputs:
             launch["inputs"] = self.inputs(bs)
-        table, lens = self.page_table[:bs], self.cache_seqlens[:bs]
+        table, lens = self.page_table[:bs], self.lengths[:bs]
         self.format.build(self.metadata, table, lens, ps)
         self.consumer(
             q,
@@ -206,7 +206,7 @@ class StepConsumer:
             positions=self.positions[:bs],
             idx_mapping=self.idx_mapping[:bs],
             page_table=self.page_table[:bs],
-            cache_seqlens=self.cache_seqlens[:bs],
+            cache_seqlens=self.lengths[:bs],
             page_size=self.shape.page_size,
             discard_slot=self.shape.discard_slot,
             inputs=self.inputs(bs),

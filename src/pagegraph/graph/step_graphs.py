@@ -131,7 +131,7 @@ class StepGraphs:
             s,
             r.page_table,
             r.seq_lens,
-            r.cache_seqlens,
+            r.vectors[kind.consumer_lengths] if kind.consumer_lengths else None,
             self.k_cache,
             self.v_cache,
             req_to_token,

@@ -27,7 +27,7 @@ from ..check.config import CheckConfig
 from ..check.plan import PlanError, plan_check
 from ..check.reports.report import Report
 from ..check.scenario import ScenarioError, load_scenario, scenario_path, shipped_scenarios
-from ..kinds.zoo import CONTROLS, MUTANTS
+from ..mutants.zoo import CONTROLS, MUTANTS
 from ..runtime.progress import Progress
 from ..supervise.isolate import IsolatedError, Job, run_isolated
 from ..supervise.worker_pool import Task, WorkerPool, task_cost
@@ -339,7 +339,7 @@ def _builder_spec(o: Outcome) -> str:
     """How a child process finds the builder: a registry name, else the mutant's path."""
     from ..kinds.builders import is_builtin
 
-    return o.name if is_builtin(o.name) else f"pagegraph.kinds.zoo:{o.name}"
+    return o.name if is_builtin(o.name) else f"pagegraph.mutants.zoo:{o.name}"
 
 
 def _check_builder(

@@ -32,12 +32,17 @@ _DEFINED_IN = {
     "reference_page_table": "reference",
     "static_width_gather": "reference",
     "block_grid": "baselines",
+    "BuilderDeclaration": "declarations",
+    "declaration_of": "declarations",
+    "declare_builder": "declarations",
+    "declare_runner_factory": "declarations",
     "BuilderLoadError": "registry",
     "load_builder": "registry",
 }
 
 __all__ = [
     "BatchContext",
+    "BuilderDeclaration",
     "BuffersChanged",
     "BuilderLoadError",
     "ERROR_KINDS",
@@ -50,6 +55,9 @@ __all__ = [
     "build_page_table",
     "cdiv",
     "check_builder_args",
+    "declaration_of",
+    "declare_builder",
+    "declare_runner_factory",
     "compute_slot_mappings",
     "expected_tables",
     "gather_block_tables",

@@ -1,9 +1,8 @@
 """Loading a user's builder: ``module:function`` or ``path/to/file.py:function``, with
 one-line errors (``BuilderLoadError``) and the file:line where a builder raised
-(``raised_at``). Built-in builders by name, their kinds and what they take are one layer up,
-in ``pagegraph.kinds`` (``pagegraph.kinds.builders.resolve_builder``). A decode step's reader
-loads by the same rules, in its own words (``LoadWords``;
-``pagegraph.clients.engine_readers.load_reader``).
+(``raised_at``). Built-in builders by name, their kinds and what they take are layers above,
+in ``pagegraph.graph.builder_names`` (``resolve_builder``). A decode step's reader loads by
+the same rules, in its own words (``LoadWords``; ``pagegraph.clients.engine_readers.load_reader``).
 """
 
 from __future__ import annotations

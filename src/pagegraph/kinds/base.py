@@ -1,25 +1,23 @@
 """``KindSpec``: everything the bed knows about one kind of metadata builder: its contract,
-where it runs, its outputs, its padded-row policy, its built-in builders and oracle, its mutant
-zoo. The runner, the checker's buffers, the verifier and the judge ask the builder's spec
-instead of comparing kind names, so adding a kind is one module in this folder (a ``KindSpec``
-subclass) plus its scenarios (docs/ARCHITECTURE.md, "Builder kinds as specs").
+where it runs, its outputs, its padded-row policy, its built-in builders and oracle. The
+runner, the checker's buffers, the verifier and the judge ask the builder's spec instead of
+comparing kind names, so adding a kind is one module (a ``KindSpec`` subclass, in this folder
+or registered with ``pagegraph.kinds.register_kind``) plus its scenarios
+(docs/ARCHITECTURE.md, "Builder kinds as specs").
 """
 
 from __future__ import annotations
 
 import inspect
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, ClassVar
+from typing import ClassVar
 
 import torch
 
 from ..kernels.batch import BatchContext
 from ..kernels.contract import ERROR_KINDS
 from .seams import Builder, BuilderIO, EngineState, ReplayModel, VectorVerifier
-
-if TYPE_CHECKING:  # the zoos are loaded on first use (``KindSpec.zoo``), never at import
-    from ..mutants.mutant import Zoo
 
 
 @dataclass(frozen=True)
@@ -50,6 +48,9 @@ class VectorSpec:
     #: an engine's own buffer of this name may be longer, and is used whole (the builder
     #: must stay inside it: ``kv_indices``)
     engine_sized: bool = False
+    #: the entries outside the live region, which must keep the checker's poison, as a
+    #: report names them ("the poison: <untouched> must stay untouched")
+    untouched: str = "an entry past the batch"
 
 
 #: The builder's outputs and inputs as the bed hands them over (the runner, or the checker's
@@ -104,6 +105,9 @@ class KindSpec:
     #: the engine state it reads besides ``req_to_token`` (``"block_tables"``: vLLM's
     #: per-request block tables and ``num_blocks``), or ``None``
     engine_state: ClassVar[str | None] = None
+    #: the vector a decode step's attention reads as each row's length, when the builder
+    #: writes it (else the step computes the lengths itself), or ``None``
+    consumer_lengths: ClassVar[str | None] = None
     #: padding policies it is defined for (``None``: any)
     paddings: ClassVar[tuple[str, ...] | None] = None
     #: name of the oracle among ``builders``
@@ -111,7 +115,6 @@ class KindSpec:
 
     def __init__(self) -> None:
         self._builders: dict[str, Builder] | None = None
-        self._zoo: Zoo | None = None
 
     def __repr__(self) -> str:
         return f"<kind {self.name}>"
@@ -127,18 +130,6 @@ class KindSpec:
         if self._builders is None:
             self._builders = self.load_builders()
         return self._builders
-
-    def load_zoo(self) -> Zoo:
-        """The kind's mutant zoo (a ``pagegraph.mutants.mutant.Zoo``)."""
-        raise NotImplementedError
-
-    @property
-    def zoo(self) -> Zoo:
-        """The kind's ``Zoo``, loaded on first use (mutants are for ``pagegraph mutate`` and
-        tests: a check of one builder never imports them)."""
-        if self._zoo is None:
-            self._zoo = self.load_zoo()
-        return self._zoo
 
     # -- calling --------------------------------------------------------------------------
 
@@ -157,6 +148,29 @@ class KindSpec:
         ``slots`` ``[K, M, cap]`` (int64: each page's first slot, gathered at the replay).
         Kinds with vectors define it."""
         raise NotImplementedError(f"{self.name} has no vectors")
+
+    def call_rows(self, args: tuple[object, ...], kwargs: Mapping[str, object]) -> int:
+        """The batch rows of one call of a builder of this kind, from the arguments ``call``
+        passed (what a probe of the builder records): the rows of the page table it writes,
+        by keyword or as the fourth positional argument; -1 where that is no tensor."""
+        table = kwargs.get("page_table", args[3] if len(args) > 3 else None)
+        shape = getattr(table, "shape", None)
+        return int(shape[0]) if shape is not None else -1
+
+    def entry_owner(
+        self,
+        vector: str,
+        entry: int,
+        lengths: Sequence[int],
+        page_size: int,
+        cap: int,
+        capacity: int,
+    ) -> str:
+        """What entry ``entry`` of the vector ``vector`` is, when its index alone does not
+        say (a report's note), on a replay whose bucket's rows have ``lengths`` tokens (host
+        ints), pages of ``page_size`` tokens, at most ``cap`` pages a row and ``capacity``
+        entries in the kind's engine-sized vectors; ``""`` (the index says) by default."""
+        return ""
 
     @staticmethod
     def engine_of(io: BuilderIO) -> EngineState:
@@ -180,6 +194,21 @@ class KindSpec:
     @property
     def vector_names(self) -> tuple[str, ...]:
         return tuple(v.name for v in self.vectors)
+
+    def vector(self, name: str) -> VectorSpec:
+        """The vector ``name`` of this kind (``ValueError`` naming its vectors otherwise)."""
+        for spec in self.vectors:
+            if spec.name == name:
+                return spec
+        raise ValueError(self.unknown_vectors_message([name]))
+
+    def unknown_vectors_message(self, names: Sequence[str]) -> str:
+        """Why ``names`` cannot be vectors of a builder of this kind: it has others, or none."""
+        listed = ", ".join(self.vector_names) or "none"
+        return (
+            f"{', '.join(map(repr, names))}: not an output vector of a {self.name} builder "
+            f"(its vectors: {listed})"
+        )
 
     # -- the contract, checked before anything runs --------------------------------------
 

@@ -15,15 +15,11 @@ capacity), so a longer row is a hostile injection only.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 import torch
 
 from .base import KindSpec, PaddedRows
 from .seams import Builder, BuilderIO
-
-if TYPE_CHECKING:
-    from ..mutants.mutant import Zoo
 
 
 class BlockTableKind(KindSpec):
@@ -41,11 +37,6 @@ class BlockTableKind(KindSpec):
     #: vLLM pads with length 0; its padded rows are never read (``num_reqs`` bounds the copy)
     paddings = ("vllm",)
     reference = "reference_block_table"
-
-    def load_zoo(self) -> Zoo:
-        from ..mutants.vllm_mutants import BLOCK_TABLE_ZOO
-
-        return BLOCK_TABLE_ZOO
 
     def load_builders(self) -> dict[str, Builder]:
         from ..kernels.block_table import gather_block_tables

@@ -9,16 +9,13 @@ capacity) and each row's span of ``kv_indices``. No SWA outputs, no decode-step 
 
 from __future__ import annotations
 
-from collections.abc import Mapping
-from typing import TYPE_CHECKING
+from collections.abc import Mapping, Sequence
 
+import numpy as np
 import torch
 
 from .base import KindSpec, VectorSpec
 from .seams import Builder, BuilderIO, ReplayModel, VectorVerifier
-
-if TYPE_CHECKING:
-    from ..mutants.mutant import Zoo
 
 
 class CsrKind(KindSpec):
@@ -33,16 +30,18 @@ class CsrKind(KindSpec):
     feeds_consumer = False
     vectors = (
         VectorSpec("kv_indptr", torch.int32, lambda max_bs, width, d: max_bs + 1),
-        VectorSpec("kv_indices", torch.int32, lambda max_bs, width, d: max_bs * width, True),
+        VectorSpec(
+            "kv_indices",
+            torch.int32,
+            lambda max_bs, width, d: max_bs * width,
+            engine_sized=True,
+            # a report's words: "the poison: <untouched> must stay untouched"
+            untouched="an entry past kv_indptr[bucket], or a canary,",
+        ),
     )
     presets = {"kv_indptr[0]": (0, 1)}
     ooc_prefix_exact = True
     reference = "reference_kv_indices"
-
-    def load_zoo(self) -> Zoo:
-        from ..mutants.csr_mutants import ZOO
-
-        return ZOO
 
     def load_builders(self) -> dict[str, Builder]:
         from ..kernels.kv_indices import build_kv_indices
@@ -101,6 +100,32 @@ class CsrKind(KindSpec):
         judged[:, 0, 1 : 2 + M] = (index > bucket) | disordered
         judged[:, 1, 1 : 1 + C] = ~ooc_replay
         return verifier.vector_masks(exp, live, judged)
+
+    def entry_owner(
+        self,
+        vector: str,
+        entry: int,
+        lengths: Sequence[int],
+        page_size: int,
+        cap: int,
+        capacity: int,
+    ) -> str:
+        """Which row of the reference owns ``kv_indices[entry]``, as text: "row i's page p"
+        (from the replay's staged ``lengths``), or where the live stream ends; ``""`` for
+        ``kv_indptr`` and a canary (``entry < 0``)."""
+        if vector != "kv_indices" or entry < 0:
+            return ""
+        sl = np.asarray(lengths, dtype=np.int64)
+        pages = np.clip(-(-np.maximum(sl, 0) // page_size), 0, cap)
+        ends = np.minimum(np.cumsum(pages), capacity)
+        total = int(ends[-1]) if len(ends) else 0
+        if entry >= total:
+            if entry >= capacity:
+                return f"past the end of kv_indices ({capacity} entries)"
+            return f"past kv_indptr[{len(sl)}] = {total}"
+        row = int(np.searchsorted(ends, entry, side="right"))
+        start = int(ends[row - 1]) if row else 0
+        return f"row {row}'s page {entry - start}"
 
     def call(self, builder: Builder, io: BuilderIO, bs: int, extra: Mapping[str, object]) -> None:
         v = io.vectors

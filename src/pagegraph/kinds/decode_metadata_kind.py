@@ -11,16 +11,12 @@ for ``cache_seqlens``. ``cu_seqlens_k[0]`` and ``cu_seqlens_q[0]`` may be preset
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 import torch
 
 from ..kernels.decode_contract import DECODE_ERROR_KINDS
 from .base import KindSpec, VectorSpec
 from .seams import Builder, BuilderIO, ReplayModel, VectorVerifier
-
-if TYPE_CHECKING:
-    from ..mutants.mutant import Zoo
 
 INT32_MAX = 2**31 - 1
 
@@ -40,14 +36,10 @@ class DecodeMetadataKind(KindSpec):
         VectorSpec("cu_seqlens_q", torch.int32, lambda max_bs, width, d: max_bs + 1),
     )
     presets = {"cu_seqlens_k[0]": (1, 1), "cu_seqlens_q[0]": (2, 1)}
+    consumer_lengths = "cache_seqlens"
     error_kinds = DECODE_ERROR_KINDS
     tables_include_draft = True
     reference = "reference_decode_metadata"
-
-    def load_zoo(self) -> Zoo:
-        from ..mutants.decode_metadata_mutants import ZOO
-
-        return ZOO
 
     def load_builders(self) -> dict[str, Builder]:
         from ..kernels.decode_metadata import build_decode_metadata

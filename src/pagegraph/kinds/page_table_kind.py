@@ -8,13 +8,9 @@ table (and the SWA table), leaves every other entry as it was, and runs inside t
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 from .base import KindSpec
 from .seams import Builder, BuilderIO
-
-if TYPE_CHECKING:
-    from ..mutants.mutant import Zoo
 
 
 class PageTableKind(KindSpec):
@@ -25,11 +21,6 @@ class PageTableKind(KindSpec):
     )
     positional = 5
     reference = "reference_page_table"
-
-    def load_zoo(self) -> Zoo:
-        from ..mutants.page_table_mutants import ZOO
-
-        return ZOO
 
     def load_builders(self) -> dict[str, Builder]:
         from ..kernels.baselines import block_grid

@@ -9,16 +9,12 @@ tables"; shapes and dtypes: ``pagegraph.kernels.slot_mapping.compute_slot_mappin
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import TYPE_CHECKING
 
 import torch
 
 from ..kernels.slot_mapping import PAD_SLOT_ID
 from .base import KindSpec, VectorSpec
 from .seams import Builder, BuilderIO, ReplayModel, VectorVerifier
-
-if TYPE_CHECKING:
-    from ..mutants.mutant import Zoo
 
 #: Token entries past the largest bucket's: the fill past the last row is never empty.
 SLACK_TOKENS = 7
@@ -43,11 +39,6 @@ class SlotMappingKind(KindSpec):
     engine_state = "block_tables"
     paddings = ("vllm-graph",)
     reference = "reference_slot_mapping"
-
-    def load_zoo(self) -> Zoo:
-        from ..mutants.vllm_mutants import SLOT_MAPPING_ZOO
-
-        return SLOT_MAPPING_ZOO
 
     def load_builders(self) -> dict[str, Builder]:
         from ..kernels.group_slot_mappings import compute_group_slot_mappings

@@ -2,9 +2,9 @@
 
 One module per kind's zoo (``page_table``, ``decode_metadata``, ``csr``, and ``vllm`` for vLLM's
 ``block_table`` and ``slot_mapping``), each a ``Zoo`` (``pagegraph.mutants.mutant``) of
-``Mutant`` records and controls. A kind's spec holds its zoo (``KindSpec.zoo``);
-``pagegraph.kinds.zoo`` gathers every kind's for ``pagegraph mutate``. The zoo is built on
-the kernels' layer only, so a kind can load it.
+``Mutant`` records and controls; ``pagegraph.mutants.zoo`` gathers them by kind (``ZOOS``)
+for ``pagegraph mutate``. The zoos sit above the kinds (a kind never loads its mutants): a
+kind without mutants is a kind all the same, and ``mutate`` covers the kinds that have a zoo.
 
 """
 

@@ -156,7 +156,7 @@ CONTROLS: dict[str, Callable[..., object]] = {
     "plain_kv_indices": plain_kv_indices,
 }
 
-#: The kind's zoo (``KindSpec.zoo``).
+#: The kind's zoo (``pagegraph.mutants.zoo.ZOOS``).
 ZOO = Zoo(MUTANTS, CONTROLS, reset_caches)
 
 __all__ = ["CONTROLS", "MUTANTS", "ZOO", "plain_kv_indices", "reset_caches"]

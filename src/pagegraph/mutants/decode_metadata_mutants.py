@@ -88,7 +88,7 @@ MUTANTS: dict[str, Mutant] = {
 #: The kind's correct builder, run as a control.
 CONTROLS: dict[str, Callable[..., object]] = {"build_decode_metadata": build_decode_metadata}
 
-#: The kind's zoo (``KindSpec.zoo``).
+#: The kind's zoo (``pagegraph.mutants.zoo.ZOOS``).
 ZOO = Zoo(MUTANTS, CONTROLS)
 
 __all__ = ["CONTROLS", "MUTANTS", "ZOO", "SCAN_RESTART"]

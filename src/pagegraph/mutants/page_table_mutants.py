@@ -594,7 +594,7 @@ def reset_caches() -> None:
         cache.clear()
 
 
-#: The kind's zoo (``KindSpec.zoo``).
+#: The kind's zoo (``pagegraph.mutants.zoo.ZOOS``).
 ZOO = Zoo(MUTANTS, CONTROLS, reset_caches)
 
 __all__ = ["CONTROLS", "MUTANTS", "ZOO", "plain_page_table", "reset_caches"]

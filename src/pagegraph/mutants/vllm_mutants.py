@@ -277,6 +277,6 @@ SLOT_MAPPING_CONTROLS: dict[str, Callable[..., object]] = {
     "compute_slot_mappings": compute_slot_mappings,
     "plain_slot_mapping": plain_slot_mapping,
 }
-#: The kinds' zoos (``KindSpec.zoo``).
+#: The kinds' zoos (``pagegraph.mutants.zoo.ZOOS``).
 BLOCK_TABLE_ZOO = Zoo(BLOCK_TABLE_MUTANTS, BLOCK_TABLE_CONTROLS, reset_caches)
 SLOT_MAPPING_ZOO = Zoo(SLOT_MAPPING_MUTANTS, SLOT_MAPPING_CONTROLS, reset_caches)

@@ -94,8 +94,9 @@ def child_env() -> dict[str, str]:
 def builder_spec(builder: str | Builder) -> str:
     """A builder as a string a child process can resolve: a built-in name, or
     ``module:function`` for a function importable at module level."""
+    from ..graph.builder_names import builder_name
     from ..kernels.registry import FILE_MODULE_PREFIX, builder_spec_for_child
-    from ..kinds.builders import builder_name, is_builtin
+    from ..kinds.builders import is_builtin
 
     if isinstance(builder, str):
         return builder_spec_for_child(builder)
@@ -568,7 +569,7 @@ def _child(spec_path: str) -> int:
         progress = mmap.mmap(f.fileno(), PROGRESS_BYTES)
     from ..check.signals import CheckInterrupted, stop_on_signals
     from ..detect.sync import DetectorUnavailable
-    from ..kinds.builders import resolve_builder
+    from ..graph.builder_names import resolve_builder
 
     stop = stop_on_signals()  # SIGINT/SIGTERM: stop between two replays, keep the report
     stop.__enter__()

@@ -212,6 +212,8 @@ class EagerTwin(RecordedComparisons):
         if not failure.vector and 0 <= row < len(mstep.asked_sl):
             failure.seq_len = int(mstep.asked_sl[row])
             failure.req_pool_index = int(mstep.asked_rpi[row])
+        if failure.vector:
+            failure.untouched = self.run.kind.vector(where).untouched
         failure.poison = POISON
         return failure
 

@@ -489,6 +489,7 @@ def _judge_vectors(
         count, flat, expected, got = found
         vector, entry = divmod(flat, length)
         name = verifier.vector_names[vector]
+        spec = verifier.kind.vectors[vector]
         failure = Failure(
             st.index,
             st.bucket,
@@ -498,7 +499,15 @@ def _judge_vectors(
             got,
             name,
             vector=True,
-            note=csr_entry_owner(st, entry - 1, cfg, verifier) if name == "kv_indices" else "",
+            note=verifier.kind.entry_owner(
+                name,
+                entry - 1,
+                st.asked_sl[: st.bucket].tolist(),
+                cfg.page_size,
+                verifier.cap,
+                verifier.csr_capacity,
+            ),
+            untouched=spec.untouched,
         )
         if st.out_of_contract:
             # Wrong live entries are the out-of-contract values' own, except where the kind's
@@ -512,23 +521,6 @@ def _judge_vectors(
         else:
             stats.oob_writes += count
             _fail_with(props["bounded writes"], failure, st, describe_rows)
-
-
-def csr_entry_owner(st: ModelStep, j: int, cfg: CheckConfig, verifier: TableVerifier) -> str:
-    """Which row of the reference owns ``kv_indices[j]`` on replay ``st``, as text: "row i,
-    page p" (from the model's staged lengths), or where the live stream ends."""
-    if j < 0:
-        return ""
-    pages = np.clip(-(-np.maximum(st.asked_sl[: st.bucket], 0) // cfg.page_size), 0, verifier.cap)
-    ends = np.minimum(np.cumsum(pages), verifier.csr_capacity)
-    total = int(ends[-1]) if len(ends) else 0
-    if j >= total:
-        if j >= verifier.csr_capacity:
-            return f"past the end of kv_indices ({verifier.csr_capacity} entries)"
-        return f"past kv_indptr[{st.bucket}] = {total}"
-    row = int(np.searchsorted(ends, j, side="right"))
-    start = int(ends[row - 1]) if row else 0
-    return f"row {row}'s page {j - start}"
 
 
 def _judge_staged_inputs(

@@ -13,7 +13,8 @@ from types import SimpleNamespace
 import torch
 
 from ...kernels.contract import POISON, cdiv
-from ...kinds import CSR, PAGE_TABLE, KindSpec
+from ...kernels.declarations import factory_declaration_of
+from ...kinds import PAGE_TABLE, KindSpec
 from ...kinds.builders import builder_capabilities
 from ...workload.decode import Step
 from ...workload.pool import KVPool
@@ -138,8 +139,8 @@ def allocate_check_buffers(cfg: CheckConfig, kind: KindSpec, device: torch.devic
 
 
 def vector_lengths(cfg: CheckConfig, kind: KindSpec) -> dict[str, int]:
-    """Entries of each of the kind's vectors in the checker's allocation (``kv_indices``:
-    ``csr_capacity``, ``max_bs`` rows of the table's width, as an engine sizes it)."""
+    """Entries of each of the kind's vectors in the checker's allocation (an engine-sized
+    one: as its kind sizes it for ``max_bs`` rows of the table's width, as an engine does)."""
     return kind.vector_lengths(cfg.max_bs, cfg.width, cfg.draft_tokens)
 
 
@@ -157,11 +158,6 @@ def table_row_strides(cfg: CheckConfig) -> tuple[int, ...]:
         pad = cfg.table_pad_cols if cfg.swa_table_pad_cols is None else cfg.swa_table_pad_cols
         strides.append(cfg.width + pad)
     return tuple(strides)
-
-
-def csr_capacity(cfg: CheckConfig) -> int:
-    """Entries of the checker's ``kv_indices`` (a CSR builder's capacity)."""
-    return engine_capacity(cfg, CSR)
 
 
 def engine_capacity(cfg: CheckConfig, kind: KindSpec) -> int:
@@ -201,15 +197,10 @@ def _same_storage(a: torch.Tensor, b: torch.Tensor) -> bool:
 
 
 def engine_buffers(factory: Callable[..., object]) -> tuple[str, ...]:
-    """The output vectors a runner factory allocates itself, as an engine does
-    (``factory.pagegraph_engine_buffers``, e.g. ``("kv_indptr",)``; default none): the
-    checker then passes it none of its own under those names."""
-    names = getattr(factory, "pagegraph_engine_buffers", ())
-    if isinstance(names, str) or not all(isinstance(n, str) for n in names):
-        raise ValueError(
-            f"pagegraph_engine_buffers must be a sequence of vector names, got {names!r}"
-        )
-    return tuple(names)
+    """The output vectors a runner factory allocates itself, as an engine does (declared with
+    ``pagegraph.kernels.declarations.declare_runner_factory``; default none): the checker
+    then passes it none of its own under those names."""
+    return factory_declaration_of(factory).engine_buffers
 
 
 @dataclass

@@ -94,7 +94,7 @@ class GroupRuns:
         progress: Callable[[int, int], None] | None = None,
         on_chunk: Callable[[Report], None] | None = None,
     ) -> None:
-        from ...kinds.builders import builder_name  # the kinds import the check's modules
+        from ...graph.builder_names import builder_name
 
         self.plan, self.builder = plan, builder
         self.progress, self.on_chunk = progress, on_chunk

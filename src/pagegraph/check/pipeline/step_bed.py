@@ -18,11 +18,11 @@ import torch
 from ...consumers.paged_attention import BLOCK_N, TOKENS_PER_SPLIT
 from ...consumers.reader import Reader
 from ...graph.buckets import Buckets
+from ...graph.builder_names import builder_name
 from ...graph.step_consumer import StepShape
 from ...graph.step_graphs import TIMING_CALLS, StepGraphs
 from ...kernels.contract import cdiv
 from ...kinds import KindSpec
-from ...kinds.builders import builder_name
 from ...runtime.device import pick_device
 from ...runtime.timing import WARMUP_REPLAYS
 from ...workload.decode import DecodeWorkload, Injection, Step

@@ -14,8 +14,9 @@ import torch
 
 from ...detect.probes import BuilderProbe, CompileCounter, measure_eager_call
 from ...detect.ranges import phase
+from ...graph.builder_names import builder_name
 from ...graph.runner import GraphRunner
-from ...kinds.builders import builder_capabilities, builder_name
+from ...kinds.builders import builder_capabilities
 from ...runtime.device import pick_device
 from ...workload.decode import Step
 from ...workload.pool import KVPool
@@ -131,7 +132,9 @@ def _allocate(run: CheckRun) -> None:
     run.buffers = allocate_check_buffers(run.cfg, run.kind, run.device)
     run.compiles = CompileCounter()
     capabilities = dataclasses.asdict(builder_capabilities(run.builder))
-    run.probe = BuilderProbe(run.builder, run.device, run.compiles, capabilities)
+    run.probe = BuilderProbe(
+        run.builder, run.device, run.compiles, capabilities, run.kind.call_rows
+    )
 
 
 def _start_workload_and_runner(run: CheckRun) -> Step:

@@ -38,6 +38,9 @@ class Failure:
     injected: str = ""
     #: what the entry is, when its index alone does not say (a CSR entry's row and page)
     note: str = ""
+    #: a vector's entries that must keep the poison, as its kind names them
+    #: (``pagegraph.kinds.VectorSpec.untouched``)
+    untouched: str = "an entry past the batch"
     #: when the wrong value is what the previous replay left there: which replay that was
     #: (``"left by replay K (bucket B, N real rows)"``)
     stale: str = ""
@@ -59,10 +62,8 @@ class Failure:
         must stay untouched (and why it must)."""
         if self.poison is None or self.expected != self.poison:
             return "the live entry" if not self.vector else "the reference value"
-        if self.vector and self.table == "kv_indices":
-            return "the poison: an entry past kv_indptr[bucket], or a canary, must stay untouched"
         if self.vector:
-            return "the poison: an entry past the batch must stay untouched"
+            return f"the poison: {self.untouched} must stay untouched"
         if self.max_bs is not None and not 0 <= self.row < self.max_bs:
             return "the poison: a canary row must stay untouched"
         if self.width is not None and self.col >= self.width:
