@@ -28,6 +28,7 @@ from pagegraph.check.plan import CheckPlan, PlanError, plan_check
 from pagegraph.check.scenario import load_scenario
 from pagegraph.jobs import check_job, client_runs, mutate
 from pagegraph.kernels.declarations import declare_builder
+from pagegraph.kinds import kind_named
 from pagegraph.kernels.registry import BuilderLoadError
 from pagegraph.supervise import isolate
 from pagegraph.supervise.isolate import IsolatedError, Job
@@ -343,7 +344,7 @@ def test_the_client_jobs_agree_on_a_scenarios_kind(tmp_path, declared):
     s = load_scenario(str(path))
     # Its builder does not load: its kind is the one it declares, else unknown.
     assert plan.scenario_kind(s.builder, s.config) is (
-        plan.KINDS["page_table"] if declared else None
+        kind_named("page_table") if declared else None
     )
     pairs = []
     for job in (sglang_job.JOB, vllm_job.JOB):
