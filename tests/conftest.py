@@ -120,8 +120,34 @@ GPU_HEAVY: dict[str, tuple[str, ...]] = {
 }
 
 
-def _gpu_heavy(item) -> bool:
-    tests = GPU_HEAVY.get(item.path.name, ())
+#: Tests of child processes and whole jobs over about 4 s each on 2 CPU cores (``make test
+#: DURATIONS=45`` there): what they prove does not depend on the device, so without CUDA
+#: ``make test`` leaves them (marker cpu_heavy) to ``make test-heavy`` as well. By file, then
+#: test function (every parameter).
+CPU_SLOW: dict[str, tuple[str, ...]] = {
+    "test_checker.py": ("test_graph_runner_fixture_releases_its_runners_when_the_test_fails",),
+    "test_isolate.py": (
+        "test_assert_replay_safe_isolated",
+        "test_an_abort_is_reported_and_the_run_goes_on",
+    ),
+    "test_memory_slots.py": ("test_a_jobs_slot_is_held_in_the_child_while_its_check_runs",),
+    "test_plan.py": ("test_a_planned_job_runs_in_a_child_without_planning_again",),
+    "test_process_cleanup.py": ("*",),  # the whole module: killed parents and their children
+    "test_producer.py": ("test_a_child_that_dies_is_reported",),
+    "test_verdicts.py": (
+        "test_a_crash_during_replays_is_explained_by_a_serialised_rerun",
+        "test_a_replay_that_raised_a_cuda_error_is_explained_like_a_crash",
+    ),
+    "test_vllm_job.py": (
+        "test_a_hostile_run_is_labelled_outside_vllms_contract",
+        "test_the_job_writes_a_verdict_per_pair",
+    ),
+    "test_worker_pool.py": ("test_tasks_are_spread_over_warm_workers",),
+}
+
+
+def _listed(table: dict[str, tuple[str, ...]], item) -> bool:
+    tests = table.get(item.path.name, ())
     return "*" in tests or getattr(item, "originalname", item.name) in tests
 
 
@@ -134,8 +160,10 @@ def pytest_configure(config):
 
 def pytest_collection_modifyitems(session, config, items):
     for item in items:
-        if _gpu_heavy(item):
+        if _listed(GPU_HEAVY, item):
             item.add_marker(pytest.mark.gpu_heavy)
+        if _listed(CPU_SLOW, item):
+            item.add_marker(pytest.mark.cpu_heavy)
     # torch.profiler (Kineto) holds CUPTI's one subscription for the rest of the process once
     # started, which would turn every CUPTI-detector test after it into a skip: run those
     # tests last. Before them, the heavy tests (child processes, compiles, long property runs:

@@ -159,10 +159,6 @@ KNOWN_NAMES = {
         }.items()
         for n in names
     },
-    **{
-        ("jobs/sglang_job.py", n): "what SGLang's clients preset"
-        for n in ("cu_seqlens_k[0]", "cu_seqlens_q[0]", "kv_indptr[0]")
-    },
 }
 
 

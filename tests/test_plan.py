@@ -16,6 +16,7 @@ clients' jobs, which agree on it."""
 
 from __future__ import annotations
 
+import functools
 import json
 import textwrap
 
@@ -26,10 +27,11 @@ from pagegraph.check.checker import check_replay_safety, run_plan
 from pagegraph.check.config import CheckConfig, ConfigError
 from pagegraph.check.plan import CheckPlan, PlanError, plan_check
 from pagegraph.check.scenario import load_scenario
+from pagegraph.graph.builder_names import resolve_builder
 from pagegraph.jobs import check_job, client_runs, mutate
-from pagegraph.kernels.declarations import declare_builder
-from pagegraph.kinds import kind_named
+from pagegraph.kernels.declarations import declaration_of, declare_builder
 from pagegraph.kernels.registry import BuilderLoadError
+from pagegraph.kinds import kind_named
 from pagegraph.supervise import isolate
 from pagegraph.supervise.isolate import IsolatedError, Job
 
@@ -319,14 +321,39 @@ def test_the_builders_page_sizes_are_the_plans_and_sglang_words_them():
     assert sglang_job.JOB.refusal(run, PlanError("x")) is None
 
 
+def _with_engine_presets(builtin: str, presets: tuple[str, ...]):
+    """A built-in builder re-declared as one whose engine presets ``presets``."""
+    fn = resolve_builder(builtin)
+
+    @functools.wraps(fn)
+    def engine_builder(*args, **kwargs):
+        return fn(*args, **kwargs)
+
+    declare_builder(engine_builder, engine_presets=presets)
+    return engine_builder
+
+
 def test_engine_presets_join_the_scenarios_by_the_one_rule():
     engine = ("kv_indptr[0]",)
-    p, _ = plan_check("build_kv_indices", SMALL, engine_presets=engine)
+    p, _ = plan_check(_with_engine_presets("build_kv_indices", engine), SMALL)
     assert p.config.preset_outputs == engine
-    p, _ = plan_check("build_page_table", SMALL, engine_presets=engine)
+    assert plan_check("build_kv_indices", SMALL)[0].config.preset_outputs == ()  # undeclared
+    p, _ = plan_check(_with_engine_presets("build_page_table", engine), SMALL)
     assert p.config.preset_outputs == ()
     with pytest.raises(PlanError, match="not outputs of a page_table builder"):
-        plan_check("build_page_table", SMALL, engine_presets=engine, own_builder=True)
+        plan_check(_with_engine_presets("build_page_table", engine), SMALL, own_builder=True)
+
+
+def test_sglangs_clients_declare_what_sglang_presets():
+    from pagegraph.clients import CLIENT_BUILDERS
+
+    clients = CLIENT_BUILDERS()
+    for name in ("sglang_flashinfer_kv_indices", "sglang_flashinfer_kv_indices_blocks"):
+        assert declaration_of(clients[name]).engine_presets == ("kv_indptr[0]",)
+    metadata = declaration_of(clients["sglang_trtllm_mha_graph_metadata"])
+    assert metadata.engine_presets == ("cu_seqlens_k[0]", "cu_seqlens_q[0]")
+    with pytest.raises(ValueError, match="engine_presets must be a sequence of names"):
+        declare_builder(lambda: None, engine_presets="kv_indptr[0]")
 
 
 UNLOADABLE = SMALL_SCENARIO.replace('preset_outputs = ["kv_indptr[0]"]\n', "{outputs}")

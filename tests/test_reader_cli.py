@@ -64,8 +64,8 @@ def test_a_reader_by_name_is_kept_in_the_plan_for_a_child(reader_file):
 
 def test_readers_load_through_their_own_loader_in_a_readers_words(reader_file):
     from pagegraph.clients.engine_readers import ReaderLoadError, load_reader, reader_spec_for_child
-    from pagegraph.kernels.registry import BuilderLoadError
     from pagegraph.graph.builder_names import resolve_builder
+    from pagegraph.kernels.registry import BuilderLoadError
 
     assert isinstance(load_reader(f"{reader_file}:frozen"), Reader)
     assert isinstance(load_reader(f"{reader_file}:attend"), Reader)  # an attention call

@@ -191,13 +191,15 @@ def test_no_diary_words_in_source_comments_and_docstrings():
     assert not found, "diary words in comments or docstrings:\n" + "\n".join(found)
 
 
-def test_every_gpu_heavy_name_is_a_test_function_of_its_file():
-    """A renamed test must not drop out of tests/conftest.py's GPU_HEAVY list unnoticed."""
-    from conftest import GPU_HEAVY
+@pytest.mark.parametrize("table", ["GPU_HEAVY", "CPU_SLOW"])
+def test_every_listed_heavy_name_is_a_test_function_of_its_file(table):
+    """A renamed test must not drop out of tests/conftest.py's GPU_HEAVY or CPU_SLOW list
+    unnoticed."""
+    import conftest
 
     tests_dir = Path(__file__).parent
-    for file, names in GPU_HEAVY.items():
+    for file, names in getattr(conftest, table).items():
         tree = ast.parse((tests_dir / file).read_text())
         defined = {n.name for n in ast.walk(tree) if isinstance(n, ast.FunctionDef)}
         missing = [n for n in names if n != "*" and n not in defined]
-        assert not missing, f"{file}: {missing} listed in GPU_HEAVY but not defined"
+        assert not missing, f"{file}: {missing} listed in {table} but not defined"

@@ -30,6 +30,7 @@ from collections.abc import Callable
 from ..clients.engine_readers import load_reader as resolve_reader
 from ..consumers.reader import Reader
 from ..graph.builder_names import builder_name, config_problem, resolve_builder
+from ..kernels.declarations import declaration_of
 from ..kinds import KindSpec, kind_named, kind_of
 from ..kinds.builders import builder_capabilities, supported_page_sizes
 from .config import CheckConfig, validate_config
@@ -124,7 +125,6 @@ def plan_check(
     reader: Reader | Callable[..., object] | str | None = None,
     *,
     own_builder: bool = False,
-    engine_presets: tuple[str, ...] = (),
     fit_memory: bool = False,
 ) -> tuple[CheckPlan, Callable[..., object]]:
     """Decide a check of ``builder`` (a callable, a built-in name or ``module:fn``) on
@@ -133,8 +133,9 @@ def plan_check(
     step's reader (``resolve_reader``; a config with a consumer only), kept in the plan when
     given by name; default: the config's ``reader``. ``own_builder``: ``builder`` is the one
     the config's scenario names, so its preset outputs must all be its kind's (else they are
-    dropped). ``engine_presets``: outputs the builder's engine sets at allocation, preset on
-    any scenario. ``fit_memory``: refuse a check that does not fit the memory its tables
+    dropped); the outputs the builder's engine sets at allocation (its declaration's
+    ``engine_presets``) are preset on any scenario. ``fit_memory``: refuse a check that does
+    not fit the memory its tables
     would live in (the GPU's free memory, or the host's available memory without CUDA).
     ``PlanError`` when the builder does not fit, another ``ValueError`` when the config or a
     name is bad: the rules are the module docstring's."""
@@ -150,7 +151,7 @@ def plan_check(
     problem = config_problem(fn, kind, config)
     if problem:
         raise PlanError(problem, page_sizes=page_sizes)
-    cfg = _presets(config, kind, own_builder, engine_presets)
+    cfg = _presets(config, kind, own_builder, declaration_of(fn).engine_presets)
     need: int | None = None
     if fit_memory:
         need, parts = memory_need(cfg, kind)

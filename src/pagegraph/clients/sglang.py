@@ -205,6 +205,8 @@ def trtllm_mha_graph_metadata(
 
 
 declare_outputs(trtllm_mha_graph_metadata, "decode_metadata")
+# SGLang sets both prefix sums' entry 0 once, at allocation, and this kernel never writes it.
+declare_builder(trtllm_mha_graph_metadata, engine_presets=("cu_seqlens_k[0]", "cu_seqlens_q[0]"))
 
 
 def normal_decode_metadata(
@@ -380,7 +382,8 @@ def flashinfer_csr(
 
 
 declare_outputs(flashinfer_csr, "csr")
-declare_builder(flashinfer_csr, page_sizes=(1,))  # SGLang's FlashInfer backend builds token slots
+# SGLang's FlashInfer backend builds token slots, and sets kv_indptr[0] once, at allocation.
+declare_builder(flashinfer_csr, page_sizes=(1,), engine_presets=("kv_indptr[0]",))
 
 
 def flashinfer_csr_token_blocks(
@@ -404,7 +407,7 @@ def flashinfer_csr_token_blocks(
 
 
 declare_outputs(flashinfer_csr_token_blocks, "csr")
-declare_builder(flashinfer_csr_token_blocks, page_sizes=(1,))
+declare_builder(flashinfer_csr_token_blocks, page_sizes=(1,), engine_presets=("kv_indptr[0]",))
 
 
 def _starts(kv_start_idx: torch.Tensor | None, bs: int) -> list[int]:

@@ -10,8 +10,8 @@ ran, 2 when the engine's kernels are unavailable or an argument is bad, 130 when
 from __future__ import annotations
 
 import argparse
-from collections.abc import Callable, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 from ..check.config import CheckConfig
@@ -51,8 +51,7 @@ class ClientJob:
     ``markdown(doc)``: the report of the JSON document. ``sections(runs, completed, quiet)``:
     the document's sections after the checks (the engine's findings). ``step_readers``:
     decode-step readers of the engine: a scenario that names one (``[consumer] reader``) runs
-    with its own builder instead of the clients. ``engine_presets``: client -> the outputs the
-    engine sets once, at allocation (``plan_check``'s ``engine_presets``).
+    with its own builder instead of the clients.
     ``precondition(client, cfg)``: why the engine's kernel cannot run on a config for a
     reason its adapter does not declare, or None. ``refusal(run, error)``: a plan's refusal
     in the engine's words, or None to keep the plan's. ``description``,
@@ -70,7 +69,6 @@ class ClientJob:
     scenarios_help: str
     sections: Callable[[list[ClientRun], bool, bool], dict[str, Any]] = _no_sections
     step_readers: tuple[str, ...] = ()
-    engine_presets: Mapping[str, tuple[str, ...]] = field(default_factory=dict)
     precondition: Callable[[str, CheckConfig], str | None] = _no_precondition
     refusal: Callable[[ClientRun, PlanError], str | None] | None = None
 
@@ -93,8 +91,7 @@ def plan_client_runs(
                 continue
             cfg = s.config if replays is None else s.config.replace(steps=replays)
             run = ClientRun(client, s.name, str(s.path), cfg, skipped=job.precondition(client, cfg))
-            presets = job.engine_presets.get(client, ())
-            runs.append(plan_run(run, engine_presets=presets, refusal=job.refusal))
+            runs.append(plan_run(run, refusal=job.refusal))
     for s in loaded:
         if s.config.reader in job.step_readers:
             cfg = s.config if replays is None else s.config.replace(steps=replays)

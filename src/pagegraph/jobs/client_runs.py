@@ -70,19 +70,16 @@ def _config(run: ClientRun) -> CheckConfig:
 def plan_run(
     run: ClientRun,
     *,
-    engine_presets: tuple[str, ...] = (),
     refusal: Callable[[ClientRun, PlanError], str | None] | None = None,
 ) -> ClientRun:
     """``run`` planned (``plan_check``: the client is a builder put on the scenario, so the
-    scenario's presets its kind lacks are dropped, ``engine_presets`` join them; and its tables
+    scenario's presets its kind lacks are dropped, those its engine sets join them; and its tables
     must fit in memory), or skipped with the reason: it was already, or the plan refused it
     (``refusal``: the refusal in the engine's words, None to keep the plan's)."""
     if run.skipped is not None:
         return run
     try:
-        run.plan, _ = plan_check(
-            run.client, _config(run), engine_presets=engine_presets, fit_memory=True
-        )
+        run.plan, _ = plan_check(run.client, _config(run), fit_memory=True)
     except PlanError as exc:
         run.skipped = (refusal and refusal(run, exc)) or str(exc)
     return run

@@ -46,13 +46,6 @@ FLASHMLA_CLIENT = "sglang_flashmla_kv_indices"
 CSR_CLIENTS = ("sglang_flashinfer_kv_indices", "sglang_flashinfer_kv_indices_blocks")
 #: The SGLang clients the job checks, by the name the checker's registry knows them by.
 CLIENTS = (PAGE_TABLE_CLIENT, FLASHMLA_CLIENT, "sglang_trtllm_mha_graph_metadata", *CSR_CLIENTS)
-#: Outputs a client never writes because SGLang sets them once, at allocation: on a generic
-#: scenario the check presets them too (``plan_check``'s ``engine_presets``), as the engine
-#: would, rather than report SGLang's contract as a failure.
-CLIENT_PRESETS = {
-    "sglang_trtllm_mha_graph_metadata": ("cu_seqlens_k[0]", "cu_seqlens_q[0]"),
-    **dict.fromkeys(CSR_CLIENTS, ("kv_indptr[0]",)),
-}
 #: Tokens in one program's block of the page-table clients' kernels: ``page_size`` must
 #: divide it, and their grids cover a row in blocks of ``BLOCK_TOKENS // page_size`` pages.
 BLOCK_TOKENS = 4096
@@ -383,7 +376,6 @@ JOB = ClientJob(
     ),
     scenarios_help="shipped scenario names or scenario files (default: every shipped one)",
     sections=_findings,
-    engine_presets=CLIENT_PRESETS,
     precondition=_kernel_problem,
     refusal=_in_sglangs_words,
 )

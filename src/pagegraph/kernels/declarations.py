@@ -46,13 +46,17 @@ class BuilderDeclaration:
     ``page_sizes``: the only page sizes it takes (``None``: any). ``errors``, ``swa``,
     ``batch``: whether it takes ``errors=``, the SWA outputs (``swa_page_table=`` and
     ``full_to_swa=``) and ``batch=``; ``None`` leaves it to the signature
-    (``pagegraph.kinds.builders.builder_capabilities``).
+    (``pagegraph.kinds.builders.builder_capabilities``). ``engine_presets``: outputs its engine
+    sets once, at allocation, and the builder never writes (its kind's presettable outputs,
+    e.g. ``"kv_indptr[0]"``): a check presets them as the engine would
+    (``pagegraph.check.plan.plan_check``).
     """
 
     page_sizes: tuple[int, ...] | None = None
     errors: bool | None = None
     swa: bool | None = None
     batch: bool | None = None
+    engine_presets: tuple[str, ...] = ()
 
     def capabilities(self) -> dict[str, bool]:
         """The capabilities it declares, by name (those left to the signature omitted)."""
@@ -85,17 +89,21 @@ def declare_builder(
     errors: bool | None = None,
     swa: bool | None = None,
     batch: bool | None = None,
+    engine_presets: tuple[str, ...] = (),
 ) -> None:
-    """Record on ``fn`` the page sizes it takes (``None``: any) and the capabilities its
-    signature does not say (``None``: read from the signature); a page size that is not a
-    positive int is a ``ValueError``."""
+    """Record on ``fn`` the page sizes it takes (``None``: any), the capabilities its
+    signature does not say (``None``: read from the signature) and the outputs its engine
+    presets (``BuilderDeclaration.engine_presets``); a page size that is not a positive int,
+    or a preset that is not a string, is a ``ValueError``."""
+    if isinstance(engine_presets, str) or not all(isinstance(n, str) for n in engine_presets):
+        raise ValueError(f"engine_presets must be a sequence of names, got {engine_presets!r}")
     if page_sizes is not None:
         page_sizes = tuple(page_sizes)
         if not page_sizes or not all(
             isinstance(p, int) and not isinstance(p, bool) and p > 0 for p in page_sizes
         ):
             raise ValueError(f"page_sizes must be positive ints, got {page_sizes!r}")
-    declared = BuilderDeclaration(page_sizes, errors, swa, batch)
+    declared = BuilderDeclaration(page_sizes, errors, swa, batch, tuple(engine_presets))
     setattr(fn, DECLARATION_ATTRIBUTE, declared)
 
 
