@@ -290,7 +290,7 @@ def test_csr_scenarios_load():
 
 
 @pytest.mark.skipif(sglang_unavailable_reason() is not None, reason="sglang is not installed")
-def test_sglang_flashinfer_csr_is_exact_with_its_preset_and_crashes_without():
+def test_sglang_flashinfer_csr_is_exact_with_its_preset_and_crashes_without(tmp_path):
     cfg = load_scenario(ROOT / "graphs" / "sglang-flashinfer.toml").config
     # No overlong rows here: the kernel copies a row's whole length unclamped, and past the
     # last request row of req_to_token that is a read outside the allocation, which the
@@ -302,14 +302,25 @@ def test_sglang_flashinfer_csr_is_exact_with_its_preset_and_crashes_without():
         max_context_len=300,
         initial_len=(1, 200),
         overlong=0.0,
+        preset_outputs=(),
     )
+    # The client declares kv_indptr[0] as SGLang's preset: the check sets it, as SGLang does.
     report = check_replay_safety("sglang_flashinfer_kv_indices", cfg)
     assert report.verdict == "SAFE", report.format()
-    # Without the preset, row 0 starts at the checker's poison in the never-written
-    # kv_indptr[0]: its copy lands far outside kv_indices and kills the process.
-    (bare,) = run_isolated(
-        [Job("sglang_flashinfer_kv_indices", cfg.replace(preset_outputs=()))], timeout=300
+    assert report.config.preset_outputs == ("kv_indptr[0]",), report.config
+    # The same kernel declared without it: row 0 starts at the checker's poison in the
+    # never-written kv_indptr[0], its copy lands far outside kv_indices and kills the process.
+    bare_module = tmp_path / "bare_csr.py"
+    bare_module.write_text(
+        "from pagegraph.clients.sglang import flashinfer_csr\n"
+        "from pagegraph.kernels.contract import declare_outputs\n"
+        "from pagegraph.kernels.declarations import declare_builder\n\n\n"
+        "def bare(*args, **kwargs):\n"
+        "    return flashinfer_csr(*args, **kwargs)\n\n\n"
+        'declare_outputs(bare, "csr")\n'
+        "declare_builder(bare, page_sizes=(1,), errors=False, swa=False, batch=False)\n"
     )
+    (bare,) = run_isolated([Job(f"{bare_module}:bare", cfg)], timeout=300)
     assert bare.verdict == "UNSAFE"
     if not torch.cuda.is_available():
         assert "killed by SIGSEGV" in bare.property("capture").detail, bare.format()
