@@ -67,7 +67,7 @@ def test_a_loose_attribute_is_refused_with_the_declaration_to_use(attribute, val
         pass
 
     setattr(build, attribute, value)
-    with pytest.raises(ValueError, match=rf"{attribute}.*declare_builder"):
+    with pytest.raises(ValueError, match=rf"\.build sets {attribute}, .*declare_builder"):
         builder_capabilities(build)
 
 

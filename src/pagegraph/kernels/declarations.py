@@ -76,8 +76,9 @@ class FactoryDeclaration:
 def _refuse_retired(fn: object) -> None:
     for attribute, instead in _RETIRED.items():
         if attribute in getattr(fn, "__dict__", {}):
+            name = getattr(fn, "__qualname__", None) or repr(fn)
             raise ValueError(
-                f"{fn!r} sets {attribute}, which pagegraph does not read: declare it with "
+                f"{name} sets {attribute}, which pagegraph does not read: declare it with "
                 f"pagegraph.kernels.declarations.{instead}"
             )
 
