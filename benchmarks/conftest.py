@@ -6,7 +6,8 @@ is registered here; installed, the entry point has registered it already.
 
 
 def pytest_configure(config):
-    if not config.pluginmanager.has_plugin("pagegraph"):
-        import pagegraph.pytest_plugin as plugin
+    import pagegraph.pytest_plugin as plugin
 
-        config.pluginmanager.register(plugin, "pagegraph")
+    # Installed, the entry point registered it already (under the entry point's name).
+    if not config.pluginmanager.is_registered(plugin):
+        config.pluginmanager.register(plugin, "pagegraph.pytest_plugin")

@@ -152,9 +152,10 @@ def _listed(table: dict[str, tuple[str, ...]], item) -> bool:
 
 
 def pytest_configure(config):
-    if not config.pluginmanager.has_plugin("pagegraph.pytest_plugin"):
-        import pagegraph.pytest_plugin as plugin
+    import pagegraph.pytest_plugin as plugin
 
+    # Installed, the entry point registered it already (under the entry point's name).
+    if not config.pluginmanager.is_registered(plugin):
         config.pluginmanager.register(plugin, "pagegraph.pytest_plugin")
 
 
