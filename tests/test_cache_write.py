@@ -170,7 +170,7 @@ def test_write_new_tokens_puts_each_row_at_its_slot_and_pads_at_the_discard_slot
     discard = (pages - 1) * ps
     w = CacheWrite(
         k_new=new[0], v_new=new[1], k_cache=cache[0], v_cache=cache[1], out_cache_loc=loc,
-        positions=loc, idx_mapping=loc.int(), page_table=loc[None], cache_seqlens=loc.int(),
+        positions=loc, idx_mapping=loc.int(), page_table=loc[None], lengths=loc.int(),
         page_size=ps, discard_slot=discard, inputs=None,
     )  # fmt: skip
     write_new_tokens(w)

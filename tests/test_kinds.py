@@ -149,7 +149,6 @@ BED_BUFFERS = frozenset(IO_FIELDS) | {
 #: (file under src/pagegraph, name) -> why it still names a kind's vector or a kind. Each
 #: entry must still occur (a stale one fails), so the list only shrinks.
 KNOWN_NAMES = {
-    ("graph/step_consumer.py", "cache_seqlens"): "CacheWrite's field (the consumer contract)",
     **{
         (f"bench/{f}", n): "the decode-metadata kernels' own benchmark"
         for f, names in {

@@ -50,7 +50,8 @@ class CacheWrite:
     by ``pad_slot``: ``PAD_SLOT_ID`` or 0. ``positions`` ``[bs]`` int64: each real row's new
     token's position (``seq_len - 1``), 0 for a padded row. ``idx_mapping`` ``[bs]`` int32:
     ``i`` for a real row, -1 for a padded one (vLLM's padded requests). ``page_table``
-    ``[bs, width]`` int32 and ``cache_seqlens`` ``[bs]`` int32: the builder's tables.
+    ``[bs, width]`` int32 and ``lengths`` ``[bs]`` int32: the builder's table and the lengths
+    the reader attends over (each real row's, its new token included).
     ``discard_slot``: the first slot of the discard page, where a masked write may go (no one
     reads it). ``inputs``: the staged inputs (``StepInputs``)."""
 
@@ -62,7 +63,7 @@ class CacheWrite:
     positions: torch.Tensor
     idx_mapping: torch.Tensor
     page_table: torch.Tensor
-    cache_seqlens: torch.Tensor
+    lengths: torch.Tensor
     page_size: int
     discard_slot: int
     inputs: StepInputs

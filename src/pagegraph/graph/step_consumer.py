@@ -206,7 +206,7 @@ class StepConsumer:
             positions=self.positions[:bs],
             idx_mapping=self.idx_mapping[:bs],
             page_table=self.page_table[:bs],
-            cache_seqlens=self.lengths[:bs],
+            lengths=self.lengths[:bs],
             page_size=self.shape.page_size,
             discard_slot=self.shape.discard_slot,
             inputs=self.inputs(bs),

@@ -35,7 +35,7 @@ def _write_new_tokens(w: CacheWrite, *, padding_id_max: int, **_: object) -> Non
     """Each row's new key and value at its new token's slot through its block table (a
     zero-length row's position clamped to 0: block 0), for rows whose block is above
     ``padding_id_max``; a skipped row's write goes to the discard slot."""
-    pos = (w.cache_seqlens.long() - 1).clamp(min=0)
+    pos = (w.lengths.long() - 1).clamp(min=0)
     col = torch.div(pos, w.page_size, rounding_mode="floor")[:, None]
     block = w.page_table.gather(1, col)[:, 0].long()
     slots = block.clamp(min=0) * w.page_size + pos.remainder(w.page_size)

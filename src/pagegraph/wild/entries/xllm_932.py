@@ -26,7 +26,7 @@ def _write_through_block_table(w: CacheWrite, *, row_stride_from_table: bool) ->
     bs, width = table.shape
     stride = table.stride(0) if row_stride_from_table else width
     flat = table.as_strided(((bs - 1) * stride + width,), (1,))  # the table's span, a view
-    pos = (w.cache_seqlens.long() - 1).clamp(min=0)
+    pos = (w.lengths.long() - 1).clamp(min=0)
     col = torch.div(pos, w.page_size, rounding_mode="floor").clamp(max=width - 1)
     rows = torch.arange(bs, device=table.device)
     block = flat[rows * stride + col].long()
