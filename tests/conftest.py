@@ -126,6 +126,14 @@ GPU_HEAVY: dict[str, tuple[str, ...]] = {
 #: test function (every parameter).
 CPU_SLOW: dict[str, tuple[str, ...]] = {
     "test_checker.py": ("test_graph_runner_fixture_releases_its_runners_when_the_test_fails",),
+    "test_cli.py": ("test_workload_process_flag_overrides_the_scenario",),
+    "test_decode_step.py": ("test_cli_runs_the_decode_step",),
+    "test_first_hour.py": (  # the README's own examples stay in make test
+        "test_a_builder_by_absolute_file_path_is_checked",
+        "test_a_builder_module_in_the_current_folder_loads_by_name",
+        "test_a_shipped_scenario_runs_by_name_from_another_folder",
+        "test_the_plugin_shows_the_report_and_not_its_own_source",
+    ),
     "test_isolate.py": (
         "test_assert_replay_safe_isolated",
         "test_an_abort_is_reported_and_the_run_goes_on",
@@ -133,7 +141,10 @@ CPU_SLOW: dict[str, tuple[str, ...]] = {
     "test_memory_slots.py": ("test_a_jobs_slot_is_held_in_the_child_while_its_check_runs",),
     "test_plan.py": ("test_a_planned_job_runs_in_a_child_without_planning_again",),
     "test_process_cleanup.py": ("*",),  # the whole module: killed parents and their children
-    "test_producer.py": ("test_a_child_that_dies_is_reported",),
+    "test_producer.py": (
+        "test_a_child_that_dies_is_reported",
+        "test_streams_take_turns_each_with_its_own_tables",
+    ),
     "test_verdicts.py": (
         "test_a_crash_during_replays_is_explained_by_a_serialised_rerun",
         "test_a_replay_that_raised_a_cuda_error_is_explained_like_a_crash",

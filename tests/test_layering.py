@@ -37,6 +37,7 @@ from inside the package; the test checks that too).
 from __future__ import annotations
 
 import ast
+import functools
 from pathlib import Path
 
 import pytest
@@ -137,9 +138,22 @@ def imports_of(name: str, path: Path, known: set[str]) -> set[str]:
 
 
 def import_graph(root: Path = SRC) -> dict[str, set[str]]:
+    """Each module of the tree at ``root`` -> the pagegraph modules it imports (a copy: the
+    source tree's is parsed once a process)."""
+    if root != SRC:
+        return _parse_graph(root)
+    return {name: set(targets) for name, targets in _source_graph().items()}
+
+
+def _parse_graph(root: Path) -> dict[str, set[str]]:
     mods = modules(root)
     known = set(mods)
     return {name: imports_of(name, path, known) for name, path in mods.items()}
+
+
+@functools.cache
+def _source_graph() -> dict[str, set[str]]:
+    return _parse_graph(SRC)
 
 
 def top_module(name: str) -> str:
