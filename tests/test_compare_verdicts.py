@@ -106,3 +106,11 @@ def test_an_unreadable_file_is_exit_2(tmp_path):
     broken = copy.deepcopy(DOCS)
     del broken["wild.json"]["entries"][0]["key"]
     assert compare.main([str(write(tmp_path / "a", DOCS)), str(write(tmp_path / "b", broken))]) == 2
+
+
+def test_a_job_in_one_folder_only_or_none_at_all_is_exit_2(tmp_path, capsys):
+    before = write(tmp_path / "a", DOCS)
+    after = write(tmp_path / "b", {k: v for k, v in DOCS.items() if k != "wild.json"})
+    assert compare.main([str(before), str(after)]) == 2
+    assert "wild.json: in one folder only" in capsys.readouterr().out
+    assert compare.main([str(write(tmp_path / "c", {})), str(write(tmp_path / "d", {}))]) == 2

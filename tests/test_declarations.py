@@ -3,7 +3,7 @@ place.
 
 * ``declare_builder`` records a builder's page sizes and capabilities (a
   ``BuilderDeclaration``); the contract check refuses another page size, and a loose
-  attribute pagegraph no longer reads is refused with the declaration to use.
+  attribute of a declaration's names is refused with the declaration to use.
 * ``declare_runner_factory`` records the vectors a factory allocates itself.
 * The presettable outputs are the kinds' ``presets``; a vector's untouched entries and an
   entry's owner are its kind's words in a report.
@@ -168,3 +168,12 @@ def test_the_runner_refuses_a_vector_of_another_kind():
             vectors={"kv_indptr": torch.zeros(5, dtype=torch.int32)},
             **RUNNER,
         )
+
+
+def test_a_misspelt_runner_argument_is_a_type_error_not_a_vector():
+    """A keyword that is no kind's vector is what Python says of any unexpected keyword; a
+    real vector name of another kind keeps the kinds' message (above)."""
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'paddng'"):
+        GraphRunner(_r2t(), paddng="vllm", **RUNNER)
+    runner = GraphRunner(_r2t(), padding="vllm", **RUNNER)  # spelt right: accepted
+    assert runner.padding.name == "vllm"

@@ -9,8 +9,9 @@ not and the property that killed it in each scenario both runs checked it on (a 
 at its first kill, and with several jobs the first scenario to finish may differ), a control
 SAFE or not; a client's verdict on each scenario, the properties that failed and those given
 as advice; a corpus entry held or not, with each twin's verdict and the entry's property.
-Timings, dates and message details are left out. Exit 0 when every verdict is the same,
-1 with the differences listed otherwise, 2 for a missing or unreadable file.
+Timings, dates and message details are left out. Exit 1 with the differences listed when a
+verdict differs; else 0 when every job found in either folder was compared, 2 when one is in
+one folder only, none was found, or a file cannot be read.
 """
 
 from __future__ import annotations
@@ -75,6 +76,7 @@ def differences(name: str, before: dict[str, Any], after: dict[str, Any]) -> lis
 
 
 def main(argv: list[str]) -> int:
+    """Compare the jobs' files of ``argv``'s two folders; the exit status (module docstring)."""
     if len(argv) != 2:
         print("usage: compare_verdicts.py BEFORE_DIR AFTER_DIR", file=sys.stderr)
         return 2
@@ -85,10 +87,14 @@ def main(argv: list[str]) -> int:
         "wild.json": wild_verdicts,
     }
     diffs: list[str] = []
+    incomplete = compared = 0
     for name in JOBS:
         paths = [Path(d) / name for d in argv]
+        if not any(p.exists() for p in paths):
+            continue
         if not all(p.exists() for p in paths):
-            print(f"{name}: not in both folders, not compared")
+            print(f"{name}: in one folder only, not compared")
+            incomplete += 1
             continue
         try:
             before, after = (readers[name](json.loads(p.read_text())) for p in paths)
@@ -96,11 +102,14 @@ def main(argv: list[str]) -> int:
             print(f"compare_verdicts: cannot read {name}: {exc}", file=sys.stderr)
             return 2
         found = differences(name, before, after)
+        compared += 1
         print(f"{name}: {len(before)} verdicts, {len(found)} differ")
         diffs += found
     for line in diffs:
         print(line)
-    return 1 if diffs else 0
+    if diffs:
+        return 1
+    return 2 if incomplete or not compared else 0
 
 
 if __name__ == "__main__":

@@ -4,7 +4,7 @@ builder, any scenario), ``check_decode_step`` (a scenario's decode step end to e
 once (``plan``) and hands it to the pipeline (``pipeline.phases.run_pipeline``) with its
 bench: ``pipeline.table_bed.TableBed`` (the builder's outputs compared exactly with the
 checker's model) or ``pipeline.step_bed.StepBed`` (the attention's output); a scenario
-with ``kv_groups`` runs once a group (``pipeline.kv_groups``). Only passed properties count.
+with ``kv_groups`` runs once a group (``pipeline.group_checks``). Only passed properties count.
 """
 
 from __future__ import annotations

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sized
+from collections.abc import Mapping, Sequence, Sized
 from typing import Protocol
 
 import torch
@@ -92,13 +92,19 @@ def check_vector_buffer(
 
 
 def merge_vectors(
-    keywords: Mapping[str, torch.Tensor | None], vectors: Mapping[str, torch.Tensor] | None
+    keywords: Mapping[str, torch.Tensor | None],
+    vectors: Mapping[str, torch.Tensor] | None,
+    known: Sequence[str],
 ) -> dict[str, torch.Tensor | None]:
     """The output vectors handed to a ``GraphRunner`` by keyword and in ``vectors={...}``,
-    by name. A name given both ways as two different tensors is a ``ValueError`` naming it:
-    either could be the engine's own buffer, and the one its graphs read must never be
-    replaced behind its back (the same tensor twice, or two views of the same bytes in
-    the same layout, is fine)."""
+    by name. A keyword that is no kind's vector (``known``) is a ``TypeError``, as Python
+    says of any unexpected keyword (a misspelt argument). A name given both ways as two
+    different tensors is a ``ValueError`` naming it: either could be the engine's own
+    buffer, and the one its graphs read must never be replaced behind its back (the same
+    tensor twice, or two views of the same bytes in the same layout, is fine)."""
+    for name in keywords:
+        if name not in known:
+            raise TypeError(f"GraphRunner() got an unexpected keyword argument {name!r}")
     merged = dict(keywords)
     for name, buf in (vectors or {}).items():
         other = merged.get(name)

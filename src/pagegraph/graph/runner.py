@@ -137,7 +137,7 @@ class GraphRunner:
             table_width=table_width,
             use_graphs=use_graphs,
         )
-        given = merge_vectors(named_vectors, vectors)
+        given = merge_vectors(named_vectors, vectors, vector_names())
         # None is "not given": a caller may pass another kind's vector names as None.
         unknown = sorted(
             name

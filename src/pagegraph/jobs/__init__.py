@@ -1,8 +1,7 @@
 """The jobs the command line runs: check, kernel table, profile, mutate, the engines' runs.
 
 ``run_check`` (``pagegraph check`` and ``kernel-table``) and ``run_mutate`` (``pagegraph
-mutate``); the shipped scenarios by name are ``pagegraph.check.scenario``'s, the progress line
-and the environment a report records ``pagegraph.runtime``'s.
+mutate``).
 """
 
 from importlib import import_module

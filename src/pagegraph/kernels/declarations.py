@@ -4,10 +4,11 @@ page sizes and capabilities (``BuilderDeclaration``, set by ``declare_builder``,
 (``FactoryDeclaration``, ``declare_runner_factory``, ``factory_declaration_of``).
 
 Each record lives in one attribute of the function (``DECLARATION_ATTRIBUTE``), so a builder
-wrapped or re-exported keeps what it declares, and nothing else reads loose function
-attributes. A function still carrying one of the loose attributes pagegraph once read
-(``pagegraph_page_sizes``, ``pagegraph_capabilities``, ``pagegraph_engine_buffers``) is refused
-with the declaration to use instead: silently ignoring it would check another contract.
+wrapped or re-exported keeps what it declares; its kind is the one other attribute
+(``pagegraph.kernels.contract.declare_outputs``, ``fn.pagegraph_outputs``). A function carrying
+a loose attribute of these names (``pagegraph_page_sizes``, ``pagegraph_capabilities``,
+``pagegraph_engine_buffers``) is refused with the declaration to use: ignoring it would check
+another contract than the one it means.
 """
 
 from __future__ import annotations

@@ -162,7 +162,7 @@ class VectorVerifier(Protocol):
     """What ``KindSpec.vector_fields`` reads of the verifier that judges ``K = batch``
     replays at once (``pagegraph.check.judges.verify.TableVerifier``): its sizes, its buffers for
     the kind's vectors (a ``[V, L]`` allocation a replay, with a canary entry on both sides
-    of each vector) and the two helpers that turn expected values into mask fields."""
+    of each vector) and the two functions that turn expected values into mask fields."""
 
     @property
     def batch(self) -> int:

@@ -1,7 +1,7 @@
 """Decode attention in plain torch, by token ranges, for the corpus entries' readers.
 
 Class (b) entries model kernels whose launch or schedule depends on host values (a host number
-of fixed-size splits, a per-row tile schedule, a work list of items). These helpers compute
+of fixed-size splits, a per-row tile schedule, a work list of items). These functions compute
 such attention with static shapes and torch ops only, so a reader built on them is legal inside
 a CUDA graph and captured by the CPU's emulated graphs. A partial result (running max, sum,
 unnormalised output) covers one range of a row's tokens; ``merge`` combines them as a split-K

@@ -1,8 +1,8 @@
 """A reader format: the metadata a decode step's attention reads, as one spec.
 
 A ``ReaderFormat`` says everything the step, the checker and the benchmarks need to know about
-one format, so that adding one is a module of its own (``paged.py`` and ``csr.py`` beside this
-file) registered into ``FORMATS``:
+one format, so that adding one is a module of its own (``paged_format.py`` and ``csr_format.py``
+beside this file) registered into ``FORMATS``:
 
 * ``kernel``: pagegraph's attention of the format (the default consumer of a scenario naming it);
 * ``allocate`` / ``build``: the format's own buffers, allocated once for ``max_bs`` rows of the
