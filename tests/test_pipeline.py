@@ -1,7 +1,7 @@
 """Invariant: one pipeline runs every check (``pagegraph.check.pipeline.phases.run_pipeline``): the
 phases in order, the replays only after a capture that succeeded, and the release and the
 report's last judgments always, also when a phase raises or a stop interrupts the replays;
-both benches (tables, decode step) run through it and note the same first phases."""
+both beds (tables, decode step) run through it and note the same first phases."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ class FakeClock:
         return self.now
 
 
-#: Seconds each phase of a ``Recording`` bench takes on a ``FakeClock``: powers of two, so
+#: Seconds each phase of a ``Recording`` bed takes on a ``FakeClock``: powers of two, so
 #: every phase's share is told apart from any sum of the others.
 PHASE_S = {
     "set_up": 1.0,
@@ -44,7 +44,7 @@ PHASE_S = {
 
 
 class Recording:
-    """A bench that records its phases; ``captures`` and ``raises`` set what it does. With a
+    """A bed that records its phases; ``captures`` and ``raises`` set what it does. With a
     ``clock``, each phase advances it by its ``PHASE_S`` (before raising, if it raises)."""
 
     def __init__(
@@ -91,26 +91,26 @@ class Recording:
 
 
 def test_the_phases_run_in_order_and_the_report_comes_back():
-    bench, notes = Recording(), []
-    assert run_pipeline(bench, CheckHooks(on_phase=notes.append)) is bench.report
-    assert bench.calls == ["set_up", "capture", "replay", "replay 0", "replay 1", "end_replays",
+    bed, notes = Recording(), []
+    assert run_pipeline(bed, CheckHooks(on_phase=notes.append)) is bed.report
+    assert bed.calls == ["set_up", "capture", "replay", "replay 0", "replay 1", "end_replays",
                            "after_replays", "release", "finish"]  # fmt: skip
     assert notes == ["setup", "replay 0", "replay 1"]
 
 
 def test_a_failed_capture_reaches_no_replay():
-    bench = Recording(captures=False)
-    run_pipeline(bench, CheckHooks())
-    assert bench.calls == ["set_up", "capture", "release", "finish"]
+    bed = Recording(captures=False)
+    run_pipeline(bed, CheckHooks())
+    assert bed.calls == ["set_up", "capture", "release", "finish"]
 
 
 @pytest.mark.parametrize("phase", ["set_up", "capture", "replay"])
 def test_an_interrupted_phase_still_releases_and_finishes(phase):
-    bench = Recording(raises=phase)
+    bed = Recording(raises=phase)
     with pytest.raises(KeyboardInterrupt):
-        run_pipeline(bench, CheckHooks())
-    assert bench.calls[-2:] == ["release", "finish"]
-    assert "after_replays" not in bench.calls
+        run_pipeline(bed, CheckHooks())
+    assert bed.calls[-2:] == ["release", "finish"]
+    assert "after_replays" not in bed.calls
 
 
 @pytest.mark.parametrize("consumer", [None, "paged"], ids=["tables", "step"])
@@ -150,10 +150,10 @@ def clock(monkeypatch):
 def test_each_phases_wall_time_goes_into_the_report(monkeypatch, clock):
     monkeypatch.setattr(pipeline, "_ran_one", False)
     monkeypatch.setattr(pipeline, "process_age_s", lambda: 7.5)
-    bench = Recording(clock=clock)
-    run_pipeline(bench, CheckHooks())
+    bed = Recording(clock=clock)
+    run_pipeline(bed, CheckHooks())
     # Each phase's own time, in order; "finish" comes after the last phase closed (untimed).
-    assert bench.report.wall_s == {
+    assert bed.report.wall_s == {
         "before": 7.5,
         "set-up": 1.0,
         "capture": 2.0,
@@ -161,7 +161,7 @@ def test_each_phases_wall_time_goes_into_the_report(monkeypatch, clock):
         "after replays": 8.0,
         "release": 16.0,
     }
-    assert list(bench.report.wall_s) == [
+    assert list(bed.report.wall_s) == [
         "before",
         "set-up",
         "capture",
@@ -182,9 +182,9 @@ def test_each_phases_wall_time_goes_into_the_report(monkeypatch, clock):
 
 
 def test_a_failed_capture_times_no_replay(clock):
-    bench = Recording(captures=False, clock=clock)
-    run_pipeline(bench, CheckHooks())
-    assert {k: v for k, v in bench.report.wall_s.items() if k != "before"} == {
+    bed = Recording(captures=False, clock=clock)
+    run_pipeline(bed, CheckHooks())
+    assert {k: v for k, v in bed.report.wall_s.items() if k != "before"} == {
         "set-up": 1.0,
         "capture": 2.0,
         "release": 16.0,
@@ -192,10 +192,10 @@ def test_a_failed_capture_times_no_replay(clock):
 
 
 def test_an_interrupted_phase_keeps_its_time_and_the_release_is_timed(clock):
-    bench = Recording(raises="replay", clock=clock)
+    bed = Recording(raises="replay", clock=clock)
     with pytest.raises(KeyboardInterrupt):
-        run_pipeline(bench, CheckHooks())
-    wall = {k: v for k, v in bench.report.wall_s.items() if k != "before"}
+        run_pipeline(bed, CheckHooks())
+    wall = {k: v for k, v in bed.report.wall_s.items() if k != "before"}
     assert wall == {"set-up": 1.0, "capture": 2.0, "replays": 4.0, "release": 16.0}
 
 

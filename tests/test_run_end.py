@@ -1,5 +1,5 @@
 """Invariant: one rule decides what an early end of a check leaves unfinished
-(``pagegraph.check.run_end.unfinished``), for the tables' bench, the decode step's and the
+(``pagegraph.check.run_end.unfinished``), for the tables' bed, the decode step's and the
 report of a check whose process died: a stop or a crash during the replays leaves the
 properties judged over them unfinished, a failed capture every property not judged yet, a
 crash after the replays (the step's timing) nothing; a failure, an advice or a skip stands

@@ -2,7 +2,7 @@
 builder, any scenario), ``check_decode_step`` (a scenario's decode step end to end) and
 ``run_plan`` (a planned check, as a child process runs its parent's). Each plans the check
 once (``plan``) and hands it to the pipeline (``pipeline.phases.run_pipeline``) with its
-bench: ``pipeline.table_bed.TableBed`` (the builder's outputs compared exactly with the
+bed: ``pipeline.table_bed.TableBed`` (the builder's outputs compared exactly with the
 checker's model) or ``pipeline.step_bed.StepBed`` (the attention's output); a scenario
 with ``kv_groups`` runs once a group (``pipeline.group_checks``). Only passed properties count.
 """
@@ -143,8 +143,8 @@ def _run_one(
         return run_pipeline(StepBed(builder, plan, device, reader, hooks, None), hooks)
     if reader is not None:
         raise ValueError("a reader needs a config with a consumer (a decode-step scenario)")
-    bench = TableBed(start_run(builder, plan, device, runner_factory or GraphRunner, hooks))
-    return run_pipeline(bench, hooks)
+    bed = TableBed(start_run(builder, plan, device, runner_factory or GraphRunner, hooks))
+    return run_pipeline(bed, hooks)
 
 
 def check_decode_step(

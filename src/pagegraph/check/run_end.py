@@ -1,5 +1,5 @@
-"""What the end of a run leaves unfinished: one rule (``unfinished``) for both benches and
-for the report of a check whose process died. A bench declares its properties
+"""What the end of a run leaves unfinished: one rule (``unfinished``) for both beds and
+for the report of a check whose process died. A bed declares its properties
 (``BedProperties``: the tables' ``TABLE_BED_PROPERTIES``, the decode step's
 ``STEP_BED_PROPERTIES``); a run ends early in one of three ways (``Ending``: stopped during
 the replays, capture failed, the process crashed), told as a ``RunEnd``; ``mark_unfinished``
@@ -44,7 +44,7 @@ class Ending(enum.Enum):
 
 @dataclass(frozen=True)
 class BedProperties:
-    """The properties a bench declares, and when it judges them."""
+    """The properties a bed declares, and when it judges them."""
 
     #: every property, in the report's order
     names: tuple[str, ...]
@@ -56,13 +56,13 @@ class BedProperties:
     after_replays: tuple[str, ...] = ()
 
 
-#: The tables' bench (``pagegraph.check.pipeline.table_bed.TableBed``): the builder's calls,
+#: The tables' bed (``pagegraph.check.pipeline.table_bed.TableBed``): the builder's calls,
 #: capture and set-up judged before the replays, ``REPLAY_PROPERTIES`` and "replays
 #: completed" over them.
 TABLE_BED_PROPERTIES = BedProperties(
     names=tuple(PROPERTIES), replayed=(*REPLAY_PROPERTIES, "replays completed")
 )
-#: The decode step's bench (``pagegraph.check.pipeline.step_bed.StepBed``): every property
+#: The decode step's bed (``pagegraph.check.pipeline.step_bed.StepBed``): every property
 #: but "capture" judged over the replays; the timing comes after them.
 STEP_BED_PROPERTIES = BedProperties(
     names=tuple(STEP_PROPERTIES),

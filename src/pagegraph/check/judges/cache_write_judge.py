@@ -1,7 +1,7 @@
 """The step's KV-cache write, judged from the host model (``CacheModel``; the judge is
 ``step_judges.CacheWriteExact``).
 
-Before a step's first replay the bench stages each row's new token (``k_new`` / ``v_new``,
+Before a step's first replay the bed stages each row's new token (``k_new`` / ``v_new``,
 ``out_cache_loc``, ``positions``) and the model takes the cache as it stands, with every real
 row's new K/V put at the slot the pool gives its new token: that is what the step must leave.
 After a replay the whole pool is compared with it bit for bit, so a write at a wrong slot, a
@@ -94,7 +94,7 @@ class CacheModel:
         ]
 
     def renew(self, pages: torch.Tensor, offsets: torch.Tensor) -> None:
-        """Copy the graphs' K and V at ``(pages, offsets)`` into the model (the bench renewed
+        """Copy the graphs' K and V at ``(pages, offsets)`` into the model (the bed renewed
         them between replays)."""
         g = self.graphs
         self.k[pages, offsets] = g.k_cache[pages, offsets]

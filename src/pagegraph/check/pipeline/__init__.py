@@ -1,7 +1,7 @@
-"""The check pipeline: its phases and replay loop, both benches, and the state they run on.
+"""The check pipeline: its phases and replay loop, both beds, and the state they run on.
 
 ``run_pipeline`` runs a planned check's phases (device, buffers, workload, capture, replays,
-judgment) over a bench: ``TableBed`` for a metadata builder in its graph, ``StepBed`` for a
+judgment) over a bed: ``TableBed`` for a metadata builder in its graph, ``StepBed`` for a
 whole decode step; ``CheckHooks`` and the replay state are what the judges read.
 """
 

@@ -1,5 +1,5 @@
 """One check pipeline: a planned check is set up, captured, replayed and finished the same
-way whatever its judges (``run_pipeline``), through the stages both benches share: the
+way whatever its judges (``run_pipeline``), through the stages both beds share: the
 capture's outcome (``record_capture``, ``fail_capture``) and the one replay loop
 (``drive_replays``). What an early end leaves unfinished is ``pagegraph.check.run_end``'s to
 decide; the device is ``pagegraph.runtime.pick_device``'s.
@@ -21,7 +21,7 @@ from ..signals import stop_requested
 from .state import CheckHooks
 
 __all__ = [
-    "Bench",
+    "Bed",
     "LoopEnd",
     "ReplayFailed",
     "drive_replays",
@@ -32,7 +32,7 @@ __all__ = [
 ]
 
 
-class Bench(Protocol):
+class Bed(Protocol):
     """The parts of one pipeline: ``run_pipeline`` calls them in this order, and always
     ``release`` then ``finish``."""
 
@@ -64,7 +64,7 @@ class Bench(Protocol):
         """Work on the captured graphs once every replay is judged (the step's timing)."""
 
     def release(self) -> None:
-        """Free what the bench holds (graphs, workload processes, counters); safe to call
+        """Free what the bed holds (graphs, workload processes, counters); safe to call
         after any phase failed."""
 
     def finish(self) -> None:
@@ -106,41 +106,41 @@ class _PhaseClock:
         self.phase, self.t = phase, now
 
 
-def run_pipeline(bench: Bench, hooks: CheckHooks) -> Report:
-    """Run ``bench``'s phases in order (the module docstring); its report, its
+def run_pipeline(bed: Bed, hooks: CheckHooks) -> Report:
+    """Run ``bed``'s phases in order (the module docstring); its report, its
     ``wall_s`` filled in."""
     global _ran_one
     age = None if _ran_one else process_age_s()
     _ran_one = True
     if age is not None:
-        bench.report.wall_s["before"] = age
-    clock = _PhaseClock(bench.report.wall_s)
+        bed.report.wall_s["before"] = age
+    clock = _PhaseClock(bed.report.wall_s)
     hooks.note("setup")
     try:
         clock.start("set-up")
-        bench.set_up()
+        bed.set_up()
         clock.start("capture")
-        if bench.capture():
+        if bed.capture():
             clock.start("replays")
-            bench.start_replays()
+            bed.start_replays()
             end = LoopEnd("the loop raised")  # what end_replays sees if the loop itself raised
             try:
-                end = drive_replays(bench.steps, bench.replay_one, hooks, bench.report, bench.props)
+                end = drive_replays(bed.steps, bed.replay_one, hooks, bed.report, bed.props)
             finally:
-                bench.end_replays(end)
+                bed.end_replays(end)
             clock.start("after replays")
-            bench.after_replays()
+            bed.after_replays()
     finally:
         try:
             clock.start("release")
-            bench.release()
+            bed.release()
         finally:
             clock.start(None)
-            bench.finish()
-    return bench.report
+            bed.finish()
+    return bed.report
 
 
-# -- the stages both benches share -----------------------------------------------------------
+# -- the stages both beds share -----------------------------------------------------------
 
 
 def record_capture(

@@ -151,7 +151,7 @@ class _Run:
 
 
 class StepBed:
-    """The decode step's pipeline (``pagegraph.check.pipeline.phases.Bench``): the builder and the
+    """The decode step's pipeline (``pagegraph.check.pipeline.phases.Bed``): the builder and the
     consumer captured in one graph a bucket, each replay judged on the attention's output
     (docs/ARCHITECTURE.md)."""
 

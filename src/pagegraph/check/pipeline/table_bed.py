@@ -1,4 +1,4 @@
-"""The tables pipeline's bench (``TableBed``, run by ``pagegraph.check.pipeline.phases``): the
+"""The tables pipeline's bed (``TableBed``, run by ``pagegraph.check.pipeline.phases``): the
 builder's eager calls, its capture into the runner under test, and the replays of
 ``replay_loop``, every replay's outputs compared exactly with the checker's model.
 """
@@ -45,7 +45,7 @@ __all__ = ["TableBed", "resolve_detectors", "start_run"]
 
 
 class TableBed:
-    """The tables pipeline (``pagegraph.check.pipeline.phases.Bench``): the builder's outputs after
+    """The tables pipeline (``pagegraph.check.pipeline.phases.Bed``): the builder's outputs after
     every replay compared exactly with the checker's model, by the phases below."""
 
     def __init__(self, run: CheckRun) -> None:
