@@ -18,6 +18,7 @@ from pagegraph.check.run_end import (
     BedProperties,
     Ending,
     RunEnd,
+    fail_at_capture,
     mark_unfinished,
     unfinished,
 )
@@ -103,3 +104,17 @@ def test_marking_turns_what_is_unfinished_incomplete_with_why():
     assert results["cache write exact"].status == "FAIL"
     assert results["replays completed"].status == "incomplete"
     assert results["replays completed"].detail == "after 2 replays"
+
+
+@BEDS
+def test_a_failed_capture_fails_capture_and_leaves_the_unjudged_unfinished(bed):
+    results = _results(bed)
+    judged = next(n for n in bed.names if n != "capture")
+    results[judged].fail("judged before the capture")  # a failure stands
+    fail_at_capture(results, bed, "capture raised X", "not reached: capture failed")
+    assert (results["capture"].status, results["capture"].detail) == ("FAIL", "capture raised X")
+    assert results[judged].status == "FAIL"
+    rest = [results[n] for n in bed.names if n not in ("capture", judged)]
+    assert rest and all(
+        (r.status, r.detail) == ("incomplete", "not reached: capture failed") for r in rest
+    )

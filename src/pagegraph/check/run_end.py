@@ -23,6 +23,7 @@ __all__ = [
     "BedProperties",
     "Ending",
     "RunEnd",
+    "fail_at_capture",
     "mark_unfinished",
     "unfinished",
 ]
@@ -114,3 +115,13 @@ def mark_unfinished(results: Mapping[str, PropertyResult], bed: BedProperties, e
     """Every property ``unfinished`` names becomes "incomplete", ``end.why`` its detail."""
     for name in unfinished(bed, end, results):
         results[name].status, results[name].detail = "incomplete", end.why
+
+
+def fail_at_capture(
+    results: Mapping[str, PropertyResult], bed: BedProperties, what: str, why: str
+) -> None:
+    """No replay ran: "capture" fails with ``what`` (its detail too), and every property of
+    ``bed`` not judged yet is marked unfinished with ``why`` (``Ending.CAPTURE_FAILED``)."""
+    results["capture"].fail(what)
+    results["capture"].detail = what
+    mark_unfinished(results, bed, RunEnd(Ending.CAPTURE_FAILED, why))

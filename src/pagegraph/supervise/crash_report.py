@@ -11,7 +11,7 @@ import re
 import signal
 from typing import Any, Protocol
 
-from ..check.config import PROPERTIES, CheckConfig
+from ..check.config import CheckConfig
 from ..check.reports.report import PropertyResult, Report
 from ..check.reports.step_report import StepSection
 from ..check.run_end import (
@@ -88,7 +88,9 @@ def _blank_report(job: CrashedJob) -> Report:
         report.properties = list(step_properties("incomplete").values())
         return report
     report = Report(job.builder, job.config, "?", "none")
-    report.properties = [PropertyResult(name, "incomplete", "") for name in PROPERTIES]
+    report.properties = [
+        PropertyResult(name, "incomplete", "") for name in TABLE_BED_PROPERTIES.names
+    ]
     return report
 
 

@@ -19,7 +19,7 @@ from ...kernels.contract import POISON
 from ...kernels.registry import raised_at
 from ..config import CheckConfig
 from ..reports.report import REAL_DETECTORS, BucketStats, Failure, PropertyResult, Report
-from ..run_end import TABLE_BED_PROPERTIES, Ending, RunEnd, mark_unfinished
+from ..run_end import TABLE_BED_PROPERTIES, fail_at_capture
 from .protocol import JudgedAtOnce
 from .table_replays import ReplayMeasure, TableReplays, TableSeen
 from .verify import CANARY_ROWS, ModelStep, TableVerifier, read_mask, read_previous
@@ -105,10 +105,8 @@ def judge_eager_call_raised(
     exception and where in the builder's code it raised; the rest is not reached. Returns
     the text for ``Report.stopped``."""
     what = f"the builder's eager call (before capture) raised {describe_exception(exc, builder)}"
-    props["capture"].fail(what)
-    props["capture"].detail = what
     why = "not reached: the builder's eager call raised"
-    mark_unfinished(props, TABLE_BED_PROPERTIES, RunEnd(Ending.CAPTURE_FAILED, why))
+    fail_at_capture(props, TABLE_BED_PROPERTIES, what, why)
     return what
 
 

@@ -16,7 +16,7 @@ from typing import Protocol
 
 from ...graph.emulate import describe_frozen
 from ..reports.report import PropertyResult, Report
-from ..run_end import BedProperties, Ending, RunEnd, mark_unfinished
+from ..run_end import BedProperties, fail_at_capture
 from ..signals import stop_requested
 from .state import CheckHooks
 
@@ -173,10 +173,8 @@ def fail_capture(
 ) -> None:
     """A capture that raised: "capture" fails with ``what``, the run stops there, and what
     ``bed`` had not judged yet is marked not reached (``pagegraph.check.run_end``)."""
-    props["capture"].fail(what)
-    props["capture"].detail = what
     report.stopped = what
-    mark_unfinished(props, bed, RunEnd(Ending.CAPTURE_FAILED, "not reached: capture failed"))
+    fail_at_capture(props, bed, what, "not reached: capture failed")
 
 
 class ReplayFailed(Exception):
