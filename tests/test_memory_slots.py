@@ -25,7 +25,7 @@ from pagegraph.check.config import CheckConfig
 from pagegraph.check.memory_fit import memory_need
 from pagegraph.check.scenario import load_scenario
 from pagegraph.jobs import mutate
-from pagegraph.kinds import CSR
+from pagegraph.kinds import CSR, PAGE_TABLE
 from pagegraph.supervise.isolate import (
     Job,
     SlotWaitStopped,
@@ -114,7 +114,7 @@ def test_only_scenarios_over_half_an_equal_share_get_slots(monkeypatch, tmp_path
     big = mutate.check_need(cfgs["big-pool"])
     assert big > 10 * 2**30 and mutate.check_need(cfgs["default"]) < 2**31
     # The decode step's KV cache and reference chunk are counted.
-    assert memory_need(cfgs["decode-step"])[1]["KV cache and reference"] > 2**30
+    assert memory_need(cfgs["decode-step"], PAGE_TABLE)[1]["KV cache and reference"] > 2**30
     # The larger of the two builder kinds' needs (big-pool's CSR buffers), and the child's own.
     assert big == memory_need(cfgs["big-pool"], CSR)[0] + mutate.CHILD_BYTES
     fake_gpu(monkeypatch, 139)

@@ -31,7 +31,7 @@ from pagegraph.graph.builder_names import resolve_builder
 from pagegraph.jobs import check_job, client_runs, mutate
 from pagegraph.kernels.declarations import declaration_of, declare_builder
 from pagegraph.kernels.registry import BuilderLoadError
-from pagegraph.kinds import kind_named
+from pagegraph.kinds import PAGE_TABLE, kind_named
 from pagegraph.supervise import isolate
 from pagegraph.supervise.isolate import IsolatedError, Job
 
@@ -221,7 +221,7 @@ def test_memory_fit_is_the_plans_with_the_pools_own_figure(monkeypatch, tmp_path
     pool, sizing = KVPool(**kwargs, device="cpu"), pool_sizing(**kwargs).device_bytes()
     assert sizing["req_to_token"] == pool.req_to_token.untyped_storage().nbytes()
     assert sizing["full_to_swa"] == pool.full_to_swa.untyped_storage().nbytes()
-    need, parts = memory_fit.memory_need(cfg)
+    need, parts = memory_fit.memory_need(cfg, PAGE_TABLE)
     assert parts["req_to_token"] == sizing["req_to_token"] != 0
     assert parts["full_to_swa"] == sizing["full_to_swa"] != 0
     # Too little memory: refused by the plan, with the pool's figure.

@@ -19,6 +19,7 @@ import torch
 from pagegraph import build_page_table, check_replay_safety
 from pagegraph.check.config import CheckConfig
 from pagegraph.check.reports.report import Report
+from pagegraph.kinds import PAGE_TABLE
 from pagegraph.workload import producer
 from pagegraph.workload.decode import DecodeWorkload, Injection
 from pagegraph.workload.pool import KVPool, PoolExhausted
@@ -341,14 +342,14 @@ def test_memory_check_counts_the_parked_tables_of_the_streams_used(monkeypatch):
     r2t = (cfg.max_bs + 2) * cfg.max_context_len * 4  # 135 MB
     # Free memory for one stream's tables, the checker's working set and the rest, not for
     # four parked copies on top.
-    free = r2t * 4 + table_bytes(cfg)
+    free = r2t * 4 + table_bytes(cfg, PAGE_TABLE)
     monkeypatch.setattr(
         memory_fit.os,
         "sysconf",
         lambda name: 4096 if name == "SC_PAGE_SIZE" else free // 4096,
     )
-    assert memory_fit.memory_problem(cfg) is None
-    problem = memory_fit.memory_problem(cfg.replace(workload_streams=4))
+    assert memory_fit.memory_problem(cfg, PAGE_TABLE) is None
+    problem = memory_fit.memory_problem(cfg.replace(workload_streams=4), PAGE_TABLE)
     assert problem and "parked stream tables" in problem
     # A run of one segment uses stream 0 alone: nothing is parked.
-    assert memory_fit.memory_problem(cfg.replace(workload_streams=4, steps=200)) is None
+    assert memory_fit.memory_problem(cfg.replace(workload_streams=4, steps=200), PAGE_TABLE) is None

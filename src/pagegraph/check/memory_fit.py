@@ -13,7 +13,7 @@ import os
 import torch
 
 from ..consumers.attention_reference import GATHER_TOKENS
-from ..kinds import PAGE_TABLE, KindSpec
+from ..kinds import KindSpec
 from ..workload.pool import pool_sizing
 from ..workload.producer import SEGMENT_STEPS, streams_with_steps
 from .config import CONSUMER_DTYPES, CheckConfig
@@ -26,7 +26,7 @@ __all__ = ["SLACK_BYTES", "available_memory", "fit_problem", "memory_need", "mem
 SLACK_BYTES = 64 << 20
 
 
-def memory_need(cfg: CheckConfig, kind: KindSpec = PAGE_TABLE) -> tuple[int, dict[str, int]]:
+def memory_need(cfg: CheckConfig, kind: KindSpec) -> tuple[int, dict[str, int]]:
     """About how many bytes a check of ``cfg`` on a builder of ``kind`` allocates where its
     tables live, and the parts: the pool's tables and write scratch (``pool_sizing``), the
     static buffers and the checker's working set, the tables parked by extra workload
@@ -87,7 +87,7 @@ def fit_problem(need: int, parts: dict[str, int]) -> str | None:
     )
 
 
-def memory_problem(cfg: CheckConfig, kind: KindSpec = PAGE_TABLE) -> str | None:
+def memory_problem(cfg: CheckConfig, kind: KindSpec) -> str | None:
     """Why a check of ``cfg`` on a builder of ``kind`` does not fit the memory its tables
     would live in, or None (``fit_problem`` of ``memory_need``)."""
     return fit_problem(*memory_need(cfg, kind))

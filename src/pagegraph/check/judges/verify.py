@@ -12,7 +12,7 @@ import torch
 
 from ...kernels.contract import ERROR_KINDS, POISON, cdiv
 from ...kernels.cudart import HostToDevice
-from ...kinds import PAGE_TABLE, KindSpec
+from ...kinds import KindSpec
 from .batch_model import IN_BUCKET, OUT_OF_CONTRACT, REAL, BatchModel, ModelStep
 
 __all__ = [
@@ -147,7 +147,7 @@ class TableVerifier:
         error_kinds: int = _E,
         batch: int | None = None,
         preset_outputs: tuple[str, ...] = (),
-        kind: KindSpec = PAGE_TABLE,
+        kind: KindSpec,
         csr_capacity: int = 0,
         row_strides: tuple[int, ...] | None = None,
     ):

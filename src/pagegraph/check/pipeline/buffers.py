@@ -167,7 +167,7 @@ def engine_capacity(cfg: CheckConfig, kind: KindSpec) -> int:
     return sum(lengths[v.name] for v in kind.vectors if v.engine_sized)
 
 
-def table_bytes(cfg: CheckConfig, kind: KindSpec = PAGE_TABLE) -> int:
+def table_bytes(cfg: CheckConfig, kind: KindSpec) -> int:
     """Device bytes the checker's tables and their verification take (an upper estimate of
     the working set, for the memory check before allocating): the tables, and twice the
     snapshots and intermediates of one verification batch
