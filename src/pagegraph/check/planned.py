@@ -41,9 +41,11 @@ class CheckPlan:
 
     @property
     def kind_spec(self) -> KindSpec:
+        """The plan's builder kind as its spec."""
         return KINDS[self.kind]
 
     def to_dict(self) -> dict[str, Any]:
+        """The plan as JSON values, for a child process (``from_dict`` reads it back)."""
         return {
             "builder": self.builder,
             "config": dataclasses.asdict(self.config),

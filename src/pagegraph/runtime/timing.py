@@ -87,10 +87,17 @@ class Clock(Protocol[_M]):
     and after each, ``end`` after them all, then ``elapsed_ms`` between two marks
     (``EventClock``, ``HostClock``)."""
 
-    def begin(self, replays: int) -> None: ...
-    def mark(self) -> _M: ...
-    def end(self) -> None: ...
-    def elapsed_ms(self, a: _M, b: _M, /) -> float: ...
+    def begin(self, replays: int) -> None:
+        """Before ``replays`` timed replays are queued."""
+
+    def mark(self) -> _M:
+        """A point in time, taken where the replays are queued."""
+
+    def end(self) -> None:
+        """After the last replay: every mark can be read."""
+
+    def elapsed_ms(self, a: _M, b: _M, /) -> float:
+        """Milliseconds from mark ``a`` to mark ``b``."""
 
 
 class EventClock:
@@ -107,6 +114,7 @@ class EventClock:
         keep_gpu_busy(1e-3 + 50e-6 * replays)
 
     def mark(self) -> torch.cuda.Event:
+        """A CUDA event recorded on the current stream (timed)."""
         event = torch.cuda.Event(enable_timing=True)
         event.record()
         return event
@@ -116,6 +124,7 @@ class EventClock:
 
     @staticmethod
     def elapsed_ms(a: torch.cuda.Event, b: torch.cuda.Event) -> float:
+        """Device milliseconds between the two events (both completed: after ``end``)."""
         ms: float = a.elapsed_time(b)
         return ms
 

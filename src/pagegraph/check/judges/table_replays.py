@@ -57,6 +57,7 @@ class AllocationTally:
     workload: int = 0
 
     def read(self) -> int:
+        """The caching allocator's allocation count on the device now (0 without CUDA)."""
         return cuda_allocations(self.device)
 
 
@@ -72,6 +73,7 @@ class WatchedBuffers:
 
     @classmethod
     def of(cls, runner: GraphRunner) -> WatchedBuffers:
+        """The record of ``runner``'s static buffers as they are now (after capture)."""
         # Every buffer a graph reads or writes (the runner's, the kind's derived inputs, the
         # engine state's): a runner's own list, as its address check keeps it.
         watched = dict(runner.static_buffers())
