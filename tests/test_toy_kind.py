@@ -155,7 +155,8 @@ def test_the_runner_takes_the_toy_vector_and_refuses_another_kinds(toy):
             kv_indptr=torch.zeros(5, dtype=torch.int32),
             **args,
         )
-    with pytest.raises(ValueError, match=r"'toy_lenghts'.*its vectors: toy_lengths"):
+    # A misspelt vector is no kind's vector: an unexpected keyword, as Python says it.
+    with pytest.raises(TypeError, match=r"unexpected keyword argument 'toy_lenghts'"):
         GraphRunner(r2t, builder=spec.builders["toy_reference"], toy_lenghts=None, **args)
 
 
