@@ -39,6 +39,12 @@ def declare_outputs(builder: object, kind: str) -> None:
     setattr(builder, OUTPUTS_ATTRIBUTE, kind)
 
 
+def declared_outputs(builder: object) -> object:
+    """The kind ``builder`` names for its outputs (``declare_outputs``, or the attribute set
+    by hand), as set; None when it names none."""
+    return getattr(builder, OUTPUTS_ATTRIBUTE, None)
+
+
 def interpreter_active() -> bool:
     """True when Triton kernels run under the CPU interpreter (``TRITON_INTERPRET=1``)."""
     return os.environ.get("TRITON_INTERPRET", "0") not in ("", "0")

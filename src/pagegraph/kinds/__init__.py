@@ -21,6 +21,7 @@ layer above it: the mutant zoos (``pagegraph.mutants.zoo``) and the real engines
 from __future__ import annotations
 
 from ..kernels.batch import BatchContext
+from ..kernels.contract import declared_outputs
 from ..kernels.registry import load_object
 from .base import IO_FIELDS, KindSpec, PaddedRows, VectorSpec
 from .block_table_kind import BLOCK_TABLE
@@ -144,7 +145,8 @@ def kind_of(builder: Builder, declared: str = "auto") -> KindSpec:
     for spec in KINDS.values():
         if any(fn is builder for fn in spec.builders.values()):
             return spec
-    name = getattr(builder, "pagegraph_outputs", PAGE_TABLE.name)
-    if name not in KINDS:
+    declared_name = declared_outputs(builder)
+    name = PAGE_TABLE.name if declared_name is None else declared_name
+    if not isinstance(name, str) or name not in KINDS:
         raise ValueError(f"{builder!r}.pagegraph_outputs must be one of {kind_names()}")
     return KINDS[name]
