@@ -36,3 +36,19 @@ def test_a_subpackage_module_loads_no_sibling_it_does_not_import():
     code = "import sys, pagegraph.graph.buckets; print('pagegraph.graph.runner' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_a_package_loads_a_public_name_once_and_refuses_an_unknown_one():
+    code = (
+        "import sys, pagegraph.check as c\n"
+        "assert 'pagegraph.check.config' not in sys.modules\n"
+        "assert 'CheckConfig' not in vars(c)\n"
+        "cfg = c.CheckConfig\n"
+        "assert vars(c)['CheckConfig'] is cfg and 'pagegraph.check.config' in sys.modules\n"
+        "try:\n"
+        "    c.no_such_name\n"
+        "except AttributeError as e:\n"
+        "    print(e)\n"
+    )
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "module 'pagegraph.check' has no attribute 'no_such_name'"

@@ -6,7 +6,7 @@ batch through a pinned mailbox inside the graph and checks that its static buffe
 step (metadata, cache write and attention).
 """
 
-from importlib import import_module
+from ..runtime.lazy_exports import lazy_exports
 
 #: public name -> the module of this package that defines it, imported at first use, so
 #: that importing one module of the package loads no other.
@@ -31,10 +31,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
-    module = _DEFINED_IN.get(name)
-    if module is None:  # a submodule not yet imported is found by the import system then
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(f".{module}", __name__), name)
-    globals()[name] = value  # found once: later lookups do not come here
-    return value
+__getattr__ = lazy_exports(__name__, _DEFINED_IN)

@@ -1,12 +1,13 @@
-"""What every layer of pagegraph may use about the machine it runs on: the device a check or
-a job runs on (``pick_device``), the machine and versions a report or a benchmark row records
+"""What every layer of pagegraph may use: the device a check or a job runs on (``pick_device``),
+the machine and versions a report or a benchmark row records
 (``pagegraph.runtime.environment``, ``PAGEGRAPH_VERSION``), the progress line of a long job
 (``Progress``) and the one timing toolkit (``pagegraph.runtime.timing``: device time in CUDA
 graphs of N calls between CUDA events, host wall time per call, medians with the warm-up left
-out). It imports no other part of pagegraph.
+out), and how every package offers its public names at first use
+(``pagegraph.runtime.lazy_exports``). It imports no other part of pagegraph.
 """
 
-from importlib import import_module
+from .lazy_exports import lazy_exports
 
 #: public name -> the module of this package that defines it, imported at first use, so
 #: that importing one module of the package loads no other.
@@ -31,10 +32,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
-    module = _DEFINED_IN.get(name)
-    if module is None:  # a submodule not yet imported is found by the import system then
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(f".{module}", __name__), name)
-    globals()[name] = value  # found once: later lookups do not come here
-    return value
+__getattr__ = lazy_exports(__name__, _DEFINED_IN)

@@ -4,7 +4,7 @@
 and the buckets' figures (``BucketStats``); ``StepSection`` is the decode step's part.
 """
 
-from importlib import import_module
+from ...runtime.lazy_exports import lazy_exports
 
 #: public name -> the module of this package that defines it, imported at first use, so
 #: that importing one module of the package loads no other.
@@ -25,10 +25,4 @@ __all__ = [
 ]
 
 
-def __getattr__(name: str) -> object:
-    module = _DEFINED_IN.get(name)
-    if module is None:  # a submodule not yet imported is found by the import system then
-        raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
-    value = getattr(import_module(f".{module}", __name__), name)
-    globals()[name] = value  # found once: later lookups do not come here
-    return value
+__getattr__ = lazy_exports(__name__, _DEFINED_IN)
