@@ -35,13 +35,21 @@ def token_kv(
 
 
 def partials(
-    q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, live: torch.Tensor, scale: float
+    q: torch.Tensor,
+    k: torch.Tensor,
+    v: torch.Tensor,
+    live: torch.Tensor,
+    scale: float,
+    pv_dtype: torch.dtype | None = None,
 ) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """One partial result an item: ``q`` ``[I, Hq, D]``, ``k`` / ``v`` fp32 ``[I, T, Hkv,
     D]``, ``live`` ``[I, T]`` bool. Returns ``m`` (the running max, ``-inf`` with no live
     token) and ``l`` (the exponential sum) ``[I, Hq]`` and the unnormalised ``acc`` ``[I, Hq,
     D]``, fp32. Keys and values of dead tokens are zeroed before use and their scores set to
-    ``-inf``, so a stale page id (another live page, or the NaN page) never reaches a real row."""
+    ``-inf``, so a stale page id (another live page, or the NaN page) never reaches a real row.
+    With ``pv_dtype``, the probabilities are rounded to it for the PV product only (``l`` stays
+    summed in fp32), as a tensor-core kernel feeds its MMA: the result then depends on the
+    partial's own max."""
     items, num_q_heads, head_dim = q.shape
     num_kv_heads = k.shape[2]
     qg = q.float().reshape(items, num_kv_heads, num_q_heads // num_kv_heads, head_dim)
@@ -53,7 +61,8 @@ def partials(
     m = scores.amax(-1)
     # A range without a live token has m = -inf: exp(-inf - 0) = 0 everywhere.
     p = torch.exp(scores - torch.where(torch.isfinite(m), m, 0.0)[..., None])
-    acc = torch.einsum("ihgt,ithd->ihgd", p, v)
+    p_pv = p if pv_dtype is None else p.to(pv_dtype).float()
+    acc = torch.einsum("ihgt,ithd->ihgd", p_pv, v)
     return (
         m.reshape(items, num_q_heads),
         p.sum(-1).reshape(items, num_q_heads),

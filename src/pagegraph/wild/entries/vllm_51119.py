@@ -20,43 +20,13 @@ import torch
 
 from ...consumers.reader import HostBatch, Reader
 from ...kernels.contract import cdiv
-from ..range_attention import merge, token_kv
+from ..range_attention import merge, partials, token_kv
 from ..wild_bug import Fidelity, Twin, WildBug
 
 #: Tokens of one key block (the kernel's BLOCK_N).
 BLOCK_N = 16
 #: The most splits the workspace holds.
 MAX_SPLITS = 8
-
-
-def _split_partials(
-    q: torch.Tensor,
-    k: torch.Tensor,
-    v: torch.Tensor,
-    live: torch.Tensor,
-    scale: float,
-    pv_dtype: torch.dtype,
-) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """One split's running max ``m``, exponential sum ``l`` ``[I, Hq]`` and unnormalised
-    output ``[I, Hq, D]`` (fp32), as a tensor-core kernel has them: ``l`` summed from the fp32
-    probabilities, the PV product taken with the probabilities rounded to the cache's dtype
-    (``pv_dtype``, the MFMA's input type), so they depend on the split's own max."""
-    items, num_q_heads, head_dim = q.shape
-    num_kv_heads = k.shape[2]
-    qg = q.float().reshape(items, num_kv_heads, num_q_heads // num_kv_heads, head_dim)
-    keep = live[:, :, None, None]
-    k = torch.where(keep, k, 0.0)
-    v = torch.where(keep, v, 0.0)
-    scores = torch.einsum("ihgd,ithd->ihgt", qg, k) * scale
-    scores = torch.where(live[:, None, None, :], scores, float("-inf"))
-    m = scores.amax(-1)
-    p = torch.exp(scores - torch.where(torch.isfinite(m), m, 0.0)[..., None])
-    acc = torch.einsum("ihgt,ithd->ihgd", p.to(pv_dtype).float(), v)
-    return (
-        m.reshape(items, num_q_heads),
-        p.sum(-1).reshape(items, num_q_heads),
-        acc.reshape(items, num_q_heads, head_dim),
-    )
 
 
 def split_kv_decode(
@@ -89,7 +59,9 @@ def split_kv_decode(
     rows = torch.arange(bs, device=dev).repeat_interleave(splits)
     k, v = token_kv(k_cache, v_cache, page_table, rows, pos.reshape(bs * splits, span), page_size)
     live = live.reshape(bs * splits, span)
-    m, total, acc = _split_partials(q[rows], k, v, live, head_dim**-0.5, k_cache.dtype)
+    # Each split's probabilities rounded to the cache's dtype for the PV product, as the
+    # MFMA takes them: the result depends on the split's own max.
+    m, total, acc = partials(q[rows], k, v, live, head_dim**-0.5, pv_dtype=k_cache.dtype)
     shape = (bs, splits, num_q_heads)
     o = merge(m.reshape(shape), total.reshape(shape), acc.reshape(*shape, head_dim), dim=1)
     return out.copy_(o)
